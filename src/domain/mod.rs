@@ -1,0 +1,18 @@
+//! The vocabulary of the service: values that parse instead of validate, and the
+//! transfer state machine.
+//!
+//! Nothing here knows about HTTP or MongoDB. A value of one of these types is valid by
+//! construction, so the layers above never re-check it:
+//! - [`AccountId`], [`Currency`], [`Amount`], [`OpeningBalance`], [`TransferId`],
+//!   [`IdempotencyKey`], [`Reference`] and [`AccountName`] are parsed once at the edge;
+//! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
+//!   with its transitions as an explicit function ([`TransferState::transition`]).
+
+mod state;
+mod values;
+
+pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
+pub use values::{
+    AccountId, AccountName, Amount, Currency, IdempotencyKey, MAX_MONEY, OpeningBalance,
+    ParseError, Reference, TransferId,
+};

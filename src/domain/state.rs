@@ -1,0 +1,279 @@
+//! The transfer state machine of the MongoDB tutorial "Perform Two Phase Commits".
+//!
+//! ```text
+//!                 Start               MarkApplied            MarkDone
+//!   initial ────────────▶ pending ────────────▶ applied ────────────▶ done
+//!      │                     │
+//!      │ Abandon             │ BeginRollback
+//!      │                     ▼
+//!      │                 canceling ──────────▶ canceled
+//!      └──────────────────────────────────────▶    ▲     FinishRollback
+//! ```
+//!
+//! - `initial`: the transfer is recorded; no account has been touched, and none can be
+//!   until some instance wins `initial -> pending`.
+//! - `pending`: the owner applies the transfer to the two accounts, each change guarded
+//!   by `pendingTransactions: {$ne: id}` so that a retry never applies it twice.
+//! - `applied`: both accounts carry the change; from here the transfer only goes forward
+//!   (the tutorial's rule: an applied transfer is reversed by a compensating transfer,
+//!   never rolled back).
+//! - `done`: the markers are pulled from both accounts. Terminal.
+//! - `canceling`: the rollback undoes whatever the accounts carry. Terminal once
+//!   `canceled`.
+//!
+//! `initial -> canceled` skips `canceling` because there is nothing to undo: account
+//! steps only run after `initial -> pending`, and that guarded write can no longer win.
+
+use std::fmt;
+
+/// Where a transfer is in the protocol. Stored and shown as the lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransferState {
+    Initial,
+    Pending,
+    Applied,
+    Done,
+    Canceling,
+    Canceled,
+}
+
+/// What moves a transfer from one state to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferEvent {
+    /// `initial -> pending`: an instance takes the transfer and may touch accounts.
+    Start,
+    /// `pending -> applied`: both accounts carry the change.
+    MarkApplied,
+    /// `applied -> done`: both accounts' markers are pulled.
+    MarkDone,
+    /// `pending -> canceling`: the transfer cannot or must not complete; undo it.
+    BeginRollback,
+    /// `canceling -> canceled`: both accounts are back where they were.
+    FinishRollback,
+    /// `initial -> canceled`: dropped before any account was touched.
+    Abandon,
+}
+
+/// A transition the state machine does not have. Expected, not a bug: it is what a
+/// guarded write that lost a race reports once we re-read the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a transfer in state {from} cannot take {event:?}")]
+pub struct InvalidTransition {
+    pub from: TransferState,
+    pub event: TransferEvent,
+}
+
+impl TransferState {
+    pub const ALL: [TransferState; 6] = [
+        TransferState::Initial,
+        TransferState::Pending,
+        TransferState::Applied,
+        TransferState::Done,
+        TransferState::Canceling,
+        TransferState::Canceled,
+    ];
+
+    /// The state `event` leads to from `self`, or why it cannot be taken.
+    pub fn transition(self, event: TransferEvent) -> Result<TransferState, InvalidTransition> {
+        use TransferEvent::*;
+        use TransferState::*;
+        let next = match (self, event) {
+            (Initial, Start) => Pending,
+            (Initial, Abandon) => Canceled,
+            (Pending, MarkApplied) => Applied,
+            (Pending, BeginRollback) => Canceling,
+            (Applied, MarkDone) => Done,
+            (Canceling, FinishRollback) => Canceled,
+            (from, event) => return Err(InvalidTransition { from, event }),
+        };
+        debug_assert!(!self.is_terminal(), "terminal states have no transitions");
+        Ok(next)
+    }
+
+    /// `done` and `canceled` never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TransferState::Done | TransferState::Canceled)
+    }
+
+    /// The name stored in the `state` field and shown in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransferState::Initial => "initial",
+            TransferState::Pending => "pending",
+            TransferState::Applied => "applied",
+            TransferState::Done => "done",
+            TransferState::Canceling => "canceling",
+            TransferState::Canceled => "canceled",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<TransferState> {
+        TransferState::ALL.into_iter().find(|s| s.as_str() == raw)
+    }
+}
+
+impl fmt::Display for TransferState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a transfer ended `canceled`. Stored in the `reason` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelReason {
+    /// The source balance was below the amount when the debit was attempted.
+    InsufficientFunds,
+    /// Crediting the destination would have taken its balance past `MAX_MONEY`.
+    BalanceOverflow,
+    /// One of the accounts no longer existed when the protocol reached it.
+    AccountNotFound,
+    /// A client asked for it through `POST /transfers/{id}/cancel`.
+    CanceledByRequest,
+    /// The recovery sweeper found it in `initial`, abandoned by a crashed instance
+    /// before any money moved.
+    Abandoned,
+}
+
+impl CancelReason {
+    pub const ALL: [CancelReason; 5] = [
+        CancelReason::InsufficientFunds,
+        CancelReason::BalanceOverflow,
+        CancelReason::AccountNotFound,
+        CancelReason::CanceledByRequest,
+        CancelReason::Abandoned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::InsufficientFunds => "insufficient_funds",
+            CancelReason::BalanceOverflow => "balance_overflow",
+            CancelReason::AccountNotFound => "account_not_found",
+            CancelReason::CanceledByRequest => "canceled_by_request",
+            CancelReason::Abandoned => "abandoned",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<CancelReason> {
+        CancelReason::ALL.into_iter().find(|r| r.as_str() == raw)
+    }
+}
+
+impl fmt::Display for CancelReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TransferEvent::*;
+    use super::TransferState::*;
+    use super::*;
+
+    const EVENTS: [TransferEvent; 6] = [
+        Start,
+        MarkApplied,
+        MarkDone,
+        BeginRollback,
+        FinishRollback,
+        Abandon,
+    ];
+
+    #[test]
+    fn the_happy_path_runs_initial_pending_applied_done() {
+        let mut state = Initial;
+        for event in [Start, MarkApplied, MarkDone] {
+            state = state.transition(event).unwrap();
+        }
+        assert_eq!(state, Done);
+        assert!(state.is_terminal());
+    }
+
+    #[test]
+    fn a_pending_transfer_rolls_back_through_canceling() {
+        let state = Pending.transition(BeginRollback).unwrap();
+        assert_eq!(state, Canceling);
+        assert_eq!(state.transition(FinishRollback).unwrap(), Canceled);
+    }
+
+    #[test]
+    fn an_initial_transfer_is_abandoned_straight_to_canceled() {
+        assert_eq!(Initial.transition(Abandon).unwrap(), Canceled);
+    }
+
+    #[test]
+    fn an_applied_transfer_can_never_roll_back() {
+        let err = Applied.transition(BeginRollback).unwrap_err();
+        assert_eq!(
+            err,
+            InvalidTransition {
+                from: Applied,
+                event: BeginRollback
+            }
+        );
+    }
+
+    #[test]
+    fn terminal_states_accept_no_event() {
+        for state in [Done, Canceled] {
+            for event in EVENTS {
+                assert!(state.transition(event).is_err(), "{state} took {event:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn exactly_the_six_documented_transitions_exist() {
+        let mut allowed: Vec<(TransferState, TransferEvent, TransferState)> = Vec::new();
+        for state in TransferState::ALL {
+            for event in EVENTS {
+                if let Ok(next) = state.transition(event) {
+                    allowed.push((state, event, next));
+                }
+            }
+        }
+        assert_eq!(
+            allowed,
+            vec![
+                (Initial, Start, Pending),
+                (Initial, Abandon, Canceled),
+                (Pending, MarkApplied, Applied),
+                (Pending, BeginRollback, Canceling),
+                (Applied, MarkDone, Done),
+                (Canceling, FinishRollback, Canceled),
+            ]
+        );
+    }
+
+    #[test]
+    fn no_transition_leads_back_to_an_earlier_state() {
+        // The order in which states are reached; every transition must move forward in
+        // it, which is why a retried step can never undo progress.
+        let rank = |s: TransferState| match s {
+            Initial => 0,
+            Pending => 1,
+            Applied | Canceling => 2,
+            Done | Canceled => 3,
+        };
+        for state in TransferState::ALL {
+            for event in EVENTS {
+                if let Ok(next) = state.transition(event) {
+                    assert!(rank(next) > rank(state), "{state} -> {next} goes backwards");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for state in TransferState::ALL {
+            assert_eq!(TransferState::parse(state.as_str()), Some(state));
+        }
+        for reason in CancelReason::ALL {
+            assert_eq!(CancelReason::parse(reason.as_str()), Some(reason));
+        }
+        assert_eq!(TransferState::parse("cancelled"), None);
+    }
+}

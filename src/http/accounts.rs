@@ -1,0 +1,230 @@
+//! `/accounts`: open, read and list accounts, and list an account's transfers.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::IntoResponse;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::extract::ApiJson;
+use super::pagination::{Page, PageParams, page};
+use super::problem::{ApiError, Problem};
+use super::transfers::TransferResponse;
+use crate::domain::{AccountId, AccountName, Currency, OpeningBalance};
+use crate::service::NewAccount;
+use crate::store::AccountDoc;
+
+/// A request to open an account.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR"}))]
+pub struct CreateAccountRequest {
+    /// 1 to 64 characters from `A-Za-z0-9_.:@-`; generated when absent.
+    #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
+    pub id: Option<String>,
+    /// A name for people, at most 200 characters.
+    #[schema(max_length = 200)]
+    pub name: Option<String>,
+    /// Opening balance in minor units (cents for EUR). Default 0.
+    #[schema(minimum = 0, maximum = 9007199254740991_i64)]
+    pub balance: Option<i64>,
+    /// ISO-4217 code, three uppercase letters. Default `USD`.
+    #[schema(pattern = "^[A-Z]{3}$")]
+    pub currency: Option<String>,
+}
+
+/// An account.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({
+    "id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR",
+    "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+}))]
+pub struct AccountResponse {
+    pub id: String,
+    pub name: Option<String>,
+    /// Balance in minor units. Includes transfers applied but not yet finished.
+    pub balance: i64,
+    pub currency: String,
+    /// Ids of transfers applied to this account whose protocol has not finished.
+    pub pending_transactions: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<AccountDoc> for AccountResponse {
+    fn from(a: AccountDoc) -> Self {
+        AccountResponse {
+            id: a.id,
+            name: a.name,
+            balance: a.balance,
+            currency: a.currency,
+            pending_transactions: a
+                .pending_transactions
+                .iter()
+                .map(|id| id.to_hex())
+                .collect(),
+            created_at: a.created_at.to_chrono(),
+            updated_at: a.updated_at.to_chrono(),
+        }
+    }
+}
+
+fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Result<T, ApiError> {
+    parsed.map_err(|e| ApiError::InvalidField {
+        field: name.to_owned(),
+        detail: format!("{name} {e}"),
+    })
+}
+
+/// Parses an account id taken from the path; an id that cannot exist is simply not found.
+pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
+    AccountId::parse(raw).map_err(|_| ApiError::AccountNotFound(raw.chars().take(80).collect()))
+}
+
+/// Open an account.
+#[utoipa::path(
+    post, path = "/accounts", tag = "accounts",
+    request_body = CreateAccountRequest,
+    responses(
+        (status = 201, description = "The account was opened.", body = AccountResponse,
+            headers(("Location" = String, description = "The URL of the new account."))),
+        (status = 400, description = "The body is not JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "An account with this id exists.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A field is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_account(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateAccountRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let new = NewAccount {
+        id: body
+            .id
+            .as_deref()
+            .map(AccountId::parse)
+            .transpose()
+            .map_err(|e| ApiError::InvalidField {
+                field: "id".into(),
+                detail: format!("id {e}"),
+            })?,
+        name: body
+            .name
+            .as_deref()
+            .map(AccountName::parse)
+            .transpose()
+            .map_err(|e| ApiError::InvalidField {
+                field: "name".into(),
+                detail: format!("name {e}"),
+            })?,
+        balance: field("balance", OpeningBalance::parse(body.balance.unwrap_or(0)))?,
+        currency: match body.currency.as_deref() {
+            Some(raw) => field("currency", Currency::parse(raw))?,
+            None => Currency::usd(),
+        },
+    };
+    let account = state.bank.open_account(new).await?;
+    let mut headers = HeaderMap::new();
+    if let Ok(location) = HeaderValue::from_str(&format!("/accounts/{}", account.id)) {
+        headers.insert(header::LOCATION, location);
+    }
+    Ok((
+        StatusCode::CREATED,
+        headers,
+        Json(AccountResponse::from(account)),
+    ))
+}
+
+/// Read an account.
+#[utoipa::path(
+    get, path = "/accounts/{id}", tag = "accounts",
+    params(("id" = String, Path, description = "The account id.")),
+    responses(
+        (status = 200, description = "The account.", body = AccountResponse),
+        (status = 404, description = "No such account.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_account(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<AccountResponse>, ApiError> {
+    let id = path_account(&id)?;
+    Ok(Json(state.bank.account(&id).await?.into()))
+}
+
+/// List accounts in id order.
+#[utoipa::path(
+    get, path = "/accounts", tag = "accounts",
+    params(PageParams),
+    responses(
+        (status = 200, description = "A page of accounts.", body = Page<AccountResponse>),
+        (status = 400, description = "A query parameter is invalid.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_accounts(
+    State(state): State<AppState>,
+    query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Page<AccountResponse>>, ApiError> {
+    let params = super::query(query)?;
+    let request = params.parse("accounts")?;
+    let after = request
+        .after
+        .as_deref()
+        .map(AccountId::parse)
+        .transpose()
+        .map_err(|_| ApiError::InvalidParameter {
+            field: "cursor".into(),
+            detail: "cursor is not one this listing handed out".into(),
+        })?;
+    let fetched = state
+        .bank
+        .accounts(after.as_ref(), request.limit + 1)
+        .await?;
+    Ok(Json(page(
+        fetched,
+        request.limit,
+        "accounts",
+        |a| a.id.clone(),
+        AccountResponse::from,
+    )))
+}
+
+/// List the transfers touching an account, newest first.
+#[utoipa::path(
+    get, path = "/accounts/{id}/transfers", tag = "accounts",
+    params(("id" = String, Path, description = "The account id."), PageParams),
+    responses(
+        (status = 200, description = "A page of transfers, newest first.", body = Page<TransferResponse>),
+        (status = 400, description = "A query parameter is invalid.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_account_transfers(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Page<TransferResponse>>, ApiError> {
+    let id = path_account(&id)?;
+    let params = super::query(query)?;
+    let request = params.parse("transfers")?;
+    let before = super::transfers::cursor_id(request.after.as_deref())?;
+    let fetched = state
+        .bank
+        .account_transfers(&id, before, request.limit + 1)
+        .await?;
+    Ok(Json(page(
+        fetched,
+        request.limit,
+        "transfers",
+        |t| t.id.to_hex(),
+        TransferResponse::from,
+    )))
+}

@@ -1,0 +1,37 @@
+//! Liveness and readiness for orchestrators and load balancers.
+
+use axum::Json;
+use axum::extract::State;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::problem::{ApiError, Problem};
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Status {
+    /// `ok`.
+    pub status: &'static str,
+}
+
+/// Liveness: the process is serving HTTP.
+#[utoipa::path(
+    get, path = "/health", tag = "operations",
+    responses((status = 200, description = "The process is alive.", body = Status))
+)]
+pub async fn health() -> Json<Status> {
+    Json(Status { status: "ok" })
+}
+
+/// Readiness: the database answers.
+#[utoipa::path(
+    get, path = "/ready", tag = "operations",
+    responses(
+        (status = 200, description = "The database answers; the instance can serve.", body = Status),
+        (status = 503, description = "The database does not answer.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {
+    state.bank.store().ping().await?;
+    Ok(Json(Status { status: "ok" }))
+}

@@ -1,0 +1,146 @@
+//! The HTTP API: routes, request and response types (separate from the stored
+//! documents), the problem+json error type, and the OpenAPI document.
+//!
+//! Handlers only translate: they parse the request into domain values, call the
+//! [`Bank`], and turn the answer (or the [`ApiError`]) into a response.
+
+pub mod accounts;
+pub mod extract;
+pub mod health;
+pub mod pagination;
+pub mod problem;
+pub mod transfers;
+
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::extract::rejection::QueryRejection;
+use axum::http::{HeaderName, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::service::Bank;
+pub use problem::{ApiError, Problem};
+
+/// The largest request body accepted. A transfer request is well under 1 KiB.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    pub bank: Bank,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "transfer-service",
+        description = "Moves money between accounts stored in MongoDB with the two-phase-commit pattern. Amounts are integers in minor units. Errors are RFC 9457 application/problem+json.",
+        license(name = "MIT", identifier = "MIT"),
+    ),
+    tags(
+        (name = "accounts", description = "Open and read accounts."),
+        (name = "transfers", description = "Move money, read and cancel transfers."),
+        (name = "operations", description = "Health and readiness."),
+    ),
+    components(schemas(Problem))
+)]
+pub struct ApiDoc;
+
+fn x_request_id() -> HeaderName {
+    HeaderName::from_static("x-request-id")
+}
+
+/// Every documented route; the OpenAPI document is derived from the same list.
+fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(accounts::create_account, accounts::list_accounts))
+        .routes(routes!(accounts::get_account))
+        .routes(routes!(accounts::list_account_transfers))
+        .routes(routes!(
+            transfers::create_transfer,
+            transfers::list_transfers
+        ))
+        .routes(routes!(transfers::get_transfer))
+        .routes(routes!(transfers::cancel_transfer))
+        .routes(routes!(health::health))
+        .routes(routes!(health::ready))
+}
+
+/// The OpenAPI document, built without a database: what `/openapi.json` serves and what
+/// `openapi/openapi.json` must equal.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = api_routes().split_for_parts();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    doc
+}
+
+/// The whole application: routes, OpenAPI, fallbacks and middleware.
+pub fn app(state: AppState, request_timeout: Duration) -> Router {
+    let (router, _) = api_routes().split_for_parts();
+    let doc = openapi();
+    router
+        .with_state(state)
+        .route("/openapi.json", axum::routing::get(move || async move { Json(doc) }))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(problem_for_bare_errors))
+        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+        .layer(CatchPanicLayer::custom(|_| ApiError::Internal.into_response()))
+        .layer(PropagateRequestIdLayer::new(x_request_id()))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request| {
+                let id = request
+                    .headers()
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-");
+                tracing::info_span!("request", method = %request.method(), uri = %request.uri().path(), request_id = %id)
+            }),
+        )
+        .layer(SetRequestIdLayer::new(x_request_id(), MakeRequestUuid))
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::RouteNotFound(uri.path().chars().take(200).collect())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Middleware answers (body too large, time-out) come without a body; give them the
+/// problem+json body every other error has.
+async fn problem_for_bare_errors(request: Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(request).await;
+    let is_problem = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if is_problem {
+        return response;
+    }
+    match response.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge.into_response(),
+        StatusCode::SERVICE_UNAVAILABLE => ApiError::Timeout.into_response(),
+        _ => response,
+    }
+}
+
+/// Query-string parse failures (a repeated parameter, say) as problem+json.
+pub(crate) fn query<T>(
+    query: Result<axum::extract::Query<T>, QueryRejection>,
+) -> Result<T, ApiError> {
+    query.map(|q| q.0).map_err(|e| ApiError::InvalidParameter {
+        field: "query".into(),
+        detail: format!("the query string is invalid: {}", e.body_text()),
+    })
+}

@@ -1,0 +1,271 @@
+//! The one error type of the HTTP layer and its mapping to RFC 9457
+//! `application/problem+json`. Every refusal a client can meet is a variant here with its
+//! status and stable `code`; [`From<ServiceError>`] is the single place where service and
+//! storage failures become HTTP. Bodies of 5xx answers are opaque: the cause goes to the
+//! log, inside the request's span, never to the client.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::service::ServiceError;
+use crate::store::StoreError;
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({
+    "type": "urn:transfer-service:problem:insufficient_funds",
+    "title": "Insufficient funds",
+    "status": 422,
+    "detail": "account alice cannot fund a transfer of 5000",
+    "code": "insufficient_funds",
+    "transferId": "65a1b2c3d4e5f60718293a4b"
+}))]
+pub struct Problem {
+    /// A URI naming the kind of problem: `urn:transfer-service:problem:<code>`.
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    /// A short summary of the kind of problem, the same for every occurrence.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong this time, for a person to read.
+    pub detail: String,
+    /// A stable, machine-readable code; switch on this, not on `title` or `detail`.
+    pub code: String,
+    /// The request field or parameter at fault, for `invalid_field` and `invalid_parameter`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The transfer the problem is about, when one was recorded (a transfer refused for
+    /// insufficient funds is recorded and ends `canceled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_id: Option<String>,
+}
+
+/// Every error answer the API gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// 400: the body is not JSON, or not the JSON shape expected at all.
+    MalformedJson(String),
+    /// 400: a query parameter is invalid.
+    InvalidParameter { field: String, detail: String },
+    /// 401: no or wrong API key.
+    Unauthorized,
+    /// 403: a read-only API key on a write.
+    Forbidden,
+    /// 404: no such account.
+    AccountNotFound(String),
+    /// 404: no such transfer.
+    TransferNotFound(String),
+    /// 404: no such route.
+    RouteNotFound(String),
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 409: the account id is taken.
+    AccountExists(String),
+    /// 409: the transfer was canceled (by request, or abandoned before it started).
+    TransferCanceled { transfer_id: String, detail: String },
+    /// 413: the body is over the limit.
+    PayloadTooLarge,
+    /// 415: the body is not `application/json`.
+    UnsupportedMediaType,
+    /// 422: a field is well-formed JSON but invalid.
+    InvalidField { field: String, detail: String },
+    /// 422: a header is invalid.
+    InvalidHeader { header: String, detail: String },
+    /// 422: a transfer names an account that does not exist.
+    UnknownAccount {
+        detail: String,
+        transfer_id: Option<String>,
+    },
+    /// 422: source equals destination.
+    SameAccount,
+    /// 422: the accounts hold different currencies.
+    CurrencyMismatch(String),
+    /// 422: the idempotency key was used with another request body.
+    IdempotencyKeyReused,
+    /// 422: the source cannot fund the transfer (or the destination its reversal).
+    InsufficientFunds {
+        detail: String,
+        transfer_id: Option<String>,
+    },
+    /// 422: the credit would take the destination past the largest balance.
+    BalanceOverflow { transfer_id: String },
+    /// 503: the database does not answer; retry later.
+    DatabaseUnavailable,
+    /// 503: the request took longer than the server allows.
+    Timeout,
+    /// 500: a bug. The body says nothing more; the log has the cause.
+    Internal,
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        use ApiError::*;
+        match self {
+            MalformedJson(_) | InvalidParameter { .. } => StatusCode::BAD_REQUEST,
+            Unauthorized => StatusCode::UNAUTHORIZED,
+            Forbidden => StatusCode::FORBIDDEN,
+            AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            AccountExists(_) | TransferCanceled { .. } => StatusCode::CONFLICT,
+            PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            InvalidField { .. }
+            | InvalidHeader { .. }
+            | UnknownAccount { .. }
+            | SameAccount
+            | CurrencyMismatch(_)
+            | IdempotencyKeyReused
+            | InsufficientFunds { .. }
+            | BalanceOverflow { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            DatabaseUnavailable | Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable machine-readable code and its title.
+    pub fn code_and_title(&self) -> (&'static str, &'static str) {
+        use ApiError::*;
+        match self {
+            MalformedJson(_) => ("malformed_json", "Malformed JSON"),
+            InvalidParameter { .. } => ("invalid_parameter", "Invalid parameter"),
+            Unauthorized => ("unauthorized", "Unauthorized"),
+            Forbidden => ("forbidden", "Forbidden"),
+            AccountNotFound(_) => ("account_not_found", "Account not found"),
+            TransferNotFound(_) => ("transfer_not_found", "Transfer not found"),
+            RouteNotFound(_) => ("not_found", "Not found"),
+            MethodNotAllowed => ("method_not_allowed", "Method not allowed"),
+            AccountExists(_) => ("account_exists", "Account already exists"),
+            TransferCanceled { .. } => ("transfer_canceled", "Transfer canceled"),
+            PayloadTooLarge => ("payload_too_large", "Payload too large"),
+            UnsupportedMediaType => ("unsupported_media_type", "Unsupported media type"),
+            InvalidField { .. } => ("invalid_field", "Invalid field"),
+            InvalidHeader { .. } => ("invalid_header", "Invalid header"),
+            UnknownAccount { .. } => ("unknown_account", "Unknown account"),
+            SameAccount => ("same_account", "Same account"),
+            CurrencyMismatch(_) => ("currency_mismatch", "Currency mismatch"),
+            IdempotencyKeyReused => ("idempotency_key_reused", "Idempotency key reused"),
+            InsufficientFunds { .. } => ("insufficient_funds", "Insufficient funds"),
+            BalanceOverflow { .. } => ("balance_overflow", "Balance overflow"),
+            DatabaseUnavailable => ("database_unavailable", "Database unavailable"),
+            Timeout => ("request_timeout", "Request timeout"),
+            Internal => ("internal_error", "Internal server error"),
+        }
+    }
+
+    fn detail(&self) -> String {
+        use ApiError::*;
+        match self {
+            MalformedJson(d) => format!("the request body is not valid JSON: {d}"),
+            InvalidParameter { detail, .. } | InvalidField { detail, .. } => detail.clone(),
+            InvalidHeader { header, detail } => format!("{header} {detail}"),
+            Unauthorized => "send a valid API key as Authorization: Bearer <key>".into(),
+            Forbidden => "this API key is read-only".into(),
+            AccountNotFound(id) => format!("there is no account {id}"),
+            TransferNotFound(id) => format!("there is no transfer {id}"),
+            RouteNotFound(path) => format!("there is no resource at {path}"),
+            MethodNotAllowed => "this resource does not support that method".into(),
+            AccountExists(id) => format!("an account with id {id} already exists"),
+            TransferCanceled { detail, .. }
+            | UnknownAccount { detail, .. }
+            | InsufficientFunds { detail, .. } => detail.clone(),
+            PayloadTooLarge => "the request body is larger than the server accepts".into(),
+            UnsupportedMediaType => "send the body as Content-Type: application/json".into(),
+            SameAccount => "source and destination must be different accounts".into(),
+            CurrencyMismatch(d) => d.clone(),
+            IdempotencyKeyReused => {
+                "this Idempotency-Key was already used with a different request body".into()
+            }
+            BalanceOverflow { .. } => {
+                "the credit would take the destination balance past 9007199254740991".into()
+            }
+            DatabaseUnavailable => "the database is unavailable; retry later".into(),
+            Timeout => "the request took too long; retry later".into(),
+            Internal => "an internal error occurred".into(),
+        }
+    }
+
+    pub fn to_problem(&self) -> Problem {
+        let (code, title) = self.code_and_title();
+        let field = match self {
+            ApiError::InvalidField { field, .. } | ApiError::InvalidParameter { field, .. } => {
+                Some(field.clone())
+            }
+            ApiError::InvalidHeader { header, .. } => Some(header.clone()),
+            _ => None,
+        };
+        let transfer_id = match self {
+            ApiError::TransferCanceled { transfer_id, .. }
+            | ApiError::BalanceOverflow { transfer_id } => Some(transfer_id.clone()),
+            ApiError::UnknownAccount { transfer_id, .. }
+            | ApiError::InsufficientFunds { transfer_id, .. } => transfer_id.clone(),
+            _ => None,
+        };
+        Problem {
+            problem_type: format!("urn:transfer-service:problem:{code}"),
+            title: title.to_owned(),
+            status: self.status().as_u16(),
+            detail: self.detail(),
+            code: code.to_owned(),
+            field,
+            transfer_id,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.to_problem();
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = (self.status(), body).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(err: ServiceError) -> Self {
+        match err {
+            ServiceError::AccountExists(id) => ApiError::AccountExists(id),
+            ServiceError::AccountNotFound(id) => ApiError::AccountNotFound(id),
+            ServiceError::TransferNotFound(id) => ApiError::TransferNotFound(id.to_string()),
+            ServiceError::UnknownAccount(id) => ApiError::UnknownAccount {
+                detail: format!("there is no account {id}"),
+                transfer_id: None,
+            },
+            ServiceError::SameAccount => ApiError::SameAccount,
+            e @ ServiceError::CurrencyMismatch { .. } => ApiError::CurrencyMismatch(e.to_string()),
+            ServiceError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
+            ServiceError::ReversalInsufficientFunds { account, attempt } => {
+                ApiError::InsufficientFunds {
+                    detail: format!(
+                        "account {account} cannot fund the compensating transfer; nothing was changed"
+                    ),
+                    transfer_id: attempt.map(|id| id.to_hex()),
+                }
+            }
+            ServiceError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Unavailable(cause) => {
+                tracing::warn!(%cause, "database unavailable");
+                ApiError::DatabaseUnavailable
+            }
+            StoreError::DuplicateKey(cause) | StoreError::Other(cause) => {
+                tracing::error!(%cause, "internal error");
+                ApiError::Internal
+            }
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! `/transfers`: make, read, list and cancel transfers.
+//!
+//! A transfer request answers with the transfer as the protocol left it, and its status
+//! says how it ended: 201 `done`; 422 when it was recorded but canceled for a business
+//! reason (insufficient funds, overflow, account gone), with `transferId`; 409 when it was
+//! canceled by request; 202 while it is still running (`Prefer: respond-async`, or a
+//! replay whose original has not finished).
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use mongodb::bson::oid::ObjectId;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::extract::ApiJson;
+use super::pagination::{Page, PageParams, page};
+use super::problem::{ApiError, Problem};
+use crate::domain::{
+    AccountId, Amount, CancelReason, IdempotencyKey, Reference, TransferId, TransferState,
+};
+use crate::service::{Completion, NewTransfer, TransferOutcome};
+use crate::store::TransferDoc;
+use crate::store::transfers::TransferFilter;
+
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+
+/// A request to move money.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"source": "alice", "destination": "bob", "amount": 2500, "reference": "invoice 42"}))]
+pub struct CreateTransferRequest {
+    /// The account to debit.
+    #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
+    pub source: String,
+    /// The account to credit; must differ from `source` and hold the same currency.
+    #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
+    pub destination: String,
+    /// Minor units, 1 to 9007199254740991.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64)]
+    pub amount: i64,
+    /// Your own label, 1 to 140 characters.
+    #[schema(min_length = 1, max_length = 140)]
+    pub reference: Option<String>,
+}
+
+/// The state of a transfer in the two-phase commit.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TransferStateSchema {
+    Initial,
+    Pending,
+    Applied,
+    Done,
+    Canceling,
+    Canceled,
+}
+
+/// Why a transfer ended `canceled`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelReasonSchema {
+    InsufficientFunds,
+    BalanceOverflow,
+    AccountNotFound,
+    CanceledByRequest,
+    Abandoned,
+}
+
+/// A transfer.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({
+    "id": "65a1b2c3d4e5f60718293a4b", "source": "alice", "destination": "bob", "amount": 2500,
+    "currency": "EUR", "state": "done", "reference": "invoice 42",
+    "createdAt": "2026-11-22T10:00:00Z", "lastModified": "2026-11-22T10:00:00.012Z"
+}))]
+pub struct TransferResponse {
+    /// 24 hexadecimal digits.
+    pub id: String,
+    pub source: String,
+    pub destination: String,
+    /// Minor units.
+    pub amount: i64,
+    pub currency: String,
+    #[schema(value_type = TransferStateSchema)]
+    pub state: TransferState,
+    /// Why it was canceled; only on `canceled` transfers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<CancelReasonSchema>)]
+    pub reason: Option<CancelReason>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub last_modified: DateTime<Utc>,
+    /// On a compensating transfer: the transfer it reverses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reverses: Option<String>,
+    /// On a reversed transfer: its compensating transfer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reversed_by: Option<String>,
+}
+
+impl From<TransferDoc> for TransferResponse {
+    fn from(t: TransferDoc) -> Self {
+        TransferResponse {
+            id: t.id.to_hex(),
+            source: t.source,
+            destination: t.destination,
+            amount: t.value,
+            currency: t.currency,
+            state: t.state,
+            reason: t.reason,
+            reference: t.reference,
+            created_at: t.created_at.to_chrono(),
+            last_modified: t.last_modified.to_chrono(),
+            reverses: t.reverses.map(|id| id.to_hex()),
+            reversed_by: t.reversed_by.map(|id| id.to_hex()),
+        }
+    }
+}
+
+/// Filters of `GET /transfers`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TransferQuery {
+    /// Only transfers in this state.
+    #[param(value_type = Option<TransferStateSchema>)]
+    pub state: Option<String>,
+    /// Only transfers from or to this account.
+    pub account: Option<String>,
+}
+
+fn location(id: &ObjectId) -> HeaderValue {
+    HeaderValue::from_str(&format!("/transfers/{}", id.to_hex())).expect("hex is a valid header")
+}
+
+fn path_transfer(raw: &str) -> Result<TransferId, ApiError> {
+    TransferId::parse(raw).map_err(|_| ApiError::TransferNotFound(raw.chars().take(80).collect()))
+}
+
+/// The keyset cursor of transfer listings: the last id of the previous page.
+pub(super) fn cursor_id(after: Option<&str>) -> Result<Option<ObjectId>, ApiError> {
+    after
+        .map(|raw| {
+            ObjectId::parse_str(raw).map_err(|_| ApiError::InvalidParameter {
+                field: "cursor".into(),
+                detail: "cursor is not one this listing handed out".into(),
+            })
+        })
+        .transpose()
+}
+
+/// The answer to a transfer request, from how the transfer stands.
+fn outcome_response(outcome: TransferOutcome) -> Response {
+    let TransferOutcome { transfer, replayed } = outcome;
+    let id = transfer.id;
+    let mut response = match (transfer.state, transfer.reason) {
+        (TransferState::Done, _) => {
+            (StatusCode::CREATED, Json(TransferResponse::from(transfer))).into_response()
+        }
+        (TransferState::Canceled, reason) => {
+            let transfer_id = id.to_hex();
+            match reason {
+                Some(CancelReason::InsufficientFunds) => ApiError::InsufficientFunds {
+                    detail: format!(
+                        "account {} cannot fund {}; the transfer was recorded and canceled",
+                        transfer.source, transfer.value
+                    ),
+                    transfer_id: Some(transfer_id),
+                },
+                Some(CancelReason::BalanceOverflow) => ApiError::BalanceOverflow { transfer_id },
+                Some(CancelReason::AccountNotFound) => ApiError::UnknownAccount {
+                    detail:
+                        "an account of this transfer no longer exists; the transfer was canceled"
+                            .into(),
+                    transfer_id: Some(transfer_id),
+                },
+                Some(CancelReason::CanceledByRequest | CancelReason::Abandoned) | None => {
+                    ApiError::TransferCanceled {
+                        transfer_id,
+                        detail: "this transfer was canceled before it completed".into(),
+                    }
+                }
+            }
+            .into_response()
+        }
+        _ => (StatusCode::ACCEPTED, Json(TransferResponse::from(transfer))).into_response(),
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::LOCATION, location(&id));
+    if replayed {
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    response
+}
+
+fn wants_async(headers: &HeaderMap) -> bool {
+    headers.get_all("prefer").iter().any(|value| {
+        value.to_str().is_ok_and(|v| {
+            v.split(',').any(|pref| {
+                pref.split(';')
+                    .next()
+                    .is_some_and(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+            })
+        })
+    })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let Some(value) = headers.get(&IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let invalid = |detail: String| ApiError::InvalidHeader {
+        header: "Idempotency-Key".into(),
+        detail,
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| invalid("must be visible ASCII".into()))?;
+    IdempotencyKey::parse(text)
+        .map(Some)
+        .map_err(|e| invalid(e.to_string()))
+}
+
+fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Result<T, ApiError> {
+    parsed.map_err(|e| ApiError::InvalidField {
+        field: name.to_owned(),
+        detail: format!("{name} {e}"),
+    })
+}
+
+/// Move money from one account to another.
+#[utoipa::path(
+    post, path = "/transfers", tag = "transfers",
+    request_body = CreateTransferRequest,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money."),
+        ("Prefer" = Option<String>, Header, description = "`respond-async` to answer 202 at once while the transfer runs in the background."),
+    ),
+    responses(
+        (status = 201, description = "The transfer is done.", body = TransferResponse, headers(
+            ("Location" = String, description = "The URL of the transfer."),
+            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry."))),
+        (status = 202, description = "The transfer is recorded and still running; poll its Location.", body = TransferResponse, headers(
+            ("Location" = String, description = "The URL of the transfer."),
+            ("Preference-Applied" = Option<String>, description = "`respond-async` when the preference was honoured."))),
+        (status = 400, description = "The body is not JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The transfer was canceled by request before it completed (on a replay).", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Refused: `invalid_field`, `invalid_header`, `unknown_account`, `same_account`, `currency_mismatch`, `idempotency_key_reused`, or recorded and canceled: `insufficient_funds`, `balance_overflow` (with `transferId`).", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable. Retry with the same Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_transfer(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<CreateTransferRequest>,
+) -> Result<Response, ApiError> {
+    let new = NewTransfer {
+        source: field("source", AccountId::parse(&body.source))?,
+        destination: field("destination", AccountId::parse(&body.destination))?,
+        amount: field("amount", Amount::parse(body.amount))?,
+        reference: body
+            .reference
+            .as_deref()
+            .map(Reference::parse)
+            .transpose()
+            .map_err(|e| ApiError::InvalidField {
+                field: "reference".into(),
+                detail: format!("reference {e}"),
+            })?,
+    };
+    let key = idempotency_key(&headers)?;
+    let background = wants_async(&headers);
+    let completion = if background {
+        Completion::Background
+    } else {
+        Completion::Wait
+    };
+    let outcome = state.bank.transfer(new, key, completion).await?;
+    let mut response = outcome_response(outcome);
+    if background && response.status() == StatusCode::ACCEPTED {
+        response.headers_mut().insert(
+            PREFERENCE_APPLIED,
+            HeaderValue::from_static("respond-async"),
+        );
+    }
+    Ok(response)
+}
+
+/// Read a transfer.
+#[utoipa::path(
+    get, path = "/transfers/{id}", tag = "transfers",
+    params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.")),
+    responses(
+        (status = 200, description = "The transfer.", body = TransferResponse),
+        (status = 404, description = "No such transfer.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_transfer(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TransferResponse>, ApiError> {
+    let id = path_transfer(&id)?;
+    Ok(Json(state.bank.find_transfer(id).await?.into()))
+}
+
+/// List transfers, newest first.
+#[utoipa::path(
+    get, path = "/transfers", tag = "transfers",
+    params(TransferQuery, PageParams),
+    responses(
+        (status = 200, description = "A page of transfers, newest first.", body = Page<TransferResponse>),
+        (status = 400, description = "A query parameter is invalid.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_transfers(
+    State(state): State<AppState>,
+    filters: Result<Query<TransferQuery>, axum::extract::rejection::QueryRejection>,
+    paging: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Page<TransferResponse>>, ApiError> {
+    let filters = super::query(filters)?;
+    let request = super::query(paging)?.parse("transfers")?;
+    let state_filter = filters
+        .state
+        .as_deref()
+        .map(|raw| {
+            TransferState::parse(raw).ok_or_else(|| ApiError::InvalidParameter {
+                field: "state".into(),
+                detail: "state must be one of initial, pending, applied, done, canceling, canceled"
+                    .into(),
+            })
+        })
+        .transpose()?;
+    let account = filters
+        .account
+        .as_deref()
+        .map(|raw| {
+            AccountId::parse(raw).map_err(|e| ApiError::InvalidParameter {
+                field: "account".into(),
+                detail: format!("account {e}"),
+            })
+        })
+        .transpose()?;
+    let filter = TransferFilter {
+        state: state_filter,
+        account: account.map(|a| a.to_string()),
+        before: cursor_id(request.after.as_deref())?,
+    };
+    let fetched = state.bank.transfers(&filter, request.limit + 1).await?;
+    Ok(Json(page(
+        fetched,
+        request.limit,
+        "transfers",
+        |t| t.id.to_hex(),
+        TransferResponse::from,
+    )))
+}
+
+/// Cancel a transfer.
+///
+/// A transfer not yet applied is rolled back and ends `canceled` (reason
+/// `canceled_by_request`). An applied or done transfer is completed and reversed by a
+/// compensating transfer from the destination back to the source; the answer is the
+/// original, carrying `reversedBy`. Cancelling again answers the same, and never makes a
+/// second reversal.
+#[utoipa::path(
+    post, path = "/transfers/{id}/cancel", tag = "transfers",
+    params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.")),
+    responses(
+        (status = 200, description = "The transfer, now `canceled`, or `done` with `reversedBy`.", body = TransferResponse),
+        (status = 404, description = "No such transfer.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`insufficient_funds`: the destination cannot fund the reversal; nothing was changed.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable. Cancelling again is safe.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn cancel_transfer(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TransferResponse>, ApiError> {
+    let id = path_transfer(&id)?;
+    Ok(Json(state.bank.cancel(id).await?.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefer_respond_async_is_recognised_among_other_preferences() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "prefer",
+            HeaderValue::from_static("return=minimal, respond-async; wait=5"),
+        );
+        assert!(wants_async(&headers));
+        headers.insert("prefer", HeaderValue::from_static("return=minimal"));
+        assert!(!wants_async(&headers));
+    }
+}

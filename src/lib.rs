@@ -1,0 +1,23 @@
+//! transfer-service: moves money between accounts stored in MongoDB with the
+//! two-phase-commit pattern of the MongoDB tutorial "Perform Two Phase Commits", and
+//! recovers by itself from a crash at any step.
+//!
+//! The map of the crate, from the outside in:
+//! - [`config`]: typed settings from environment variables and flags.
+//! - [`startup`]: builds the [`startup::Application`] (database, migrations, listener)
+//!   and runs it until a shutdown token is cancelled.
+//! - [`http`]: axum routes, request/response types, problem+json errors, OpenAPI.
+//! - [`service`]: what the API asks for, in domain terms; [`service::protocol`] is the
+//!   two-phase commit itself, one function per step.
+//! - [`store`]: the only module that speaks MongoDB; one guarded write per step.
+//! - [`domain`]: newtypes that parse instead of validate, and the transfer state
+//!   machine. No axum, no driver.
+//! - [`telemetry`]: log set-up.
+
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod service;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

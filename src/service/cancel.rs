@@ -1,0 +1,143 @@
+//! `POST /transfers/{id}/cancel`, after the tutorial's rule: a transfer that is not yet
+//! applied is rolled back; one that is applied is completed and then reversed by a
+//! compensating transfer from the destination back to the source.
+//!
+//! The commit point is the credit of the destination. Before it, the cancel fences both
+//! accounts (the destination only if its credit is not there, atomically), and from then
+//! on no forward step of the transfer can land on them, even one already in flight from
+//! another instance. If the destination's fence fails because the credit is there, the
+//! money may already be spent, so the transfer goes forward and is reversed instead.
+//!
+//! A reversal is claimed on the original (`reversedBy`, set once, guarded) before the
+//! compensating transfer is recorded, so two cancels never make two reversals; if the
+//! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
+//! released and the client is told, with nothing changed.
+
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{DateTime, doc};
+
+use super::{Bank, ServiceError, ServiceResult};
+use crate::domain::{CancelReason, TransferEvent, TransferId, TransferState};
+use crate::store::TransferDoc;
+
+impl Bank {
+    /// Cancels a transfer; answers with the original transfer as it ends.
+    pub async fn cancel(&self, id: TransferId) -> ServiceResult<TransferDoc> {
+        let mut transfer = self.find_transfer(id).await?;
+        loop {
+            transfer = match transfer.state {
+                TransferState::Initial => {
+                    let set = doc! { "reason": CancelReason::CanceledByRequest.as_str() };
+                    self.advance(transfer, TransferEvent::Abandon, set).await?
+                }
+                TransferState::Pending => self.cancel_pending(transfer).await?,
+                TransferState::Applied | TransferState::Canceling => self.run(transfer).await?,
+                TransferState::Canceled => return Ok(transfer),
+                TransferState::Done => return self.reverse(transfer).await,
+            };
+        }
+    }
+
+    /// Fences the accounts, then rolls back; or, if the credit already landed, goes
+    /// forward so that the `Done` branch reverses it.
+    async fn cancel_pending(&self, transfer: TransferDoc) -> ServiceResult<TransferDoc> {
+        let store = self.store();
+        let credit_blocked = store
+            .fence_unless_applied(&transfer.destination, transfer.id)
+            .await?;
+        if !credit_blocked
+            && store
+                .account(&transfer.destination)
+                .await?
+                .is_some_and(|a| a.pending_transactions.contains(&transfer.id))
+        {
+            tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
+            return Ok(self.run(transfer).await?);
+        }
+        store.fence(&transfer.source, transfer.id).await?;
+        let transfer = self
+            .begin_rollback(transfer, CancelReason::CanceledByRequest)
+            .await?;
+        Ok(self.run(transfer).await?)
+    }
+
+    /// Reverses a done transfer with a compensating transfer, at most once.
+    async fn reverse(&self, mut original: TransferDoc) -> ServiceResult<TransferDoc> {
+        loop {
+            if let Some(reversal_id) = original.reversed_by {
+                let reversal = self.claimed_reversal(&original, reversal_id).await?;
+                let reversal = self.run(reversal).await?;
+                if reversal.state == TransferState::Done {
+                    return Ok(original);
+                }
+                // The compensation was refused (the destination spent the money between
+                // our check and its debit): release the claim so a later cancel may retry.
+                self.store()
+                    .release_reversal(original.id, reversal_id)
+                    .await?;
+                return Err(ServiceError::ReversalInsufficientFunds {
+                    account: original.destination.clone(),
+                    attempt: Some(reversal_id),
+                });
+            }
+            let funds = self
+                .store()
+                .account(&original.destination)
+                .await?
+                .map_or(0, |a| a.balance);
+            if funds < original.value {
+                return Err(ServiceError::ReversalInsufficientFunds {
+                    account: original.destination.clone(),
+                    attempt: None,
+                });
+            }
+            let claimed = ObjectId::new();
+            if self.store().claim_reversal(original.id, claimed).await? {
+                original.reversed_by = Some(claimed);
+            } else {
+                original = self
+                    .find_transfer(TransferId::from_bytes(original.id.bytes()))
+                    .await?;
+            }
+        }
+    }
+
+    /// The compensating transfer claimed as `reversal_id`, recorded now if a crash came
+    /// between the claim and the insert.
+    async fn claimed_reversal(
+        &self,
+        original: &TransferDoc,
+        reversal_id: ObjectId,
+    ) -> ServiceResult<TransferDoc> {
+        if let Some(existing) = self.store().transfer(reversal_id).await? {
+            return Ok(existing);
+        }
+        let now = DateTime::now();
+        let reversal = TransferDoc {
+            id: reversal_id,
+            source: original.destination.clone(),
+            destination: original.source.clone(),
+            value: original.value,
+            currency: original.currency.clone(),
+            state: TransferState::Initial,
+            last_modified: now,
+            created_at: now,
+            application: None,
+            reason: None,
+            reference: None,
+            idempotency_key: None,
+            request_hash: None,
+            reverses: Some(original.id),
+            reversed_by: None,
+            fenced: false,
+        };
+        match self.store().insert_transfer(&reversal).await {
+            Ok(()) => Ok(reversal),
+            // A concurrent cancel recorded it first.
+            Err(crate::store::StoreError::DuplicateKey(_)) => Ok(self
+                .find_transfer(TransferId::from_bytes(reversal_id.bytes()))
+                .await?),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! The service layer: what the HTTP handlers (and the recovery sweeper) ask for, in
+//! domain terms. It validates against the stored accounts, records transfers, runs the
+//! two-phase commit ([`protocol`]) and answers with the stored documents.
+//!
+//! - [`Bank::open_account`], [`Bank::account`], [`Bank::accounts`]: the account book.
+//! - [`Bank::transfer`]: record a transfer and run it (or start it in the background),
+//!   with idempotency keys: a replay returns the existing transfer, never a second one.
+//! - [`Bank::cancel`]: roll back a transfer that has not been applied, or reverse one
+//!   that has with a compensating transfer.
+
+mod cancel;
+pub mod protocol;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongodb::bson::DateTime;
+use mongodb::bson::oid::ObjectId;
+use sha2::{Digest, Sha256};
+use tokio_util::task::TaskTracker;
+
+use crate::domain::{
+    AccountId, AccountName, Amount, Currency, IdempotencyKey, OpeningBalance, Reference,
+    TransferId, TransferState,
+};
+use crate::store::transfers::TransferFilter;
+use crate::store::{AccountDoc, Store, StoreError, TransferDoc};
+
+/// How long a replayed request waits for the original to finish before answering with
+/// the transfer as it stands (202). The original normally finishes in milliseconds; this
+/// only matters when its instance died and the sweeper must take over.
+const REPLAY_WAIT: Duration = Duration::from_secs(5);
+const REPLAY_POLL: Duration = Duration::from_millis(20);
+
+/// An account to open.
+#[derive(Debug, Clone)]
+pub struct NewAccount {
+    pub id: Option<AccountId>,
+    pub name: Option<AccountName>,
+    pub balance: OpeningBalance,
+    pub currency: Currency,
+}
+
+/// A transfer to make.
+#[derive(Debug, Clone)]
+pub struct NewTransfer {
+    pub source: AccountId,
+    pub destination: AccountId,
+    pub amount: Amount,
+    pub reference: Option<Reference>,
+}
+
+impl NewTransfer {
+    /// What identifies "the same request" for an idempotency key: every field the client
+    /// sent. Separated by NUL, which none of the fields may contain.
+    fn fingerprint(&self) -> String {
+        let mut hash = Sha256::new();
+        hash.update(self.source.as_str());
+        hash.update([0]);
+        hash.update(self.destination.as_str());
+        hash.update([0]);
+        hash.update(self.amount.minor_units().to_be_bytes());
+        hash.update([0]);
+        if let Some(r) = &self.reference {
+            hash.update(r.as_str());
+        }
+        hex::encode(hash.finalize())
+    }
+}
+
+/// Whether the caller waits for the protocol to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Run the protocol to a terminal state before answering.
+    Wait,
+    /// Record the transfer, answer at once, and run the protocol in the background
+    /// (`Prefer: respond-async`).
+    Background,
+}
+
+/// The answer to a transfer request: the transfer as it stands, and whether it was made
+/// by an earlier request with the same idempotency key.
+#[derive(Debug, Clone)]
+pub struct TransferOutcome {
+    pub transfer: TransferDoc,
+    pub replayed: bool,
+}
+
+/// Everything that can refuse a request, as the caller should see it.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("account {0} already exists")]
+    AccountExists(String),
+    #[error("account {0} does not exist")]
+    AccountNotFound(String),
+    #[error("transfer {0} does not exist")]
+    TransferNotFound(TransferId),
+    #[error("account {0} does not exist")]
+    UnknownAccount(String),
+    #[error("source and destination are the same account")]
+    SameAccount,
+    #[error(
+        "source account is in {source_currency}, destination account in {destination_currency}"
+    )]
+    CurrencyMismatch {
+        source_currency: String,
+        destination_currency: String,
+    },
+    #[error("this idempotency key was used for a different request")]
+    IdempotencyKeyReused,
+    /// A reversal could not be made because the original destination cannot fund it.
+    /// `attempt` is the compensating transfer that was tried, when one was recorded.
+    #[error("account {account} cannot fund the reversal")]
+    ReversalInsufficientFunds {
+        account: String,
+        attempt: Option<ObjectId>,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+pub type ServiceResult<T> = Result<T, ServiceError>;
+
+/// The bank: accounts, transfers, and the protocol that moves money between them.
+#[derive(Clone)]
+pub struct Bank {
+    store: Store,
+    /// Written to `application` on the transfers this instance owns.
+    instance_id: Arc<str>,
+    /// Protocol runs started for `Prefer: respond-async`; shutdown waits for them.
+    background: TaskTracker,
+}
+
+impl Bank {
+    pub fn new(store: Store, instance_id: impl Into<Arc<str>>) -> Bank {
+        Bank {
+            store,
+            instance_id: instance_id.into(),
+            background: TaskTracker::new(),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// The background protocol runs, so that shutdown can wait for them.
+    pub fn background_tasks(&self) -> &TaskTracker {
+        &self.background
+    }
+
+    pub async fn open_account(&self, new: NewAccount) -> ServiceResult<AccountDoc> {
+        let id = match new.id {
+            Some(id) => id.to_string(),
+            None => format!("acc_{}", ObjectId::new().to_hex()),
+        };
+        let now = DateTime::now();
+        let account = AccountDoc {
+            id,
+            name: new.name.map(|n| n.as_str().to_owned()),
+            balance: new.balance.minor_units(),
+            currency: new.currency.to_string(),
+            pending_transactions: Vec::new(),
+            fenced_transactions: Vec::new(),
+            created_at: now,
+            updated_at: now,
+        };
+        match self.store.insert_account(&account).await {
+            Ok(()) => Ok(account),
+            Err(StoreError::DuplicateKey(_)) => Err(ServiceError::AccountExists(account.id)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn account(&self, id: &AccountId) -> ServiceResult<AccountDoc> {
+        self.store
+            .account(id.as_str())
+            .await?
+            .ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))
+    }
+
+    pub async fn accounts(
+        &self,
+        after: Option<&AccountId>,
+        limit: u32,
+    ) -> ServiceResult<Vec<AccountDoc>> {
+        Ok(self
+            .store
+            .list_accounts(after.map(AccountId::as_str), limit)
+            .await?)
+    }
+
+    pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<TransferDoc> {
+        self.store
+            .transfer(crate::store::documents::object_id(id))
+            .await?
+            .ok_or(ServiceError::TransferNotFound(id))
+    }
+
+    pub async fn transfers(
+        &self,
+        filter: &TransferFilter,
+        limit: u32,
+    ) -> ServiceResult<Vec<TransferDoc>> {
+        Ok(self.store.list_transfers(filter, limit).await?)
+    }
+
+    /// The transfers touching an account, newest first; 404 for an unknown account.
+    pub async fn account_transfers(
+        &self,
+        account: &AccountId,
+        before: Option<ObjectId>,
+        limit: u32,
+    ) -> ServiceResult<Vec<TransferDoc>> {
+        self.account(account).await?;
+        let filter = TransferFilter {
+            account: Some(account.to_string()),
+            before,
+            ..TransferFilter::default()
+        };
+        self.transfers(&filter, limit).await
+    }
+
+    /// Records a transfer and runs the two-phase commit.
+    ///
+    /// With an idempotency key, a request that repeats an earlier one answers with the
+    /// earlier transfer (waiting briefly for it to finish) and moves no money; the same
+    /// key with a different request is refused. Concurrent requests with one key make
+    /// one transfer: the unique index on `idempotencyKey` lets exactly one insert win.
+    pub async fn transfer(
+        &self,
+        new: NewTransfer,
+        key: Option<IdempotencyKey>,
+        completion: Completion,
+    ) -> ServiceResult<TransferOutcome> {
+        let fingerprint = new.fingerprint();
+        if let Some(key) = &key {
+            if let Some(existing) = self.store.transfer_by_idempotency_key(key.as_str()).await? {
+                return self.replay(existing, &fingerprint).await;
+            }
+        }
+        let currency = self.check_accounts(&new).await?;
+        let now = DateTime::now();
+        let transfer = TransferDoc {
+            id: ObjectId::new(),
+            source: new.source.to_string(),
+            destination: new.destination.to_string(),
+            value: new.amount.minor_units(),
+            currency,
+            state: TransferState::Initial,
+            last_modified: now,
+            created_at: now,
+            application: None,
+            reason: None,
+            reference: new.reference.map(|r| r.as_str().to_owned()),
+            idempotency_key: key.as_ref().map(|k| k.as_str().to_owned()),
+            request_hash: key.as_ref().map(|_| fingerprint.clone()),
+            reverses: None,
+            reversed_by: None,
+            fenced: false,
+        };
+        match self.store.insert_transfer(&transfer).await {
+            Ok(()) => {}
+            Err(StoreError::DuplicateKey(_)) if key.is_some() => {
+                let key = key.as_ref().map(IdempotencyKey::as_str).unwrap_or_default();
+                let existing = self
+                    .store
+                    .transfer_by_idempotency_key(key)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreError::Other("idempotency key taken but no transfer carries it".into())
+                    })?;
+                return self.replay(existing, &fingerprint).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.value, "transfer recorded");
+        let transfer = match completion {
+            Completion::Wait => self.run(transfer).await?,
+            Completion::Background => {
+                let bank = self.clone();
+                let recorded = transfer.clone();
+                self.background.spawn(async move {
+                    let id = recorded.id;
+                    if let Err(e) = bank.run(recorded).await {
+                        tracing::warn!(transfer_id = %id, error = %e, "background transfer interrupted; the sweeper will finish it");
+                    }
+                });
+                transfer
+            }
+        };
+        Ok(TransferOutcome {
+            transfer,
+            replayed: false,
+        })
+    }
+
+    /// Checks what the stored accounts must agree to; returns the transfer's currency.
+    async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<String> {
+        if new.source == new.destination {
+            return Err(ServiceError::SameAccount);
+        }
+        let found = self
+            .store
+            .accounts_by_ids(&[new.source.as_str(), new.destination.as_str()])
+            .await?;
+        let find = |id: &AccountId| {
+            found
+                .iter()
+                .find(|a| a.id == id.as_str())
+                .ok_or_else(|| ServiceError::UnknownAccount(id.to_string()))
+        };
+        let source = find(&new.source)?;
+        let destination = find(&new.destination)?;
+        if source.currency != destination.currency {
+            return Err(ServiceError::CurrencyMismatch {
+                source_currency: source.currency.clone(),
+                destination_currency: destination.currency.clone(),
+            });
+        }
+        Ok(source.currency.clone())
+    }
+
+    async fn replay(
+        &self,
+        existing: TransferDoc,
+        fingerprint: &str,
+    ) -> ServiceResult<TransferOutcome> {
+        if existing.request_hash.as_deref() != Some(fingerprint) {
+            return Err(ServiceError::IdempotencyKeyReused);
+        }
+        let transfer = self.wait_until_terminal(existing, REPLAY_WAIT).await?;
+        Ok(TransferOutcome {
+            transfer,
+            replayed: true,
+        })
+    }
+
+    /// Re-reads a transfer until it is terminal or `limit` has passed. Does not drive it:
+    /// its owner (or, if the owner died, the sweeper) does.
+    async fn wait_until_terminal(
+        &self,
+        mut transfer: TransferDoc,
+        limit: Duration,
+    ) -> ServiceResult<TransferDoc> {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !transfer.state.is_terminal() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(REPLAY_POLL).await;
+            transfer =
+                self.store.transfer(transfer.id).await?.ok_or_else(|| {
+                    StoreError::Other(format!("transfer {} vanished", transfer.id))
+                })?;
+        }
+        Ok(transfer)
+    }
+}

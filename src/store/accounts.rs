@@ -1,0 +1,155 @@
+//! Operations on `accounts`. The four protocol writes (apply a debit, apply a credit, pull
+//! a marker, undo a change) are each one guarded `updateOne`, exactly as in the tutorial:
+//! the guard on `pendingTransactions` makes a retried step a no-op, so every step may be
+//! run again after a crash.
+
+use futures::TryStreamExt;
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{DateTime, doc};
+use mongodb::options::FindOptions;
+
+use super::{AccountDoc, Store, StoreResult};
+use crate::domain::MAX_MONEY;
+
+impl Store {
+    pub async fn insert_account(&self, account: &AccountDoc) -> StoreResult<()> {
+        self.accounts.insert_one(account).await?;
+        Ok(())
+    }
+
+    pub async fn account(&self, id: &str) -> StoreResult<Option<AccountDoc>> {
+        Ok(self.accounts.find_one(doc! { "_id": id }).await?)
+    }
+
+    /// The accounts among `ids` that exist, in one round trip.
+    pub async fn accounts_by_ids(&self, ids: &[&str]) -> StoreResult<Vec<AccountDoc>> {
+        let cursor = self.accounts.find(doc! { "_id": { "$in": ids } }).await?;
+        Ok(cursor.try_collect().await?)
+    }
+
+    /// Accounts in id order, after `after` when given: keyset pagination, so a page costs
+    /// the same however deep it is.
+    pub async fn list_accounts(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<AccountDoc>> {
+        let filter = match after {
+            Some(after) => doc! { "_id": { "$gt": after } },
+            None => doc! {},
+        };
+        let options = FindOptions::builder()
+            .sort(doc! { "_id": 1 })
+            .limit(i64::from(limit))
+            .build();
+        let cursor = self.accounts.find(filter).with_options(options).await?;
+        Ok(cursor.try_collect().await?)
+    }
+
+    /// Step 3: debit the source, unless already applied, fenced by a cancel, or the
+    /// balance is short.
+    pub async fn apply_debit(&self, account: &str, tx: ObjectId, value: i64) -> StoreResult<bool> {
+        let result = self
+            .accounts
+            .update_one(
+                doc! {
+                    "_id": account,
+                    "pendingTransactions": { "$ne": tx },
+                    "fencedTransactions": { "$ne": tx },
+                    "balance": { "$gte": value },
+                },
+                doc! {
+                    "$inc": { "balance": -value },
+                    "$push": { "pendingTransactions": tx },
+                    "$set": { "updatedAt": DateTime::now() },
+                },
+            )
+            .await?;
+        Ok(result.modified_count == 1)
+    }
+
+    /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
+    /// new balance would pass `MAX_MONEY`.
+    pub async fn apply_credit(&self, account: &str, tx: ObjectId, value: i64) -> StoreResult<bool> {
+        let result = self
+            .accounts
+            .update_one(
+                doc! {
+                    "_id": account,
+                    "pendingTransactions": { "$ne": tx },
+                    "fencedTransactions": { "$ne": tx },
+                    "balance": { "$lte": MAX_MONEY - value },
+                },
+                doc! {
+                    "$inc": { "balance": value },
+                    "$push": { "pendingTransactions": tx },
+                    "$set": { "updatedAt": DateTime::now() },
+                },
+            )
+            .await?;
+        Ok(result.modified_count == 1)
+    }
+
+    /// Steps 6 and 7: forget the marker of an applied transfer.
+    pub async fn pull_marker(&self, account: &str, tx: ObjectId) -> StoreResult<bool> {
+        let result = self
+            .accounts
+            .update_one(
+                doc! { "_id": account, "pendingTransactions": tx },
+                doc! {
+                    "$pull": { "pendingTransactions": tx },
+                    "$set": { "updatedAt": DateTime::now() },
+                },
+            )
+            .await?;
+        Ok(result.modified_count == 1)
+    }
+
+    /// Rollback: give back `delta` (negative for the destination, positive for the source)
+    /// and forget the marker, only where the transfer was applied.
+    pub async fn undo_change(&self, account: &str, tx: ObjectId, delta: i64) -> StoreResult<bool> {
+        let result = self
+            .accounts
+            .update_one(
+                doc! { "_id": account, "pendingTransactions": tx },
+                doc! {
+                    "$inc": { "balance": delta },
+                    "$pull": { "pendingTransactions": tx },
+                    "$set": { "updatedAt": DateTime::now() },
+                },
+            )
+            .await?;
+        Ok(result.modified_count == 1)
+    }
+}
+
+impl Store {
+    /// Makes the account refuse every later forward step of `tx`, but only if `tx` is not
+    /// applied to it yet. Returns whether the fence is in place (false: `tx` is applied,
+    /// or the account does not exist).
+    ///
+    /// A cancel fences the destination first: if that wins, the credit can never land,
+    /// so the rollback never has to take back money the destination may have spent.
+    pub async fn fence_unless_applied(&self, account: &str, tx: ObjectId) -> StoreResult<bool> {
+        let result = self
+            .accounts
+            .update_one(
+                doc! { "_id": account, "pendingTransactions": { "$ne": tx } },
+                doc! { "$addToSet": { "fencedTransactions": tx } },
+            )
+            .await?;
+        Ok(result.matched_count == 1)
+    }
+
+    /// Makes the account refuse every later forward step of `tx`, applied or not. The
+    /// rollback then undoes what is applied, and a late forward step cannot re-apply it.
+    pub async fn fence(&self, account: &str, tx: ObjectId) -> StoreResult<()> {
+        self.accounts
+            .update_one(
+                doc! { "_id": account },
+                doc! { "$addToSet": { "fencedTransactions": tx } },
+            )
+            .await?;
+        Ok(())
+    }
+}

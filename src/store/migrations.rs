@@ -1,0 +1,108 @@
+//! Applies the versioned migrations in the top-level `migrations/` folder.
+//!
+//! Each migration is a JSON list of database commands, embedded in the binary at build
+//! time. A migration not yet recorded in the `migrations` collection is run and then
+//! recorded. Its commands are idempotent, so two instances starting at once may both run
+//! it; the second record insert then fails on `_id` and is ignored. A recorded migration
+//! whose file changed since is refused: migrations are append-only.
+
+use mongodb::Database;
+use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::error::ErrorKind;
+use sha2::{Digest, Sha256};
+
+use super::{StoreError, StoreResult};
+
+/// Every migration, in the order it is applied. Add new files at the end.
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_collections",
+        include_str!("../../migrations/0001_collections.json"),
+    ),
+    (
+        "0002_indexes",
+        include_str!("../../migrations/0002_indexes.json"),
+    ),
+];
+
+/// MongoDB's NamespaceExists: `create` on a collection that is already there.
+const NAMESPACE_EXISTS: i32 = 48;
+
+fn checksum(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+fn commands(name: &str, text: &str) -> StoreResult<Vec<Document>> {
+    let bad = |why: String| StoreError::Other(format!("migration {name}: {why}"));
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let list = json
+        .get("commands")
+        .and_then(|c| c.as_array())
+        .ok_or_else(|| bad("has no \"commands\" list".into()))?;
+    list.iter()
+        .map(|c| match Bson::try_from(c.clone()) {
+            Ok(Bson::Document(d)) => Ok(d),
+            Ok(_) => Err(bad("a command is not an object".into())),
+            Err(e) => Err(bad(e.to_string())),
+        })
+        .collect()
+}
+
+/// Runs the migrations this database lacks; returns the names it applied.
+pub async fn apply_all(db: &Database) -> StoreResult<Vec<String>> {
+    let records = db.collection::<Document>("migrations");
+    let mut applied = Vec::new();
+    for (name, text) in MIGRATIONS {
+        let sum = checksum(text);
+        if let Some(record) = records.find_one(doc! { "_id": *name }).await? {
+            if record.get_str("checksum").ok() != Some(sum.as_str()) {
+                return Err(StoreError::Other(format!(
+                    "migration {name} was changed after it was applied; add a new migration instead"
+                )));
+            }
+            continue;
+        }
+        for command in commands(name, text)? {
+            let is_create = command.contains_key("create");
+            match db.run_command(command).await {
+                Ok(_) => {}
+                Err(e)
+                    if is_create
+                        && matches!(e.kind.as_ref(), ErrorKind::Command(c) if c.code == NAMESPACE_EXISTS) =>
+                    {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let record = doc! { "_id": *name, "checksum": sum, "appliedAt": DateTime::now() };
+        match records.insert_one(record).await {
+            Ok(_) => applied.push((*name).to_owned()),
+            Err(e) => match StoreError::from(e) {
+                // Another instance recorded it first: it ran the same idempotent commands.
+                StoreError::DuplicateKey(_) => {}
+                other => return Err(other),
+            },
+        }
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_migration_parses_into_commands() {
+        for (name, text) in MIGRATIONS {
+            let list = commands(name, text).unwrap();
+            assert!(!list.is_empty(), "{name} has no commands");
+        }
+    }
+
+    #[test]
+    fn migrations_are_listed_in_name_order() {
+        let names: Vec<_> = MIGRATIONS.iter().map(|(n, _)| *n).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+    }
+}

@@ -1,0 +1,178 @@
+//! The only module that speaks MongoDB.
+//!
+//! It owns the stored document shapes ([`documents`]), the migrations applied at start-up
+//! ([`migrations`]), and one function per database operation of the protocol
+//! ([`accounts`], [`transfers`]). Every state change is a single guarded write that
+//! reports whether it won; the caller decides what losing means.
+//!
+//! Invariants kept here:
+//! - every write goes through a [`mongodb::Database`] handle whose write concern is
+//!   majority with journal, so an acknowledged step survives a crash of the database;
+//! - every driver error becomes a [`StoreError`] in [`StoreError::from`], the one place
+//!   that decides which failures mean "the database is unavailable".
+
+pub mod accounts;
+pub mod documents;
+pub mod migrations;
+pub mod transfers;
+
+use std::time::Duration;
+
+use mongodb::bson::{Document, doc};
+use mongodb::error::{ErrorKind, WriteFailure};
+use mongodb::options::{Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, WriteConcern};
+use mongodb::{Client, Collection, Database};
+
+pub use documents::{AccountDoc, TransferDoc};
+
+/// How long the driver looks for a usable server before an operation fails. Short, so
+/// that a request answers 503 in bounded time while the database is down.
+const SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a write waits for the majority to acknowledge it.
+const WRITE_CONCERN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections per instance: enough for every concurrent step of a busy instance, bounded
+/// so that many instances cannot exhaust the server's connection limit.
+const MAX_POOL_SIZE: u32 = 64;
+
+/// A failed database operation, classified for the caller.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached or cannot accept the write now (no primary, network
+    /// failure, shutdown, time-out). Retrying later may succeed; HTTP says 503.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// A unique index refused the write (an `_id` or idempotency key already taken).
+    #[error("duplicate key: {0}")]
+    DuplicateKey(String),
+    /// Anything else: a bug or a misconfigured database. HTTP says 500, opaquely.
+    #[error("database error: {0}")]
+    Other(String),
+}
+
+/// MongoDB error codes that mean "not now" rather than "never": shutdown, failover and
+/// time-outs. https://www.mongodb.com/docs/manual/reference/error-codes/
+const UNAVAILABLE_CODES: &[i32] = &[
+    6,     // HostUnreachable
+    7,     // HostNotFound
+    50,    // MaxTimeMSExpired
+    64,    // WriteConcernFailed (wtimeout)
+    89,    // NetworkTimeout
+    91,    // ShutdownInProgress
+    189,   // PrimarySteppedDown
+    262,   // ExceededTimeLimit
+    9001,  // SocketException
+    10107, // NotWritablePrimary
+    11600, // InterruptedAtShutdown
+    11602, // InterruptedDueToReplStateChange
+    13435, // NotPrimaryNoSecondaryOk
+    13436, // NotPrimaryOrSecondary
+];
+
+impl From<mongodb::error::Error> for StoreError {
+    fn from(err: mongodb::error::Error) -> Self {
+        let text = err.to_string();
+        match err.kind.as_ref() {
+            ErrorKind::ServerSelection { .. }
+            | ErrorKind::Io(_)
+            | ErrorKind::ConnectionPoolCleared { .. }
+            | ErrorKind::Shutdown => StoreError::Unavailable(text),
+            ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == 11000 => {
+                StoreError::DuplicateKey(text)
+            }
+            ErrorKind::Write(WriteFailure::WriteError(e))
+                if UNAVAILABLE_CODES.contains(&e.code) =>
+            {
+                StoreError::Unavailable(text)
+            }
+            ErrorKind::Write(WriteFailure::WriteConcernError(_)) => StoreError::Unavailable(text),
+            ErrorKind::Command(e) if e.code == 11000 => StoreError::DuplicateKey(text),
+            ErrorKind::Command(e) if UNAVAILABLE_CODES.contains(&e.code) => {
+                StoreError::Unavailable(text)
+            }
+            _ if err.contains_label("RetryableWriteError")
+                || err.contains_label("TransientTransactionError") =>
+            {
+                StoreError::Unavailable(text)
+            }
+            _ => StoreError::Other(text),
+        }
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The three collections, with majority+journal writes.
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: Database,
+    accounts: Collection<AccountDoc>,
+    transactions: Collection<TransferDoc>,
+}
+
+impl Store {
+    /// Builds the client. Does not wait for the server: the driver connects lazily, and
+    /// the first operation fails with [`StoreError::Unavailable`] if nothing answers.
+    pub async fn connect(uri: &str, database: &str) -> StoreResult<Store> {
+        let mut options = ClientOptions::parse(uri)
+            .await
+            .map_err(|e| StoreError::Other(format!("invalid MONGODB_URI: {e}")))?;
+        options
+            .app_name
+            .get_or_insert_with(|| "transfer-service".to_owned());
+        options.server_selection_timeout = Some(SERVER_SELECTION_TIMEOUT);
+        options
+            .connect_timeout
+            .get_or_insert(Duration::from_secs(3));
+        options.max_pool_size.get_or_insert(MAX_POOL_SIZE);
+        let client = Client::with_options(options).map_err(StoreError::from)?;
+        Ok(Store::new(
+            client.database_with_options(
+                database,
+                DatabaseOptions::builder()
+                    .write_concern(majority_journaled())
+                    .read_concern(ReadConcern::majority())
+                    .build(),
+            ),
+        ))
+    }
+
+    fn new(db: Database) -> Store {
+        Store {
+            accounts: db.collection("accounts"),
+            transactions: db.collection("transactions"),
+            db,
+        }
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// One round trip to the server; used by `/ready`.
+    pub async fn ping(&self) -> StoreResult<()> {
+        self.db.run_command(doc! { "ping": 1 }).await?;
+        Ok(())
+    }
+
+    /// Applies the migrations in `migrations/` that this database has not recorded yet.
+    pub async fn migrate(&self) -> StoreResult<Vec<String>> {
+        migrations::apply_all(&self.db).await
+    }
+}
+
+/// Every write is acknowledged only once a majority has it in its journal.
+pub fn majority_journaled() -> WriteConcern {
+    WriteConcern::builder()
+        .w(Acknowledgment::Majority)
+        .journal(true)
+        .w_timeout(WRITE_CONCERN_TIMEOUT)
+        .build()
+}
+
+/// `{ $set: {...} }` merged with extra `$set` fields, used by guarded transitions.
+pub(crate) fn merge_set(mut base: Document, extra: Document) -> Document {
+    for (k, v) in extra {
+        base.insert(k, v);
+    }
+    base
+}
