@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every check and test, on a fresh machine too: installs what is missing (cmake,
+# the SecantusDB daemon), then formatting, lints, and every test against a real
+# database server. With MONGODB_URI set, the tests use that server instead (a real
+# mongod replica set, say).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ -z "${MONGODB_URI:-}" ]]; then
+  SECANTUSD_BIN=$(scripts/install-secantus.sh | tail -n 1)
+  export SECANTUSD_BIN
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo clippy (failpoints)"
+cargo clippy --all-targets --features failpoints -- -D warnings
+echo "== cargo test"
+cargo test --all-targets --features failpoints
+cargo test --doc

@@ -1,0 +1,244 @@
+//! Test support shared by every test binary: a real database server and a running
+//! instance of the service on a random port, with its own database per test.
+//!
+//! The database is the server named by `MONGODB_URI` when it is set (a real mongod
+//! replica set, say). Otherwise each test binary starts one SecantusDB daemon
+//! (`secantusd-rs`, found through `SECANTUSD_BIN`, `PATH`, or the cache that
+//! `scripts/install-secantus.sh` fills) with `--sync-on-commit`, in a temporary folder.
+//! The daemon is started from a thread that lives as long as the test process and asks
+//! the kernel to kill it when that thread goes, so no daemon outlives the tests.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use mongodb::bson::doc;
+use tokio_util::sync::CancellationToken;
+use transfer_service::config::{LogFormat, Settings};
+use transfer_service::startup::Application;
+use transfer_service::store::Store;
+
+/// The URI of the database server the tests use.
+pub fn database_uri() -> String {
+    static URI: OnceLock<String> = OnceLock::new();
+    URI.get_or_init(|| match std::env::var("MONGODB_URI") {
+        Ok(uri) if !uri.trim().is_empty() => uri,
+        _ => start_secantus(),
+    })
+    .clone()
+}
+
+/// Where the SecantusDB daemon binary is.
+pub fn secantusd_binary() -> PathBuf {
+    if let Ok(bin) = std::env::var("SECANTUSD_BIN") {
+        return PathBuf::from(bin);
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join("secantusd-rs");
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let cached = PathBuf::from(home).join(".cache/transfer-service/secantus/bin/secantusd-rs");
+    assert!(
+        cached.is_file(),
+        "no database for the tests: set MONGODB_URI, or run scripts/test.sh, which installs secantusd-rs"
+    );
+    cached
+}
+
+/// A SecantusDB daemon owned by the test process.
+pub struct Daemon {
+    pub uri: String,
+    pub port: u16,
+    pub storage: PathBuf,
+    child: std::process::Child,
+}
+
+impl Daemon {
+    /// Starts a daemon on `port` (0: any free port) with its data in `storage`.
+    pub fn start(storage: PathBuf, port: u16) -> Daemon {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(secantusd_binary());
+        command
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--log-level", "WARNING", "--sync-on-commit"])
+            .arg("--storage-path")
+            .arg(&storage)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGKILL the
+        // daemon when the thread that started it exits.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("start secantusd-rs");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read the daemon's first line");
+        let port: u16 = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line from secantusd-rs: {line:?}"));
+        Daemon {
+            uri: format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
+            port,
+            storage,
+            child,
+        }
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts the process-wide daemon on a thread that never exits, so that PDEATHSIG fires
+/// only when the whole test process goes.
+fn start_secantus() -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dir = tempfile::Builder::new().prefix("transfer-service-test-db").tempdir().expect("temp dir");
+        let daemon = Daemon::start(dir.path().to_path_buf(), 0);
+        tx.send(daemon.uri.clone()).expect("send uri");
+        // Keep the daemon and its folder for the life of the process.
+        let _keep = (daemon, dir);
+        loop {
+            std::thread::park();
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60)).expect("secantusd-rs did not start")
+}
+
+/// A fresh database name, so tests never see each other's data.
+pub fn fresh_database_name() -> String {
+    format!("test_{}", mongodb::bson::oid::ObjectId::new().to_hex())
+}
+
+pub fn settings(uri: &str, database: &str) -> Settings {
+    Settings {
+        mongodb_uri: uri.to_owned(),
+        database: database.to_owned(),
+        bind_addr: "127.0.0.1:0".parse().unwrap(),
+        instance_id: format!("test-{}", mongodb::bson::oid::ObjectId::new().to_hex()),
+        sweep_interval: Duration::from_millis(100),
+        stale_after: Duration::from_millis(1000),
+        log_format: LogFormat::Pretty,
+        log_filter: "warn".into(),
+    }
+}
+
+/// A running instance of the service with its own database.
+pub struct TestApp {
+    pub address: String,
+    pub http: reqwest::Client,
+    /// Direct access to the same database, to check what is stored.
+    pub store: Store,
+    pub database: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Starts the service with settings adjusted by `adjust`.
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    let uri = database_uri();
+    let database = fresh_database_name();
+    let mut settings = settings(&uri, &database);
+    adjust(&mut settings);
+    let app = Application::build(settings.clone()).await.expect("build the application");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(app.run_until_stopped(shutdown.clone()));
+    let store = Store::connect(&uri, &settings.database).await.expect("connect");
+    TestApp {
+        address,
+        http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
+        store,
+        database: settings.database,
+        shutdown,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    pub async fn post_json(&self, path: &str, body: serde_json::Value) -> reqwest::Response {
+        self.http.post(self.url(path)).json(&body).send().await.expect("request")
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.url(path)).send().await.expect("request")
+    }
+
+    /// Opens an account through the API and asserts it worked.
+    pub async fn open_account(&self, id: &str, balance: i64) {
+        self.open_account_in(id, balance, "USD").await;
+    }
+
+    pub async fn open_account_in(&self, id: &str, balance: i64, currency: &str) {
+        let response = self
+            .post_json("/accounts", serde_json::json!({ "id": id, "balance": balance, "currency": currency }))
+            .await;
+        assert_eq!(response.status(), 201, "opening {id}: {}", response.text().await.unwrap());
+    }
+
+    /// A transfer request; returns the status and the JSON body.
+    pub async fn transfer(&self, source: &str, destination: &str, amount: i64) -> (u16, serde_json::Value) {
+        let response = self
+            .post_json("/transfers", serde_json::json!({ "source": source, "destination": destination, "amount": amount }))
+            .await;
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("json body"))
+    }
+
+    /// The stored balance of an account.
+    pub async fn balance(&self, id: &str) -> i64 {
+        self.store.account(id).await.unwrap().expect("account exists").balance
+    }
+
+    /// The sum of every stored balance: the invariant no transfer may change.
+    pub async fn total_balance(&self) -> i64 {
+        let accounts = self.store.list_accounts(None, 10_000).await.unwrap();
+        accounts.iter().map(|a| a.balance).sum()
+    }
+
+    /// Every account with a leftover `pendingTransactions` entry.
+    pub async fn accounts_with_pending(&self) -> Vec<String> {
+        let accounts = self.store.list_accounts(None, 10_000).await.unwrap();
+        accounts.into_iter().filter(|a| !a.pending_transactions.is_empty()).map(|a| a.id).collect()
+    }
+
+    pub async fn drop_database(&self) {
+        let _ = self.store.database().run_command(doc! { "dropDatabase": 1 }).await;
+    }
+}
