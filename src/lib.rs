@@ -12,12 +12,26 @@
 //! - [`store`]: the only module that speaks MongoDB; one guarded write per step.
 //! - [`domain`]: newtypes that parse instead of validate, and the transfer state
 //!   machine. No axum, no driver.
+//! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
+//!   instance left behind, with the same step functions.
 //! - [`telemetry`]: log set-up.
+
+/// `failpoint!("step")`: with the `failpoints` feature, aborts the process after `step`
+/// when `CRASH_AT=step`; without it, expands to nothing.
+macro_rules! failpoint {
+    ($step:literal) => {{
+        #[cfg(feature = "failpoints")]
+        $crate::failpoints::hit($step);
+    }};
+}
 
 pub mod config;
 pub mod domain;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod http;
 pub mod service;
 pub mod startup;
 pub mod store;
+pub mod sweeper;
 pub mod telemetry;

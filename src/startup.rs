@@ -51,7 +51,7 @@ impl Application {
                 addr: settings.bind_addr,
                 source,
             })?;
-        let bank = Bank::new(store, settings.instance_id.clone());
+        let bank = Bank::new(store, settings.instance_id.clone(), settings.stale_after);
         Ok(Application {
             listener,
             bank,
@@ -81,6 +81,11 @@ impl Application {
         };
         let app = http::app(state, REQUEST_TIMEOUT);
         tracing::info!(addr = %self.local_addr(), instance = %self.settings.instance_id, "listening");
+        let sweeper = tokio::spawn(crate::sweeper::run(
+            self.bank.clone(),
+            self.settings.sweep_interval,
+            shutdown.clone(),
+        ));
         let stop = shutdown.clone();
         axum::serve(self.listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -95,6 +100,7 @@ impl Application {
                 "background transfers still running at shutdown; the sweeper of another instance will finish them"
             );
         }
+        let _ = sweeper.await;
         tracing::info!("stopped");
         Ok(())
     }

@@ -131,18 +131,14 @@ pub enum CancelReason {
     AccountNotFound,
     /// A client asked for it through `POST /transfers/{id}/cancel`.
     CanceledByRequest,
-    /// The recovery sweeper found it in `initial`, abandoned by a crashed instance
-    /// before any money moved.
-    Abandoned,
 }
 
 impl CancelReason {
-    pub const ALL: [CancelReason; 5] = [
+    pub const ALL: [CancelReason; 4] = [
         CancelReason::InsufficientFunds,
         CancelReason::BalanceOverflow,
         CancelReason::AccountNotFound,
         CancelReason::CanceledByRequest,
-        CancelReason::Abandoned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -151,7 +147,6 @@ impl CancelReason {
             CancelReason::BalanceOverflow => "balance_overflow",
             CancelReason::AccountNotFound => "account_not_found",
             CancelReason::CanceledByRequest => "canceled_by_request",
-            CancelReason::Abandoned => "abandoned",
         }
     }
 

@@ -65,7 +65,7 @@ pub enum ApiError {
     MethodNotAllowed,
     /// 409: the account id is taken.
     AccountExists(String),
-    /// 409: the transfer was canceled (by request, or abandoned before it started).
+    /// 409: the transfer was canceled by request before it completed.
     TransferCanceled { transfer_id: String, detail: String },
     /// 413: the body is over the limit.
     PayloadTooLarge,

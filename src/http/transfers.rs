@@ -69,7 +69,6 @@ pub enum CancelReasonSchema {
     BalanceOverflow,
     AccountNotFound,
     CanceledByRequest,
-    Abandoned,
 }
 
 /// A transfer.
@@ -181,12 +180,10 @@ fn outcome_response(outcome: TransferOutcome) -> Response {
                             .into(),
                     transfer_id: Some(transfer_id),
                 },
-                Some(CancelReason::CanceledByRequest | CancelReason::Abandoned) | None => {
-                    ApiError::TransferCanceled {
-                        transfer_id,
-                        detail: "this transfer was canceled before it completed".into(),
-                    }
-                }
+                Some(CancelReason::CanceledByRequest) | None => ApiError::TransferCanceled {
+                    transfer_id,
+                    detail: "this transfer was canceled before it completed".into(),
+                },
             }
             .into_response()
         }

@@ -27,11 +27,34 @@ impl Bank {
         loop {
             transfer = match transfer.state {
                 TransferState::Initial => {
+                    // No account is touched before `initial -> pending`, which this
+                    // write makes impossible: nothing to undo.
                     let set = doc! { "reason": CancelReason::CanceledByRequest.as_str() };
-                    self.advance(transfer, TransferEvent::Abandon, set).await?
+                    let to = TransferState::Initial
+                        .transition(TransferEvent::Abandon)
+                        .expect("initial can be abandoned");
+                    if self
+                        .store()
+                        .transition(transfer.id, TransferState::Initial, to, set)
+                        .await?
+                    {
+                        tracing::info!(transfer_id = %transfer.id, "canceled before it started");
+                    }
+                    self.reload(&transfer).await?
                 }
                 TransferState::Pending => self.cancel_pending(transfer).await?,
-                TransferState::Applied | TransferState::Canceling => self.run(transfer).await?,
+                TransferState::Applied | TransferState::Canceling => {
+                    // Only idempotent pulls or undos remain: safe for us to take over
+                    // from any owner, live or not.
+                    match self
+                        .store()
+                        .take_over(self.instance_id(), transfer.id, transfer.state)
+                        .await?
+                    {
+                        Some(mine) => self.run(mine).await?,
+                        None => self.reload(&transfer).await?,
+                    }
+                }
                 TransferState::Canceled => return Ok(transfer),
                 TransferState::Done => return self.reverse(transfer).await,
             };
@@ -55,9 +78,23 @@ impl Bank {
             return Ok(self.run(transfer).await?);
         }
         store.fence(&transfer.source, transfer.id).await?;
-        let transfer = self
-            .begin_rollback(transfer, CancelReason::CanceledByRequest)
-            .await?;
+        // Take the transfer over whoever owns it: the fences make every forward step of
+        // the old owner a no-op from now on.
+        let set = doc! {
+            "reason": CancelReason::CanceledByRequest.as_str(),
+            "application": self.instance_id(),
+            "fenced": true,
+        };
+        let to = TransferState::Pending
+            .transition(TransferEvent::BeginRollback)
+            .expect("pending can roll back");
+        if store
+            .transition(transfer.id, TransferState::Pending, to, set)
+            .await?
+        {
+            tracing::info!(transfer_id = %transfer.id, "canceled by request; rolling back");
+        }
+        let transfer = self.reload(&transfer).await?;
         Ok(self.run(transfer).await?)
     }
 

@@ -129,15 +129,23 @@ pub struct Bank {
     instance_id: Arc<str>,
     /// Protocol runs started for `Prefer: respond-async`; shutdown waits for them.
     background: TaskTracker,
+    /// The lease an instance holds on a transfer it works on, renewed by every state
+    /// change; once it lapses (STALE_AFTER_MS) another instance may take over.
+    stale_after: Duration,
 }
 
 impl Bank {
-    pub fn new(store: Store, instance_id: impl Into<Arc<str>>) -> Bank {
+    pub fn new(store: Store, instance_id: impl Into<Arc<str>>, stale_after: Duration) -> Bank {
         Bank {
             store,
             instance_id: instance_id.into(),
             background: TaskTracker::new(),
+            stale_after,
         }
+    }
+
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
     }
 
     pub fn store(&self) -> &Store {
@@ -279,6 +287,7 @@ impl Bank {
             Err(e) => return Err(e.into()),
         }
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.value, "transfer recorded");
+        failpoint!("after_insert");
         let transfer = match completion {
             Completion::Wait => self.run(transfer).await?,
             Completion::Background => {

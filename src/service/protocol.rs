@@ -19,10 +19,10 @@
 //! only rolls back while its credit is not applied (see `cancel.rs` for the fence that
 //! guarantees it when a client cancels).
 
-use mongodb::bson::doc;
+use mongodb::bson::{DateTime, Document, doc};
 
 use super::Bank;
-use crate::domain::{CancelReason, TransferEvent, TransferState};
+use crate::domain::{CancelReason, MAX_MONEY, TransferEvent, TransferState};
 use crate::store::{AccountDoc, StoreError, StoreResult, TransferDoc};
 
 /// How often an account step is retried when its guard failed but a re-read shows no
@@ -68,6 +68,8 @@ fn classify(
 enum StepResult {
     Applied,
     RollBack(CancelReason),
+    /// Another instance took the transfer over; stop driving it.
+    LostLease,
 }
 
 impl Bank {
@@ -77,6 +79,10 @@ impl Bank {
     /// every step so far durable, for a later call or the sweeper to resume.
     pub async fn run(&self, mut transfer: TransferDoc) -> StoreResult<TransferDoc> {
         loop {
+            if !self.may_drive(&transfer) {
+                // Another instance owns it now (it took it over, or a cancel did).
+                return Ok(transfer);
+            }
             transfer = match transfer.state {
                 TransferState::Initial => self.start(transfer).await?,
                 TransferState::Pending => self.apply(transfer).await?,
@@ -87,71 +93,111 @@ impl Bank {
         }
     }
 
+    /// Whether this instance may take the next step: it owns the transfer, or nobody
+    /// does yet (`initial`).
+    fn may_drive(&self, transfer: &TransferDoc) -> bool {
+        match transfer.application.as_deref() {
+            Some(owner) => owner == self.instance_id(),
+            None => transfer.state == TransferState::Initial,
+        }
+    }
+
+    /// The end of this instance's lease on `transfer`, as the server will judge it: a
+    /// forward account step must reach the server before it. It ends a tenth of the lease
+    /// before a takeover becomes possible, so the two never overlap.
+    fn lease_deadline(&self, transfer: &TransferDoc) -> DateTime {
+        let lease_ms = self.stale_after.as_millis() as i64;
+        DateTime::from_millis(transfer.last_modified.timestamp_millis() + lease_ms - lease_ms / 10)
+    }
+
     /// Step 2: `initial -> pending`, taking ownership.
     async fn start(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
-        let set = doc! { "application": self.instance_id() };
-        self.advance(transfer, TransferEvent::Start, set).await
+        self.advance(transfer, TransferEvent::Start, doc! {}).await
     }
 
     /// Steps 3 to 5: debit, credit, `pending -> applied`.
-    async fn apply(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
-        match self.debit(&transfer).await? {
+    async fn apply(&self, mut transfer: TransferDoc) -> StoreResult<TransferDoc> {
+        match self.debit(&mut transfer).await? {
             StepResult::Applied => {}
+            StepResult::LostLease => return self.reload(&transfer).await,
             StepResult::RollBack(reason) => return self.begin_rollback(transfer, reason).await,
         }
-        match self.credit(&transfer).await? {
+        failpoint!("after_debit");
+        match self.credit(&mut transfer).await? {
             StepResult::Applied => {}
+            StepResult::LostLease => return self.reload(&transfer).await,
             StepResult::RollBack(reason) => return self.begin_rollback(transfer, reason).await,
         }
+        failpoint!("after_credit");
         self.advance(transfer, TransferEvent::MarkApplied, doc! {})
             .await
     }
 
+    /// A guarded account step matched nothing and a re-read shows no reason to refuse
+    /// it: the balance moved in between, or our lease ran out. Renews the lease and says
+    /// whether we still own the transfer.
+    async fn renew(&self, t: &mut TransferDoc) -> StoreResult<bool> {
+        match self
+            .store
+            .renew_lease(self.instance_id(), t.id, t.state)
+            .await?
+        {
+            Some(now) => {
+                t.last_modified = now;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Step 3: take the amount from the source, unless already taken.
-    async fn debit(&self, t: &TransferDoc) -> StoreResult<StepResult> {
+    async fn debit(&self, t: &mut TransferDoc) -> StoreResult<StepResult> {
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
-            if self.store.apply_debit(&t.source, t.id, t.value).await? {
+            let deadline = self.lease_deadline(t);
+            if self
+                .store
+                .apply_debit(&t.source, t.id, t.value, deadline)
+                .await?
+            {
                 tracing::debug!(transfer_id = %t.id, account = %t.source, "source debited");
                 return Ok(StepResult::Applied);
             }
             let account = self.store.account(&t.source).await?;
-            match classify(account, t, |balance| balance >= t.value) {
+            let reason = match classify(account, t, |balance| balance >= t.value) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),
-                Refusal::Fenced => {
-                    return Ok(StepResult::RollBack(CancelReason::CanceledByRequest));
-                }
-                Refusal::Missing => return Ok(StepResult::RollBack(CancelReason::AccountNotFound)),
-                Refusal::Balance => {
-                    return Ok(StepResult::RollBack(CancelReason::InsufficientFunds));
-                }
-                Refusal::Retry => continue,
-            }
+                Refusal::Retry if self.renew(t).await? => continue,
+                Refusal::Retry => return Ok(StepResult::LostLease),
+                Refusal::Fenced => CancelReason::CanceledByRequest,
+                Refusal::Missing => CancelReason::AccountNotFound,
+                Refusal::Balance => CancelReason::InsufficientFunds,
+            };
+            return Ok(StepResult::RollBack(reason));
         }
         Err(contended(t))
     }
 
     /// Step 4: give the amount to the destination, unless already given.
-    async fn credit(&self, t: &TransferDoc) -> StoreResult<StepResult> {
+    async fn credit(&self, t: &mut TransferDoc) -> StoreResult<StepResult> {
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
+            let deadline = self.lease_deadline(t);
             if self
                 .store
-                .apply_credit(&t.destination, t.id, t.value)
+                .apply_credit(&t.destination, t.id, t.value, deadline)
                 .await?
             {
                 tracing::debug!(transfer_id = %t.id, account = %t.destination, "destination credited");
                 return Ok(StepResult::Applied);
             }
             let account = self.store.account(&t.destination).await?;
-            let max = crate::domain::MAX_MONEY;
-            match classify(account, t, |balance| balance <= max - t.value) {
+            let reason = match classify(account, t, |balance| balance <= MAX_MONEY - t.value) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),
-                Refusal::Fenced => {
-                    return Ok(StepResult::RollBack(CancelReason::CanceledByRequest));
-                }
-                Refusal::Missing => return Ok(StepResult::RollBack(CancelReason::AccountNotFound)),
-                Refusal::Balance => return Ok(StepResult::RollBack(CancelReason::BalanceOverflow)),
-                Refusal::Retry => continue,
-            }
+                Refusal::Retry if self.renew(t).await? => continue,
+                Refusal::Retry => return Ok(StepResult::LostLease),
+                Refusal::Fenced => CancelReason::CanceledByRequest,
+                Refusal::Missing => CancelReason::AccountNotFound,
+                Refusal::Balance => CancelReason::BalanceOverflow,
+            };
+            return Ok(StepResult::RollBack(reason));
         }
         Err(contended(t))
     }
@@ -161,9 +207,11 @@ impl Bank {
         self.store
             .pull_marker(&transfer.source, transfer.id)
             .await?;
+        failpoint!("after_pull_source");
         self.store
             .pull_marker(&transfer.destination, transfer.id)
             .await?;
+        failpoint!("after_pull_destination");
         self.advance(transfer, TransferEvent::MarkDone, doc! {})
             .await
     }
@@ -188,44 +236,49 @@ impl Bank {
         self.store
             .undo_change(&transfer.destination, transfer.id, -transfer.value)
             .await?;
+        failpoint!("after_undo_destination");
         self.store
             .undo_change(&transfer.source, transfer.id, transfer.value)
             .await?;
+        failpoint!("after_undo_source");
         self.advance(transfer, TransferEvent::FinishRollback, doc! {})
             .await
     }
 
-    /// Takes `event` with one guarded write. If the write loses, the transfer moved on
-    /// without us: re-read it and let the caller continue from its new state.
+    /// Takes `event` with one write guarded by the expected state and by our ownership.
+    /// If it loses, the transfer moved on without us (or was taken over): re-read it and
+    /// let the caller continue from its new state.
     pub(super) async fn advance(
         &self,
         mut transfer: TransferDoc,
         event: TransferEvent,
-        extra: mongodb::bson::Document,
+        extra: Document,
     ) -> StoreResult<TransferDoc> {
         let from = transfer.state;
-        let to = match from.transition(event) {
-            Ok(to) => to,
-            Err(e) => return Err(StoreError::Other(e.to_string())),
-        };
-        if self
+        let to = from
+            .transition(event)
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        let won = self
             .store
-            .transition(transfer.id, from, to, extra.clone())
-            .await?
-        {
-            tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, "transfer state changed");
-            transfer.state = to;
-            if let Ok(app) = extra.get_str("application") {
-                transfer.application = Some(app.to_owned());
-            }
-            if let Some(reason) = extra.get_str("reason").ok().and_then(CancelReason::parse) {
-                transfer.reason = Some(reason);
-            }
-            transfer.fenced |= extra.get_bool("fenced").unwrap_or(false);
-            transfer.last_modified = mongodb::bson::DateTime::now();
-            return Ok(transfer);
+            .transition_as(self.instance_id(), transfer.id, from, to, extra.clone())
+            .await?;
+        let Some(now) = won else {
+            return self.reload(&transfer).await;
+        };
+        tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, "transfer state changed");
+        transfer.state = to;
+        transfer.last_modified = now;
+        transfer.application = Some(self.instance_id().to_owned());
+        if let Some(reason) = extra.get_str("reason").ok().and_then(CancelReason::parse) {
+            transfer.reason = Some(reason);
         }
-        self.reload(&transfer).await
+        match to {
+            TransferState::Pending => failpoint!("after_pending"),
+            TransferState::Applied => failpoint!("after_applied"),
+            TransferState::Canceling => failpoint!("after_canceling"),
+            _ => {}
+        }
+        Ok(transfer)
     }
 
     pub(super) async fn reload(&self, transfer: &TransferDoc) -> StoreResult<TransferDoc> {

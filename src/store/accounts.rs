@@ -48,7 +48,17 @@ impl Store {
 
     /// Step 3: debit the source, unless already applied, fenced by a cancel, or the
     /// balance is short.
-    pub async fn apply_debit(&self, account: &str, tx: ObjectId, value: i64) -> StoreResult<bool> {
+    ///
+    /// `deadline` is the end of the caller's lease on the transfer, compared with the
+    /// server's clock (`$$NOW`): a step that reaches the server late, after another
+    /// instance may have taken the transfer over, is refused there.
+    pub async fn apply_debit(
+        &self,
+        account: &str,
+        tx: ObjectId,
+        value: i64,
+        deadline: DateTime,
+    ) -> StoreResult<bool> {
         let result = self
             .accounts
             .update_one(
@@ -57,6 +67,7 @@ impl Store {
                     "pendingTransactions": { "$ne": tx },
                     "fencedTransactions": { "$ne": tx },
                     "balance": { "$gte": value },
+                    "$expr": { "$lt": ["$$NOW", deadline] },
                 },
                 doc! {
                     "$inc": { "balance": -value },
@@ -70,7 +81,15 @@ impl Store {
 
     /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
     /// new balance would pass `MAX_MONEY`.
-    pub async fn apply_credit(&self, account: &str, tx: ObjectId, value: i64) -> StoreResult<bool> {
+    ///
+    /// `deadline` as for [`Store::apply_debit`].
+    pub async fn apply_credit(
+        &self,
+        account: &str,
+        tx: ObjectId,
+        value: i64,
+        deadline: DateTime,
+    ) -> StoreResult<bool> {
         let result = self
             .accounts
             .update_one(
@@ -79,6 +98,7 @@ impl Store {
                     "pendingTransactions": { "$ne": tx },
                     "fencedTransactions": { "$ne": tx },
                     "balance": { "$lte": MAX_MONEY - value },
+                    "$expr": { "$lt": ["$$NOW", deadline] },
                 },
                 doc! {
                     "$inc": { "balance": value },

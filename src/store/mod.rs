@@ -154,6 +154,18 @@ impl Store {
         Ok(())
     }
 
+    /// The database server's clock, from `hello.localTime`. Leases are judged by this one
+    /// clock: an owner's forward steps carry a deadline the server checks against `$$NOW`,
+    /// and a takeover needs `lastModified` older than the server's time minus the lease,
+    /// so the clocks of the instances never matter.
+    pub async fn server_time(&self) -> StoreResult<mongodb::bson::DateTime> {
+        let reply = self.db.run_command(doc! { "hello": 1 }).await?;
+        reply
+            .get_datetime("localTime")
+            .copied()
+            .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}")))
+    }
+
     /// Applies the migrations in `migrations/` that this database has not recorded yet.
     pub async fn migrate(&self) -> StoreResult<Vec<String>> {
         migrations::apply_all(&self.db).await

@@ -5,10 +5,18 @@
 use futures::TryStreamExt;
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
-use mongodb::options::FindOptions;
+use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::{Store, StoreResult, TransferDoc, merge_set};
 use crate::domain::TransferState;
+
+/// The states the sweeper looks for.
+const UNFINISHED: [TransferState; 4] = [
+    TransferState::Initial,
+    TransferState::Pending,
+    TransferState::Applied,
+    TransferState::Canceling,
+];
 
 /// Which transfers a listing returns.
 #[derive(Debug, Clone, Default)]
@@ -40,7 +48,8 @@ impl Store {
     }
 
     /// Moves a transfer from `from` to `to`, setting `extra` fields too, only if it is
-    /// still in `from`. Returns whether this call made the change.
+    /// still in `from`, whoever owns it. Used by a cancel, which takes the transfer over
+    /// (its fences make that safe). Returns whether this call made the change.
     pub async fn transition(
         &self,
         id: ObjectId,
@@ -124,5 +133,128 @@ impl Store {
             .build();
         let cursor = self.transactions.find(query).with_options(options).await?;
         Ok(cursor.try_collect().await?)
+    }
+}
+
+impl Store {
+    /// Like [`Store::transition`], but only while `owner` owns the transfer (for
+    /// `initial`, also while nobody does). An instance whose lease was taken over can no
+    /// longer move the transfer. Returns the new `lastModified` (the start of the renewed
+    /// lease) when this call made the change.
+    pub async fn transition_as(
+        &self,
+        owner: &str,
+        id: ObjectId,
+        from: TransferState,
+        to: TransferState,
+        extra: Document,
+    ) -> StoreResult<Option<DateTime>> {
+        let now = DateTime::now();
+        let set = merge_set(
+            doc! { "state": to.as_str(), "lastModified": now, "application": owner },
+            extra,
+        );
+        let owned = if from == TransferState::Initial {
+            doc! { "$in": [null, owner] }
+        } else {
+            doc! { "$eq": owner }
+        };
+        let result = self
+            .transactions
+            .update_one(
+                doc! { "_id": id, "state": from.as_str(), "application": owned },
+                doc! { "$set": set },
+            )
+            .await?;
+        Ok((result.modified_count == 1).then_some(now))
+    }
+
+    /// Renews `owner`'s lease on a transfer still in `state`: a fresh `lastModified`.
+    pub async fn renew_lease(
+        &self,
+        owner: &str,
+        id: ObjectId,
+        state: TransferState,
+    ) -> StoreResult<Option<DateTime>> {
+        let now = DateTime::now();
+        let result = self
+            .transactions
+            .update_one(
+                doc! { "_id": id, "state": state.as_str(), "application": owner },
+                doc! { "$set": { "lastModified": now } },
+            )
+            .await?;
+        Ok((result.modified_count == 1).then_some(now))
+    }
+
+    /// Takes over a transfer in `state` whatever its owner or age: used by a cancel of
+    /// an `applied` or `canceling` transfer, whose remaining steps are safe for any
+    /// instance to run. Returns the transfer as claimed, if it was still in `state`.
+    pub async fn take_over(
+        &self,
+        owner: &str,
+        id: ObjectId,
+        state: TransferState,
+    ) -> StoreResult<Option<TransferDoc>> {
+        Ok(self
+            .transactions
+            .find_one_and_update(
+                doc! { "_id": id, "state": state.as_str() },
+                doc! { "$set": { "application": owner, "lastModified": DateTime::now() } },
+            )
+            .return_document(ReturnDocument::After)
+            .await?)
+    }
+
+    /// Unfinished transfers last modified before `stale_before` (a time by the
+    /// database's clock, see [`Store::server_time`]), oldest first, or (with `mine`) every
+    /// unfinished transfer `owner` owns.
+    pub async fn unfinished(
+        &self,
+        owner: &str,
+        stale_before: DateTime,
+        mine: bool,
+        limit: u32,
+    ) -> StoreResult<Vec<TransferDoc>> {
+        let states: Vec<&str> = UNFINISHED.iter().map(|s| s.as_str()).collect();
+        let filter = if mine {
+            doc! { "state": { "$in": states }, "application": owner }
+        } else {
+            doc! { "state": { "$in": states }, "lastModified": { "$lt": stale_before } }
+        };
+        let options = FindOptions::builder()
+            .sort(doc! { "lastModified": 1 })
+            .limit(i64::from(limit))
+            .build();
+        let cursor = self.transactions.find(filter).with_options(options).await?;
+        Ok(cursor.try_collect().await?)
+    }
+
+    /// Claims a transfer found by [`Store::unfinished`]: one guarded findAndModify that
+    /// wins only if nobody touched the transfer since it was read (same state and
+    /// `lastModified`) and, unless it is `owner`'s own, it is still stale.
+    pub async fn claim(
+        &self,
+        owner: &str,
+        found: &TransferDoc,
+        stale_before: DateTime,
+    ) -> StoreResult<Option<TransferDoc>> {
+        let filter = if found.application.as_deref() == Some(owner) {
+            doc! { "_id": found.id, "state": found.state.as_str(), "lastModified": found.last_modified }
+        } else {
+            doc! {
+                "_id": found.id,
+                "state": found.state.as_str(),
+                "lastModified": { "$eq": found.last_modified, "$lt": stale_before },
+            }
+        };
+        Ok(self
+            .transactions
+            .find_one_and_update(
+                filter,
+                doc! { "$set": { "application": owner, "lastModified": DateTime::now() } },
+            )
+            .return_document(ReturnDocument::After)
+            .await?)
     }
 }
