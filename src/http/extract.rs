@@ -60,7 +60,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let field = if let Some(name) = quoted_after(&message, "missing field ") {
             join_path(&path, &name)
         } else if let Some(name) = quoted_after(&message, "unknown field ") {
-            join_path(&path, &name)
+            // The path already ends with the unknown field's name.
+            if path == name || path.ends_with(&format!(".{name}")) {
+                path
+            } else {
+                join_path(&path, &name)
+            }
         } else if path == "." {
             "body".to_owned()
         } else {

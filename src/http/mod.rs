@@ -91,9 +91,9 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
         .route("/openapi.json", axum::routing::get(move || async move { Json(doc) }))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(problem_for_bare_errors))
         .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+        .layer(axum::middleware::from_fn(problem_for_bare_errors))
         .layer(CatchPanicLayer::custom(|_| ApiError::Internal.into_response()))
         .layer(PropagateRequestIdLayer::new(x_request_id()))
         .layer(

@@ -74,8 +74,19 @@ impl Bank {
                 .await?
                 .is_some_and(|a| a.pending_transactions.contains(&transfer.id))
         {
+            // Both accounts carry the transfer (every driver debits before it credits),
+            // so only `pending -> applied` and the pulls remain. Take it straight to
+            // `applied` instead of re-running the debit and credit next to the owner: a
+            // second driver's debit after the owner's pull would apply it twice.
             tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
-            return Ok(self.run(transfer).await?);
+            let to = TransferState::Pending
+                .transition(TransferEvent::MarkApplied)
+                .expect("pending can be applied");
+            let set = doc! { "application": self.instance_id() };
+            store
+                .transition(transfer.id, TransferState::Pending, to, set)
+                .await?;
+            return Ok(self.reload(&transfer).await?);
         }
         store.fence(&transfer.source, transfer.id).await?;
         // Take the transfer over whoever owns it: the fences make every forward step of

@@ -68,7 +68,15 @@ impl Daemon {
         use std::os::unix::process::CommandExt;
         let mut command = Command::new(secantusd_binary());
         command
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--log-level", "WARNING", "--sync-on-commit"])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--log-level",
+                "WARNING",
+                "--sync-on-commit",
+            ])
             .arg("--storage-path")
             .arg(&storage)
             .stdout(Stdio::piped())
@@ -84,7 +92,9 @@ impl Daemon {
         let mut child = command.spawn().expect("start secantusd-rs");
         let stdout = child.stdout.take().expect("piped stdout");
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read the daemon's first line");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the daemon's first line");
         let port: u16 = line
             .trim()
             .rsplit(':')
@@ -117,7 +127,10 @@ impl Drop for Daemon {
 fn start_secantus() -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let dir = tempfile::Builder::new().prefix("transfer-service-test-db").tempdir().expect("temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("transfer-service-test-db")
+            .tempdir()
+            .expect("temp dir");
         let daemon = Daemon::start(dir.path().to_path_buf(), 0);
         tx.send(daemon.uri.clone()).expect("send uri");
         // Keep the daemon and its folder for the life of the process.
@@ -126,7 +139,8 @@ fn start_secantus() -> String {
             std::thread::park();
         }
     });
-    rx.recv_timeout(Duration::from_secs(60)).expect("secantusd-rs did not start")
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("secantusd-rs did not start")
 }
 
 /// A fresh database name, so tests never see each other's data.
@@ -173,14 +187,21 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let database = fresh_database_name();
     let mut settings = settings(&uri, &database);
     adjust(&mut settings);
-    let app = Application::build(settings.clone()).await.expect("build the application");
+    let app = Application::build(settings.clone())
+        .await
+        .expect("build the application");
     let address = format!("http://127.0.0.1:{}", app.port());
     let shutdown = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    let store = Store::connect(&uri, &settings.database).await.expect("connect");
+    let store = Store::connect(&uri, &settings.database)
+        .await
+        .expect("connect");
     TestApp {
         address,
-        http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap(),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
         store,
         database: settings.database,
         shutdown,
@@ -193,7 +214,12 @@ impl TestApp {
     }
 
     pub async fn post_json(&self, path: &str, body: serde_json::Value) -> reqwest::Response {
-        self.http.post(self.url(path)).json(&body).send().await.expect("request")
+        self.http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("request")
     }
 
     pub async fn get(&self, path: &str) -> reqwest::Response {
@@ -207,13 +233,26 @@ impl TestApp {
 
     pub async fn open_account_in(&self, id: &str, balance: i64, currency: &str) {
         let response = self
-            .post_json("/accounts", serde_json::json!({ "id": id, "balance": balance, "currency": currency }))
+            .post_json(
+                "/accounts",
+                serde_json::json!({ "id": id, "balance": balance, "currency": currency }),
+            )
             .await;
-        assert_eq!(response.status(), 201, "opening {id}: {}", response.text().await.unwrap());
+        assert_eq!(
+            response.status(),
+            201,
+            "opening {id}: {}",
+            response.text().await.unwrap()
+        );
     }
 
     /// A transfer request; returns the status and the JSON body.
-    pub async fn transfer(&self, source: &str, destination: &str, amount: i64) -> (u16, serde_json::Value) {
+    pub async fn transfer(
+        &self,
+        source: &str,
+        destination: &str,
+        amount: i64,
+    ) -> (u16, serde_json::Value) {
         let response = self
             .post_json("/transfers", serde_json::json!({ "source": source, "destination": destination, "amount": amount }))
             .await;
@@ -223,7 +262,12 @@ impl TestApp {
 
     /// The stored balance of an account.
     pub async fn balance(&self, id: &str) -> i64 {
-        self.store.account(id).await.unwrap().expect("account exists").balance
+        self.store
+            .account(id)
+            .await
+            .unwrap()
+            .expect("account exists")
+            .balance
     }
 
     /// The sum of every stored balance: the invariant no transfer may change.
@@ -235,10 +279,18 @@ impl TestApp {
     /// Every account with a leftover `pendingTransactions` entry.
     pub async fn accounts_with_pending(&self) -> Vec<String> {
         let accounts = self.store.list_accounts(None, 10_000).await.unwrap();
-        accounts.into_iter().filter(|a| !a.pending_transactions.is_empty()).map(|a| a.id).collect()
+        accounts
+            .into_iter()
+            .filter(|a| !a.pending_transactions.is_empty())
+            .map(|a| a.id)
+            .collect()
     }
 
     pub async fn drop_database(&self) {
-        let _ = self.store.database().run_command(doc! { "dropDatabase": 1 }).await;
+        let _ = self
+            .store
+            .database()
+            .run_command(doc! { "dropDatabase": 1 })
+            .await;
     }
 }

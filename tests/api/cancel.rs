@@ -1,0 +1,429 @@
+//! `POST /transfers/{id}/cancel`, from every state a transfer can be found in.
+//!
+//! A transfer that is not applied yet is rolled back; one that is applied (or done) is
+//! completed and reversed by one compensating transfer. The invariants protected here:
+//! after a cancel every balance is back where it started, the total never changes, no
+//! account keeps a pending marker, a transfer is reversed at most once, and once a
+//! cancel rolled a transfer back no late step of its old owner can move money.
+//!
+//! The states a client cannot produce through the API (a crashed instance's transfer
+//! left `initial`, `pending`, `applied` or `canceling`) are built by writing to the store
+//! directly, exactly as that instance would have before dying.
+
+use std::time::Duration;
+
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{DateTime, doc};
+use serde_json::Value;
+use transfer_service::domain::TransferState;
+use transfer_service::store::TransferDoc;
+
+use crate::support::{TestApp, spawn_app};
+use crate::{assert_problem, get_json, walk_pages};
+
+/// The owner written on transfers left behind by the "crashed" instance.
+const DEAD_INSTANCE: &str = "dead-instance";
+
+/// Records a transfer in `initial`, as step 1 of an instance that then died.
+async fn record_initial(app: &TestApp, source: &str, destination: &str, value: i64) -> ObjectId {
+    let now = DateTime::now();
+    let transfer = TransferDoc {
+        id: ObjectId::new(),
+        source: source.to_owned(),
+        destination: destination.to_owned(),
+        value,
+        currency: "USD".to_owned(),
+        state: TransferState::Initial,
+        last_modified: now,
+        created_at: now,
+        application: None,
+        reason: None,
+        reference: None,
+        idempotency_key: None,
+        request_hash: None,
+        reverses: None,
+        reversed_by: None,
+        fenced: false,
+    };
+    app.store.insert_transfer(&transfer).await.unwrap();
+    transfer.id
+}
+
+/// Records a transfer and takes it `initial -> pending` as the dead instance (step 2).
+async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i64) -> ObjectId {
+    let id = record_initial(app, source, destination, value).await;
+    let started = app
+        .store
+        .transition(
+            id,
+            TransferState::Initial,
+            TransferState::Pending,
+            doc! { "application": DEAD_INSTANCE },
+        )
+        .await
+        .unwrap();
+    assert!(started, "the dead instance takes the transfer");
+    id
+}
+
+/// The end of the dead instance's lease as it believes it to be: far in the future, so
+/// that only the protocol's own guards (markers and fences) can refuse its steps.
+fn unexpired_lease() -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000)
+}
+
+/// The dead instance's step 3: debit the source. Whether it landed.
+async fn try_debit(app: &TestApp, source: &str, id: ObjectId, value: i64) -> bool {
+    app.store
+        .apply_debit(source, id, value, unexpired_lease())
+        .await
+        .unwrap()
+}
+
+/// The dead instance's step 4: credit the destination. Whether it landed.
+async fn try_credit(app: &TestApp, destination: &str, id: ObjectId, value: i64) -> bool {
+    app.store
+        .apply_credit(destination, id, value, unexpired_lease())
+        .await
+        .unwrap()
+}
+
+async fn apply_debit(app: &TestApp, source: &str, id: ObjectId, value: i64) {
+    assert!(try_debit(app, source, id, value).await, "debit {id}");
+}
+
+async fn apply_credit(app: &TestApp, destination: &str, id: ObjectId, value: i64) {
+    assert!(try_credit(app, destination, id, value).await, "credit {id}");
+}
+
+/// `POST /transfers/{id}/cancel`. A cancel takes milliseconds; one that has not
+/// answered in 10 s is stuck, and the test says so rather than wait for the server's
+/// own 30 s time-out.
+async fn cancel(app: &TestApp, id: &str) -> reqwest::Response {
+    app.http
+        .post(app.url(&format!("/transfers/{id}/cancel")))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("cancel {id} did not answer: {e}"))
+}
+
+/// Cancels `id`, asserting 200; the transfer as answered.
+async fn cancel_ok(app: &TestApp, id: &str) -> Value {
+    let response = cancel(app, id).await;
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    assert_eq!(status, 200, "cancel {id}: {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn get_transfer(app: &TestApp, id: &str) -> Value {
+    let (status, body) = get_json(app, &format!("/transfers/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Every transfer stored, through the API.
+async fn all_transfers(app: &TestApp) -> Vec<String> {
+    walk_pages(app, "/transfers?limit=100").await.concat()
+}
+
+/// Asserts that `original` is done and reversed by a done compensating transfer of the
+/// same amount in the opposite direction; returns the compensating transfer's id.
+async fn assert_reversed(app: &TestApp, original: &Value) -> String {
+    assert_eq!(original["state"], "done", "{original}");
+    let reversal_id = original["reversedBy"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a reversed transfer names its reversal: {original}"))
+        .to_owned();
+    let reversal = get_transfer(app, &reversal_id).await;
+    assert_eq!(reversal["state"], "done", "{reversal}");
+    assert_eq!(reversal["reverses"], original["id"]);
+    assert_eq!(reversal["source"], original["destination"]);
+    assert_eq!(reversal["destination"], original["source"]);
+    assert_eq!(reversal["amount"], original["amount"]);
+    assert_eq!(reversal["currency"], original["currency"]);
+    reversal_id
+}
+
+#[tokio::test]
+async fn cancelling_an_unknown_transfer_is_404() {
+    let app = spawn_app().await;
+    let unknown = ObjectId::new().to_hex();
+    assert_problem(cancel(&app, &unknown).await, 404, "transfer_not_found").await;
+    assert_problem(cancel(&app, "not-hex").await, 404, "transfer_not_found").await;
+}
+
+#[tokio::test]
+async fn cancelling_a_canceled_transfer_answers_it_unchanged() {
+    let app = spawn_app().await;
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    let (status, problem) = app.transfer("alice", "bob", 500).await;
+    assert_eq!(status, 422, "{problem}");
+    let id = problem["transferId"].as_str().unwrap().to_owned();
+    let before = get_transfer(&app, &id).await;
+
+    let answered = cancel_ok(&app, &id).await;
+
+    assert_eq!(answered["state"], "canceled");
+    assert_eq!(answered["reason"], "insufficient_funds");
+    assert_eq!(get_transfer(&app, &id).await, before, "nothing changed");
+    assert_eq!(app.balance("alice").await, 100);
+    assert_eq!(app.balance("bob").await, 0);
+    assert_eq!(all_transfers(&app).await, vec![id]);
+}
+
+#[tokio::test]
+async fn cancelling_a_done_transfer_reverses_it_and_restores_the_balances() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 20).await;
+    let (status, original) = app.transfer("alice", "bob", 300).await;
+    assert_eq!(status, 201, "{original}");
+    let id = original["id"].as_str().unwrap().to_owned();
+
+    let answered = cancel_ok(&app, &id).await;
+
+    assert_eq!(answered["id"], id.as_str());
+    let reversal_id = assert_reversed(&app, &answered).await;
+    let stored = get_transfer(&app, &id).await;
+    assert_eq!(stored["reversedBy"], reversal_id.as_str());
+    assert_eq!(stored["state"], "done");
+
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 20);
+    assert_eq!(app.total_balance().await, 1_020);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_a_reversed_transfer_again_makes_no_second_reversal() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let (_, original) = app.transfer("alice", "bob", 300).await;
+    let id = original["id"].as_str().unwrap().to_owned();
+    let first = cancel_ok(&app, &id).await;
+    let reversal_id = assert_reversed(&app, &first).await;
+
+    for _ in 0..3 {
+        let again = cancel_ok(&app, &id).await;
+        assert_eq!(again["reversedBy"], reversal_id.as_str());
+    }
+
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert_eq!(
+        all_transfers(&app).await.len(),
+        2,
+        "the original and one reversal"
+    );
+}
+
+#[tokio::test]
+async fn a_done_transfer_whose_destination_spent_the_money_is_not_reversed_until_funded() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    app.open_account("carol", 0).await;
+    let (_, original) = app.transfer("alice", "bob", 300).await;
+    let id = original["id"].as_str().unwrap().to_owned();
+    let (status, spent) = app.transfer("bob", "carol", 200).await;
+    assert_eq!(status, 201, "{spent}");
+
+    let refused = cancel(&app, &id).await;
+
+    assert_problem(refused, 422, "insufficient_funds").await;
+    assert_eq!(app.balance("alice").await, 700);
+    assert_eq!(app.balance("bob").await, 100);
+    assert_eq!(app.balance("carol").await, 200);
+    let stored = get_transfer(&app, &id).await;
+    assert_eq!(stored["state"], "done");
+    assert!(stored.get("reversedBy").is_none(), "{stored}");
+    assert!(app.accounts_with_pending().await.is_empty());
+
+    // Once bob holds the amount again, a new cancel reverses the transfer.
+    let (status, refund) = app.transfer("carol", "bob", 200).await;
+    assert_eq!(status, 201, "{refund}");
+    let answered = cancel_ok(&app, &id).await;
+    assert_reversed(&app, &answered).await;
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert_eq!(app.balance("carol").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_an_initial_transfer_cancels_it_without_touching_balances() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_initial(&app, "alice", "bob", 300).await;
+
+    let answered = cancel_ok(&app, &id.to_hex()).await;
+
+    assert_eq!(answered["state"], "canceled");
+    assert_eq!(answered["reason"], "canceled_by_request");
+    let stored = get_transfer(&app, &id.to_hex()).await;
+    assert_eq!(stored["state"], "canceled");
+    assert_eq!(stored["reason"], "canceled_by_request");
+    // The instance that recorded it can no longer start it.
+    let started = app
+        .store
+        .transition(
+            id,
+            TransferState::Initial,
+            TransferState::Pending,
+            doc! { "application": DEAD_INSTANCE },
+        )
+        .await
+        .unwrap();
+    assert!(!started);
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+}
+
+#[tokio::test]
+async fn cancelling_a_pending_transfer_with_nothing_applied_cancels_it() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending(&app, "alice", "bob", 300).await;
+
+    let answered = cancel_ok(&app, &id.to_hex()).await;
+
+    assert_eq!(answered["state"], "canceled");
+    assert_eq!(answered["reason"], "canceled_by_request");
+    assert!(!try_debit(&app, "alice", id, 300).await);
+    assert!(!try_credit(&app, "bob", id, 300).await);
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_the_dead_owner() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending(&app, "alice", "bob", 300).await;
+    apply_debit(&app, "alice", id, 300).await;
+    assert_eq!(app.balance("alice").await, 700);
+
+    let answered = cancel_ok(&app, &id.to_hex()).await;
+
+    assert_eq!(answered["state"], "canceled");
+    assert_eq!(answered["reason"], "canceled_by_request");
+    assert_eq!(get_transfer(&app, &id.to_hex()).await["state"], "canceled");
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+
+    // The dead instance wakes up and carries on where it stopped: every step is refused.
+    assert!(
+        !try_credit(&app, "bob", id, 300).await,
+        "a late credit landed after the rollback"
+    );
+    assert!(
+        !try_debit(&app, "alice", id, 300).await,
+        "a late debit landed after the rollback"
+    );
+    let marked_applied = app
+        .store
+        .transition(id, TransferState::Pending, TransferState::Applied, doc! {})
+        .await
+        .unwrap();
+    assert!(!marked_applied);
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert_eq!(app.total_balance().await, 1_000);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_a_pending_transfer_whose_credit_landed_completes_and_reverses_it() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending(&app, "alice", "bob", 300).await;
+    apply_debit(&app, "alice", id, 300).await;
+    apply_credit(&app, "bob", id, 300).await;
+
+    let answered = cancel_ok(&app, &id.to_hex()).await;
+
+    assert_reversed(&app, &answered).await;
+    assert_eq!(get_transfer(&app, &id.to_hex()).await["state"], "done");
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending(&app, "alice", "bob", 300).await;
+    apply_debit(&app, "alice", id, 300).await;
+    apply_credit(&app, "bob", id, 300).await;
+    let applied = app
+        .store
+        .transition(id, TransferState::Pending, TransferState::Applied, doc! {})
+        .await
+        .unwrap();
+    assert!(applied);
+
+    let answered = cancel_ok(&app, &id.to_hex()).await;
+
+    assert_reversed(&app, &answered).await;
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_a_transfer_stuck_in_canceling_finishes_the_rollback() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending(&app, "alice", "bob", 300).await;
+    apply_debit(&app, "alice", id, 300).await;
+    let rolling_back = app
+        .store
+        .transition(
+            id,
+            TransferState::Pending,
+            TransferState::Canceling,
+            doc! { "reason": "canceled_by_request" },
+        )
+        .await
+        .unwrap();
+    assert!(rolling_back);
+
+    let answered = cancel_ok(&app, &id.to_hex()).await;
+
+    assert_eq!(answered["state"], "canceled");
+    assert_eq!(answered["reason"], "canceled_by_request");
+    assert_eq!(get_transfer(&app, &id.to_hex()).await["state"], "canceled");
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_compensating_transfer_can_itself_be_reversed() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let (_, original) = app.transfer("alice", "bob", 300).await;
+    let first = cancel_ok(&app, original["id"].as_str().unwrap()).await;
+    let reversal_id = assert_reversed(&app, &first).await;
+
+    let reversed_reversal = cancel_ok(&app, &reversal_id).await;
+
+    assert_reversed(&app, &reversed_reversal).await;
+    assert_eq!(app.balance("alice").await, 700);
+    assert_eq!(app.balance("bob").await, 300);
+    assert_eq!(app.total_balance().await, 1_000);
+}

@@ -1,0 +1,253 @@
+//! `Idempotency-Key` on `POST /transfers`.
+//!
+//! The invariant protected here: however often, and however concurrently, a client
+//! sends one request under one key, exactly one transfer is recorded and its money
+//! moves exactly once; every answer names that one transfer. A key reused for another
+//! request is refused and moves nothing.
+
+use serde_json::{Value, json};
+
+use crate::support::{TestApp, spawn_app};
+use crate::{assert_problem, get_json, walk_pages};
+
+/// `POST /transfers` with an `Idempotency-Key`.
+async fn post_with_key(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
+    app.http
+        .post(app.url("/transfers"))
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("request")
+}
+
+fn replayed(response: &reqwest::Response) -> Option<String> {
+    response
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// Every transfer touching `account`, read through the API.
+async fn transfers_of(app: &TestApp, account: &str) -> Vec<String> {
+    walk_pages(app, &format!("/transfers?account={account}&limit=100"))
+        .await
+        .concat()
+}
+
+#[tokio::test]
+async fn a_retry_with_the_same_key_and_body_returns_the_first_transfer_and_moves_money_once() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let body =
+        json!({ "source": "alice", "destination": "bob", "amount": 300, "reference": "inv-7" });
+
+    let first = post_with_key(&app, "order-42", &body).await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(replayed(&first), None, "the first answer is not a replay");
+    let first_location = first.headers()["location"].to_str().unwrap().to_owned();
+    let first: Value = first.json().await.unwrap();
+
+    let second = post_with_key(&app, "order-42", &body).await;
+    assert_eq!(second.status(), 201);
+    assert_eq!(replayed(&second).as_deref(), Some("true"));
+    assert_eq!(second.headers()["location"], first_location.as_str());
+    let second: Value = second.json().await.unwrap();
+
+    assert_eq!(second["id"], first["id"]);
+    assert_eq!(second["state"], "done");
+    assert_eq!(app.balance("alice").await, 700);
+    assert_eq!(app.balance("bob").await, 300);
+    assert_eq!(transfers_of(&app, "alice").await.len(), 1);
+}
+
+#[tokio::test]
+async fn requests_without_a_key_are_never_deduplicated() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+
+    for _ in 0..2 {
+        let (status, body) = app.transfer("alice", "bob", 100).await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    assert_eq!(app.balance("bob").await, 200);
+    assert_eq!(transfers_of(&app, "bob").await.len(), 2);
+}
+
+#[tokio::test]
+async fn a_key_reused_with_another_body_is_refused_and_moves_nothing() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    app.open_account("carol", 0).await;
+    let first = post_with_key(
+        &app,
+        "order-42",
+        &json!({ "source": "alice", "destination": "bob", "amount": 300 }),
+    )
+    .await;
+    assert_eq!(first.status(), 201);
+
+    for other in [
+        json!({ "source": "alice", "destination": "bob", "amount": 301 }),
+        json!({ "source": "alice", "destination": "carol", "amount": 300 }),
+        json!({ "source": "alice", "destination": "bob", "amount": 300, "reference": "x" }),
+    ] {
+        let response = post_with_key(&app, "order-42", &other).await;
+        assert_eq!(replayed(&response), None);
+        assert_problem(response, 422, "idempotency_key_reused").await;
+    }
+
+    assert_eq!(app.balance("alice").await, 700);
+    assert_eq!(app.balance("bob").await, 300);
+    assert_eq!(app.balance("carol").await, 0);
+    assert_eq!(transfers_of(&app, "alice").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_replayed_insufficient_funds_request_names_the_same_canceled_transfer() {
+    let app = spawn_app().await;
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    let body = json!({ "source": "alice", "destination": "bob", "amount": 500 });
+
+    let first = post_with_key(&app, "too-much", &body).await;
+    assert_eq!(replayed(&first), None);
+    let first = assert_problem(first, 422, "insufficient_funds").await;
+    let id = first["transferId"]
+        .as_str()
+        .expect("a transfer id")
+        .to_owned();
+
+    // Funding the source afterwards does not turn the replay into a new attempt.
+    app.open_account("carol", 1_000).await;
+    let (status, funding) = app.transfer("carol", "alice", 1_000).await;
+    assert_eq!(status, 201, "{funding}");
+    let second = post_with_key(&app, "too-much", &body).await;
+    assert_eq!(replayed(&second).as_deref(), Some("true"));
+    let second = assert_problem(second, 422, "insufficient_funds").await;
+    assert_eq!(second["transferId"], id.as_str());
+
+    let (_, stored) = get_json(&app, &format!("/transfers/{id}")).await;
+    assert_eq!(stored["state"], "canceled");
+    assert_eq!(stored["reason"], "insufficient_funds");
+    assert_eq!(app.balance("alice").await, 1_100);
+    assert_eq!(app.balance("bob").await, 0);
+}
+
+#[tokio::test]
+async fn an_idempotency_key_that_is_empty_or_over_255_characters_is_refused() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let body = json!({ "source": "alice", "destination": "bob", "amount": 5 });
+
+    for bad in ["k".repeat(256), String::new(), "has space".to_owned()] {
+        let response = post_with_key(&app, &bad, &body).await;
+        let problem = assert_problem(response, 422, "invalid_header").await;
+        assert_eq!(
+            problem["field"]
+                .as_str()
+                .map(str::to_ascii_lowercase)
+                .as_deref(),
+            Some("idempotency-key"),
+            "{problem}"
+        );
+    }
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert!(transfers_of(&app, "alice").await.is_empty());
+
+    // 255 characters is the longest key.
+    let longest = post_with_key(&app, &"k".repeat(255), &body).await;
+    assert_eq!(longest.status(), 201);
+    assert_eq!(app.balance("bob").await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_with_one_key_make_exactly_one_transfer() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let body = json!({ "source": "alice", "destination": "bob", "amount": 250 });
+
+    let requests = (0..20).map(|_| {
+        let http = app.http.clone();
+        let url = app.url("/transfers");
+        let body = body.clone();
+        tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .header("idempotency-key", "same-for-all")
+                .json(&body)
+                .send()
+                .await
+                .expect("request");
+            let status = response.status().as_u16();
+            let replay = replayed(&response);
+            let text = response.text().await.unwrap();
+            (status, replay, text)
+        })
+    });
+    let answers = futures::future::join_all(requests).await;
+
+    let mut ids = Vec::new();
+    let mut originals = 0;
+    for answer in answers {
+        let (status, replay, text) = answer.expect("task");
+        assert_eq!(status, 201, "{text}");
+        let body: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(body["state"], "done", "{body}");
+        ids.push(body["id"].as_str().unwrap().to_owned());
+        if replay.is_none() {
+            originals += 1;
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        1,
+        "every answer names the same transfer: {ids:?}"
+    );
+    assert_eq!(originals, 1, "exactly one answer is not a replay");
+
+    assert_eq!(app.balance("alice").await, 750);
+    assert_eq!(app.balance("bob").await, 250);
+    assert_eq!(transfers_of(&app, "alice").await, ids);
+    let stored = app
+        .store
+        .transfer_by_idempotency_key("same-for-all")
+        .await
+        .unwrap()
+        .expect("stored under its key");
+    assert_eq!(stored.id.to_hex(), ids[0]);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn the_same_key_on_two_different_accounts_pairs_is_still_one_key() {
+    // A key is global, not per account: reusing it for another pair is a reuse.
+    let app = spawn_app().await;
+    for id in ["a", "b", "c", "d"] {
+        app.open_account(id, 100).await;
+    }
+    let first = post_with_key(
+        &app,
+        "k1",
+        &json!({ "source": "a", "destination": "b", "amount": 1 }),
+    )
+    .await;
+    assert_eq!(first.status(), 201);
+    let second = post_with_key(
+        &app,
+        "k1",
+        &json!({ "source": "c", "destination": "d", "amount": 1 }),
+    )
+    .await;
+    assert_problem(second, 422, "idempotency_key_reused").await;
+    assert_eq!(app.balance("c").await, 100);
+    assert_eq!(app.balance("d").await, 100);
+}
