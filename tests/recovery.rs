@@ -55,14 +55,17 @@ async fn start_instance(database: &str, name: &str, crash_at: Option<&str>) -> I
     if let Some(step) = crash_at {
         command.env("CRASH_AT", step);
     }
-    let child = command.spawn().expect("start transfer-service");
-    let base = format!("http://127.0.0.1:{port}");
+    // Owned at once, so that Drop kills and reaps it whatever happens next.
+    let instance = Instance {
+        child: command.spawn().expect("start transfer-service"),
+        base: format!("http://127.0.0.1:{port}"),
+    };
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if let Ok(r) = http.get(format!("{base}/ready")).send().await {
+        if let Ok(r) = http.get(format!("{}/ready", instance.base)).send().await {
             if r.status() == 200 {
-                return Instance { child, base };
+                return instance;
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
