@@ -250,6 +250,9 @@ impl From<ServiceError> for ApiError {
                     transfer_id: attempt.map(|id| id.to_hex()),
                 }
             }
+            ServiceError::ReversalOverflow { attempt, .. } => ApiError::BalanceOverflow {
+                transfer_id: attempt.to_hex(),
+            },
             ServiceError::Store(e) => e.into(),
         }
     }

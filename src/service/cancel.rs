@@ -123,6 +123,12 @@ impl Bank {
                 self.store()
                     .release_reversal(original.id, reversal_id)
                     .await?;
+                if reversal.reason == Some(CancelReason::BalanceOverflow) {
+                    return Err(ServiceError::ReversalOverflow {
+                        account: original.source.clone(),
+                        attempt: reversal_id,
+                    });
+                }
                 return Err(ServiceError::ReversalInsufficientFunds {
                     account: original.destination.clone(),
                     attempt: Some(reversal_id),

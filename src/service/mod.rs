@@ -115,6 +115,9 @@ pub enum ServiceError {
         account: String,
         attempt: Option<ObjectId>,
     },
+    /// The compensating transfer would take the original source past the largest balance.
+    #[error("the reversal would overflow account {account}")]
+    ReversalOverflow { account: String, attempt: ObjectId },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -129,6 +132,11 @@ pub struct Bank {
     instance_id: Arc<str>,
     /// Protocol runs started for `Prefer: respond-async`; shutdown waits for them.
     background: TaskTracker,
+    /// Transfers this process is driving right now. Two drivers under one instance id
+    /// would share a lease, and a second driver's debit after the first one's pull would
+    /// apply the transfer twice; so within a process one task at a time drives a transfer.
+    driving:
+        Arc<std::sync::Mutex<std::collections::HashMap<ObjectId, Arc<tokio::sync::Mutex<()>>>>>,
     /// The lease an instance holds on a transfer it works on, renewed by every state
     /// change; once it lapses (STALE_AFTER_MS) another instance may take over.
     stale_after: Duration,
@@ -140,12 +148,21 @@ impl Bank {
             store,
             instance_id: instance_id.into(),
             background: TaskTracker::new(),
+            driving: Arc::default(),
             stale_after,
         }
     }
 
     pub fn stale_after(&self) -> Duration {
         self.stale_after
+    }
+
+    /// The per-transfer lock that makes this process drive a transfer in one task only.
+    pub(crate) fn drive_lock(&self, id: ObjectId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
+        // Forget locks nobody holds or waits for, so the map stays as small as the work.
+        map.retain(|_, lock| Arc::strong_count(lock) > 1);
+        map.entry(id).or_default().clone()
     }
 
     pub fn store(&self) -> &Store {

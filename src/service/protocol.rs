@@ -78,6 +78,17 @@ impl Bank {
     /// Returns early only on a database error; the transfer is then left where it is,
     /// every step so far durable, for a later call or the sweeper to resume.
     pub async fn run(&self, mut transfer: TransferDoc) -> StoreResult<TransferDoc> {
+        let lock = self.drive_lock(transfer.id);
+        let _driving = match lock.try_lock() {
+            Ok(guard) => guard,
+            Err(_) => {
+                // Another task of this process is driving it: wait, then go on from
+                // wherever it left the transfer.
+                let guard = lock.lock().await;
+                transfer = self.reload(&transfer).await?;
+                guard
+            }
+        };
         loop {
             if !self.may_drive(&transfer) {
                 // Another instance owns it now (it took it over, or a cancel did).

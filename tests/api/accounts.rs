@@ -148,7 +148,7 @@ async fn an_unknown_field_in_an_account_request_is_refused_naming_it() {
 }
 
 #[tokio::test]
-async fn a_name_over_200_characters_is_refused_naming_name() {
+async fn a_name_over_200_characters_or_with_control_characters_is_refused_naming_name() {
     let app = spawn_app().await;
     assert_refused_field(
         &app,
@@ -156,6 +156,16 @@ async fn a_name_over_200_characters_is_refused_naming_name() {
         "name",
     )
     .await;
+    assert_refused_field(&app, json!({ "id": "alice", "name": "tab\there" }), "name").await;
+
+    // 200 characters, not bytes, is the limit.
+    let longest = "é".repeat(200);
+    let response = app
+        .post_json("/accounts", json!({ "id": "alice", "name": longest }))
+        .await;
+    assert_eq!(response.status(), 201);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["name"], longest.as_str());
 }
 
 #[tokio::test]
@@ -304,4 +314,19 @@ async fn an_account_with_no_transfers_lists_an_empty_page() {
     assert_eq!(status, 200, "{page}");
     assert_eq!(page["items"], json!([]));
     assert!(crate::next_cursor(&page).is_none());
+}
+
+#[tokio::test]
+async fn a_bad_limit_or_cursor_on_an_accounts_transfers_is_400_invalid_parameter() {
+    let app = spawn_app().await;
+    app.open_account("alice", 0).await;
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("cursor=garbage", "cursor"),
+    ] {
+        let response = app.get(&format!("/accounts/alice/transfers?{query}")).await;
+        let problem = assert_problem(response, 400, "invalid_parameter").await;
+        assert_eq!(problem["field"], field, "for {query}: {problem}");
+    }
 }

@@ -427,3 +427,74 @@ async fn a_compensating_transfer_can_itself_be_reversed() {
     assert_eq!(app.balance("bob").await, 300);
     assert_eq!(app.total_balance().await, 1_000);
 }
+
+#[tokio::test]
+async fn a_reversal_that_would_overflow_the_original_source_is_refused_as_overflow() {
+    // Bob holds the amount, so funds are not the problem: crediting alice back would take
+    // her past the largest balance. The client must be told that, and nothing changes.
+    let max_money = 9_007_199_254_740_991_i64;
+    let app = spawn_app().await;
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    app.open_account("whale", max_money).await;
+    let (_, original) = app.transfer("alice", "bob", 100).await;
+    let id = original["id"].as_str().unwrap().to_owned();
+    let (status, refill) = app.transfer("whale", "alice", max_money).await;
+    assert_eq!(status, 201, "{refill}");
+
+    let refused = cancel(&app, &id).await;
+
+    let problem = assert_problem(refused, 422, "balance_overflow").await;
+    assert!(problem.get("transferId").is_some(), "{problem}");
+    assert_eq!(app.balance("alice").await, max_money);
+    assert_eq!(app.balance("bob").await, 100);
+    assert_eq!(app.balance("whale").await, 0);
+    let stored = get_transfer(&app, &id).await;
+    assert_eq!(stored["state"], "done");
+    assert!(stored.get("reversedBy").is_none(), "{stored}");
+    assert!(app.accounts_with_pending().await.is_empty());
+
+    // Once alice has room again, a new cancel reverses the transfer.
+    let (status, spent) = app.transfer("alice", "whale", 100).await;
+    assert_eq!(status, 201, "{spent}");
+    let answered = cancel_ok(&app, &id).await;
+    assert_reversed(&app, &answered).await;
+    assert_eq!(app.balance("alice").await, max_money);
+    assert_eq!(app.balance("bob").await, 0);
+    assert_eq!(app.total_balance().await, max_money + 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_cancels_of_a_half_applied_transfer_refund_the_source_exactly_once() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+
+    for round in 1..=5 {
+        let id = record_pending(&app, "alice", "bob", 300).await;
+        apply_debit(&app, "alice", id, 300).await;
+
+        let cancels = (0..10).map(|_| {
+            let http = app.http.clone();
+            let url = app.url(&format!("/transfers/{}/cancel", id.to_hex()));
+            tokio::spawn(async move {
+                let response = http.post(url).send().await.expect("request");
+                let status = response.status().as_u16();
+                (status, response.text().await.unwrap())
+            })
+        });
+        for answer in futures::future::join_all(cancels).await {
+            let (status, text) = answer.expect("task");
+            assert_eq!(status, 200, "round {round}: {text}");
+            let body: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(body["state"], "canceled", "round {round}: {body}");
+        }
+
+        assert_eq!(app.balance("alice").await, 1_000, "round {round}");
+        assert_eq!(app.balance("bob").await, 0, "round {round}");
+        assert!(
+            app.accounts_with_pending().await.is_empty(),
+            "round {round}"
+        );
+    }
+}
