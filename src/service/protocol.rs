@@ -79,16 +79,11 @@ impl Bank {
     /// every step so far durable, for a later call or the sweeper to resume.
     pub async fn run(&self, mut transfer: TransferDoc) -> StoreResult<TransferDoc> {
         let lock = self.drive_lock(transfer.id);
-        let _driving = match lock.try_lock() {
-            Ok(guard) => guard,
-            Err(_) => {
-                // Another task of this process is driving it: wait, then go on from
-                // wherever it left the transfer.
-                let guard = lock.lock().await;
-                transfer = self.reload(&transfer).await?;
-                guard
-            }
-        };
+        let _driving = lock.lock().await;
+        // The caller's copy may be stale (another task finished the transfer and pulled
+        // its markers, so a re-run debit would apply again): always start from the stored
+        // state.
+        transfer = self.reload(&transfer).await?;
         loop {
             if !self.may_drive(&transfer) {
                 // Another instance owns it now (it took it over, or a cancel did).

@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use mongodb::bson::DateTime;
 use mongodb::bson::oid::ObjectId;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use transfer_service::domain::{CancelReason, TransferState};
+use transfer_service::service::Bank;
 
-use crate::support::{TestApp, spawn_app};
+use crate::support::{TestApp, spawn_app, spawn_app_with};
 use crate::walk_pages;
 
 const ACCOUNTS: [&str; 4] = ["alice", "bob", "carol", "dave"];
@@ -190,7 +192,9 @@ async fn concurrent_debits_of_one_account_never_overdraw_it() {
 async fn concurrent_cancels_of_a_done_transfer_reverse_it_exactly_once() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
-    app.open_account("bob", 0).await;
+    // Bob holds more than the amount, so that a compensating transfer applied twice
+    // would show in the balances instead of being refused for lack of funds.
+    app.open_account("bob", 500).await;
 
     // Several rounds: the race is between requests, so one round may not meet it.
     for round in 1..=8 {
@@ -228,11 +232,11 @@ async fn concurrent_cancels_of_a_done_transfer_reverse_it_exactly_once() {
         let accounts = app.store.list_accounts(None, 10).await.unwrap();
         assert_eq!(
             app.total_balance().await,
-            1_000,
+            1_500,
             "round {round}: money was created or destroyed\nreversal: {reversal:?}\naccounts: {accounts:?}"
         );
         assert_eq!(app.balance("alice").await, 1_000, "round {round}");
-        assert_eq!(app.balance("bob").await, 0, "round {round}");
+        assert_eq!(app.balance("bob").await, 500, "round {round}");
         assert_eq!(reversal.state, TransferState::Done, "round {round}");
         assert!(
             app.accounts_with_pending().await.is_empty(),
@@ -305,4 +309,31 @@ async fn a_cancel_racing_a_running_transfer_always_leaves_the_money_where_it_sta
         assert_eq!(app.balance("alice").await, 10_000, "round {round}");
         assert_eq!(app.balance("bob").await, 0, "round {round}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_driver_holding_an_outdated_copy_of_a_done_transfer_moves_no_money() {
+    // Two tasks of one instance share its lease. The second read the transfer while the
+    // first was still applying it, and runs it only once the first has finished (so it
+    // never waits on the first's lock): every step it takes must be a no-op, because
+    // `run` drives a transfer "from its stored state".
+    let instance = format!("inst-{}", ObjectId::new().to_hex());
+    let app = spawn_app_with(|settings| settings.instance_id = instance.clone()).await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 500).await;
+    let (status, body) = app.transfer("alice", "bob", 300).await;
+    assert_eq!(status, 201, "{body}");
+    let id = ObjectId::parse_str(body["id"].as_str().unwrap()).unwrap();
+    let mut outdated = app.store.transfer(id).await.unwrap().expect("stored");
+    outdated.state = TransferState::Pending;
+    outdated.last_modified = DateTime::now();
+
+    let bank = Bank::new(app.store.clone(), instance.as_str(), Duration::from_secs(1));
+    let finished = bank.run(outdated).await.expect("run");
+
+    assert_eq!(finished.state, TransferState::Done);
+    assert_eq!(app.total_balance().await, 1_500);
+    assert_eq!(app.balance("alice").await, 700, "debited twice");
+    assert_eq!(app.balance("bob").await, 800, "credited twice");
+    assert!(app.accounts_with_pending().await.is_empty());
 }
