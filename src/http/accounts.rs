@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::extract::ApiJson;
 use super::pagination::{Page, PageParams, page};
-use super::problem::{ApiError, Problem};
+use super::problem::{ApiError, Problem, field};
 use super::transfers::TransferResponse;
 use crate::domain::{AccountId, AccountName, Currency, OpeningBalance};
 use crate::service::NewAccount;
@@ -73,13 +73,6 @@ impl From<AccountDoc> for AccountResponse {
     }
 }
 
-fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Result<T, ApiError> {
-    parsed.map_err(|e| ApiError::InvalidField {
-        field: name.to_owned(),
-        detail: format!("{name} {e}"),
-    })
-}
-
 /// Parses an account id taken from the path; an id that cannot exist is simply not found.
 pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
     AccountId::parse(raw).map_err(|_| ApiError::AccountNotFound(raw.chars().take(80).collect()))
@@ -107,21 +100,13 @@ pub async fn create_account(
         id: body
             .id
             .as_deref()
-            .map(AccountId::parse)
-            .transpose()
-            .map_err(|e| ApiError::InvalidField {
-                field: "id".into(),
-                detail: format!("id {e}"),
-            })?,
+            .map(|raw| field("id", AccountId::parse(raw)))
+            .transpose()?,
         name: body
             .name
             .as_deref()
-            .map(AccountName::parse)
-            .transpose()
-            .map_err(|e| ApiError::InvalidField {
-                field: "name".into(),
-                detail: format!("name {e}"),
-            })?,
+            .map(|raw| field("name", AccountName::parse(raw)))
+            .transpose()?,
         balance: field("balance", OpeningBalance::parse(body.balance.unwrap_or(0)))?,
         currency: match body.currency.as_deref() {
             Some(raw) => field("currency", Currency::parse(raw))?,

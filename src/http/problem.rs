@@ -216,6 +216,14 @@ impl ApiError {
     }
 }
 
+/// A body field that failed to parse into its domain type, as a 422 naming the field.
+pub fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Result<T, ApiError> {
+    parsed.map_err(|e| ApiError::InvalidField {
+        field: name.to_owned(),
+        detail: format!("{name} {e}"),
+    })
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.to_problem();

@@ -18,7 +18,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::extract::ApiJson;
 use super::pagination::{Page, PageParams, page};
-use super::problem::{ApiError, Problem};
+use super::problem::{ApiError, Problem, field};
 use crate::domain::{
     AccountId, Amount, CancelReason, IdempotencyKey, Reference, TransferId, TransferState,
 };
@@ -225,13 +225,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
         .map_err(|e| invalid(e.to_string()))
 }
 
-fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Result<T, ApiError> {
-    parsed.map_err(|e| ApiError::InvalidField {
-        field: name.to_owned(),
-        detail: format!("{name} {e}"),
-    })
-}
-
 /// Move money from one account to another.
 #[utoipa::path(
     post, path = "/transfers", tag = "transfers",
@@ -266,12 +259,8 @@ pub async fn create_transfer(
         reference: body
             .reference
             .as_deref()
-            .map(Reference::parse)
-            .transpose()
-            .map_err(|e| ApiError::InvalidField {
-                field: "reference".into(),
-                detail: format!("reference {e}"),
-            })?,
+            .map(|raw| field("reference", Reference::parse(raw)))
+            .transpose()?,
     };
     let key = idempotency_key(&headers)?;
     let background = wants_async(&headers);

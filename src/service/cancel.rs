@@ -13,8 +13,8 @@
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
+use mongodb::bson::doc;
 use mongodb::bson::oid::ObjectId;
-use mongodb::bson::{DateTime, doc};
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{CancelReason, TransferEvent, TransferId, TransferState};
@@ -166,24 +166,15 @@ impl Bank {
         if let Some(existing) = self.store().transfer(reversal_id).await? {
             return Ok(existing);
         }
-        let now = DateTime::now();
         let reversal = TransferDoc {
-            id: reversal_id,
-            source: original.destination.clone(),
-            destination: original.source.clone(),
-            value: original.value,
-            currency: original.currency.clone(),
-            state: TransferState::Initial,
-            last_modified: now,
-            created_at: now,
-            application: None,
-            reason: None,
-            reference: None,
-            idempotency_key: None,
-            request_hash: None,
             reverses: Some(original.id),
-            reversed_by: None,
-            fenced: false,
+            ..TransferDoc::initial(
+                reversal_id,
+                &original.destination,
+                &original.source,
+                original.value,
+                &original.currency,
+            )
         };
         match self.store().insert_transfer(&reversal).await {
             Ok(()) => Ok(reversal),

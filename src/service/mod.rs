@@ -20,8 +20,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
 use crate::domain::{
-    AccountId, AccountName, Amount, Currency, IdempotencyKey, OpeningBalance, Reference,
-    TransferId, TransferState,
+    AccountId, AccountName, Amount, Currency, IdempotencyKey, OpeningBalance, Reference, TransferId,
 };
 use crate::store::transfers::TransferFilter;
 use crate::store::{AccountDoc, Store, StoreError, TransferDoc};
@@ -269,24 +268,17 @@ impl Bank {
             }
         }
         let currency = self.check_accounts(&new).await?;
-        let now = DateTime::now();
         let transfer = TransferDoc {
-            id: ObjectId::new(),
-            source: new.source.to_string(),
-            destination: new.destination.to_string(),
-            value: new.amount.minor_units(),
-            currency,
-            state: TransferState::Initial,
-            last_modified: now,
-            created_at: now,
-            application: None,
-            reason: None,
             reference: new.reference.map(|r| r.as_str().to_owned()),
             idempotency_key: key.as_ref().map(|k| k.as_str().to_owned()),
             request_hash: key.as_ref().map(|_| fingerprint.clone()),
-            reverses: None,
-            reversed_by: None,
-            fenced: false,
+            ..TransferDoc::initial(
+                ObjectId::new(),
+                new.source.as_str(),
+                new.destination.as_str(),
+                new.amount.minor_units(),
+                &currency,
+            )
         };
         match self.store.insert_transfer(&transfer).await {
             Ok(()) => {}

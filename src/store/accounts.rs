@@ -59,24 +59,9 @@ impl Store {
         value: i64,
         deadline: DateTime,
     ) -> StoreResult<bool> {
-        let result = self
-            .accounts
-            .update_one(
-                doc! {
-                    "_id": account,
-                    "pendingTransactions": { "$ne": tx },
-                    "fencedTransactions": { "$ne": tx },
-                    "balance": { "$gte": value },
-                    "$expr": { "$lt": ["$$NOW", deadline] },
-                },
-                doc! {
-                    "$inc": { "balance": -value },
-                    "$push": { "pendingTransactions": tx },
-                    "$set": { "updatedAt": DateTime::now() },
-                },
-            )
-            .await?;
-        Ok(result.modified_count == 1)
+        let funded = doc! { "$gte": value };
+        self.apply_change(account, tx, -value, funded, deadline)
+            .await
     }
 
     /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
@@ -90,6 +75,21 @@ impl Store {
         value: i64,
         deadline: DateTime,
     ) -> StoreResult<bool> {
+        let room = doc! { "$lte": MAX_MONEY - value };
+        self.apply_change(account, tx, value, room, deadline).await
+    }
+
+    /// The one guarded forward write behind steps 3 and 4: add `delta` and push the
+    /// marker, only if `tx` is neither applied nor fenced here, `balance` passes
+    /// `balance_guard`, and the lease has not ended by the server's clock.
+    async fn apply_change(
+        &self,
+        account: &str,
+        tx: ObjectId,
+        delta: i64,
+        balance_guard: mongodb::bson::Document,
+        deadline: DateTime,
+    ) -> StoreResult<bool> {
         let result = self
             .accounts
             .update_one(
@@ -97,11 +97,11 @@ impl Store {
                     "_id": account,
                     "pendingTransactions": { "$ne": tx },
                     "fencedTransactions": { "$ne": tx },
-                    "balance": { "$lte": MAX_MONEY - value },
+                    "balance": balance_guard,
                     "$expr": { "$lt": ["$$NOW", deadline] },
                 },
                 doc! {
-                    "$inc": { "balance": value },
+                    "$inc": { "balance": delta },
                     "$push": { "pendingTransactions": tx },
                     "$set": { "updatedAt": DateTime::now() },
                 },

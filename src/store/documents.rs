@@ -73,6 +73,36 @@ pub struct TransferDoc {
 }
 
 impl TransferDoc {
+    /// A transfer as step 1 records it: `initial`, owned by nobody yet. Optional fields
+    /// (reference, idempotency key, reversal link) are set by the caller.
+    pub fn initial(
+        id: ObjectId,
+        source: &str,
+        destination: &str,
+        value: i64,
+        currency: &str,
+    ) -> TransferDoc {
+        let now = DateTime::now();
+        TransferDoc {
+            id,
+            source: source.to_owned(),
+            destination: destination.to_owned(),
+            value,
+            currency: currency.to_owned(),
+            state: TransferState::Initial,
+            last_modified: now,
+            created_at: now,
+            application: None,
+            reason: None,
+            reference: None,
+            idempotency_key: None,
+            request_hash: None,
+            reverses: None,
+            reversed_by: None,
+            fenced: false,
+        }
+    }
+
     pub fn transfer_id(&self) -> TransferId {
         TransferId::from_bytes(self.id.bytes())
     }

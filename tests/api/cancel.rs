@@ -26,25 +26,7 @@ const DEAD_INSTANCE: &str = "dead-instance";
 
 /// Records a transfer in `initial`, as step 1 of an instance that then died.
 async fn record_initial(app: &TestApp, source: &str, destination: &str, value: i64) -> ObjectId {
-    let now = DateTime::now();
-    let transfer = TransferDoc {
-        id: ObjectId::new(),
-        source: source.to_owned(),
-        destination: destination.to_owned(),
-        value,
-        currency: "USD".to_owned(),
-        state: TransferState::Initial,
-        last_modified: now,
-        created_at: now,
-        application: None,
-        reason: None,
-        reference: None,
-        idempotency_key: None,
-        request_hash: None,
-        reverses: None,
-        reversed_by: None,
-        fenced: false,
-    };
+    let transfer = TransferDoc::initial(ObjectId::new(), source, destination, value, "USD");
     app.store.insert_transfer(&transfer).await.unwrap();
     transfer.id
 }
