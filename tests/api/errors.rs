@@ -205,3 +205,17 @@ async fn health_and_readiness_answer_200() {
         assert_eq!(body["status"], "ok", "{path}");
     }
 }
+
+#[tokio::test]
+async fn the_served_openapi_document_is_the_committed_one() {
+    let app = spawn_app().await;
+    let response = app.get("/openapi.json").await;
+    assert_eq!(response.status(), 200);
+    let served: serde_json::Value = response.json().await.unwrap();
+    let committed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(served, committed);
+}
