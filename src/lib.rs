@@ -16,12 +16,13 @@
 //!   instance left behind, with the same step functions.
 //! - [`telemetry`]: log set-up.
 
-/// `failpoint!("step")`: with the `failpoints` feature, aborts the process after `step`
-/// when `CRASH_AT=step`; without it, expands to nothing.
+/// `failpoint!(bank, "step")`: with the `failpoints` feature, aborts the process after
+/// `step` when `CRASH_AT=step`, or pauses it there for a test (see [`failpoints`]);
+/// without the feature, expands to nothing.
 macro_rules! failpoint {
-    ($step:literal) => {{
+    ($bank:expr, $step:literal) => {{
         #[cfg(feature = "failpoints")]
-        $crate::failpoints::hit($step);
+        $crate::failpoints::hit($step, $bank.instance_id()).await;
     }};
 }
 

@@ -13,6 +13,11 @@
 //! client that lost the answer and retries with its idempotency key is answered with the
 //! outcome. Only a cancel request cancels a transfer that has not failed.
 //!
+//! Each pass also keeps house, with the same bounded batches:
+//! - It finishes reversals a crash interrupted (a done transfer whose `reversedBy` was
+//!   claimed but whose compensation never finished), through the same code as a cancel.
+//! - It drops the account fences of canceled transfers ([`collect_fences`]).
+//!
 //! [`run`] does one pass at once at start-up, in which an instance also takes back its
 //! own unfinished transfers whatever their age (a restart with the same `INSTANCE_ID`),
 //! then a pass every `SWEEP_INTERVAL_MS` with ±20% jitter so that instances started
@@ -24,7 +29,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
-use crate::service::Bank;
+use crate::service::{Bank, ServiceError};
 use crate::store::StoreResult;
 
 /// Transfers claimed in one pass, at most.
@@ -42,6 +47,10 @@ pub struct SweepReport {
     pub claimed: usize,
     /// Of those, the ones driven to `done` or `canceled`.
     pub finished: usize,
+    /// Interrupted reversals brought to their end (compensation done, or claim released).
+    pub reversals_finished: usize,
+    /// Canceled transfers whose account fences were dropped.
+    pub fences_dropped: usize,
 }
 
 /// Which transfers a pass looks for.
@@ -76,6 +85,9 @@ pub async fn sweep_once(
         if shutdown.is_cancelled() {
             break;
         }
+        if bank.is_driving(candidate.id) {
+            continue;
+        }
         let Some(claimed) = store.claim(me, &candidate, stale_before).await? else {
             continue;
         };
@@ -95,7 +107,75 @@ pub async fn sweep_once(
             "transfer recovered"
         );
     }
+    if scope == Scope::Stale && !shutdown.is_cancelled() {
+        report.reversals_finished = finish_reversals(bank, stale_before, shutdown).await?;
+        report.fences_dropped = collect_fences(bank, stale_before, shutdown).await?;
+    }
     Ok(report)
+}
+
+/// Finishes the reversals whose instance crashed after claiming them (`reversing` and
+/// not touched for a lease). Returns how many reached their end.
+async fn finish_reversals(
+    bank: &Bank,
+    stale_before: mongodb::bson::DateTime,
+    shutdown: &CancellationToken,
+) -> StoreResult<usize> {
+    let mut finished = 0;
+    for original in bank
+        .store()
+        .unfinished_reversals(stale_before, BATCH)
+        .await?
+    {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let id = original.id;
+        match bank.finish_reversal(original).await {
+            Ok(after) if !after.reversing => {
+                finished += 1;
+                tracing::info!(transfer_id = %id, reversed_by = ?after.reversed_by, "interrupted reversal finished");
+            }
+            Ok(_) => {} // another instance is driving the compensation
+            Err(ServiceError::Store(e)) => return Err(e),
+            Err(refused) => {
+                finished += 1;
+                tracing::info!(transfer_id = %id, reason = %refused, "interrupted reversal refused; claim released");
+            }
+        }
+    }
+    Ok(finished)
+}
+
+/// Drops the account fences of transfers canceled while pending, once no forward step
+/// of theirs can land any more. Returns how many transfers it cleaned.
+///
+/// Why the fences can go after one lease: every forward account step of a transfer
+/// carries the deadline `lastModified + 0.9 x STALE_AFTER_MS` of its driver's lease,
+/// judged by the database's clock (`$$NOW`), and `lastModified` never moves backwards, so
+/// no lease deadline is later than the canceled transfer's `lastModified` plus 0.9 x the
+/// lease. Once the database's clock is past its `lastModified` plus a whole lease, every
+/// late step is refused by its deadline, fence or no fence.
+pub async fn collect_fences(
+    bank: &Bank,
+    stale_before: mongodb::bson::DateTime,
+    shutdown: &CancellationToken,
+) -> StoreResult<usize> {
+    let store = bank.store();
+    let mut dropped = 0;
+    for transfer in store.fenced_canceled(stale_before, BATCH).await? {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        // Fences first, flag second: a crash in between leaves the flag, and the next
+        // pass drops the (already gone) fences again.
+        store
+            .drop_fences([&transfer.source, &transfer.destination], transfer.id)
+            .await?;
+        store.unmark_fenced(transfer.id).await?;
+        dropped += 1;
+    }
+    Ok(dropped)
 }
 
 /// Runs passes until `shutdown` is cancelled.

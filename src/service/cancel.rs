@@ -112,27 +112,8 @@ impl Bank {
     /// Reverses a done transfer with a compensating transfer, at most once.
     async fn reverse(&self, mut original: TransferDoc) -> ServiceResult<TransferDoc> {
         loop {
-            if let Some(reversal_id) = original.reversed_by {
-                let reversal = self.claimed_reversal(&original, reversal_id).await?;
-                let reversal = self.run(reversal).await?;
-                if reversal.state == TransferState::Done {
-                    return Ok(original);
-                }
-                // The compensation was refused (the destination spent the money between
-                // our check and its debit): release the claim so a later cancel may retry.
-                self.store()
-                    .release_reversal(original.id, reversal_id)
-                    .await?;
-                if reversal.reason == Some(CancelReason::BalanceOverflow) {
-                    return Err(ServiceError::ReversalOverflow {
-                        account: original.source.clone(),
-                        attempt: reversal_id,
-                    });
-                }
-                return Err(ServiceError::ReversalInsufficientFunds {
-                    account: original.destination.clone(),
-                    attempt: Some(reversal_id),
-                });
+            if original.reversed_by.is_some() {
+                return self.finish_reversal(original).await;
             }
             let funds = self
                 .store()
@@ -153,6 +134,46 @@ impl Bank {
                     .find_transfer(TransferId::from_bytes(original.id.bytes()))
                     .await?;
             }
+        }
+    }
+
+    /// Drives the claimed reversal of `original` to its end: records the compensating
+    /// transfer if a crash came between the claim and its insert, runs it, then marks the
+    /// reversal finished or, if the compensation was refused (the destination spent the
+    /// money between our check and its debit), releases the claim so a later cancel may
+    /// try again. Used by a cancel and by the sweeper, for a reversal a crash interrupted.
+    ///
+    /// If another instance is driving the compensation, returns `original` as it is: that
+    /// instance, or the sweeper after it, finishes the reversal.
+    pub async fn finish_reversal(&self, original: TransferDoc) -> ServiceResult<TransferDoc> {
+        let Some(reversal_id) = original.reversed_by else {
+            return Ok(original);
+        };
+        let reversal = self.claimed_reversal(&original, reversal_id).await?;
+        let reversal = self.run(reversal).await?;
+        match reversal.state {
+            TransferState::Done => {
+                self.store()
+                    .reversal_finished(original.id, reversal_id)
+                    .await?;
+                Ok(self.reload(&original).await?)
+            }
+            TransferState::Canceled => {
+                self.store()
+                    .release_reversal(original.id, reversal_id)
+                    .await?;
+                if reversal.reason == Some(CancelReason::BalanceOverflow) {
+                    return Err(ServiceError::ReversalOverflow {
+                        account: original.source.clone(),
+                        attempt: reversal_id,
+                    });
+                }
+                Err(ServiceError::ReversalInsufficientFunds {
+                    account: original.destination.clone(),
+                    attempt: Some(reversal_id),
+                })
+            }
+            _ => Ok(self.reload(&original).await?),
         }
     }
 

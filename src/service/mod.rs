@@ -164,6 +164,14 @@ impl Bank {
         map.entry(id).or_default().clone()
     }
 
+    /// Whether a task of this process is driving `id` right now. The sweeper leaves such
+    /// a transfer alone: claiming it would renew the lease of a task that may be stuck,
+    /// and keep every other instance from taking it over.
+    pub(crate) fn is_driving(&self, id: ObjectId) -> bool {
+        let map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&id).is_some_and(|lock| Arc::strong_count(lock) > 1)
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }
@@ -296,7 +304,7 @@ impl Bank {
             Err(e) => return Err(e.into()),
         }
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.value, "transfer recorded");
-        failpoint!("after_insert");
+        failpoint!(self, "after_insert");
         let transfer = match completion {
             Completion::Wait => self.run(transfer).await?,
             Completion::Background => {

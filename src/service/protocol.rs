@@ -128,13 +128,13 @@ impl Bank {
             StepResult::LostLease => return self.reload(&transfer).await,
             StepResult::RollBack(reason) => return self.begin_rollback(transfer, reason).await,
         }
-        failpoint!("after_debit");
+        failpoint!(self, "after_debit");
         match self.credit(&mut transfer).await? {
             StepResult::Applied => {}
             StepResult::LostLease => return self.reload(&transfer).await,
             StepResult::RollBack(reason) => return self.begin_rollback(transfer, reason).await,
         }
-        failpoint!("after_credit");
+        failpoint!(self, "after_credit");
         self.advance(transfer, TransferEvent::MarkApplied, doc! {})
             .await
     }
@@ -213,11 +213,11 @@ impl Bank {
         self.store
             .pull_marker(&transfer.source, transfer.id)
             .await?;
-        failpoint!("after_pull_source");
+        failpoint!(self, "after_pull_source");
         self.store
             .pull_marker(&transfer.destination, transfer.id)
             .await?;
-        failpoint!("after_pull_destination");
+        failpoint!(self, "after_pull_destination");
         self.advance(transfer, TransferEvent::MarkDone, doc! {})
             .await
     }
@@ -242,11 +242,11 @@ impl Bank {
         self.store
             .undo_change(&transfer.destination, transfer.id, -transfer.value)
             .await?;
-        failpoint!("after_undo_destination");
+        failpoint!(self, "after_undo_destination");
         self.store
             .undo_change(&transfer.source, transfer.id, transfer.value)
             .await?;
-        failpoint!("after_undo_source");
+        failpoint!(self, "after_undo_source");
         self.advance(transfer, TransferEvent::FinishRollback, doc! {})
             .await
     }
@@ -279,9 +279,9 @@ impl Bank {
             transfer.reason = Some(reason);
         }
         match to {
-            TransferState::Pending => failpoint!("after_pending"),
-            TransferState::Applied => failpoint!("after_applied"),
-            TransferState::Canceling => failpoint!("after_canceling"),
+            TransferState::Pending => failpoint!(self, "after_pending"),
+            TransferState::Applied => failpoint!(self, "after_applied"),
+            TransferState::Canceling => failpoint!(self, "after_canceling"),
             _ => {}
         }
         Ok(transfer)

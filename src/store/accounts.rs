@@ -161,6 +161,18 @@ impl Store {
         Ok(result.matched_count == 1)
     }
 
+    /// Removes the fences of `tx` from its accounts. Only once no forward step of `tx`
+    /// can land any more: see `sweeper::collect_fences`.
+    pub async fn drop_fences(&self, accounts: [&str; 2], tx: ObjectId) -> StoreResult<()> {
+        self.accounts
+            .update_many(
+                doc! { "_id": { "$in": accounts.to_vec() }, "fencedTransactions": tx },
+                doc! { "$pull": { "fencedTransactions": tx } },
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Makes the account refuse every later forward step of `tx`, applied or not. The
     /// rollback then undoes what is applied, and a late forward step cannot re-apply it.
     pub async fn fence(&self, account: &str, tx: ObjectId) -> StoreResult<()> {

@@ -67,9 +67,14 @@ pub struct TransferDoc {
     /// Set on a reversed transfer: its compensating transfer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reversed_by: Option<ObjectId>,
-    /// True once a cancel fenced the accounts against this transfer's forward steps.
+    /// True once a cancel fenced the accounts against this transfer's forward steps,
+    /// until the sweeper drops the fences.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fenced: bool,
+    /// True from the claim of a reversal (`reversedBy`) until its compensation is `done`,
+    /// so that the sweeper finishes a reversal whose instance crashed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reversing: bool,
 }
 
 impl TransferDoc {
@@ -100,6 +105,7 @@ impl TransferDoc {
             reverses: None,
             reversed_by: None,
             fenced: false,
+            reversing: false,
         }
     }
 

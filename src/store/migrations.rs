@@ -23,6 +23,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_indexes",
         include_str!("../../migrations/0002_indexes.json"),
     ),
+    (
+        "0003_housekeeping",
+        include_str!("../../migrations/0003_housekeeping.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -1,6 +1,10 @@
 //! Operations on `transactions`, the transfer log. A state change is one `updateOne`
 //! filtered on the expected previous state, so of two instances racing for the same
 //! transition exactly one wins, and a step retried after a crash is a no-op.
+//!
+//! `lastModified` only ever moves forward (`$max`, never `$set`): instances' clocks may
+//! disagree, and the lease and fence arithmetic needs every later write of a transfer to
+//! carry a time at least as late as every earlier one.
 
 use futures::TryStreamExt;
 use mongodb::bson::oid::ObjectId;
@@ -57,22 +61,20 @@ impl Store {
         to: TransferState,
         extra: Document,
     ) -> StoreResult<bool> {
-        let set = merge_set(
-            doc! { "state": to.as_str(), "lastModified": DateTime::now() },
-            extra,
-        );
+        let set = merge_set(doc! { "state": to.as_str() }, extra);
         let result = self
             .transactions
             .update_one(
                 doc! { "_id": id, "state": from.as_str() },
-                doc! { "$set": set },
+                doc! { "$set": set, "$max": touched(DateTime::now()) },
             )
             .await?;
         Ok(result.modified_count == 1)
     }
 
     /// Claims the one reversal a done transfer may have: sets `reversedBy` only if it is
-    /// unset. Returns whether this call claimed it.
+    /// unset, and `reversing` until the compensation has finished, so that the sweeper
+    /// finishes a reversal whose instance crashed. Returns whether this call claimed it.
     pub async fn claim_reversal(
         &self,
         original: ObjectId,
@@ -86,7 +88,10 @@ impl Store {
                     "state": TransferState::Done.as_str(),
                     "reversedBy": { "$exists": false },
                 },
-                doc! { "$set": { "reversedBy": reversal, "lastModified": DateTime::now() } },
+                doc! {
+                    "$set": { "reversedBy": reversal, "reversing": true },
+                    "$max": touched(DateTime::now()),
+                },
             )
             .await?;
         Ok(result.modified_count == 1)
@@ -102,10 +107,81 @@ impl Store {
         self.transactions
             .update_one(
                 doc! { "_id": original, "reversedBy": reversal },
-                doc! { "$unset": { "reversedBy": "" }, "$set": { "lastModified": DateTime::now() } },
+                doc! {
+                    "$unset": { "reversedBy": "", "reversing": "" },
+                    "$max": touched(DateTime::now()),
+                },
             )
             .await?;
         Ok(())
+    }
+
+    /// Marks the reversal of `original` finished (its compensation is `done`).
+    pub async fn reversal_finished(
+        &self,
+        original: ObjectId,
+        reversal: ObjectId,
+    ) -> StoreResult<()> {
+        self.transactions
+            .update_one(
+                doc! { "_id": original, "reversedBy": reversal, "reversing": true },
+                doc! { "$unset": { "reversing": "" }, "$max": touched(DateTime::now()) },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Done transfers whose reversal was claimed before `stale_before` and has not
+    /// finished: its instance crashed between the claim and the end of the compensation.
+    pub async fn unfinished_reversals(
+        &self,
+        stale_before: DateTime,
+        limit: u32,
+    ) -> StoreResult<Vec<TransferDoc>> {
+        self.older_than(doc! { "reversing": true }, stale_before, limit)
+            .await
+    }
+
+    /// Transfers canceled while pending whose account fences are still in place, last
+    /// modified before `stale_before`.
+    pub async fn fenced_canceled(
+        &self,
+        stale_before: DateTime,
+        limit: u32,
+    ) -> StoreResult<Vec<TransferDoc>> {
+        self.older_than(
+            doc! { "fenced": true, "state": TransferState::Canceled.as_str() },
+            stale_before,
+            limit,
+        )
+        .await
+    }
+
+    /// Forgets that a canceled transfer's accounts are fenced, once the fences are gone.
+    pub async fn unmark_fenced(&self, id: ObjectId) -> StoreResult<()> {
+        self.transactions
+            .update_one(
+                doc! { "_id": id, "state": TransferState::Canceled.as_str(), "fenced": true },
+                doc! { "$unset": { "fenced": "" } },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Transfers matching `filter` last modified before `before`, oldest first.
+    async fn older_than(
+        &self,
+        mut filter: Document,
+        before: DateTime,
+        limit: u32,
+    ) -> StoreResult<Vec<TransferDoc>> {
+        filter.insert("lastModified", doc! { "$lt": before });
+        let options = FindOptions::builder()
+            .sort(doc! { "lastModified": 1 })
+            .limit(i64::from(limit))
+            .build();
+        let cursor = self.transactions.find(filter).with_options(options).await?;
+        Ok(cursor.try_collect().await?)
     }
 
     /// Transfers newest first, by keyset on `_id` (an ObjectId grows with time).
@@ -150,10 +226,7 @@ impl Store {
         extra: Document,
     ) -> StoreResult<Option<DateTime>> {
         let now = DateTime::now();
-        let set = merge_set(
-            doc! { "state": to.as_str(), "lastModified": now, "application": owner },
-            extra,
-        );
+        let set = merge_set(doc! { "state": to.as_str(), "application": owner }, extra);
         let owned = if from == TransferState::Initial {
             doc! { "$in": [null, owner] }
         } else {
@@ -163,7 +236,7 @@ impl Store {
             .transactions
             .update_one(
                 doc! { "_id": id, "state": from.as_str(), "application": owned },
-                doc! { "$set": set },
+                doc! { "$set": set, "$max": touched(now) },
             )
             .await?;
         Ok((result.modified_count == 1).then_some(now))
@@ -181,7 +254,7 @@ impl Store {
             .transactions
             .update_one(
                 doc! { "_id": id, "state": state.as_str(), "application": owner },
-                doc! { "$set": { "lastModified": now } },
+                doc! { "$max": touched(now) },
             )
             .await?;
         Ok((result.modified_count == 1).then_some(now))
@@ -200,7 +273,7 @@ impl Store {
             .transactions
             .find_one_and_update(
                 doc! { "_id": id, "state": state.as_str() },
-                doc! { "$set": { "application": owner, "lastModified": DateTime::now() } },
+                doc! { "$set": { "application": owner }, "$max": touched(DateTime::now()) },
             )
             .return_document(ReturnDocument::After)
             .await?)
@@ -231,30 +304,39 @@ impl Store {
     }
 
     /// Claims a transfer found by [`Store::unfinished`]: one guarded findAndModify that
-    /// wins only if nobody touched the transfer since it was read (same state and
-    /// `lastModified`) and, unless it is `owner`'s own, it is still stale.
+    /// wins only if nobody touched the transfer since it was read (same state, owner and
+    /// `lastModified`; the owner too, since `lastModified` need not move) and, unless it is
+    /// `owner`'s own, it is still stale.
     pub async fn claim(
         &self,
         owner: &str,
         found: &TransferDoc,
         stale_before: DateTime,
     ) -> StoreResult<Option<TransferDoc>> {
-        let filter = if found.application.as_deref() == Some(owner) {
-            doc! { "_id": found.id, "state": found.state.as_str(), "lastModified": found.last_modified }
-        } else {
-            doc! {
-                "_id": found.id,
-                "state": found.state.as_str(),
-                "lastModified": { "$eq": found.last_modified, "$lt": stale_before },
-            }
+        let mut filter = doc! {
+            "_id": found.id,
+            "state": found.state.as_str(),
+            "application": found.application.as_deref(),
+            "lastModified": found.last_modified,
         };
+        if found.application.as_deref() != Some(owner) {
+            filter.insert(
+                "lastModified",
+                doc! { "$eq": found.last_modified, "$lt": stale_before },
+            );
+        }
         Ok(self
             .transactions
             .find_one_and_update(
                 filter,
-                doc! { "$set": { "application": owner, "lastModified": DateTime::now() } },
+                doc! { "$set": { "application": owner }, "$max": touched(DateTime::now()) },
             )
             .return_document(ReturnDocument::After)
             .await?)
     }
+}
+
+/// The `$max` operand that moves `lastModified` forward to `now`, never back.
+fn touched(now: DateTime) -> Document {
+    doc! { "lastModified": now }
 }

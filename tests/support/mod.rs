@@ -168,6 +168,8 @@ pub struct TestApp {
     /// Direct access to the same database, to check what is stored.
     pub store: Store,
     pub database: String,
+    /// The `INSTANCE_ID` of this instance: the owner it writes into `application`.
+    pub instance_id: String,
     shutdown: CancellationToken,
 }
 
@@ -204,6 +206,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
             .unwrap(),
         store,
         database: settings.database,
+        instance_id: settings.instance_id,
         shutdown,
     }
 }

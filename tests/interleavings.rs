@@ -1,0 +1,324 @@
+//! Races made deterministic: an instance is paused right after a protocol step (the
+//! `failpoints` feature's in-process pause), the test acts in between (a cancel, a
+//! takeover by another instance, a crash between two writes), then the paused step goes
+//! on. The invariant every test ends on: money moved exactly once or not at all, never
+//! on one account only, and no `pendingTransactions` entry is left.
+
+#![cfg(feature = "failpoints")]
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use mongodb::bson::oid::ObjectId;
+use serde_json::{Value, json};
+use support::{TestApp, spawn_app_with};
+use transfer_service::domain::{CancelReason, TransferState};
+use transfer_service::failpoints;
+use transfer_service::store::TransferDoc;
+
+/// Two instances on one database, with this lease.
+async fn two_instances(stale_after: Duration) -> (TestApp, TestApp) {
+    let first = spawn_app_with(|s| s.stale_after = stale_after).await;
+    let database = first.database.clone();
+    let second = spawn_app_with(move |s| {
+        s.stale_after = stale_after;
+        s.database = database;
+    })
+    .await;
+    (first, second)
+}
+
+/// Starts a transfer of `amount` from alice to bob on `app` in a task (it will stop at
+/// the armed pause), and returns the task and the transfer's id once it is recorded.
+async fn start_transfer(
+    app: &TestApp,
+    amount: i64,
+) -> (tokio::task::JoinHandle<(u16, Value)>, ObjectId) {
+    let http = app.http.clone();
+    let url = app.url("/transfers");
+    let task = tokio::spawn(async move {
+        let response = http
+            .post(url)
+            .json(&json!({ "source": "alice", "destination": "bob", "amount": amount }))
+            .send()
+            .await
+            .expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("json"))
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = app
+            .store
+            .list_transfers(&Default::default(), 10)
+            .await
+            .unwrap();
+        if let Some(t) = listed.first() {
+            return (task, t.id);
+        }
+        assert!(Instant::now() < deadline, "the transfer was never recorded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn transfer(app: &TestApp, id: ObjectId) -> TransferDoc {
+    app.store
+        .transfer(id)
+        .await
+        .unwrap()
+        .expect("transfer exists")
+}
+
+/// Waits (at most `limit`) until `done(transfer)` holds.
+async fn wait_for(
+    app: &TestApp,
+    id: ObjectId,
+    limit: Duration,
+    done: impl Fn(&TransferDoc) -> bool,
+) -> TransferDoc {
+    let deadline = Instant::now() + limit;
+    loop {
+        let t = transfer(app, id).await;
+        if done(&t) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "transfer not as expected within {limit:?}: {t:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn open_alice_and_bob(app: &TestApp) {
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+}
+
+async fn assert_balances_and_no_markers(app: &TestApp, alice: i64, bob: i64) {
+    assert_eq!(app.balance("alice").await, alice, "alice's balance");
+    assert_eq!(app.balance("bob").await, bob, "bob's balance");
+    assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_cancel_between_debit_and_credit_rolls_back_and_the_paused_credit_never_lands() {
+    let (owner, other) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&owner).await;
+    let mut paused = failpoints::pause(&owner.instance_id, "after_debit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    paused.reached().await;
+    assert_eq!(owner.balance("alice").await, 700, "the debit landed");
+
+    let response = other
+        .http
+        .post(other.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let canceled: Value = response.json().await.unwrap();
+    assert_eq!(canceled["state"], "canceled");
+    assert_eq!(canceled["reason"], "canceled_by_request");
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+
+    // The owner resumes with its credit: the fence on bob refuses it.
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "transfer_canceled");
+    let t = transfer(&owner, id).await;
+    assert_eq!(t.state, TransferState::Canceled);
+    assert_eq!(t.reason, Some(CancelReason::CanceledByRequest));
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
+#[tokio::test]
+async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once() {
+    let (owner, other) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&owner).await;
+    let mut paused = failpoints::pause(&owner.instance_id, "after_credit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    paused.reached().await;
+    assert_eq!(owner.balance("bob").await, 300, "the credit landed");
+
+    let response = other
+        .http
+        .post(other.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let original: Value = response.json().await.unwrap();
+    assert_eq!(original["state"], "done", "{original}");
+    let reversal_id = original["reversedBy"]
+        .as_str()
+        .expect("reversedBy")
+        .to_owned();
+
+    // The owner resumes with `pending -> applied`: it lost the transfer and stops.
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["state"], "done");
+
+    let reversal = transfer(&owner, reversal_id.parse().unwrap()).await;
+    assert_eq!(reversal.state, TransferState::Done);
+    assert_eq!(reversal.reverses, Some(id));
+    let t = transfer(&owner, id).await;
+    assert!(!t.reversing, "the reversal is marked finished");
+    assert_eq!(
+        owner
+            .store
+            .list_transfers(&Default::default(), 10)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
+/// The owner stops before its debit for longer than its lease; another instance takes
+/// the transfer over and finishes it; then the owner's debit arrives, past its deadline.
+#[tokio::test]
+async fn an_owner_paused_past_its_lease_is_taken_over_and_its_late_debit_is_refused() {
+    let (owner, other) = two_instances(Duration::from_millis(1000)).await;
+    open_alice_and_bob(&owner).await;
+    let mut paused = failpoints::pause(&owner.instance_id, "after_pending");
+    let (request, id) = start_transfer(&owner, 300).await;
+    paused.reached().await;
+
+    let t = wait_for(&other, id, Duration::from_secs(10), |t| {
+        t.state == TransferState::Done
+    })
+    .await;
+    assert_eq!(t.application.as_deref(), Some(other.instance_id.as_str()));
+    assert_balances_and_no_markers(&owner, 700, 300).await;
+
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_balances_and_no_markers(&owner, 700, 300).await;
+}
+
+/// As above, but the owner stops after its debit: the new owner finds the debit applied,
+/// credits and settles; the owner's late credit (the markers are pulled by then, so only
+/// its deadline can stop it) is refused.
+#[tokio::test]
+async fn an_owner_paused_after_its_debit_past_its_lease_cannot_credit_a_second_time() {
+    let (owner, other) = two_instances(Duration::from_millis(1000)).await;
+    open_alice_and_bob(&owner).await;
+    let mut paused = failpoints::pause(&owner.instance_id, "after_debit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    paused.reached().await;
+
+    wait_for(&other, id, Duration::from_secs(10), |t| {
+        t.state == TransferState::Done
+    })
+    .await;
+    assert_balances_and_no_markers(&owner, 700, 300).await;
+
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_balances_and_no_markers(&owner, 700, 300).await;
+}
+
+/// The fences a cancel puts on the accounts are dropped by the sweeper once every late
+/// step would be refused by its deadline anyway; a late credit after that is refused.
+#[tokio::test]
+async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
+    let stale = Duration::from_millis(3000);
+    let (owner, other) = two_instances(stale).await;
+    open_alice_and_bob(&owner).await;
+    let mut paused = failpoints::pause(&owner.instance_id, "after_debit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    paused.reached().await;
+    let leased = transfer(&owner, id).await;
+
+    let response = other
+        .http
+        .post(other.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    paused.resume();
+    request.await.unwrap();
+    let canceled = transfer(&owner, id).await;
+    assert!(canceled.fenced);
+    for account in ["alice", "bob"] {
+        let doc = owner.store.account(account).await.unwrap().unwrap();
+        assert_eq!(doc.fenced_transactions, vec![id], "{account} is fenced");
+    }
+
+    let t = wait_for(&owner, id, stale + Duration::from_secs(10), |t| !t.fenced).await;
+    assert_eq!(t.state, TransferState::Canceled);
+    for account in ["alice", "bob"] {
+        let doc = owner.store.account(account).await.unwrap().unwrap();
+        assert!(doc.fenced_transactions.is_empty(), "{account}: {doc:?}");
+    }
+    // The old owner's credit, carrying the deadline of its lease, still cannot land.
+    let lease_ms = stale.as_millis() as i64;
+    let deadline = mongodb::bson::DateTime::from_millis(
+        leased.last_modified.timestamp_millis() + lease_ms - lease_ms / 10,
+    );
+    let landed = owner
+        .store
+        .apply_credit("bob", id, 300, deadline)
+        .await
+        .unwrap();
+    assert!(
+        !landed,
+        "a late credit landed after the fences were dropped"
+    );
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
+/// An instance crashed right after claiming a reversal (`reversedBy` set, compensating
+/// transfer never recorded): the sweeper records it and runs it.
+#[tokio::test]
+async fn the_sweeper_finishes_a_reversal_interrupted_between_its_claim_and_its_insert() {
+    let app = spawn_app_with(|s| s.stale_after = Duration::from_millis(1000)).await;
+    open_alice_and_bob(&app).await;
+    let (status, body) = app.transfer("alice", "bob", 300).await;
+    assert_eq!(status, 201, "{body}");
+    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+    let reversal_id = ObjectId::new();
+    assert!(app.store.claim_reversal(id, reversal_id).await.unwrap());
+
+    let original = wait_for(&app, id, Duration::from_secs(10), |t| !t.reversing).await;
+    assert_eq!(original.reversed_by, Some(reversal_id));
+    let reversal = transfer(&app, reversal_id).await;
+    assert_eq!(reversal.state, TransferState::Done);
+    assert_eq!(reversal.reverses, Some(id));
+    assert_balances_and_no_markers(&app, 1000, 0).await;
+}
+
+/// As above, but the destination spent the money meanwhile: the compensation is
+/// refused, and the claim released so that a later cancel may try again.
+#[tokio::test]
+async fn an_interrupted_reversal_the_destination_cannot_fund_is_released() {
+    let app = spawn_app_with(|s| s.stale_after = Duration::from_millis(1000)).await;
+    open_alice_and_bob(&app).await;
+    app.open_account("carol", 0).await;
+    assert_eq!(app.transfer("alice", "bob", 300).await.0, 201);
+    let (_, body) = app.transfer("alice", "bob", 300).await;
+    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(app.transfer("bob", "carol", 600).await.0, 201);
+    let reversal_id = ObjectId::new();
+    assert!(app.store.claim_reversal(id, reversal_id).await.unwrap());
+
+    let original = wait_for(&app, id, Duration::from_secs(10), |t| !t.reversing).await;
+    assert_eq!(original.reversed_by, None, "the claim is released");
+    let reversal = transfer(&app, reversal_id).await;
+    assert_eq!(reversal.state, TransferState::Canceled);
+    assert_eq!(reversal.reason, Some(CancelReason::InsufficientFunds));
+    assert_eq!(app.balance("alice").await, 400);
+    assert_eq!(app.balance("bob").await, 0);
+    assert_eq!(app.balance("carol").await, 600);
+    assert_eq!(app.total_balance().await, 1000);
+}
