@@ -8,69 +8,22 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use support::process::{Instance, InstanceConfig};
 use support::{database_uri, fresh_database_name};
 use transfer_service::store::Store;
 
 const STALE_AFTER_MS: u64 = 1000;
 const SWEEP_INTERVAL_MS: u64 = 100;
 
-struct Instance {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn start_instance(database: &str, name: &str, crash_at: Option<&str>) -> Instance {
-    let port = free_port();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_transfer-service"));
-    command
-        .env("MONGODB_URI", database_uri())
-        .env("MONGODB_DATABASE", database)
-        .env("BIND_ADDR", format!("127.0.0.1:{port}"))
-        .env("INSTANCE_ID", name)
-        .env("STALE_AFTER_MS", STALE_AFTER_MS.to_string())
-        .env("SWEEP_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string())
-        .env("RUST_LOG", "warn")
-        .env_remove("CRASH_AT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(step) = crash_at {
-        command.env("CRASH_AT", step);
-    }
-    // Owned at once, so that Drop kills and reaps it whatever happens next.
-    let instance = Instance {
-        child: command.spawn().expect("start transfer-service"),
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(r) = http.get(format!("{}/ready", instance.base)).send().await {
-            if r.status() == 200 {
-                return instance;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("instance {name} did not become ready");
+    let mut config = InstanceConfig::new(&database_uri(), database, name);
+    config.crash_at = crash_at.map(str::to_owned);
+    config.stale_after_ms = STALE_AFTER_MS;
+    config.sweep_interval_ms = SWEEP_INTERVAL_MS;
+    Instance::start(&config).await
 }
 
 /// Crashes an instance at `step` during a transfer of `amount` from a (balance 500) to

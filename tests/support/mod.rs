@@ -10,6 +10,8 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -195,7 +197,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let address = format!("http://127.0.0.1:{}", app.port());
     let shutdown = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    let store = Store::connect(&uri, &settings.database)
+    let store = Store::connect(&settings.mongodb_uri, &settings.database)
         .await
         .expect("connect");
     TestApp {

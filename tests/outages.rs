@@ -1,0 +1,224 @@
+//! Shutdown and outages: a signal drains in-flight work and exits 0; a database that goes
+//! away turns requests into quick 503 `database_unavailable` answers without taking the
+//! service down, and once it is back the service serves again and nothing is left
+//! half-done.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::process::{Instance, InstanceConfig};
+use support::{Daemon, TestApp, database_uri, fresh_database_name, spawn_app_with};
+use transfer_service::store::Store;
+
+/// Opens `count` accounts named `acct-<i>` with `balance` each through `base`.
+async fn open_accounts(http: &reqwest::Client, base: &str, count: usize, balance: i64) {
+    for i in 0..count {
+        let r = http
+            .post(format!("{base}/accounts"))
+            .json(&json!({ "id": format!("acct-{i}"), "balance": balance }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+}
+
+/// Every stored transfer is terminal, the total is `total`, and no marker is left.
+async fn assert_settled(store: &Store, total: i64) {
+    let accounts = store.list_accounts(None, 1000).await.unwrap();
+    assert_eq!(accounts.iter().map(|a| a.balance).sum::<i64>(), total);
+    for account in &accounts {
+        assert!(account.balance >= 0, "{account:?}");
+        assert!(account.pending_transactions.is_empty(), "{account:?}");
+    }
+    let transfers = store
+        .list_transfers(&Default::default(), 10_000)
+        .await
+        .unwrap();
+    for t in &transfers {
+        assert!(t.state.is_terminal(), "left unfinished: {t:?}");
+    }
+}
+
+async fn signal_drains_in_flight_transfers_and_exits_0(signal: i32) {
+    let database = fresh_database_name();
+    let mut config = InstanceConfig::new(&database_uri(), &database, "draining");
+    // No other instance and a lease far longer than the test: only the drain can
+    // finish what is in flight.
+    config.stale_after_ms = 600_000;
+    let mut instance = Instance::start(&config).await;
+    let http = reqwest::Client::new();
+    open_accounts(&http, &instance.base, 4, 10_000).await;
+
+    // Background transfers (202) and synchronous ones, all in flight at the signal.
+    let mut requests = Vec::new();
+    for i in 0..80 {
+        let http = http.clone();
+        let url = instance.url("/transfers");
+        requests.push(tokio::spawn(async move {
+            let mut request = http.post(url).json(&json!({
+                "source": format!("acct-{}", i % 4),
+                "destination": format!("acct-{}", (i + 1) % 4),
+                "amount": 7,
+            }));
+            if i % 4 != 0 {
+                request = request.header("prefer", "respond-async");
+            }
+            request.send().await.map(|r| r.status().as_u16())
+        }));
+    }
+    // Signal as soon as some are recorded: those are in flight for sure.
+    let store = Store::connect(&database_uri(), &database).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store
+        .list_transfers(&Default::default(), 100)
+        .await
+        .unwrap()
+        .len()
+        < 10
+    {
+        assert!(Instant::now() < deadline, "no transfer was recorded");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    instance.signal(signal);
+    let status = instance
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("the instance exits within the drain timeout");
+    assert!(status.success(), "exit status {status}");
+
+    let mut answered = 0;
+    for request in requests {
+        // A request the server had accepted is answered; one it had not is refused.
+        if let Ok(status) = request.await.unwrap() {
+            assert!(matches!(status, 201 | 202), "status {status}");
+            answered += 1;
+        }
+    }
+    assert!(answered > 0, "no request was in flight at the signal");
+    let refused = http.get(instance.url("/health")).send().await;
+    assert!(refused.is_err(), "still serving after exit");
+    assert_settled(&store, 40_000).await;
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_transfers_and_exits_0() {
+    signal_drains_in_flight_transfers_and_exits_0(libc::SIGTERM).await;
+}
+
+#[tokio::test]
+async fn sigint_drains_in_flight_transfers_and_exits_0() {
+    signal_drains_in_flight_transfers_and_exits_0(libc::SIGINT).await;
+}
+
+/// GET `path`: status, body and how long the answer took.
+async fn timed_get(app: &TestApp, path: &str) -> (u16, Value, Duration) {
+    let started = Instant::now();
+    let response = app.get(path).await;
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body, started.elapsed())
+}
+
+#[tokio::test]
+async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers_when_it_returns() {
+    let storage = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(storage.path().to_path_buf(), 0);
+    let uri = daemon.uri.clone();
+    let app = spawn_app_with(|s| s.mongodb_uri = uri).await;
+    for i in 0..6 {
+        app.open_account(&format!("acct-{i}"), 1_000).await;
+    }
+
+    // Load running across the outage: every transfer must end settled.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut load = Vec::new();
+    for worker in 0..6 {
+        let http = app.http.clone();
+        let url = app.url("/transfers");
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            let mut i = worker;
+            while !stop.is_cancelled() {
+                let r = http
+                    .post(&url)
+                    .json(&json!({
+                        "source": format!("acct-{}", i % 6),
+                        "destination": format!("acct-{}", (i + 1) % 6),
+                        "amount": 3,
+                    }))
+                    .send()
+                    .await;
+                if let Ok(r) = r {
+                    statuses.push(r.status().as_u16());
+                }
+                i += 1;
+            }
+            statuses
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    daemon.kill();
+
+    // Down: bounded 503 answers, problem+json; the process itself stays up.
+    for path in ["/accounts/acct-0", "/ready", "/transfers"] {
+        let (status, body, took) = timed_get(&app, path).await;
+        assert_eq!(status, 503, "{path}: {body}");
+        assert_eq!(body["code"], "database_unavailable", "{path}: {body}");
+        assert!(took < Duration::from_secs(10), "{path} took {took:?}");
+    }
+    let post = app
+        .post_json(
+            "/transfers",
+            json!({ "source": "acct-0", "destination": "acct-1", "amount": 1 }),
+        )
+        .await;
+    assert_eq!(post.status(), 503);
+    let body: Value = post.json().await.unwrap();
+    assert_eq!(body["code"], "database_unavailable");
+    assert_eq!(app.get("/health").await.status(), 200);
+
+    // Back, on the same port and data.
+    let port = daemon.port;
+    let _restarted = Daemon::start(storage.path().to_path_buf(), port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.get("/ready").await.status() != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "not ready after the database returned"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    let mut statuses = Vec::new();
+    for worker in load {
+        statuses.extend(worker.await.unwrap());
+    }
+    assert!(statuses.contains(&201), "the load made transfers");
+    assert!(
+        statuses.iter().all(|s| matches!(s, 201 | 202 | 422 | 503)),
+        "{statuses:?}"
+    );
+    let (status, _) = app.transfer("acct-0", "acct-1", 5).await;
+    assert_eq!(status, 201, "transfers work again");
+
+    // Whatever the outage interrupted, the sweeper finishes (lease 1 s, sweep 100 ms).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let transfers = app
+            .store
+            .list_transfers(&Default::default(), 10_000)
+            .await
+            .unwrap();
+        if transfers.iter().all(|t| t.state.is_terminal()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "transfers left unfinished");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_settled(&app.store, 6_000).await;
+}
