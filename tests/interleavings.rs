@@ -322,3 +322,56 @@ async fn an_interrupted_reversal_the_destination_cannot_fund_is_released() {
     assert_eq!(app.balance("carol").await, 600);
     assert_eq!(app.total_balance().await, 1000);
 }
+
+/// Leases and fence collection rely on `lastModified` never moving backwards, even when
+/// a writer's clock is behind the one that wrote before it.
+#[tokio::test]
+async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
+    let app = spawn_app_with(|_| {}).await;
+    open_alice_and_bob(&app).await;
+    let ahead = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 3_600_000,
+    );
+    let future = TransferDoc {
+        last_modified: ahead,
+        ..TransferDoc::initial(ObjectId::new(), "alice", "bob", 1, "USD")
+    };
+    app.store.insert_transfer(&future).await.unwrap();
+    let moved = app
+        .store
+        .transition_as(
+            "me",
+            future.id,
+            TransferState::Initial,
+            TransferState::Pending,
+            mongodb::bson::doc! {},
+        )
+        .await
+        .unwrap();
+    assert!(moved.is_some(), "the transition itself is made");
+    let stored = transfer(&app, future.id).await;
+    assert_eq!(stored.state, TransferState::Pending);
+    assert_eq!(
+        stored.last_modified, ahead,
+        "a later time was not replaced by an earlier one"
+    );
+
+    let past = TransferDoc {
+        last_modified: mongodb::bson::DateTime::from_millis(0),
+        ..TransferDoc::initial(ObjectId::new(), "alice", "bob", 1, "USD")
+    };
+    app.store.insert_transfer(&past).await.unwrap();
+    let renewed_at = app
+        .store
+        .transition_as(
+            "me",
+            past.id,
+            TransferState::Initial,
+            TransferState::Pending,
+            mongodb::bson::doc! {},
+        )
+        .await
+        .unwrap()
+        .expect("made");
+    assert_eq!(transfer(&app, past.id).await.last_modified, renewed_at);
+}
