@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test, on a fresh machine too: installs what is missing (cmake,
-# the SecantusDB daemon), then formatting, lints, and every test against a real
-# database server. With MONGODB_URI set, the tests use that server instead (a real
+# the SecantusDB daemon, docker-compose and hadolint), then formatting, lints, every test
+# against a real database server, and the offline checks of the container files. With MONGODB_URI set, the tests use that server instead (a real
 # mongod replica set, say).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,3 +20,5 @@ cargo clippy --all-targets --features failpoints -- -D warnings
 echo "== cargo test"
 cargo test --all-targets --features failpoints
 cargo test --doc
+echo "== containers"
+scripts/check-containers.sh
