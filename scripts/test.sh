@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs every check and test, on a fresh machine too: installs what is missing (cmake,
-# the SecantusDB daemon, docker-compose and hadolint), then formatting, lints, every test
-# against a real database server, and the offline checks of the container files. With MONGODB_URI set, the tests use that server instead (a real
-# mongod replica set, say).
+# Runs every check and test, on a fresh machine too. It installs what is missing (cmake,
+# the SecantusDB daemon, docker-compose, hadolint, Chromium, the pinned Python and npm API
+# tools), then runs formatting, lints, every test against a real database server, the
+# offline checks of the container files, and the checks of the API document against the
+# running service. With MONGODB_URI set, the tests use that server instead (a real mongod
+# replica set, say).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,3 +24,5 @@ cargo test --all-targets --features failpoints
 cargo test --doc
 echo "== containers"
 scripts/check-containers.sh
+echo "== API document, Swagger UI, generated client, schemathesis"
+scripts/check-api.sh

@@ -15,6 +15,7 @@
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
 //!   instance left behind, with the same step functions.
 //! - [`telemetry`]: log set-up.
+//! - [`metrics`]: the Prometheus counters and histograms behind `GET /metrics`.
 
 /// `failpoint!(bank, "step")`: with the `failpoints` feature, aborts the process after
 /// `step` when `CRASH_AT=step`, or pauses it there for a test (see [`failpoints`]);
@@ -31,6 +32,7 @@ pub mod domain;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod http;
+pub mod metrics;
 pub mod service;
 pub mod startup;
 pub mod store;

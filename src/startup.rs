@@ -51,7 +51,8 @@ impl Application {
                 addr: settings.bind_addr,
                 source,
             })?;
-        let bank = Bank::new(store, settings.instance_id.clone(), settings.stale_after);
+        let bank = Bank::new(store, settings.instance_id.clone(), settings.stale_after)
+            .with_strategy(settings.strategy);
         Ok(Application {
             listener,
             bank,
@@ -79,8 +80,18 @@ impl Application {
         let state = AppState {
             bank: self.bank.clone(),
         };
-        let app = http::app(state, REQUEST_TIMEOUT);
-        tracing::info!(addr = %self.local_addr(), instance = %self.settings.instance_id, "listening");
+        let access = http::auth::Access {
+            api_keys: self.settings.api_keys.clone(),
+            cors_allowed_origins: self.settings.cors_allowed_origins.clone(),
+        };
+        let app = http::app(state, REQUEST_TIMEOUT, access);
+        tracing::info!(
+            addr = %self.local_addr(),
+            instance = %self.settings.instance_id,
+            api_keys = self.settings.api_keys.len(),
+            cors_origins = self.settings.cors_allowed_origins.len(),
+            "listening"
+        );
         let sweeper = tokio::spawn(crate::sweeper::run(
             self.bank.clone(),
             self.settings.sweep_interval,

@@ -12,7 +12,7 @@ use super::AppState;
 use super::extract::ApiJson;
 use super::pagination::{Page, PageParams, page};
 use super::problem::{ApiError, Problem, field};
-use super::transfers::TransferResponse;
+use super::transfers::{TransferPage, TransferResponse};
 use crate::domain::{AccountId, AccountName, Currency, OpeningBalance};
 use crate::service::NewAccount;
 use crate::store::AccountDoc;
@@ -25,8 +25,8 @@ pub struct CreateAccountRequest {
     /// 1 to 64 characters from `A-Za-z0-9_.:@-`; generated when absent.
     #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
     pub id: Option<String>,
-    /// A name for people, at most 200 characters.
-    #[schema(max_length = 200)]
+    /// A name for people, at most 200 characters, no control characters.
+    #[schema(max_length = 200, pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$")]
     pub name: Option<String>,
     /// Opening balance in minor units (cents for EUR). Default 0.
     #[schema(minimum = 0, maximum = 9007199254740991_i64)]
@@ -44,15 +44,47 @@ pub struct CreateAccountRequest {
     "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
 }))]
 pub struct AccountResponse {
+    /// 1 to 64 characters from `A-Za-z0-9_.:@-`.
     pub id: String,
+    /// The name given at opening; null when none was.
+    #[schema(required = true)]
     pub name: Option<String>,
-    /// Balance in minor units. Includes transfers applied but not yet finished.
+    /// Balance in minor units, 0 to 9007199254740991. Includes transfers applied but not
+    /// yet finished.
+    #[schema(minimum = 0, maximum = 9007199254740991_i64)]
     pub balance: i64,
+    /// ISO-4217 code.
     pub currency: String,
     /// Ids of transfers applied to this account whose protocol has not finished.
     pub pending_transactions: Vec<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A page of accounts, in id order.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({
+    "items": [{
+        "id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR",
+        "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+    }],
+    "nextCursor": "YWNjb3VudHM6YWxpY2U"
+}))]
+pub struct AccountPage {
+    pub items: Vec<AccountResponse>,
+    /// Pass as `cursor` to get the next page; null on the last page.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
+}
+
+impl From<Page<AccountResponse>> for AccountPage {
+    fn from(page: Page<AccountResponse>) -> Self {
+        AccountPage {
+            items: page.items,
+            next_cursor: page.next_cursor,
+        }
+    }
 }
 
 impl From<AccountDoc> for AccountResponse {
@@ -84,12 +116,13 @@ pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
     request_body = CreateAccountRequest,
     responses(
         (status = 201, description = "The account was opened.", body = AccountResponse,
-            headers(("Location" = String, description = "The URL of the new account."))),
-        (status = 400, description = "The body is not JSON.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "An account with this id exists.", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A field is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+            headers(("Location" = String, description = "The URL of the new account: /accounts/{id}."))),
+        (status = 400, description = "`malformed_json`: the body is not JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`account_exists`: an account with this id exists.", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not sent as application/json.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field`: a field is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_account(
@@ -128,11 +161,11 @@ pub async fn create_account(
 /// Read an account.
 #[utoipa::path(
     get, path = "/accounts/{id}", tag = "accounts",
-    params(("id" = String, Path, description = "The account id.")),
+    params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice")),
     responses(
         (status = 200, description = "The account.", body = AccountResponse),
-        (status = 404, description = "No such account.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`account_not_found`: no such account.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_account(
@@ -148,15 +181,15 @@ pub async fn get_account(
     get, path = "/accounts", tag = "accounts",
     params(PageParams),
     responses(
-        (status = 200, description = "A page of accounts.", body = Page<AccountResponse>),
-        (status = 400, description = "A query parameter is invalid.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "A page of accounts.", body = AccountPage),
+        (status = 400, description = "`invalid_parameter`: a query parameter is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_accounts(
     State(state): State<AppState>,
     query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Page<AccountResponse>>, ApiError> {
+) -> Result<Json<AccountPage>, ApiError> {
     let params = super::query(query)?;
     let request = params.parse("accounts")?;
     let after = request
@@ -172,31 +205,34 @@ pub async fn list_accounts(
         .bank
         .accounts(after.as_ref(), request.limit + 1)
         .await?;
-    Ok(Json(page(
-        fetched,
-        request.limit,
-        "accounts",
-        |a| a.id.clone(),
-        AccountResponse::from,
-    )))
+    Ok(Json(
+        page(
+            fetched,
+            request.limit,
+            "accounts",
+            |a| a.id.clone(),
+            AccountResponse::from,
+        )
+        .into(),
+    ))
 }
 
 /// List the transfers touching an account, newest first.
 #[utoipa::path(
     get, path = "/accounts/{id}/transfers", tag = "accounts",
-    params(("id" = String, Path, description = "The account id."), PageParams),
+    params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice"), PageParams),
     responses(
-        (status = 200, description = "A page of transfers, newest first.", body = Page<TransferResponse>),
-        (status = 400, description = "A query parameter is invalid.", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such account.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
+        (status = 400, description = "`invalid_parameter`: a query parameter is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`account_not_found`: no such account.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_account_transfers(
     State(state): State<AppState>,
     Path(id): Path<String>,
     query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Page<TransferResponse>>, ApiError> {
+) -> Result<Json<TransferPage>, ApiError> {
     let id = path_account(&id)?;
     let params = super::query(query)?;
     let request = params.parse("transfers")?;
@@ -205,11 +241,14 @@ pub async fn list_account_transfers(
         .bank
         .account_transfers(&id, before, request.limit + 1)
         .await?;
-    Ok(Json(page(
-        fetched,
-        request.limit,
-        "transfers",
-        |t| t.id.to_hex(),
-        TransferResponse::from,
-    )))
+    Ok(Json(
+        page(
+            fetched,
+            request.limit,
+            "transfers",
+            |t| t.id.to_hex(),
+            TransferResponse::from,
+        )
+        .into(),
+    ))
 }

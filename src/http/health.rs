@@ -8,9 +8,11 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::problem::{ApiError, Problem};
 
+/// The answer of the health and readiness checks.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"status": "ok"}))]
 pub struct Status {
-    /// `ok`.
+    /// Always `ok`.
     pub status: &'static str,
 }
 
@@ -28,7 +30,7 @@ pub async fn health() -> Json<Status> {
     get, path = "/ready", tag = "operations",
     responses(
         (status = 200, description = "The database answers; the instance can serve.", body = Status),
-        (status = 503, description = "The database does not answer.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: the database does not answer; send no traffic here.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {

@@ -5,19 +5,22 @@
 //! [`Bank`], and turn the answer (or the [`ApiError`]) into a response.
 
 pub mod accounts;
+pub mod auth;
+pub mod docs;
 pub mod extract;
 pub mod health;
+pub mod metrics;
 pub mod pagination;
 pub mod problem;
 pub mod transfers;
 
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::Request;
 use axum::extract::rejection::QueryRejection;
 use axum::http::{HeaderName, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -45,6 +48,7 @@ pub struct AppState {
         description = "Moves money between accounts stored in MongoDB with the two-phase-commit pattern. Amounts are integers in minor units. Errors are RFC 9457 application/problem+json.",
         license(name = "MIT", identifier = "MIT"),
     ),
+    servers((url = "/", description = "The host that serves this document.")),
     tags(
         (name = "accounts", description = "Open and read accounts."),
         (name = "transfers", description = "Move money, read and cancel transfers."),
@@ -72,6 +76,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(transfers::cancel_transfer))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
+        .routes(routes!(metrics::metrics))
 }
 
 /// The OpenAPI document, built without a database: what `/openapi.json` serves and what
@@ -79,22 +84,43 @@ fn api_routes() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = api_routes().split_for_parts();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    utoipa::Modify::modify(&auth::SecurityDoc, &mut doc);
+    docs::complete(&mut doc);
     doc
 }
 
 /// The whole application: routes, OpenAPI, fallbacks and middleware.
-pub fn app(state: AppState, request_timeout: Duration) -> Router {
+///
+/// Every layer is installed with `Router::layer`, which wraps each route and the
+/// fallback, so they all run after routing and see the matched route template. From the
+/// outside in: metrics, request id, trace span, CORS (which answers preflights itself,
+/// without a key), API keys, then the error shaping and limits around the handlers.
+pub fn app(state: AppState, request_timeout: Duration, access: auth::Access) -> Router {
     let (router, _) = api_routes().split_for_parts();
     let doc = openapi();
-    router
+    let router = router
         .with_state(state)
-        .route("/openapi.json", axum::routing::get(move || async move { Json(doc) }))
+        .merge(docs::swagger_ui(doc))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            request_timeout,
+        ))
         .layer(axum::middleware::from_fn(problem_for_bare_errors))
-        .layer(CatchPanicLayer::custom(|_| ApiError::Internal.into_response()))
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::Internal.into_response()
+        }))
+        .layer(axum::middleware::from_fn_with_state(
+            access.api_keys(),
+            auth::require_api_key,
+        ));
+    let router = match access.cors_layer() {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router
         .layer(PropagateRequestIdLayer::new(x_request_id()))
         .layer(
             TraceLayer::new_for_http().make_span_with(|request: &Request| {
@@ -107,6 +133,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
             }),
         )
         .layer(SetRequestIdLayer::new(x_request_id(), MakeRequestUuid))
+        .layer(axum::middleware::from_fn(metrics::record))
 }
 
 async fn not_found(uri: Uri) -> ApiError {

@@ -4,7 +4,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 
 use super::problem::ApiError;
 
@@ -18,7 +18,7 @@ pub struct PageParams {
     /// How many items to return, 1 to 100. Default 20.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 100, example = 20)]
     pub limit: Option<String>,
-    /// The `nextCursor` of the previous page.
+    /// The `nextCursor` of the previous page of the same listing; opaque.
     pub cursor: Option<String>,
 }
 
@@ -28,12 +28,14 @@ pub struct PageRequest {
     pub after: Option<String>,
 }
 
-/// What every listing answers.
-#[derive(Debug, Serialize, ToSchema)]
+/// What every listing answers. Each listing documents (and serializes) it as its own
+/// concrete type, `AccountPage` or `TransferPage`, so that the OpenAPI document refers to
+/// the item schema instead of repeating it inline.
+#[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Page<T> {
     pub items: Vec<T>,
-    /// Pass as `cursor` to get the next page; absent on the last page.
+    /// Pass as `cursor` to get the next page; null on the last page.
     pub next_cursor: Option<String>,
 }
 

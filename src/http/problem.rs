@@ -30,6 +30,7 @@ pub struct Problem {
     /// A short summary of the kind of problem, the same for every occurrence.
     pub title: String,
     /// The HTTP status code.
+    #[schema(minimum = 400, maximum = 599)]
     pub status: u16,
     /// What went wrong this time, for a person to read.
     pub detail: String,
@@ -233,6 +234,13 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self == ApiError::Unauthorized {
+            // RFC 9110: a 401 names the scheme to authenticate with.
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"transfer-service\""),
+            );
+        }
         response
     }
 }

@@ -44,8 +44,12 @@ pub struct CreateTransferRequest {
     /// Minor units, 1 to 9007199254740991.
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: i64,
-    /// Your own label, 1 to 140 characters.
-    #[schema(min_length = 1, max_length = 140)]
+    /// Your own label, 1 to 140 characters, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 140,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$"
+    )]
     pub reference: Option<String>,
 }
 
@@ -82,27 +86,62 @@ pub enum CancelReasonSchema {
 pub struct TransferResponse {
     /// 24 hexadecimal digits.
     pub id: String,
+    /// The account debited.
     pub source: String,
+    /// The account credited.
     pub destination: String,
-    /// Minor units.
+    /// Minor units, 1 to 9007199254740991.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: i64,
+    /// ISO-4217 code, the currency of both accounts.
     pub currency: String,
     #[schema(value_type = TransferStateSchema)]
     pub state: TransferState,
     /// Why it was canceled; only on `canceled` transfers.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<CancelReasonSchema>)]
+    #[schema(value_type = Option<CancelReasonSchema>, nullable = false)]
     pub reason: Option<CancelReason>,
+    /// The client's label, when it gave one.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub reference: Option<String>,
     pub created_at: DateTime<Utc>,
     pub last_modified: DateTime<Utc>,
     /// On a compensating transfer: the transfer it reverses.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub reverses: Option<String>,
     /// On a reversed transfer: its compensating transfer.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub reversed_by: Option<String>,
+}
+
+/// A page of transfers, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({
+    "items": [{
+        "id": "65a1b2c3d4e5f60718293a4b", "source": "alice", "destination": "bob", "amount": 2500,
+        "currency": "EUR", "state": "done", "reference": "invoice 42",
+        "createdAt": "2026-11-22T10:00:00Z", "lastModified": "2026-11-22T10:00:00.012Z"
+    }],
+    "nextCursor": null
+}))]
+pub struct TransferPage {
+    pub items: Vec<TransferResponse>,
+    /// Pass as `cursor` to get the next page; null on the last page.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
+}
+
+impl From<Page<TransferResponse>> for TransferPage {
+    fn from(page: Page<TransferResponse>) -> Self {
+        TransferPage {
+            items: page.items,
+            next_cursor: page.next_cursor,
+        }
+    }
 }
 
 impl From<TransferDoc> for TransferResponse {
@@ -132,6 +171,7 @@ pub struct TransferQuery {
     #[param(value_type = Option<TransferStateSchema>)]
     pub state: Option<String>,
     /// Only transfers from or to this account.
+    #[param(pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice")]
     pub account: Option<String>,
 }
 
@@ -230,21 +270,29 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
     post, path = "/transfers", tag = "transfers",
     request_body = CreateTransferRequest,
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money."),
-        ("Prefer" = Option<String>, Header, description = "`respond-async` to answer 202 at once while the transfer runs in the background."),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", example = "order-42",
+            description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money; the same key with another body is 422 `idempotency_key_reused`."),
+        ("Prefer" = Option<String>, Header, nullable = false, example = "respond-async",
+            description = "RFC 7240 preferences; `respond-async` answers 202 at once while the transfer runs in the background. Others are ignored."),
     ),
     responses(
         (status = 201, description = "The transfer is done.", body = TransferResponse, headers(
-            ("Location" = String, description = "The URL of the transfer."),
-            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry."))),
-        (status = 202, description = "The transfer is recorded and still running; poll its Location.", body = TransferResponse, headers(
-            ("Location" = String, description = "The URL of the transfer."),
-            ("Preference-Applied" = Option<String>, description = "`respond-async` when the preference was honoured."))),
-        (status = 400, description = "The body is not JSON.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The transfer was canceled by request before it completed (on a replay).", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not application/json.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Refused: `invalid_field`, `invalid_header`, `unknown_account`, `same_account`, `currency_mismatch`, `idempotency_key_reused`, or recorded and canceled: `insufficient_funds`, `balance_overflow` (with `transferId`).", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable. Retry with the same Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
+            ("Location" = String, description = "The URL of the transfer: /transfers/{id}."),
+            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."))),
+        (status = 202, description = "The transfer is recorded and still running (`Prefer: respond-async`, or a retry whose original has not finished); poll its Location.", body = TransferResponse, headers(
+            ("Location" = String, description = "The URL of the transfer: /transfers/{id}."),
+            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."),
+            ("Preference-Applied" = Option<String>, description = "`respond-async` when that preference was honoured."))),
+        (status = 400, description = "`malformed_json`: the body is not JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`transfer_canceled`: a retry with the same Idempotency-Key, of a transfer that was canceled by request before it completed; `transferId` names it.", body = Problem, content_type = "application/problem+json", headers(
+            ("Location" = String, description = "The URL of the transfer: /transfers/{id}."),
+            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."))),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the body is not sent as application/json.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Refused, nothing recorded: `invalid_field` (`field` names it), `invalid_header`, `unknown_account`, `same_account`, `currency_mismatch`, `idempotency_key_reused`. Or recorded and canceled, with `transferId` and a Location: `insufficient_funds`, `balance_overflow`, or `unknown_account` when an account vanished meanwhile.", body = Problem, content_type = "application/problem+json", headers(
+            ("Location" = Option<String>, description = "The URL of the transfer, when one was recorded: /transfers/{id}."),
+            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."))),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_transfer(
@@ -283,11 +331,11 @@ pub async fn create_transfer(
 /// Read a transfer.
 #[utoipa::path(
     get, path = "/transfers/{id}", tag = "transfers",
-    params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.")),
+    params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
     responses(
         (status = 200, description = "The transfer.", body = TransferResponse),
-        (status = 404, description = "No such transfer.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_transfer(
@@ -303,16 +351,16 @@ pub async fn get_transfer(
     get, path = "/transfers", tag = "transfers",
     params(TransferQuery, PageParams),
     responses(
-        (status = 200, description = "A page of transfers, newest first.", body = Page<TransferResponse>),
-        (status = 400, description = "A query parameter is invalid.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable.", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
+        (status = 400, description = "`invalid_parameter`: a query parameter is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_transfers(
     State(state): State<AppState>,
     filters: Result<Query<TransferQuery>, axum::extract::rejection::QueryRejection>,
     paging: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Page<TransferResponse>>, ApiError> {
+) -> Result<Json<TransferPage>, ApiError> {
     let filters = super::query(filters)?;
     let request = super::query(paging)?.parse("transfers")?;
     let state_filter = filters
@@ -342,13 +390,16 @@ pub async fn list_transfers(
         before: cursor_id(request.after.as_deref())?,
     };
     let fetched = state.bank.transfers(&filter, request.limit + 1).await?;
-    Ok(Json(page(
-        fetched,
-        request.limit,
-        "transfers",
-        |t| t.id.to_hex(),
-        TransferResponse::from,
-    )))
+    Ok(Json(
+        page(
+            fetched,
+            request.limit,
+            "transfers",
+            |t| t.id.to_hex(),
+            TransferResponse::from,
+        )
+        .into(),
+    ))
 }
 
 /// Cancel a transfer.
@@ -360,12 +411,12 @@ pub async fn list_transfers(
 /// second reversal.
 #[utoipa::path(
     post, path = "/transfers/{id}/cancel", tag = "transfers",
-    params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.")),
+    params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
     responses(
         (status = 200, description = "The transfer, now `canceled`, or `done` with `reversedBy`.", body = TransferResponse),
-        (status = 404, description = "No such transfer.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`insufficient_funds`: the destination cannot fund the reversal; nothing was changed.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database is unavailable. Cancelling again is safe.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The reversal was refused and nothing changed: `insufficient_funds` (the destination cannot fund it) or `balance_overflow` (it would take the source past the largest balance; `transferId` names the compensating transfer).", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: cancelling again is safe.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn cancel_transfer(

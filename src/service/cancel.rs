@@ -38,7 +38,11 @@ impl Bank {
                         .transition(transfer.id, TransferState::Initial, to, set)
                         .await?
                     {
-                        tracing::info!(transfer_id = %transfer.id, "canceled before it started");
+                        tracing::info!(transfer_id = %transfer.id, from = %TransferState::Initial, to = %to, reason = %CancelReason::CanceledByRequest, "transfer state changed");
+                        crate::metrics::transfer_finished(
+                            to,
+                            Some(CancelReason::CanceledByRequest),
+                        );
                     }
                     self.reload(&transfer).await?
                 }
@@ -83,9 +87,12 @@ impl Bank {
                 .transition(TransferEvent::MarkApplied)
                 .expect("pending can be applied");
             let set = doc! { "application": self.instance_id() };
-            store
+            if store
                 .transition(transfer.id, TransferState::Pending, to, set)
-                .await?;
+                .await?
+            {
+                tracing::info!(transfer_id = %transfer.id, from = %TransferState::Pending, to = %to, "transfer state changed");
+            }
             return Ok(self.reload(&transfer).await?);
         }
         store.fence(&transfer.source, transfer.id).await?;
@@ -103,7 +110,7 @@ impl Bank {
             .transition(transfer.id, TransferState::Pending, to, set)
             .await?
         {
-            tracing::info!(transfer_id = %transfer.id, "canceled by request; rolling back");
+            tracing::info!(transfer_id = %transfer.id, from = %TransferState::Pending, to = %to, reason = %CancelReason::CanceledByRequest, "transfer state changed");
         }
         let transfer = self.reload(&transfer).await?;
         Ok(self.run(transfer).await?)

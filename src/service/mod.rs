@@ -19,9 +19,11 @@ use mongodb::bson::oid::ObjectId;
 use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
+use crate::domain::TransferState;
 use crate::domain::{
     AccountId, AccountName, Amount, Currency, IdempotencyKey, OpeningBalance, Reference, TransferId,
 };
+use crate::store::native::AtomicOutcome;
 use crate::store::transfers::TransferFilter;
 use crate::store::{AccountDoc, Store, StoreError, TransferDoc};
 
@@ -64,6 +66,29 @@ impl NewTransfer {
             hash.update(r.as_str());
         }
         hex::encode(hash.finalize())
+    }
+}
+
+/// How a transfer is carried out (`TRANSFER_STRATEGY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// The tutorial's two-phase commit: guarded single-document writes, recoverable at
+    /// every step.
+    #[default]
+    TwoPhase,
+    /// One MongoDB multi-document transaction per transfer (`store::native`), for
+    /// comparison. It writes the same documents; `Prefer: respond-async` is ignored (the
+    /// transaction is the whole transfer), and cancels reverse with two-phase transfers.
+    Native,
+}
+
+impl Strategy {
+    pub fn parse(s: &str) -> Option<Strategy> {
+        match s {
+            "two-phase" => Some(Strategy::TwoPhase),
+            "native" => Some(Strategy::Native),
+            _ => None,
+        }
     }
 }
 
@@ -139,6 +164,8 @@ pub struct Bank {
     /// The lease an instance holds on a transfer it works on, renewed by every state
     /// change; once it lapses (STALE_AFTER_MS) another instance may take over.
     stale_after: Duration,
+    /// Two-phase commit or native transactions for new transfers.
+    strategy: Strategy,
 }
 
 impl Bank {
@@ -149,7 +176,12 @@ impl Bank {
             background: TaskTracker::new(),
             driving: Arc::default(),
             stale_after,
+            strategy: Strategy::TwoPhase,
         }
+    }
+
+    pub fn with_strategy(self, strategy: Strategy) -> Bank {
+        Bank { strategy, ..self }
     }
 
     pub fn stale_after(&self) -> Duration {
@@ -288,34 +320,34 @@ impl Bank {
                 &currency,
             )
         };
+        if self.strategy == Strategy::Native {
+            return self.transfer_natively(transfer, &fingerprint).await;
+        }
         match self.store.insert_transfer(&transfer).await {
             Ok(()) => {}
             Err(StoreError::DuplicateKey(_)) if key.is_some() => {
-                let key = key.as_ref().map(IdempotencyKey::as_str).unwrap_or_default();
-                let existing = self
-                    .store
-                    .transfer_by_idempotency_key(key)
-                    .await?
-                    .ok_or_else(|| {
-                        StoreError::Other("idempotency key taken but no transfer carries it".into())
-                    })?;
-                return self.replay(existing, &fingerprint).await;
+                return self.replay_by_key(&transfer, &fingerprint).await;
             }
             Err(e) => return Err(e.into()),
         }
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.value, "transfer recorded");
         failpoint!(self, "after_insert");
         let transfer = match completion {
-            Completion::Wait => self.run(transfer).await?,
+            Completion::Wait => self.run_recorded(transfer).await?,
             Completion::Background => {
                 let bank = self.clone();
                 let recorded = transfer.clone();
-                self.background.spawn(async move {
+                // In the request's span, so its log lines carry the request id too.
+                let work = async move {
                     let id = recorded.id;
-                    if let Err(e) = bank.run(recorded).await {
+                    if let Err(e) = bank.run_recorded(recorded).await {
                         tracing::warn!(transfer_id = %id, error = %e, "background transfer interrupted; the sweeper will finish it");
                     }
-                });
+                };
+                self.background.spawn(tracing::Instrument::instrument(
+                    work,
+                    tracing::Span::current(),
+                ));
                 transfer
             }
         };
@@ -323,6 +355,68 @@ impl Bank {
             transfer,
             replayed: false,
         })
+    }
+
+    /// The native strategy: one transaction records the transfer `done` and moves the
+    /// money; if an account refuses, the transfer is recorded `canceled` with the reason
+    /// instead, so that the answer and the log are those of the two-phase path.
+    async fn transfer_natively(
+        &self,
+        transfer: TransferDoc,
+        fingerprint: &str,
+    ) -> ServiceResult<TransferOutcome> {
+        let outcome = match self
+            .store
+            .transfer_atomically(&transfer, self.instance_id())
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(StoreError::DuplicateKey(_)) if transfer.idempotency_key.is_some() => {
+                return self.replay_by_key(&transfer, fingerprint).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let transfer = match outcome {
+            AtomicOutcome::Done(done) => *done,
+            AtomicOutcome::Refused(reason) => {
+                let canceled = TransferDoc {
+                    state: TransferState::Canceled,
+                    reason: Some(reason),
+                    application: Some(self.instance_id().to_owned()),
+                    ..transfer
+                };
+                match self.store.insert_transfer(&canceled).await {
+                    Ok(()) => canceled,
+                    Err(StoreError::DuplicateKey(_)) if canceled.idempotency_key.is_some() => {
+                        return self.replay_by_key(&canceled, fingerprint).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        tracing::info!(transfer_id = %transfer.id, to = %transfer.state, reason = ?transfer.reason, "transfer made in one transaction");
+        crate::metrics::transfer_finished(transfer.state, transfer.reason);
+        Ok(TransferOutcome {
+            transfer,
+            replayed: false,
+        })
+    }
+
+    /// Answers with the transfer that took `transfer`'s idempotency key first.
+    async fn replay_by_key(
+        &self,
+        transfer: &TransferDoc,
+        fingerprint: &str,
+    ) -> ServiceResult<TransferOutcome> {
+        let key = transfer.idempotency_key.as_deref().unwrap_or_default();
+        let existing = self
+            .store
+            .transfer_by_idempotency_key(key)
+            .await?
+            .ok_or_else(|| {
+                StoreError::Other("idempotency key taken but no transfer carries it".into())
+            })?;
+        self.replay(existing, fingerprint).await
     }
 
     /// Checks what the stored accounts must agree to; returns the transfer's currency.

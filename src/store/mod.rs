@@ -14,12 +14,15 @@
 pub mod accounts;
 pub mod documents;
 pub mod migrations;
+pub mod native;
 pub mod transfers;
 
 use std::time::Duration;
 
 use mongodb::bson::{Document, doc};
 use mongodb::error::{ErrorKind, WriteFailure};
+use mongodb::event::EventHandler;
+use mongodb::event::command::CommandEvent;
 use mongodb::options::{Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database};
 
@@ -124,6 +127,7 @@ impl Store {
             .connect_timeout
             .get_or_insert(Duration::from_secs(3));
         options.max_pool_size.get_or_insert(MAX_POOL_SIZE);
+        options.command_event_handler = Some(command_timer());
         let client = Client::with_options(options).map_err(StoreError::from)?;
         Ok(Store::new(
             client.database_with_options(
@@ -170,6 +174,18 @@ impl Store {
     pub async fn migrate(&self) -> StoreResult<Vec<String>> {
         migrations::apply_all(&self.db).await
     }
+}
+
+/// Feeds `db_operation_duration_seconds` with the driver's own timing of each command.
+/// The driver calls it inline; it only bumps a histogram.
+fn command_timer() -> EventHandler<CommandEvent> {
+    EventHandler::callback(|event| match event {
+        CommandEvent::Succeeded(e) => {
+            crate::metrics::db_operation(&e.command_name, true, e.duration)
+        }
+        CommandEvent::Failed(e) => crate::metrics::db_operation(&e.command_name, false, e.duration),
+        _ => {}
+    })
 }
 
 /// Every write is acknowledged only once a majority has it in its journal.

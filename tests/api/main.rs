@@ -6,8 +6,12 @@ mod support;
 mod accounts;
 mod cancel;
 mod concurrency;
+mod docs;
 mod errors;
 mod idempotency;
+mod native;
+mod observability;
+mod security;
 mod transfers;
 
 use serde_json::Value;

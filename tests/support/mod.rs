@@ -158,8 +158,11 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         instance_id: format!("test-{}", mongodb::bson::oid::ObjectId::new().to_hex()),
         sweep_interval: Duration::from_millis(100),
         stale_after: Duration::from_millis(1000),
+        strategy: transfer_service::service::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),
+        api_keys: Vec::new(),
+        cors_allowed_origins: Vec::new(),
     }
 }
 

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Checks the HTTP API as its clients meet it, against a running instance:
+#
+#   1. builds the service and starts it on a free port with a fresh database, on a
+#      SecantusDB daemon of its own (or on MONGODB_URI when set);
+#   2. lints openapi/openapi.json with Redocly (rules: redocly.yaml);
+#   3. loads Swagger UI (/docs) in headless Chromium and checks it lists every operation;
+#   4. generates a Python client from openapi/openapi.json and runs
+#      scripts/client_smoke.py with it against the service;
+#   5. fuzzes the service from its own /openapi.json with Schemathesis: no 5xx, and every
+#      status, content type, header and body as documented.
+#
+# On a fresh Debian machine it installs what it needs: apt packages (chromium, curl,
+# python3-venv, nodejs and npm when missing) and pinned npm and PyPI packages under
+# ~/.cache/transfer-service, so that later runs are fast. Everything it starts is stopped
+# on exit. CI runs it after scripts/test.sh.
+#
+#   MONGODB_URI                 use this server instead of a local SecantusDB daemon
+#   CHECK_API_MAX_EXAMPLES      Schemathesis test cases per operation (default 100)
+#   CARGO_TARGET_DIR            respected, like cargo does
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+redocly_version="1.34.20"
+python_requirements="scripts/check-api-requirements.txt"
+max_examples="${CHECK_API_MAX_EXAMPLES:-100}"
+
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/transfer-service"
+work=$(mktemp -d "${TMPDIR:-/tmp}/check-api.XXXXXX")
+daemon_pid=""
+service_pid=""
+
+stop() {
+  local pid=$1
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  stop "$service_pid"
+  stop "$daemon_pid"
+  if [[ $status -ne 0 && -s "$work/service.log" ]]; then
+    echo "-- last lines of the service's log:" >&2
+    tail -n 40 "$work/service.log" >&2
+  fi
+  rm -rf "$work"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+fail() {
+  echo "check-api: $*" >&2
+  exit 1
+}
+
+apt_updated=""
+apt_install() {
+  local sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  echo "installing $* (apt-get)" >&2
+  if [[ -z "$apt_updated" ]]; then
+    $sudo apt-get update -qq >&2
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >&2
+}
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+echo "== tools"
+missing=()
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# venv needs ensurepip, which Debian ships separately.
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
+if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
+
+# Redocly CLI, pinned; 1.34 runs on Debian's Node 18 as well as on newer ones.
+redocly="$cache/npm/node_modules/.bin/redocly"
+if [[ ! -x "$redocly" ]] || [[ "$("$redocly" --version 2>/dev/null)" != "$redocly_version" ]]; then
+  echo "installing @redocly/cli@$redocly_version (npm)" >&2
+  npm install --prefix "$cache/npm" --no-audit --no-fund --loglevel=error \
+    "@redocly/cli@$redocly_version" >&2
+fi
+export REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true
+
+# openapi-python-client and Schemathesis, every package pinned, in a venv of their own,
+# rebuilt whenever the pins change.
+venv="$cache/venv-api"
+pins=$(sha256sum "$python_requirements" | cut -d ' ' -f 1)
+if [[ ! -x "$venv/bin/python" ]] || [[ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]]; then
+  echo "installing $python_requirements (pip)" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$python_requirements" >&2
+  echo "$pins" >"$venv/.pins"
+fi
+echo "redocly $("$redocly" --version), $("$venv/bin/openapi-python-client" --version), $("$venv/bin/schemathesis" --version), $(chromium --version 2>/dev/null)"
+
+echo "== build"
+cargo build --bin transfer-service
+target_dir=$(cargo metadata --format-version 1 --no-deps \
+  | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+binary="$target_dir/debug/transfer-service"
+[[ -x "$binary" ]] || fail "no binary at $binary"
+
+echo "== start"
+if [[ -z "${MONGODB_URI:-}" ]]; then
+  secantusd=$(scripts/install-secantus.sh | tail -n 1)
+  mkdir "$work/db"
+  "$secantusd" --host 127.0.0.1 --port 0 --storage-path "$work/db" --sync-on-commit \
+    --log-level WARNING >"$work/db.out" 2>"$work/db.err" &
+  daemon_pid=$!
+  # Its first line is `... listening on 127.0.0.1:<port>`.
+  db_port=""
+  for _ in $(seq 1 300); do
+    db_port=$(head -n 1 "$work/db.out" | sed -n 's/.*:\([0-9][0-9]*\)$/\1/p')
+    [[ -n "$db_port" ]] && break
+    kill -0 "$daemon_pid" 2>/dev/null || fail "secantusd-rs stopped: $(cat "$work/db.err")"
+    sleep 0.1
+  done
+  [[ -n "$db_port" ]] || fail "secantusd-rs did not say where it listens"
+  export MONGODB_URI="mongodb://127.0.0.1:$db_port/?directConnection=true"
+  echo "SecantusDB on 127.0.0.1:$db_port"
+fi
+port=$(free_port)
+base="http://127.0.0.1:$port"
+database="check_api_$(date +%s)_$$"
+# No API keys and no CORS: the checks exercise the API itself.
+env -u API_KEYS -u CORS_ALLOWED_ORIGINS \
+  MONGODB_DATABASE="$database" BIND_ADDR="127.0.0.1:$port" INSTANCE_ID="check-api-$$" \
+  LOG_FORMAT=json RUST_LOG=warn \
+  "$binary" >"$work/service.log" 2>&1 &
+service_pid=$!
+ready=""
+for _ in $(seq 1 600); do
+  if curl -fsS -o /dev/null "$base/ready" 2>/dev/null; then
+    ready=1
+    break
+  fi
+  kill -0 "$service_pid" 2>/dev/null || fail "the service stopped"
+  sleep 0.1
+done
+[[ -n "$ready" ]] || fail "the service was not ready within 60 s"
+echo "service on $base, database $database"
+# The committed document is the one the service serves (tests/openapi.rs keeps the file
+# in step with the code; this checks the binary under test).
+curl -fsS "$base/openapi.json" >"$work/served.json"
+python3 - "$work/served.json" openapi/openapi.json <<'EOF'
+import json, sys
+served, committed = (json.load(open(path)) for path in sys.argv[1:])
+if served != committed:
+    sys.exit("the served /openapi.json differs from openapi/openapi.json")
+EOF
+
+echo "== lint (redocly $redocly_version)"
+"$redocly" lint --config redocly.yaml --format stylish openapi/openapi.json
+
+echo "== docs (headless chromium)"
+timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+  --disable-background-networking --disable-component-update --disable-sync \
+  --user-data-dir="$work/chromium" --virtual-time-budget=10000 \
+  --dump-dom "$base/docs/" >"$work/docs.html" 2>"$work/chromium.log" \
+  || fail "chromium failed: $(tail -n 20 "$work/chromium.log")"
+# Swagger UI renders each operation as an element with id `operations-<tag>-<operationId>`
+# and its path in `data-path`; every operation of the document must be there.
+python3 - openapi/openapi.json "$work/docs.html" <<'EOF'
+import html, json, sys
+document = json.load(open(sys.argv[1]))
+dom = open(sys.argv[2], encoding="utf-8").read()
+missing = []
+count = 0
+for path, item in document["paths"].items():
+    for method, operation in item.items():
+        if method not in {"get", "put", "post", "delete", "patch", "head", "options", "trace"}:
+            continue
+        count += 1
+        element = f'id="operations-{operation["tags"][0]}-{operation["operationId"]}"'
+        shown = f'data-path="{html.escape(path)}"'
+        summary = html.escape(operation.get("summary", ""), quote=False)
+        if element not in dom or shown not in dom or summary not in dom:
+            missing.append(f"{method.upper()} {path} ({operation.get('summary')})")
+if "/transfers/{id}/cancel" not in dom:
+    missing.append("the path /transfers/{id}/cancel")
+if missing:
+    sys.exit("Swagger UI at /docs does not show: " + "; ".join(missing))
+print(f"Swagger UI shows all {count} operations")
+EOF
+
+echo "== python client (openapi-python-client)"
+PATH="$venv/bin:$PATH" openapi-python-client generate --path openapi/openapi.json \
+  --output-path "$work/client" --meta setup --fail-on-warning
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$work/client"
+"$venv/bin/python" scripts/client_smoke.py "$base"
+
+echo "== schemathesis (at most $max_examples cases per operation and phase)"
+# Run from the temporary folder: Schemathesis keeps no files in the repository. One
+# worker: with more, Hypothesis (6.170 on Python 3.11) sometimes fails in its own threads
+# ("AST constructor recursion depth mismatch"), and the run is short anyway.
+(
+  cd "$work"
+  "$venv/bin/schemathesis" run "$base/openapi.json" \
+    --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
+    --max-examples "$max_examples" \
+    --workers 1 \
+    --request-timeout 35 \
+    --generation-database none \
+    --no-color
+)
+echo "== check-api passed"

@@ -1,0 +1,313 @@
+//! Access control: optional API keys (and how the OpenAPI document describes them), and
+//! the CORS policy for browsers.
+//!
+//! With `API_KEYS` set, every request needs `Authorization: Bearer <key>` except the
+//! public operational routes ([`is_public`]): `/health`, `/ready`, `/metrics`,
+//! `/openapi.json` and the documentation under `/docs`. A missing or unknown key is 401
+//! `unauthorized` with `WWW-Authenticate: Bearer`; a read-only key on anything but a safe
+//! method (GET, HEAD, OPTIONS, TRACE) is 403 `forbidden`. Without `API_KEYS` the layer
+//! lets everything through and the header is ignored.
+//!
+//! The layer runs after routing, so it decides on the matched route template, never on
+//! the raw path: a path that only looks public (`/docs/../transfers`) matches no public
+//! route. A path that matches no route at all is 401 without a valid key and 404 with
+//! one, so that callers without a key learn nothing about which routes exist.
+//!
+//! With `CORS_ALLOWED_ORIGINS` set, a request from one of those exact origins gets
+//! `Access-Control-Allow-Origin` and the exposed headers, and a preflight is answered by
+//! the CORS layer, outside the key check (browsers send no credentials on a preflight).
+//! Other origins get no `Access-Control-Allow-Origin`, so browsers refuse them (tower-http
+//! still sends `Vary` and the exposed names, which grant nothing). Unset: no CORS layer.
+//!
+//! Invariants: a key is compared in constant time, as SHA-256 digests of equal length,
+//! against every configured key without stopping at a match; no key, nor any part of
+//! the `Authorization` header, is ever logged or put in a response.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION};
+use axum::http::{HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::{Choice, ConstantTimeEq};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{
+    Content, ContentBuilder, HeaderBuilder, Ref, RefOr, Response as ApiResponse, ResponseBuilder,
+};
+
+use super::problem::ApiError;
+use crate::config::{ApiKey, Role};
+
+/// The name of the security scheme in the OpenAPI document.
+pub const SCHEME: &str = "bearerAuth";
+
+/// How long a browser may cache a preflight answer.
+const PREFLIGHT_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// Who may call the API, from the settings.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// `API_KEYS`; empty: no key is needed.
+    pub api_keys: Vec<ApiKey>,
+    /// `CORS_ALLOWED_ORIGINS`, validated and lowercase; empty: no CORS headers.
+    pub cors_allowed_origins: Vec<String>,
+}
+
+impl Access {
+    /// The state of [`require_api_key`].
+    pub fn api_keys(&self) -> Arc<[ApiKey]> {
+        self.api_keys.as_slice().into()
+    }
+
+    /// The CORS layer, when origins are configured.
+    pub fn cors_layer(&self) -> Option<CorsLayer> {
+        let origins: Vec<HeaderValue> = self
+            .cors_allowed_origins
+            .iter()
+            .filter_map(|origin| HeaderValue::from_str(origin).ok())
+            .collect();
+        if origins.is_empty() {
+            return None;
+        }
+        let name = HeaderName::from_static;
+        Some(
+            CorsLayer::new()
+                .allow_origin(AllowOrigin::list(origins))
+                .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+                .allow_headers([
+                    CONTENT_TYPE,
+                    AUTHORIZATION,
+                    name("idempotency-key"),
+                    name("prefer"),
+                    name("x-request-id"),
+                ])
+                .expose_headers([
+                    LOCATION,
+                    name("idempotent-replayed"),
+                    name("preference-applied"),
+                    name("x-request-id"),
+                ])
+                .max_age(PREFLIGHT_MAX_AGE),
+        )
+    }
+}
+
+/// Routes open without a key: what orchestrators, scrapers and people reading the
+/// documentation need. `route` is a matched route template.
+pub fn is_public(route: &str) -> bool {
+    matches!(route, "/health" | "/ready" | "/metrics" | "/openapi.json")
+        || route == "/docs"
+        || route.starts_with("/docs/")
+}
+
+/// The role of the key presented, if it is one of `keys`. Compares the SHA-256 of the
+/// presented key with every configured digest in constant time and visits all of them,
+/// so the time taken says nothing about which key, or how much of one, matched.
+pub fn authenticate(keys: &[ApiKey], presented: &str) -> Option<Role> {
+    let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+    let mut matched = Choice::from(0);
+    let mut writer = Choice::from(0);
+    for key in keys {
+        let same = key.sha256.ct_eq(&digest);
+        matched |= same;
+        writer |= same & Choice::from(u8::from(key.role == Role::ReadWrite));
+    }
+    match (bool::from(matched), bool::from(writer)) {
+        (false, _) => None,
+        (true, true) => Some(Role::ReadWrite),
+        (true, false) => Some(Role::ReadOnly),
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`; the scheme is case-insensitive.
+fn bearer_token(request: &Request) -> Option<&str> {
+    let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The middleware; with no keys configured it lets everything through.
+pub async fn require_api_key(
+    State(keys): State<Arc<[ApiKey]>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if keys.is_empty() {
+        return next.run(request).await;
+    }
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    if route.as_deref().is_some_and(is_public) {
+        return next.run(request).await;
+    }
+    let Some(token) = bearer_token(&request) else {
+        tracing::debug!("refused: no API key");
+        return ApiError::Unauthorized.into_response();
+    };
+    let Some(role) = authenticate(&keys, token) else {
+        tracing::info!("refused: unknown API key");
+        return ApiError::Unauthorized.into_response();
+    };
+    // An unmatched path goes on to its 404 whatever the role.
+    if role == Role::ReadOnly && route.is_some() && !request.method().is_safe() {
+        tracing::info!(method = %request.method(), "refused: read-only API key on a write");
+        return ApiError::Forbidden.into_response();
+    }
+    next.run(request).await
+}
+
+/// Describes the keys in the OpenAPI document: the `bearerAuth` scheme; on every
+/// operation that is not public a security requirement that makes the key optional
+/// (`[{"bearerAuth": []}, {}]`, since a server may run without keys), a 401 response,
+/// and a 403 on writes; on the public ones an explicit `security: []`, which says "no
+/// key" rather than leaving it unsaid. Runs on the assembled document, once every route is in it, and
+/// before `docs::complete`, which decorates these responses like every other one.
+pub struct SecurityDoc;
+
+impl utoipa::Modify for SecurityDoc {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let mut bearer = Http::new(HttpAuthScheme::Bearer);
+        bearer.description = Some(
+            "An API key, when the server is configured with `API_KEYS`: `rw` keys may \
+             read and write, `ro` keys only read. Without `API_KEYS` no key is needed."
+                .to_owned(),
+        );
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(SCHEME, SecurityScheme::Http(bearer));
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let public = is_public(path);
+            let operations = [
+                (&mut item.get, false),
+                (&mut item.head, false),
+                (&mut item.options, false),
+                (&mut item.trace, false),
+                (&mut item.post, true),
+                (&mut item.put, true),
+                (&mut item.patch, true),
+                (&mut item.delete, true),
+            ];
+            for (operation, writes) in operations {
+                let Some(operation) = operation.as_mut() else {
+                    continue;
+                };
+                if public {
+                    operation.security = Some(Vec::new());
+                    continue;
+                }
+                operation.security = Some(vec![
+                    SecurityRequirement::new(SCHEME, Vec::<String>::new()),
+                    SecurityRequirement::default(),
+                ]);
+                let responses = &mut operation.responses.responses;
+                responses.insert("401".to_owned(), RefOr::T(unauthorized_response()));
+                if writes {
+                    responses.insert("403".to_owned(), RefOr::T(forbidden_response()));
+                }
+            }
+        }
+    }
+}
+
+fn problem_content() -> Content {
+    ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("Problem")))
+        .build()
+}
+
+fn unauthorized_response() -> ApiResponse {
+    ResponseBuilder::new()
+        .description(
+            "`unauthorized`: no API key, or not a valid one (only when the server is \
+             configured with API keys).",
+        )
+        .header(
+            "WWW-Authenticate",
+            HeaderBuilder::new()
+                .description(Some("The scheme to authenticate with: `Bearer`."))
+                .build(),
+        )
+        .content("application/problem+json", problem_content())
+        .build()
+}
+
+fn forbidden_response() -> ApiResponse {
+    ResponseBuilder::new()
+        .description("`forbidden`: a read-only API key on a write.")
+        .content("application/problem+json", problem_content())
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RW: &str = "rw-key-0123456789abcdef";
+    const RO: &str = "ro-key-0123456789abcdef";
+
+    fn keys() -> Vec<ApiKey> {
+        vec![
+            ApiKey::new(Role::ReadOnly, RO),
+            ApiKey::new(Role::ReadWrite, RW),
+        ]
+    }
+
+    #[test]
+    fn a_configured_key_authenticates_with_its_role() {
+        assert_eq!(authenticate(&keys(), RW), Some(Role::ReadWrite));
+        assert_eq!(authenticate(&keys(), RO), Some(Role::ReadOnly));
+    }
+
+    #[test]
+    fn anything_else_does_not_authenticate() {
+        for presented in [
+            "",
+            "rw-key-0123456789abcde",
+            "rw-key-0123456789abcdefX",
+            "RW-KEY-0123456789ABCDEF",
+        ] {
+            assert_eq!(authenticate(&keys(), presented), None, "{presented}");
+        }
+        assert_eq!(authenticate(&[], RW), None);
+    }
+
+    #[test]
+    fn only_operational_routes_and_docs_are_public() {
+        for route in [
+            "/health",
+            "/ready",
+            "/metrics",
+            "/openapi.json",
+            "/docs",
+            "/docs/",
+            "/docs/{*rest}",
+        ] {
+            assert!(is_public(route), "{route}");
+        }
+        for route in ["/accounts", "/transfers/{id}", "/docsx", "/metrics/x", "/"] {
+            assert!(!is_public(route), "{route}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_token_is_taken_from_the_authorization_header() {
+        let with = |value: &str| {
+            Request::builder()
+                .header(AUTHORIZATION, value)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        assert_eq!(bearer_token(&with("Bearer abc")), Some("abc"));
+        assert_eq!(bearer_token(&with("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer_token(&with("Basic abc")), None);
+        assert_eq!(bearer_token(&with("Bearer ")), None);
+        assert_eq!(bearer_token(&with("Bearerabc")), None);
+    }
+}

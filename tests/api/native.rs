@@ -1,0 +1,158 @@
+//! `TRANSFER_STRATEGY=native`: one multi-document transaction per transfer. It must give
+//! the same answers and leave the same documents as the two-phase path, keep money
+//! conserved under concurrent load on hot accounts (write conflicts are retried), and
+//! honour idempotency keys.
+
+use serde_json::{Value, json};
+use transfer_service::domain::{CancelReason, TransferState};
+use transfer_service::service::Strategy;
+
+use crate::assert_problem;
+use crate::support::{TestApp, spawn_app_with};
+
+async fn native_app() -> TestApp {
+    spawn_app_with(|s| s.strategy = Strategy::Native).await
+}
+
+#[tokio::test]
+async fn a_native_transfer_answers_201_done_and_moves_the_money() {
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let (status, body) = app.transfer("alice", "bob", 250).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["state"], "done");
+    assert_eq!(body["amount"], 250);
+    assert_eq!(app.balance("alice").await, 750);
+    assert_eq!(app.balance("bob").await, 250);
+    let stored = app
+        .store
+        .transfer(body["id"].as_str().unwrap().parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.state, TransferState::Done);
+    assert_eq!(
+        stored.application.as_deref(),
+        Some(app.instance_id.as_str())
+    );
+    assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_native_transfer_without_funds_is_recorded_canceled_and_moves_nothing() {
+    let app = native_app().await;
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    let response = app
+        .post_json(
+            "/transfers",
+            json!({ "source": "alice", "destination": "bob", "amount": 101 }),
+        )
+        .await;
+    let problem = assert_problem(response, 422, "insufficient_funds").await;
+    let id = problem["transferId"].as_str().expect("transferId");
+    let stored = app
+        .store
+        .transfer(id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.state, TransferState::Canceled);
+    assert_eq!(stored.reason, Some(CancelReason::InsufficientFunds));
+    assert_eq!(app.balance("alice").await, 100);
+    assert_eq!(app.balance("bob").await, 0);
+}
+
+#[tokio::test]
+async fn a_native_retry_with_the_same_key_replays_and_moves_money_once() {
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let body = json!({ "source": "alice", "destination": "bob", "amount": 100 });
+    let mut ids = Vec::new();
+    for attempt in 0..2 {
+        let response = app
+            .http
+            .post(app.url("/transfers"))
+            .header("idempotency-key", "native-1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            attempt == 1
+        );
+        let answer: Value = response.json().await.unwrap();
+        ids.push(answer["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(app.balance("bob").await, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_native_transfers_on_hot_accounts_keep_the_total() {
+    let app = native_app().await;
+    for id in ["a", "b", "c"] {
+        app.open_account(id, 300).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let (source, destination) = [("a", "b"), ("b", "c"), ("c", "a"), ("b", "a")][i % 4];
+        let http = app.http.clone();
+        let url = app.url("/transfers");
+        tasks.push(tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({ "source": source, "destination": destination, "amount": 40 }))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    let mut done = 0;
+    for task in tasks {
+        let status = task.await.unwrap();
+        assert!(matches!(status, 201 | 422), "status {status}");
+        done += usize::from(status == 201);
+    }
+    assert!(done > 0);
+    assert_eq!(app.total_balance().await, 900);
+    for id in ["a", "b", "c"] {
+        assert!(app.balance(id).await >= 0);
+    }
+    let transfers = app
+        .store
+        .list_transfers(&Default::default(), 100)
+        .await
+        .unwrap();
+    assert_eq!(transfers.len(), 60, "every request is recorded once");
+    let done_stored = transfers
+        .iter()
+        .filter(|t| t.state == TransferState::Done)
+        .count();
+    assert_eq!(done_stored, done);
+}
+
+#[tokio::test]
+async fn a_native_transfer_is_cancelled_by_a_reversal() {
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let (_, body) = app.transfer("alice", "bob", 300).await;
+    let id = body["id"].as_str().unwrap();
+    let response = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let original: Value = response.json().await.unwrap();
+    assert!(original["reversedBy"].is_string(), "{original}");
+    assert_eq!(app.balance("alice").await, 1000);
+    assert_eq!(app.balance("bob").await, 0);
+}
