@@ -63,6 +63,18 @@ async fn start_transfer(
     }
 }
 
+/// `POST /transfers/{id}/cancel` on `app`; asserts 200 and returns the body.
+async fn cancel(app: &TestApp, id: ObjectId) -> Value {
+    let response = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
 async fn transfer(app: &TestApp, id: ObjectId) -> TransferDoc {
     app.store
         .transfer(id)
@@ -112,14 +124,7 @@ async fn a_cancel_between_debit_and_credit_rolls_back_and_the_paused_credit_neve
     paused.reached().await;
     assert_eq!(owner.balance("alice").await, 700, "the debit landed");
 
-    let response = other
-        .http
-        .post(other.url(&format!("/transfers/{id}/cancel")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let canceled: Value = response.json().await.unwrap();
+    let canceled = cancel(&other, id).await;
     assert_eq!(canceled["state"], "canceled");
     assert_eq!(canceled["reason"], "canceled_by_request");
     assert_balances_and_no_markers(&owner, 1000, 0).await;
@@ -144,14 +149,7 @@ async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once(
     paused.reached().await;
     assert_eq!(owner.balance("bob").await, 300, "the credit landed");
 
-    let response = other
-        .http
-        .post(other.url(&format!("/transfers/{id}/cancel")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let original: Value = response.json().await.unwrap();
+    let original = cancel(&other, id).await;
     assert_eq!(original["state"], "done", "{original}");
     let reversal_id = original["reversedBy"]
         .as_str()
@@ -239,13 +237,7 @@ async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
     paused.reached().await;
     let leased = transfer(&owner, id).await;
 
-    let response = other
-        .http
-        .post(other.url(&format!("/transfers/{id}/cancel")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    cancel(&other, id).await;
     paused.resume();
     request.await.unwrap();
     let canceled = transfer(&owner, id).await;
