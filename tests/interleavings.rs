@@ -367,3 +367,42 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         .expect("made");
     assert_eq!(transfer(&app, past.id).await.last_modified, renewed_at);
 }
+
+/// Two cancels of one done transfer on two instances, the first paused while it runs the
+/// compensation: the second must not mistake the running compensation for a refused one
+/// (releasing the claim would let a third cancel reverse the transfer twice).
+#[tokio::test]
+async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_alone() {
+    let (first, second) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&first).await;
+    let (status, body) = first.transfer("alice", "bob", 300).await;
+    assert_eq!(status, 201, "{body}");
+    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+
+    let mut paused = failpoints::pause(&first.instance_id, "after_pending");
+    let http = first.http.clone();
+    let url = first.url(&format!("/transfers/{id}/cancel"));
+    let first_cancel = tokio::spawn(async move { http.post(url).send().await.unwrap().status() });
+    paused.reached().await;
+    let reversal_id = transfer(&first, id).await.reversed_by.expect("claimed");
+
+    let answer = cancel(&second, id).await;
+    assert_eq!(answer["reversedBy"], reversal_id.to_hex(), "{answer}");
+    assert_eq!(transfer(&first, id).await.reversed_by, Some(reversal_id));
+
+    paused.resume();
+    assert_eq!(first_cancel.await.unwrap(), 200);
+    let again = cancel(&second, id).await;
+    assert_eq!(again["reversedBy"], reversal_id.to_hex());
+    assert_eq!(
+        transfer(&first, reversal_id).await.state,
+        TransferState::Done
+    );
+    let all = first
+        .store
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 2, "one original, one reversal");
+    assert_balances_and_no_markers(&first, 1000, 0).await;
+}
