@@ -232,13 +232,11 @@ impl Bank {
 
     /// Steps 6 to 8: pull both markers, then `applied -> done`.
     async fn settle(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
+        // Both pulls in one write: each is idempotent and neither depends on the other.
         self.store
-            .pull_marker(&transfer.source, transfer.id)
+            .pull_markers([&transfer.source, &transfer.destination], transfer.id)
             .await?;
         failpoint!(self, "after_pull_source");
-        self.store
-            .pull_marker(&transfer.destination, transfer.id)
-            .await?;
         failpoint!(self, "after_pull_destination");
         self.advance(transfer, TransferEvent::MarkDone, doc! {})
             .await

@@ -1,15 +1,16 @@
-//! Operations on `accounts`. The four protocol writes (apply a debit, apply a credit, pull
-//! a marker, undo a change) are each one guarded `updateOne`, exactly as in the tutorial:
-//! the guard on `pendingTransactions` makes a retried step a no-op, so every step may be
-//! run again after a crash.
+//! Operations on `accounts`. The protocol writes (apply a debit, apply a credit, pull the
+//! markers, undo a change) are each guarded as in the tutorial: the guard on
+//! `pendingTransactions` makes a retried step a no-op, so every step may be run again
+//! after a crash. Debits, credits and pulls are group-committed with those of concurrent
+//! transfers ([`super::batch`]); each keeps its own guards.
 
 use futures::TryStreamExt;
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, doc};
 use mongodb::options::FindOptions;
 
+use super::batch::{AccountChange, Pull};
 use super::{AccountDoc, Store, StoreResult};
-use crate::domain::MAX_MONEY;
 
 impl Store {
     pub async fn insert_account(&self, account: &AccountDoc) -> StoreResult<()> {
@@ -59,9 +60,7 @@ impl Store {
         value: i64,
         deadline: DateTime,
     ) -> StoreResult<bool> {
-        let funded = doc! { "$gte": value };
-        self.apply_change(account, tx, -value, funded, deadline)
-            .await
+        self.change_account(account, tx, -value, deadline).await
     }
 
     /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
@@ -75,54 +74,42 @@ impl Store {
         value: i64,
         deadline: DateTime,
     ) -> StoreResult<bool> {
-        let room = doc! { "$lte": MAX_MONEY - value };
-        self.apply_change(account, tx, value, room, deadline).await
+        self.change_account(account, tx, value, deadline).await
     }
 
-    /// The one guarded forward write behind steps 3 and 4: add `delta` and push the
-    /// marker, only if `tx` is neither applied nor fenced here, `balance` passes
-    /// `balance_guard`, and the lease has not ended by the server's clock.
-    async fn apply_change(
+    /// The guarded forward write behind steps 3 and 4, group-committed with the
+    /// concurrent ones (see [`super::batch`]): add `delta` and push the marker, only if
+    /// `tx` is neither applied nor fenced here, the balance stays within
+    /// 0..=`MAX_MONEY`, and the lease has not ended by the server's clock. Returns
+    /// whether the transfer is applied to the account now.
+    async fn change_account(
         &self,
         account: &str,
         tx: ObjectId,
         delta: i64,
-        balance_guard: mongodb::bson::Document,
         deadline: DateTime,
     ) -> StoreResult<bool> {
-        let result = self
-            .accounts
-            .update_one(
-                doc! {
-                    "_id": account,
-                    "pendingTransactions": { "$ne": tx },
-                    "fencedTransactions": { "$ne": tx },
-                    "balance": balance_guard,
-                    "$expr": { "$lt": ["$$NOW", deadline] },
-                },
-                doc! {
-                    "$inc": { "balance": delta },
-                    "$push": { "pendingTransactions": tx },
-                    "$set": { "updatedAt": DateTime::now() },
-                },
-            )
-            .await?;
-        Ok(result.modified_count == 1)
+        self.batches
+            .account_changes
+            .submit(AccountChange {
+                account: account.to_owned(),
+                tx,
+                delta,
+                deadline,
+            })
+            .await
     }
 
-    /// Steps 6 and 7: forget the marker of an applied transfer.
-    pub async fn pull_marker(&self, account: &str, tx: ObjectId) -> StoreResult<bool> {
-        let result = self
-            .accounts
-            .update_one(
-                doc! { "_id": account, "pendingTransactions": tx },
-                doc! {
-                    "$pull": { "pendingTransactions": tx },
-                    "$set": { "updatedAt": DateTime::now() },
-                },
-            )
-            .await?;
-        Ok(result.modified_count == 1)
+    /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
+    /// accounts (group-committed, see [`super::batch`]).
+    pub async fn pull_markers(&self, accounts: [&str; 2], tx: ObjectId) -> StoreResult<()> {
+        self.batches
+            .pulls
+            .submit(Pull {
+                accounts: accounts.map(str::to_owned),
+                tx,
+            })
+            .await
     }
 
     /// Rollback: give back `delta` (negative for the destination, positive for the source)

@@ -12,6 +12,7 @@
 //!   that decides which failures mean "the database is unavailable".
 
 pub mod accounts;
+pub mod batch;
 pub mod documents;
 pub mod migrations;
 pub mod native;
@@ -38,7 +39,7 @@ const WRITE_CONCERN_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_POOL_SIZE: u32 = 64;
 
 /// A failed database operation, classified for the caller.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or cannot accept the write now (no primary, network
     /// failure, shutdown, time-out). Retrying later may succeed; HTTP says 503.
@@ -110,6 +111,8 @@ pub struct Store {
     db: Database,
     accounts: Collection<AccountDoc>,
     transactions: Collection<TransferDoc>,
+    /// Group commit of the protocol's writes (see [`batch`]).
+    batches: std::sync::Arc<batch::Batches>,
 }
 
 impl Store {
@@ -140,10 +143,12 @@ impl Store {
         ))
     }
 
+    /// Must run inside a tokio runtime: it starts the group-commit tasks.
     fn new(db: Database) -> Store {
         Store {
             accounts: db.collection("accounts"),
             transactions: db.collection("transactions"),
+            batches: batch::Batches::start(&db),
             db,
         }
     }

@@ -11,6 +11,7 @@ use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
+use super::batch::Transition;
 use super::{Store, StoreResult, TransferDoc, merge_set};
 use crate::domain::TransferState;
 
@@ -36,8 +37,7 @@ impl Store {
     /// Step 1: record the transfer. Fails with `DuplicateKey` when its idempotency key is
     /// taken, or when it is a second reversal of the same transfer.
     pub async fn insert_transfer(&self, transfer: &TransferDoc) -> StoreResult<()> {
-        self.transactions.insert_one(transfer).await?;
-        Ok(())
+        self.batches.inserts.submit(transfer.clone()).await
     }
 
     pub async fn transfer(&self, id: ObjectId) -> StoreResult<Option<TransferDoc>> {
@@ -225,6 +225,16 @@ impl Store {
         to: TransferState,
         extra: Document,
     ) -> StoreResult<Option<DateTime>> {
+        if extra.is_empty() {
+            // The common case, group-committed with concurrent transfers' changes.
+            let change = Transition {
+                owner: owner.to_owned(),
+                id,
+                from,
+                to,
+            };
+            return self.batches.transitions.submit(change).await;
+        }
         let now = DateTime::now();
         let set = merge_set(doc! { "state": to.as_str(), "application": owner }, extra);
         let owned = if from == TransferState::Initial {

@@ -8,6 +8,7 @@ mod cancel;
 mod concurrency;
 mod docs;
 mod errors;
+mod group_commit;
 mod idempotency;
 mod native;
 mod observability;

@@ -1,0 +1,365 @@
+//! Group commit: the protocol writes of concurrent transfers, gathered into one database
+//! command per kind of step, so that one journal flush serves many transfers.
+//!
+//! Each caller still asks for its own guarded write and gets its own answer; only the
+//! transport is shared. While one batch of a kind is being written, the next callers
+//! queue; when it is done, all of them (up to [`MAX_BATCH`]) go out together. Under no
+//! load a batch holds one write and nothing waits.
+//!
+//! Why one command and not a multi-statement `update`: measured on SecantusDB with
+//! `--sync-on-commit`, every statement of a multi-statement update is flushed on its own
+//! (about 300 statements a second), while a single `updateMany` or `insertMany` is flushed
+//! once (15,000 to 20,000 documents a second). So every batched kind is one statement:
+//!
+//! | step | one statement for the batch |
+//! |---|---|
+//! | record | `insertMany`, unordered; a taken idempotency key fails only its own document |
+//! | state change | `updateMany {_id: {$in}, state: from, application: owner}`, one per (owner, from, to) |
+//! | debit, credit | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
+//! | pulls | `updateMany {_id: {$in: accounts}}` pulling every marker of the batch |
+//!
+//! Every document is still updated atomically under its own guards, exactly as the
+//! single-document step would be, and a crash in the middle of a batch leaves each
+//! transfer either stepped or not, which its guards and markers tell apart on a retry.
+//! When a batched update does not report every document changed, the documents are read
+//! back to learn which callers' writes took effect.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::error::ErrorKind;
+use mongodb::{Collection, Database};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{StoreError, StoreResult, TransferDoc};
+use crate::domain::{MAX_MONEY, TransferState};
+
+/// Writes in one batch, at most: bounds the size of one command (and of the pipeline's
+/// per-account table).
+pub const MAX_BATCH: usize = 256;
+
+type Reply<Out> = oneshot::Sender<StoreResult<Out>>;
+
+/// A queue of one kind of write, drained by one task that writes a batch at a time.
+pub struct Batcher<Op, Out> {
+    queue: mpsc::UnboundedSender<(Op, Reply<Out>)>,
+}
+
+impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
+    /// Starts the task that writes batches with `write`, which must answer one result per
+    /// operation, in order. Must be called inside a tokio runtime; the task ends when the
+    /// last handle is dropped.
+    pub fn start<F, Fut>(write: F) -> Batcher<Op, Out>
+    where
+        F: Fn(Vec<Op>) -> Fut + Send + 'static,
+        Fut: Future<Output = StoreResult<Vec<StoreResult<Out>>>> + Send,
+    {
+        let (queue, mut waiting) = mpsc::unbounded_channel::<(Op, Reply<Out>)>();
+        tokio::spawn(async move {
+            while let Some(first) = waiting.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < MAX_BATCH {
+                    match waiting.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let (ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
+                match write(ops).await {
+                    Ok(results) => {
+                        for (reply, result) in replies.into_iter().zip(results) {
+                            let _ = reply.send(result);
+                        }
+                    }
+                    Err(e) => {
+                        for reply in replies {
+                            let _ = reply.send(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+        });
+        Batcher { queue }
+    }
+
+    /// Queues `op` and waits for its own result.
+    pub async fn submit(&self, op: Op) -> StoreResult<Out> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send((op, reply))
+            .map_err(|_| StoreError::Unavailable("the batch writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the batch writer has stopped".into()))?
+    }
+}
+
+/// One guarded change of an account's balance by a transfer: a debit (negative) or a
+/// credit (positive), applied only if the transfer is neither applied here nor fenced,
+/// the balance stays within 0..=MAX_MONEY, and the database's clock is before `deadline`.
+#[derive(Debug, Clone)]
+pub struct AccountChange {
+    pub account: String,
+    pub tx: ObjectId,
+    pub delta: i64,
+    pub deadline: DateTime,
+}
+
+/// A state change guarded by the expected state and owner.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    pub owner: String,
+    pub id: ObjectId,
+    pub from: TransferState,
+    pub to: TransferState,
+}
+
+/// The markers of one transfer to pull from its accounts.
+#[derive(Debug, Clone)]
+pub struct Pull {
+    pub accounts: [String; 2],
+    pub tx: ObjectId,
+}
+
+/// The group-commit queues of one store.
+pub struct Batches {
+    pub inserts: Batcher<TransferDoc, ()>,
+    pub transitions: Batcher<Transition, Option<DateTime>>,
+    pub account_changes: Batcher<AccountChange, bool>,
+    pub pulls: Batcher<Pull, ()>,
+}
+
+impl std::fmt::Debug for Batches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Batches")
+    }
+}
+
+impl Batches {
+    pub fn start(db: &Database) -> Arc<Batches> {
+        let transactions: Collection<TransferDoc> = db.collection("transactions");
+        let accounts: Collection<Document> = db.collection("accounts");
+        Arc::new(Batches {
+            inserts: Batcher::start({
+                let transactions = transactions.clone();
+                move |docs| insert_transfers(transactions.clone(), docs)
+            }),
+            transitions: Batcher::start({
+                let transactions = transactions.clone();
+                move |ops| transition_all(transactions.clone(), ops)
+            }),
+            account_changes: Batcher::start({
+                let accounts = accounts.clone();
+                move |ops| change_accounts(accounts.clone(), ops)
+            }),
+            pulls: Batcher::start(move |ops| pull_markers(accounts.clone(), ops)),
+        })
+    }
+}
+
+/// One `insertMany`, unordered: a document refused (a taken idempotency key) fails alone.
+pub async fn insert_transfers(
+    transactions: Collection<TransferDoc>,
+    docs: Vec<TransferDoc>,
+) -> StoreResult<Vec<StoreResult<()>>> {
+    let count = docs.len();
+    match transactions.insert_many(&docs).ordered(false).await {
+        Ok(_) => Ok(vec![Ok(()); count]),
+        Err(e) => {
+            let ErrorKind::InsertMany(failure) = e.kind.as_ref() else {
+                return Err(e.into());
+            };
+            if failure.write_concern_error.is_some() {
+                return Err(e.into());
+            }
+            let mut results = vec![Ok(()); count];
+            for error in failure.write_errors.iter().flatten() {
+                let refused = if error.code == 11000 {
+                    StoreError::DuplicateKey(error.message.clone())
+                } else {
+                    StoreError::Other(error.message.clone())
+                };
+                if let Some(slot) = results.get_mut(error.index) {
+                    *slot = Err(refused);
+                }
+            }
+            Ok(results)
+        }
+    }
+}
+
+/// One `updateMany` per (owner, from, to). A transition won when the document is now in
+/// `to` under `owner`: only this owner's one driver of the transfer moves it so.
+pub async fn transition_all(
+    transactions: Collection<TransferDoc>,
+    ops: Vec<Transition>,
+) -> StoreResult<Vec<StoreResult<Option<DateTime>>>> {
+    let mut groups: HashMap<(String, TransferState, TransferState), Vec<usize>> = HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        groups
+            .entry((op.owner.clone(), op.from, op.to))
+            .or_default()
+            .push(i);
+    }
+    let mut results: Vec<StoreResult<Option<DateTime>>> = vec![Ok(None); ops.len()];
+    for ((owner, from, to), members) in groups {
+        let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
+        let now = DateTime::now();
+        let owned = if from == TransferState::Initial {
+            doc! { "$in": [Bson::Null, owner.as_str()] }
+        } else {
+            doc! { "$eq": owner.as_str() }
+        };
+        let updated = transactions
+            .update_many(
+                doc! { "_id": { "$in": &ids }, "state": from.as_str(), "application": owned },
+                doc! {
+                    "$set": { "state": to.as_str(), "application": owner.as_str() },
+                    "$max": { "lastModified": now },
+                },
+            )
+            .await?;
+        if updated.modified_count == ids.len() as u64 {
+            for &i in &members {
+                results[i] = Ok(Some(now));
+            }
+            continue;
+        }
+        let moved: Vec<TransferDoc> = transactions
+            .find(doc! { "_id": { "$in": &ids } })
+            .await?
+            .try_collect()
+            .await?;
+        for &i in &members {
+            let won = moved.iter().any(|t| {
+                t.id == ops[i].id && t.state == to && t.application.as_deref() == Some(&owner)
+            });
+            results[i] = Ok(won.then_some(now));
+        }
+    }
+    Ok(results)
+}
+
+/// One `updateMany` whose pipeline walks, for each account, the batch's changes to it in
+/// order and applies each one whose guards hold on the balance as the earlier ones left
+/// it; then a read of the accounts: a change took effect iff its marker is there.
+pub async fn change_accounts(
+    accounts: Collection<Document>,
+    ops: Vec<AccountChange>,
+) -> StoreResult<Vec<StoreResult<bool>>> {
+    if let [op] = ops.as_slice() {
+        return Ok(vec![Ok(change_one(&accounts, op).await?)]);
+    }
+    let mut per_account: Vec<(String, Vec<Bson>)> = Vec::new();
+    for op in &ops {
+        let change = Bson::Document(doc! { "tx": op.tx, "d": op.delta, "dl": op.deadline });
+        match per_account.iter_mut().find(|(a, _)| *a == op.account) {
+            Some((_, changes)) => changes.push(change),
+            None => per_account.push((op.account.clone(), vec![change])),
+        }
+    }
+    let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
+    let branches: Vec<Document> = per_account
+        .iter()
+        .map(|(account, changes)| {
+            doc! { "case": { "$eq": ["$_id", account] }, "then": { "$literal": changes } }
+        })
+        .collect();
+    let new_balance = doc! { "$add": ["$$value.b", "$$this.d"] };
+    let pipeline = vec![
+        doc! { "$set": { "_batch": { "$reduce": {
+            "input": { "$switch": { "branches": branches, "default": [] } },
+            "initialValue": { "b": "$balance", "p": "$pendingTransactions" },
+            "in": { "$cond": [
+                { "$and": [
+                    { "$not": [{ "$in": ["$$this.tx", "$$value.p"] }] },
+                    { "$not": [{ "$in": ["$$this.tx", { "$ifNull": ["$fencedTransactions", []] }] }] },
+                    { "$gte": [new_balance.clone(), 0_i64] },
+                    { "$lte": [new_balance.clone(), MAX_MONEY] },
+                    { "$lt": ["$$NOW", "$$this.dl"] },
+                ] },
+                { "b": new_balance, "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] } },
+                "$$value",
+            ] },
+        } } } },
+        doc! { "$set": {
+            "balance": "$_batch.b",
+            "pendingTransactions": "$_batch.p",
+            "updatedAt": "$$NOW",
+        } },
+        doc! { "$unset": "_batch" },
+    ];
+    accounts
+        .update_many(doc! { "_id": { "$in": &ids } }, pipeline)
+        .await?;
+    let after: Vec<Document> = accounts
+        .find(doc! { "_id": { "$in": &ids } })
+        .projection(doc! { "pendingTransactions": 1 })
+        .await?
+        .try_collect()
+        .await?;
+    let marked = |op: &AccountChange| {
+        after.iter().any(|a| {
+            a.get_str("_id").ok() == Some(op.account.as_str())
+                && a.get_array("pendingTransactions")
+                    .is_ok_and(|p| p.contains(&Bson::ObjectId(op.tx)))
+        })
+    };
+    Ok(ops.iter().map(|op| Ok(marked(op))).collect())
+}
+
+/// A batch of one: the tutorial's guarded `updateOne`, whose result says whether it took
+/// effect, with no read-back.
+async fn change_one(accounts: &Collection<Document>, op: &AccountChange) -> StoreResult<bool> {
+    let balance_guard = if op.delta < 0 {
+        doc! { "$gte": -op.delta }
+    } else {
+        doc! { "$lte": MAX_MONEY - op.delta }
+    };
+    let result = accounts
+        .update_one(
+            doc! {
+                "_id": &op.account,
+                "pendingTransactions": { "$ne": op.tx },
+                "fencedTransactions": { "$ne": op.tx },
+                "balance": balance_guard,
+                "$expr": { "$lt": ["$$NOW", op.deadline] },
+            },
+            doc! {
+                "$inc": { "balance": op.delta },
+                "$push": { "pendingTransactions": op.tx },
+                "$set": { "updatedAt": DateTime::now() },
+            },
+        )
+        .await?;
+    Ok(result.modified_count == 1)
+}
+
+/// One `updateMany` pulling every marker of the batch from every account of the batch.
+/// Pulling a marker that is not there is a no-op, so this is each pull's own guard.
+pub async fn pull_markers(
+    accounts: Collection<Document>,
+    ops: Vec<Pull>,
+) -> StoreResult<Vec<StoreResult<()>>> {
+    let mut ids: Vec<&str> = ops
+        .iter()
+        .flat_map(|op| op.accounts.iter().map(String::as_str))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let txs: Vec<ObjectId> = ops.iter().map(|op| op.tx).collect();
+    accounts
+        .update_many(
+            doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
+            doc! {
+                "$pull": { "pendingTransactions": { "$in": &txs } },
+                "$set": { "updatedAt": DateTime::now() },
+            },
+        )
+        .await?;
+    Ok(vec![Ok(()); ops.len()])
+}

@@ -1,0 +1,193 @@
+//! Group commit (`store::batch`): one database command writes the steps of many
+//! transfers, and each must still get exactly the answer its own guarded write would
+//! have had. These call the batch writers directly with hand-made batches.
+
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{DateTime, Document, doc};
+use transfer_service::domain::TransferState;
+use transfer_service::store::TransferDoc;
+use transfer_service::store::batch::{
+    AccountChange, Pull, Transition, change_accounts, insert_transfers, pull_markers,
+    transition_all,
+};
+
+use crate::support::{TestApp, spawn_app};
+
+fn in_a_minute() -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000)
+}
+
+fn change(account: &str, tx: ObjectId, delta: i64) -> AccountChange {
+    AccountChange {
+        account: account.to_owned(),
+        tx,
+        delta,
+        deadline: in_a_minute(),
+    }
+}
+
+fn accounts(app: &TestApp) -> mongodb::Collection<Document> {
+    app.store.database().collection("accounts")
+}
+
+#[tokio::test]
+async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
+    let app = spawn_app().await;
+    app.open_account("hot", 100).await;
+    app.open_account("cold", 0).await;
+    app.open_account("fenced", 50).await;
+    let [t1, t2, t3, t4, t5, t6] = [(); 6].map(|_| ObjectId::new());
+    app.store.fence("fenced", t5).await.unwrap();
+    let late = AccountChange {
+        deadline: DateTime::from_millis(DateTime::now().timestamp_millis() - 1),
+        ..change("cold", t6, 5)
+    };
+    let batch = vec![
+        change("hot", t1, -60), // 100 -> 40
+        change("hot", t2, -60), // would go negative: refused
+        change("cold", t3, 60),
+        change("hot", t4, -30),    // 40 -> 10
+        change("fenced", t5, -10), // fenced: refused
+        change("cold", t3, 60),    // already applied: no second credit, but it is applied
+        late,                      // past its deadline: refused
+        change("nobody", t2, 1),   // no such account
+    ];
+    let applied = change_accounts(accounts(&app), batch).await.unwrap();
+    let applied: Vec<bool> = applied.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        applied,
+        [true, false, true, true, false, true, false, false]
+    );
+    assert_eq!(app.balance("hot").await, 10);
+    assert_eq!(app.balance("cold").await, 60);
+    assert_eq!(app.balance("fenced").await, 50);
+    let hot = app.store.account("hot").await.unwrap().unwrap();
+    assert_eq!(hot.pending_transactions, vec![t1, t4]);
+    let cold = app.store.account("cold").await.unwrap().unwrap();
+    assert_eq!(cold.pending_transactions, vec![t3]);
+}
+
+#[tokio::test]
+async fn a_credit_in_a_batch_cannot_pass_the_largest_balance() {
+    let app = spawn_app().await;
+    app.open_account("full", 9_007_199_254_740_000).await;
+    app.open_account("other", 0).await;
+    let [t1, t2] = [(); 2].map(|_| ObjectId::new());
+    let applied = change_accounts(
+        accounts(&app),
+        vec![
+            change("full", t1, 991),
+            change("full", t2, 1),
+            change("other", t1, 1),
+        ],
+    )
+    .await
+    .unwrap();
+    let applied: Vec<bool> = applied.into_iter().map(Result::unwrap).collect();
+    assert_eq!(applied, [true, false, true]);
+    assert_eq!(app.balance("full").await, 9_007_199_254_740_991);
+}
+
+#[tokio::test]
+async fn a_taken_idempotency_key_fails_only_its_own_insert() {
+    let app = spawn_app().await;
+    let keyed = |key: &str| TransferDoc {
+        idempotency_key: Some(key.to_owned()),
+        ..TransferDoc::initial(ObjectId::new(), "a", "b", 1, "USD")
+    };
+    let first = keyed("k1");
+    app.store.insert_transfer(&first).await.unwrap();
+    let batch = vec![keyed("k2"), keyed("k1"), keyed("k3")];
+    let ids: Vec<ObjectId> = batch.iter().map(|t| t.id).collect();
+    let results = insert_transfers(app.store.database().collection("transactions"), batch)
+        .await
+        .unwrap();
+    assert!(results[0].is_ok());
+    assert!(matches!(
+        results[1],
+        Err(transfer_service::store::StoreError::DuplicateKey(_))
+    ));
+    assert!(results[2].is_ok());
+    assert!(app.store.transfer(ids[0]).await.unwrap().is_some());
+    assert!(app.store.transfer(ids[1]).await.unwrap().is_none());
+    assert!(app.store.transfer(ids[2]).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win() {
+    let app = spawn_app().await;
+    let mut docs = Vec::new();
+    for _ in 0..4 {
+        let t = TransferDoc::initial(ObjectId::new(), "a", "b", 1, "USD");
+        app.store.insert_transfer(&t).await.unwrap();
+        docs.push(t);
+    }
+    // The third was taken by another instance, the fourth already moved on.
+    for t in &docs[2..] {
+        assert!(
+            app.store
+                .transition_as(
+                    "other",
+                    t.id,
+                    TransferState::Initial,
+                    TransferState::Pending,
+                    doc! {}
+                )
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+    let ops: Vec<Transition> = docs
+        .iter()
+        .map(|t| Transition {
+            owner: "me".into(),
+            id: t.id,
+            from: TransferState::Initial,
+            to: TransferState::Pending,
+        })
+        .collect();
+    let results = transition_all(app.store.database().collection("transactions"), ops)
+        .await
+        .unwrap();
+    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap().is_some()).collect();
+    assert_eq!(won, [true, true, false, false]);
+    for (t, owner) in docs.iter().zip(["me", "me", "other", "other"]) {
+        let stored = app.store.transfer(t.id).await.unwrap().unwrap();
+        assert_eq!(stored.state, TransferState::Pending);
+        assert_eq!(stored.application.as_deref(), Some(owner));
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
+    let app = spawn_app().await;
+    app.open_account("a", 100).await;
+    app.open_account("b", 0).await;
+    let [t1, t2, t3] = [(); 3].map(|_| ObjectId::new());
+    for t in [t1, t2, t3] {
+        assert!(
+            app.store
+                .apply_debit("a", t, 10, in_a_minute())
+                .await
+                .unwrap()
+        );
+        assert!(
+            app.store
+                .apply_credit("b", t, 10, in_a_minute())
+                .await
+                .unwrap()
+        );
+    }
+    let pull = |tx| Pull {
+        accounts: ["a".to_owned(), "b".to_owned()],
+        tx,
+    };
+    pull_markers(accounts(&app), vec![pull(t1), pull(t3)])
+        .await
+        .unwrap();
+    for account in ["a", "b"] {
+        let doc = app.store.account(account).await.unwrap().unwrap();
+        assert_eq!(doc.pending_transactions, vec![t2], "{account}");
+    }
+}
