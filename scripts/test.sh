@@ -2,9 +2,9 @@
 # Runs every check and test, on a fresh machine too. It installs what is missing (cmake,
 # the SecantusDB daemon, docker-compose, hadolint, Chromium, the pinned Python and npm API
 # tools), then runs formatting, lints, every test against a real database server, the
-# offline checks of the container files, and the checks of the API document against the
-# running service. With MONGODB_URI set, the tests use that server instead (a real mongod
-# replica set, say).
+# offline checks of the container files, the checks of the API document against the
+# running service, and a smoke run of the benchmark. With MONGODB_URI set, the tests use
+# that server instead (a real mongod replica set, say).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,3 +26,7 @@ echo "== containers"
 scripts/check-containers.sh
 echo "== API document, Swagger UI, generated client, schemathesis"
 scripts/check-api.sh
+echo "== benchmark smoke run (proves the one command works; no speed is asserted)"
+bench_out=$(mktemp -d)
+cargo run --release --example bench -- --quick --out "$bench_out"
+rm -rf "$bench_out"

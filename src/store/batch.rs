@@ -6,10 +6,10 @@
 //! queue; when it is done, all of them (up to [`MAX_BATCH`]) go out together. Under no
 //! load a batch holds one write and nothing waits.
 //!
-//! Why one command and not a multi-statement `update`: measured on SecantusDB with
-//! `--sync-on-commit`, every statement of a multi-statement update is flushed on its own
-//! (about 300 statements a second), while a single `updateMany` or `insertMany` is flushed
-//! once (15,000 to 20,000 documents a second). So every batched kind is one statement:
+//! Why one statement and not a multi-statement `update` command: measured by the
+//! benchmark on SecantusDB with `--sync-on-commit`, a multi-statement update writes 3,800
+//! to 5,300 documents a second, one `updateMany` 30,000 to 35,000 (`docs/benchmark`). So
+//! every batched kind is one statement:
 //!
 //! | step | one statement for the batch |
 //! |---|---|

@@ -1,0 +1,846 @@
+//! What a run writes: `results.json` (everything), `results.md` (the tables with the
+//! ratios) and `plot.svg` (throughput and p99 against concurrency).
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::limit::LimitResult;
+use crate::service::{ClosedPlan, Point, SeedPlan, StrategyResult};
+use crate::stats::Failures;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub rustc: String,
+    pub git_commit: String,
+    /// The working tree had uncommitted changes.
+    pub git_dirty: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DatabaseInfo {
+    /// `secantusd-rs started by the benchmark` or `MONGODB_URI`.
+    pub kind: String,
+    pub binary: Option<String>,
+    /// `buildInfo.version` as the server reports it.
+    pub version: String,
+}
+
+/// The figures published for the seed scenario on MongoDB 3.0 with WiredTiger.
+#[derive(Debug, Clone, Serialize)]
+pub struct Published {
+    pub source: &'static str,
+    pub transfers: u64,
+    pub completion_s: f64,
+    pub mean_s: f64,
+    pub p95_s: f64,
+    pub p99_s: f64,
+}
+
+pub const PUBLISHED: Published = Published {
+    source: "MongoDB schema simulator, account scenario, MongoDB 3.0 + WiredTiger",
+    transfers: 25_000,
+    completion_s: 46.7,
+    mean_s: 8.7,
+    p95_s: 19.9,
+    p99_s: 30.0,
+};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    pub benchmark: &'static str,
+    pub command: String,
+    pub started_at: String,
+    pub finished_at: String,
+    pub quick: bool,
+    pub parts: Vec<String>,
+    pub machine: Machine,
+    pub database: DatabaseInfo,
+    pub limit: Option<LimitResult>,
+    pub limit_error: Option<String>,
+    pub strategies: Vec<StrategyResult>,
+    pub published_seed: Published,
+    pub closed_plan: ClosedPlan,
+    pub seed_plan: SeedPlan,
+    /// Wall-clock seconds of each part in the order run (build, limit, two-phase, native;
+    /// a strategy's time includes its seed scenario, which is also listed alone).
+    pub part_seconds: Vec<(String, f64)>,
+    pub total_seconds: f64,
+    pub notes: Vec<String>,
+}
+
+fn num(v: f64) -> String {
+    if !v.is_finite() {
+        return "–".into();
+    }
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let s = format!("{v:.digits$}");
+    // Thousands separators on the integer part.
+    let (int, frac) = s.split_once('.').map_or((s.as_str(), ""), |(i, f)| (i, f));
+    let (sign, int) = int.strip_prefix('-').map_or(("", int), |i| ("-", i));
+    let mut grouped = String::new();
+    for (i, ch) in int.chars().enumerate() {
+        if i > 0 && (int.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(ch);
+    }
+    if frac.is_empty() {
+        format!("{sign}{grouped}")
+    } else {
+        format!("{sign}{grouped}.{frac}")
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if !(a.is_finite() && b.is_finite() && b > 0.0) {
+        return "–".into();
+    }
+    let r = a / b;
+    if r >= 0.1 || r == 0.0 {
+        format!("{r:.2}")
+    } else {
+        format!("{r:.4}")
+    }
+}
+
+fn tps(p: Option<&Point>) -> f64 {
+    p.map_or(f64::NAN, |p| p.measured.units_per_s)
+}
+
+fn lat(p: Option<&Point>, f: impl Fn(&crate::stats::Latency) -> f64) -> f64 {
+    p.and_then(|p| p.measured.latency.as_ref())
+        .map_or(f64::NAN, f)
+}
+
+fn failed(p: Option<&Point>) -> String {
+    p.map_or("–".into(), |p| p.measured.failures.total.to_string())
+}
+
+fn strategy<'a>(r: &'a Results, name: &str) -> Option<&'a StrategyResult> {
+    r.strategies.iter().find(|s| s.strategy == name)
+}
+
+fn point<'a>(s: Option<&'a StrategyResult>, workload: &str, c: usize) -> Option<&'a Point> {
+    s?.points
+        .iter()
+        .find(|p| p.workload == workload && p.measured.concurrency == c)
+}
+
+fn concurrencies(r: &Results) -> Vec<usize> {
+    let mut cs: Vec<usize> = r
+        .strategies
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.measured.concurrency))
+        .collect();
+    cs.sort_unstable();
+    cs.dedup();
+    cs
+}
+
+fn ceiling(r: &Results) -> f64 {
+    r.limit
+        .as_ref()
+        .map_or(f64::NAN, |l| l.transfer_ceiling_per_s)
+}
+
+pub fn markdown(r: &Results) -> String {
+    let mut md = String::new();
+    let m = &r.machine;
+    let _ = writeln!(md, "# transfer-service benchmark, {}\n", r.started_at);
+    let _ = writeln!(
+        md,
+        "Machine: {} × {}, {:.0} GiB, Linux {}, {}. Commit {}{}. Database: {} {} (`{}`). Every write w:majority, j:true. Run: `{}`{}, {:.0} s in all.\n",
+        m.nproc,
+        m.cpu_model,
+        m.memory_gib,
+        m.kernel,
+        m.rustc,
+        &m.git_commit[..m.git_commit.len().min(12)],
+        if m.git_dirty {
+            " with uncommitted changes"
+        } else {
+            ""
+        },
+        r.database.kind,
+        r.database.version,
+        r.database.binary.as_deref().unwrap_or("external"),
+        r.command,
+        if r.quick {
+            " (quick: tiny sizes, not comparable)"
+        } else {
+            ""
+        },
+        r.total_seconds,
+    );
+
+    // The limit.
+    if let Some(l) = &r.limit {
+        let _ = writeln!(
+            md,
+            "## The limit: the database alone through the same driver\n\n| measurement | concurrency | document writes/s | p99 ms per call |\n|---|---:|---:|---:|"
+        );
+        for s in &l.single {
+            let _ = writeln!(
+                md,
+                "| `update_one` guarded, own document | {} | {} | {} |",
+                s.concurrency,
+                num(s.units_per_s),
+                num(s.latency.as_ref().map_or(f64::NAN, |x| x.p99_ms))
+            );
+        }
+        for b in &l.bulk {
+            let _ = writeln!(
+                md,
+                "| {} N={} | {} | {} | {} |",
+                b.method,
+                b.batch,
+                b.measured.concurrency,
+                num(b.measured.units_per_s),
+                num(b.measured.latency.as_ref().map_or(f64::NAN, |x| x.p99_ms))
+            );
+        }
+        for u in &l.bulk_unavailable {
+            let _ = writeln!(
+                md,
+                "| {} | – | not available: {} | – |",
+                u.method,
+                u.error
+                    .replace('|', "\\|")
+                    .chars()
+                    .take(160)
+                    .collect::<String>()
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nBest single-document: {}. Best bulk: {}.\n\n**Transfer ceiling = {} transfers/s**: the best, {}, divided by the {} document writes of one two-phase transfer ({}).\n",
+            l.best_single.as_ref().map_or("–".into(), |b| format!(
+                "{} writes/s ({})",
+                num(b.doc_writes_per_s),
+                b.what
+            )),
+            l.best_bulk.as_ref().map_or("–".into(), |b| format!(
+                "{} writes/s ({})",
+                num(b.doc_writes_per_s),
+                b.what
+            )),
+            num(l.transfer_ceiling_per_s),
+            l.ceiling_from,
+            l.writes_per_transfer,
+            l.writes_per_transfer_are,
+        );
+        let _ = writeln!(
+            md,
+            "Leaving out `update_many` (one filter and one identical change for all N documents, unlike the protocol's steps, which each carry their own guard and change): {} transfers/s, from {}.\n",
+            num(l.distinct_guarded_ceiling_per_s),
+            l.distinct_guarded_ceiling_from,
+        );
+    } else if let Some(e) = &r.limit_error {
+        let _ = writeln!(md, "## The limit\n\nFailed: {e}\n");
+    }
+
+    // Closed loop.
+    let two = strategy(r, "two-phase");
+    let native = strategy(r, "native");
+    let cs = concurrencies(r);
+    if !cs.is_empty() {
+        let plan = &r.closed_plan;
+        let _ = writeln!(
+            md,
+            "## Transfers through the HTTP API, closed loop\n\nEach point: {} s of warm-up, then {} s measured. `uniform`: random pairs of {} accounts; `hot`: two accounts, each client alternating directions; amount {}. tx/s counts 201 `done` answers; latency in ms, of those answers; `failed`: answers other than 201 (warm-up included).\n",
+            plan.warmup_s,
+            plan.window_s,
+            num(plan.uniform_accounts as f64),
+            plan.amount,
+        );
+        let _ = writeln!(
+            md,
+            "| workload | c | two-phase tx/s | p50 | p95 | p99 | failed | native tx/s | p50 | p95 | p99 | failed | two-phase / ceiling | two-phase / native tx/s | two-phase / native p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for workload in ["uniform", "hot"] {
+            for &c in &cs {
+                let (a, b) = (point(two, workload, c), point(native, workload, c));
+                let _ = writeln!(
+                    md,
+                    "| {workload} | {c} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    num(tps(a)),
+                    num(lat(a, |l| l.p50_ms)),
+                    num(lat(a, |l| l.p95_ms)),
+                    num(lat(a, |l| l.p99_ms)),
+                    failed(a),
+                    num(tps(b)),
+                    num(lat(b, |l| l.p50_ms)),
+                    num(lat(b, |l| l.p95_ms)),
+                    num(lat(b, |l| l.p99_ms)),
+                    failed(b),
+                    ratio(tps(a), ceiling(r)),
+                    ratio(tps(a), tps(b)),
+                    ratio(lat(a, |l| l.p99_ms), lat(b, |l| l.p99_ms)),
+                );
+            }
+        }
+        let best = |s: Option<&StrategyResult>, w: &str| {
+            s.map_or(f64::NAN, |s| {
+                s.points
+                    .iter()
+                    .filter(|p| p.workload == w)
+                    .map(|p| p.measured.units_per_s)
+                    .fold(f64::NAN, f64::max)
+            })
+        };
+        let _ = writeln!(
+            md,
+            "\nBest two-phase: {} tx/s uniform ({} of the ceiling), {} tx/s hot. Best native: {} tx/s uniform, {} tx/s hot.\n",
+            num(best(two, "uniform")),
+            ratio(best(two, "uniform"), ceiling(r)),
+            num(best(two, "hot")),
+            num(best(native, "uniform")),
+            num(best(native, "hot")),
+        );
+    }
+    for s in &r.strategies {
+        if !s.available {
+            let _ = writeln!(
+                md,
+                "**{}: not available.** {}\n",
+                s.strategy,
+                s.unavailable_reason.as_deref().unwrap_or("")
+            );
+        }
+    }
+
+    // Seed scenario.
+    let seeds: Vec<&StrategyResult> = r.strategies.iter().filter(|s| s.seed.is_some()).collect();
+    if !seeds.is_empty() {
+        let plan = &r.seed_plan;
+        let _ = writeln!(
+            md,
+            "## Seed scenario: open loop, {} transfers/s for {} s among {} of {} accounts, amount {}\n\nLatency from each transfer's scheduled send time (no coordinated omission); at most {} requests in flight, the rest wait in the client and that wait counts. Completion: first send to last answer.\n",
+            num(plan.rate_per_s),
+            num(plan.arrivals_s),
+            num(plan.active_accounts as f64),
+            num(plan.total_accounts as f64),
+            plan.amount,
+            plan.max_in_flight,
+        );
+        let _ = writeln!(
+            md,
+            "| | transfers | completed | completion s | mean s | p95 s | p99 s | completion / published | p99 / published |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        let p = &r.published_seed;
+        let _ = writeln!(
+            md,
+            "| published: MongoDB 3.0 + WiredTiger | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | 1 | 1 |",
+            num(p.transfers as f64),
+            num(p.transfers as f64),
+            p.completion_s,
+            p.mean_s,
+            p.p95_s,
+            p.p99_s
+        );
+        for s in &seeds {
+            let seed = s.seed.as_ref().expect("filtered");
+            let m = &seed.measured;
+            let l = |f: fn(&crate::stats::Latency) -> f64| {
+                m.latency.as_ref().map_or(f64::NAN, |x| f(x) / 1000.0)
+            };
+            let completion = m.completion_s.unwrap_or(f64::NAN);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {}{} | {} | {:.3} | {:.3} | {:.3} | {} | {} |",
+                s.strategy,
+                num(m.scheduled as f64),
+                num(m.ok as f64),
+                if m.failures.total + m.unanswered > 0 {
+                    format!(
+                        " ({} failed, {} unanswered)",
+                        m.failures.total, m.unanswered
+                    )
+                } else {
+                    String::new()
+                },
+                m.completion_s.map_or(
+                    format!("> {}", num(m.arrivals_s + seed.plan.give_up_after_s)),
+                    num
+                ),
+                l(|x| x.mean_ms),
+                l(|x| x.p95_ms),
+                l(|x| x.p99_ms),
+                ratio(completion, p.completion_s),
+                ratio(l(|x| x.p99_ms), p.p99_s),
+            );
+        }
+        let _ = writeln!(md);
+    }
+
+    // Cost.
+    let costs: Vec<&StrategyResult> = r
+        .strategies
+        .iter()
+        .filter(|s| s.cost.is_some() || s.seed.is_some())
+        .collect();
+    if !costs.is_empty() {
+        let _ = writeln!(
+            md,
+            "## Cost of the service process\n\n| strategy | closed-loop transfers | CPU s / 1,000 transfers | (load only) | peak RSS MiB | database CPU s / 1,000 transfers | seed: CPU s / 1,000 | seed: peak RSS MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for s in costs {
+            let c = s.cost.as_ref();
+            let seed = s.seed.as_ref();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                s.strategy,
+                c.map_or("–".into(), |c| num(c.transfers as f64)),
+                c.map_or("–".into(), |c| format!(
+                    "{:.3}",
+                    c.server_cpu_s_per_1k_transfers
+                )),
+                c.map_or("–".into(), |c| format!(
+                    "{:.3}",
+                    c.server_cpu_s_per_1k_transfers_load_only
+                )),
+                c.map_or("–".into(), |c| num(c.server_peak_rss_mib)),
+                c.and_then(|c| c.database_cpu_s_per_1k_transfers)
+                    .map_or("–".into(), |v| format!("{v:.3}")),
+                seed.and_then(|x| x.server_cpu_s_per_1k_transfers)
+                    .map_or("–".into(), |v| format!("{v:.3}")),
+                seed.and_then(|x| x.server_peak_rss_mib)
+                    .map_or("–".into(), num),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nCPU: utime + stime of the server process from its start (migrations, opening the accounts) to the end of its closed-loop load, per 1,000 transfer requests; \"load only\" leaves out the start. Peak RSS: VmHWM. Database CPU: the daemon's, over the same load (local daemon only).\n"
+        );
+    }
+
+    // Failures.
+    let mut failure_lines = Vec::new();
+    if let Some(l) = &r.limit {
+        for m in l
+            .single
+            .iter()
+            .chain(l.bulk.iter().map(|b| &b.measured))
+            .filter(|m| m.failures.total > 0)
+        {
+            failure_lines.push(failure_line(
+                &format!("limit c={}", m.concurrency),
+                &m.failures,
+            ));
+        }
+    }
+    for s in &r.strategies {
+        for p in s.points.iter().filter(|p| p.measured.failures.total > 0) {
+            failure_lines.push(failure_line(
+                &format!("{} {} c={}", s.strategy, p.workload, p.measured.concurrency),
+                &p.measured.failures,
+            ));
+        }
+        if let Some(seed) = &s.seed
+            && seed.measured.failures.total > 0
+        {
+            failure_lines.push(failure_line(
+                &format!("{} seed", s.strategy),
+                &seed.measured.failures,
+            ));
+        }
+    }
+    let _ = writeln!(md, "## Failed requests and server log\n");
+    if failure_lines.is_empty() {
+        let _ = writeln!(
+            md,
+            "No failed request: every transfer answered 201 `done`.\n"
+        );
+    } else {
+        for line in failure_lines {
+            let _ = writeln!(md, "{line}");
+        }
+        let _ = writeln!(md);
+    }
+    for s in r.strategies.iter().filter(|s| s.available) {
+        let file = std::path::Path::new(&s.server_log)
+            .file_name()
+            .map_or(String::new(), |f| f.to_string_lossy().into_owned());
+        if s.server_log_lines == 0 {
+            let _ = writeln!(
+                md,
+                "- {} server logged nothing at warn or above.",
+                s.strategy
+            );
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "- {} server logged {} lines at warn or above (`{file}`):",
+            s.strategy, s.server_log_lines
+        );
+        let mut kinds: Vec<(&String, &u64)> = s.server_log_kinds.iter().collect();
+        kinds.sort_by(|a, b| b.1.cmp(a.1));
+        for (kind, n) in kinds.iter().take(8) {
+            let _ = writeln!(md, "  - {n} × `{}`", kind.replace('`', "'"));
+        }
+    }
+    let _ = writeln!(md);
+
+    let _ = writeln!(
+        md,
+        "Time per part: {}.\n",
+        r.part_seconds
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.0} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for note in &r.notes {
+        let _ = writeln!(md, "- {note}");
+    }
+    md
+}
+
+fn failure_line(label: &str, f: &Failures) -> String {
+    let mut line = format!("- {label}: {}", f.brief());
+    for (kind, samples) in &f.samples {
+        if let Some(body) = samples.first() {
+            let _ = write!(
+                line,
+                "; first `{kind}` answer: `{}`",
+                body.replace('`', "'").replace('\n', " ")
+            );
+        }
+    }
+    line
+}
+
+// ---------------------------------------------------------------------------------------
+// The plot.
+
+struct Panel {
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+    lo: f64,
+    hi: f64,
+    cmin: f64,
+    cmax: f64,
+}
+
+impl Panel {
+    fn px(&self, c: f64) -> f64 {
+        let (a, b) = (self.cmin.log2(), self.cmax.log2());
+        let (a, b) = if b > a { (a, b) } else { (a - 0.5, b + 0.5) };
+        self.x + (c.log2() - a) / (b - a) * self.w
+    }
+
+    fn py(&self, v: f64) -> f64 {
+        let (a, b) = (self.lo.log10(), self.hi.log10());
+        self.y + self.h - (v.max(self.lo).log10() - a) / (b - a) * self.h
+    }
+}
+
+/// Decade bounds around `values` for a log axis.
+fn log_bounds(values: &[f64]) -> (f64, f64) {
+    let finite: Vec<f64> = values
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .collect();
+    if finite.is_empty() {
+        return (1.0, 10.0);
+    }
+    let min = finite.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = finite.iter().copied().fold(0.0, f64::max);
+    let lo = 10f64.powf(min.log10().floor());
+    let mut hi = 10f64.powf(max.log10().ceil());
+    if hi <= lo {
+        hi = lo * 10.0;
+    }
+    (lo, hi)
+}
+
+fn tick_label(v: f64) -> String {
+    if v >= 1000.0 {
+        let k = v / 1000.0;
+        if k.fract() == 0.0 {
+            format!("{k:.0}k")
+        } else {
+            format!("{k}k")
+        }
+    } else if v >= 1.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn axes(svg: &mut String, p: &Panel, title: &str, ylabel: &str, cs: &[usize]) {
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
+        p.x, p.y, p.w, p.h
+    );
+    let _ = writeln!(
+        svg,
+        r##"<text x="{}" y="{}" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"##,
+        p.x + p.w / 2.0,
+        p.y - 12.0,
+        escape(title)
+    );
+    let mut decade = p.lo;
+    while decade <= p.hi * 1.0001 {
+        for m in [1.0, 2.0, 5.0] {
+            let v = decade * m;
+            if v > p.hi * 1.0001 {
+                break;
+            }
+            let y = p.py(v);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="{}"/>"##,
+                p.x,
+                p.x + p.w,
+                if m == 1.0 { "#ccc" } else { "#eee" }
+            );
+            let _ = writeln!(
+                svg,
+                r##"<text x="{}" y="{:.1}" text-anchor="end" font-size="13">{}</text>"##,
+                p.x - 6.0,
+                y + 4.0,
+                tick_label(v)
+            );
+        }
+        decade *= 10.0;
+    }
+    for &c in cs {
+        let x = p.px(c as f64);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="#eee"/>"##,
+            p.y,
+            p.y + p.h
+        );
+        let _ = writeln!(
+            svg,
+            r##"<text x="{x:.1}" y="{}" text-anchor="middle" font-size="13">{c}</text>"##,
+            p.y + p.h + 18.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r##"<text x="{}" y="{}" text-anchor="middle" font-size="14">concurrent clients (log scale)</text>"##,
+        p.x + p.w / 2.0,
+        p.y + p.h + 40.0
+    );
+    let (lx, ly) = (p.x - 58.0, p.y + p.h / 2.0);
+    let _ = writeln!(
+        svg,
+        r##"<text x="{lx}" y="{ly}" text-anchor="middle" font-size="14" transform="rotate(-90 {lx} {ly})">{}</text>"##,
+        escape(ylabel)
+    );
+}
+
+struct Series<'a> {
+    label: String,
+    color: &'static str,
+    dash: &'static str,
+    points: Vec<&'a Point>,
+}
+
+fn series(r: &Results) -> Vec<Series<'_>> {
+    let mut out = Vec::new();
+    for (name, color) in [("two-phase", "#1f5fbf"), ("native", "#d9480f")] {
+        let Some(s) = strategy(r, name) else { continue };
+        for (workload, dash) in [("uniform", ""), ("hot", "7 5")] {
+            let points: Vec<&Point> = s.points.iter().filter(|p| p.workload == workload).collect();
+            if !points.is_empty() {
+                out.push(Series {
+                    label: format!("{name}, {workload} accounts"),
+                    color,
+                    dash,
+                    points,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn polyline(svg: &mut String, p: &Panel, s: &Series, value: impl Fn(&Point) -> f64) {
+    let coords: Vec<(f64, f64)> = s
+        .points
+        .iter()
+        .filter(|pt| value(pt).is_finite() && value(pt) > 0.0)
+        .map(|pt| (p.px(pt.measured.concurrency as f64), p.py(value(pt))))
+        .collect();
+    let path: Vec<String> = coords
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    let _ = writeln!(
+        svg,
+        r##"<polyline points="{}" fill="none" stroke="{}" stroke-width="2.5" stroke-dasharray="{}"/>"##,
+        path.join(" "),
+        s.color,
+        s.dash
+    );
+    for (x, y) in coords {
+        let _ = writeln!(
+            svg,
+            r##"<circle cx="{x:.1}" cy="{y:.1}" r="4" fill="{}"/>"##,
+            s.color
+        );
+    }
+}
+
+pub fn plot(r: &Results) -> String {
+    let cs = concurrencies(r);
+    let all = series(r);
+    let (cmin, cmax) = (
+        cs.first().copied().unwrap_or(1) as f64,
+        cs.last().copied().unwrap_or(128) as f64,
+    );
+    let ceiling = ceiling(r);
+    let mut tps_values: Vec<f64> = all
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.measured.units_per_s))
+        .collect();
+    tps_values.push(ceiling);
+    if let Some(l) = &r.limit {
+        tps_values.push(l.distinct_guarded_ceiling_per_s);
+    }
+    let p99_values: Vec<f64> = all
+        .iter()
+        .flat_map(|s| {
+            s.points
+                .iter()
+                .map(|p| p.measured.latency.as_ref().map_or(f64::NAN, |l| l.p99_ms))
+        })
+        .collect();
+    let (w, h) = (1100.0, 560.0);
+    let (t_lo, t_hi) = log_bounds(&tps_values);
+    let (l_lo, l_hi) = log_bounds(&p99_values);
+    let left = Panel {
+        x: 90.0,
+        y: 70.0,
+        w: 430.0,
+        h: 340.0,
+        lo: t_lo,
+        hi: t_hi,
+        cmin,
+        cmax,
+    };
+    let right = Panel {
+        x: 640.0,
+        lo: l_lo,
+        hi: l_hi,
+        ..left
+    };
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="Helvetica, Arial, sans-serif">"##
+    );
+    let _ = writeln!(
+        svg,
+        r##"<rect width="{w}" height="{h}" fill="white"/>
+<text x="{}" y="28" text-anchor="middle" font-size="18">transfer-service through its HTTP API, {}{}</text>"##,
+        w / 2.0,
+        escape(&r.started_at),
+        if r.quick { " (quick run)" } else { "" }
+    );
+    axes(
+        &mut svg,
+        &left,
+        "Throughput",
+        "transfers per second (log scale)",
+        &cs,
+    );
+    axes(
+        &mut svg,
+        &right,
+        "p99 latency",
+        "milliseconds (log scale)",
+        &cs,
+    );
+    if ceiling.is_finite() && ceiling > 0.0 {
+        let y = left.py(ceiling);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#2b8a3e" stroke-width="2" stroke-dasharray="3 4"/>
+<text x="{}" y="{:.1}" text-anchor="end" font-size="13" fill="#2b8a3e">limit: {} transfers/s</text>"##,
+            left.x,
+            left.x + left.w,
+            left.x + left.w - 6.0,
+            y - 6.0,
+            num(ceiling)
+        );
+    }
+    let distinct = r
+        .limit
+        .as_ref()
+        .map_or(f64::NAN, |l| l.distinct_guarded_ceiling_per_s);
+    if distinct.is_finite() && distinct > 0.0 && distinct < ceiling {
+        let y = left.py(distinct);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#8fbf9a" stroke-width="2" stroke-dasharray="2 6"/>
+<text x="{}" y="{:.1}" text-anchor="start" font-size="12" fill="#5c8f68">without update_many: {}/s</text>"##,
+            left.x,
+            left.x + left.w,
+            left.x + 6.0,
+            y + 15.0,
+            num(distinct)
+        );
+    }
+    for s in &all {
+        polyline(&mut svg, &left, s, |p| p.measured.units_per_s);
+        polyline(&mut svg, &right, s, |p| {
+            p.measured.latency.as_ref().map_or(f64::NAN, |l| l.p99_ms)
+        });
+    }
+    // Legend, under both panels.
+    let mut entries: Vec<(String, &str, &str)> = all
+        .iter()
+        .map(|s| (s.label.clone(), s.color, s.dash))
+        .collect();
+    if ceiling.is_finite() && ceiling > 0.0 {
+        entries.push((
+            "limit: best database writes/s ÷ 8 writes per transfer".into(),
+            "#2b8a3e",
+            "3 4",
+        ));
+    }
+    for (i, (label, color, dash)) in entries.iter().enumerate() {
+        let x = 90.0 + (i % 2) as f64 * 520.0;
+        let y = 485.0 + (i / 2) as f64 * 24.0;
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x}" y1="{y}" x2="{}" y2="{y}" stroke="{color}" stroke-width="2.5" stroke-dasharray="{dash}"/>
+<text x="{}" y="{}" font-size="14">{}</text>"##,
+            x + 40.0,
+            x + 50.0,
+            y + 5.0,
+            escape(label)
+        );
+    }
+    let _ = writeln!(svg, "</svg>");
+    svg
+}
