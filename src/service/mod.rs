@@ -166,7 +166,18 @@ pub struct Bank {
     stale_after: Duration,
     /// Two-phase commit or native transactions for new transfers.
     strategy: Strategy,
+    /// The currency of every account this process has seen, by id. An account's currency
+    /// never changes and no account is ever deleted through the service, so a transfer
+    /// between known accounts is validated without a read. Should an account vanish
+    /// behind the service's back, the debit or credit finds it gone and the transfer rolls
+    /// back with `account_not_found`: the cache can make an answer less precise, never
+    /// move money wrongly.
+    currencies: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
+
+/// Accounts whose currency [`Bank`] remembers, at most; the memory is simply emptied
+/// when full.
+const CURRENCY_CACHE_MAX: usize = 100_000;
 
 impl Bank {
     pub fn new(store: Store, instance_id: impl Into<Arc<str>>, stale_after: Duration) -> Bank {
@@ -177,6 +188,7 @@ impl Bank {
             driving: Arc::default(),
             stale_after,
             strategy: Strategy::TwoPhase,
+            currencies: Arc::default(),
         }
     }
 
@@ -424,6 +436,29 @@ impl Bank {
         if new.source == new.destination {
             return Err(ServiceError::SameAccount);
         }
+        let (source, destination) = match self.known_currencies(new) {
+            Some(known) => known,
+            None => self.read_currencies(new).await?,
+        };
+        if source != destination {
+            return Err(ServiceError::CurrencyMismatch {
+                source_currency: source,
+                destination_currency: destination,
+            });
+        }
+        Ok(source)
+    }
+
+    /// The currencies of both accounts, if this process has seen both.
+    fn known_currencies(&self, new: &NewTransfer) -> Option<(String, String)> {
+        let known = self.currencies.lock().unwrap_or_else(|e| e.into_inner());
+        let source = known.get(new.source.as_str())?.clone();
+        let destination = known.get(new.destination.as_str())?.clone();
+        Some((source, destination))
+    }
+
+    /// Reads both accounts (one round trip) and remembers their currencies.
+    async fn read_currencies(&self, new: &NewTransfer) -> ServiceResult<(String, String)> {
         let found = self
             .store
             .accounts_by_ids(&[new.source.as_str(), new.destination.as_str()])
@@ -432,17 +467,18 @@ impl Bank {
             found
                 .iter()
                 .find(|a| a.id == id.as_str())
+                .map(|a| a.currency.clone())
                 .ok_or_else(|| ServiceError::UnknownAccount(id.to_string()))
         };
         let source = find(&new.source)?;
         let destination = find(&new.destination)?;
-        if source.currency != destination.currency {
-            return Err(ServiceError::CurrencyMismatch {
-                source_currency: source.currency.clone(),
-                destination_currency: destination.currency.clone(),
-            });
+        let mut known = self.currencies.lock().unwrap_or_else(|e| e.into_inner());
+        if known.len() + 2 > CURRENCY_CACHE_MAX {
+            known.clear();
         }
-        Ok(source.currency.clone())
+        known.insert(new.source.to_string(), source.clone());
+        known.insert(new.destination.to_string(), destination.clone());
+        Ok((source, destination))
     }
 
     async fn replay(

@@ -536,3 +536,52 @@ async fn a_bad_transfer_listing_parameter_is_400_invalid_parameter() {
         assert_eq!(problem["field"], field, "for {query}: {problem}");
     }
 }
+
+/// The service remembers account currencies to skip a read per transfer. An account
+/// deleted behind its back (no API deletes one) must still never lose money: the debit or
+/// credit finds it gone and the transfer is rolled back as `account_not_found`.
+#[tokio::test]
+async fn a_transfer_to_an_account_deleted_behind_the_services_back_is_rolled_back() {
+    let app = crate::support::spawn_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let (status, _) = app.transfer("alice", "bob", 100).await;
+    assert_eq!(status, 201);
+    app.store
+        .database()
+        .collection::<mongodb::bson::Document>("accounts")
+        .delete_one(mongodb::bson::doc! { "_id": "bob" })
+        .await
+        .unwrap();
+
+    let response = app
+        .post_json(
+            "/transfers",
+            serde_json::json!({ "source": "alice", "destination": "bob", "amount": 100 }),
+        )
+        .await;
+    let problem = crate::assert_problem(response, 422, "unknown_account").await;
+    let id = problem["transferId"]
+        .as_str()
+        .expect("the transfer was recorded");
+    let stored = app
+        .store
+        .transfer(id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.state,
+        transfer_service::domain::TransferState::Canceled
+    );
+    assert_eq!(
+        stored.reason,
+        Some(transfer_service::domain::CancelReason::AccountNotFound)
+    );
+    assert_eq!(
+        app.balance("alice").await,
+        900,
+        "the second debit was undone"
+    );
+    assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
+}
