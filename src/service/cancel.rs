@@ -18,7 +18,7 @@ use mongodb::bson::oid::ObjectId;
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{CancelReason, TransferEvent, TransferId, TransferState};
-use crate::store::TransferDoc;
+use crate::store::{StoreError, StoreResult, TransferDoc};
 
 impl Bank {
     /// Cancels a transfer; answers with the original transfer as it ends.
@@ -30,21 +30,7 @@ impl Bank {
                     // No account is touched before `initial -> pending`, which this
                     // write makes impossible: nothing to undo.
                     let set = doc! { "reason": CancelReason::CanceledByRequest.as_str() };
-                    let to = TransferState::Initial
-                        .transition(TransferEvent::Abandon)
-                        .expect("initial can be abandoned");
-                    if self
-                        .store()
-                        .transition(transfer.id, TransferState::Initial, to, set)
-                        .await?
-                    {
-                        tracing::info!(transfer_id = %transfer.id, from = %TransferState::Initial, to = %to, reason = %CancelReason::CanceledByRequest, "transfer state changed");
-                        crate::metrics::transfer_finished(
-                            to,
-                            Some(CancelReason::CanceledByRequest),
-                        );
-                    }
-                    self.reload(&transfer).await?
+                    self.force(&transfer, TransferEvent::Abandon, set).await?
                 }
                 TransferState::Pending => self.cancel_pending(transfer).await?,
                 TransferState::Applied | TransferState::Canceling => {
@@ -83,17 +69,10 @@ impl Bank {
             // `applied` instead of re-running the debit and credit next to the owner: a
             // second driver's debit after the owner's pull would apply it twice.
             tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
-            let to = TransferState::Pending
-                .transition(TransferEvent::MarkApplied)
-                .expect("pending can be applied");
             let set = doc! { "application": self.instance_id() };
-            if store
-                .transition(transfer.id, TransferState::Pending, to, set)
-                .await?
-            {
-                tracing::info!(transfer_id = %transfer.id, from = %TransferState::Pending, to = %to, "transfer state changed");
-            }
-            return Ok(self.reload(&transfer).await?);
+            return Ok(self
+                .force(&transfer, TransferEvent::MarkApplied, set)
+                .await?);
         }
         store.fence(&transfer.source, transfer.id).await?;
         // Take the transfer over whoever owns it: the fences make every forward step of
@@ -103,17 +82,32 @@ impl Bank {
             "application": self.instance_id(),
             "fenced": true,
         };
-        let to = TransferState::Pending
-            .transition(TransferEvent::BeginRollback)
-            .expect("pending can roll back");
-        if store
-            .transition(transfer.id, TransferState::Pending, to, set)
-            .await?
-        {
-            tracing::info!(transfer_id = %transfer.id, from = %TransferState::Pending, to = %to, reason = %CancelReason::CanceledByRequest, "transfer state changed");
-        }
-        let transfer = self.reload(&transfer).await?;
+        let transfer = self
+            .force(&transfer, TransferEvent::BeginRollback, set)
+            .await?;
         Ok(self.run(transfer).await?)
+    }
+
+    /// Takes `event` from the transfer's current state whoever owns it (one write guarded
+    /// by the state only, setting `set` too), logs and counts the change if this call made
+    /// it, and answers with the transfer as it now stands. A cancel's own transitions; the
+    /// protocol's are owner-guarded (`advance`).
+    async fn force(
+        &self,
+        transfer: &TransferDoc,
+        event: TransferEvent,
+        set: mongodb::bson::Document,
+    ) -> StoreResult<TransferDoc> {
+        let from = transfer.state;
+        let to = from
+            .transition(event)
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        let reason = set.get_str("reason").ok().and_then(CancelReason::parse);
+        if self.store().transition(transfer.id, from, to, set).await? {
+            tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, reason = ?reason, "transfer state changed");
+            crate::metrics::transfer_finished(to, reason);
+        }
+        self.reload(transfer).await
     }
 
     /// Reverses a done transfer with a compensating transfer, at most once.

@@ -284,9 +284,10 @@ impl Bank {
         let to = from
             .transition(event)
             .map_err(|e| StoreError::Other(e.to_string()))?;
+        let reason = extra.get_str("reason").ok().and_then(CancelReason::parse);
         let won = self
             .store
-            .transition_as(self.instance_id(), transfer.id, from, to, extra.clone())
+            .transition_as(self.instance_id(), transfer.id, from, to, extra)
             .await?;
         let Some(now) = won else {
             return self.reload(&transfer).await;
@@ -295,8 +296,8 @@ impl Bank {
         transfer.state = to;
         transfer.last_modified = now;
         transfer.application = Some(self.instance_id().to_owned());
-        if let Some(reason) = extra.get_str("reason").ok().and_then(CancelReason::parse) {
-            transfer.reason = Some(reason);
+        if reason.is_some() {
+            transfer.reason = reason;
         }
         crate::metrics::transfer_finished(to, transfer.reason);
         match to {

@@ -35,6 +35,7 @@ use mongodb::error::ErrorKind;
 use mongodb::{Collection, Database};
 use tokio::sync::{mpsc, oneshot};
 
+use super::transfers::{owned_by, touched};
 use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::{MAX_MONEY, TransferState};
 
@@ -209,17 +210,16 @@ pub async fn transition_all(
     for ((owner, from, to), members) in groups {
         let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
         let now = DateTime::now();
-        let owned = if from == TransferState::Initial {
-            doc! { "$in": [Bson::Null, owner.as_str()] }
-        } else {
-            doc! { "$eq": owner.as_str() }
-        };
         let updated = transactions
             .update_many(
-                doc! { "_id": { "$in": &ids }, "state": from.as_str(), "application": owned },
+                doc! {
+                    "_id": { "$in": &ids },
+                    "state": from.as_str(),
+                    "application": owned_by(&owner, from),
+                },
                 doc! {
                     "$set": { "state": to.as_str(), "application": owner.as_str() },
-                    "$max": { "lastModified": now },
+                    "$max": touched(now),
                 },
             )
             .await?;

@@ -8,7 +8,7 @@
 
 use futures::TryStreamExt;
 use mongodb::bson::oid::ObjectId;
-use mongodb::bson::{DateTime, Document, doc};
+use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::batch::Transition;
@@ -176,6 +176,11 @@ impl Store {
         limit: u32,
     ) -> StoreResult<Vec<TransferDoc>> {
         filter.insert("lastModified", doc! { "$lt": before });
+        self.oldest_first(filter, limit).await
+    }
+
+    /// At most `limit` transfers matching `filter`, least recently modified first.
+    async fn oldest_first(&self, filter: Document, limit: u32) -> StoreResult<Vec<TransferDoc>> {
         let options = FindOptions::builder()
             .sort(doc! { "lastModified": 1 })
             .limit(i64::from(limit))
@@ -237,15 +242,10 @@ impl Store {
         }
         let now = DateTime::now();
         let set = merge_set(doc! { "state": to.as_str(), "application": owner }, extra);
-        let owned = if from == TransferState::Initial {
-            doc! { "$in": [null, owner] }
-        } else {
-            doc! { "$eq": owner }
-        };
         let result = self
             .transactions
             .update_one(
-                doc! { "_id": id, "state": from.as_str(), "application": owned },
+                doc! { "_id": id, "state": from.as_str(), "application": owned_by(owner, from) },
                 doc! { "$set": set, "$max": touched(now) },
             )
             .await?;
@@ -300,17 +300,13 @@ impl Store {
         limit: u32,
     ) -> StoreResult<Vec<TransferDoc>> {
         let states: Vec<&str> = UNFINISHED.iter().map(|s| s.as_str()).collect();
-        let filter = if mine {
-            doc! { "state": { "$in": states }, "application": owner }
-        } else {
-            doc! { "state": { "$in": states }, "lastModified": { "$lt": stale_before } }
-        };
-        let options = FindOptions::builder()
-            .sort(doc! { "lastModified": 1 })
-            .limit(i64::from(limit))
-            .build();
-        let cursor = self.transactions.find(filter).with_options(options).await?;
-        Ok(cursor.try_collect().await?)
+        let unfinished = doc! { "state": { "$in": states } };
+        if mine {
+            let mut filter = unfinished;
+            filter.insert("application", owner);
+            return self.oldest_first(filter, limit).await;
+        }
+        self.older_than(unfinished, stale_before, limit).await
     }
 
     /// Claims a transfer found by [`Store::unfinished`]: one guarded findAndModify that
@@ -347,6 +343,16 @@ impl Store {
 }
 
 /// The `$max` operand that moves `lastModified` forward to `now`, never back.
-fn touched(now: DateTime) -> Document {
+pub(super) fn touched(now: DateTime) -> Document {
     doc! { "lastModified": now }
+}
+
+/// The `application` condition of an owner's state change: `owner`, or, for a transfer
+/// still `initial`, nobody yet.
+pub(super) fn owned_by(owner: &str, from: TransferState) -> Document {
+    if from == TransferState::Initial {
+        doc! { "$in": [Bson::Null, owner] }
+    } else {
+        doc! { "$eq": owner }
+    }
 }
