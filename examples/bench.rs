@@ -67,6 +67,9 @@ struct Cli {
         default_value = "limit,twophase,native,seed"
     )]
     parts: Vec<Part>,
+    /// Client concurrencies of the closed-loop parts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+    concurrency: Vec<usize>,
 }
 
 struct Plans {
@@ -75,13 +78,11 @@ struct Plans {
     seed: SeedPlan,
 }
 
-const CONCURRENCIES: [usize; 4] = [1, 8, 32, 128];
-
-fn plans(quick: bool) -> Plans {
+fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
     let (warmup, window) = if quick { (0.5, 1.5) } else { (2.0, 10.0) };
     Plans {
         limit: LimitPlan {
-            concurrencies: CONCURRENCIES.to_vec(),
+            concurrencies: concurrencies.to_vec(),
             warmup_s: if quick { 0.3 } else { 1.0 },
             window_s: if quick { 1.0 } else { 5.0 },
             bulk_batches: if quick { vec![100] } else { vec![100, 1000] },
@@ -91,7 +92,7 @@ fn plans(quick: bool) -> Plans {
             max_pool_size: 256,
         },
         closed: ClosedPlan {
-            concurrencies: CONCURRENCIES.to_vec(),
+            concurrencies: concurrencies.to_vec(),
             warmup_s: warmup,
             window_s: window,
             uniform_accounts: if quick { 100 } else { 1000 },
@@ -189,7 +190,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) -> ExitCode {
     let clock = Instant::now();
     let wants = |p: Part| cli.parts.contains(&p);
-    let plans = plans(cli.quick);
+    let plans = plans(cli.quick, &cli.concurrency);
     let mut part_seconds: Vec<(String, f64)> = Vec::new();
     let mut notes = Vec::new();
     eprintln!("[bench] results go to {}", out.display());

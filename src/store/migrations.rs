@@ -27,6 +27,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0003_housekeeping",
         include_str!("../../migrations/0003_housekeeping.json"),
     ),
+    (
+        "0004_validators_without_regex",
+        include_str!("../../migrations/0004_validators_without_regex.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -330,3 +330,40 @@ async fn a_bad_limit_or_cursor_on_an_accounts_transfers_is_400_invalid_parameter
         assert_eq!(problem["field"], field, "for {query}: {problem}");
     }
 }
+
+/// The schema validators guard what money depends on even against writes that bypass the
+/// service: a balance stays an Int64 that is never negative, a transfer's state is one of
+/// the protocol's, its amount an Int64 of at least one minor unit.
+#[tokio::test]
+async fn the_database_refuses_writes_that_would_break_money_even_from_outside_the_service() {
+    use mongodb::bson::{Document, doc};
+    let app = spawn_app().await;
+    app.open_account("alice", 100).await;
+    let accounts = app.store.database().collection::<Document>("accounts");
+    for change in [
+        doc! { "$set": { "balance": -1_i64 } },
+        doc! { "$set": { "balance": 1.5_f64 } },
+        doc! { "$set": { "balance": 7_i32 } },
+        doc! { "$set": { "currency": "EURO" } },
+        doc! { "$unset": { "pendingTransactions": "" } },
+    ] {
+        let refused = accounts
+            .update_one(doc! { "_id": "alice" }, change.clone())
+            .await;
+        assert!(refused.is_err(), "{change} was stored");
+    }
+    assert_eq!(app.balance("alice").await, 100);
+
+    app.open_account("bob", 0).await;
+    app.transfer("alice", "bob", 10).await;
+    let transactions = app.store.database().collection::<Document>("transactions");
+    for change in [
+        doc! { "$set": { "state": "committed" } },
+        doc! { "$set": { "value": 0_i64 } },
+        doc! { "$set": { "value": 2.5_f64 } },
+        doc! { "$unset": { "lastModified": "" } },
+    ] {
+        let refused = transactions.update_one(doc! {}, change.clone()).await;
+        assert!(refused.is_err(), "{change} was stored");
+    }
+}
