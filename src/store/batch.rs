@@ -193,55 +193,81 @@ pub async fn insert_transfers(
     }
 }
 
-/// One `updateMany` per (owner, from, to). A transition won when the document is now in
-/// `to` under `owner`: only this owner's one driver of the transfer moves it so.
+/// One `updateMany` per (owner, from, to), all issued at once: the groups touch
+/// different documents, so none waits for another's journal flush. A transition won when
+/// the document is now in `to` under `owner`: only this owner's one driver of the
+/// transfer moves it so.
 pub async fn transition_all(
     transactions: Collection<TransferDoc>,
     ops: Vec<Transition>,
 ) -> StoreResult<Vec<StoreResult<Option<DateTime>>>> {
-    let mut groups: HashMap<(String, TransferState, TransferState), Vec<usize>> = HashMap::new();
+    let mut groups: HashMap<(&str, TransferState, TransferState), Vec<usize>> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
         groups
-            .entry((op.owner.clone(), op.from, op.to))
+            .entry((op.owner.as_str(), op.from, op.to))
             .or_default()
             .push(i);
     }
-    let mut results: Vec<StoreResult<Option<DateTime>>> = vec![Ok(None); ops.len()];
-    for ((owner, from, to), members) in groups {
-        let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
-        let now = DateTime::now();
-        let updated = transactions
-            .update_many(
-                doc! {
-                    "_id": { "$in": &ids },
-                    "state": from.as_str(),
-                    "application": owned_by(&owner, from),
-                },
-                doc! {
-                    "$set": { "state": to.as_str(), "application": owner.as_str() },
-                    "$max": touched(now),
-                },
-            )
-            .await?;
-        if updated.modified_count == ids.len() as u64 {
-            for &i in &members {
-                results[i] = Ok(Some(now));
+    let now = DateTime::now();
+    let written =
+        futures::future::try_join_all(groups.into_iter().map(|((owner, from, to), members)| {
+            let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
+            let transactions = &transactions;
+            async move {
+                let won = transition_group(transactions, owner, from, to, &ids, now).await?;
+                StoreResult::Ok((members, won))
             }
-            continue;
-        }
-        let moved: Vec<TransferDoc> = transactions
-            .find(doc! { "_id": { "$in": &ids } })
-            .await?
-            .try_collect()
-            .await?;
-        for &i in &members {
-            let won = moved.iter().any(|t| {
-                t.id == ops[i].id && t.state == to && t.application.as_deref() == Some(&owner)
-            });
+        }))
+        .await?;
+    let mut results: Vec<StoreResult<Option<DateTime>>> = vec![Ok(None); ops.len()];
+    for (members, won) in written {
+        for (i, won) in members.into_iter().zip(won) {
             results[i] = Ok(won.then_some(now));
         }
     }
     Ok(results)
+}
+
+/// Moves the transfers `ids` from `from` to `to` under `owner` in one `updateMany`;
+/// answers, per id, whether it is now in `to` under `owner` (read back only when the
+/// update did not change them all).
+async fn transition_group(
+    transactions: &Collection<TransferDoc>,
+    owner: &str,
+    from: TransferState,
+    to: TransferState,
+    ids: &[ObjectId],
+    now: DateTime,
+) -> StoreResult<Vec<bool>> {
+    let updated = transactions
+        .update_many(
+            doc! {
+                "_id": { "$in": ids },
+                "state": from.as_str(),
+                "application": owned_by(owner, from),
+            },
+            doc! {
+                "$set": { "state": to.as_str(), "application": owner },
+                "$max": touched(now),
+            },
+        )
+        .await?;
+    if updated.modified_count == ids.len() as u64 {
+        return Ok(vec![true; ids.len()]);
+    }
+    let moved: Vec<TransferDoc> = transactions
+        .find(doc! { "_id": { "$in": ids } })
+        .await?
+        .try_collect()
+        .await?;
+    Ok(ids
+        .iter()
+        .map(|id| {
+            moved
+                .iter()
+                .any(|t| t.id == *id && t.state == to && t.application.as_deref() == Some(owner))
+        })
+        .collect())
 }
 
 /// One `updateMany` whose pipeline walks, for each account, the batch's changes to it in

@@ -191,3 +191,73 @@ async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
         assert_eq!(doc.pending_transactions, vec![t2], "{account}");
     }
 }
+
+/// A batch mixing kinds of state change and owners: the groups are written at once, and
+/// every caller still gets its own answer, in its own place.
+#[tokio::test]
+async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
+    use TransferState::{Applied, Done, Initial, Pending};
+    let app = spawn_app().await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let t = TransferDoc::initial(ObjectId::new(), "a", "b", 1, "USD");
+        app.store.insert_transfer(&t).await.unwrap();
+        ids.push(t.id);
+    }
+    // Where each transfer stands before the batch: (owner, state).
+    let setup = [
+        (None, Initial),
+        (Some("me"), Pending),
+        (Some("other"), Applied),
+        (Some("other"), Pending),
+        (Some("me"), Applied),
+        (None, Initial),
+    ];
+    for (id, (owner, state)) in ids.iter().zip(setup) {
+        let Some(owner) = owner else { continue };
+        let mut at = Initial;
+        for next in [Pending, Applied] {
+            if at == state {
+                break;
+            }
+            let moved = app.store.transition_as(owner, *id, at, next, doc! {}).await;
+            assert!(moved.unwrap().is_some());
+            at = next;
+        }
+    }
+    let op = |i: usize, owner: &str, from, to| Transition {
+        owner: owner.into(),
+        id: ids[i],
+        from,
+        to,
+    };
+    let ops = vec![
+        op(0, "me", Initial, Pending),
+        op(1, "me", Pending, Applied),
+        op(2, "other", Applied, Done),
+        op(3, "me", Pending, Applied), // owned by "other": refused
+        op(4, "me", Applied, Done),
+        op(5, "me", Pending, Applied), // still initial: refused
+    ];
+    let results = transition_all(app.store.database().collection("transactions"), ops)
+        .await
+        .unwrap();
+    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap().is_some()).collect();
+    assert_eq!(won, [true, true, true, false, true, false]);
+    let expected = [
+        ("me", Pending),
+        ("me", Applied),
+        ("other", Done),
+        ("other", Pending),
+        ("me", Done),
+    ];
+    for (id, (owner, state)) in ids.iter().zip(expected) {
+        let stored = app.store.transfer(*id).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.application.as_deref(), stored.state),
+            (Some(owner), state)
+        );
+    }
+    let untouched = app.store.transfer(ids[5]).await.unwrap().unwrap();
+    assert_eq!((untouched.application, untouched.state), (None, Initial));
+}
