@@ -70,6 +70,14 @@ struct Cli {
     /// Client concurrencies of the closed-loop parts, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
     concurrency: Vec<usize>,
+    /// Which strategies the seed scenario runs with, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "two-phase,native",
+        value_parser = ["two-phase", "native"]
+    )]
+    seed_strategies: Vec<String>,
 }
 
 struct Plans {
@@ -311,7 +319,8 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         };
         for (part, name) in [(Part::Twophase, "two-phase"), (Part::Native, "native")] {
             let closed = wants(part).then_some(&plans.closed);
-            let seed = wants(Part::Seed).then_some(&plans.seed);
+            let seed = (wants(Part::Seed) && cli.seed_strategies.iter().any(|s| s == name))
+                .then_some(&plans.seed);
             if closed.is_none() && seed.is_none() {
                 continue;
             }

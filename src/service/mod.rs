@@ -457,21 +457,16 @@ impl Bank {
         Some((source, destination))
     }
 
-    /// Reads both accounts (one round trip) and remembers their currencies.
+    /// Reads both accounts' currencies (with those of concurrent transfers, in one
+    /// round trip) and remembers them.
     async fn read_currencies(&self, new: &NewTransfer) -> ServiceResult<(String, String)> {
-        let found = self
+        let [source, destination] = self
             .store
-            .accounts_by_ids(&[new.source.as_str(), new.destination.as_str()])
+            .currencies([new.source.as_str(), new.destination.as_str()])
             .await?;
-        let find = |id: &AccountId| {
-            found
-                .iter()
-                .find(|a| a.id == id.as_str())
-                .map(|a| a.currency.clone())
-                .ok_or_else(|| ServiceError::UnknownAccount(id.to_string()))
-        };
-        let source = find(&new.source)?;
-        let destination = find(&new.destination)?;
+        let source = source.ok_or_else(|| ServiceError::UnknownAccount(new.source.to_string()))?;
+        let destination =
+            destination.ok_or_else(|| ServiceError::UnknownAccount(new.destination.to_string()))?;
         let mut known = self.currencies.lock().unwrap_or_else(|e| e.into_inner());
         if known.len() + 2 > CURRENCY_CACHE_MAX {
             known.clear();

@@ -22,10 +22,13 @@ impl Store {
         Ok(self.accounts.find_one(doc! { "_id": id }).await?)
     }
 
-    /// The accounts among `ids` that exist, in one round trip.
-    pub async fn accounts_by_ids(&self, ids: &[&str]) -> StoreResult<Vec<AccountDoc>> {
-        let cursor = self.accounts.find(doc! { "_id": { "$in": ids } }).await?;
-        Ok(cursor.try_collect().await?)
+    /// The currencies of two accounts (`None` for one that does not exist), read
+    /// together with those of concurrent transfers (see [`super::batch`]).
+    pub async fn currencies(&self, accounts: [&str; 2]) -> StoreResult<[Option<String>; 2]> {
+        self.batches
+            .currencies
+            .submit(accounts.map(str::to_owned))
+            .await
     }
 
     /// Accounts in id order, after `after` when given: keyset pagination, so a page costs

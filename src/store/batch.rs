@@ -126,8 +126,10 @@ pub struct Pull {
     pub tx: ObjectId,
 }
 
-/// The group-commit queues of one store.
+/// The group-commit queues of one store (and one of reads: the accounts' currencies,
+/// which a transfer between accounts this process has not seen yet must read first).
 pub struct Batches {
+    pub currencies: Batcher<[String; 2], [Option<String>; 2]>,
     pub inserts: Batcher<TransferDoc, ()>,
     pub transitions: Batcher<Transition, Option<DateTime>>,
     pub account_changes: Batcher<AccountChange, bool>,
@@ -145,6 +147,10 @@ impl Batches {
         let transactions: Collection<TransferDoc> = db.collection("transactions");
         let accounts: Collection<Document> = db.collection("accounts");
         Arc::new(Batches {
+            currencies: Batcher::start({
+                let accounts = accounts.clone();
+                move |ops| read_currencies(accounts.clone(), ops)
+            }),
             inserts: Batcher::start({
                 let transactions = transactions.clone();
                 move |docs| insert_transfers(transactions.clone(), docs)
@@ -160,6 +166,33 @@ impl Batches {
             pulls: Batcher::start(move |ops| pull_markers(accounts.clone(), ops)),
         })
     }
+}
+
+/// One `find` for the currencies of every account the batch names; `None` for an
+/// account that does not exist.
+pub async fn read_currencies(
+    accounts: Collection<Document>,
+    ops: Vec<[String; 2]>,
+) -> StoreResult<Vec<StoreResult<[Option<String>; 2]>>> {
+    let mut ids: Vec<&str> = ops.iter().flatten().map(String::as_str).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let found: HashMap<String, String> = accounts
+        .find(doc! { "_id": { "$in": &ids } })
+        .projection(doc! { "currency": 1 })
+        .await?
+        .try_filter_map(|a| async move {
+            Ok(match (a.get_str("_id"), a.get_str("currency")) {
+                (Ok(id), Ok(currency)) => Some((id.to_owned(), currency.to_owned())),
+                _ => None,
+            })
+        })
+        .try_collect()
+        .await?;
+    Ok(ops
+        .iter()
+        .map(|pair| Ok(pair.clone().map(|id| found.get(&id).cloned())))
+        .collect())
 }
 
 /// One `insertMany`, unordered: a document refused (a taken idempotency key) fails alone.
