@@ -247,8 +247,11 @@ pub async fn insert_transfers(
     }
 }
 
-/// One `updateMany` per (owner, from, to), all issued at once: the groups touch
-/// different documents, so none waits for another's journal flush. A transition won when
+/// One `updateMany` per (owner, from, to), all issued at once rather than one after
+/// another: the groups touch different documents and none needs another's result. (One
+/// statement for the whole batch, with a `$switch` guard per group in `$expr`, was
+/// measured on SecantusDB at about half the throughput: 1,007 against 1,857 transfers/s
+/// at 128 clients.) A transition won when
 /// the document is now in `to` under `owner`: only this owner's one driver of the
 /// transfer moves it so.
 pub async fn transition_all(
