@@ -40,7 +40,12 @@ impl Application {
     /// Connects, migrates and binds. Fails if the database is unreachable at start-up:
     /// an instance that cannot migrate must not serve.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
-        let store = Store::connect(&settings.mongodb_uri, &settings.database).await?;
+        let store = Store::connect_with(
+            &settings.mongodb_uri,
+            &settings.database,
+            settings.group_commit_writes,
+        )
+        .await?;
         let applied = store.migrate().await?;
         if !applied.is_empty() {
             tracing::info!(?applied, "migrations applied");

@@ -43,7 +43,8 @@ use crate::domain::{MAX_MONEY, TransferState};
 /// per-account table).
 pub const MAX_BATCH: usize = 256;
 
-/// Group-commit writes in flight to the database at once, across all kinds. SecantusDB
+/// Group-commit writes in flight to the database at once, across all kinds, unless
+/// `GROUP_COMMIT_WRITES` says otherwise. SecantusDB
 /// runs write commands one after another (measured: about 1,700 small `updateMany` a
 /// second whether 1, 2, 4 or 8 clients send them), so more writes in flight only wait
 /// there, each holding a batch that closed too early. With two, one write runs while the
@@ -54,7 +55,7 @@ pub const MAX_BATCH: usize = 256;
 /// 1,466 / 1,647, seed 325 ms / 1.1 s. Runs vary by about 10%; two keeps the seed's
 /// latency lowest. A real replica set, whose journal serves concurrent writers with one
 /// flush, may like more.
-pub const WRITE_SLOTS: usize = 2;
+pub const DEFAULT_WRITE_SLOTS: usize = 2;
 
 type Reply<Out> = oneshot::Sender<StoreResult<Out>>;
 
@@ -163,10 +164,11 @@ impl std::fmt::Debug for Batches {
 }
 
 impl Batches {
-    pub fn start(db: &Database) -> Arc<Batches> {
+    /// Starts the queues; at most `write_slots` of their writes are in flight at once.
+    pub fn start(db: &Database, write_slots: usize) -> Arc<Batches> {
         let transactions: Collection<TransferDoc> = db.collection("transactions");
         let accounts: Collection<Document> = db.collection("accounts");
-        let slots = Some(Arc::new(Semaphore::new(WRITE_SLOTS)));
+        let slots = Some(Arc::new(Semaphore::new(write_slots.max(1))));
         Arc::new(Batches {
             currencies: Batcher::start(None, {
                 let accounts = accounts.clone();
