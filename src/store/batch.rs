@@ -4,7 +4,10 @@
 //! Each caller still asks for its own guarded write and gets its own answer; only the
 //! transport is shared. While one batch of a kind is being written, the next callers
 //! queue; when it is done, all of them (up to [`MAX_BATCH`]) go out together. Under no
-//! load a batch holds one write and nothing waits.
+//! load a batch holds one write and nothing waits. Across all kinds, at most
+//! `GROUP_COMMIT_WRITES` batches (default [`DEFAULT_WRITE_SLOTS`]) are in flight at once:
+//! a kind's task takes a slot before it gathers its batch, so whatever queues while the
+//! slots are taken joins that batch.
 //!
 //! Why one statement and not a multi-statement `update` command: measured by the
 //! benchmark on SecantusDB with `--sync-on-commit`, a multi-statement update writes 3,800
@@ -14,7 +17,7 @@
 //! | step | one statement for the batch |
 //! |---|---|
 //! | record | `insertMany`, unordered; a taken idempotency key fails only its own document |
-//! | state change | `updateMany {_id: {$in}, state: from, application: owner}`, one per (owner, from, to) |
+//! | state change | `updateMany {_id: {$in}, state: from, application: owner}`, one per (owner, from, to), written at once |
 //! | debit, credit | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
 //! | pulls | `updateMany {_id: {$in: accounts}}` pulling every marker of the batch |
 //!
