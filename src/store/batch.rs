@@ -5,7 +5,7 @@
 //! transport is shared. While one batch of a kind is being written, the next callers
 //! queue; when it is done, all of them (up to [`MAX_BATCH`]) go out together. Under no
 //! load a batch holds one write and nothing waits. Across all kinds, at most
-//! `GROUP_COMMIT_WRITES` batches (default [`DEFAULT_WRITE_SLOTS`]) are in flight at once:
+//! `GROUP_COMMIT_WRITES` batches (default [`DEFAULT_GROUP_COMMIT_WRITES`]) are in flight at once:
 //! a kind's task takes a slot before it gathers its batch, so whatever queues while the
 //! slots are taken joins that batch.
 //!
@@ -47,18 +47,17 @@ use crate::domain::{MAX_MONEY, TransferState};
 pub const MAX_BATCH: usize = 256;
 
 /// Group-commit writes in flight to the database at once, across all kinds, unless
-/// `GROUP_COMMIT_WRITES` says otherwise. SecantusDB
-/// runs write commands one after another (measured: about 1,700 small `updateMany` a
-/// second whether 1, 2, 4 or 8 clients send them), so more writes in flight only wait
-/// there, each holding a batch that closed too early. With two, one write runs while the
-/// next waits, and everything that queues meanwhile joins the next batch. Measured by
-/// the benchmark (closed loop at 128 clients, uniform / hot; seed scenario at 1,000
-/// transfers a second, mean / p99): unlimited 1,935 / 1,946 transfers/s, seed 109 / 248
-/// ms; three 2,028 / 2,261, seed 94 / 220 ms; two 1,692 / 2,026, seed 72 / 195 ms; one
-/// 1,466 / 1,647, seed 325 ms / 1.1 s. Runs vary by about 10%; two keeps the seed's
-/// latency lowest. A real replica set, whose journal serves concurrent writers with one
-/// flush, may like more.
-pub const DEFAULT_WRITE_SLOTS: usize = 2;
+/// `GROUP_COMMIT_WRITES` says otherwise. SecantusDB runs write commands one after another
+/// (measured: about 1,700 small `updateMany` a second whether 1, 2, 4 or 8 clients send
+/// them), so more writes in flight only wait there, each holding a batch that closed too
+/// early. With two, one write runs while the next waits, and everything that queues
+/// meanwhile joins the next batch. Measured by the benchmark (closed loop at 128 clients,
+/// uniform / hot; seed scenario at 1,000 transfers a second, mean / p99): unlimited
+/// 1,935 / 1,946 transfers/s, seed 109 / 248 ms; three 2,028 / 2,261, seed 94 / 220 ms;
+/// two 1,692 / 2,026, seed 72 / 195 ms; one 1,466 / 1,647, seed 325 ms / 1.1 s. Runs vary
+/// by about 10%; two keeps the seed's latency lowest. A real replica set, whose journal
+/// serves concurrent writers with one flush, may like more.
+pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 2;
 
 type Reply<Out> = oneshot::Sender<StoreResult<Out>>;
 
@@ -167,11 +166,12 @@ impl std::fmt::Debug for Batches {
 }
 
 impl Batches {
-    /// Starts the queues; at most `write_slots` of their writes are in flight at once.
-    pub fn start(db: &Database, write_slots: usize) -> Arc<Batches> {
+    /// Starts the queues; at most `group_commit_writes` of their writes are in flight
+    /// at once.
+    pub fn start(db: &Database, group_commit_writes: usize) -> Arc<Batches> {
         let transactions: Collection<TransferDoc> = db.collection("transactions");
         let accounts: Collection<Document> = db.collection("accounts");
-        let slots = Some(Arc::new(Semaphore::new(write_slots.max(1))));
+        let slots = Some(Arc::new(Semaphore::new(group_commit_writes.max(1))));
         Arc::new(Batches {
             currencies: Batcher::start(None, {
                 let accounts = accounts.clone();
@@ -217,7 +217,7 @@ pub async fn read_currencies(
         .await?;
     Ok(ops
         .iter()
-        .map(|pair| Ok(pair.clone().map(|id| found.get(&id).cloned())))
+        .map(|pair| Ok(pair.each_ref().map(|id| found.get(id).cloned())))
         .collect())
 }
 
@@ -256,9 +256,8 @@ pub async fn insert_transfers(
 /// another: the groups touch different documents and none needs another's result. (One
 /// statement for the whole batch, with a `$switch` guard per group in `$expr`, was
 /// measured on SecantusDB at about half the throughput: 1,007 against 1,857 transfers/s
-/// at 128 clients.) A transition won when
-/// the document is now in `to` under `owner`: only this owner's one driver of the
-/// transfer moves it so.
+/// at 128 clients.) A transition won when the document is now in `to` under `owner`:
+/// only this owner's one driver of the transfer moves it so.
 pub async fn transition_all(
     transactions: Collection<TransferDoc>,
     ops: Vec<Transition>,

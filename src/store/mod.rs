@@ -119,11 +119,15 @@ impl Store {
     /// Builds the client. Does not wait for the server: the driver connects lazily, and
     /// the first operation fails with [`StoreError::Unavailable`] if nothing answers.
     pub async fn connect(uri: &str, database: &str) -> StoreResult<Store> {
-        Store::connect_with(uri, database, batch::DEFAULT_WRITE_SLOTS).await
+        Store::connect_with(uri, database, batch::DEFAULT_GROUP_COMMIT_WRITES).await
     }
 
-    /// [`Store::connect`] with at most `write_slots` group-commit writes in flight.
-    pub async fn connect_with(uri: &str, database: &str, write_slots: usize) -> StoreResult<Store> {
+    /// [`Store::connect`] with at most `group_commit_writes` batched writes in flight.
+    pub async fn connect_with(
+        uri: &str,
+        database: &str,
+        group_commit_writes: usize,
+    ) -> StoreResult<Store> {
         let mut options = ClientOptions::parse(uri)
             .await
             .map_err(|e| StoreError::Other(format!("invalid MONGODB_URI: {e}")))?;
@@ -138,7 +142,7 @@ impl Store {
         options.command_event_handler = Some(command_timer());
         let client = Client::with_options(options).map_err(StoreError::from)?;
         Ok(Store::new(
-            write_slots,
+            group_commit_writes,
             client.database_with_options(
                 database,
                 DatabaseOptions::builder()
@@ -150,11 +154,11 @@ impl Store {
     }
 
     /// Must run inside a tokio runtime: it starts the group-commit tasks.
-    fn new(write_slots: usize, db: Database) -> Store {
+    fn new(group_commit_writes: usize, db: Database) -> Store {
         Store {
             accounts: db.collection("accounts"),
             transactions: db.collection("transactions"),
-            batches: batch::Batches::start(&db, write_slots),
+            batches: batch::Batches::start(&db, group_commit_writes),
             db,
         }
     }

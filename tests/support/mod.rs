@@ -158,7 +158,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         instance_id: format!("test-{}", mongodb::bson::oid::ObjectId::new().to_hex()),
         sweep_interval: Duration::from_millis(100),
         stale_after: Duration::from_millis(1000),
-        group_commit_writes: transfer_service::store::batch::DEFAULT_WRITE_SLOTS,
+        group_commit_writes: transfer_service::store::batch::DEFAULT_GROUP_COMMIT_WRITES,
         strategy: transfer_service::service::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),
