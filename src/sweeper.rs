@@ -18,10 +18,14 @@
 //!   claimed but whose compensation never finished), through the same code as a cancel.
 //! - It drops the account fences of canceled transfers ([`collect_fences`]).
 //!
-//! [`run`] does one pass at once at start-up, in which an instance also takes back its
-//! own unfinished transfers whatever their age (a restart with the same `INSTANCE_ID`),
-//! then a pass every `SWEEP_INTERVAL_MS` with ±20% jitter so that instances started
-//! together do not sweep in lockstep. It stops between transfers when cancelled.
+//! [`run`] does one pass at once at start-up, then a pass every `SWEEP_INTERVAL_MS` with
+//! ±20% jitter so that instances started together do not sweep in lockstep. It stops
+//! between transfers when cancelled. A restarted instance has a new owner name (see
+//! [`Bank::owner`]) and takes its old transfers back like any other instance, once their
+//! lease has lapsed: writes of the dead process may still be on their way until then.
+//!
+//! One transfer that fails (the database refused a step, say) is logged and left for the
+//! next pass; the pass goes on with the others and with its housekeeping.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -53,30 +57,15 @@ pub struct SweepReport {
     pub fences_dropped: usize,
 }
 
-/// Which transfers a pass looks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// Every transfer whose lease has lapsed.
-    Stale,
-    /// This instance's own unfinished transfers, whatever their age (start-up).
-    Own,
-}
-
 /// One pass of the sweeper. Stops early, between transfers, when `shutdown` is cancelled.
-pub async fn sweep_once(
-    bank: &Bank,
-    scope: Scope,
-    shutdown: &CancellationToken,
-) -> StoreResult<SweepReport> {
+pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResult<SweepReport> {
     let store = bank.store();
-    let me = bank.instance_id();
+    let me = bank.owner();
     let lease_ms = bank.stale_after().as_millis() as i64;
     // By the database's clock; the claim re-checks it atomically.
     let now = store.server_time().await?;
     let stale_before = mongodb::bson::DateTime::from_millis(now.timestamp_millis() - lease_ms);
-    let found = store
-        .unfinished(me, stale_before, scope == Scope::Own, BATCH)
-        .await?;
+    let found = store.unfinished(stale_before, BATCH).await?;
     let mut report = SweepReport {
         found: found.len(),
         ..SweepReport::default()
@@ -88,13 +77,24 @@ pub async fn sweep_once(
         if bank.is_driving(candidate.id) {
             continue;
         }
-        let Some(claimed) = store.claim(me, &candidate, stale_before).await? else {
-            continue;
+        let claimed = match store.claim(me, &candidate, stale_before).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(transfer_id = %candidate.id, error = %e, "claim failed; next pass");
+                continue;
+            }
         };
         report.claimed += 1;
         let from = claimed.state;
         let previous_owner = candidate.application.as_deref().unwrap_or("-").to_owned();
-        let finished = bank.run(claimed).await?;
+        let finished = match bank.run(claimed).await {
+            Ok(finished) => finished,
+            Err(e) => {
+                tracing::warn!(transfer_id = %candidate.id, error = %e, "recovery interrupted; next pass");
+                continue;
+            }
+        };
         if finished.state.is_terminal() {
             report.finished += 1;
             RECOVERED_TOTAL.fetch_add(1, Ordering::Relaxed);
@@ -107,9 +107,15 @@ pub async fn sweep_once(
             "transfer recovered"
         );
     }
-    if scope == Scope::Stale && !shutdown.is_cancelled() {
-        report.reversals_finished = finish_reversals(bank, stale_before, shutdown).await?;
-        report.fences_dropped = collect_fences(bank, stale_before, shutdown).await?;
+    if !shutdown.is_cancelled() {
+        match finish_reversals(bank, stale_before, shutdown).await {
+            Ok(n) => report.reversals_finished = n,
+            Err(e) => tracing::warn!(error = %e, "finishing reversals failed; next pass"),
+        }
+        match collect_fences(bank, stale_before, shutdown).await {
+            Ok(n) => report.fences_dropped = n,
+            Err(e) => tracing::warn!(error = %e, "collecting fences failed; next pass"),
+        }
     }
     Ok(report)
 }
@@ -137,7 +143,9 @@ async fn finish_reversals(
                 tracing::info!(transfer_id = %id, reversed_by = ?after.reversed_by, "interrupted reversal finished");
             }
             Ok(_) => {} // another instance is driving the compensation
-            Err(ServiceError::Store(e)) => return Err(e),
+            Err(ServiceError::Store(e)) => {
+                tracing::warn!(transfer_id = %id, error = %e, "finishing a reversal failed; next pass");
+            }
             Err(refused) => {
                 finished += 1;
                 tracing::info!(transfer_id = %id, reason = %refused, "interrupted reversal refused; claim released");
@@ -163,31 +171,34 @@ pub async fn collect_fences(
 ) -> StoreResult<usize> {
     let store = bank.store();
     let mut dropped = 0;
-    for transfer in store.fenced_canceled(stale_before, BATCH).await? {
+    for transfer in store.fenced_finished(stale_before, BATCH).await? {
         if shutdown.is_cancelled() {
             break;
         }
         // Fences first, flag second: a crash in between leaves the flag, and the next
         // pass drops the (already gone) fences again.
-        store
-            .drop_fences([&transfer.source, &transfer.destination], transfer.id)
-            .await?;
-        store.unmark_fenced(transfer.id).await?;
-        dropped += 1;
+        let dropped_here = async {
+            store
+                .drop_fences([&transfer.source, &transfer.destination], transfer.id)
+                .await?;
+            store.unmark_fenced(transfer.id).await
+        };
+        match dropped_here.await {
+            Ok(()) => dropped += 1,
+            Err(e) => {
+                tracing::warn!(transfer_id = %transfer.id, error = %e, "dropping fences failed; next pass");
+            }
+        }
     }
     Ok(dropped)
 }
 
 /// Runs passes until `shutdown` is cancelled.
 pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
-    let mut scope = Scope::Own;
     loop {
-        for pass in [scope, Scope::Stale] {
-            if let Err(e) = sweep_once(&bank, pass, &shutdown).await {
-                tracing::warn!(error = %e, "sweep failed; retrying at the next interval");
-            }
+        if let Err(e) = sweep_once(&bank, &shutdown).await {
+            tracing::warn!(error = %e, "sweep failed; retrying at the next interval");
         }
-        scope = Scope::Stale;
         let jitter = rand::rng().random_range(0.8..1.2);
         tokio::select! {
             _ = shutdown.cancelled() => break,

@@ -18,73 +18,107 @@ use mongodb::bson::oid::ObjectId;
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{CancelReason, TransferEvent, TransferId, TransferState};
+use crate::store::accounts::Fence;
 use crate::store::{StoreError, StoreResult, TransferDoc};
+
+/// Rounds of a cancel, at most: each one re-reads the transfer after another actor moved
+/// it, or after a fence reached the server too late. Bounded so that a pathological race
+/// cannot spin forever; the client may simply cancel again.
+const CANCEL_ROUNDS: usize = 16;
 
 impl Bank {
     /// Cancels a transfer; answers with the original transfer as it ends.
     pub async fn cancel(&self, id: TransferId) -> ServiceResult<TransferDoc> {
         let mut transfer = self.find_transfer(id).await?;
-        loop {
+        for _ in 0..CANCEL_ROUNDS {
             transfer = match transfer.state {
                 TransferState::Initial => {
                     // No account is touched before `initial -> pending`, which this
-                    // write makes impossible: nothing to undo.
+                    // write makes impossible: nothing to fence, nothing to undo.
                     let set = doc! { "reason": CancelReason::CanceledByRequest.as_str() };
                     self.force(&transfer, TransferEvent::Abandon, set).await?
                 }
-                TransferState::Pending => self.cancel_pending(transfer).await?,
-                TransferState::Applied | TransferState::Canceling => {
-                    // Only idempotent pulls or undos remain: safe for us to take over
-                    // from any owner, live or not.
-                    match self
-                        .store()
-                        .take_over(self.instance_id(), transfer.id, transfer.state)
-                        .await?
-                    {
-                        Some(mine) => self.run(mine).await?,
-                        None => self.reload(&transfer).await?,
-                    }
+                TransferState::Pending | TransferState::Applied | TransferState::Canceling => {
+                    self.take_over_fenced(transfer).await?
                 }
                 TransferState::Canceled => return Ok(transfer),
                 TransferState::Done => return self.reverse(transfer).await,
             };
         }
+        Err(ServiceError::Store(StoreError::Unavailable(format!(
+            "cancel of transfer {id}: the transfer kept moving under it"
+        ))))
     }
 
-    /// Fences the accounts, then rolls back; or, if the credit already landed, goes
-    /// forward so that the `Done` branch reverses it.
-    async fn cancel_pending(&self, transfer: TransferDoc) -> ServiceResult<TransferDoc> {
+    /// Takes an unfinished transfer away from whoever owns it, without waiting for their
+    /// lease, and drives it to its end: back to `canceled` if its credit has not landed,
+    /// else forward to `done` (the `Done` branch then reverses it).
+    ///
+    /// **The rule for moving a transfer someone else owns**: its owner may still have a
+    /// debit or credit on its way to the server (sent before a pause, a slow link, a
+    /// failover), and once the markers are pulled or undone nothing in that step's own
+    /// filter would stop it. So before taking over, a cancel fences both accounts against
+    /// the transfer's forward steps. Every other takeover (the sweeper's) waits for the
+    /// owner's lease instead, which outlives the deadline every such step carries.
+    async fn take_over_fenced(&self, transfer: TransferDoc) -> ServiceResult<TransferDoc> {
         let store = self.store();
-        let credit_blocked = store
-            .fence_unless_applied(&transfer.destination, transfer.id)
-            .await?;
-        if !credit_blocked
-            && store
-                .account(&transfer.destination)
-                .await?
-                .is_some_and(|a| a.pending_transactions.contains(&transfer.id))
-        {
-            // Both accounts carry the transfer (every driver debits before it credits),
-            // so only `pending -> applied` and the pulls remain. Take it straight to
-            // `applied` instead of re-running the debit and credit next to the owner: a
-            // second driver's debit after the owner's pull would apply it twice.
-            tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
-            let set = doc! { "application": self.instance_id() };
-            return Ok(self
-                .force(&transfer, TransferEvent::MarkApplied, set)
-                .await?);
-        }
-        store.fence(&transfer.source, transfer.id).await?;
-        // Take the transfer over whoever owns it: the fences make every forward step of
-        // the old owner a no-op from now on.
-        let set = doc! {
-            "reason": CancelReason::CanceledByRequest.as_str(),
-            "application": self.instance_id(),
-            "fenced": true,
+        // The mark comes first, so whoever finishes the transfer, the sweeper later finds
+        // the fences and drops them; its stamp starts the window the fences must land in.
+        let Some(since) = store.mark_fenced(transfer.id).await? else {
+            return Ok(self.reload(&transfer).await?); // finished meanwhile
         };
-        let transfer = self
-            .force(&transfer, TransferEvent::BeginRollback, set)
-            .await?;
+        let deadline = self.lease_deadline_from(since);
+        let (source, destination) = (transfer.source.as_str(), transfer.destination.as_str());
+        let fence = |account, unless_applied| {
+            store.fence(account, transfer.id, unless_applied, deadline)
+        };
+        let (event, set) = match transfer.state {
+            TransferState::Pending => {
+                // The commit point is the credit: fence the destination only if it has
+                // not landed, in one write, so that it never lands after this.
+                match fence(destination, true).await? {
+                    Fence::TooLate => return Ok(self.reload(&transfer).await?),
+                    Fence::Applied => {
+                        // The money may be spent already: complete, then reverse. Both
+                        // accounts carry the transfer; fence them so that no late step
+                        // applies it again once the markers are pulled.
+                        tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
+                        if fence(destination, false).await? == Fence::TooLate {
+                            return Ok(self.reload(&transfer).await?);
+                        }
+                        (TransferEvent::MarkApplied, doc! {})
+                    }
+                    Fence::Placed | Fence::Missing => (
+                        TransferEvent::BeginRollback,
+                        doc! { "reason": CancelReason::CanceledByRequest.as_str() },
+                    ),
+                }
+            }
+            // Only pulls or undos remain, which no fence refuses; the fences keep late
+            // forward steps from landing after them.
+            TransferState::Applied | TransferState::Canceling => {
+                if fence(destination, false).await? == Fence::TooLate {
+                    return Ok(self.reload(&transfer).await?);
+                }
+                let taken = store
+                    .take_over(self.owner(), transfer.id, transfer.state)
+                    .await?;
+                if fence(source, false).await? == Fence::TooLate {
+                    return Ok(self.reload(&transfer).await?);
+                }
+                return Ok(match taken {
+                    Some(mine) => self.run(mine).await?,
+                    None => self.reload(&transfer).await?,
+                });
+            }
+            _ => return Ok(self.reload(&transfer).await?),
+        };
+        if fence(source, false).await? == Fence::TooLate {
+            return Ok(self.reload(&transfer).await?);
+        }
+        let mut set = set;
+        set.insert("application", self.owner());
+        let transfer = self.force(&transfer, event, set).await?;
         Ok(self.run(transfer).await?)
     }
 

@@ -152,8 +152,13 @@ pub type ServiceResult<T> = Result<T, ServiceError>;
 #[derive(Clone)]
 pub struct Bank {
     store: Store,
-    /// Written to `application` on the transfers this instance owns.
+    /// `INSTANCE_ID`: names this instance in logs and in its pause points (tests).
     instance_id: Arc<str>,
+    /// Written to `application` on the transfers this process owns: the instance id plus
+    /// a random incarnation, so that two processes never share a lease, not even a
+    /// restart under the same `INSTANCE_ID` while writes of the dead process may still
+    /// be on their way to the server (it waits for their lease like any other instance).
+    owner: Arc<str>,
     /// Protocol runs started for `Prefer: respond-async`; shutdown waits for them.
     background: TaskTracker,
     /// Transfers this process is driving right now. Two drivers under one instance id
@@ -181,9 +186,12 @@ const CURRENCY_CACHE_MAX: usize = 100_000;
 
 impl Bank {
     pub fn new(store: Store, instance_id: impl Into<Arc<str>>, stale_after: Duration) -> Bank {
+        let instance_id: Arc<str> = instance_id.into();
+        let incarnation = &ObjectId::new().to_hex()[16..];
         Bank {
-            store,
-            instance_id: instance_id.into(),
+            store: store.named(&instance_id),
+            owner: format!("{instance_id}/{incarnation}").into(),
+            instance_id,
             background: TaskTracker::new(),
             driving: Arc::default(),
             stale_after,
@@ -222,6 +230,11 @@ impl Bank {
 
     pub fn instance_id(&self) -> &str {
         &self.instance_id
+    }
+
+    /// What this process writes to `application`: see [`Bank::owner`]'s field.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     /// The background protocol runs, so that shutdown can wait for them.
@@ -379,7 +392,7 @@ impl Bank {
     ) -> ServiceResult<TransferOutcome> {
         let outcome = match self
             .store
-            .transfer_atomically(&transfer, self.instance_id())
+            .transfer_atomically(&transfer, self.owner())
             .await
         {
             Ok(outcome) => outcome,
@@ -394,7 +407,7 @@ impl Bank {
                 let canceled = TransferDoc {
                     state: TransferState::Canceled,
                     reason: Some(reason),
-                    application: Some(self.instance_id().to_owned()),
+                    application: Some(self.owner().to_owned()),
                     ..transfer
                 };
                 match self.store.insert_transfer(&canceled).await {

@@ -125,7 +125,7 @@ impl Bank {
     /// does yet (`initial`).
     fn may_drive(&self, transfer: &TransferDoc) -> bool {
         match transfer.application.as_deref() {
-            Some(owner) => owner == self.instance_id(),
+            Some(owner) => owner == self.owner(),
             None => transfer.state == TransferState::Initial,
         }
     }
@@ -134,8 +134,14 @@ impl Bank {
     /// forward account step must reach the server before it. It ends a tenth of the lease
     /// before a takeover becomes possible, so the two never overlap.
     fn lease_deadline(&self, transfer: &TransferDoc) -> DateTime {
+        self.lease_deadline_from(transfer.last_modified)
+    }
+
+    /// The deadline of a lease that started at `start` (by the database's clock): a tenth
+    /// of the lease before anyone may take the transfer over or collect its fences.
+    pub(super) fn lease_deadline_from(&self, start: DateTime) -> DateTime {
         let lease_ms = self.stale_after.as_millis() as i64;
-        DateTime::from_millis(transfer.last_modified.timestamp_millis() + lease_ms - lease_ms / 10)
+        DateTime::from_millis(start.timestamp_millis() + lease_ms - lease_ms / 10)
     }
 
     /// Step 2: `initial -> pending`, taking ownership.
@@ -167,7 +173,7 @@ impl Bank {
     async fn renew(&self, t: &mut TransferDoc) -> StoreResult<bool> {
         match self
             .store
-            .renew_lease(self.instance_id(), t.id, t.state)
+            .renew_lease(self.owner(), t.id, t.state)
             .await?
         {
             Some(now) => {
@@ -249,7 +255,7 @@ impl Bank {
         reason: CancelReason,
     ) -> StoreResult<TransferDoc> {
         tracing::info!(transfer_id = %transfer.id, %reason, "rolling back");
-        let mut set = doc! { "reason": reason.as_str(), "application": self.instance_id() };
+        let mut set = doc! { "reason": reason.as_str(), "application": self.owner() };
         if reason == CancelReason::CanceledByRequest {
             set.insert("fenced", true);
         }
@@ -287,7 +293,7 @@ impl Bank {
         let reason = extra.get_str("reason").ok().and_then(CancelReason::parse);
         let won = self
             .store
-            .transition_as(self.instance_id(), transfer.id, from, to, extra)
+            .transition_as(self.owner(), transfer.id, from, to, extra)
             .await?;
         let Some(now) = won else {
             return self.reload(&transfer).await;
@@ -295,7 +301,7 @@ impl Bank {
         tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, "transfer state changed");
         transfer.state = to;
         transfer.last_modified = now;
-        transfer.application = Some(self.instance_id().to_owned());
+        transfer.application = Some(self.owner().to_owned());
         if reason.is_some() {
             transfer.reason = reason;
         }

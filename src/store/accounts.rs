@@ -63,6 +63,7 @@ impl Store {
         value: i64,
         deadline: DateTime,
     ) -> StoreResult<bool> {
+        failpoint!(self, "before_debit");
         self.change_account(account, tx, -value, deadline).await
     }
 
@@ -77,6 +78,7 @@ impl Store {
         value: i64,
         deadline: DateTime,
     ) -> StoreResult<bool> {
+        failpoint!(self, "before_credit");
         self.change_account(account, tx, value, deadline).await
     }
 
@@ -106,6 +108,7 @@ impl Store {
     /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
     /// accounts (group-committed, see [`super::batch`]).
     pub async fn pull_markers(&self, accounts: [&str; 2], tx: ObjectId) -> StoreResult<()> {
+        failpoint!(self, "before_pull");
         self.batches
             .pulls
             .submit(Pull {
@@ -118,6 +121,7 @@ impl Store {
     /// Rollback: give back `delta` (negative for the destination, positive for the source)
     /// and forget the marker, only where the transfer was applied.
     pub async fn undo_change(&self, account: &str, tx: ObjectId, delta: i64) -> StoreResult<bool> {
+        failpoint!(self, "before_undo");
         let result = self
             .accounts
             .update_one(
@@ -133,22 +137,53 @@ impl Store {
     }
 }
 
+/// What a fence write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// The account now refuses every forward step of the transfer.
+    Placed,
+    /// Not placed: the transfer is applied to the account (its marker is there).
+    Applied,
+    /// Not placed: the account does not exist, so no step can land on it either.
+    Missing,
+    /// Not placed: the fence reached the server after its deadline; mark the transfer
+    /// again and retry.
+    TooLate,
+}
+
 impl Store {
-    /// Makes the account refuse every later forward step of `tx`, but only if `tx` is not
-    /// applied to it yet. Returns whether the fence is in place (false: `tx` is applied,
-    /// or the account does not exist).
+    /// Makes the account refuse every later forward step of `tx`; with `unless_applied`,
+    /// only if `tx` is not applied to it yet.
     ///
-    /// A cancel fences the destination first: if that wins, the credit can never land,
-    /// so the rollback never has to take back money the destination may have spent.
-    pub async fn fence_unless_applied(&self, account: &str, tx: ObjectId) -> StoreResult<bool> {
+    /// `deadline` bounds when the fence may land, by the server's clock, exactly as a
+    /// forward step's lease deadline does: the transfer was marked `fenced` (see
+    /// [`Store::mark_fenced`]) no later than a lease before it, so fence collection,
+    /// which waits a whole lease after the transfer's last change, can never run before
+    /// a fence that is still on its way.
+    pub async fn fence(
+        &self,
+        account: &str,
+        tx: ObjectId,
+        unless_applied: bool,
+        deadline: DateTime,
+    ) -> StoreResult<Fence> {
+        failpoint!(self, "before_fence");
+        let mut filter = doc! { "_id": account, "$expr": { "$lt": ["$$NOW", deadline] } };
+        if unless_applied {
+            filter.insert("pendingTransactions", doc! { "$ne": tx });
+        }
         let result = self
             .accounts
-            .update_one(
-                doc! { "_id": account, "pendingTransactions": { "$ne": tx } },
-                doc! { "$addToSet": { "fencedTransactions": tx } },
-            )
+            .update_one(filter, doc! { "$addToSet": { "fencedTransactions": tx } })
             .await?;
-        Ok(result.matched_count == 1)
+        if result.matched_count == 1 {
+            return Ok(Fence::Placed);
+        }
+        Ok(match self.account(account).await? {
+            None => Fence::Missing,
+            Some(a) if unless_applied && a.pending_transactions.contains(&tx) => Fence::Applied,
+            Some(_) => Fence::TooLate,
+        })
     }
 
     /// Removes the fences of `tx` from its accounts. Only once no forward step of `tx`
@@ -158,18 +193,6 @@ impl Store {
             .update_many(
                 doc! { "_id": { "$in": accounts.to_vec() }, "fencedTransactions": tx },
                 doc! { "$pull": { "fencedTransactions": tx } },
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Makes the account refuse every later forward step of `tx`, applied or not. The
-    /// rollback then undoes what is applied, and a late forward step cannot re-apply it.
-    pub async fn fence(&self, account: &str, tx: ObjectId) -> StoreResult<()> {
-        self.accounts
-            .update_one(
-                doc! { "_id": account },
-                doc! { "$addToSet": { "fencedTransactions": tx } },
             )
             .await?;
         Ok(())

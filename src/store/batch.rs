@@ -38,7 +38,7 @@ use mongodb::error::ErrorKind;
 use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::transfers::{owned_by, touched};
+use super::transfers::{owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::{MAX_MONEY, TransferState};
 
@@ -58,6 +58,12 @@ pub const MAX_BATCH: usize = 256;
 /// by about 10%; two keeps the seed's latency lowest. A real replica set, whose journal
 /// serves concurrent writers with one flush, may like more.
 pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 2;
+
+/// Attempts of a batched write that is safe to repeat, and the pause before the second
+/// (doubled each time): enough to ride out a replica-set election's first moments, short
+/// enough to stay far inside a lease.
+const WRITE_ATTEMPTS: u32 = 3;
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 type Reply<Out> = oneshot::Sender<StoreResult<Out>>;
 
@@ -154,7 +160,7 @@ pub struct Pull {
 pub struct Batches {
     pub currencies: Batcher<[String; 2], [Option<String>; 2]>,
     pub inserts: Batcher<TransferDoc, ()>,
-    pub transitions: Batcher<Transition, Option<DateTime>>,
+    pub transitions: Batcher<Transition, bool>,
     pub account_changes: Batcher<AccountChange, bool>,
     pub pulls: Batcher<Pull, ()>,
 }
@@ -261,7 +267,7 @@ pub async fn insert_transfers(
 pub async fn transition_all(
     transactions: Collection<TransferDoc>,
     ops: Vec<Transition>,
-) -> StoreResult<Vec<StoreResult<Option<DateTime>>>> {
+) -> StoreResult<Vec<StoreResult<bool>>> {
     let mut groups: HashMap<(&str, TransferState, TransferState), Vec<usize>> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
         groups
@@ -269,21 +275,29 @@ pub async fn transition_all(
             .or_default()
             .push(i);
     }
-    let now = DateTime::now();
-    let written =
-        futures::future::try_join_all(groups.into_iter().map(|((owner, from, to), members)| {
-            let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
-            let transactions = &transactions;
-            async move {
-                let won = transition_group(transactions, owner, from, to, &ids, now).await?;
-                StoreResult::Ok((members, won))
-            }
-        }))
-        .await?;
-    let mut results: Vec<StoreResult<Option<DateTime>>> = vec![Ok(None); ops.len()];
+    // Each group answers its own callers: one group's failure is not another's.
+    let written = futures::future::join_all(groups.into_iter().map(|((owner, from, to), members)| {
+        let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
+        let transactions = &transactions;
+        async move {
+            let won = retried(|| transition_group(transactions, owner, from, to, &ids)).await;
+            (members, won)
+        }
+    }))
+    .await;
+    let mut results: Vec<StoreResult<bool>> = vec![Ok(false); ops.len()];
     for (members, won) in written {
-        for (i, won) in members.into_iter().zip(won) {
-            results[i] = Ok(won.then_some(now));
+        match won {
+            Ok(won) => {
+                for (i, won) in members.into_iter().zip(won) {
+                    results[i] = Ok(won);
+                }
+            }
+            Err(e) => {
+                for i in members {
+                    results[i] = Err(e.clone());
+                }
+            }
         }
     }
     Ok(results)
@@ -291,14 +305,14 @@ pub async fn transition_all(
 
 /// Moves the transfers `ids` from `from` to `to` under `owner` in one `updateMany`;
 /// answers, per id, whether it is now in `to` under `owner` (read back only when the
-/// update did not change them all).
+/// update did not change them all). Safe to repeat: the read-back tells a change made by
+/// an earlier attempt from one that never happened.
 async fn transition_group(
     transactions: &Collection<TransferDoc>,
     owner: &str,
     from: TransferState,
     to: TransferState,
     ids: &[ObjectId],
-    now: DateTime,
 ) -> StoreResult<Vec<bool>> {
     let updated = transactions
         .update_many(
@@ -307,10 +321,7 @@ async fn transition_group(
                 "state": from.as_str(),
                 "application": owned_by(owner, from),
             },
-            doc! {
-                "$set": { "state": to.as_str(), "application": owner },
-                "$max": touched(now),
-            },
+            stamped(doc! { "state": to.as_str(), "application": owner }),
         )
         .await?;
     if updated.modified_count == ids.len() as u64 {
@@ -318,6 +329,7 @@ async fn transition_group(
     }
     let moved: Vec<TransferDoc> = transactions
         .find(doc! { "_id": { "$in": ids } })
+        .max_time(super::READ_TIME_LIMIT)
         .await?
         .try_collect()
         .await?;
@@ -329,6 +341,29 @@ async fn transition_group(
                 .any(|t| t.id == *id && t.state == to && t.application.as_deref() == Some(owner))
         })
         .collect())
+}
+
+/// Runs `attempt` again while it fails with [`StoreError::Unavailable`], a few times:
+/// `updateMany` is not a retryable write on a replica set, so a step-down or a dropped
+/// connection fails it where the driver would have retried a single-document write. Only
+/// for writes that are safe to repeat whatever the first attempt did.
+async fn retried<T, F, Fut>(mut attempt: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = StoreResult<T>>,
+{
+    let mut pause = RETRY_PAUSE;
+    for _ in 1..WRITE_ATTEMPTS {
+        match attempt().await {
+            Err(StoreError::Unavailable(cause)) => {
+                tracing::debug!(%cause, "batched write failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            done => return done,
+        }
+    }
+    attempt().await
 }
 
 /// One `updateMany` whose pipeline walks, for each account, the batch's changes to it in

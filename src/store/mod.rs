@@ -13,6 +13,7 @@
 
 pub mod accounts;
 pub mod batch;
+pub mod clock;
 pub mod documents;
 pub mod migrations;
 pub mod native;
@@ -34,6 +35,9 @@ pub use documents::{AccountDoc, TransferDoc};
 const SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a write waits for the majority to acknowledge it.
 const WRITE_CONCERN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a read may run on the server (`maxTimeMS`): a read that has not answered
+/// by then fails as unavailable instead of holding a connection and its caller.
+pub const READ_TIME_LIMIT: Duration = Duration::from_secs(2);
 /// Connections per instance: enough for every concurrent step of a busy instance, bounded
 /// so that many instances cannot exhaust the server's connection limit.
 const MAX_POOL_SIZE: u32 = 64;
@@ -113,6 +117,11 @@ pub struct Store {
     transactions: Collection<TransferDoc>,
     /// Group commit of the protocol's writes (see [`batch`]).
     batches: std::sync::Arc<batch::Batches>,
+    /// The database's clock as last read (see [`clock`]), shared by every clone.
+    clock: std::sync::Arc<clock::ServerClock>,
+    /// The instance this handle writes for; names its pause points in the tests
+    /// (`failpoints`). Empty for a handle that belongs to no instance.
+    actor: std::sync::Arc<str>,
 }
 
 impl Store {
@@ -159,8 +168,23 @@ impl Store {
             accounts: db.collection("accounts"),
             transactions: db.collection("transactions"),
             batches: batch::Batches::start(&db, group_commit_writes),
+            clock: Default::default(),
+            actor: "".into(),
             db,
         }
+    }
+
+    /// This handle, writing for `instance`: its pause points carry that name.
+    pub fn named(&self, instance: &str) -> Store {
+        Store {
+            actor: instance.into(),
+            ..self.clone()
+        }
+    }
+
+    /// The instance this handle writes for (the name of its pause points).
+    pub fn instance_id(&self) -> &str {
+        &self.actor
     }
 
     pub fn database(&self) -> &Database {
@@ -179,10 +203,26 @@ impl Store {
     /// so the clocks of the instances never matter.
     pub async fn server_time(&self) -> StoreResult<mongodb::bson::DateTime> {
         let reply = self.db.run_command(doc! { "hello": 1 }).await?;
-        reply
+        let arrived = std::time::Instant::now();
+        let time = reply
             .get_datetime("localTime")
             .copied()
-            .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}")))
+            .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}")))?;
+        self.clock.observe(time, arrived);
+        Ok(time)
+    }
+
+    /// A time the database's clock has certainly reached (see [`clock`]): what a driver
+    /// takes as the start of a lease it is about to stamp with the server's `$$NOW`.
+    /// Reads the server's clock when the last reading is too old.
+    pub async fn server_time_lower_bound(&self) -> StoreResult<mongodb::bson::DateTime> {
+        if let Some(bound) = self.clock.lower_bound() {
+            return Ok(bound);
+        }
+        self.server_time().await?;
+        self.clock
+            .lower_bound()
+            .ok_or_else(|| StoreError::Other("the server's clock reading is already stale".into()))
     }
 
     /// Applies the migrations in `migrations/` that this database has not recorded yet.

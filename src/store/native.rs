@@ -42,11 +42,10 @@ impl Store {
         transfer: &TransferDoc,
         owner: &str,
     ) -> StoreResult<AtomicOutcome> {
-        let now = DateTime::now();
         let done = TransferDoc {
             state: TransferState::Done,
             application: Some(owner.to_owned()),
-            last_modified: now,
+            last_modified: self.server_time_lower_bound().await?,
             ..transfer.clone()
         };
         let options = TransactionOptions::builder()

@@ -23,6 +23,18 @@ const UNFINISHED: [TransferState; 4] = [
     TransferState::Canceling,
 ];
 
+fn unfinished_states() -> Vec<&'static str> {
+    UNFINISHED.iter().map(|s| s.as_str()).collect()
+}
+
+fn finished_states() -> Vec<&'static str> {
+    TransferState::ALL
+        .into_iter()
+        .filter(|s| s.is_terminal())
+        .map(|s| s.as_str())
+        .collect()
+}
+
 /// Which transfers a listing returns.
 #[derive(Debug, Clone, Default)]
 pub struct TransferFilter {
@@ -36,8 +48,17 @@ pub struct TransferFilter {
 impl Store {
     /// Step 1: record the transfer. Fails with `DuplicateKey` when its idempotency key is
     /// taken, or when it is a second reversal of the same transfer.
+    ///
+    /// `lastModified` is stamped by the database's clock (a lower bound of it, see
+    /// [`super::clock`]), whatever the caller's copy says: another instance compares it
+    /// with the database's time to decide when the transfer is stale.
     pub async fn insert_transfer(&self, transfer: &TransferDoc) -> StoreResult<()> {
-        self.batches.inserts.submit(transfer.clone()).await
+        let stamped = TransferDoc {
+            last_modified: self.server_time_lower_bound().await?,
+            ..transfer.clone()
+        };
+        failpoint!(self, "before_insert");
+        self.batches.inserts.submit(stamped).await
     }
 
     pub async fn transfer(&self, id: ObjectId) -> StoreResult<Option<TransferDoc>> {
@@ -64,10 +85,7 @@ impl Store {
         let set = merge_set(doc! { "state": to.as_str() }, extra);
         let result = self
             .transactions
-            .update_one(
-                doc! { "_id": id, "state": from.as_str() },
-                doc! { "$set": set, "$max": touched(DateTime::now()) },
-            )
+            .update_one(doc! { "_id": id, "state": from.as_str() }, stamped(set))
             .await?;
         Ok(result.modified_count == 1)
     }
@@ -88,10 +106,7 @@ impl Store {
                     "state": TransferState::Done.as_str(),
                     "reversedBy": { "$exists": false },
                 },
-                doc! {
-                    "$set": { "reversedBy": reversal, "reversing": true },
-                    "$max": touched(DateTime::now()),
-                },
+                stamped(doc! { "reversedBy": reversal, "reversing": true }),
             )
             .await?;
         Ok(result.modified_count == 1)
@@ -107,10 +122,7 @@ impl Store {
         self.transactions
             .update_one(
                 doc! { "_id": original, "reversedBy": reversal },
-                doc! {
-                    "$unset": { "reversedBy": "", "reversing": "" },
-                    "$max": touched(DateTime::now()),
-                },
+                stamped_unset(&["reversedBy", "reversing"]),
             )
             .await?;
         Ok(())
@@ -125,7 +137,7 @@ impl Store {
         self.transactions
             .update_one(
                 doc! { "_id": original, "reversedBy": reversal, "reversing": true },
-                doc! { "$unset": { "reversing": "" }, "$max": touched(DateTime::now()) },
+                stamped_unset(&["reversing"]),
             )
             .await?;
         Ok(())
@@ -142,26 +154,44 @@ impl Store {
             .await
     }
 
-    /// Transfers canceled while pending whose account fences are still in place, last
-    /// modified before `stale_before`.
-    pub async fn fenced_canceled(
+    /// Marks an unfinished transfer `fenced` before anyone fences its accounts, so that
+    /// whoever finishes it, and however, the sweeper later finds and drops the fences.
+    /// Stamps the transfer (the fences' deadlines count from here). Returns the start of
+    /// that window (a lower bound of the stamp), or `None` if the transfer is already
+    /// finished: then nothing needs fencing.
+    pub async fn mark_fenced(&self, id: ObjectId) -> StoreResult<Option<DateTime>> {
+        let since = self.server_time_lower_bound().await?;
+        failpoint!(self, "before_mark_fenced");
+        let result = self
+            .transactions
+            .update_one(
+                doc! { "_id": id, "state": { "$in": unfinished_states() } },
+                stamped(doc! { "fenced": true }),
+            )
+            .await?;
+        Ok((result.matched_count == 1).then_some(since))
+    }
+
+    /// Finished transfers whose account fences may still be in place, last modified
+    /// before `stale_before`.
+    pub async fn fenced_finished(
         &self,
         stale_before: DateTime,
         limit: u32,
     ) -> StoreResult<Vec<TransferDoc>> {
         self.older_than(
-            doc! { "fenced": true, "state": TransferState::Canceled.as_str() },
+            doc! { "fenced": true, "state": { "$in": finished_states() } },
             stale_before,
             limit,
         )
         .await
     }
 
-    /// Forgets that a canceled transfer's accounts are fenced, once the fences are gone.
+    /// Forgets that a finished transfer's accounts are fenced, once the fences are gone.
     pub async fn unmark_fenced(&self, id: ObjectId) -> StoreResult<()> {
         self.transactions
             .update_one(
-                doc! { "_id": id, "state": TransferState::Canceled.as_str(), "fenced": true },
+                doc! { "_id": id, "state": { "$in": finished_states() }, "fenced": true },
                 doc! { "$unset": { "fenced": "" } },
             )
             .await?;
@@ -185,7 +215,12 @@ impl Store {
             .sort(doc! { "lastModified": 1 })
             .limit(i64::from(limit))
             .build();
-        let cursor = self.transactions.find(filter).with_options(options).await?;
+        let cursor = self
+            .transactions
+            .find(filter)
+            .with_options(options)
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
         Ok(cursor.try_collect().await?)
     }
 
@@ -230,6 +265,8 @@ impl Store {
         to: TransferState,
         extra: Document,
     ) -> StoreResult<Option<DateTime>> {
+        // Taken before the write is sent, so the server stamps the lease at least this late.
+        let lease_start = self.server_time_lower_bound().await?;
         if extra.is_empty() {
             // The common case, group-committed with concurrent transfers' changes.
             let change = Transition {
@@ -238,18 +275,18 @@ impl Store {
                 from,
                 to,
             };
-            return self.batches.transitions.submit(change).await;
+            let won = self.batches.transitions.submit(change).await?;
+            return Ok(won.then_some(lease_start));
         }
-        let now = DateTime::now();
         let set = merge_set(doc! { "state": to.as_str(), "application": owner }, extra);
         let result = self
             .transactions
             .update_one(
                 doc! { "_id": id, "state": from.as_str(), "application": owned_by(owner, from) },
-                doc! { "$set": set, "$max": touched(now) },
+                stamped(set),
             )
             .await?;
-        Ok((result.modified_count == 1).then_some(now))
+        Ok((result.modified_count == 1).then_some(lease_start))
     }
 
     /// Renews `owner`'s lease on a transfer still in `state`: a fresh `lastModified`.
@@ -259,15 +296,15 @@ impl Store {
         id: ObjectId,
         state: TransferState,
     ) -> StoreResult<Option<DateTime>> {
-        let now = DateTime::now();
+        let lease_start = self.server_time_lower_bound().await?;
         let result = self
             .transactions
             .update_one(
                 doc! { "_id": id, "state": state.as_str(), "application": owner },
-                doc! { "$max": touched(now) },
+                stamped(doc! {}),
             )
             .await?;
-        Ok((result.modified_count == 1).then_some(now))
+        Ok((result.modified_count == 1).then_some(lease_start))
     }
 
     /// Takes over a transfer in `state` whatever its owner or age: used by a cancel of
@@ -283,30 +320,25 @@ impl Store {
             .transactions
             .find_one_and_update(
                 doc! { "_id": id, "state": state.as_str() },
-                doc! { "$set": { "application": owner }, "$max": touched(DateTime::now()) },
+                stamped(doc! { "application": owner }),
             )
             .return_document(ReturnDocument::After)
             .await?)
     }
 
     /// Unfinished transfers last modified before `stale_before` (a time by the
-    /// database's clock, see [`Store::server_time`]), oldest first, or (with `mine`) every
-    /// unfinished transfer `owner` owns.
+    /// database's clock, see [`Store::server_time`]), oldest first.
     pub async fn unfinished(
         &self,
-        owner: &str,
         stale_before: DateTime,
-        mine: bool,
         limit: u32,
     ) -> StoreResult<Vec<TransferDoc>> {
-        let states: Vec<&str> = UNFINISHED.iter().map(|s| s.as_str()).collect();
-        let unfinished = doc! { "state": { "$in": states } };
-        if mine {
-            let mut filter = unfinished;
-            filter.insert("application", owner);
-            return self.oldest_first(filter, limit).await;
-        }
-        self.older_than(unfinished, stale_before, limit).await
+        self.older_than(
+            doc! { "state": { "$in": unfinished_states() } },
+            stale_before,
+            limit,
+        )
+        .await
     }
 
     /// Claims a transfer found by [`Store::unfinished`]: one guarded findAndModify that
@@ -333,18 +365,30 @@ impl Store {
         }
         Ok(self
             .transactions
-            .find_one_and_update(
-                filter,
-                doc! { "$set": { "application": owner }, "$max": touched(DateTime::now()) },
-            )
+            .find_one_and_update(filter, stamped(doc! { "application": owner }))
             .return_document(ReturnDocument::After)
             .await?)
     }
 }
 
-/// The `$max` operand that moves `lastModified` forward to `now`, never back.
-pub(super) fn touched(now: DateTime) -> Document {
-    doc! { "lastModified": now }
+/// The update (a pipeline) that sets `fields` and stamps the transfer with the server's
+/// clock: `lastModified` moves forward to `$$NOW`, never back. Every write that starts or
+/// renews a lease goes through here, so leases are judged by the database's clock alone
+/// (see [`super::clock`]). Values are literals, whatever they look like.
+pub(super) fn stamped(fields: Document) -> Vec<Document> {
+    let mut set: Document = fields
+        .into_iter()
+        .map(|(k, v)| (k, Bson::Document(doc! { "$literal": v })))
+        .collect();
+    set.insert("lastModified", doc! { "$max": ["$lastModified", "$$NOW"] });
+    vec![doc! { "$set": set }]
+}
+
+/// [`stamped`] for a write that removes `fields`.
+pub(super) fn stamped_unset(fields: &[&str]) -> Vec<Document> {
+    let mut update = stamped(doc! {});
+    update.push(doc! { "$unset": fields });
+    update
 }
 
 /// The `application` condition of an owner's state change: `owner`, or, for a transfer

@@ -37,7 +37,7 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     app.open_account("cold", 0).await;
     app.open_account("fenced", 50).await;
     let [t1, t2, t3, t4, t5, t6] = [(); 6].map(|_| ObjectId::new());
-    app.store.fence("fenced", t5).await.unwrap();
+    app.store.fence("fenced", t5, false, mongodb::bson::DateTime::MAX).await.unwrap();
     let late = AccountChange {
         deadline: DateTime::from_millis(DateTime::now().timestamp_millis() - 1),
         ..change("cold", t6, 5)
