@@ -82,6 +82,7 @@ impl Store {
         to: TransferState,
         extra: Document,
     ) -> StoreResult<bool> {
+        failpoint!(self, "before_force");
         let set = merge_set(doc! { "state": to.as_str() }, extra);
         let result = self
             .transactions
@@ -98,6 +99,7 @@ impl Store {
         original: ObjectId,
         reversal: ObjectId,
     ) -> StoreResult<bool> {
+        failpoint!(self, "before_claim_reversal");
         let result = self
             .transactions
             .update_one(
@@ -267,6 +269,7 @@ impl Store {
     ) -> StoreResult<Option<DateTime>> {
         // Taken before the write is sent, so the server stamps the lease at least this late.
         let lease_start = self.server_time_lower_bound().await?;
+        failpoint!(self, "before_transition");
         if extra.is_empty() {
             // The common case, group-committed with concurrent transfers' changes.
             let change = Transition {
@@ -297,6 +300,7 @@ impl Store {
         state: TransferState,
     ) -> StoreResult<Option<DateTime>> {
         let lease_start = self.server_time_lower_bound().await?;
+        failpoint!(self, "before_renew");
         let result = self
             .transactions
             .update_one(
@@ -316,6 +320,7 @@ impl Store {
         id: ObjectId,
         state: TransferState,
     ) -> StoreResult<Option<TransferDoc>> {
+        failpoint!(self, "before_take_over");
         Ok(self
             .transactions
             .find_one_and_update(
@@ -351,6 +356,7 @@ impl Store {
         found: &TransferDoc,
         stale_before: DateTime,
     ) -> StoreResult<Option<TransferDoc>> {
+        failpoint!(self, "before_claim");
         let mut filter = doc! {
             "_id": found.id,
             "state": found.state.as_str(),

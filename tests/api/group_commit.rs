@@ -150,7 +150,7 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
     let results = transition_all(app.store.database().collection("transactions"), ops)
         .await
         .unwrap();
-    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap().is_some()).collect();
+    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap()).collect();
     assert_eq!(won, [true, true, false, false]);
     for (t, owner) in docs.iter().zip(["me", "me", "other", "other"]) {
         let stored = app.store.transfer(t.id).await.unwrap().unwrap();
@@ -242,7 +242,7 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
     let results = transition_all(app.store.database().collection("transactions"), ops)
         .await
         .unwrap();
-    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap().is_some()).collect();
+    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap()).collect();
     assert_eq!(won, [true, true, true, false, true, false]);
     let expected = [
         ("me", Pending),
