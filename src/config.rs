@@ -48,6 +48,12 @@ pub struct Args {
     #[arg(long, env = "GROUP_COMMIT_WRITES", default_value = "2")]
     pub group_commit_writes: String,
 
+    /// Transfers this instance works on at once, at most (1 to 100000): new transfers and
+    /// cancels beyond it are refused with 503 `overloaded` and `Retry-After`, recording
+    /// nothing, so that queues stay short and every admitted transfer keeps its lease.
+    #[arg(long, env = "MAX_TRANSFERS_IN_FLIGHT", default_value = "512")]
+    pub max_transfers_in_flight: String,
+
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
     #[arg(long, env = "TRANSFER_STRATEGY", default_value = "two-phase")]
@@ -146,6 +152,8 @@ pub struct Settings {
     pub stale_after: Duration,
     /// Batched writes in flight to the database at once (see `store::batch`).
     pub group_commit_writes: usize,
+    /// Transfers worked on at once, at most (admission control, see `service`).
+    pub max_transfers_in_flight: usize,
     /// Two-phase commit or one native transaction per transfer.
     pub strategy: Strategy,
     pub log_format: LogFormat,
@@ -328,6 +336,18 @@ impl Settings {
                 ));
             }
         };
+        let max_transfers_in_flight = match args.max_transfers_in_flight.trim().parse::<usize>() {
+            Ok(n) if (1..=100_000).contains(&n) => n,
+            _ => {
+                return Err(invalid(
+                    "MAX_TRANSFERS_IN_FLIGHT",
+                    format!(
+                        "{:?} is not a whole number from 1 to 100000",
+                        args.max_transfers_in_flight
+                    ),
+                ));
+            }
+        };
         let strategy = Strategy::parse(args.transfer_strategy.trim()).ok_or_else(|| {
             invalid(
                 "TRANSFER_STRATEGY",
@@ -365,6 +385,7 @@ impl Settings {
             sweep_interval,
             stale_after,
             group_commit_writes,
+            max_transfers_in_flight,
             strategy,
             log_format,
             log_filter,
@@ -402,15 +423,24 @@ mod tests {
         assert_eq!(s.sweep_interval, Duration::from_millis(1000));
         assert_eq!(s.stale_after, Duration::from_millis(10_000));
         assert_eq!(s.group_commit_writes, 2);
+        assert_eq!(s.max_transfers_in_flight, 512);
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
     }
 
     #[test]
     fn a_bad_value_names_its_variable() {
-        let cases: [(&[&str], &str); 8] = [
+        let cases: [(&[&str], &str); 10] = [
             (&["--sweep-interval-ms", "soon"], "SWEEP_INTERVAL_MS"),
             (&["--group-commit-writes", "0"], "GROUP_COMMIT_WRITES"),
             (&["--group-commit-writes", "65"], "GROUP_COMMIT_WRITES"),
+            (
+                &["--max-transfers-in-flight", "0"],
+                "MAX_TRANSFERS_IN_FLIGHT",
+            ),
+            (
+                &["--max-transfers-in-flight", "many"],
+                "MAX_TRANSFERS_IN_FLIGHT",
+            ),
             (&["--stale-after-ms", "0"], "STALE_AFTER_MS"),
             (&["--bind-addr", "localhost"], "BIND_ADDR"),
             (&["--log-format", "xml"], "LOG_FORMAT"),

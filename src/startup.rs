@@ -57,7 +57,8 @@ impl Application {
                 source,
             })?;
         let bank = Bank::new(store, settings.instance_id.clone(), settings.stale_after)
-            .with_strategy(settings.strategy);
+            .with_strategy(settings.strategy)
+            .with_max_in_flight(settings.max_transfers_in_flight);
         Ok(Application {
             listener,
             bank,

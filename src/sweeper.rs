@@ -70,6 +70,10 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
         found: found.len(),
         ..SweepReport::default()
     };
+    // Each claimed transfer is driven in a task of its own, under the same admission
+    // control as new transfers (waiting for a permit rather than being refused), so a
+    // backlog is recovered as fast as the database allows, never faster than it admits.
+    let mut runs = tokio::task::JoinSet::new();
     for candidate in found {
         if shutdown.is_cancelled() {
             break;
@@ -77,6 +81,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
         if bank.is_driving(candidate.id) {
             continue;
         }
+        let permit = bank.admit_waiting().await;
         let claimed = match store.claim(me, &candidate, stale_before).await {
             Ok(Some(claimed)) => claimed,
             Ok(None) => continue,
@@ -86,26 +91,34 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
             }
         };
         report.claimed += 1;
-        let from = claimed.state;
-        let previous_owner = candidate.application.as_deref().unwrap_or("-").to_owned();
-        let finished = match bank.run(claimed).await {
-            Ok(finished) => finished,
-            Err(e) => {
-                tracing::warn!(transfer_id = %candidate.id, error = %e, "recovery interrupted; next pass");
-                continue;
+        let bank = bank.clone();
+        runs.spawn(async move {
+            let _permit = permit;
+            let from = claimed.state;
+            let previous_owner = candidate.application.unwrap_or_else(|| "-".into());
+            match bank.run(claimed).await {
+                Ok(finished) => {
+                    tracing::info!(
+                        transfer_id = %finished.id,
+                        from = %from,
+                        to = %finished.state,
+                        previous_owner = %previous_owner,
+                        "transfer recovered"
+                    );
+                    finished.state.is_terminal()
+                }
+                Err(e) => {
+                    tracing::warn!(transfer_id = %candidate.id, error = %e, "recovery interrupted; next pass");
+                    false
+                }
             }
-        };
-        if finished.state.is_terminal() {
+        });
+    }
+    while let Some(ended) = runs.join_next().await {
+        if ended.unwrap_or(false) {
             report.finished += 1;
             RECOVERED_TOTAL.fetch_add(1, Ordering::Relaxed);
         }
-        tracing::info!(
-            transfer_id = %finished.id,
-            from = %from,
-            to = %finished.state,
-            previous_owner = %previous_owner,
-            "transfer recovered"
-        );
     }
     if !shutdown.is_cancelled() {
         match finish_reversals(bank, stale_before, shutdown).await {

@@ -375,8 +375,7 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         .expect("made");
     let stamped = transfer(&app, past.id).await.last_modified;
     assert!(
-        stamped >= renewed_at
-            && stamped.timestamp_millis() - renewed_at.timestamp_millis() < 1000,
+        stamped >= renewed_at && stamped.timestamp_millis() - renewed_at.timestamp_millis() < 1000,
         "stamped {stamped}, lease taken from {renewed_at}"
     );
 }
@@ -480,4 +479,92 @@ async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() 
     assert_eq!(original.state, TransferState::Done);
     let reversal = transfer(&dead, original.reversed_by.expect("reversed")).await;
     assert_eq!(reversal.state, TransferState::Done);
+}
+
+/// Admission control: with one transfer in flight allowed and one paused mid-way, the
+/// next transfer and a cancel are refused at once with 503 `overloaded` and
+/// `Retry-After`, nothing is recorded for them, and `/ready` says so; once the first
+/// one finishes, the instance admits again.
+#[tokio::test]
+async fn beyond_its_limit_an_instance_refuses_new_work_at_once_and_records_nothing() {
+    let app = spawn_app_with(|s| {
+        s.max_transfers_in_flight = 1;
+        s.stale_after = Duration::from_secs(60);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
+    let (request, id) = start_transfer(&app, 100).await;
+    paused.reached().await;
+
+    let refused = app
+        .post_json(
+            "/transfers",
+            json!({ "source": "alice", "destination": "bob", "amount": 1 }),
+        )
+        .await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "overloaded", "{body}");
+    let recorded = app.store.list_transfers(&Default::default(), 10).await;
+    assert_eq!(
+        recorded.unwrap().len(),
+        1,
+        "the refused transfer left no record"
+    );
+
+    let ready = app.get("/ready").await;
+    assert_eq!(ready.status(), 503);
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(body["code"], "overloaded", "{body}");
+    let cancel = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 503);
+
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(app.get("/ready").await.status(), 200);
+    assert_eq!(app.transfer("alice", "bob", 1).await.0, 201);
+    assert_balances_and_no_markers(&app, 899, 101).await;
+}
+
+/// A transfer once admitted finishes even if its client hangs up halfway: the protocol
+/// runs in a task of its own, not in the request's future.
+#[tokio::test]
+async fn a_transfer_whose_client_hangs_up_still_finishes_at_once() {
+    let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
+    open_alice_and_bob(&app).await;
+    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let url = app.url("/transfers");
+    let request = tokio::spawn(async move {
+        impatient
+            .post(url)
+            .json(&json!({ "source": "alice", "destination": "bob", "amount": 100 }))
+            .send()
+            .await
+    });
+    paused.reached().await;
+    assert!(request.await.unwrap().is_err(), "the client gave up");
+    let id = app
+        .store
+        .list_transfers(&Default::default(), 1)
+        .await
+        .unwrap()[0]
+        .id;
+
+    paused.resume();
+    // Far inside the 60 s lease: only the original run can have finished it.
+    let t = wait_for(&app, id, Duration::from_secs(5), |t| t.state.is_terminal()).await;
+    assert_eq!(t.state, TransferState::Done);
+    assert_balances_and_no_markers(&app, 900, 100).await;
 }

@@ -213,6 +213,7 @@ fn sample(code: &str) -> Option<ApiError> {
             transfer_id: TRANSFER_ID.into(),
         },
         "database_unavailable" => ApiError::DatabaseUnavailable,
+        "overloaded" => ApiError::Overloaded,
         "request_timeout" => ApiError::Timeout,
         "internal_error" => ApiError::Internal,
         _ => return None,
@@ -249,6 +250,7 @@ mod tests {
         "insufficient_funds",
         "balance_overflow",
         "database_unavailable",
+        "overloaded",
         "request_timeout",
         "internal_error",
     ];

@@ -25,15 +25,18 @@ pub async fn health() -> Json<Status> {
     Json(Status { status: "ok" })
 }
 
-/// Readiness: the database answers.
+/// Readiness: the database answers and the instance admits new transfers.
 #[utoipa::path(
     get, path = "/ready", tag = "operations",
     responses(
         (status = 200, description = "The database answers; the instance can serve.", body = Status),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: the database does not answer; send no traffic here.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: the database does not answer; `overloaded`: the instance has as many transfers in flight as it admits. Send no traffic here for now.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {
+    if state.bank.is_overloaded() {
+        return Err(ApiError::Overloaded);
+    }
     state.bank.store().ping().await?;
     Ok(Json(Status { status: "ok" }))
 }

@@ -96,6 +96,9 @@ pub enum ApiError {
     BalanceOverflow { transfer_id: String },
     /// 503: the database does not answer; retry later.
     DatabaseUnavailable,
+    /// 503: this instance has as many transfers in flight as it admits; retry after
+    /// `Retry-After` seconds. Nothing was recorded.
+    Overloaded,
     /// 503: the request took longer than the server allows.
     Timeout,
     /// 500: a bug. The body says nothing more; the log has the cause.
@@ -122,7 +125,7 @@ impl ApiError {
             | IdempotencyKeyReused
             | InsufficientFunds { .. }
             | BalanceOverflow { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            DatabaseUnavailable | Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            DatabaseUnavailable | Overloaded | Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -152,6 +155,7 @@ impl ApiError {
             InsufficientFunds { .. } => ("insufficient_funds", "Insufficient funds"),
             BalanceOverflow { .. } => ("balance_overflow", "Balance overflow"),
             DatabaseUnavailable => ("database_unavailable", "Database unavailable"),
+            Overloaded => ("overloaded", "Overloaded"),
             Timeout => ("request_timeout", "Request timeout"),
             Internal => ("internal_error", "Internal server error"),
         }
@@ -184,6 +188,9 @@ impl ApiError {
                 "the credit would take the destination balance past 9007199254740991".into()
             }
             DatabaseUnavailable => "the database is unavailable; retry later".into(),
+            Overloaded => {
+                "this instance is at its limit of transfers in flight; nothing was recorded, retry shortly".into()
+            }
             Timeout => "the request took too long; retry later".into(),
             Internal => "an internal error occurred".into(),
         }
@@ -234,6 +241,13 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self == ApiError::Overloaded {
+            // RFC 9110: when to come back. A transfer takes milliseconds; one second
+            // lets the burst drain without making clients wait long.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         if self == ApiError::Unauthorized {
             // RFC 9110: a 401 names the scheme to authenticate with.
             response.headers_mut().insert(
@@ -269,6 +283,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::ReversalOverflow { attempt, .. } => ApiError::BalanceOverflow {
                 transfer_id: attempt.to_hex(),
             },
+            ServiceError::Overloaded => ApiError::Overloaded,
             ServiceError::Store(e) => e.into(),
         }
     }

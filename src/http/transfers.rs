@@ -292,7 +292,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
         (status = 422, description = "Refused, nothing recorded: `invalid_field` (`field` names it), `invalid_header`, `unknown_account`, `same_account`, `currency_mismatch`, `idempotency_key_reused`. Or recorded and canceled, with `transferId` and a Location: `insufficient_funds`, `balance_overflow`, or `unknown_account` when an account vanished meanwhile.", body = Problem, content_type = "application/problem+json", headers(
             ("Location" = Option<String>, description = "The URL of the transfer, when one was recorded: /transfers/{id}."),
             ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key. `overloaded` (with `Retry-After`): nothing was recorded; retry after that many seconds.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_transfer(
@@ -416,7 +416,7 @@ pub async fn list_transfers(
         (status = 200, description = "The transfer, now `canceled`, or `done` with `reversedBy`.", body = TransferResponse),
         (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The reversal was refused and nothing changed: `insufficient_funds` (the destination cannot fund it) or `balance_overflow` (it would take the source past the largest balance; `transferId` names the compensating transfer).", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: cancelling again is safe.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): cancelling again is safe.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn cancel_transfer(

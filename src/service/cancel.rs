@@ -28,7 +28,27 @@ const CANCEL_ROUNDS: usize = 16;
 
 impl Bank {
     /// Cancels a transfer; answers with the original transfer as it ends.
+    ///
+    /// Admitted like a new transfer (or refused with [`ServiceError::Overloaded`]), and
+    /// run in a task of its own, so that a client hanging up does not stop it halfway.
     pub async fn cancel(&self, id: TransferId) -> ServiceResult<TransferDoc> {
+        let permit = self.admit()?;
+        let bank = self.clone();
+        let run = self
+            .background_tasks()
+            .spawn(tracing::Instrument::instrument(
+                async move {
+                    let _permit = permit;
+                    bank.cancel_admitted(id).await
+                },
+                tracing::Span::current(),
+            ));
+        run.await.unwrap_or_else(|e| {
+            Err(StoreError::Other(format!("cancel of transfer {id} failed: {e}")).into())
+        })
+    }
+
+    async fn cancel_admitted(&self, id: TransferId) -> ServiceResult<TransferDoc> {
         let mut transfer = self.find_transfer(id).await?;
         for _ in 0..CANCEL_ROUNDS {
             transfer = match transfer.state {
@@ -69,9 +89,8 @@ impl Bank {
         };
         let deadline = self.lease_deadline_from(since);
         let (source, destination) = (transfer.source.as_str(), transfer.destination.as_str());
-        let fence = |account, unless_applied| {
-            store.fence(account, transfer.id, unless_applied, deadline)
-        };
+        let fence =
+            |account, unless_applied| store.fence(account, transfer.id, unless_applied, deadline);
         let (event, set) = match transfer.state {
             TransferState::Pending => {
                 // The commit point is the credit: fence the destination only if it has
@@ -233,7 +252,10 @@ impl Bank {
             )
         };
         match self.store().insert_transfer(&reversal).await {
-            Ok(()) => Ok(reversal),
+            Ok(stamp) => Ok(TransferDoc {
+                last_modified: stamp,
+                ..reversal
+            }),
             // A concurrent cancel recorded it first.
             Err(crate::store::StoreError::DuplicateKey(_)) => Ok(self
                 .find_transfer(TransferId::from_bytes(reversal_id.bytes()))

@@ -27,6 +27,17 @@ use crate::store::native::AtomicOutcome;
 use crate::store::transfers::TransferFilter;
 use crate::store::{AccountDoc, Store, StoreError, TransferDoc};
 
+/// The end of a protocol run started with [`Bank::spawn_run`].
+async fn joined(
+    run: tokio::task::JoinHandle<crate::store::StoreResult<TransferDoc>>,
+) -> ServiceResult<TransferDoc> {
+    match run.await {
+        Ok(result) => Ok(result?),
+        // Only a panic gets here (runs are never aborted): a bug, said as one.
+        Err(e) => Err(StoreError::Other(format!("protocol run failed: {e}")).into()),
+    }
+}
+
 /// How long a replayed request waits for the original to finish before answering with
 /// the transfer as it stands (202). The original normally finishes in milliseconds; this
 /// only matters when its instance died and the sweeper must take over.
@@ -142,6 +153,10 @@ pub enum ServiceError {
     /// The compensating transfer would take the original source past the largest balance.
     #[error("the reversal would overflow account {account}")]
     ReversalOverflow { account: String, attempt: ObjectId },
+    /// Too many transfers in flight in this instance: refused before anything was
+    /// recorded; retry shortly (or on another instance).
+    #[error("too many transfers in flight; retry shortly")]
+    Overloaded,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -171,6 +186,15 @@ pub struct Bank {
     stale_after: Duration,
     /// Two-phase commit or native transactions for new transfers.
     strategy: Strategy,
+    /// Admission control: one permit per transfer this process works on (a new one, a
+    /// cancel, a recovery), held until the protocol run ends. A request that finds none
+    /// is refused at once ([`ServiceError::Overloaded`]) and records nothing. This bounds
+    /// every queue behind it: each transfer has at most one write waiting in the group
+    /// commit, so a batch waits behind at most `permits / MAX_BATCH` others, milliseconds
+    /// against a lease of seconds, and a burst cannot push steps past their deadlines.
+    admission: Arc<tokio::sync::Semaphore>,
+    /// The permits of `admission`, for `/ready`.
+    admission_limit: usize,
     /// The currency of every account this process has seen, by id. An account's currency
     /// never changes and no account is ever deleted through the service, so a transfer
     /// between known accounts is validated without a read. Should an account vanish
@@ -179,6 +203,12 @@ pub struct Bank {
     /// move money wrongly.
     currencies: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
+
+/// Transfers in flight per process unless `MAX_TRANSFERS_IN_FLIGHT` says otherwise.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
+
+/// A permit of admission control, held for as long as a transfer is worked on.
+pub(crate) type Admitted = tokio::sync::OwnedSemaphorePermit;
 
 /// Accounts whose currency [`Bank`] remembers, at most; the memory is simply emptied
 /// when full.
@@ -196,12 +226,86 @@ impl Bank {
             driving: Arc::default(),
             stale_after,
             strategy: Strategy::TwoPhase,
+            admission: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
+            admission_limit: DEFAULT_MAX_IN_FLIGHT,
             currencies: Arc::default(),
         }
     }
 
     pub fn with_strategy(self, strategy: Strategy) -> Bank {
         Bank { strategy, ..self }
+    }
+
+    /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
+    pub fn with_max_in_flight(self, limit: usize) -> Bank {
+        let limit = limit.max(1);
+        Bank {
+            admission: Arc::new(tokio::sync::Semaphore::new(limit)),
+            admission_limit: limit,
+            ..self
+        }
+    }
+
+    /// A permit to work on one more transfer now, or [`ServiceError::Overloaded`].
+    pub(super) fn admit(&self) -> ServiceResult<Admitted> {
+        self.admission
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ServiceError::Overloaded)
+    }
+
+    /// A permit, waiting for one: the sweeper's way in, so that recoveries queue behind
+    /// new work instead of being refused (and new requests are refused while it waits).
+    pub(crate) async fn admit_waiting(&self) -> Admitted {
+        self.admission
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the admission semaphore is never closed")
+    }
+
+    /// Whether every permit is taken: `/ready` then says so.
+    pub fn is_overloaded(&self) -> bool {
+        self.admission.available_permits() == 0
+    }
+
+    /// Transfers in flight now, and the limit.
+    pub fn in_flight(&self) -> (usize, usize) {
+        let free = self.admission.available_permits();
+        (
+            self.admission_limit.saturating_sub(free),
+            self.admission_limit,
+        )
+    }
+
+    /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
+    /// on even if the caller stops waiting (a client that hangs up, a request time-out),
+    /// so admitted work always finishes or is left, every step durable, for the sweeper.
+    fn spawn_run(
+        &self,
+        transfer: TransferDoc,
+        fresh: bool,
+        permit: Admitted,
+    ) -> tokio::task::JoinHandle<crate::store::StoreResult<TransferDoc>> {
+        let bank = self.clone();
+        let work = async move {
+            let _permit = permit;
+            let id = transfer.id;
+            let ended = if fresh {
+                bank.run_recorded(transfer).await
+            } else {
+                bank.run(transfer).await
+            };
+            if let Err(e) = &ended {
+                tracing::warn!(transfer_id = %id, error = %e, "transfer interrupted; the sweeper will finish it");
+            }
+            ended
+        };
+        // In the request's span, so its log lines carry the request id too.
+        self.background.spawn(tracing::Instrument::instrument(
+            work,
+            tracing::Span::current(),
+        ))
     }
 
     pub fn stale_after(&self) -> Duration {
@@ -326,6 +430,7 @@ impl Bank {
         key: Option<IdempotencyKey>,
         completion: Completion,
     ) -> ServiceResult<TransferOutcome> {
+        let permit = self.admit()?;
         let fingerprint = new.fingerprint();
         if let Some(key) = &key {
             if let Some(existing) = self.store.transfer_by_idempotency_key(key.as_str()).await? {
@@ -348,8 +453,9 @@ impl Bank {
         if self.strategy == Strategy::Native {
             return self.transfer_natively(transfer, &fingerprint).await;
         }
+        let mut transfer = transfer;
         match self.store.insert_transfer(&transfer).await {
-            Ok(()) => {}
+            Ok(stamp) => transfer.last_modified = stamp,
             Err(StoreError::DuplicateKey(_)) if key.is_some() => {
                 return self.replay_by_key(&transfer, &fingerprint).await;
             }
@@ -357,24 +463,11 @@ impl Bank {
         }
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.value, "transfer recorded");
         failpoint!(self, "after_insert");
+        let run = self.spawn_run(transfer.clone(), true, permit);
         let transfer = match completion {
-            Completion::Wait => self.run_recorded(transfer).await?,
-            Completion::Background => {
-                let bank = self.clone();
-                let recorded = transfer.clone();
-                // In the request's span, so its log lines carry the request id too.
-                let work = async move {
-                    let id = recorded.id;
-                    if let Err(e) = bank.run_recorded(recorded).await {
-                        tracing::warn!(transfer_id = %id, error = %e, "background transfer interrupted; the sweeper will finish it");
-                    }
-                };
-                self.background.spawn(tracing::Instrument::instrument(
-                    work,
-                    tracing::Span::current(),
-                ));
-                transfer
-            }
+            Completion::Wait => joined(run).await?,
+            // The run goes on by itself; its end is logged there.
+            Completion::Background => transfer,
         };
         Ok(TransferOutcome {
             transfer,
@@ -411,7 +504,10 @@ impl Bank {
                     ..transfer
                 };
                 match self.store.insert_transfer(&canceled).await {
-                    Ok(()) => canceled,
+                    Ok(stamp) => TransferDoc {
+                        last_modified: stamp,
+                        ..canceled
+                    },
                     Err(StoreError::DuplicateKey(_)) if canceled.idempotency_key.is_some() => {
                         return self.replay_by_key(&canceled, fingerprint).await;
                     }

@@ -171,13 +171,9 @@ impl Bank {
     /// it: the balance moved in between, or our lease ran out. Renews the lease and says
     /// whether we still own the transfer.
     async fn renew(&self, t: &mut TransferDoc) -> StoreResult<bool> {
-        match self
-            .store
-            .renew_lease(self.owner(), t.id, t.state)
-            .await?
-        {
+        match self.store.renew_lease(self.owner(), t.id, t.state).await? {
             Some(now) => {
-                t.last_modified = now;
+                t.last_modified = t.last_modified.max(now);
                 Ok(true)
             }
             None => Ok(false),
@@ -300,7 +296,7 @@ impl Bank {
         };
         tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, "transfer state changed");
         transfer.state = to;
-        transfer.last_modified = now;
+        transfer.last_modified = transfer.last_modified.max(now);
         transfer.application = Some(self.owner().to_owned());
         if reason.is_some() {
             transfer.reason = reason;

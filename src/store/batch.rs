@@ -146,6 +146,9 @@ pub struct Transition {
     pub id: ObjectId,
     pub from: TransferState,
     pub to: TransferState,
+    /// A lower bound of the database's clock taken before the change was submitted: the
+    /// stamp (see `transfers::stamped`).
+    pub at: DateTime,
 }
 
 /// The markers of one transfer to pull from its accounts.
@@ -160,7 +163,7 @@ pub struct Pull {
 pub struct Batches {
     pub currencies: Batcher<[String; 2], [Option<String>; 2]>,
     pub inserts: Batcher<TransferDoc, ()>,
-    pub transitions: Batcher<Transition, bool>,
+    pub transitions: Batcher<Transition, Option<DateTime>>,
     pub account_changes: Batcher<AccountChange, bool>,
     pub pulls: Batcher<Pull, ()>,
 }
@@ -267,7 +270,7 @@ pub async fn insert_transfers(
 pub async fn transition_all(
     transactions: Collection<TransferDoc>,
     ops: Vec<Transition>,
-) -> StoreResult<Vec<StoreResult<bool>>> {
+) -> StoreResult<Vec<StoreResult<Option<DateTime>>>> {
     let mut groups: HashMap<(&str, TransferState, TransferState), Vec<usize>> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
         groups
@@ -276,21 +279,30 @@ pub async fn transition_all(
             .push(i);
     }
     // Each group answers its own callers: one group's failure is not another's.
-    let written = futures::future::join_all(groups.into_iter().map(|((owner, from, to), members)| {
-        let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
-        let transactions = &transactions;
-        async move {
-            let won = retried(|| transition_group(transactions, owner, from, to, &ids)).await;
-            (members, won)
-        }
-    }))
-    .await;
-    let mut results: Vec<StoreResult<bool>> = vec![Ok(false); ops.len()];
-    for (members, won) in written {
+    let written =
+        futures::future::join_all(groups.into_iter().map(|((owner, from, to), members)| {
+            let ids: Vec<ObjectId> = members.iter().map(|&i| ops[i].id).collect();
+            // The latest of the callers' bounds: taken before this write is sent, so still
+            // a lower bound of the server's clock when it lands.
+            let at = members
+                .iter()
+                .map(|&i| ops[i].at)
+                .max()
+                .unwrap_or(DateTime::MIN);
+            let transactions = &transactions;
+            async move {
+                let won =
+                    retried(|| transition_group(transactions, owner, from, to, &ids, at)).await;
+                (members, won, at)
+            }
+        }))
+        .await;
+    let mut results: Vec<StoreResult<Option<DateTime>>> = vec![Ok(None); ops.len()];
+    for (members, won, at) in written {
         match won {
             Ok(won) => {
                 for (i, won) in members.into_iter().zip(won) {
-                    results[i] = Ok(won);
+                    results[i] = Ok(won.then_some(at));
                 }
             }
             Err(e) => {
@@ -313,6 +325,7 @@ async fn transition_group(
     from: TransferState,
     to: TransferState,
     ids: &[ObjectId],
+    at: DateTime,
 ) -> StoreResult<Vec<bool>> {
     let updated = transactions
         .update_many(
@@ -321,7 +334,7 @@ async fn transition_group(
                 "state": from.as_str(),
                 "application": owned_by(owner, from),
             },
-            stamped(doc! { "state": to.as_str(), "application": owner }),
+            stamped(doc! { "state": to.as_str(), "application": owner }, at),
         )
         .await?;
     if updated.modified_count == ids.len() as u64 {

@@ -76,12 +76,18 @@ mod tests {
     fn the_newest_reading_wins_even_if_the_server_clock_went_back() {
         let clock = ServerClock::default();
         let now = Instant::now();
-        clock.observe(DateTime::from_millis(2_000_000), now - Duration::from_millis(10));
+        clock.observe(
+            DateTime::from_millis(2_000_000),
+            now - Duration::from_millis(10),
+        );
         clock.observe(DateTime::from_millis(1_000_000), now);
         let bound = clock.lower_bound().unwrap().timestamp_millis();
         assert!((1_000_000..1_100_000).contains(&bound), "{bound}");
         // A reply that arrived before the one we keep changes nothing.
-        clock.observe(DateTime::from_millis(3_000_000), now - Duration::from_millis(5));
+        clock.observe(
+            DateTime::from_millis(3_000_000),
+            now - Duration::from_millis(5),
+        );
         assert!(clock.lower_bound().unwrap().timestamp_millis() < 1_100_000);
     }
 

@@ -52,13 +52,16 @@ impl Store {
     /// `lastModified` is stamped by the database's clock (a lower bound of it, see
     /// [`super::clock`]), whatever the caller's copy says: another instance compares it
     /// with the database's time to decide when the transfer is stale.
-    pub async fn insert_transfer(&self, transfer: &TransferDoc) -> StoreResult<()> {
+    /// Returns that stamp.
+    pub async fn insert_transfer(&self, transfer: &TransferDoc) -> StoreResult<DateTime> {
+        let at = self.server_time_lower_bound().await?;
         let stamped = TransferDoc {
-            last_modified: self.server_time_lower_bound().await?,
+            last_modified: at,
             ..transfer.clone()
         };
         failpoint!(self, "before_insert");
-        self.batches.inserts.submit(stamped).await
+        self.batches.inserts.submit(stamped).await?;
+        Ok(at)
     }
 
     pub async fn transfer(&self, id: ObjectId) -> StoreResult<Option<TransferDoc>> {
@@ -83,10 +86,11 @@ impl Store {
         extra: Document,
     ) -> StoreResult<bool> {
         failpoint!(self, "before_force");
+        let at = self.server_time_lower_bound().await?;
         let set = merge_set(doc! { "state": to.as_str() }, extra);
         let result = self
             .transactions
-            .update_one(doc! { "_id": id, "state": from.as_str() }, stamped(set))
+            .update_one(doc! { "_id": id, "state": from.as_str() }, stamped(set, at))
             .await?;
         Ok(result.modified_count == 1)
     }
@@ -100,6 +104,7 @@ impl Store {
         reversal: ObjectId,
     ) -> StoreResult<bool> {
         failpoint!(self, "before_claim_reversal");
+        let at = self.server_time_lower_bound().await?;
         let result = self
             .transactions
             .update_one(
@@ -108,7 +113,7 @@ impl Store {
                     "state": TransferState::Done.as_str(),
                     "reversedBy": { "$exists": false },
                 },
-                stamped(doc! { "reversedBy": reversal, "reversing": true }),
+                stamped(doc! { "reversedBy": reversal, "reversing": true }, at),
             )
             .await?;
         Ok(result.modified_count == 1)
@@ -121,10 +126,11 @@ impl Store {
         original: ObjectId,
         reversal: ObjectId,
     ) -> StoreResult<()> {
+        let at = self.server_time_lower_bound().await?;
         self.transactions
             .update_one(
                 doc! { "_id": original, "reversedBy": reversal },
-                stamped_unset(&["reversedBy", "reversing"]),
+                stamped_unset(&["reversedBy", "reversing"], at),
             )
             .await?;
         Ok(())
@@ -136,10 +142,11 @@ impl Store {
         original: ObjectId,
         reversal: ObjectId,
     ) -> StoreResult<()> {
+        let at = self.server_time_lower_bound().await?;
         self.transactions
             .update_one(
                 doc! { "_id": original, "reversedBy": reversal, "reversing": true },
-                stamped_unset(&["reversing"]),
+                stamped_unset(&["reversing"], at),
             )
             .await?;
         Ok(())
@@ -168,7 +175,7 @@ impl Store {
             .transactions
             .update_one(
                 doc! { "_id": id, "state": { "$in": unfinished_states() } },
-                stamped(doc! { "fenced": true }),
+                stamped(doc! { "fenced": true }, since),
             )
             .await?;
         Ok((result.matched_count == 1).then_some(since))
@@ -277,16 +284,16 @@ impl Store {
                 id,
                 from,
                 to,
+                at: lease_start,
             };
-            let won = self.batches.transitions.submit(change).await?;
-            return Ok(won.then_some(lease_start));
+            return self.batches.transitions.submit(change).await;
         }
         let set = merge_set(doc! { "state": to.as_str(), "application": owner }, extra);
         let result = self
             .transactions
             .update_one(
                 doc! { "_id": id, "state": from.as_str(), "application": owned_by(owner, from) },
-                stamped(set),
+                stamped(set, lease_start),
             )
             .await?;
         Ok((result.modified_count == 1).then_some(lease_start))
@@ -305,7 +312,7 @@ impl Store {
             .transactions
             .update_one(
                 doc! { "_id": id, "state": state.as_str(), "application": owner },
-                stamped(doc! {}),
+                stamped(doc! {}, lease_start),
             )
             .await?;
         Ok((result.modified_count == 1).then_some(lease_start))
@@ -321,11 +328,12 @@ impl Store {
         state: TransferState,
     ) -> StoreResult<Option<TransferDoc>> {
         failpoint!(self, "before_take_over");
+        let at = self.server_time_lower_bound().await?;
         Ok(self
             .transactions
             .find_one_and_update(
                 doc! { "_id": id, "state": state.as_str() },
-                stamped(doc! { "application": owner }),
+                stamped(doc! { "application": owner }, at),
             )
             .return_document(ReturnDocument::After)
             .await?)
@@ -357,6 +365,7 @@ impl Store {
         stale_before: DateTime,
     ) -> StoreResult<Option<TransferDoc>> {
         failpoint!(self, "before_claim");
+        let at = self.server_time_lower_bound().await?;
         let mut filter = doc! {
             "_id": found.id,
             "state": found.state.as_str(),
@@ -371,29 +380,33 @@ impl Store {
         }
         Ok(self
             .transactions
-            .find_one_and_update(filter, stamped(doc! { "application": owner }))
+            .find_one_and_update(filter, stamped(doc! { "application": owner }, at))
             .return_document(ReturnDocument::After)
             .await?)
     }
 }
 
-/// The update (a pipeline) that sets `fields` and stamps the transfer with the server's
-/// clock: `lastModified` moves forward to `$$NOW`, never back. Every write that starts or
-/// renews a lease goes through here, so leases are judged by the database's clock alone
-/// (see [`super::clock`]). Values are literals, whatever they look like.
-pub(super) fn stamped(fields: Document) -> Vec<Document> {
-    let mut set: Document = fields
-        .into_iter()
-        .map(|(k, v)| (k, Bson::Document(doc! { "$literal": v })))
-        .collect();
-    set.insert("lastModified", doc! { "$max": ["$lastModified", "$$NOW"] });
-    vec![doc! { "$set": set }]
+/// The update that sets `fields` and stamps the transfer at `at`, a lower bound of the
+/// database's clock taken before the write was sent (see [`super::clock`]):
+/// `lastModified` moves forward to it, never back. Every write that starts or renews a
+/// lease goes through here, so leases are judged by the database's clock alone, and the
+/// writer knows the stamp it left without reading it back.
+pub(super) fn stamped(fields: Document, at: DateTime) -> Document {
+    let mut update = doc! { "$max": { "lastModified": at } };
+    if !fields.is_empty() {
+        update.insert("$set", fields);
+    }
+    update
 }
 
 /// [`stamped`] for a write that removes `fields`.
-pub(super) fn stamped_unset(fields: &[&str]) -> Vec<Document> {
-    let mut update = stamped(doc! {});
-    update.push(doc! { "$unset": fields });
+pub(super) fn stamped_unset(fields: &[&str], at: DateTime) -> Document {
+    let mut update = stamped(doc! {}, at);
+    let unset: Document = fields
+        .iter()
+        .map(|f| (f.to_string(), Bson::from("")))
+        .collect();
+    update.insert("$unset", unset);
     update
 }
 

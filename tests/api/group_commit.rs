@@ -37,7 +37,10 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     app.open_account("cold", 0).await;
     app.open_account("fenced", 50).await;
     let [t1, t2, t3, t4, t5, t6] = [(); 6].map(|_| ObjectId::new());
-    app.store.fence("fenced", t5, false, mongodb::bson::DateTime::MAX).await.unwrap();
+    app.store
+        .fence("fenced", t5, false, mongodb::bson::DateTime::MAX)
+        .await
+        .unwrap();
     let late = AccountChange {
         deadline: DateTime::from_millis(DateTime::now().timestamp_millis() - 1),
         ..change("cold", t6, 5)
@@ -145,12 +148,13 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
             id: t.id,
             from: TransferState::Initial,
             to: TransferState::Pending,
+            at: mongodb::bson::DateTime::now(),
         })
         .collect();
     let results = transition_all(app.store.database().collection("transactions"), ops)
         .await
         .unwrap();
-    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap()).collect();
+    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap().is_some()).collect();
     assert_eq!(won, [true, true, false, false]);
     for (t, owner) in docs.iter().zip(["me", "me", "other", "other"]) {
         let stored = app.store.transfer(t.id).await.unwrap().unwrap();
@@ -230,6 +234,7 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
         id: ids[i],
         from,
         to,
+        at: mongodb::bson::DateTime::now(),
     };
     let ops = vec![
         op(0, "me", Initial, Pending),
@@ -242,7 +247,7 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
     let results = transition_all(app.store.database().collection("transactions"), ops)
         .await
         .unwrap();
-    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap()).collect();
+    let won: Vec<bool> = results.into_iter().map(|r| r.unwrap().is_some()).collect();
     assert_eq!(won, [true, true, true, false, true, false]);
     let expected = [
         ("me", Pending),

@@ -159,6 +159,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         sweep_interval: Duration::from_millis(100),
         stale_after: Duration::from_millis(1000),
         group_commit_writes: transfer_service::store::batch::DEFAULT_GROUP_COMMIT_WRITES,
+        max_transfers_in_flight: 512,
         strategy: transfer_service::service::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),
