@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test, on a fresh machine too. It installs what is missing (cmake,
-# the SecantusDB daemon, docker-compose, hadolint, Chromium, the pinned Python and npm API
-# tools), then runs formatting, lints, every test against a real database server, the
+# the SecantusDB daemon, faketime, docker-compose, hadolint, Chromium, the pinned Python
+# and npm API tools), then runs formatting, lints, every test against a real database server, the
 # offline checks of the container files, the checks of the API document against the
 # running service, and a smoke run of the benchmark. With MONGODB_URI set, the tests use
 # that server instead (a real mongod replica set, say).
@@ -11,6 +11,14 @@ cd "$(dirname "$0")/.."
 if [[ -z "${MONGODB_URI:-}" ]]; then
   SECANTUSD_BIN=$(scripts/install-secantus.sh | tail -n 1)
   export SECANTUSD_BIN
+fi
+
+# tests/clocks.rs runs instances under libfaketime.
+if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+  echo "installing faketime (apt-get)" >&2
+  if [[ $(id -u) -eq 0 ]]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime
 fi
 
 echo "== cargo fmt --check"

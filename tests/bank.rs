@@ -8,8 +8,26 @@
 //! - every transfer is terminal and no `pendingTransactions` entry is left;
 //! - every balance equals its opening balance plus the `done` transfers into it minus the
 //!   `done` transfers out of it (so no money moved outside a finished transfer);
-//! - every transfer answered 201 `done` is still `done`;
-//! - no idempotency key was answered with two transfers or recorded twice.
+//! - no idempotency key was answered with two transfers or recorded twice, and every key
+//!   answered with a transfer is recorded on that very transfer;
+//! - every transfer was asked for by a client (each request carries a unique `reference`)
+//!   and matches that request; no request made two transfers;
+//! - reversals: each points to an original that is `done`, mirrors it (same amount,
+//!   accounts swapped), and once `done` is the original's `reversedBy`; an original has at
+//!   most one `done` reversal, and its `reversedBy` names a `done` reversal of it; no
+//!   transfer is left `reversing`;
+//! - every `canceled` transfer has a `reason`;
+//! - once a whole lease and a few sweeps have passed, no account keeps a
+//!   `fencedTransactions` entry and no transfer keeps its `fenced` flag;
+//! - every answer a client got agrees with the final state: 201 is `done`; 422 with a
+//!   `transferId` is `canceled` with that reason; 409 `transfer_canceled` is `canceled` by
+//!   request; a cancel answered `canceled` is `canceled` with the answered reason; a
+//!   cancel answered `done` with `reversedBy` has that reversal `done`; a cancel refused
+//!   with `insufficient_funds` leaves the original `done` and not reversed by the refused
+//!   attempt; a 202 ends terminal;
+//! - only the problem codes this scenario can legitimately produce are answered (any
+//!   other 4xx or 5xx is a violation), and requests that never got a definitive answer are
+//!   counted and looked up at the end (their transfer, if recorded, must be terminal).
 //!
 //! It runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did.
 
@@ -27,8 +45,8 @@ use serde_json::{Value, json};
 use support::process::{Instance, InstanceConfig};
 use support::{Daemon, fresh_database_name};
 use tokio_util::sync::CancellationToken;
-use transfer_service::domain::TransferState;
-use transfer_service::store::Store;
+use transfer_service::domain::{CancelReason, TransferState};
+use transfer_service::store::{AccountDoc, Store, TransferDoc};
 
 const ACCOUNTS: usize = 12;
 const HOT: usize = 3;
@@ -37,6 +55,9 @@ const INSTANCES: usize = 3;
 const CLIENTS: usize = 12;
 const STALE_AFTER_MS: u64 = 1000;
 const SWEEP_INTERVAL_MS: u64 = 200;
+/// Attempts of a transfer request with an idempotency key (one without a key is sent
+/// once: a retry could make a second transfer).
+const KEYED_ATTEMPTS: usize = 8;
 
 fn account(i: usize) -> String {
     format!("acct-{i:02}")
@@ -51,6 +72,56 @@ fn pick_account(rng: &mut impl Rng) -> usize {
     }
 }
 
+/// One transfer request as a client meant it. Its `reference` is unique to the request,
+/// so that its transfer can be found at the end whatever happened to the answers.
+#[derive(Debug, Clone)]
+struct Request {
+    reference: String,
+    key: Option<String>,
+    source: String,
+    destination: String,
+    amount: i64,
+}
+
+impl Request {
+    fn body(&self) -> Value {
+        json!({
+            "source": self.source,
+            "destination": self.destination,
+            "amount": self.amount,
+            "reference": self.reference,
+        })
+    }
+
+    /// Why `t` is not the transfer this request asked for, if it is not.
+    fn mismatch(&self, t: &TransferDoc) -> Option<String> {
+        let same = t.source == self.source
+            && t.destination == self.destination
+            && t.value == self.amount
+            && t.reference.as_deref() == Some(self.reference.as_str())
+            && t.reverses.is_none();
+        (!same).then(|| format!("transfer {t:?} does not match its request {self:?}"))
+    }
+}
+
+/// A definitive answer a client got, kept to be compared with the final state.
+#[derive(Debug)]
+enum Answer {
+    /// A transfer request answered 201, 202, 409 or 422, naming transfer `id`.
+    Transfer {
+        request: Request,
+        status: u16,
+        id: String,
+        body: Value,
+    },
+    /// A cancel of transfer `id` answered 200 or 422.
+    Cancel {
+        id: String,
+        status: u16,
+        body: Value,
+    },
+}
+
 /// What the clients saw.
 #[derive(Default)]
 struct History {
@@ -60,10 +131,23 @@ struct History {
     keys: HashMap<String, HashSet<String>>,
     /// Known transfer ids, for cancels.
     ids: Vec<String>,
-    /// Answers by operation and status.
+    /// Answers by operation, status and code.
     answers: BTreeMap<String, u64>,
-    /// Statuses a client must never see.
+    /// Statuses and codes a client must never see.
     violations: Vec<String>,
+    /// Every definitive answer, to compare with the final state.
+    seen: Vec<Answer>,
+    /// Every request sent at least once, by reference.
+    requests: HashMap<String, Request>,
+    /// Idempotency keys sent at least once, to tell a genuine replay from a stray one.
+    sent_keys: HashSet<String>,
+    /// Requests sent at least once that never got a definitive answer (all attempts lost
+    /// their connection or were answered 503): their outcome is unknown to the client.
+    unanswered: Vec<Request>,
+    /// Requests never sent: no live instance to send them to.
+    unsent: u64,
+    /// Cancels whose outcome the client does not know (connection lost, 503).
+    cancels_unknown: u64,
 }
 
 impl History {
@@ -81,30 +165,55 @@ fn live_base(bases: &Bases, rng: &mut impl Rng) -> Option<String> {
     live.choose(rng).map(|s| (*s).clone())
 }
 
+/// The problem `code` of an answer, "" when there is none.
+fn code_of(answer: &Value) -> &str {
+    answer["code"].as_str().unwrap_or("")
+}
+
+/// The answers a transfer request may get and go on, with a retry, to another one.
+fn retryable(status: u16, code: &str) -> bool {
+    status == 503 && matches!(code, "database_unavailable" | "request_timeout")
+}
+
 /// One transfer request, retried on another instance with the same idempotency key when
 /// the answer is lost (a killed instance) or the database is unavailable.
 async fn transfer(
     http: &reqwest::Client,
     bases: &Bases,
     history: &Mutex<History>,
-    key: Option<String>,
-    body: Value,
+    request: &Request,
     respond_async: bool,
 ) {
-    let attempts = if key.is_some() { 8 } else { 1 };
+    let attempts = if request.key.is_some() {
+        KEYED_ATTEMPTS
+    } else {
+        1
+    };
+    let mut sent = false;
     for attempt in 0..attempts {
         let Some(base) = live_base(bases, &mut rand::rng()) else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let mut request = http.post(format!("{base}/transfers")).json(&body);
-        if let Some(key) = &key {
-            request = request.header("idempotency-key", key);
+        let mut http_request = http.post(format!("{base}/transfers")).json(&request.body());
+        let mut sent_before = false;
+        {
+            let mut h = history.lock().unwrap();
+            h.requests
+                .entry(request.reference.clone())
+                .or_insert_with(|| request.clone());
+            if let Some(key) = &request.key {
+                sent_before = !h.sent_keys.insert(key.clone());
+            }
+        }
+        if let Some(key) = &request.key {
+            http_request = http_request.header("idempotency-key", key);
         }
         if respond_async {
-            request = request.header("prefer", "respond-async");
+            http_request = http_request.header("prefer", "respond-async");
         }
-        let response = match request.send().await {
+        sent = true;
+        let response = match http_request.send().await {
             Ok(r) => r,
             Err(_) => {
                 history.lock().unwrap().count("transfer: connection lost");
@@ -113,52 +222,105 @@ async fn transfer(
         };
         let status = response.status().as_u16();
         let replayed = response.headers().contains_key("idempotent-replayed");
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
-        if record(history, status, replayed, attempt, &answer, key.as_deref()) {
+        let answer: Value = match response.json().await {
+            Ok(answer) => answer,
+            Err(_) => {
+                // The instance died while sending the body: as good as no answer.
+                history.lock().unwrap().count("transfer: body lost");
+                continue;
+            }
+        };
+        if record(
+            history,
+            request,
+            status,
+            replayed,
+            sent_before,
+            attempt,
+            &answer,
+        ) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut h = history.lock().unwrap();
+    if sent {
+        h.count("transfer: no definitive answer");
+        h.unanswered.push(request.clone());
+    } else {
+        h.count("transfer: never sent");
+        h.unsent += 1;
     }
 }
 
 /// Records one transfer answer; false when it asks for a retry (503).
 fn record(
     history: &Mutex<History>,
+    request: &Request,
     status: u16,
     replayed: bool,
+    sent_before: bool,
     attempt: usize,
     answer: &Value,
-    key: Option<&str>,
 ) -> bool {
-    let id = answer["id"]
-        .as_str()
-        .or(answer["transferId"].as_str())
-        .map(str::to_owned);
+    let code = code_of(answer);
+    let id = match status {
+        201 | 202 => answer["id"].as_str(),
+        _ => answer["transferId"].as_str(),
+    }
+    .map(str::to_owned);
     let mut h = history.lock().unwrap();
     h.count(&format!(
-        "transfer: {status}{}{}",
+        "transfer: {status}{}{}{}",
+        if code.is_empty() {
+            String::new()
+        } else {
+            format!(" {code}")
+        },
         if replayed { " replayed" } else { "" },
         if attempt > 0 { " (retry)" } else { "" }
     ));
-    match status {
-        201 | 202 | 409 | 422 => {}
-        503 => return false,
-        other => h
-            .violations
-            .push(format!("transfer answered {other}: {answer}")),
+    if retryable(status, code) {
+        return false;
     }
-    if let Some(id) = id {
-        if status == 201 {
-            if answer["state"] != "done" {
-                h.violations.push(format!("201 with {answer}"));
-            }
-            h.done.insert(id.clone());
-        }
-        if let Some(key) = key {
-            h.keys.entry(key.to_owned()).or_default().insert(id.clone());
-        }
-        h.ids.push(id);
+    let state = answer["state"].as_str().and_then(TransferState::parse);
+    // The answers this scenario can legitimately produce; everything else is a
+    // violation (no account is ever missing, no balance can come near overflowing, no
+    // key is reused with another body, every request is well formed).
+    let legitimate = match (status, code) {
+        (201, "") => state == Some(TransferState::Done),
+        (202, "") => state.is_some_and(|s| !s.is_terminal()),
+        (409, "transfer_canceled") | (422, "insufficient_funds") => true,
+        _ => false,
+    };
+    if !legitimate || id.is_none() {
+        h.violations.push(format!(
+            "transfer {} answered {status}{}: {answer}",
+            request.reference,
+            if replayed { " (replayed)" } else { "" }
+        ));
+        return true;
     }
+    if replayed && !sent_before {
+        h.violations.push(format!(
+            "transfer {} answered as a replay of a key never sent before: {answer}",
+            request.reference
+        ));
+    }
+    let id = id.unwrap();
+    if status == 201 {
+        h.done.insert(id.clone());
+    }
+    if let Some(key) = &request.key {
+        h.keys.entry(key.clone()).or_default().insert(id.clone());
+    }
+    h.ids.push(id.clone());
+    h.seen.push(Answer::Transfer {
+        request: request.clone(),
+        status,
+        id,
+        body: answer.clone(),
+    });
     true
 }
 
@@ -186,17 +348,54 @@ async fn cancel(http: &reqwest::Client, bases: &Bases, history: &Mutex<History>)
         .post(format!("{base}/transfers/{id}/cancel"))
         .send()
         .await;
-    let mut h = history.lock().unwrap();
-    match response {
+    let (status, answer) = match response {
         Ok(r) => {
             let status = r.status().as_u16();
-            h.count(&format!("cancel: {status}"));
-            if !matches!(status, 200 | 422 | 503) {
-                h.violations
-                    .push(format!("cancel of {id} answered {status}"));
-            }
+            (status, r.json::<Value>().await.ok())
         }
-        Err(_) => h.count("cancel: connection lost"),
+        Err(_) => (0, None),
+    };
+    let mut h = history.lock().unwrap();
+    let Some(answer) = answer else {
+        h.count("cancel: connection lost");
+        h.cancels_unknown += 1;
+        return;
+    };
+    let code = code_of(&answer);
+    let state = answer["state"].as_str().and_then(TransferState::parse);
+    h.count(&format!(
+        "cancel: {status} {}",
+        match (status, state) {
+            (200, Some(state)) => state.as_str(),
+            _ => code,
+        }
+    ));
+    if retryable(status, code) {
+        h.cancels_unknown += 1;
+        return;
+    }
+    let legitimate = match (status, code) {
+        // Rolled back (or canceled before, for any reason), or reversed.
+        (200, "") => match state {
+            Some(TransferState::Canceled) => answer["reason"].is_string(),
+            Some(TransferState::Done) => answer["reversedBy"].is_string(),
+            _ => false,
+        },
+        // The reversal is under way on another instance (it may still be refused).
+        (202, "") => state == Some(TransferState::Done) && answer["reversedBy"].is_string(),
+        // The destination cannot fund the reversal.
+        (422, "insufficient_funds") => true,
+        _ => false,
+    };
+    if legitimate && (status == 422 || answer["id"] == id.as_str()) {
+        h.seen.push(Answer::Cancel {
+            id,
+            status,
+            body: answer,
+        });
+    } else {
+        h.violations
+            .push(format!("cancel of {id} answered {status}: {answer}"));
     }
 }
 
@@ -208,42 +407,38 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
     let mut n = 0u64;
     while !stop.is_cancelled() {
         n += 1;
-        let (choice, body, key) = {
+        let (choice, request) = {
             let mut rng = rand::rng();
             let source = pick_account(&mut rng);
             let mut destination = pick_account(&mut rng);
             if destination == source {
                 destination = (source + 1) % ACCOUNTS;
             }
-            let body = json!({
-                "source": account(source),
-                "destination": account(destination),
-                "amount": rng.random_range(1..=300),
-            });
-            let key = rng
-                .random_bool(0.5)
-                .then(|| format!("client-{seed}-op-{n}"));
-            (rng.random_range(0..100), body, key)
+            let reference = format!("client-{seed}-op-{n}");
+            let key = rng.random_bool(0.5).then(|| reference.clone());
+            let request = Request {
+                reference,
+                key,
+                source: account(source),
+                destination: account(destination),
+                amount: rng.random_range(1..=300),
+            };
+            (rng.random_range(0..100), request)
         };
         match choice {
             0..=9 => cancel(&http, &bases, &history).await,
-            10..=14 => transfer(&http, &bases, &history, key, body, true).await,
+            10..=14 => transfer(&http, &bases, &history, &request, true).await,
             15..=24 => {
                 // A client retrying a request whose answer it already had.
-                let key = format!("client-{seed}-replayed-{n}");
+                let request = Request {
+                    key: Some(format!("client-{seed}-replayed-{n}")),
+                    ..request
+                };
                 for _ in 0..2 {
-                    transfer(
-                        &http,
-                        &bases,
-                        &history,
-                        Some(key.clone()),
-                        body.clone(),
-                        false,
-                    )
-                    .await;
+                    transfer(&http, &bases, &history, &request, false).await;
                 }
             }
-            _ => transfer(&http, &bases, &history, key, body, false).await,
+            _ => transfer(&http, &bases, &history, &request, false).await,
         }
     }
 }
@@ -253,6 +448,262 @@ fn instance_config(uri: &str, database: &str, name: &str) -> InstanceConfig {
     config.stale_after_ms = STALE_AFTER_MS;
     config.sweep_interval_ms = SWEEP_INTERVAL_MS;
     config
+}
+
+/// The invariants checked, each with how many times, and what broke them.
+#[derive(Default)]
+struct Checks {
+    counts: BTreeMap<&'static str, u64>,
+    violations: Vec<String>,
+}
+
+impl Checks {
+    /// Counts one check of `invariant`; records `violation()` when `holds` is false.
+    fn check(&mut self, invariant: &'static str, holds: bool, violation: impl FnOnce() -> String) {
+        *self.counts.entry(invariant).or_default() += 1;
+        if !holds {
+            self.violations
+                .push(format!("[{invariant}] {}", violation()));
+        }
+    }
+}
+
+/// Everything stored, read at once.
+async fn snapshot(store: &Store) -> (Vec<TransferDoc>, Vec<AccountDoc>) {
+    let transfers = store
+        .list_transfers(&Default::default(), 1_000_000)
+        .await
+        .unwrap();
+    let accounts = store.list_accounts(None, 1000).await.unwrap();
+    (transfers, accounts)
+}
+
+/// What must be true once the sweepers have had a whole lease and a few passes after the
+/// last transfer finished; empty when everything is settled.
+fn unsettled(transfers: &[TransferDoc], accounts: &[AccountDoc]) -> Vec<String> {
+    let mut left = Vec::new();
+    for t in transfers {
+        if !t.state.is_terminal() {
+            left.push(format!("transfer {} is {}", t.id, t.state));
+        }
+        if t.reversing {
+            left.push(format!("transfer {} is still reversing", t.id));
+        }
+        if t.fenced {
+            left.push(format!("transfer {} is still marked fenced", t.id));
+        }
+    }
+    for a in accounts {
+        if !a.fenced_transactions.is_empty() {
+            left.push(format!("{} keeps fences {:?}", a.id, a.fenced_transactions));
+        }
+        if !a.pending_transactions.is_empty() {
+            left.push(format!(
+                "{} keeps markers {:?}",
+                a.id, a.pending_transactions
+            ));
+        }
+    }
+    left
+}
+
+/// Compares one definitive answer a client got with the final state.
+fn check_answer(answer: &Answer, by_id: &HashMap<ObjectId, &TransferDoc>, checks: &mut Checks) {
+    let find = |id: &str| -> Option<&TransferDoc> {
+        ObjectId::parse_str(id)
+            .ok()
+            .and_then(|oid| by_id.get(&oid).copied())
+    };
+    match answer {
+        Answer::Transfer {
+            request,
+            status,
+            id,
+            body,
+        } => {
+            let found = find(id);
+            checks.check("answered transfer is stored", found.is_some(), || {
+                format!("{id}, answered {status} {body}, is not in the database")
+            });
+            let Some(t) = found else { return };
+            checks.check(
+                "answered transfer matches its request",
+                request.mismatch(t).is_none(),
+                || request.mismatch(t).unwrap_or_default(),
+            );
+            let expected = match (*status, code_of(body)) {
+                (201, _) => Some((TransferState::Done, None)),
+                (409, _) => Some((
+                    TransferState::Canceled,
+                    Some(CancelReason::CanceledByRequest),
+                )),
+                (422, code) => Some((TransferState::Canceled, CancelReason::parse(code))),
+                // 202: it only has to be terminal in the end.
+                _ => None,
+            };
+            match expected {
+                Some((state, reason)) => checks.check(
+                    "a transfer answer agrees with the final state",
+                    t.state == state && t.reason == reason,
+                    || {
+                        format!(
+                            "{id} answered {status} {body} but ends {} ({:?})",
+                            t.state, t.reason
+                        )
+                    },
+                ),
+                None => checks.check("a 202 ends terminal", t.state.is_terminal(), || {
+                    format!("{id} answered 202 and ends {}", t.state)
+                }),
+            }
+        }
+        Answer::Cancel { id, status, body } => {
+            let found = find(id);
+            checks.check("canceled transfer is stored", found.is_some(), || {
+                format!("{id}, canceled with {status} {body}, is not in the database")
+            });
+            let Some(original) = found else { return };
+            let answered_state = body["state"].as_str().and_then(TransferState::parse);
+            match (*status, answered_state) {
+                (200, Some(TransferState::Canceled)) => {
+                    let reason = body["reason"].as_str().and_then(CancelReason::parse);
+                    checks.check(
+                        "a cancel answered canceled ends canceled with that reason",
+                        original.state == TransferState::Canceled && original.reason == reason,
+                        || {
+                            format!(
+                                "cancel of {id} answered {body} but it ends {} ({:?})",
+                                original.state, original.reason
+                            )
+                        },
+                    );
+                }
+                (202, _) => {
+                    // Under way: whatever the reversal's outcome, the original stays done.
+                    checks.check(
+                        "a cancel answered under way leaves the original done",
+                        original.state == TransferState::Done,
+                        || {
+                            format!(
+                                "cancel of {id} answered {body}, but it ends {}",
+                                original.state
+                            )
+                        },
+                    );
+                }
+                (200, _) => {
+                    // Done, with `reversedBy`: the reversal the client was told of ends
+                    // done, and the original names it.
+                    let reversal_id = body["reversedBy"].as_str().unwrap_or_default();
+                    let reversal = find(reversal_id);
+                    checks.check(
+                        "a cancel answered reversed ends reversed by that reversal",
+                        original.state == TransferState::Done
+                            && original.reversed_by.map(|r| r.to_hex()).as_deref()
+                                == Some(reversal_id)
+                            && reversal.is_some_and(|r| {
+                                r.state == TransferState::Done && r.reverses == Some(original.id)
+                            }),
+                        || {
+                            format!(
+                                "cancel of {id} answered {body}, but the original ends {} \
+                                 reversedBy {:?} and the reversal is {reversal:?}",
+                                original.state, original.reversed_by
+                            )
+                        },
+                    );
+                }
+                _ => {
+                    // 422 insufficient_funds: nothing changed, the original stays done;
+                    // the refused attempt, when named, ends canceled and is not its
+                    // reversal.
+                    let attempt = body["transferId"].as_str();
+                    let attempt_doc = attempt.and_then(find);
+                    checks.check(
+                        "a refused reversal leaves the original done and not reversed by it",
+                        original.state == TransferState::Done
+                            && attempt.is_none_or(|a| {
+                                original.reversed_by.map(|r| r.to_hex()).as_deref() != Some(a)
+                                    && attempt_doc.is_some_and(|r| {
+                                        r.state == TransferState::Canceled
+                                            && r.reason == Some(CancelReason::InsufficientFunds)
+                                            && r.reverses == Some(original.id)
+                                    })
+                            }),
+                        || {
+                            format!(
+                                "cancel of {id} answered {body}, but the original ends {} \
+                                 reversedBy {:?} and the attempt is {attempt_doc:?}",
+                                original.state, original.reversed_by
+                            )
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The reversal invariants, over every stored transfer.
+fn check_reversals(
+    transfers: &[TransferDoc],
+    by_id: &HashMap<ObjectId, &TransferDoc>,
+    checks: &mut Checks,
+) {
+    let mut done_reversals: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
+    for r in transfers {
+        let Some(original_id) = r.reverses else {
+            continue;
+        };
+        let original = by_id.get(&original_id).copied();
+        checks.check(
+            "a reversal reverses a done original",
+            original.is_some_and(|o| o.state == TransferState::Done),
+            || format!("reversal {r:?} reverses {original:?}"),
+        );
+        let Some(original) = original else { continue };
+        checks.check(
+            "a reversal mirrors its original",
+            r.value == original.value
+                && r.source == original.destination
+                && r.destination == original.source
+                && r.currency == original.currency,
+            || format!("reversal {r:?} of {original:?}"),
+        );
+        if r.state == TransferState::Done {
+            checks.check(
+                "a done reversal is its original's reversedBy",
+                original.reversed_by == Some(r.id),
+                || format!("done reversal {} but its original is {original:?}", r.id),
+            );
+            done_reversals.entry(original_id).or_default().push(r.id);
+        }
+    }
+    for t in transfers {
+        let done = done_reversals.get(&t.id).map_or(0, Vec::len);
+        checks.check("at most one done reversal per transfer", done <= 1, || {
+            format!("{} reversed by {:?}", t.id, done_reversals[&t.id])
+        });
+        if let Some(reversal_id) = t.reversed_by {
+            let reversal = by_id.get(&reversal_id).copied();
+            checks.check(
+                "reversedBy names a done reversal of the transfer",
+                reversal
+                    .is_some_and(|r| r.state == TransferState::Done && r.reverses == Some(t.id)),
+                || format!("{t:?} is reversed by {reversal:?}"),
+            );
+        }
+        checks.check("no transfer left reversing", !t.reversing, || {
+            format!("{t:?} is still reversing")
+        });
+        if t.state == TransferState::Canceled {
+            checks.check(
+                "a canceled transfer has a reason",
+                t.reason.is_some(),
+                || format!("{t:?} is canceled without a reason"),
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,22 +795,41 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
 
     // Quiescence: every transfer terminal (a lease, a few sweeps, and the backlog).
     let store = Store::connect(&uri, &database).await.unwrap();
-    let quiet_deadline = Instant::now() + Duration::from_secs(60);
-    let transfers = loop {
-        let transfers = store
-            .list_transfers(&Default::default(), 1_000_000)
-            .await
-            .unwrap();
+    let load_stopped = Instant::now();
+    let quiet_deadline = load_stopped + Duration::from_secs(60);
+    loop {
+        let (transfers, _) = snapshot(&store).await;
         if transfers.iter().all(|t| t.state.is_terminal()) {
-            break transfers;
+            break;
         }
         assert!(
             Instant::now() < quiet_deadline,
             "transfers still unfinished a minute after the load stopped"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let terminal_after = load_stopped.elapsed();
+    // Then the housekeeping: within a whole lease and a few sweeps (with their jitter)
+    // the sweepers finish interrupted reversals and drop every fence. Bounded; what is
+    // left at the deadline is a violation below.
+    let settle_for = Duration::from_millis(STALE_AFTER_MS + 5 * SWEEP_INTERVAL_MS * 6 / 5)
+        + Duration::from_secs(1);
+    let settle_started = Instant::now();
+    let (transfers, accounts) = loop {
+        let (transfers, accounts) = snapshot(&store).await;
+        let left = unsettled(&transfers, &accounts);
+        if left.is_empty() || settle_started.elapsed() >= settle_for {
+            if !left.is_empty() {
+                println!(
+                    "still unsettled {:?} after the load stopped: {left:#?}",
+                    load_stopped.elapsed()
+                );
+            }
+            break (transfers, accounts);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let accounts = store.list_accounts(None, 1000).await.unwrap();
+    let settled_after = settle_started.elapsed();
     let history = history.lock().unwrap();
 
     // What happened.
@@ -368,7 +838,8 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         let outcome = match (t.state, t.reason, t.reverses) {
             (TransferState::Done, _, Some(_)) => "done (reversal)".to_owned(),
             (TransferState::Done, _, None) => "done".to_owned(),
-            (state, Some(reason), _) => format!("{state} ({reason})"),
+            (state, Some(reason), Some(_)) => format!("{state} ({reason}, reversal)"),
+            (state, Some(reason), None) => format!("{state} ({reason})"),
             (state, None, _) => state.to_string(),
         };
         *outcomes.entry(outcome).or_default() += 1;
@@ -376,17 +847,23 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
     println!(
         "bank test: {seconds} s of load, {CLIENTS} clients, {INSTANCES} instances; \
          {killed} instances killed with SIGKILL and restarted ({renamed} under a new name), \
-         {database_restarts} database restart(s)"
+         {database_restarts} database restart(s); every transfer terminal {terminal_after:?} \
+         after the load stopped, settled (reversals, fences) {settled_after:?} later"
     );
     println!("transfers by outcome: {outcomes:?}");
     println!("client answers: {:?}", history.answers);
 
     // The checks.
-    let mut violations = history.violations.clone();
+    let mut checks = Checks {
+        violations: history.violations.clone(),
+        ..Checks::default()
+    };
     let total: i64 = accounts.iter().map(|a| a.balance).sum();
-    if total != OPENING_BALANCE * ACCOUNTS as i64 {
-        violations.push(format!("total balance {total}"));
-    }
+    checks.check(
+        "total balance unchanged",
+        total == OPENING_BALANCE * ACCOUNTS as i64,
+        || format!("total balance {total}"),
+    );
     let mut expected: HashMap<&str, i64> = accounts
         .iter()
         .map(|a| (a.id.as_str(), OPENING_BALANCE))
@@ -396,58 +873,167 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         *expected.get_mut(t.destination.as_str()).unwrap() += t.value;
     }
     for a in &accounts {
-        if a.balance < 0 {
-            violations.push(format!("{} is negative: {}", a.id, a.balance));
-        }
-        if !a.pending_transactions.is_empty() {
-            violations.push(format!(
-                "{} keeps markers {:?}",
-                a.id, a.pending_transactions
-            ));
-        }
-        if a.balance != expected[a.id.as_str()] {
-            violations.push(format!(
-                "{} holds {} but its done transfers say {}",
-                a.id,
-                a.balance,
-                expected[a.id.as_str()]
-            ));
-        }
+        checks.check("no negative balance", a.balance >= 0, || {
+            format!("{} is negative: {}", a.id, a.balance)
+        });
+        checks.check(
+            "no pendingTransactions left",
+            a.pending_transactions.is_empty(),
+            || format!("{} keeps markers {:?}", a.id, a.pending_transactions),
+        );
+        checks.check(
+            "no fencedTransactions left after a lease and a few sweeps",
+            a.fenced_transactions.is_empty(),
+            || format!("{} keeps fences {:?}", a.id, a.fenced_transactions),
+        );
+        checks.check(
+            "balance equals opening plus done transfers",
+            a.balance == expected[a.id.as_str()],
+            || {
+                format!(
+                    "{} holds {} but its done transfers say {}",
+                    a.id,
+                    a.balance,
+                    expected[a.id.as_str()]
+                )
+            },
+        );
     }
-    let by_id: HashMap<ObjectId, &_> = transfers.iter().map(|t| (t.id, t)).collect();
+    for t in &transfers {
+        checks.check("every transfer terminal", t.state.is_terminal(), || {
+            format!("{t:?} is not terminal")
+        });
+        checks.check(
+            "no transfer left marked fenced after a lease and a few sweeps",
+            !t.fenced,
+            || format!("{t:?} is still marked fenced"),
+        );
+    }
+    let by_id: HashMap<ObjectId, &TransferDoc> = transfers.iter().map(|t| (t.id, t)).collect();
     for id in &history.done {
         let state = by_id.get(&id.parse().unwrap()).map(|t| t.state);
-        if state != Some(TransferState::Done) {
-            violations.push(format!("{id} was answered done and is now {state:?}"));
-        }
+        checks.check(
+            "answered done is still done",
+            state == Some(TransferState::Done),
+            || format!("{id} was answered done and is now {state:?}"),
+        );
     }
-    let mut recorded_keys: HashMap<&str, u32> = HashMap::new();
+    check_reversals(&transfers, &by_id, &mut checks);
+    for answer in &history.seen {
+        check_answer(answer, &by_id, &mut checks);
+    }
+
+    // Idempotency keys and references: one request, at most one transfer, the one
+    // answered.
+    let mut recorded_keys: HashMap<&str, Vec<&TransferDoc>> = HashMap::new();
+    let mut recorded_references: HashMap<&str, Vec<&TransferDoc>> = HashMap::new();
     for t in &transfers {
         if let Some(key) = &t.idempotency_key {
-            *recorded_keys.entry(key.as_str()).or_default() += 1;
+            recorded_keys.entry(key.as_str()).or_default().push(t);
+        }
+        if let Some(reference) = &t.reference {
+            recorded_references
+                .entry(reference.as_str())
+                .or_default()
+                .push(t);
+        }
+        if t.reverses.is_none() {
+            let request = t.reference.as_deref().and_then(|r| history.requests.get(r));
+            checks.check(
+                "every transfer was asked for and matches its request",
+                request.is_some_and(|r| r.mismatch(t).is_none() && r.key == t.idempotency_key),
+                || format!("{t:?} was asked for by {request:?}"),
+            );
         }
     }
     for (key, ids) in &history.keys {
-        if ids.len() > 1 {
-            violations.push(format!("key {key} answered with {ids:?}"));
+        checks.check(
+            "a key is answered with one transfer",
+            ids.len() == 1,
+            || format!("key {key} answered with {ids:?}"),
+        );
+        let recorded: Vec<String> = recorded_keys
+            .get(key.as_str())
+            .map(|ts| ts.iter().map(|t| t.id.to_hex()).collect())
+            .unwrap_or_default();
+        checks.check(
+            "a key answered with a transfer is recorded on it",
+            ids.iter().all(|id| recorded == [id.clone()]),
+            || format!("key {key} answered with {ids:?} but recorded on {recorded:?}"),
+        );
+    }
+    for (key, ts) in &recorded_keys {
+        checks.check("a key is recorded once", ts.len() == 1, || {
+            format!("key {key} recorded {} times", ts.len())
+        });
+    }
+    for (reference, ts) in &recorded_references {
+        checks.check(
+            "a request makes at most one transfer",
+            ts.len() == 1,
+            || {
+                let ids: Vec<String> = ts.iter().map(|t| t.id.to_hex()).collect();
+                format!("request {reference} made {ids:?}")
+            },
+        );
+    }
+
+    // Requests whose outcome the client never learned: found by key (or, without one,
+    // by reference); if recorded, it must have finished.
+    let mut unknown: BTreeMap<&str, u64> = BTreeMap::new();
+    for request in &history.unanswered {
+        let found = match &request.key {
+            Some(key) => recorded_keys.get(key.as_str()),
+            None => recorded_references.get(request.reference.as_str()),
+        }
+        .and_then(|ts| ts.first().copied());
+        let kind = match (&request.key, found) {
+            (Some(_), Some(_)) => "keyed, recorded",
+            (Some(_), None) => "keyed, never recorded",
+            (None, Some(_)) => "keyless, recorded",
+            (None, None) => "keyless, never recorded",
+        };
+        *unknown.entry(kind).or_default() += 1;
+        if let Some(t) = found {
+            checks.check(
+                "an unanswered request's transfer ends terminal",
+                t.state.is_terminal(),
+                || format!("{request:?} never answered and its transfer is {t:?}"),
+            );
         }
     }
-    for (key, count) in recorded_keys {
-        if count > 1 {
-            violations.push(format!("key {key} recorded {count} times"));
-        }
-    }
+    println!(
+        "requests without a definitive answer: {} ({unknown:?}); never sent: {}; cancels \
+         with an unknown outcome: {}",
+        history.unanswered.len(),
+        history.unsent,
+        history.cancels_unknown
+    );
     println!(
         "{} transfers, {} answered done, {} idempotency keys, {} violations",
         transfers.len(),
         history.done.len(),
         history.keys.len(),
-        violations.len()
+        checks.violations.len()
+    );
+    let answers: u64 = history.answers.values().sum();
+    let checked: u64 = checks.counts.values().sum();
+    println!(
+        "summary: {answers} client answers {:?}; {checked} checks of {} invariants {:?}; \
+         {} violations",
+        history.answers,
+        checks.counts.len(),
+        checks.counts,
+        checks.violations.len()
     );
     assert!(
         outcomes.get("done").copied().unwrap_or(0) > 50,
         "the load made too few transfers to mean anything: {outcomes:?}"
     );
     assert!(killed >= 3, "the nemesis killed too few instances");
-    assert!(violations.is_empty(), "violations: {violations:#?}");
+    assert!(
+        checks.violations.is_empty(),
+        "violations: {:#?}",
+        checks.violations
+    );
 }

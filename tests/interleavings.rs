@@ -63,6 +63,18 @@ async fn start_transfer(
     }
 }
 
+/// `POST /transfers/{id}/cancel` on `app`: the status and the body.
+async fn cancel_answer(app: &TestApp, id: ObjectId) -> (u16, Value) {
+    let response = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
 /// `POST /transfers/{id}/cancel` on `app`; asserts 200 and returns the body.
 async fn cancel(app: &TestApp, id: ObjectId) -> Value {
     let response = app
@@ -398,7 +410,10 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     paused.reached().await;
     let reversal_id = transfer(&first, id).await.reversed_by.expect("claimed");
 
-    let answer = cancel(&second, id).await;
+    // The compensation stays paused past the second cancel's wait: it answers that the
+    // reversal is under way (202), not that it is made.
+    let (status, answer) = cancel_answer(&second, id).await;
+    assert_eq!(status, 202, "{answer}");
     assert_eq!(answer["reversedBy"], reversal_id.to_hex(), "{answer}");
     assert_eq!(transfer(&first, id).await.reversed_by, Some(reversal_id));
 
@@ -567,4 +582,50 @@ async fn a_transfer_whose_client_hangs_up_still_finishes_at_once() {
     let t = wait_for(&app, id, Duration::from_secs(5), |t| t.state.is_terminal()).await;
     assert_eq!(t.state, TransferState::Done);
     assert_balances_and_no_markers(&app, 900, 100).await;
+}
+
+/// Two cancels of one done transfer on two instances; the first one's compensation is
+/// paused, the destination spends the money meanwhile, and the compensation is refused.
+/// The second cancel, which met the compensation running, must answer with its real
+/// outcome (422 insufficient_funds), not that the transfer was reversed.
+#[tokio::test]
+async fn a_cancel_waiting_on_a_reversal_that_is_then_refused_answers_the_refusal() {
+    let (first, second) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&first).await;
+    first.open_account("carol", 0).await;
+    let (status, body) = first.transfer("alice", "bob", 300).await;
+    assert_eq!(status, 201, "{body}");
+    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+
+    let mut paused = failpoints::pause(&first.instance_id, "after_pending");
+    let cancel_on = |app: &TestApp| {
+        let http = app.http.clone();
+        let url = app.url(&format!("/transfers/{id}/cancel"));
+        tokio::spawn(async move {
+            let response = http.post(url).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        })
+    };
+    let first_cancel = cancel_on(&first);
+    paused.reached().await;
+    let second_cancel = cancel_on(&second);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Bob spends what the compensation would take back.
+    let (status, body) = second.transfer("bob", "carol", 300).await;
+    assert_eq!(status, 201, "{body}");
+    paused.resume();
+
+    for (who, answer) in [("first", first_cancel), ("second", second_cancel)] {
+        let (status, body) = answer.await.unwrap();
+        assert_eq!(status, 422, "{who} cancel: {body}");
+        assert_eq!(body["code"], "insufficient_funds", "{who} cancel: {body}");
+    }
+    let original = transfer(&first, id).await;
+    assert_eq!(original.state, TransferState::Done);
+    assert_eq!(original.reversed_by, None, "the claim is released");
+    assert!(!original.reversing);
+    assert_eq!(first.balance("alice").await, 700);
+    assert_eq!(first.balance("bob").await, 0);
+    assert_eq!(first.balance("carol").await, 300);
 }

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::domain::CancelReason;
 use crate::service::ServiceError;
 use crate::store::StoreError;
 
@@ -272,17 +273,34 @@ impl From<ServiceError> for ApiError {
             ServiceError::SameAccount => ApiError::SameAccount,
             e @ ServiceError::CurrencyMismatch { .. } => ApiError::CurrencyMismatch(e.to_string()),
             ServiceError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
-            ServiceError::ReversalInsufficientFunds { account, attempt } => {
-                ApiError::InsufficientFunds {
-                    detail: format!(
-                        "account {account} cannot fund the compensating transfer; nothing was changed"
-                    ),
-                    transfer_id: attempt.map(|id| id.to_hex()),
+            ServiceError::ReversalRefused {
+                reason,
+                account,
+                attempt,
+            } => {
+                let transfer_id = attempt.map(|id| id.to_hex());
+                match reason {
+                    CancelReason::InsufficientFunds => ApiError::InsufficientFunds {
+                        detail: format!(
+                            "account {account} cannot fund the compensating transfer; nothing was changed"
+                        ),
+                        transfer_id,
+                    },
+                    CancelReason::BalanceOverflow => ApiError::BalanceOverflow {
+                        transfer_id: transfer_id.unwrap_or_default(),
+                    },
+                    CancelReason::AccountNotFound => ApiError::UnknownAccount {
+                        detail: format!(
+                            "account {account} no longer exists; the compensating transfer was canceled and nothing was changed"
+                        ),
+                        transfer_id,
+                    },
+                    CancelReason::CanceledByRequest => ApiError::TransferCanceled {
+                        transfer_id: transfer_id.unwrap_or_default(),
+                        detail: "the compensating transfer was itself canceled by request; nothing was changed".into(),
+                    },
                 }
             }
-            ServiceError::ReversalOverflow { attempt, .. } => ApiError::BalanceOverflow {
-                transfer_id: attempt.to_hex(),
-            },
             ServiceError::Overloaded => ApiError::Overloaded,
             ServiceError::Store(e) => e.into(),
         }

@@ -413,18 +413,27 @@ pub async fn list_transfers(
     post, path = "/transfers/{id}/cancel", tag = "transfers",
     params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
     responses(
-        (status = 200, description = "The transfer, now `canceled`, or `done` with `reversedBy`.", body = TransferResponse),
+        (status = 200, description = "The transfer, now `canceled`, or `done` with `reversedBy` (its reversal is done).", body = TransferResponse),
+        (status = 202, description = "The transfer, `done` with `reversedBy`: its reversal is under way on another instance and may still be refused; cancel again or read `reversedBy` later.", body = TransferResponse),
         (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The reversal was refused and nothing changed: `insufficient_funds` (the destination cannot fund it) or `balance_overflow` (it would take the source past the largest balance; `transferId` names the compensating transfer).", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`transfer_canceled`: the compensating transfer (`transferId`) was itself canceled by request; nothing changed.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The reversal was refused and nothing changed: `insufficient_funds` (the destination cannot fund it), `balance_overflow` (it would take the source past the largest balance) or `unknown_account` (the source no longer exists); `transferId` names the compensating transfer when one was recorded.", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): cancelling again is safe.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn cancel_transfer(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<TransferResponse>, ApiError> {
+) -> Result<(StatusCode, Json<TransferResponse>), ApiError> {
     let id = path_transfer(&id)?;
-    Ok(Json(state.bank.cancel(id).await?.into()))
+    let transfer = state.bank.cancel(id).await?;
+    // `reversing` stays set until the compensating transfer is done.
+    let status = if transfer.reversing {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(transfer.into())))
 }
 
 #[cfg(test)]

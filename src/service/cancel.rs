@@ -26,6 +26,10 @@ use crate::store::{StoreError, StoreResult, TransferDoc};
 /// cannot spin forever; the client may simply cancel again.
 const CANCEL_ROUNDS: usize = 16;
 
+/// How long a cancel waits for a compensating transfer another instance is driving
+/// before answering that the reversal is still under way.
+const REVERSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Bank {
     /// Cancels a transfer; answers with the original transfer as it ends.
     ///
@@ -175,7 +179,8 @@ impl Bank {
                 .await?
                 .map_or(0, |a| a.balance);
             if funds < original.value {
-                return Err(ServiceError::ReversalInsufficientFunds {
+                return Err(ServiceError::ReversalRefused {
+                    reason: CancelReason::InsufficientFunds,
                     account: original.destination.clone(),
                     attempt: None,
                 });
@@ -204,7 +209,11 @@ impl Bank {
             return Ok(original);
         };
         let reversal = self.claimed_reversal(&original, reversal_id).await?;
-        let reversal = self.run(reversal).await?;
+        let mut reversal = self.run(reversal).await?;
+        if !reversal.state.is_terminal() {
+            // Another instance drives the compensation: its outcome is the answer.
+            reversal = self.wait_until_terminal(reversal, REVERSAL_WAIT).await?;
+        }
         match reversal.state {
             TransferState::Done => {
                 self.store()
@@ -216,17 +225,19 @@ impl Bank {
                 self.store()
                     .release_reversal(original.id, reversal_id)
                     .await?;
-                if reversal.reason == Some(CancelReason::BalanceOverflow) {
-                    return Err(ServiceError::ReversalOverflow {
-                        account: original.source.clone(),
-                        attempt: reversal_id,
-                    });
-                }
-                Err(ServiceError::ReversalInsufficientFunds {
-                    account: original.destination.clone(),
+                let reason = reversal.reason.unwrap_or(CancelReason::InsufficientFunds);
+                let account = match reason {
+                    CancelReason::InsufficientFunds => &original.destination,
+                    _ => &original.source,
+                };
+                Err(ServiceError::ReversalRefused {
+                    reason,
+                    account: account.clone(),
                     attempt: Some(reversal_id),
                 })
             }
+            // Still running elsewhere: the original still says `reversing`, and the
+            // answer says the reversal is under way (202), not that it is made.
             _ => Ok(self.reload(&original).await?),
         }
     }

@@ -19,10 +19,10 @@ use mongodb::bson::oid::ObjectId;
 use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
-use crate::domain::TransferState;
 use crate::domain::{
     AccountId, AccountName, Amount, Currency, IdempotencyKey, OpeningBalance, Reference, TransferId,
 };
+use crate::domain::{CancelReason, TransferState};
 use crate::store::native::AtomicOutcome;
 use crate::store::transfers::TransferFilter;
 use crate::store::{AccountDoc, Store, StoreError, TransferDoc};
@@ -143,16 +143,16 @@ pub enum ServiceError {
     },
     #[error("this idempotency key was used for a different request")]
     IdempotencyKeyReused,
-    /// A reversal could not be made because the original destination cannot fund it.
-    /// `attempt` is the compensating transfer that was tried, when one was recorded.
-    #[error("account {account} cannot fund the reversal")]
-    ReversalInsufficientFunds {
+    /// A reversal was refused and nothing changed: its compensating transfer (`attempt`,
+    /// when one was recorded) ended `canceled` for `reason`. `account` is the account at
+    /// fault: the original destination for a lack of funds, the original source for an
+    /// overflow or a vanished account.
+    #[error("the reversal was refused ({reason}) at account {account}")]
+    ReversalRefused {
+        reason: CancelReason,
         account: String,
         attempt: Option<ObjectId>,
     },
-    /// The compensating transfer would take the original source past the largest balance.
-    #[error("the reversal would overflow account {account}")]
-    ReversalOverflow { account: String, attempt: ObjectId },
     /// Too many transfers in flight in this instance: refused before anything was
     /// recorded; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]
@@ -602,7 +602,7 @@ impl Bank {
 
     /// Re-reads a transfer until it is terminal or `limit` has passed. Does not drive it:
     /// its owner (or, if the owner died, the sweeper) does.
-    async fn wait_until_terminal(
+    pub(super) async fn wait_until_terminal(
         &self,
         mut transfer: TransferDoc,
         limit: Duration,

@@ -93,6 +93,20 @@ impl From<mongodb::error::Error> for StoreError {
                 StoreError::Unavailable(text)
             }
             ErrorKind::Write(WriteFailure::WriteConcernError(_)) => StoreError::Unavailable(text),
+            // A batched insert: the primary may have it, the majority did not say so.
+            ErrorKind::InsertMany(f) if f.write_concern_error.is_some() => {
+                StoreError::Unavailable(text)
+            }
+            ErrorKind::InsertMany(f) => {
+                let codes: Vec<i32> = f.write_errors.iter().flatten().map(|e| e.code).collect();
+                if codes.iter().any(|c| UNAVAILABLE_CODES.contains(c)) {
+                    StoreError::Unavailable(text)
+                } else if !codes.is_empty() && codes.iter().all(|&c| c == 11000) {
+                    StoreError::DuplicateKey(text)
+                } else {
+                    StoreError::Other(text)
+                }
+            }
             ErrorKind::Command(e) if e.code == 11000 => StoreError::DuplicateKey(text),
             ErrorKind::Command(e) if UNAVAILABLE_CODES.contains(&e.code) => {
                 StoreError::Unavailable(text)
@@ -258,4 +272,35 @@ pub(crate) fn merge_set(mut base: Document, extra: Document) -> Document {
         base.insert(k, v);
     }
     base
+}
+
+#[cfg(test)]
+mod tests {
+    use mongodb::error::{Error, ErrorKind, InsertManyError};
+
+    use super::*;
+
+    /// A batched insert the primary applied but the majority did not acknowledge in
+    /// time: nothing is known to be lost, the caller should retry, so 503 and not 500.
+    #[test]
+    fn a_write_concern_failure_of_a_batched_insert_means_unavailable() {
+        let failure: InsertManyError = mongodb::bson::from_document(doc! {
+            "writeConcernError": { "code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out" },
+        })
+        .expect("an insertMany failure");
+        let err = StoreError::from(Error::from(ErrorKind::InsertMany(failure)));
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    }
+
+    /// A batched insert whose only failures are duplicate keys is answered per document
+    /// (see `batch::insert_transfers`); as a whole it is a duplicate key, never a 500.
+    #[test]
+    fn a_batched_insert_refused_for_a_duplicate_key_is_a_duplicate_key() {
+        let failure: InsertManyError = mongodb::bson::from_document(doc! {
+            "writeErrors": [{ "index": 0, "code": 11000, "errmsg": "E11000 duplicate key" }],
+        })
+        .expect("an insertMany failure");
+        let err = StoreError::from(Error::from(ErrorKind::InsertMany(failure)));
+        assert!(matches!(err, StoreError::DuplicateKey(_)), "{err:?}");
+    }
 }

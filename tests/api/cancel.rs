@@ -446,6 +446,41 @@ async fn a_reversal_that_would_overflow_the_original_source_is_refused_as_overfl
     assert_eq!(app.total_balance().await, max_money + 100);
 }
 
+#[tokio::test]
+async fn a_reversal_whose_source_account_vanished_is_refused_as_unknown_account() {
+    // The money cannot go back to an account that no longer exists (deleted behind the
+    // service's back): the compensating transfer ends canceled with `account_not_found`,
+    // and the client must be told that, not that the destination lacks funds.
+    let app = spawn_app().await;
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    let (_, original) = app.transfer("alice", "bob", 100).await;
+    let id = original["id"].as_str().unwrap().to_owned();
+    app.store
+        .database()
+        .collection::<mongodb::bson::Document>("accounts")
+        .delete_one(doc! { "_id": "alice" })
+        .await
+        .unwrap();
+
+    let refused = cancel(&app, &id).await;
+
+    let problem = assert_problem(refused, 422, "unknown_account").await;
+    let attempt = problem["transferId"]
+        .as_str()
+        .expect("the attempt is named");
+    let attempt = get_transfer(&app, attempt).await;
+    assert_eq!(attempt["state"], "canceled", "{attempt}");
+    assert_eq!(attempt["reason"], "account_not_found", "{attempt}");
+    assert_eq!(app.balance("bob").await, 100, "nothing changed");
+    let stored = get_transfer(&app, &id).await;
+    assert!(
+        stored.get("reversedBy").is_none(),
+        "the claim is released: {stored}"
+    );
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_cancels_of_a_half_applied_transfer_refund_the_source_exactly_once() {
     let app = spawn_app().await;

@@ -15,6 +15,8 @@ pub struct InstanceConfig {
     pub crash_at: Option<String>,
     pub stale_after_ms: u64,
     pub sweep_interval_ms: u64,
+    /// More environment variables for the process (`LD_PRELOAD`, say), set last.
+    pub env: Vec<(String, String)>,
 }
 
 impl InstanceConfig {
@@ -26,6 +28,7 @@ impl InstanceConfig {
             crash_at: None,
             stale_after_ms: 1000,
             sweep_interval_ms: 100,
+            env: Vec::new(),
         }
     }
 }
@@ -65,6 +68,7 @@ impl Instance {
         if let Some(step) = &config.crash_at {
             command.env("CRASH_AT", step);
         }
+        command.envs(config.env.iter().cloned());
         // Owned at once, so that Drop kills and reaps it whatever happens next.
         let instance = Instance {
             child: command.spawn().expect("start transfer-service"),

@@ -1,0 +1,243 @@
+//! Instance clocks do not matter: leases are judged by the database's clock alone (see
+//! `src/store/clock.rs`), so an instance whose wall clock is wrong is neither stuck nor
+//! unsafe, and does not hold up anyone else.
+//!
+//! Each skewed instance is a separate process of the service binary run under
+//! libfaketime (`LD_PRELOAD`, `FAKETIME=±Ns`), with its monotonic clock left alone; the
+//! database daemon and the test process keep the real clock. The Debian package
+//! `faketime` provides the library (`scripts/test.sh` installs it); without it these tests
+//! fail, they are never skipped.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use support::process::{Instance, InstanceConfig};
+use support::{database_uri, fresh_database_name};
+use transfer_service::domain::TransferState;
+use transfer_service::store::Store;
+
+/// libfaketime, wherever the distribution put it.
+fn libfaketime() -> PathBuf {
+    let mut candidates = Vec::new();
+    for root in ["/usr/lib", "/usr/lib64", "/usr/local/lib"] {
+        candidates.push(Path::new(root).join("faketime/libfaketime.so.1"));
+        // Debian and Ubuntu: /usr/lib/<multiarch triplet>/faketime/.
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for entry in entries.flatten() {
+                candidates.push(entry.path().join("faketime/libfaketime.so.1"));
+            }
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfaketime.so.1 not found (looked in /usr/lib, /usr/lib64, /usr/local/lib and \
+                 their <triplet>/faketime/ folders): install the `faketime` apt package \
+                 (apt-get install faketime), or run scripts/test.sh, which does"
+            )
+        })
+}
+
+/// An instance whose wall clock is `offset_secs` seconds off the real (and the
+/// database's) clock; 0 for a correct clock.
+fn instance_config(database: &str, name: &str, offset_secs: i64) -> InstanceConfig {
+    let mut config = InstanceConfig::new(&database_uri(), database, name);
+    if offset_secs != 0 {
+        config.env = vec![
+            (
+                "LD_PRELOAD".to_owned(),
+                libfaketime().to_string_lossy().into_owned(),
+            ),
+            ("FAKETIME".to_owned(), format!("{offset_secs:+}s")),
+            // Instant (timers, the server-clock lower bound) keeps running true.
+            ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+        ];
+    }
+    config
+}
+
+/// Checks that the instance really lives `offset_secs` off the real clock, from the
+/// `Date` header it answers with (whole seconds, cached for up to one), so that a
+/// libfaketime that did not take cannot make these tests pass vacuously.
+async fn assert_clock_offset(http: &reqwest::Client, instance: &Instance, offset_secs: i64) {
+    let answer = http.get(instance.url("/health")).send().await.unwrap();
+    let real = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let date = answer
+        .headers()
+        .get(reqwest::header::DATE)
+        .expect("a Date header")
+        .to_str()
+        .unwrap();
+    let seen = chrono::DateTime::parse_from_rfc2822(date)
+        .unwrap_or_else(|e| panic!("Date header {date:?}: {e}"))
+        .timestamp();
+    let off = seen - real;
+    assert!(
+        (off - offset_secs).abs() <= 2,
+        "instance {} should be {offset_secs:+} s off the real clock, its Date header says {off:+} s",
+        instance.name
+    );
+}
+
+async fn open_account(http: &reqwest::Client, instance: &Instance, id: &str, balance: i64) {
+    let answer = http
+        .post(instance.url("/accounts"))
+        .json(&json!({ "id": id, "balance": balance }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201, "open {id}");
+}
+
+/// Balances are exactly `expected` and no account keeps a `pendingTransactions` entry.
+async fn assert_accounts(store: &Store, expected: [(&str, i64); 2]) {
+    for (id, balance) in expected {
+        let account = store.account(id).await.unwrap().unwrap();
+        assert_eq!(account.balance, balance, "balance of {id}: {account:?}");
+        assert!(
+            account.pending_transactions.is_empty(),
+            "{id} keeps a pendingTransactions entry: {account:?}"
+        );
+    }
+}
+
+/// Invariant: an instance whose clock runs behind the database's, by more than a whole
+/// lease, still carries every transfer through at once: its own lease deadlines are the
+/// database's time, not its clock's, so no debit or credit of its own is refused as late.
+#[tokio::test]
+async fn an_instance_whose_clock_runs_five_seconds_behind_finishes_its_transfers() {
+    let database = fresh_database_name();
+    let mut config = instance_config(&database, "behind", -5);
+    config.stale_after_ms = 1500;
+    let instance = Instance::start(&config).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert_clock_offset(&http, &instance, -5).await;
+    open_account(&http, &instance, "a", 1000).await;
+    open_account(&http, &instance, "b", 0).await;
+
+    let amounts = [10, 20, 30, 40, 50];
+    for amount in amounts {
+        let answer = http
+            .post(instance.url("/transfers"))
+            .json(&json!({ "source": "a", "destination": "b", "amount": amount }))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("transfer of {amount}: {e}"));
+        let status = answer.status();
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(status, 201, "transfer of {amount}: {body}");
+        assert_eq!(body["state"], "done", "transfer of {amount}: {body}");
+    }
+
+    let store = Store::connect(&database_uri(), &database).await.unwrap();
+    let moved: i64 = amounts.iter().sum();
+    assert_accounts(&store, [("a", 1000 - moved), ("b", moved)]).await;
+    let transfers = store
+        .list_transfers(&Default::default(), 100)
+        .await
+        .unwrap();
+    assert_eq!(transfers.len(), amounts.len());
+    for t in &transfers {
+        assert_eq!(t.state, TransferState::Done, "{t:?}");
+    }
+}
+
+/// How long a takeover may take once the crashed owner is gone: a lease, a few sweeps and
+/// slack for a loaded machine; far less than the skews below.
+#[cfg(feature = "failpoints")]
+const TAKEOVER_LIMIT: Duration = Duration::from_secs(8);
+
+/// An instance with its clock `offset_secs` off crashes at `step` during a transfer of 200
+/// from a (500) to b (0); an instance with a true clock must then finish it, `done`,
+/// within [`TAKEOVER_LIMIT`] of the crash, with a debited and b credited exactly once and
+/// no marker left.
+#[cfg(feature = "failpoints")]
+async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str) {
+    const LEASE_MS: u64 = 1000;
+    let amount = 200;
+    let database = fresh_database_name();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut config = instance_config(&database, "skewed", offset_secs);
+    config.stale_after_ms = LEASE_MS;
+    config.crash_at = Some(step.to_owned());
+    let mut skewed = Instance::start(&config).await;
+    assert_clock_offset(&http, &skewed, offset_secs).await;
+    open_account(&http, &skewed, "a", 500).await;
+    open_account(&http, &skewed, "b", 0).await;
+
+    // The instance dies mid-request: the client sees the connection drop.
+    let answer = http
+        .post(skewed.url("/transfers"))
+        .json(&json!({ "source": "a", "destination": "b", "amount": amount }))
+        .send()
+        .await;
+    assert!(
+        answer.is_err(),
+        "the skewed instance should have crashed at {step}, answered {answer:?}"
+    );
+    let status = skewed.child.wait().unwrap();
+    let crashed = std::time::Instant::now();
+    assert!(!status.success(), "crashed instance exited {status}");
+
+    let store = Store::connect(&database_uri(), &database).await.unwrap();
+    let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
+    assert_eq!(stuck.len(), 1, "one transfer recorded");
+    assert!(
+        !stuck[0].state.is_terminal(),
+        "a crash at {step} leaves it unfinished"
+    );
+    let id = stuck[0].id;
+
+    let mut config = instance_config(&database, "rescuer", 0);
+    config.stale_after_ms = LEASE_MS;
+    config.sweep_interval_ms = 100;
+    let _rescuer = Instance::start(&config).await;
+    let transfer = loop {
+        let t = store.transfer(id).await.unwrap().unwrap();
+        if t.state.is_terminal() {
+            break t;
+        }
+        assert!(
+            crashed.elapsed() < TAKEOVER_LIMIT,
+            "a transfer left at {step} by an instance {offset_secs:+} s off was not taken over \
+             within {TAKEOVER_LIMIT:?}: {t:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(transfer.state, TransferState::Done, "{transfer:?}");
+    let owner = transfer.application.as_deref().unwrap_or_default();
+    assert!(owner.starts_with("rescuer/"), "finished by {owner}");
+    // Exact balances: a debited once (not twice), b credited once.
+    assert_accounts(&store, [("a", 500 - amount), ("b", amount)]).await;
+}
+
+/// Invariant: a crashed owner whose clock runs ahead holds its transfers no longer than a
+/// lease by the database's clock; its clock does not push the takeover 30 s out.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn an_instance_whose_clock_runs_ahead_does_not_delay_a_takeover() {
+    a_correct_instance_takes_over_in_time_from(30, "after_debit").await;
+}
+
+/// Invariant: a crashed owner whose clock runs far behind is taken over within a lease,
+/// and the takeover finishes what it left without debiting or crediting anyone twice.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_twice() {
+    a_correct_instance_takes_over_in_time_from(-30, "after_credit").await;
+}
