@@ -222,3 +222,92 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
     }
     assert_settled(&app.store, 6_000).await;
 }
+
+/// Issue 10's third failure, in small: a burst of `Prefer: respond-async` transfers far
+/// beyond what the instance can work on at once. Before admission control every one was
+/// accepted, the queues grew past the lease, every step missed its deadline and the
+/// instance stopped making progress for minutes. Now: what is beyond the limit is
+/// refused at once with 503 `overloaded` and `Retry-After`, recording nothing, and
+/// everything accepted finishes within the burst plus two leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_beyond_the_limit_is_refused_at_once_and_everything_accepted_finishes() {
+    let lease = Duration::from_millis(2000);
+    let app = spawn_app_with(|s| {
+        s.max_transfers_in_flight = 16;
+        s.stale_after = lease;
+    })
+    .await;
+    let accounts = 50;
+    open_accounts(&app.http, &app.address, accounts, 1_000_000).await;
+
+    let burst = Instant::now();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(200));
+    let mut requests = Vec::new();
+    for i in 0..3_000usize {
+        let permit = gate.clone().acquire_owned().await.unwrap();
+        let http = app.http.clone();
+        let url = app.url("/transfers");
+        let body = json!({
+            "source": format!("acct-{}", i % accounts),
+            "destination": format!("acct-{}", (i * 7 + 1) % accounts),
+            "amount": 1,
+        });
+        requests.push(tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .header("prefer", "respond-async")
+                .json(&body)
+                .send()
+                .await
+                .expect("every request is answered");
+            drop(permit);
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").cloned();
+            let body: Value = response.json().await.unwrap();
+            (status, retry_after, body)
+        }));
+    }
+    let (mut accepted, mut refused) = (0, 0);
+    for request in requests {
+        let (status, retry_after, body) = request.await.unwrap();
+        match status {
+            202 | 201 | 422 => accepted += 1,
+            503 => {
+                assert_eq!(body["code"], "overloaded", "{body}");
+                assert_eq!(retry_after.expect("Retry-After"), "1");
+                refused += 1;
+            }
+            other => panic!("unexpected answer {other}: {body}"),
+        }
+    }
+    let burst = burst.elapsed();
+    assert!(
+        refused > 0,
+        "nothing was refused: the burst was admitted whole"
+    );
+    assert!(accepted > 0, "nothing was admitted");
+
+    let limit = burst + 2 * lease + Duration::from_secs(5);
+    let settling = Instant::now();
+    loop {
+        let transfers = app
+            .store
+            .list_transfers(&Default::default(), 10_000)
+            .await
+            .unwrap();
+        assert_eq!(
+            transfers.len(),
+            accepted,
+            "every accepted one recorded, no other"
+        );
+        if transfers.iter().all(|t| t.state.is_terminal()) {
+            break;
+        }
+        assert!(
+            settling.elapsed() < limit,
+            "accepted transfers still unfinished {limit:?} after the burst ({accepted} accepted, {refused} refused)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_settled(&app.store, 1_000_000 * accounts as i64).await;
+}
