@@ -629,3 +629,48 @@ async fn a_cancel_waiting_on_a_reversal_that_is_then_refused_answers_the_refusal
     assert_eq!(first.balance("bob").await, 0);
     assert_eq!(first.balance("carol").await, 300);
 }
+
+/// An owner that outlived its lease must not renew it once another instance owns the
+/// transfer. Owner A's debit reaches the server after A's lease, so it is refused by its
+/// deadline; meanwhile B has taken the transfer over. If A could renew (a renewal not
+/// guarded by the owner), its credit would carry a fresh deadline and could land after B
+/// pulled the markers: the destination credited twice.
+#[tokio::test]
+async fn a_stale_owner_cannot_renew_a_lease_another_instance_holds() {
+    let lease = Duration::from_millis(1000);
+    let owner = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_secs(3600);
+    })
+    .await;
+    let recoverer = instance_on(&owner.database, lease, Duration::from_millis(50)).await;
+    open_alice_and_bob(&owner).await;
+
+    let mut late_debit = failpoints::pause(&owner.instance_id, "before_debit");
+    let mut recoverer_debit = failpoints::pause(&recoverer.instance_id, "before_debit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    late_debit.reached().await;
+    recoverer_debit.reached().await; // B claimed it after A's lease, and is about to debit
+
+    // A's debit lands now, past its deadline. Should A renew and go on, it stops again
+    // before its credit.
+    let mut late_credit = failpoints::pause(&owner.instance_id, "before_credit");
+    late_debit.resume();
+    let renewed = tokio::time::timeout(Duration::from_secs(2), late_credit.reached())
+        .await
+        .is_ok();
+
+    // B finishes the transfer: debit, credit, applied, pulls, done.
+    recoverer_debit.resume();
+    wait_for(&owner, id, Duration::from_secs(10), |t| {
+        t.state == TransferState::Done
+    })
+    .await;
+    assert_balances_and_no_markers(&owner, 700, 300).await;
+    // Whatever A still had in hand lands now.
+    late_credit.resume();
+    let _ = request.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_balances_and_no_markers(&owner, 700, 300).await;
+    assert!(!renewed, "the stale owner renewed its lease and went on to its credit");
+}
