@@ -370,6 +370,25 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         stored.last_modified, ahead,
         "a later time was not replaced by an earlier one"
     );
+    // The same through the single-document writes: a forced change and a renewal.
+    assert!(
+        app.store
+            .transition(
+                future.id,
+                TransferState::Pending,
+                TransferState::Canceling,
+                mongodb::bson::doc! { "reason": "canceled_by_request", "application": "me" },
+            )
+            .await
+            .unwrap()
+    );
+    let renewed = app
+        .store
+        .renew_lease("me", future.id, TransferState::Canceling)
+        .await
+        .unwrap();
+    assert!(renewed.is_some(), "the renewal itself is made");
+    assert_eq!(transfer(&app, future.id).await.last_modified, ahead);
 
     let past = TransferDoc::initial(ObjectId::new(), "alice", "bob", 1, "USD");
     app.store.insert_transfer(&past).await.unwrap();
@@ -672,5 +691,91 @@ async fn a_stale_owner_cannot_renew_a_lease_another_instance_holds() {
     let _ = request.await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_balances_and_no_markers(&owner, 700, 300).await;
-    assert!(!renewed, "the stale owner renewed its lease and went on to its credit");
+    assert!(
+        !renewed,
+        "the stale owner renewed its lease and went on to its credit"
+    );
+}
+
+/// A stale owner whose step is refused for a real reason must not roll back a transfer
+/// another instance now owns. Owner A debited, then stalls before its credit past its
+/// lease; B takes over and is about to credit. A's credit is refused for overflow (the
+/// destination was filled meanwhile). Were A allowed to move B's transfer to `canceling`
+/// (a rollback not guarded by the owner), it would refund the source, and B's credit,
+/// landing once the destination has room again, would create money.
+#[tokio::test]
+async fn a_stale_owner_refused_for_a_reason_cannot_roll_back_a_transfer_it_lost() {
+    const MAX_MONEY: i64 = 9_007_199_254_740_991;
+    let lease = Duration::from_millis(1000);
+    let owner = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_secs(3600);
+    })
+    .await;
+    let recoverer = instance_on(&owner.database, lease, Duration::from_millis(50)).await;
+    open_alice_and_bob(&owner).await;
+    owner.open_account("whale", MAX_MONEY - 100).await;
+
+    let mut stale_credit = failpoints::pause(&owner.instance_id, "before_credit");
+    let mut recoverer_credit = failpoints::pause(&recoverer.instance_id, "before_credit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    stale_credit.reached().await;
+    recoverer_credit.reached().await; // B took it over after A's lease: debit found applied
+
+    // Bob is filled up: a credit of 300 would now overflow.
+    let (status, body) = owner.transfer("whale", "bob", MAX_MONEY - 100).await;
+    assert_eq!(status, 201, "{body}");
+    stale_credit.resume();
+    let _ = request.await; // A is refused for overflow and stops, one way or another
+    // Bob makes room again, then B's credit goes on.
+    let (status, body) = owner.transfer("bob", "whale", MAX_MONEY - 100).await;
+    assert_eq!(status, 201, "{body}");
+    recoverer_credit.resume();
+
+    let t = wait_for(&owner, id, Duration::from_secs(10), |t| {
+        t.state.is_terminal()
+    })
+    .await;
+    assert_eq!(
+        owner.total_balance().await,
+        MAX_MONEY + 900,
+        "no money created"
+    );
+    assert_eq!(owner.accounts_with_pending().await, Vec::<String>::new());
+    match t.state {
+        TransferState::Done => assert_balances_and_no_markers(&owner, 700, 300).await,
+        _ => assert_balances_and_no_markers(&owner, 1000, 0).await,
+    }
+}
+
+/// A forward step's deadline ends a tenth of a lease before anyone may take the transfer
+/// over: the margin that absorbs the difference between the clocks of the database's
+/// nodes across a failover. A debit reaching the server at 0.93 of the lease is refused
+/// by its deadline; the owner renews its lease and debits again.
+#[tokio::test]
+async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_renews() {
+    let lease = Duration::from_millis(2000);
+    let app = spawn_app_with(|s| s.stale_after = lease).await;
+    open_alice_and_bob(&app).await;
+    let mut before_debit = failpoints::pause(&app.instance_id, "before_debit");
+    let (request, id) = start_transfer(&app, 300).await;
+    before_debit.reached().await;
+    let leased = transfer(&app, id).await.last_modified.timestamp_millis();
+    let late = leased + lease.as_millis() as i64 * 93 / 100;
+    while app.store.server_time().await.unwrap().timestamp_millis() < late {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let mut after_debit = failpoints::pause(&app.instance_id, "after_debit");
+    before_debit.resume();
+    after_debit.reached().await;
+    let renewed = transfer(&app, id).await.last_modified.timestamp_millis();
+    after_debit.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_balances_and_no_markers(&app, 700, 300).await;
+    assert!(
+        renewed > leased,
+        "the debit landed in the last tenth of the lease without a renewal"
+    );
 }

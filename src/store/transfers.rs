@@ -315,7 +315,9 @@ impl Store {
                 stamped(doc! {}, lease_start),
             )
             .await?;
-        Ok((result.modified_count == 1).then_some(lease_start))
+        // Matched, not modified: a stamp already later than ours changes nothing, and
+        // the lease is still ours.
+        Ok((result.matched_count == 1).then_some(lease_start))
     }
 
     /// Takes over a transfer in `state` whatever its owner or age: used by a cancel of
