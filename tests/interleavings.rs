@@ -779,3 +779,148 @@ async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_r
         "the debit landed in the last tenth of the lease without a renewal"
     );
 }
+
+/// Waits (at most `limit`) until no account keeps a fence and no transfer is flagged
+/// `fenced`: the sweeper has collected every fence.
+async fn assert_fences_collected(app: &TestApp, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let accounts = app.store.list_accounts(None, 100).await.unwrap();
+        let fenced: Vec<_> = accounts
+            .iter()
+            .filter(|a| !a.fenced_transactions.is_empty())
+            .map(|a| (a.id.clone(), a.fenced_transactions.clone()))
+            .collect();
+        let transfers = app
+            .store
+            .list_transfers(&Default::default(), 100)
+            .await
+            .unwrap();
+        let flagged = transfers.iter().filter(|t| t.fenced).count();
+        if fenced.is_empty() && flagged == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fences left after {limit:?}: {fenced:?}, {flagged} transfers flagged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fence leak 1: a cancel fences both accounts (the credit had landed), then loses the
+/// race to the owner, which completes the transfer. The transfer ends `done`, reversed by
+/// the cancel, and the fences it left are collected once a lease has passed.
+#[tokio::test]
+async fn fences_of_a_cancel_that_lost_to_the_owner_completing_are_collected() {
+    let lease = Duration::from_millis(1000);
+    let (owner, other) = two_instances(lease).await;
+    open_alice_and_bob(&owner).await;
+    let mut credited = failpoints::pause(&owner.instance_id, "after_credit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    credited.reached().await;
+
+    let mut cancel_forcing = failpoints::pause(&other.instance_id, "before_force");
+    let canceling = {
+        let (http, url) = (
+            other.http.clone(),
+            other.url(&format!("/transfers/{id}/cancel")),
+        );
+        tokio::spawn(async move { http.post(url).send().await.unwrap().status() })
+    };
+    cancel_forcing.reached().await; // both accounts fenced, `pending -> applied` not sent
+    credited.resume(); // the owner completes first
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    cancel_forcing.resume();
+    assert_eq!(canceling.await.unwrap(), 200);
+
+    let original = transfer(&owner, id).await;
+    assert_eq!(original.state, TransferState::Done);
+    assert!(original.reversed_by.is_some(), "the cancel reversed it");
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+    assert_fences_collected(&owner, lease * 3 + Duration::from_secs(3)).await;
+}
+
+/// Fence leak 2: a cancel fences the destination, then the owner's debit is refused for
+/// lack of funds and the owner rolls the transfer back itself. The fence the cancel left
+/// is collected all the same.
+#[tokio::test]
+async fn fences_of_a_cancel_overtaken_by_the_owners_own_rollback_are_collected() {
+    let lease = Duration::from_millis(1000);
+    let (owner, other) = two_instances(lease).await;
+    open_alice_and_bob(&owner).await;
+    let mut debiting = failpoints::pause(&owner.instance_id, "before_debit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    debiting.reached().await;
+    // Alice spends her money meanwhile: the owner's debit will be refused.
+    owner.open_account("carol", 0).await;
+    let (status, body) = other.transfer("alice", "carol", 1000).await;
+    assert_eq!(status, 201, "{body}");
+
+    // The cancel fences bob, then stops before fencing alice.
+    let mut first_fence = failpoints::pause(&other.instance_id, "before_fence");
+    let canceling = {
+        let (http, url) = (
+            other.http.clone(),
+            other.url(&format!("/transfers/{id}/cancel")),
+        );
+        tokio::spawn(async move { http.post(url).send().await.unwrap().status() })
+    };
+    first_fence.reached().await;
+    let mut second_fence = failpoints::pause(&other.instance_id, "before_fence");
+    first_fence.resume();
+    second_fence.reached().await;
+    let bob = owner.store.account("bob").await.unwrap().unwrap();
+    assert_eq!(bob.fenced_transactions, vec![id], "bob is fenced");
+    debiting.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["code"], "insufficient_funds");
+    second_fence.resume();
+    assert_eq!(canceling.await.unwrap(), 200);
+
+    let t = transfer(&owner, id).await;
+    assert_eq!(t.state, TransferState::Canceled);
+    assert_eq!(t.reason, Some(CancelReason::InsufficientFunds));
+    assert_eq!(owner.total_balance().await, 1000);
+    assert_eq!(owner.accounts_with_pending().await, Vec::<String>::new());
+    assert_fences_collected(&owner, lease * 3 + Duration::from_secs(3)).await;
+}
+
+/// Fence leak 3: a second cancel's fence reaches the server late, after the first
+/// cancel's fences were collected. It must be refused by its deadline, not left behind
+/// for good.
+#[tokio::test]
+async fn a_slow_second_cancels_fence_arriving_after_collection_is_refused() {
+    let lease = Duration::from_millis(1000);
+    let (owner, other) = two_instances(lease).await;
+    let third = instance_on(&owner.database, lease, Duration::from_secs(3600)).await;
+    open_alice_and_bob(&owner).await;
+    let mut debited = failpoints::pause(&owner.instance_id, "after_debit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    debited.reached().await;
+
+    // The slow cancel marks the transfer, then its first fence is held back.
+    let mut slow_fence = failpoints::pause(&third.instance_id, "before_fence");
+    let slow = {
+        let (http, url) = (
+            third.http.clone(),
+            third.url(&format!("/transfers/{id}/cancel")),
+        );
+        tokio::spawn(async move { http.post(url).send().await.unwrap().status() })
+    };
+    slow_fence.reached().await;
+    let first = cancel(&other, id).await;
+    assert_eq!(first["state"], "canceled");
+    debited.resume();
+    let _ = request.await;
+    assert_fences_collected(&owner, lease * 3 + Duration::from_secs(3)).await;
+
+    slow_fence.resume();
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+    // Past the lease: anything still to land would have to beat its deadline.
+    tokio::time::sleep(lease).await;
+    assert_fences_collected(&owner, Duration::from_millis(10)).await;
+}
