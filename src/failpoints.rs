@@ -13,9 +13,17 @@
 //! - Pause: [`pause`] makes one instance (by `INSTANCE_ID`) stop at a step of the first
 //!   transfer reaching it until the test resumes it, so that a test can act in between
 //!   (cancel, take over) and then let the paused step go on: deterministic interleavings.
+//! - Lost reply: [`lose_reply`] makes the next debit or credit of an instance land but
+//!   report a failure, as a dropped connection would, so that it is sent again.
+//! - Scheduler: [`install_hook`] routes every point of one instance to a [`Hook`], which
+//!   decides when that instance may go on (`tests/explorer.rs` runs several instances
+//!   cooperatively, one at a time, in an order it chooses, to explore interleavings).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::oneshot;
 
@@ -47,6 +55,59 @@ pub async fn hit(step: &'static str, instance: &str) {
         let _ = gate.reached.send(());
         // A dropped handle resumes too.
         let _ = gate.resume.await;
+    }
+    if HOOKS_INSTALLED.load(Ordering::Acquire) > 0 {
+        let hook = hooks()
+            .lock()
+            .expect("failpoint hooks")
+            .get(instance)
+            .cloned();
+        if let Some(hook) = hook {
+            hook.hit(step, instance).await;
+        }
+    }
+}
+
+/// What a [`Hook`] returns: resolves when the instance may go on.
+pub type HookFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A scheduler of the points of one or more instances: called at every point an
+/// instance it was installed for reaches (after the crash and pause checks), and that
+/// instance goes on only once the returned future resolves.
+pub trait Hook: Send + Sync {
+    fn hit(&self, step: &'static str, instance: &str) -> HookFuture;
+}
+
+/// How many hooks are installed: lets [`hit`] skip the lock when none is.
+static HOOKS_INSTALLED: AtomicUsize = AtomicUsize::new(0);
+
+fn hooks() -> &'static Mutex<HashMap<String, Arc<dyn Hook>>> {
+    static HOOKS: OnceLock<Mutex<HashMap<String, Arc<dyn Hook>>>> = OnceLock::new();
+    HOOKS.get_or_init(Default::default)
+}
+
+/// Routes every point of `instance` to `hook` until [`remove_hook`] (replaces any hook
+/// installed for it before).
+pub fn install_hook(instance: &str, hook: Arc<dyn Hook>) {
+    if hooks()
+        .lock()
+        .expect("failpoint hooks")
+        .insert(instance.to_owned(), hook)
+        .is_none()
+    {
+        HOOKS_INSTALLED.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Removes the hook of `instance`: its points run on again.
+pub fn remove_hook(instance: &str) {
+    if hooks()
+        .lock()
+        .expect("failpoint hooks")
+        .remove(instance)
+        .is_some()
+    {
+        HOOKS_INSTALLED.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -87,5 +148,34 @@ impl Paused {
         if let Some(resume) = self.resume.take() {
             let _ = resume.send(());
         }
+    }
+}
+
+/// Instances whose next forward step (debit or credit) will lose its reply, armed by
+/// [`lose_reply`].
+fn lost_replies() -> &'static Mutex<Vec<String>> {
+    static LOST: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    LOST.get_or_init(Default::default)
+}
+
+/// Makes the next debit or credit of `instance` lose its reply once: the write lands,
+/// but the instance is told it failed as a dropped connection would (and sends it again).
+pub fn lose_reply(instance: &str) {
+    lost_replies()
+        .lock()
+        .expect("lost replies")
+        .push(instance.to_owned());
+}
+
+/// Called by the store after a forward step's write: whether to pretend its reply was
+/// lost (once per [`lose_reply`]).
+pub async fn reply_lost(instance: &str) -> bool {
+    let mut lost = lost_replies().lock().expect("lost replies");
+    match lost.iter().position(|i| i == instance) {
+        Some(at) => {
+            lost.remove(at);
+            true
+        }
+        None => false,
     }
 }

@@ -278,7 +278,8 @@ async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
         .store
         .apply_credit("bob", id, 300, deadline)
         .await
-        .unwrap();
+        .unwrap()
+        .applied;
     assert!(
         !landed,
         "a late credit landed after the fences were dropped"
@@ -923,4 +924,37 @@ async fn a_slow_second_cancels_fence_arriving_after_collection_is_refused() {
     // Past the lease: anything still to land would have to beat its deadline.
     tokio::time::sleep(lease).await;
     assert_fences_collected(&owner, Duration::from_millis(10)).await;
+}
+
+/// A debit whose reply is lost (a dropped connection, a failover) is sent again; the
+/// first copy may still reach the server until its deadline. So the owner keeps the
+/// markers until that deadline has passed: a copy landing later finds the marker, or
+/// finds its deadline past, never a pulled account it could debit a second time.
+#[tokio::test]
+async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_land() {
+    let lease = Duration::from_millis(2000);
+    let app = spawn_app_with(|s| s.stale_after = lease).await;
+    open_alice_and_bob(&app).await;
+    let mut before_debit = failpoints::pause(&app.instance_id, "before_debit");
+    let (request, id) = start_transfer(&app, 300).await;
+    before_debit.reached().await;
+    let leased = transfer(&app, id).await.last_modified.timestamp_millis();
+    let deadline = mongodb::bson::DateTime::from_millis(leased + 1800);
+    failpoints::lose_reply(&app.instance_id);
+    before_debit.resume();
+
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_balances_and_no_markers(&app, 700, 300).await;
+    // The first copy of the debit, arriving now: it must not land.
+    let late = app
+        .store
+        .apply_debit("alice", id, 300, deadline)
+        .await
+        .unwrap();
+    assert!(
+        !late.applied,
+        "a late copy of the debit landed after the pulls"
+    );
+    assert_balances_and_no_markers(&app, 700, 300).await;
 }

@@ -73,6 +73,13 @@ enum Freshness {
     JustRecorded,
 }
 
+/// Which account a forward step changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leg {
+    Debit,
+    Credit,
+}
+
 /// What an account step concluded.
 enum StepResult {
     Applied,
@@ -106,6 +113,8 @@ impl Bank {
         if copy == Freshness::MaybeStale || transfer.state != TransferState::Initial {
             transfer = self.reload(&transfer).await?;
         }
+        // Until when a forward step of ours that failed without an answer may still land.
+        let mut quiet = None;
         loop {
             if !self.may_drive(&transfer) {
                 // Another instance owns it now (it took it over, or a cancel did).
@@ -113,9 +122,15 @@ impl Bank {
             }
             transfer = match transfer.state {
                 TransferState::Initial => self.start(transfer).await?,
-                TransferState::Pending => self.apply(transfer).await?,
-                TransferState::Applied => self.settle(transfer).await?,
-                TransferState::Canceling => self.roll_back(transfer).await?,
+                TransferState::Pending => self.apply(transfer, &mut quiet).await?,
+                TransferState::Applied => {
+                    self.wait_until_quiet(quiet).await?;
+                    self.settle(transfer).await?
+                }
+                TransferState::Canceling => {
+                    self.wait_until_quiet(quiet).await?;
+                    self.roll_back(transfer).await?
+                }
                 TransferState::Done | TransferState::Canceled => return Ok(transfer),
             };
         }
@@ -150,19 +165,24 @@ impl Bank {
     }
 
     /// Steps 3 to 5: debit, credit, `pending -> applied`.
-    async fn apply(&self, mut transfer: TransferDoc) -> StoreResult<TransferDoc> {
-        match self.debit(&mut transfer).await? {
-            StepResult::Applied => {}
-            StepResult::LostLease => return self.reload(&transfer).await,
-            StepResult::RollBack(reason) => return self.begin_rollback(transfer, reason).await,
+    async fn apply(
+        &self,
+        mut transfer: TransferDoc,
+        quiet: &mut Option<DateTime>,
+    ) -> StoreResult<TransferDoc> {
+        for leg in [Leg::Debit, Leg::Credit] {
+            match self.forward(&mut transfer, leg, quiet).await? {
+                StepResult::Applied => {}
+                StepResult::LostLease => return self.reload(&transfer).await,
+                StepResult::RollBack(reason) => {
+                    return self.begin_rollback(transfer, reason).await;
+                }
+            }
+            match leg {
+                Leg::Debit => failpoint!(self, "after_debit"),
+                Leg::Credit => failpoint!(self, "after_credit"),
+            }
         }
-        failpoint!(self, "after_debit");
-        match self.credit(&mut transfer).await? {
-            StepResult::Applied => {}
-            StepResult::LostLease => return self.reload(&transfer).await,
-            StepResult::RollBack(reason) => return self.begin_rollback(transfer, reason).await,
-        }
-        failpoint!(self, "after_credit");
         self.advance(transfer, TransferEvent::MarkApplied, doc! {})
             .await
     }
@@ -180,56 +200,72 @@ impl Bank {
         }
     }
 
-    /// Step 3: take the amount from the source, unless already taken.
-    async fn debit(&self, t: &mut TransferDoc) -> StoreResult<StepResult> {
+    /// Step 3 (debit: take the amount from the source) or 4 (credit: give it to the
+    /// destination), unless already done. A step sent again after a failed attempt
+    /// leaves in `quiet` the deadline until which that attempt may still land.
+    async fn forward(
+        &self,
+        t: &mut TransferDoc,
+        leg: Leg,
+        quiet: &mut Option<DateTime>,
+    ) -> StoreResult<StepResult> {
+        let account = match leg {
+            Leg::Debit => t.source.clone(),
+            Leg::Credit => t.destination.clone(),
+        };
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
             let deadline = self.lease_deadline(t);
-            if self
-                .store
-                .apply_debit(&t.source, t.id, t.value, deadline)
-                .await?
-            {
-                tracing::debug!(transfer_id = %t.id, account = %t.source, "source debited");
+            let step = match leg {
+                Leg::Debit => {
+                    let store = &self.store;
+                    store.apply_debit(&account, t.id, t.value, deadline).await?
+                }
+                Leg::Credit => {
+                    let store = &self.store;
+                    store
+                        .apply_credit(&account, t.id, t.value, deadline)
+                        .await?
+                }
+            };
+            *quiet = (*quiet).max(step.uncertain_until);
+            if step.applied {
+                tracing::debug!(transfer_id = %t.id, %account, ?leg, "account changed");
                 return Ok(StepResult::Applied);
             }
-            let account = self.store.account(&t.source).await?;
-            let reason = match classify(account, t, |balance| balance >= t.value) {
+            let found = self.store.account(&account).await?;
+            let balance_ok = |balance: i64| match leg {
+                Leg::Debit => balance >= t.value,
+                Leg::Credit => balance <= MAX_MONEY - t.value,
+            };
+            let reason = match classify(found, t, balance_ok) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),
                 Refusal::Retry if self.renew(t).await? => continue,
                 Refusal::Retry => return Ok(StepResult::LostLease),
                 Refusal::Fenced => CancelReason::CanceledByRequest,
                 Refusal::Missing => CancelReason::AccountNotFound,
-                Refusal::Balance => CancelReason::InsufficientFunds,
+                Refusal::Balance => match leg {
+                    Leg::Debit => CancelReason::InsufficientFunds,
+                    Leg::Credit => CancelReason::BalanceOverflow,
+                },
             };
             return Ok(StepResult::RollBack(reason));
         }
         Err(contended(t))
     }
 
-    /// Step 4: give the amount to the destination, unless already given.
-    async fn credit(&self, t: &mut TransferDoc) -> StoreResult<StepResult> {
-        for _ in 0..ACCOUNT_STEP_ATTEMPTS {
-            let deadline = self.lease_deadline(t);
-            if self
-                .store
-                .apply_credit(&t.destination, t.id, t.value, deadline)
-                .await?
-            {
-                tracing::debug!(transfer_id = %t.id, account = %t.destination, "destination credited");
-                return Ok(StepResult::Applied);
+    /// Waits until no copy of a forward step sent earlier can land any more (see
+    /// [`Bank::forward`]): before a marker is pulled or undone, a late copy would find
+    /// nothing to stop it. Waits at most 0.9 of a lease, only after a failed attempt.
+    async fn wait_until_quiet(&self, quiet: Option<DateTime>) -> StoreResult<()> {
+        let Some(until) = quiet else { return Ok(()) };
+        loop {
+            let now = self.store.server_time_lower_bound().await?;
+            if now > until {
+                return Ok(());
             }
-            let account = self.store.account(&t.destination).await?;
-            let reason = match classify(account, t, |balance| balance <= MAX_MONEY - t.value) {
-                Refusal::AlreadyApplied => return Ok(StepResult::Applied),
-                Refusal::Retry if self.renew(t).await? => continue,
-                Refusal::Retry => return Ok(StepResult::LostLease),
-                Refusal::Fenced => CancelReason::CanceledByRequest,
-                Refusal::Missing => CancelReason::AccountNotFound,
-                Refusal::Balance => CancelReason::BalanceOverflow,
-            };
-            return Ok(StepResult::RollBack(reason));
+            let left = (until.timestamp_millis() - now.timestamp_millis()).max(0) as u64;
+            tokio::time::sleep(std::time::Duration::from_millis(left + 1)).await;
         }
-        Err(contended(t))
     }
 
     /// Steps 6 to 8: pull both markers, then `applied -> done`.

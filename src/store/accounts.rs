@@ -62,7 +62,7 @@ impl Store {
         tx: ObjectId,
         value: i64,
         deadline: DateTime,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<ForwardStep> {
         failpoint!(self, "before_debit");
         self.change_account(account, tx, -value, deadline).await
     }
@@ -77,7 +77,7 @@ impl Store {
         tx: ObjectId,
         value: i64,
         deadline: DateTime,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<ForwardStep> {
         failpoint!(self, "before_credit");
         self.change_account(account, tx, value, deadline).await
     }
@@ -85,24 +85,55 @@ impl Store {
     /// The guarded forward write behind steps 3 and 4, group-committed with the
     /// concurrent ones (see [`super::batch`]): add `delta` and push the marker, only if
     /// `tx` is neither applied nor fenced here, the balance stays within
-    /// 0..=`MAX_MONEY`, and the lease has not ended by the server's clock. Returns
-    /// whether the transfer is applied to the account now.
+    /// 0..=`MAX_MONEY`, and the lease has not ended by the server's clock.
+    ///
+    /// A batched write is not a retryable write on a replica set, so a failover or a
+    /// dropped connection fails it: it is sent again, a few times, under the same guards
+    /// and the same deadline (the marker makes a second landing a no-op). The first
+    /// attempt may still land after that, up to its deadline: the answer then says so
+    /// ([`ForwardStep::uncertain_until`]), and the caller must not pull or undo the
+    /// marker before then.
     async fn change_account(
         &self,
         account: &str,
         tx: ObjectId,
         delta: i64,
         deadline: DateTime,
-    ) -> StoreResult<bool> {
-        self.batches
-            .account_changes
-            .submit(AccountChange {
-                account: account.to_owned(),
-                tx,
-                delta,
-                deadline,
-            })
-            .await
+    ) -> StoreResult<ForwardStep> {
+        let change = AccountChange {
+            account: account.to_owned(),
+            tx,
+            delta,
+            deadline,
+        };
+        let mut uncertain_until = None;
+        let mut pause = FORWARD_RETRY_PAUSE;
+        for attempt in 1..=FORWARD_ATTEMPTS {
+            let answer = self.batches.account_changes.submit(change.clone()).await;
+            #[cfg(feature = "failpoints")]
+            let answer = match answer {
+                Ok(_) if crate::failpoints::reply_lost(self.instance_id()).await => Err(
+                    super::StoreError::Unavailable("failpoint: the reply was lost".into()),
+                ),
+                other => other,
+            };
+            match answer {
+                Ok(applied) => {
+                    return Ok(ForwardStep {
+                        applied,
+                        uncertain_until,
+                    });
+                }
+                Err(super::StoreError::Unavailable(cause)) if attempt < FORWARD_ATTEMPTS => {
+                    tracing::debug!(%cause, transfer_id = %tx, "forward step failed; sending it again");
+                    uncertain_until = Some(deadline);
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
     }
 
     /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
@@ -135,6 +166,21 @@ impl Store {
             .await?;
         Ok(result.modified_count == 1)
     }
+}
+
+/// Attempts of a forward step whose batch failed, and the pause before the second.
+const FORWARD_ATTEMPTS: u32 = 3;
+const FORWARD_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What a debit or credit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardStep {
+    /// Whether this write applied the change (false: the guards refused it; read the
+    /// account to learn why).
+    pub applied: bool,
+    /// Set when an earlier attempt failed without an answer: a copy of the step may
+    /// still land until this deadline, so its marker must stay until then.
+    pub uncertain_until: Option<DateTime>,
 }
 
 /// What a fence write found.

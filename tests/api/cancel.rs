@@ -60,6 +60,7 @@ async fn try_debit(app: &TestApp, source: &str, id: ObjectId, value: i64) -> boo
         .apply_debit(source, id, value, unexpired_lease())
         .await
         .unwrap()
+        .applied
 }
 
 /// The dead instance's step 4: credit the destination. Whether it landed.
@@ -68,6 +69,7 @@ async fn try_credit(app: &TestApp, destination: &str, id: ObjectId, value: i64) 
         .apply_credit(destination, id, value, unexpired_lease())
         .await
         .unwrap()
+        .applied
 }
 
 async fn apply_debit(app: &TestApp, source: &str, id: ObjectId, value: i64) {

@@ -175,12 +175,14 @@ async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
                 .apply_debit("a", t, 10, in_a_minute())
                 .await
                 .unwrap()
+                .applied
         );
         assert!(
             app.store
                 .apply_credit("b", t, 10, in_a_minute())
                 .await
                 .unwrap()
+                .applied
         );
     }
     let pull = |tx| Pull {

@@ -1,0 +1,1035 @@
+//! An interleaving explorer, in the spirit of FoundationDB's simulation and TigerBeetle's
+//! VOPR, against the real database.
+//!
+//! Several actors (a transfer's owner, a recoverer after a crash, cancels, a sweeper),
+//! each a `Bank` with its own instance id, run cooperatively: a scheduler installed with
+//! `failpoints::install_hook` parks every actor at its points (right before each write
+//! is sent, `before_*`; with `EXPLORE_POINTS=all` after each protocol step too) and lets
+//! exactly one of them run at a time, choosing which one from a schedule (a vector of
+//! choices). Once the choices run out, the remaining actors run in a fixed order (lowest
+//! actor first) to completion. A write held at a `before_*` point is a write that reaches
+//! the server late.
+//!
+//! Exploration:
+//! 1. every ordering with at most `EXPLORE_PREEMPTIONS` preemptions (CHESS-style bound,
+//!    default 1; `all` for every ordering; depth-first over the decision tree) of the
+//!    pairs {owner, cancel},
+//!    {recoverer after a crash at point k, cancel} for every point k the owner passes,
+//!    and {cancel, cancel} of a done transfer;
+//! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors: owner or recoverer,
+//!    cancel, and a second cancel or a sweeper.
+//!
+//! Each schedule runs from scratch on fresh accounts, in one of `EXPLORE_WORKERS`
+//! databases (schedules of different workers run concurrently). After it, everything is
+//! let finish, a lease is let pass (by ageing the schedule's transfers, which is safe once
+//! no actor is left, so no write is in flight) and a sweep runs; then the invariants are
+//! checked (conservation, balances from the log, no markers, no fences, every transfer
+//! terminal, at most one reversal, answers agree with the final state).
+//!
+//! A violation prints the schedule as `EXPLORE_REPLAY='<scenario>/<choices>'` (random
+//! ones also as `EXPLORE_SEED=<seed>`) with the points it reached; either variable replays
+//! just that schedule, printing its trace.
+//! `EXPLORE_PREEMPTIONS` bounds the preemptions of an exhaustive schedule (default 1;
+//! `all`: every ordering); `EXPLORE_DFS_LIMIT` the schedules per exhaustive scenario
+//! (default: none); `EXPLORE_SCHEDULES` the random ones (default 300); `EXPLORE_WORKERS`
+//! the concurrent databases (default 6); `EXPLORE_POINTS=all` parks after steps too.
+
+#![cfg(feature = "failpoints")]
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{DateTime, Document, doc};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use transfer_service::domain::{
+    AccountId, Amount, Currency, OpeningBalance, TransferId, TransferState,
+};
+use transfer_service::failpoints::{self, Hook, HookFuture};
+use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer};
+use transfer_service::store::{AccountDoc, Store, TransferDoc};
+
+/// The lease of every actor. Long, so that no lease lapses by itself while a schedule
+/// runs (which would make schedules depend on timing); the lapses the scenarios need are
+/// made by ageing `lastModified` when no write can be in flight.
+const LEASE: Duration = Duration::from_secs(5);
+const OPENING: i64 = 1000;
+const AMOUNT: i64 = 300;
+/// How long one actor may run between two of its points before the schedule is
+/// declared stuck.
+const STEP_LIMIT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// `bank.transfer` of AMOUNT from a to b.
+    Owner,
+    /// `sweep_once` after the owner crashed.
+    Recoverer,
+    /// `bank.cancel` of the transfer (if recorded by then).
+    Cancel,
+    /// `sweep_once`: housekeeping.
+    Sweeper,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Owner => "owner",
+            Kind::Recoverer => "recoverer",
+            Kind::Cancel => "cancel",
+            Kind::Sweeper => "sweeper",
+        }
+    }
+
+    fn parse(s: &str) -> Kind {
+        match s {
+            "owner" => Kind::Owner,
+            "recoverer" => Kind::Recoverer,
+            "cancel" => Kind::Cancel,
+            "sweeper" => Kind::Sweeper,
+            other => panic!("unknown actor {other}"),
+        }
+    }
+}
+
+/// What happens before the actors run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prelude {
+    Nothing,
+    /// The owner runs alone until its k-th point (counting every point, from 0), then
+    /// crashes there (its future is dropped: the write it was about to send never is),
+    /// and its transfer is aged past its lease.
+    Crash(usize),
+    /// The owner runs the transfer alone to `done`.
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Scenario {
+    prelude: Prelude,
+    actors: Vec<Kind>,
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.prelude {
+            Prelude::Nothing => {}
+            Prelude::Crash(k) => write!(f, "crash{k}:")?,
+            Prelude::Done => write!(f, "done:")?,
+        }
+        let names: Vec<_> = self.actors.iter().map(|k| k.name()).collect();
+        write!(f, "{}", names.join("+"))
+    }
+}
+
+impl Scenario {
+    fn new(prelude: Prelude, actors: &[Kind]) -> Scenario {
+        Scenario {
+            prelude,
+            actors: actors.to_vec(),
+        }
+    }
+
+    fn parse(s: &str) -> Scenario {
+        let (prelude, actors) = match s.split_once(':') {
+            Some(("done", rest)) => (Prelude::Done, rest),
+            Some((crash, rest)) => (
+                Prelude::Crash(
+                    crash
+                        .strip_prefix("crash")
+                        .and_then(|k| k.parse().ok())
+                        .expect("crash<k>"),
+                ),
+                rest,
+            ),
+            None => (Prelude::Nothing, s),
+        };
+        Scenario {
+            prelude,
+            actors: actors.split('+').map(Kind::parse).collect(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The scheduler
+
+enum Event {
+    Parked(usize, &'static str),
+    Finished(usize),
+}
+
+/// The hook of one schedule's actors: parks an actor at each of its points and tells the
+/// driver, which resumes exactly one actor at a time.
+struct Scheduler {
+    actors: HashMap<String, usize>,
+    all_points: bool,
+    events: mpsc::UnboundedSender<Event>,
+    resumes: Mutex<Vec<Option<oneshot::Sender<()>>>>,
+}
+
+impl Scheduler {
+    fn park(&self, actor: usize, step: &'static str) -> HookFuture {
+        let (tx, rx) = oneshot::channel();
+        self.resumes.lock().unwrap()[actor] = Some(tx);
+        let _ = self.events.send(Event::Parked(actor, step));
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+
+    fn resume(&self, actor: usize) {
+        if let Some(tx) = self.resumes.lock().unwrap()[actor].take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Hook for Scheduler {
+    fn hit(&self, step: &'static str, instance: &str) -> HookFuture {
+        if !self.all_points && !step.starts_with("before_") {
+            return Box::pin(async {});
+        }
+        let Some(&actor) = self.actors.get(instance) else {
+            return Box::pin(async {});
+        };
+        self.park(actor, step)
+    }
+}
+
+/// Picks among the actors ready to run.
+enum Chooser {
+    /// Follows `prefix`, then always the first (depth-first enumeration).
+    Fixed(Vec<usize>),
+    /// Seeded random choices (splitmix64).
+    Random(u64),
+}
+
+impl Chooser {
+    fn choose(&mut self, decision: usize, options: usize) -> usize {
+        match self {
+            Chooser::Fixed(prefix) => prefix.get(decision).copied().unwrap_or(0).min(options - 1),
+            Chooser::Random(state) => (splitmix(state) % options as u64) as usize,
+        }
+    }
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// What an actor got back.
+#[derive(Debug)]
+enum Answer {
+    Owner(Result<TransferDoc, String>),
+    Cancel(Result<Option<TransferDoc>, String>),
+    Sweep(Result<(), String>),
+    Stuck,
+}
+
+/// One schedule's run.
+struct Run {
+    /// (options, chosen, preemptive) at each real decision (two or more actors ready).
+    /// Option 0 is the actor that ran last when it is still ready (`preemptive`: any
+    /// other choice preempts it), then the others by index.
+    decisions: Vec<(usize, usize, bool)>,
+    /// `actor@point` in the order the actors were let go from those points.
+    trace: Vec<String>,
+    answers: Vec<(Kind, Answer)>,
+    violations: Vec<String>,
+}
+
+impl Run {
+    fn choices(&self) -> String {
+        let c: Vec<String> = self
+            .decisions
+            .iter()
+            .map(|(_, c, _)| c.to_string())
+            .collect();
+        c.join(",")
+    }
+}
+
+/// A worker: one database of its own, so that its sweeps see only its schedules.
+struct Worker {
+    uri: String,
+    index: usize,
+    store: Store,
+    databases: usize,
+    schedules: u64,
+    all_points: bool,
+}
+
+static NEXT_DB: AtomicU64 = AtomicU64::new(0);
+
+async fn fresh_store(uri: &str) -> Store {
+    let n = NEXT_DB.fetch_add(1, Ordering::Relaxed);
+    let name = format!("explorer_{}_{n}", std::process::id());
+    let store = Store::connect(uri, &name).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+fn account_id(s: &str) -> AccountId {
+    AccountId::parse(s).unwrap()
+}
+
+impl Worker {
+    async fn new(uri: String, index: usize, all_points: bool) -> Worker {
+        let store = fresh_store(&uri).await;
+        Worker {
+            uri,
+            index,
+            store,
+            databases: 1,
+            schedules: 0,
+            all_points,
+        }
+    }
+
+    /// After a violation the database may hold leftovers that later sweeps would pick up.
+    async fn new_database(&mut self) {
+        self.store = fresh_store(&self.uri).await;
+        self.databases += 1;
+    }
+
+    fn bank(&self, id: &str) -> Bank {
+        Bank::new(self.store.clone(), id.to_owned(), LEASE)
+    }
+
+    async fn age(&self, filter: Document) {
+        let now = self.store.server_time().await.expect("server time");
+        let past = DateTime::from_millis(now.timestamp_millis() - 2 * LEASE.as_millis() as i64);
+        self.store
+            .database()
+            .collection::<Document>("transactions")
+            .update_many(filter, doc! { "$set": { "lastModified": past } })
+            .await
+            .expect("age transfers");
+    }
+
+    async fn transfers_of(&self, accounts: [&str; 2]) -> Vec<TransferDoc> {
+        use futures::TryStreamExt;
+        let ids = accounts.to_vec();
+        self.store
+            .database()
+            .collection::<TransferDoc>("transactions")
+            .find(doc! { "$or": [ { "source": { "$in": &ids } }, { "destination": { "$in": &ids } } ] })
+            .await
+            .expect("find transfers")
+            .try_collect()
+            .await
+            .expect("read transfers")
+    }
+
+    async fn account(&self, id: &str) -> AccountDoc {
+        self.store.account(id).await.unwrap().expect("account")
+    }
+
+    /// Runs one schedule of `scenario` with choices from `chooser`.
+    async fn run(&mut self, scenario: &Scenario, chooser: &mut Chooser) -> Run {
+        self.schedules += 1;
+        let tag = format!("w{}s{}", self.index, self.schedules);
+        let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
+        let setup = self.bank(&format!("{tag}-setup"));
+        for id in [&a, &b] {
+            setup
+                .open_account(NewAccount {
+                    id: Some(account_id(id)),
+                    name: None,
+                    balance: OpeningBalance::parse(OPENING).unwrap(),
+                    currency: Currency::usd(),
+                })
+                .await
+                .expect("open account");
+        }
+        let new_transfer = NewTransfer {
+            source: account_id(&a),
+            destination: account_id(&b),
+            amount: Amount::parse(AMOUNT).unwrap(),
+            reference: None,
+        };
+        let mut run = Run {
+            decisions: Vec::new(),
+            trace: Vec::new(),
+            answers: Vec::new(),
+            violations: Vec::new(),
+        };
+
+        match scenario.prelude {
+            Prelude::Nothing => {}
+            Prelude::Done => {
+                let owner = self.bank(&format!("{tag}-owner0"));
+                let answer = owner
+                    .transfer(new_transfer.clone(), None, Completion::Wait)
+                    .await
+                    .map(|o| o.transfer)
+                    .map_err(|e| format!("{e:?}"));
+                run.answers.push((Kind::Owner, Answer::Owner(answer)));
+            }
+            Prelude::Crash(k) => {
+                let id = format!("{tag}-owner0");
+                let owner = self.bank(&id);
+                let (events_tx, mut events) = mpsc::unbounded_channel();
+                let sched = Arc::new(Scheduler {
+                    actors: HashMap::from([(id.clone(), 0)]),
+                    all_points: true,
+                    events: events_tx.clone(),
+                    resumes: Mutex::new(vec![None]),
+                });
+                failpoints::install_hook(&id, sched.clone());
+                let new = new_transfer.clone();
+                let task = tokio::spawn(async move {
+                    let r = owner.transfer(new, None, Completion::Wait).await;
+                    let _ = events_tx.send(Event::Finished(0));
+                    r
+                });
+                let mut reached = 0;
+                let crashed = loop {
+                    match tokio::time::timeout(STEP_LIMIT, events.recv()).await {
+                        Ok(Some(Event::Parked(_, step))) => {
+                            run.trace.push(format!("owner@{step}"));
+                            if reached == k {
+                                break true;
+                            }
+                            reached += 1;
+                            sched.resume(0);
+                        }
+                        Ok(Some(Event::Finished(_))) | Ok(None) => break false,
+                        Err(_) => {
+                            run.violations
+                                .push("the owner got stuck running alone".into());
+                            break true;
+                        }
+                    }
+                };
+                task.abort();
+                let _ = task.await;
+                failpoints::remove_hook(&id);
+                if !crashed {
+                    run.violations
+                        .push(format!("the owner finished before its point {k}"));
+                    return run;
+                }
+                run.trace.push("owner crashed".into());
+                // Nothing of the owner's is in flight: the lease may lapse at once.
+                self.age(doc! { "source": &a }).await;
+            }
+        }
+
+        // The actors.
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let ids: Vec<String> = scenario
+            .actors
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("{tag}-{}{}", k.name(), i + 1))
+            .collect();
+        let sched = Arc::new(Scheduler {
+            actors: ids
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, id)| (id, i))
+                .collect(),
+            all_points: self.all_points,
+            events: events_tx.clone(),
+            resumes: Mutex::new(scenario.actors.iter().map(|_| None).collect()),
+        });
+        let mut tasks = Vec::new();
+        for (i, (&kind, id)) in scenario.actors.iter().zip(&ids).enumerate() {
+            failpoints::install_hook(id, sched.clone());
+            let bank = self.bank(id);
+            let start = sched.park(i, "start");
+            let events = events_tx.clone();
+            let new = new_transfer.clone();
+            let (a, b) = (a.clone(), b.clone());
+            tasks.push(tokio::spawn(async move {
+                start.await;
+                let answer = act(kind, &bank, new, &a, &b).await;
+                let _ = events.send(Event::Finished(i));
+                answer
+            }));
+        }
+        drop(events_tx);
+        let names: Vec<String> = scenario
+            .actors
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("{}{}", k.name(), i + 1))
+            .collect();
+        let mut parked: Vec<Option<&'static str>> = vec![None; scenario.actors.len()];
+        let mut finished = vec![false; scenario.actors.len()];
+        // Every actor parks at `start` first; then one runs at a time.
+        let mut waiting_for = scenario.actors.len();
+        let mut stuck = false;
+        let mut last: Option<usize> = None;
+        loop {
+            while waiting_for > 0 {
+                match tokio::time::timeout(STEP_LIMIT, events.recv()).await {
+                    Ok(Some(Event::Parked(i, step))) => {
+                        parked[i] = Some(step);
+                        waiting_for -= 1;
+                    }
+                    Ok(Some(Event::Finished(i))) => {
+                        finished[i] = true;
+                        waiting_for -= 1;
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        stuck = true;
+                        break;
+                    }
+                }
+            }
+            if stuck {
+                break;
+            }
+            let mut ready: Vec<usize> =
+                (0..parked.len()).filter(|&i| parked[i].is_some()).collect();
+            if ready.is_empty() {
+                break;
+            }
+            // The default (choice 0) lets the actor that ran last go on.
+            let preemptive = match last.and_then(|l| ready.iter().position(|&i| i == l)) {
+                Some(at) => {
+                    let current = ready.remove(at);
+                    ready.insert(0, current);
+                    true
+                }
+                None => false,
+            };
+            let pick = if ready.len() == 1 {
+                0
+            } else {
+                let c = chooser.choose(run.decisions.len(), ready.len());
+                run.decisions.push((ready.len(), c, preemptive));
+                c
+            };
+            let actor = ready[pick];
+            last = Some(actor);
+            let step = parked[actor].take().unwrap();
+            run.trace.push(format!("{}@{step}", names[actor]));
+            sched.resume(actor);
+            waiting_for = 1;
+        }
+        for id in &ids {
+            failpoints::remove_hook(id);
+        }
+        if stuck {
+            let running: Vec<&String> = (0..names.len())
+                .filter(|&i| parked[i].is_none() && !finished[i])
+                .map(|i| &names[i])
+                .collect();
+            run.violations.push(format!(
+                "stuck: {running:?} did not reach a point nor finish within {STEP_LIMIT:?}"
+            ));
+            for t in &tasks {
+                t.abort();
+            }
+        }
+        for (task, &kind) in tasks.into_iter().zip(&scenario.actors) {
+            let answer = task.await.unwrap_or(Answer::Stuck);
+            run.answers.push((kind, answer));
+        }
+        if stuck {
+            return run;
+        }
+
+        // Let everything finish: a lease passes (no actor is left, so nothing is in
+        // flight), then a sweep finishes what is unfinished, collects fences and finishes
+        // interrupted reversals. Twice, as a sweep may leave work for the next one.
+        let cleaner = self.bank(&format!("{tag}-cleaner"));
+        for round in 0..2 {
+            if round > 0 && self.clean(&a, &b).await {
+                break;
+            }
+            self.age(doc! { "$or": [
+                { "source": { "$in": [&a, &b] } },
+                { "destination": { "$in": [&a, &b] } },
+            ] })
+            .await;
+            if let Err(e) =
+                transfer_service::sweeper::sweep_once(&cleaner, &CancellationToken::new()).await
+            {
+                run.violations.push(format!("final sweep failed: {e}"));
+            }
+        }
+        self.check(&a, &b, &mut run).await;
+        run
+    }
+
+    /// Whether nothing of the schedule is left for a sweep to do.
+    async fn clean(&self, a: &str, b: &str) -> bool {
+        let transfers = self.transfers_of([a, b]).await;
+        transfers
+            .iter()
+            .all(|t| t.state.is_terminal() && !t.fenced && !t.reversing)
+    }
+
+    async fn check(&self, a: &str, b: &str, run: &mut Run) {
+        let v = &mut run.violations;
+        let accounts = [self.account(a).await, self.account(b).await];
+        let transfers = self.transfers_of([a, b]).await;
+        let total: i64 = accounts.iter().map(|x| x.balance).sum();
+        if total != 2 * OPENING {
+            v.push(format!("total {total} != {}", 2 * OPENING));
+        }
+        for acc in &accounts {
+            let mut expected = OPENING;
+            for t in transfers.iter().filter(|t| t.state == TransferState::Done) {
+                if t.source == acc.id {
+                    expected -= t.value;
+                }
+                if t.destination == acc.id {
+                    expected += t.value;
+                }
+            }
+            if acc.balance != expected {
+                v.push(format!(
+                    "{}: balance {} != opening + done transfers {expected}",
+                    acc.id, acc.balance
+                ));
+            }
+            if !acc.pending_transactions.is_empty() {
+                v.push(format!(
+                    "{}: pendingTransactions left {:?}",
+                    acc.id, acc.pending_transactions
+                ));
+            }
+            if !acc.fenced_transactions.is_empty() {
+                v.push(format!(
+                    "{}: fencedTransactions left {:?}",
+                    acc.id, acc.fenced_transactions
+                ));
+            }
+        }
+        let by_id: HashMap<ObjectId, &TransferDoc> = transfers.iter().map(|t| (t.id, t)).collect();
+        for t in &transfers {
+            if !t.state.is_terminal() {
+                v.push(format!("transfer {} left {}", t.id, t.state));
+            }
+            if t.fenced {
+                v.push(format!("transfer {} left fenced", t.id));
+            }
+            if t.reversing {
+                v.push(format!("transfer {} left reversing", t.id));
+            }
+            if t.reverses.is_some() {
+                continue;
+            }
+            let reversals: Vec<&TransferDoc> = transfers
+                .iter()
+                .filter(|r| r.reverses == Some(t.id) && r.state == TransferState::Done)
+                .collect();
+            if reversals.len() > 1 {
+                v.push(format!(
+                    "transfer {} reversed {} times",
+                    t.id,
+                    reversals.len()
+                ));
+            }
+            if let Some(r) = reversals.first() {
+                if t.state != TransferState::Done || t.reversed_by != Some(r.id) {
+                    v.push(format!(
+                        "reversal {} done but original {} is {} with reversedBy {:?}",
+                        r.id, t.id, t.state, t.reversed_by
+                    ));
+                }
+                if r.source != t.destination || r.destination != t.source || r.value != t.value {
+                    v.push(format!("reversal {} does not mirror {}", r.id, t.id));
+                }
+            }
+        }
+        let state_of = |id: ObjectId| by_id.get(&id).map(|t| t.state);
+        for (kind, answer) in &run.answers {
+            match answer {
+                Answer::Owner(Ok(t)) => {
+                    let now = state_of(t.id);
+                    if t.state.is_terminal() && now != Some(t.state) {
+                        v.push(format!(
+                            "{} answered {} but it is {now:?}",
+                            kind.name(),
+                            t.state
+                        ));
+                    }
+                }
+                Answer::Owner(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
+                Answer::Cancel(Ok(None)) => {} // nothing recorded yet to cancel
+                Answer::Cancel(Ok(Some(t))) => match t.state {
+                    TransferState::Canceled => {
+                        if state_of(t.id) != Some(TransferState::Canceled) {
+                            v.push(format!(
+                                "cancel answered canceled but it is {:?}",
+                                state_of(t.id)
+                            ));
+                        }
+                    }
+                    TransferState::Done => match t.reversed_by {
+                        Some(r) => {
+                            if state_of(r) != Some(TransferState::Done) {
+                                v.push(format!(
+                                    "cancel answered done reversed by {r}, which is {:?}",
+                                    state_of(r)
+                                ));
+                            }
+                            if by_id.get(&t.id).and_then(|o| o.reversed_by) != Some(r) {
+                                v.push(format!(
+                                    "cancel answered reversed by {r}, the original says {:?}",
+                                    by_id.get(&t.id).and_then(|o| o.reversed_by)
+                                ));
+                            }
+                        }
+                        None => v.push("cancel answered done without reversedBy".into()),
+                    },
+                    other => v.push(format!("cancel answered {other}")),
+                },
+                Answer::Cancel(Err(e)) => v.push(format!("cancel failed: {e}")),
+                Answer::Sweep(Ok(())) => {}
+                Answer::Sweep(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
+                Answer::Stuck => v.push(format!("{} never answered", kind.name())),
+            }
+        }
+    }
+}
+
+/// What one actor does.
+async fn act(kind: Kind, bank: &Bank, new: NewTransfer, a: &str, b: &str) -> Answer {
+    match kind {
+        Kind::Owner => Answer::Owner(
+            bank.transfer(new, None, Completion::Wait)
+                .await
+                .map(|o| o.transfer)
+                .map_err(|e| format!("{e:?}")),
+        ),
+        Kind::Recoverer | Kind::Sweeper => Answer::Sweep(
+            transfer_service::sweeper::sweep_once(bank, &CancellationToken::new())
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("{e:?}")),
+        ),
+        Kind::Cancel => {
+            let original = bank
+                .store()
+                .database()
+                .collection::<TransferDoc>("transactions")
+                .find_one(doc! { "source": a, "destination": b })
+                .await;
+            Answer::Cancel(match original {
+                Err(e) => Err(format!("{e:?}")),
+                Ok(None) => Ok(None),
+                Ok(Some(t)) => bank
+                    .cancel(TransferId::from_bytes(t.id.bytes()))
+                    .await
+                    .map(Some)
+                    .map_err(|e| format!("{e:?}")),
+            })
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Exploration
+
+enum Job {
+    /// Every ordering of the scenario, depth-first.
+    Exhaustive(Scenario),
+    /// One random schedule.
+    Random(u64),
+    /// One given schedule.
+    Replay(Scenario, Vec<usize>),
+}
+
+#[derive(Default)]
+struct Report {
+    exhaustive: u64,
+    random: u64,
+    /// Schedules run per exhaustive scenario.
+    per_scenario: Vec<(String, u64, bool)>,
+    violations: Vec<String>,
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The scenario of random seed `seed`: owner or a recoverer after a crash at a random
+/// point, a cancel, and a second cancel or a sweeper.
+fn random_scenario(seed: u64, crash_points: usize) -> Scenario {
+    let mut s = seed ^ 0xA5A5_5A5A_1234_5678;
+    let first = splitmix(&mut s);
+    let prelude = if first % 2 == 0 {
+        Prelude::Nothing
+    } else {
+        Prelude::Crash((splitmix(&mut s) % crash_points as u64) as usize)
+    };
+    let head = if prelude == Prelude::Nothing {
+        Kind::Owner
+    } else {
+        Kind::Recoverer
+    };
+    let third = if splitmix(&mut s) % 2 == 0 {
+        Kind::Cancel
+    } else {
+        Kind::Sweeper
+    };
+    Scenario::new(prelude, &[head, Kind::Cancel, third])
+}
+
+fn describe(scenario: &Scenario, run: &Run, seed: Option<u64>) -> String {
+    let seed = seed
+        .map(|s| format!("EXPLORE_SEED={s} "))
+        .unwrap_or_default();
+    format!(
+        "{seed}EXPLORE_REPLAY='{scenario}/{}'\n    trace: {}\n    answers: {:?}\n    violations:\n      - {}",
+        run.choices(),
+        run.trace.join(" -> "),
+        run.answers
+            .iter()
+            .map(|(k, a)| format!("{}: {}", k.name(), short(a)))
+            .collect::<Vec<_>>(),
+        run.violations.join("\n      - ")
+    )
+}
+
+fn short(a: &Answer) -> String {
+    let t = |t: &TransferDoc| {
+        format!(
+            "{} {}{}",
+            t.id,
+            t.state,
+            t.reversed_by
+                .map(|r| format!(" reversedBy {r}"))
+                .unwrap_or_default()
+        )
+    };
+    match a {
+        Answer::Owner(Ok(x)) | Answer::Cancel(Ok(Some(x))) => t(x),
+        Answer::Cancel(Ok(None)) => "nothing to cancel yet".into(),
+        Answer::Owner(Err(e)) | Answer::Cancel(Err(e)) | Answer::Sweep(Err(e)) => e.clone(),
+        Answer::Sweep(Ok(())) => "ok".into(),
+        Answer::Stuck => "stuck".into(),
+    }
+}
+
+async fn work(
+    mut worker: Worker,
+    jobs: Arc<Mutex<VecDeque<Job>>>,
+    report: Arc<Mutex<Report>>,
+    crash_points: usize,
+    dfs_limit: u64,
+    preemption_bound: usize,
+    verbose: bool,
+) {
+    loop {
+        let Some(job) = jobs.lock().unwrap().pop_front() else {
+            return;
+        };
+        match job {
+            Job::Exhaustive(scenario) => {
+                let mut prefix: Vec<usize> = Vec::new();
+                let mut count = 0u64;
+                let complete = loop {
+                    let run = worker
+                        .run(&scenario, &mut Chooser::Fixed(prefix.clone()))
+                        .await;
+                    count += 1;
+                    if !run.violations.is_empty() {
+                        report
+                            .lock()
+                            .unwrap()
+                            .violations
+                            .push(describe(&scenario, &run, None));
+                        worker.new_database().await;
+                    }
+                    // The next schedule: the last decision with an untried option, moved on.
+                    // Within the preemption bound.
+                    let mut d = run.decisions;
+                    let preempting = |d: &[(usize, usize, bool)]| {
+                        d.iter().filter(|&&(_, c, p)| p && c > 0).count()
+                    };
+                    while let Some(&(options, chosen, preemptive)) = d.last() {
+                        let before = preempting(&d[..d.len() - 1]);
+                        if chosen + 1 < options
+                            && before + usize::from(preemptive) <= preemption_bound
+                        {
+                            break;
+                        }
+                        d.pop();
+                    }
+                    let Some(last) = d.last_mut() else {
+                        break true;
+                    };
+                    last.1 += 1;
+                    prefix = d.iter().map(|&(_, c, _)| c).collect();
+                    if dfs_limit > 0 && count >= dfs_limit {
+                        break false;
+                    }
+                };
+                let mut r = report.lock().unwrap();
+                r.exhaustive += count;
+                r.per_scenario.push((scenario.to_string(), count, complete));
+            }
+            Job::Random(seed) => {
+                let scenario = random_scenario(seed, crash_points);
+                let run = worker.run(&scenario, &mut Chooser::Random(seed)).await;
+                if verbose {
+                    println!("{}", describe(&scenario, &run, Some(seed)));
+                }
+                let failed = !run.violations.is_empty();
+                {
+                    let mut r = report.lock().unwrap();
+                    r.random += 1;
+                    if failed {
+                        r.violations.push(describe(&scenario, &run, Some(seed)));
+                    }
+                }
+                if failed {
+                    worker.new_database().await;
+                }
+            }
+            Job::Replay(scenario, choices) => {
+                let run = worker.run(&scenario, &mut Chooser::Fixed(choices)).await;
+                println!("{}", describe(&scenario, &run, None));
+                let mut r = report.lock().unwrap();
+                if !run.violations.is_empty() {
+                    r.violations.push(describe(&scenario, &run, None));
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explore_interleavings() {
+    let started = Instant::now();
+    let uri = support::database_uri();
+    let all_points = std::env::var("EXPLORE_POINTS").is_ok_and(|p| p == "all");
+    let workers = env_usize("EXPLORE_WORKERS", 6).max(1);
+    let random = env_usize("EXPLORE_SCHEDULES", 300) as u64;
+    let dfs_limit = env_usize("EXPLORE_DFS_LIMIT", 0) as u64;
+    // Preemptions per exhaustive schedule, at most (CHESS-style); `EXPLORE_PREEMPTIONS=all`
+    // (or any large number) enumerates every ordering.
+    let preemption_bound = match std::env::var("EXPLORE_PREEMPTIONS").as_deref() {
+        Ok("all") => usize::MAX,
+        _ => env_usize("EXPLORE_PREEMPTIONS", 1),
+    };
+
+    // The points the owner passes running alone: the crash points.
+    let mut probe = Worker::new(uri.clone(), 0, all_points).await;
+    let solo = probe
+        .run(
+            &Scenario::new(Prelude::Crash(usize::MAX), &[Kind::Cancel]),
+            &mut Chooser::Fixed(vec![]),
+        )
+        .await;
+    let crash_points = solo.trace.len();
+    assert!(crash_points > 5, "owner points: {:?}", solo.trace);
+    println!("owner's points ({crash_points}): {}", solo.trace.join(" "));
+
+    let mut jobs = VecDeque::new();
+    let mut verbose = false;
+    if let Ok(replay) = std::env::var("EXPLORE_REPLAY") {
+        let (scenario, choices) = replay.split_once('/').unwrap_or((&replay, ""));
+        let choices = choices
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(|c| c.parse().expect("choice"))
+            .collect();
+        jobs.push_back(Job::Replay(Scenario::parse(scenario), choices));
+    } else if let Ok(seed) = std::env::var("EXPLORE_SEED") {
+        jobs.push_back(Job::Random(seed.parse().expect("EXPLORE_SEED")));
+        verbose = true;
+    } else {
+        use Kind::*;
+        jobs.push_back(Job::Exhaustive(Scenario::new(
+            Prelude::Nothing,
+            &[Owner, Cancel],
+        )));
+        for k in 0..crash_points {
+            jobs.push_back(Job::Exhaustive(Scenario::new(
+                Prelude::Crash(k),
+                &[Recoverer, Cancel],
+            )));
+        }
+        jobs.push_back(Job::Exhaustive(Scenario::new(
+            Prelude::Done,
+            &[Cancel, Cancel],
+        )));
+        let base = env_usize("EXPLORE_SEED_BASE", 1) as u64;
+        for seed in base..base + random {
+            jobs.push_back(Job::Random(seed));
+        }
+    }
+    let jobs = Arc::new(Mutex::new(jobs));
+    let report = Arc::new(Mutex::new(Report::default()));
+    let mut handles = vec![tokio::spawn(work(
+        probe,
+        jobs.clone(),
+        report.clone(),
+        crash_points,
+        dfs_limit,
+        preemption_bound,
+        verbose,
+    ))];
+    for i in 1..workers {
+        let worker = Worker::new(uri.clone(), i, all_points).await;
+        handles.push(tokio::spawn(work(
+            worker,
+            jobs.clone(),
+            report.clone(),
+            crash_points,
+            dfs_limit,
+            preemption_bound,
+            verbose,
+        )));
+    }
+    for h in handles {
+        h.await.expect("worker");
+    }
+    let report = Arc::try_unwrap(report).ok().unwrap().into_inner().unwrap();
+    let mut per = report.per_scenario;
+    per.sort();
+    for (scenario, count, complete) in &per {
+        let note = if *complete { "" } else { " (truncated)" };
+        println!("  exhaustive {scenario}: {count} schedules{note}");
+    }
+    println!(
+        "explored {} exhaustive (preemption bound {}) + {} random schedules ({} points) in {:.1?}; {} violations",
+        report.exhaustive,
+        if preemption_bound == usize::MAX {
+            "none".to_string()
+        } else {
+            preemption_bound.to_string()
+        },
+        report.random,
+        if all_points { "all" } else { "write" },
+        started.elapsed(),
+        report.violations.len()
+    );
+    for v in &report.violations {
+        println!("VIOLATION {v}");
+    }
+    assert!(
+        report.violations.is_empty(),
+        "{} schedules violated an invariant (see above)",
+        report.violations.len()
+    );
+}
