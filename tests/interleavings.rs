@@ -958,3 +958,50 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     );
     assert_balances_and_no_markers(&app, 700, 300).await;
 }
+
+/// Two processes under one `INSTANCE_ID` (a restart while the old process still has a
+/// write on its way, or a misconfiguration) never share a lease: each writes its own
+/// incarnation into `application`. The second one takes the first one's transfer over
+/// only once its lease has lapsed, and the first one's late credit cannot land twice.
+#[tokio::test]
+async fn two_processes_under_one_instance_id_never_share_a_lease() {
+    let lease = Duration::from_millis(1500);
+    let first = spawn_app_with(|s| {
+        s.instance_id = "twin".into();
+        s.stale_after = lease;
+    })
+    .await;
+    open_alice_and_bob(&first).await;
+    let mut late_credit = failpoints::pause("twin", "before_credit");
+    let (request, id) = start_transfer(&first, 300).await;
+    late_credit.reached().await;
+    let owned_by_first = transfer(&first, id).await.application;
+
+    let database = first.database.clone();
+    let _second = spawn_app_with(move |s| {
+        s.instance_id = "twin".into();
+        s.database = database;
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_millis(50);
+    })
+    .await;
+    tokio::time::sleep(lease / 2).await;
+    assert_eq!(
+        transfer(&first, id).await.application,
+        owned_by_first,
+        "taken over before the lease lapsed"
+    );
+
+    let t = wait_for(&first, id, Duration::from_secs(10), |t| {
+        t.state == TransferState::Done
+    })
+    .await;
+    assert_ne!(
+        t.application, owned_by_first,
+        "the second process finished it"
+    );
+    late_credit.resume();
+    let _ = request.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_balances_and_no_markers(&first, 700, 300).await;
+}

@@ -21,6 +21,14 @@ use crate::domain::{CancelReason, TransferEvent, TransferId, TransferState};
 use crate::store::accounts::Fence;
 use crate::store::{StoreError, StoreResult, TransferDoc};
 
+/// How a cancel takes a transfer over once its accounts are fenced.
+enum Takeover {
+    /// Take this event from the state the cancel read, setting these fields too.
+    Force(TransferEvent, mongodb::bson::Document),
+    /// Only become the owner: the remaining steps are the same whoever runs them.
+    Claim,
+}
+
 /// Rounds of a cancel, at most: each one re-reads the transfer after another actor moved
 /// it, or after a fence reached the server too late. Bounded so that a pathological race
 /// cannot spin forever; the client may simply cancel again.
@@ -92,57 +100,54 @@ impl Bank {
             return Ok(self.reload(&transfer).await?); // finished meanwhile
         };
         let deadline = self.lease_deadline_from(since);
-        let (source, destination) = (transfer.source.as_str(), transfer.destination.as_str());
         let fence =
             |account, unless_applied| store.fence(account, transfer.id, unless_applied, deadline);
-        let (event, set) = match transfer.state {
-            TransferState::Pending => {
-                // The commit point is the credit: fence the destination only if it has
-                // not landed, in one write, so that it never lands after this.
-                match fence(destination, true).await? {
-                    Fence::TooLate => return Ok(self.reload(&transfer).await?),
-                    Fence::Applied => {
-                        // The money may be spent already: complete, then reverse. Both
-                        // accounts carry the transfer; fence them so that no late step
-                        // applies it again once the markers are pulled.
-                        tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
-                        if fence(destination, false).await? == Fence::TooLate {
-                            return Ok(self.reload(&transfer).await?);
-                        }
-                        (TransferEvent::MarkApplied, doc! {})
-                    }
-                    Fence::Placed | Fence::Missing => (
-                        TransferEvent::BeginRollback,
-                        doc! { "reason": CancelReason::CanceledByRequest.as_str() },
-                    ),
+        let (source, destination) = (transfer.source.as_str(), transfer.destination.as_str());
+        // What to do once both accounts are fenced, and whether the destination is already.
+        let (plan, destination_fenced) = match transfer.state {
+            // The commit point is the credit: fence the destination only if it has not
+            // landed, in one write, which decides between rolling back and completing.
+            TransferState::Pending => match fence(destination, true).await? {
+                Fence::TooLate => return Ok(self.reload(&transfer).await?),
+                Fence::Placed | Fence::Missing => {
+                    let reason = CancelReason::CanceledByRequest.as_str();
+                    let set = doc! { "reason": reason, "application": self.owner() };
+                    (Takeover::Force(TransferEvent::BeginRollback, set), true)
                 }
-            }
-            // Only pulls or undos remain, which no fence refuses; the fences keep late
-            // forward steps from landing after them.
-            TransferState::Applied | TransferState::Canceling => {
-                if fence(destination, false).await? == Fence::TooLate {
-                    return Ok(self.reload(&transfer).await?);
+                Fence::Applied => {
+                    // The money may be spent already: complete, then reverse.
+                    tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
+                    let set = doc! { "application": self.owner() };
+                    (Takeover::Force(TransferEvent::MarkApplied, set), false)
                 }
-                let taken = store
-                    .take_over(self.owner(), transfer.id, transfer.state)
-                    .await?;
-                if fence(source, false).await? == Fence::TooLate {
-                    return Ok(self.reload(&transfer).await?);
-                }
-                return Ok(match taken {
-                    Some(mine) => self.run(mine).await?,
-                    None => self.reload(&transfer).await?,
-                });
-            }
+            },
+            // Only pulls or undos remain, which no fence refuses.
+            TransferState::Applied | TransferState::Canceling => (Takeover::Claim, false),
             _ => return Ok(self.reload(&transfer).await?),
         };
-        if fence(source, false).await? == Fence::TooLate {
-            return Ok(self.reload(&transfer).await?);
+        // Both accounts refuse the transfer's forward steps from here on, applied or not,
+        // so no late step can land once the markers are pulled or undone.
+        let unfenced = if destination_fenced {
+            vec![source]
+        } else {
+            vec![destination, source]
+        };
+        for account in unfenced {
+            if fence(account, false).await? == Fence::TooLate {
+                return Ok(self.reload(&transfer).await?);
+            }
         }
-        let mut set = set;
-        set.insert("application", self.owner());
-        let transfer = self.force(&transfer, event, set).await?;
-        Ok(self.run(transfer).await?)
+        let taken = match plan {
+            Takeover::Force(event, set) => Some(self.force(&transfer, event, set).await?),
+            Takeover::Claim => {
+                let state = transfer.state;
+                store.take_over(self.owner(), transfer.id, state).await?
+            }
+        };
+        Ok(match taken {
+            Some(transfer) => self.run(transfer).await?,
+            None => self.reload(&transfer).await?,
+        })
     }
 
     /// Takes `event` from the transfer's current state whoever owns it (one write guarded

@@ -297,9 +297,18 @@ impl Bank {
 
     /// Undo whatever each account carries, destination first, then `canceling -> canceled`.
     async fn roll_back(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
-        self.store
+        // Never expected to find anything: the credit is the commit point, so a rollback
+        // only begins once the credit was refused (by the owner's own guard, or by a
+        // cancel's fence placed only where the credit was not), and nothing can land it
+        // afterwards. Kept so that a broken invariant still leaves the books balanced,
+        // and said loudly.
+        if self
+            .store
             .undo_change(&transfer.destination, transfer.id, -transfer.value)
-            .await?;
+            .await?
+        {
+            tracing::error!(transfer_id = %transfer.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
+        }
         failpoint!(self, "after_undo_destination");
         self.store
             .undo_change(&transfer.source, transfer.id, transfer.value)

@@ -19,7 +19,11 @@ impl Store {
     }
 
     pub async fn account(&self, id: &str) -> StoreResult<Option<AccountDoc>> {
-        Ok(self.accounts.find_one(doc! { "_id": id }).await?)
+        Ok(self
+            .accounts
+            .find_one(doc! { "_id": id })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?)
     }
 
     /// The currencies of two accounts (`None` for one that does not exist), read
@@ -46,7 +50,12 @@ impl Store {
             .sort(doc! { "_id": 1 })
             .limit(i64::from(limit))
             .build();
-        let cursor = self.accounts.find(filter).with_options(options).await?;
+        let cursor = self
+            .accounts
+            .find(filter)
+            .with_options(options)
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
         Ok(cursor.try_collect().await?)
     }
 

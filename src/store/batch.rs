@@ -214,6 +214,7 @@ pub async fn read_currencies(
     ids.dedup();
     let found: HashMap<String, String> = accounts
         .find(doc! { "_id": { "$in": &ids } })
+        .max_time(super::READ_TIME_LIMIT)
         .projection(doc! { "currency": 1 })
         .await?
         .try_filter_map(|a| async move {
@@ -433,6 +434,7 @@ pub async fn change_accounts(
         .await?;
     let after: Vec<Document> = accounts
         .find(doc! { "_id": { "$in": &ids } })
+        .max_time(super::READ_TIME_LIMIT)
         .projection(doc! { "pendingTransactions": 1 })
         .await?
         .try_collect()

@@ -65,13 +65,18 @@ impl Store {
     }
 
     pub async fn transfer(&self, id: ObjectId) -> StoreResult<Option<TransferDoc>> {
-        Ok(self.transactions.find_one(doc! { "_id": id }).await?)
+        Ok(self
+            .transactions
+            .find_one(doc! { "_id": id })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?)
     }
 
     pub async fn transfer_by_idempotency_key(&self, key: &str) -> StoreResult<Option<TransferDoc>> {
         Ok(self
             .transactions
             .find_one(doc! { "idempotencyKey": key })
+            .max_time(super::READ_TIME_LIMIT)
             .await?)
     }
 
@@ -256,7 +261,12 @@ impl Store {
             .sort(doc! { "_id": -1 })
             .limit(i64::from(limit))
             .build();
-        let cursor = self.transactions.find(query).with_options(options).await?;
+        let cursor = self
+            .transactions
+            .find(query)
+            .with_options(options)
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
         Ok(cursor.try_collect().await?)
     }
 }
