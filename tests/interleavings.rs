@@ -63,6 +63,20 @@ async fn start_transfer(
     }
 }
 
+/// `POST /transfers/{id}/cancel` on `app` in a task (it may stop at an armed pause):
+/// the status and the body.
+fn spawn_cancel(app: &TestApp, id: ObjectId) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (http, url) = (
+        app.http.clone(),
+        app.url(&format!("/transfers/{id}/cancel")),
+    );
+    tokio::spawn(async move {
+        let response = http.post(url).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    })
+}
+
 /// `POST /transfers/{id}/cancel` on `app`: the status and the body.
 async fn cancel_answer(app: &TestApp, id: ObjectId) -> (u16, Value) {
     let response = app
@@ -424,9 +438,7 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
 
     let mut paused = failpoints::pause(&first.instance_id, "after_pending");
-    let http = first.http.clone();
-    let url = first.url(&format!("/transfers/{id}/cancel"));
-    let first_cancel = tokio::spawn(async move { http.post(url).send().await.unwrap().status() });
+    let first_cancel = spawn_cancel(&first, id);
     paused.reached().await;
     let reversal_id = transfer(&first, id).await.reversed_by.expect("claimed");
 
@@ -438,7 +450,7 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     assert_eq!(transfer(&first, id).await.reversed_by, Some(reversal_id));
 
     paused.resume();
-    assert_eq!(first_cancel.await.unwrap(), 200);
+    assert_eq!(first_cancel.await.unwrap().0, 200);
     let again = cancel(&second, id).await;
     assert_eq!(again["reversedBy"], reversal_id.to_hex());
     assert_eq!(
@@ -618,18 +630,9 @@ async fn a_cancel_waiting_on_a_reversal_that_is_then_refused_answers_the_refusal
     let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
 
     let mut paused = failpoints::pause(&first.instance_id, "after_pending");
-    let cancel_on = |app: &TestApp| {
-        let http = app.http.clone();
-        let url = app.url(&format!("/transfers/{id}/cancel"));
-        tokio::spawn(async move {
-            let response = http.post(url).send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.unwrap())
-        })
-    };
-    let first_cancel = cancel_on(&first);
+    let first_cancel = spawn_cancel(&first, id);
     paused.reached().await;
-    let second_cancel = cancel_on(&second);
+    let second_cancel = spawn_cancel(&second, id);
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Bob spends what the compensation would take back.
     let (status, body) = second.transfer("bob", "carol", 300).await;
@@ -822,19 +825,13 @@ async fn fences_of_a_cancel_that_lost_to_the_owner_completing_are_collected() {
     credited.reached().await;
 
     let mut cancel_forcing = failpoints::pause(&other.instance_id, "before_force");
-    let canceling = {
-        let (http, url) = (
-            other.http.clone(),
-            other.url(&format!("/transfers/{id}/cancel")),
-        );
-        tokio::spawn(async move { http.post(url).send().await.unwrap().status() })
-    };
+    let canceling = spawn_cancel(&other, id);
     cancel_forcing.reached().await; // both accounts fenced, `pending -> applied` not sent
     credited.resume(); // the owner completes first
     let (status, body) = request.await.unwrap();
     assert_eq!(status, 201, "{body}");
     cancel_forcing.resume();
-    assert_eq!(canceling.await.unwrap(), 200);
+    assert_eq!(canceling.await.unwrap().0, 200);
 
     let original = transfer(&owner, id).await;
     assert_eq!(original.state, TransferState::Done);
@@ -861,13 +858,7 @@ async fn fences_of_a_cancel_overtaken_by_the_owners_own_rollback_are_collected()
 
     // The cancel fences bob, then stops before fencing alice.
     let mut first_fence = failpoints::pause(&other.instance_id, "before_fence");
-    let canceling = {
-        let (http, url) = (
-            other.http.clone(),
-            other.url(&format!("/transfers/{id}/cancel")),
-        );
-        tokio::spawn(async move { http.post(url).send().await.unwrap().status() })
-    };
+    let canceling = spawn_cancel(&other, id);
     first_fence.reached().await;
     let mut second_fence = failpoints::pause(&other.instance_id, "before_fence");
     first_fence.resume();
@@ -879,7 +870,7 @@ async fn fences_of_a_cancel_overtaken_by_the_owners_own_rollback_are_collected()
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["code"], "insufficient_funds");
     second_fence.resume();
-    assert_eq!(canceling.await.unwrap(), 200);
+    assert_eq!(canceling.await.unwrap().0, 200);
 
     let t = transfer(&owner, id).await;
     assert_eq!(t.state, TransferState::Canceled);
@@ -904,13 +895,7 @@ async fn a_slow_second_cancels_fence_arriving_after_collection_is_refused() {
 
     // The slow cancel marks the transfer, then its first fence is held back.
     let mut slow_fence = failpoints::pause(&third.instance_id, "before_fence");
-    let slow = {
-        let (http, url) = (
-            third.http.clone(),
-            third.url(&format!("/transfers/{id}/cancel")),
-        );
-        tokio::spawn(async move { http.post(url).send().await.unwrap().status() })
-    };
+    let slow = spawn_cancel(&third, id);
     slow_fence.reached().await;
     let first = cancel(&other, id).await;
     assert_eq!(first["state"], "canceled");
@@ -919,7 +904,7 @@ async fn a_slow_second_cancels_fence_arriving_after_collection_is_refused() {
     assert_fences_collected(&owner, lease * 3 + Duration::from_secs(3)).await;
 
     slow_fence.resume();
-    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(slow.await.unwrap().0, 200);
     assert_balances_and_no_markers(&owner, 1000, 0).await;
     // Past the lease: anything still to land would have to beat its deadline.
     tokio::time::sleep(lease).await;
