@@ -1,5 +1,5 @@
 //! The benchmark: `cargo run --release --example bench [-- --quick] [--out DIR]
-//! [--parts limit,twophase,native,seed]`.
+//! [--parts limit,twophase,native,seed,overload]`.
 //!
 //! In one run, against one database server started for it (a SecantusDB daemon with
 //! `--sync-on-commit`, or the server of `MONGODB_URI`), it measures side by side:
@@ -11,7 +11,10 @@
 //! 3. the same with `TRANSFER_STRATEGY=native` (reported "not available" if the service
 //!    refuses it);
 //! 4. the seed scenario of the MongoDB schema simulator, open loop, per strategy;
-//! 5. the cost: the server's CPU seconds per thousand transfers and its peak RSS.
+//! 5. the cost: the server's CPU seconds per thousand transfers and its peak RSS;
+//! 6. overload: two-phase offered 2 and 5 times its capacity, open loop, answering
+//!    synchronously or with `Prefer: respond-async` (goodput, answers, time until every
+//!    accepted transfer is terminal, peak RSS, money conserved).
 //!
 //! It writes `results.json`, `results.md` and `plot.svg` into the results folder
 //! (default `results/<UTC timestamp>`) and prints the Markdown at the end.
@@ -20,6 +23,8 @@
 mod driver;
 #[path = "bench/limit.rs"]
 mod limit;
+#[path = "bench/overload.rs"]
+mod overload;
 #[path = "bench/procs.rs"]
 mod procs;
 #[path = "bench/report.rs"]
@@ -37,6 +42,7 @@ use clap::{Parser, ValueEnum};
 use mongodb::bson::doc;
 
 use crate::limit::LimitPlan;
+use crate::overload::OverloadPlan;
 use crate::procs::{Daemon, project_root};
 use crate::report::{DatabaseInfo, Machine, PUBLISHED, Results};
 use crate::service::{ClosedPlan, Context, SeedPlan};
@@ -47,6 +53,7 @@ enum Part {
     Twophase,
     Native,
     Seed,
+    Overload,
 }
 
 /// Measures the database's limit, the service's two strategies and the seed scenario.
@@ -64,7 +71,7 @@ struct Cli {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "limit,twophase,native,seed"
+        default_value = "limit,twophase,native,seed,overload"
     )]
     parts: Vec<Part>,
     /// Client concurrencies of the closed-loop parts, comma-separated.
@@ -84,6 +91,7 @@ struct Plans {
     limit: LimitPlan,
     closed: ClosedPlan,
     seed: SeedPlan,
+    overload: OverloadPlan,
 }
 
 fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
@@ -116,6 +124,22 @@ fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
             opening_balance: 1_000_000_000,
             max_in_flight: 1024,
             give_up_after_s: if quick { 30.0 } else { 180.0 },
+        },
+        overload: OverloadPlan {
+            multiples: vec![2.0, 5.0],
+            burst_s: if quick { 3.0 } else { 20.0 },
+            accounts: 1000,
+            opening_balance: 1_000_000_000_000,
+            amount: 1,
+            client_max_in_flight: 4096,
+            max_transfers_in_flight: 512,
+            stale_after_ms: 10_000,
+            capacity_clients: 128,
+            capacity_warmup_s: if quick { 0.5 } else { 2.0 },
+            capacity_window_s: if quick { 1.5 } else { 5.0 },
+            give_up_after_goal_s: if quick { 30.0 } else { 60.0 },
+            goal_goodput_fraction: 0.8,
+            goal_peak_rss_mib: 64.0,
         },
     }
 }
@@ -203,7 +227,8 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
     let mut notes = Vec::new();
     eprintln!("[bench] results go to {}", out.display());
 
-    let needs_server = wants(Part::Twophase) || wants(Part::Native) || wants(Part::Seed);
+    let needs_server =
+        wants(Part::Twophase) || wants(Part::Native) || wants(Part::Seed) || wants(Part::Overload);
     let server_binary = if needs_server {
         let t = Instant::now();
         match tokio::task::spawn_blocking(procs::build_server)
@@ -307,16 +332,16 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
 
     // Parts 2 to 5.
     let mut strategies = Vec::new();
-    if let Some(server_binary) = server_binary {
-        let ctx = Context {
-            server_binary,
-            uri: uri.clone(),
-            db_prefix: db_prefix.clone(),
-            out: out.clone(),
-            daemon_pid: daemon.as_ref().map(Daemon::pid),
-            mongo: mongo.clone(),
-            http: service::http_client(),
-        };
+    let ctx = server_binary.map(|server_binary| Context {
+        server_binary,
+        uri: uri.clone(),
+        db_prefix: db_prefix.clone(),
+        out: out.clone(),
+        daemon_pid: daemon.as_ref().map(Daemon::pid),
+        mongo: mongo.clone(),
+        http: service::http_client(),
+    });
+    if let Some(ctx) = &ctx {
         for (part, name) in [(Part::Twophase, "two-phase"), (Part::Native, "native")] {
             let closed = wants(part).then_some(&plans.closed);
             let seed = (wants(Part::Seed) && cli.seed_strategies.iter().any(|s| s == name))
@@ -325,7 +350,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
                 continue;
             }
             let t = Instant::now();
-            let result = service::run_strategy(&ctx, name, closed, seed).await;
+            let result = service::run_strategy(ctx, name, closed, seed).await;
             part_seconds.push((name.to_owned(), t.elapsed().as_secs_f64()));
             if let Some(s) = result.part_seconds.get("seed") {
                 part_seconds.push((format!("{name} seed"), *s));
@@ -333,6 +358,35 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
             strategies.push(result);
         }
     }
+
+    // Part 6.
+    let mut overload_result = None;
+    if let (Some(ctx), true) = (&ctx, wants(Part::Overload)) {
+        let t = Instant::now();
+        let measured = strategies
+            .iter()
+            .find(|s| s.strategy == "two-phase" && s.available)
+            .and_then(|s| {
+                s.points
+                    .iter()
+                    .filter(|p| p.workload == "uniform" && p.measured.units_per_s > 0.0)
+                    .max_by(|a, b| a.measured.units_per_s.total_cmp(&b.measured.units_per_s))
+            })
+            .map(|p| {
+                (
+                    p.measured.units_per_s,
+                    format!(
+                        "best closed-loop point of the two-phase part: uniform, {} accounts, c={}",
+                        plans.closed.uniform_accounts, p.measured.concurrency
+                    ),
+                )
+            });
+        overload_result = Some(overload::run(ctx, &plans.overload, measured).await);
+        part_seconds.push(("overload".to_owned(), t.elapsed().as_secs_f64()));
+    }
+    let violations = overload_result
+        .as_ref()
+        .map_or_else(Vec::new, overload::OverloadResult::violations);
 
     notes.push(
         "Closed loop: a request counts when it answers inside the measured window. HTTP/1.1 keep-alive, one connection per client.".to_owned(),
@@ -372,6 +426,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         published_seed: PUBLISHED,
         closed_plan: plans.closed.clone(),
         seed_plan: plans.seed.clone(),
+        overload: overload_result,
         part_seconds,
         total_seconds: clock.elapsed().as_secs_f64(),
         notes,
@@ -393,5 +448,15 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         "[bench] wrote results.json, results.md and plot.svg to {}",
         out.display()
     );
+    if !violations.is_empty() {
+        eprintln!(
+            "bench: {} VIOLATION(S) under overload (money, markers or accepted transfers):",
+            violations.len()
+        );
+        for v in &violations {
+            eprintln!("bench: VIOLATION: {v}");
+        }
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
 }

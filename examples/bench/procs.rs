@@ -244,13 +244,15 @@ pub enum StartError {
 
 impl Server {
     /// Starts the service and waits until `/ready` answers 200 (at most 60 s). Its output
-    /// (JSON logs at `warn`) goes to `log`.
+    /// (JSON logs at `warn`) goes to `log`. `env` is set after the defaults (so it may
+    /// set `STALE_AFTER_MS`, which is otherwise left at the service's default).
     pub async fn start(
         binary: &Path,
         uri: &str,
         database: &str,
         strategy: &str,
         log: &Path,
+        env: &[(&str, String)],
     ) -> Result<Server, StartError> {
         let port = free_port();
         let out = File::create(log).map_err(|e| StartError::Failed(format!("{e}")))?;
@@ -271,6 +273,7 @@ impl Server {
             .env_remove("CRASH_AT")
             .env_remove("SWEEP_INTERVAL_MS")
             .env_remove("STALE_AFTER_MS")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

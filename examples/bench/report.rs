@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::limit::LimitResult;
+use crate::overload::{OverloadResult, answers_brief};
 use crate::service::{ClosedPlan, Point, SeedPlan, StrategyResult};
 use crate::stats::Failures;
 
@@ -66,6 +67,8 @@ pub struct Results {
     pub published_seed: Published,
     pub closed_plan: ClosedPlan,
     pub seed_plan: SeedPlan,
+    /// Part 6, when it ran.
+    pub overload: Option<OverloadResult>,
     /// Wall-clock seconds of each part in the order run (build, limit, two-phase, native;
     /// a strategy's time includes its seed scenario, which is also listed alone).
     pub part_seconds: Vec<(String, f64)>,
@@ -73,7 +76,7 @@ pub struct Results {
     pub notes: Vec<String>,
 }
 
-fn num(v: f64) -> String {
+pub fn num(v: f64) -> String {
     if !v.is_finite() {
         return "–".into();
     }
@@ -426,6 +429,10 @@ pub fn markdown(r: &Results) -> String {
         );
     }
 
+    if let Some(o) = &r.overload {
+        overload_section(&mut md, o);
+    }
+
     // Failures.
     let mut failure_lines = Vec::new();
     if let Some(l) = &r.limit {
@@ -507,6 +514,130 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(md, "- {note}");
     }
     md
+}
+
+fn overload_section(md: &mut String, o: &OverloadResult) {
+    let plan = &o.plan;
+    let _ = writeln!(
+        md,
+        "## Overload: two-phase offered more than its capacity, open loop\n"
+    );
+    let capacity = o.capacity.as_ref().map_or(f64::NAN, |c| c.per_s);
+    if let Some(c) = &o.capacity {
+        let _ = writeln!(
+            md,
+            "Capacity: **{} transfers/s** ({}).\n",
+            num(c.per_s),
+            c.source
+        );
+    }
+    let _ = writeln!(
+        md,
+        "Each scenario: a fresh service (`MAX_TRANSFERS_IN_FLIGHT={}`, `STALE_AFTER_MS={}`) and database, {} accounts, amount {}; `POST /transfers` sent by the clock at the offered rate for {} s, whatever the answers, between random pairs, at most {} requests in flight in the client (a send that finds no slot is not made: `client_dropped`). Goodput: transfers that ended `done` per second of burst (sync: 201 answers received during the burst; respond-async: 202 answers received during the burst whose transfer ended `done` in the database). All terminal: from the burst's end until every request answered and no transfer was `initial`, `pending`, `applied` or `canceling`. Peak RSS: the service's VmHWM (its process lived for the scenario only). Goals (not asserted): goodput ≥ {:.0}% of capacity, all terminal within {} s (the burst plus 2 × STALE_AFTER_MS), peak RSS < {} MiB; ✓ met, ✗ missed.\n",
+        plan.max_transfers_in_flight,
+        plan.stale_after_ms,
+        num(plan.accounts as f64),
+        plan.amount,
+        plan.burst_s,
+        num(plan.client_max_in_flight as f64),
+        plan.goal_goodput_fraction * 100.0,
+        plan.terminal_goal_s(),
+        plan.goal_peak_rss_mib,
+    );
+    if !o.scenarios.is_empty() {
+        let _ = writeln!(
+            md,
+            "| scenario | offered /s | goodput /s | goodput / capacity | answers by status | time to all terminal s | peak RSS MiB |\n|---|---:|---:|---:|---|---:|---:|"
+        );
+        let mark = |met: bool| if met { "✓" } else { "✗" };
+        for s in &o.scenarios {
+            let mut answers = answers_brief(&s.answers);
+            if s.client_dropped > 0 {
+                let _ = write!(answers, ", client_dropped: {}", s.client_dropped);
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {} ({}× capacity) | {} | {} {} | {} | {} | {} |",
+                s.name,
+                num(s.offered_per_s),
+                s.multiple,
+                num(s.goodput_per_s),
+                ratio(s.goodput_per_s, capacity),
+                mark(s.goals.goodput_met),
+                answers.replace('|', "\\|"),
+                s.all_terminal_after_s.map_or(
+                    format!(
+                        "> {} ✗",
+                        num(plan.terminal_goal_s() + plan.give_up_after_goal_s)
+                    ),
+                    |t| format!("{} {}", num(t), mark(s.goals.terminal_met))
+                ),
+                s.peak_rss_mib.map_or("–".into(), |p| format!(
+                    "{} {}",
+                    num(p),
+                    s.goals.peak_rss_met.map_or("", mark)
+                )),
+            );
+        }
+        let _ = writeln!(md);
+        for s in &o.scenarios {
+            let _ = writeln!(
+                md,
+                "- {}: {} sends scheduled, {} sent, sender at most {} ms late, burst {} s; last answer {} s after it; accepted {} ({}); recorded {} ({}); money {} before, {} after; {} accounts with pendingTransactions; {} `503 overloaded` without Retry-After; server log: {} lines at warn or above{}.",
+                s.name,
+                num(s.scheduled as f64),
+                num(s.sent as f64),
+                num(s.sender_max_lag_ms),
+                num(s.burst_s),
+                s.last_answer_after_s.map_or("–".into(), num),
+                num(s.accepted as f64),
+                answers_brief(&s.accepted_end_states),
+                num(s.recorded as f64),
+                answers_brief(&s.recorded_by_state),
+                s.money_before,
+                s.money_after,
+                s.accounts_with_pending,
+                s.overloaded_without_retry_after,
+                s.server_log_lines,
+                {
+                    let mut kinds: Vec<(&String, &u64)> = s.server_log_kinds.iter().collect();
+                    kinds.sort_by(|a, b| b.1.cmp(a.1));
+                    kinds
+                        .iter()
+                        .take(3)
+                        .enumerate()
+                        .map(|(i, (k, n))| {
+                            format!(
+                                "{} {} × `{}`",
+                                if i == 0 { ":" } else { ";" },
+                                num(**n as f64),
+                                k.replace('`', "'")
+                            )
+                        })
+                        .collect::<String>()
+                },
+            );
+        }
+        let _ = writeln!(md);
+    }
+    if let Some(e) = &o.error {
+        let _ = writeln!(md, "Overload part failed: {e}\n");
+    }
+    let violations = o.violations();
+    if violations.is_empty() {
+        if !o.scenarios.is_empty() {
+            let _ = writeln!(
+                md,
+                "No violation: in every scenario money was conserved, no account kept a pendingTransactions marker, every accepted transfer was in the database and terminal (every 201 `done`), and no refused request recorded a transfer.\n"
+            );
+        }
+    } else {
+        let _ = writeln!(md, "**VIOLATIONS:**\n");
+        for v in violations {
+            let _ = writeln!(md, "- **{v}**");
+        }
+        let _ = writeln!(md);
+    }
 }
 
 fn failure_line(label: &str, f: &Failures) -> String {

@@ -118,7 +118,7 @@ pub struct StrategyResult {
     pub part_seconds: BTreeMap<String, f64>,
 }
 
-fn mib(kib: u64) -> f64 {
+pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
@@ -139,7 +139,7 @@ fn transport_failure(e: &reqwest::Error) -> Outcome {
 }
 
 /// POST /transfers; a success is 201 with state `done`.
-async fn post_transfer(http: reqwest::Client, url: Arc<str>, body: Vec<u8>) -> Outcome {
+pub async fn post_transfer(http: reqwest::Client, url: Arc<str>, body: Vec<u8>) -> Outcome {
     let response = match http
         .post(&*url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -176,7 +176,7 @@ async fn post_transfer(http: reqwest::Client, url: Arc<str>, body: Vec<u8>) -> O
     }
 }
 
-fn transfer_body(source: &str, destination: &str, amount: i64) -> Vec<u8> {
+pub fn transfer_body(source: &str, destination: &str, amount: i64) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "source": source,
         "destination": destination,
@@ -186,7 +186,7 @@ fn transfer_body(source: &str, destination: &str, amount: i64) -> Vec<u8> {
 }
 
 /// Two distinct accounts of `ids`, chosen uniformly.
-fn random_pair(ids: &[String]) -> (&str, &str) {
+pub fn random_pair(ids: &[String]) -> (&str, &str) {
     let mut rng = rand::rng();
     let a = rng.random_range(0..ids.len());
     let mut b = rng.random_range(0..ids.len() - 1);
@@ -286,7 +286,7 @@ fn without_ids(text: &str) -> String {
 }
 
 /// The server's log lines (JSON, warn and above) counted by level, message and cause.
-fn log_summary(path: &Path) -> (usize, BTreeMap<String, u64>) {
+pub fn log_summary(path: &Path) -> (usize, BTreeMap<String, u64>) {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut kinds = BTreeMap::new();
     let mut lines = 0;
@@ -336,20 +336,20 @@ pub async fn run_strategy(
         part_seconds: BTreeMap::new(),
     };
     eprintln!("[{strategy}] starting the service (database {database})");
-    let server = match Server::start(&ctx.server_binary, &ctx.uri, &database, strategy, &log).await
-    {
-        Ok(server) => server,
-        Err(StartError::Rejected(said)) => {
-            eprintln!("[{strategy}] not available: the service refused it: {said}");
-            result.unavailable_reason = Some(format!("the service exited with code 2: {said}"));
-            return result;
-        }
-        Err(StartError::Failed(said)) => {
-            eprintln!("[{strategy}] the service did not start: {said}");
-            result.unavailable_reason = Some(format!("the service did not start: {said}"));
-            return result;
-        }
-    };
+    let server =
+        match Server::start(&ctx.server_binary, &ctx.uri, &database, strategy, &log, &[]).await {
+            Ok(server) => server,
+            Err(StartError::Rejected(said)) => {
+                eprintln!("[{strategy}] not available: the service refused it: {said}");
+                result.unavailable_reason = Some(format!("the service exited with code 2: {said}"));
+                return result;
+            }
+            Err(StartError::Failed(said)) => {
+                eprintln!("[{strategy}] the service did not start: {said}");
+                result.unavailable_reason = Some(format!("the service did not start: {said}"));
+                return result;
+            }
+        };
     result.available = true;
     let pid = server.pid();
     let url: Arc<str> = format!("{}/transfers", server.base).into();
