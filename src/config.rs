@@ -54,6 +54,12 @@ pub struct Args {
     #[arg(long, env = "MAX_TRANSFERS_IN_FLIGHT", default_value = "512")]
     pub max_transfers_in_flight: String,
 
+    /// Client connections held open at once, at most (1 to 100000); beyond it the
+    /// listener stops accepting until one closes, so a burst from many clients waits in
+    /// the kernel's accept queue rather than in this process's memory.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value = "1024")]
+    pub max_connections: String,
+
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
     #[arg(long, env = "TRANSFER_STRATEGY", default_value = "two-phase")]
@@ -154,6 +160,8 @@ pub struct Settings {
     pub group_commit_writes: usize,
     /// Transfers worked on at once, at most (admission control, see `service`).
     pub max_transfers_in_flight: usize,
+    /// Client connections open at once, at most (see `http::connections`).
+    pub max_connections: usize,
     /// Two-phase commit or one native transaction per transfer.
     pub strategy: Strategy,
     pub log_format: LogFormat,
@@ -348,6 +356,18 @@ impl Settings {
                 ));
             }
         };
+        let max_connections = match args.max_connections.trim().parse::<usize>() {
+            Ok(n) if (1..=100_000).contains(&n) => n,
+            _ => {
+                return Err(invalid(
+                    "MAX_CONNECTIONS",
+                    format!(
+                        "{:?} is not a whole number from 1 to 100000",
+                        args.max_connections
+                    ),
+                ));
+            }
+        };
         let strategy = Strategy::parse(args.transfer_strategy.trim()).ok_or_else(|| {
             invalid(
                 "TRANSFER_STRATEGY",
@@ -386,6 +406,7 @@ impl Settings {
             stale_after,
             group_commit_writes,
             max_transfers_in_flight,
+            max_connections,
             strategy,
             log_format,
             log_filter,
@@ -424,12 +445,14 @@ mod tests {
         assert_eq!(s.stale_after, Duration::from_millis(10_000));
         assert_eq!(s.group_commit_writes, 2);
         assert_eq!(s.max_transfers_in_flight, 512);
+        assert_eq!(s.max_connections, 1024);
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
     }
 
     #[test]
     fn a_bad_value_names_its_variable() {
-        let cases: [(&[&str], &str); 10] = [
+        let cases: [(&[&str], &str); 11] = [
+            (&["--max-connections", "0"], "MAX_CONNECTIONS"),
             (&["--sweep-interval-ms", "soon"], "SWEEP_INTERVAL_MS"),
             (&["--group-commit-writes", "0"], "GROUP_COMMIT_WRITES"),
             (&["--group-commit-writes", "65"], "GROUP_COMMIT_WRITES"),

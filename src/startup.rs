@@ -104,7 +104,9 @@ impl Application {
             shutdown.clone(),
         ));
         let stop = shutdown.clone();
-        axum::serve(self.listener, app)
+        let listener =
+            http::connections::BoundedListener::new(self.listener, self.settings.max_connections);
+        axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await?;
         let background = self.bank.background_tasks();

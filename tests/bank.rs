@@ -2,7 +2,29 @@
 //! database, clients making many concurrent transfers among a dozen accounts (three of
 //! them hot) with cancels, asynchronous transfers and idempotent retries mixed in, while
 //! a nemesis kills instances with SIGKILL and restarts them, and restarts the database
-//! process once in the middle. Then, once everything is quiet, it checks:
+//! process once in the middle. The instances do not have it easy either:
+//!
+//! - a bad network: the instances of the slots in [`PROXIED`] (the first) reach the
+//!   database through a TCP proxy on the loopback (`support::proxy`) that delays every
+//!   chunk it forwards, in either direction, by 0 to [`PROXY_DELAY_MAX_MS`] ms (uniformly),
+//!   or with a chance of [`PROXY_SLOW_CHANCE`] by up to [`PROXY_SLOW_DELAY_MAX_MS`] ms, and
+//!   resets each connection (an RST to both sides) with a chance of about
+//!   [`PROXY_RESETS_PER_SECOND`] in any second of its life; it holds at most
+//!   [`PROXY_MAX_CONNECTIONS`] at once and forwards across the database's restart (the
+//!   connections made while it is down are closed at once);
+//! - wrong clocks: each slot's instances run with their wall clock [`CLOCK_SKEWS`] seconds
+//!   off (+7 s and -7 s, several leases), under libfaketime, which must be installed (the
+//!   `faketime` apt package; `scripts/test.sh` installs it); the database and the test
+//!   keep the real clock, and every start checks the skew took;
+//! - cancels of transfers being recovered: right after each kill, up to
+//!   [`RECOVERY_CANCELS_PER_KILL`] unfinished transfers of the dead instance (those it
+//!   owned, and those recorded for the requests that were outstanding on it) are
+//!   canceled on the surviving instances, some twice at once, each within
+//!   [`RECOVERY_CANCEL_WITHIN_MS`] ms of the kill, while the sweepers take them over.
+//!
+//! The proxied instance answers more 503s and loses more connections; those are retried
+//! or counted as unknown outcomes like the others. Then, once everything is quiet, it
+//! checks:
 //!
 //! - the total balance is unchanged and no balance is negative;
 //! - every transfer is terminal and no `pendingTransactions` entry is left;
@@ -29,7 +51,8 @@
 //!   other 4xx or 5xx is a violation), and requests that never got a definitive answer are
 //!   counted and looked up at the end (their transfer, if recorded, must be terminal).
 //!
-//! It runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did.
+//! It runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did, with the
+//! proxy's counts and the skews in its summary line.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -38,11 +61,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
+use mongodb::bson::doc;
 use mongodb::bson::oid::ObjectId;
 use rand::Rng;
-use rand::seq::IndexedRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 use serde_json::{Value, json};
-use support::process::{Instance, InstanceConfig};
+use support::process::{Instance, InstanceConfig, clock_offset, faketime_env};
+use support::proxy::{Faults, Proxy};
 use support::{Daemon, fresh_database_name};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{CancelReason, TransferState};
@@ -58,6 +84,25 @@ const SWEEP_INTERVAL_MS: u64 = 200;
 /// Attempts of a transfer request with an idempotency key (one without a key is sent
 /// once: a retry could make a second transfer).
 const KEYED_ATTEMPTS: usize = 8;
+/// The instances (by slot) that reach the database through a fault-injecting proxy.
+const PROXIED: [bool; INSTANCES] = [true, false, false];
+/// Each instance's wall-clock skew in seconds, under libfaketime (0: the real clock).
+const CLOCK_SKEWS: [i64; INSTANCES] = [0, 7, -7];
+/// The proxy delays each chunk it forwards (either direction) by 0 to this...
+const PROXY_DELAY_MAX_MS: u64 = 50;
+/// ...or, with this chance, by up to [`PROXY_SLOW_DELAY_MAX_MS`].
+const PROXY_SLOW_CHANCE: f64 = 0.02;
+const PROXY_SLOW_DELAY_MAX_MS: u64 = 400;
+/// Each proxied connection is reset with about this chance in any second of its life.
+const PROXY_RESETS_PER_SECOND: f64 = 0.2;
+/// Connections the proxy holds at once, at most.
+const PROXY_MAX_CONNECTIONS: usize = 256;
+/// After each kill, at most this many of the dead instance's unfinished transfers are
+/// canceled on the survivors...
+const RECOVERY_CANCELS_PER_KILL: usize = 8;
+/// ...each at a random moment within this long after the kill (a lease and a half: some
+/// before the sweepers may take it over, some while they do, some after).
+const RECOVERY_CANCEL_WITHIN_MS: u64 = 1500;
 
 fn account(i: usize) -> String {
     format!("acct-{i:02}")
@@ -148,6 +193,12 @@ struct History {
     unsent: u64,
     /// Cancels whose outcome the client does not know (connection lost, 503).
     cancels_unknown: u64,
+    /// Transfer requests being sent right now, by reference, with the slot of the
+    /// instance they were sent to.
+    in_flight: HashMap<String, usize>,
+    /// The killed instances' unfinished transfers canceled on the survivors, by the state
+    /// they were found in.
+    recovery_targets: BTreeMap<String, u64>,
 }
 
 impl History {
@@ -159,10 +210,22 @@ impl History {
 /// The live instances' base URLs, for clients to pick from.
 type Bases = Arc<Mutex<Vec<Option<String>>>>;
 
-fn live_base(bases: &Bases, rng: &mut impl Rng) -> Option<String> {
+/// A live instance: its slot and base URL.
+fn live_base(bases: &Bases, rng: &mut impl Rng) -> Option<(usize, String)> {
+    live_base_except(bases, rng, usize::MAX)
+}
+
+/// A live instance other than the one in slot `except`.
+fn live_base_except(bases: &Bases, rng: &mut impl Rng, except: usize) -> Option<(usize, String)> {
     let bases = bases.lock().unwrap();
-    let live: Vec<&String> = bases.iter().flatten().collect();
-    live.choose(rng).map(|s| (*s).clone())
+    let live: Vec<(usize, &String)> = bases
+        .iter()
+        .enumerate()
+        .filter(|(slot, _)| *slot != except)
+        .filter_map(|(slot, base)| base.as_ref().map(|b| (slot, b)))
+        .collect();
+    live.choose(rng)
+        .map(|(slot, base)| (*slot, (*base).clone()))
 }
 
 /// The problem `code` of an answer, "" when there is none.
@@ -191,7 +254,7 @@ async fn transfer(
     };
     let mut sent = false;
     for attempt in 0..attempts {
-        let Some(base) = live_base(bases, &mut rand::rng()) else {
+        let Some((slot, base)) = live_base(bases, &mut rand::rng()) else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
@@ -205,6 +268,7 @@ async fn transfer(
             if let Some(key) = &request.key {
                 sent_before = !h.sent_keys.insert(key.clone());
             }
+            h.in_flight.insert(request.reference.clone(), slot);
         }
         if let Some(key) = &request.key {
             http_request = http_request.header("idempotency-key", key);
@@ -216,13 +280,17 @@ async fn transfer(
         let response = match http_request.send().await {
             Ok(r) => r,
             Err(_) => {
-                history.lock().unwrap().count("transfer: connection lost");
+                let mut h = history.lock().unwrap();
+                h.in_flight.remove(&request.reference);
+                h.count("transfer: connection lost");
                 continue;
             }
         };
         let status = response.status().as_u16();
         let replayed = response.headers().contains_key("idempotent-replayed");
-        let answer: Value = match response.json().await {
+        let answer = response.json::<Value>().await;
+        history.lock().unwrap().in_flight.remove(&request.reference);
+        let answer = match answer {
             Ok(answer) => answer,
             Err(_) => {
                 // The instance died while sending the body: as good as no answer.
@@ -339,11 +407,22 @@ async fn cancel(http: &reqwest::Client, bases: &Bases, history: &Mutex<History>)
             return;
         };
         drop(h);
-        let Some(base) = live_base(bases, &mut rng) else {
+        let Some((_, base)) = live_base(bases, &mut rng) else {
             return;
         };
         (base, id)
     };
+    cancel_one(http, &base, id, history, "cancel").await;
+}
+
+/// One cancel of transfer `id` at `base`; its answer is counted under `label`.
+async fn cancel_one(
+    http: &reqwest::Client,
+    base: &str,
+    id: String,
+    history: &Mutex<History>,
+    label: &str,
+) {
     let response = http
         .post(format!("{base}/transfers/{id}/cancel"))
         .send()
@@ -357,14 +436,14 @@ async fn cancel(http: &reqwest::Client, bases: &Bases, history: &Mutex<History>)
     };
     let mut h = history.lock().unwrap();
     let Some(answer) = answer else {
-        h.count("cancel: connection lost");
+        h.count(&format!("{label}: connection lost"));
         h.cancels_unknown += 1;
         return;
     };
     let code = code_of(&answer);
     let state = answer["state"].as_str().and_then(TransferState::parse);
     h.count(&format!(
-        "cancel: {status} {}",
+        "{label}: {status} {}",
         match (status, state) {
             (200, Some(state)) => state.as_str(),
             _ => code,
@@ -443,11 +522,147 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
     }
 }
 
-fn instance_config(uri: &str, database: &str, name: &str) -> InstanceConfig {
-    let mut config = InstanceConfig::new(uri, database, name);
-    config.stale_after_ms = STALE_AFTER_MS;
-    config.sweep_interval_ms = SWEEP_INTERVAL_MS;
-    config
+/// Right after the instance in slot `victim`, `owner`, was killed: cancels, on the
+/// surviving instances, the transfers it left unfinished (those it owned, and those
+/// recorded for the requests that were outstanding on it; reversals aside), each at a
+/// random moment within [`RECOVERY_CANCEL_WITHIN_MS`], some twice at once, so that the
+/// cancels race the sweepers taking the same transfers over.
+async fn cancel_recovering(
+    store: Store,
+    bases: Bases,
+    history: Arc<Mutex<History>>,
+    victim: usize,
+    owner: String,
+    references: Vec<String>,
+) {
+    let filter = doc! {
+        "state": { "$in": ["initial", "pending", "applied", "canceling"] },
+        "reverses": { "$exists": false },
+        "$or": [
+            // Names are [a-z0-9-]: nothing to escape.
+            { "application": { "$regex": format!("^{owner}/") } },
+            { "reference": { "$in": references } },
+        ],
+    };
+    let found: Vec<TransferDoc> = match store
+        .database()
+        .collection::<TransferDoc>("transactions")
+        .find(filter)
+        .await
+    {
+        Ok(cursor) => cursor.try_collect().await.unwrap_or_default(),
+        // The database is restarting: no targets this time.
+        Err(_) => Vec::new(),
+    };
+    let mut targets = found;
+    targets.shuffle(&mut rand::rng());
+    targets.truncate(RECOVERY_CANCELS_PER_KILL);
+    {
+        let mut h = history.lock().unwrap();
+        for t in &targets {
+            *h.recovery_targets.entry(t.state.to_string()).or_default() += 1;
+        }
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut cancels = Vec::new();
+    for t in targets {
+        let copies = if rand::rng().random_bool(0.3) { 2 } else { 1 };
+        for _ in 0..copies {
+            let (http, bases, history) = (http.clone(), bases.clone(), history.clone());
+            let id = t.id.to_hex();
+            let delay = rand::rng().random_range(0..=RECOVERY_CANCEL_WITHIN_MS);
+            cancels.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let Some((_, base)) = live_base_except(&bases, &mut rand::rng(), victim) else {
+                    return;
+                };
+                cancel_one(&http, &base, id, &history, "cancel (recovering)").await;
+            }));
+        }
+    }
+    for c in cancels {
+        c.await.unwrap();
+    }
+}
+
+/// What every instance started in a slot shares: its database URI (the proxy's for a
+/// proxied slot) and its clock skew.
+struct Slots {
+    uris: Vec<String>,
+    database: String,
+}
+
+impl Slots {
+    fn config(&self, slot: usize, name: &str) -> InstanceConfig {
+        let mut config = InstanceConfig::new(&self.uris[slot], &self.database, name);
+        config.stale_after_ms = STALE_AFTER_MS;
+        config.sweep_interval_ms = SWEEP_INTERVAL_MS;
+        config.env = faketime_env(CLOCK_SKEWS[slot]);
+        config
+    }
+
+    /// Starts an instance in `slot` and checks that its clock is skewed as it should be,
+    /// so that a libfaketime that did not take cannot pass unnoticed.
+    async fn start(&self, slot: usize, name: &str) -> Instance {
+        let instance = Instance::start(&self.config(slot, name)).await;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let off = clock_offset(&http, &instance).await;
+        assert!(
+            (off - CLOCK_SKEWS[slot]).abs() <= 2,
+            "instance {name} should run {:+} s off the real clock, its Date header says {off:+} s",
+            CLOCK_SKEWS[slot]
+        );
+        instance
+    }
+}
+
+/// The database's address in `uri` (its first host), which must be on the loopback.
+fn upstream_of(uri: &str) -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let authority = uri
+        .strip_prefix("mongodb://")
+        .unwrap_or_else(|| panic!("the proxy needs a mongodb:// URI, not {uri}"));
+    let authority = authority.split('/').next().unwrap_or_default();
+    let hosts = authority.rsplit('@').next().unwrap_or_default();
+    let host = hosts.split(',').next().unwrap_or_default();
+    let host = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:27017")
+    };
+    host.to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.find(|a| a.ip().is_loopback()))
+        .unwrap_or_else(|| {
+            panic!("the bank test proxies the database only on the loopback; {uri} is not")
+        })
+}
+
+/// `uri` with its hosts replaced by the proxy's address, and `directConnection=true`.
+fn proxied_uri(uri: &str, proxy: std::net::SocketAddr) -> String {
+    let rest = uri.strip_prefix("mongodb://").unwrap_or(uri);
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let credentials = match authority.rfind('@') {
+        Some(i) => &authority[..=i],
+        None => "",
+    };
+    let path = if path.contains("directConnection=") {
+        path.replace("directConnection=false", "directConnection=true")
+    } else if path.contains('?') {
+        format!("{path}&directConnection=true")
+    } else {
+        format!("{path}?directConnection=true")
+    };
+    format!("mongodb://{credentials}{proxy}{path}")
 }
 
 /// The invariants checked, each with how many times, and what broke them.
@@ -725,15 +940,49 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
     let uri = external.unwrap_or_else(|| daemon.as_ref().unwrap().uri.clone());
     let database = fresh_database_name();
 
+    // The faulty network, between the proxied slots and the database; it lives as long as
+    // the test (across restarts of the instances and of the database).
+    let faults = Faults {
+        delay_max: Duration::from_millis(PROXY_DELAY_MAX_MS),
+        slow_chance: PROXY_SLOW_CHANCE,
+        slow_delay_max: Duration::from_millis(PROXY_SLOW_DELAY_MAX_MS),
+        resets_per_second: PROXY_RESETS_PER_SECOND,
+        max_connections: PROXY_MAX_CONNECTIONS,
+    };
+    let mut proxies: Vec<(usize, Proxy)> = Vec::new();
+    let mut uris = Vec::new();
+    for (slot, proxied) in PROXIED.iter().enumerate() {
+        if *proxied {
+            let proxy = Proxy::start(upstream_of(&uri), faults).await;
+            uris.push(proxied_uri(&uri, proxy.addr));
+            proxies.push((slot, proxy));
+        } else {
+            uris.push(uri.clone());
+        }
+    }
+    let slots = Slots {
+        uris,
+        database: database.clone(),
+    };
+    let skews: Vec<String> = CLOCK_SKEWS
+        .iter()
+        .enumerate()
+        .map(|(slot, skew)| format!("slot {slot} {skew:+} s"))
+        .collect();
+
     let mut instances: Vec<Instance> = Vec::new();
     for i in 0..INSTANCES {
-        instances
-            .push(Instance::start(&instance_config(&uri, &database, &format!("bank-{i}"))).await);
+        instances.push(slots.start(i, &format!("bank-{i}")).await);
     }
     let http = reqwest::Client::new();
+    // Opened through an instance with a direct connection: no fault may refuse them.
+    let opener = PROXIED
+        .iter()
+        .position(|p| !p)
+        .expect("an unproxied instance");
     for i in 0..ACCOUNTS {
         let r = http
-            .post(instances[0].url("/accounts"))
+            .post(instances[opener].url("/accounts"))
             .json(&json!({ "id": account(i), "balance": OPENING_BALANCE }))
             .send()
             .await
@@ -750,6 +999,8 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         .collect();
 
     // The nemesis.
+    let store = Store::connect(&uri, &database).await.unwrap();
+    let mut recovery_cancels = Vec::new();
     let started = Instant::now();
     let run_for = Duration::from_secs(seconds);
     let mut killed = 0;
@@ -774,6 +1025,24 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         bases.lock().unwrap()[victim] = None;
         instances[victim].kill();
         killed += 1;
+        // The requests outstanding on it have lost their answer; cancel what it left
+        // while the survivors' sweepers take it over.
+        let references: Vec<String> = history
+            .lock()
+            .unwrap()
+            .in_flight
+            .iter()
+            .filter(|(_, slot)| **slot == victim)
+            .map(|(reference, _)| reference.clone())
+            .collect();
+        recovery_cancels.push(tokio::spawn(cancel_recovering(
+            store.clone(),
+            bases.clone(),
+            history.clone(),
+            victim,
+            instances[victim].name.clone(),
+            references,
+        )));
         tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..800))).await;
         // Half the time it comes back under its old name (and takes back its own
         // transfers at once), half the time as a new instance.
@@ -784,17 +1053,18 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             renamed += 1;
             format!("bank-{victim}-{generation}")
         };
-        let config = instance_config(&uri, &database, &name);
-        instances[victim] = Instance::start(&config).await;
+        instances[victim] = slots.start(victim, &name).await;
         bases.lock().unwrap()[victim] = Some(instances[victim].base.clone());
     }
     stop.cancel();
     for c in clients {
         c.await.unwrap();
     }
+    for c in recovery_cancels {
+        c.await.unwrap();
+    }
 
     // Quiescence: every transfer terminal (a lease, a few sweeps, and the backlog).
-    let store = Store::connect(&uri, &database).await.unwrap();
     let load_stopped = Instant::now();
     let quiet_deadline = load_stopped + Duration::from_secs(60);
     loop {
@@ -1018,13 +1288,28 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
     );
     let answers: u64 = history.answers.values().sum();
     let checked: u64 = checks.counts.values().sum();
+    let faults: Vec<String> = proxies
+        .iter()
+        .map(|(slot, proxy)| {
+            let c = proxy.counts();
+            format!(
+                "proxy of slot {slot}: {} connections ({} refused), {} of {} chunks delayed \
+                 ({} slow), {} resets",
+                c.connections, c.refused, c.delayed, c.chunks, c.slow, c.resets
+            )
+        })
+        .collect();
     println!(
         "summary: {answers} client answers {:?}; {checked} checks of {} invariants {:?}; \
-         {} violations",
+         {} violations; faults: {}; clock skews: {}; transfers of killed instances canceled \
+         while recovered: {:?}",
         history.answers,
         checks.counts.len(),
         checks.counts,
-        checks.violations.len()
+        checks.violations.len(),
+        faults.join(", "),
+        skews.join(", "),
+        history.recovery_targets
     );
     assert!(
         outcomes.get("done").copied().unwrap_or(0) > 50,

@@ -11,76 +11,26 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::process::{Instance, InstanceConfig};
+use support::process::{Instance, InstanceConfig, clock_offset, faketime_env};
 use support::{database_uri, fresh_database_name};
 use transfer_service::domain::TransferState;
 use transfer_service::store::Store;
-
-/// libfaketime, wherever the distribution put it.
-fn libfaketime() -> PathBuf {
-    let mut candidates = Vec::new();
-    for root in ["/usr/lib", "/usr/lib64", "/usr/local/lib"] {
-        candidates.push(Path::new(root).join("faketime/libfaketime.so.1"));
-        // Debian and Ubuntu: /usr/lib/<multiarch triplet>/faketime/.
-        if let Ok(entries) = std::fs::read_dir(root) {
-            for entry in entries.flatten() {
-                candidates.push(entry.path().join("faketime/libfaketime.so.1"));
-            }
-        }
-    }
-    candidates
-        .into_iter()
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "libfaketime.so.1 not found (looked in /usr/lib, /usr/lib64, /usr/local/lib and \
-                 their <triplet>/faketime/ folders): install the `faketime` apt package \
-                 (apt-get install faketime), or run scripts/test.sh, which does"
-            )
-        })
-}
 
 /// An instance whose wall clock is `offset_secs` seconds off the real (and the
 /// database's) clock; 0 for a correct clock.
 fn instance_config(database: &str, name: &str, offset_secs: i64) -> InstanceConfig {
     let mut config = InstanceConfig::new(&database_uri(), database, name);
-    if offset_secs != 0 {
-        config.env = vec![
-            (
-                "LD_PRELOAD".to_owned(),
-                libfaketime().to_string_lossy().into_owned(),
-            ),
-            ("FAKETIME".to_owned(), format!("{offset_secs:+}s")),
-            // Instant (timers, the server-clock lower bound) keeps running true.
-            ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
-        ];
-    }
+    config.env = faketime_env(offset_secs);
     config
 }
 
-/// Checks that the instance really lives `offset_secs` off the real clock, from the
-/// `Date` header it answers with (whole seconds, cached for up to one), so that a
+/// Checks that the instance really lives `offset_secs` off the real clock, so that a
 /// libfaketime that did not take cannot make these tests pass vacuously.
 async fn assert_clock_offset(http: &reqwest::Client, instance: &Instance, offset_secs: i64) {
-    let answer = http.get(instance.url("/health")).send().await.unwrap();
-    let real = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let date = answer
-        .headers()
-        .get(reqwest::header::DATE)
-        .expect("a Date header")
-        .to_str()
-        .unwrap();
-    let seen = chrono::DateTime::parse_from_rfc2822(date)
-        .unwrap_or_else(|e| panic!("Date header {date:?}: {e}"))
-        .timestamp();
-    let off = seen - real;
+    let off = clock_offset(http, instance).await;
     assert!(
         (off - offset_secs).abs() <= 2,
         "instance {} should be {offset_secs:+} s off the real clock, its Date header says {off:+} s",

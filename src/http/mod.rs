@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod auth;
+pub mod connections;
 pub mod docs;
 pub mod extract;
 pub mod health;
@@ -24,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -130,7 +131,11 @@ pub fn app(state: AppState, request_timeout: Duration, access: auth::Access) -> 
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("-");
                 tracing::info_span!("request", method = %request.method(), uri = %request.uri().path(), request_id = %id)
-            }),
+            })
+            // A 5xx is logged where its cause is known (the store's errors); an
+            // `overloaded` answer is a decision, counted in the metrics, and a burst of
+            // them must not turn into a burst of log lines.
+            .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
         )
         .layer(SetRequestIdLayer::new(x_request_id(), MakeRequestUuid))
         .layer(axum::middleware::from_fn(metrics::record))

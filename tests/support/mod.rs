@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod process;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -160,6 +161,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         stale_after: Duration::from_millis(1000),
         group_commit_writes: transfer_service::store::batch::DEFAULT_GROUP_COMMIT_WRITES,
         max_transfers_in_flight: 512,
+        max_connections: 1024,
         strategy: transfer_service::service::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),

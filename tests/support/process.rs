@@ -1,8 +1,9 @@
 //! Instances of the service as separate processes (the `transfer-service` binary of this
 //! build), for tests that kill, signal or crash them.
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How a process instance is started.
 #[derive(Debug, Clone)]
@@ -31,6 +32,68 @@ impl InstanceConfig {
             env: Vec::new(),
         }
     }
+}
+
+/// libfaketime, wherever the distribution put it; panics with what to install when it is
+/// missing (tests that need it fail, they are never skipped).
+pub fn libfaketime() -> PathBuf {
+    let mut candidates = Vec::new();
+    for root in ["/usr/lib", "/usr/lib64", "/usr/local/lib"] {
+        candidates.push(Path::new(root).join("faketime/libfaketime.so.1"));
+        // Debian and Ubuntu: /usr/lib/<multiarch triplet>/faketime/.
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for entry in entries.flatten() {
+                candidates.push(entry.path().join("faketime/libfaketime.so.1"));
+            }
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfaketime.so.1 not found (looked in /usr/lib, /usr/lib64, /usr/local/lib and \
+                 their <triplet>/faketime/ folders): install the `faketime` apt package \
+                 (apt-get install faketime), or run scripts/test.sh, which does"
+            )
+        })
+}
+
+/// The environment that runs an instance under libfaketime with its wall clock
+/// `offset_secs` seconds off the real one and its monotonic clock left alone; empty for 0.
+pub fn faketime_env(offset_secs: i64) -> Vec<(String, String)> {
+    if offset_secs == 0 {
+        return Vec::new();
+    }
+    vec![
+        (
+            "LD_PRELOAD".to_owned(),
+            libfaketime().to_string_lossy().into_owned(),
+        ),
+        ("FAKETIME".to_owned(), format!("{offset_secs:+}s")),
+        // Instant (timers, the server-clock lower bound) keeps running true.
+        ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+    ]
+}
+
+/// How many seconds the instance's wall clock is off the real one, from the `Date` header
+/// it answers with (whole seconds, cached for up to one, so within ±2).
+pub async fn clock_offset(http: &reqwest::Client, instance: &Instance) -> i64 {
+    let answer = http.get(instance.url("/health")).send().await.unwrap();
+    let real = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let date = answer
+        .headers()
+        .get(reqwest::header::DATE)
+        .expect("a Date header")
+        .to_str()
+        .unwrap();
+    let seen = chrono::DateTime::parse_from_rfc2822(date)
+        .unwrap_or_else(|e| panic!("Date header {date:?}: {e}"))
+        .timestamp();
+    seen - real
 }
 
 /// A running `transfer-service` process; killed and reaped when dropped.
