@@ -174,9 +174,10 @@ pub struct Bank {
     /// restart under the same `INSTANCE_ID` while writes of the dead process may still
     /// be on their way to the server (it waits for their lease like any other instance).
     owner: Arc<str>,
-    /// Protocol runs started for `Prefer: respond-async`; shutdown waits for them.
+    /// Every protocol run and cancel (each in a task of its own, see
+    /// [`Bank::spawn_run`]); shutdown waits for them.
     background: TaskTracker,
-    /// Transfers this process is driving right now. Two drivers under one instance id
+    /// Transfers this process is driving right now. Two drivers under one owner
     /// would share a lease, and a second driver's debit after the first one's pull would
     /// apply the transfer twice; so within a process one task at a time drives a transfer.
     driving:
@@ -193,8 +194,7 @@ pub struct Bank {
     /// commit, so a batch waits behind at most `permits / MAX_BATCH` others, milliseconds
     /// against a lease of seconds, and a burst cannot push steps past their deadlines.
     admission: Arc<tokio::sync::Semaphore>,
-    /// The permits of `admission`, for `/ready`.
-    admission_limit: usize,
+
     /// The currency of every account this process has seen, by id. An account's currency
     /// never changes and no account is ever deleted through the service, so a transfer
     /// between known accounts is validated without a read. Should an account vanish
@@ -227,7 +227,6 @@ impl Bank {
             stale_after,
             strategy: Strategy::TwoPhase,
             admission: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
-            admission_limit: DEFAULT_MAX_IN_FLIGHT,
             currencies: Arc::default(),
         }
     }
@@ -238,10 +237,8 @@ impl Bank {
 
     /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
     pub fn with_max_in_flight(self, limit: usize) -> Bank {
-        let limit = limit.max(1);
         Bank {
-            admission: Arc::new(tokio::sync::Semaphore::new(limit)),
-            admission_limit: limit,
+            admission: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
             ..self
         }
     }
@@ -267,15 +264,6 @@ impl Bank {
     /// Whether every permit is taken: `/ready` then says so.
     pub fn is_overloaded(&self) -> bool {
         self.admission.available_permits() == 0
-    }
-
-    /// Transfers in flight now, and the limit.
-    pub fn in_flight(&self) -> (usize, usize) {
-        let free = self.admission.available_permits();
-        (
-            self.admission_limit.saturating_sub(free),
-            self.admission_limit,
-        )
     }
 
     /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
@@ -341,7 +329,7 @@ impl Bank {
         &self.owner
     }
 
-    /// The background protocol runs, so that shutdown can wait for them.
+    /// The protocol runs and cancels in flight, so that shutdown can wait for them.
     pub fn background_tasks(&self) -> &TaskTracker {
         &self.background
     }
