@@ -53,7 +53,7 @@ pub struct SweepReport {
     pub finished: usize,
     /// Interrupted reversals brought to their end (compensation done, or claim released).
     pub reversals_finished: usize,
-    /// Canceled transfers whose account fences were dropped.
+    /// Finished transfers whose account fences were dropped.
     pub fences_dropped: usize,
 }
 

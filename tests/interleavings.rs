@@ -990,3 +990,106 @@ async fn two_processes_under_one_instance_id_never_share_a_lease() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_balances_and_no_markers(&first, 700, 300).await;
 }
+
+/// Moves a transfer's `lastModified` `by` into the past, as if its owner had been silent
+/// that long. Safe here: nothing of that owner is in flight.
+async fn age(app: &TestApp, id: ObjectId, by: Duration) {
+    let then = mongodb::bson::DateTime::from_millis(
+        app.store.server_time().await.unwrap().timestamp_millis() - by.as_millis() as i64,
+    );
+    app.store
+        .database()
+        .collection::<mongodb::bson::Document>("transactions")
+        .update_one(
+            mongodb::bson::doc! { "_id": id },
+            mongodb::bson::doc! { "$set": { "lastModified": then } },
+        )
+        .await
+        .unwrap();
+}
+
+/// One pass of the sweeper, driven directly: it finds what a dead instance left behind
+/// once the lease has lapsed, claims it, finishes it, finishes an interrupted reversal and
+/// drops the fences of a finished transfer, and says so in its report; a second pass finds
+/// nothing left to do.
+#[tokio::test]
+async fn one_sweep_finishes_what_was_left_and_reports_it() {
+    use transfer_service::service::Bank;
+    use transfer_service::sweeper::{SweepReport, sweep_once};
+    let lease = Duration::from_secs(60);
+    let app = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_secs(3600);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    app.open_account("carol", 0).await;
+    // Left pending by a dead instance, debit applied.
+    let stuck = TransferDoc::initial(ObjectId::new(), "alice", "bob", 100, "USD");
+    app.store.insert_transfer(&stuck).await.unwrap();
+    let doc = mongodb::bson::doc! { "application": "dead/1" };
+    let (initial, pending) = (TransferState::Initial, TransferState::Pending);
+    assert!(
+        app.store
+            .transition(stuck.id, initial, pending, doc)
+            .await
+            .unwrap()
+    );
+    let far = mongodb::bson::DateTime::MAX;
+    assert!(
+        app.store
+            .apply_debit("alice", stuck.id, 100, far)
+            .await
+            .unwrap()
+            .applied
+    );
+    age(&app, stuck.id, lease * 2).await;
+    // A done transfer whose reversal was claimed and never run.
+    let (status, body) = app.transfer("alice", "carol", 200).await;
+    assert_eq!(status, 201, "{body}");
+    let reversed: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+    assert!(
+        app.store
+            .claim_reversal(reversed, ObjectId::new())
+            .await
+            .unwrap()
+    );
+    age(&app, reversed, lease * 2).await;
+    // A transfer canceled while pending, its accounts fenced.
+    let fenced = TransferDoc::initial(ObjectId::new(), "carol", "bob", 10, "USD");
+    app.store.insert_transfer(&fenced).await.unwrap();
+    let doc = mongodb::bson::doc! { "application": "dead/2" };
+    assert!(
+        app.store
+            .transition(fenced.id, initial, pending, doc)
+            .await
+            .unwrap()
+    );
+    assert_eq!(cancel(&app, fenced.id).await["state"], "canceled");
+    age(&app, fenced.id, lease * 2).await;
+
+    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let never = tokio_util::sync::CancellationToken::new();
+    let report = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!(
+        report,
+        SweepReport {
+            found: 1,
+            claimed: 1,
+            finished: 1,
+            reversals_finished: 1,
+            fences_dropped: 1,
+        }
+    );
+    assert_eq!(transfer(&app, stuck.id).await.state, TransferState::Done);
+    assert!(!transfer(&app, reversed).await.reversing);
+    assert_eq!(
+        sweep_once(&bank, &never).await.unwrap(),
+        SweepReport::default(),
+        "nothing left for a second pass"
+    );
+    // alice: 1000 - 100 (stuck) - 200 + 200 (reversed); the total never changed.
+    assert_eq!(app.balance("alice").await, 900);
+    assert_eq!(app.total_balance().await, 1000);
+    assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
+}
