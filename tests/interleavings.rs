@@ -643,6 +643,8 @@ async fn a_cancel_waiting_on_a_reversal_that_is_then_refused_answers_the_refusal
         let (status, body) = answer.await.unwrap();
         assert_eq!(status, 422, "{who} cancel: {body}");
         assert_eq!(body["code"], "insufficient_funds", "{who} cancel: {body}");
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("bob"), "{who} cancel names bob: {detail}");
     }
     let original = transfer(&first, id).await;
     assert_eq!(original.state, TransferState::Done);

@@ -268,10 +268,8 @@ impl Bank {
             )
         };
         match self.store().insert_transfer(&reversal).await {
-            Ok(stamp) => Ok(TransferDoc {
-                last_modified: stamp,
-                ..reversal
-            }),
+            // Run from the stored state (`Bank::run` reads it again), stamp and all.
+            Ok(_) => Ok(reversal),
             // A concurrent cancel recorded it first.
             Err(crate::store::StoreError::DuplicateKey(_)) => Ok(self
                 .find_transfer(TransferId::from_bytes(reversal_id.bytes()))
