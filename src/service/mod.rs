@@ -272,18 +272,13 @@ impl Bank {
     fn spawn_run(
         &self,
         transfer: TransferDoc,
-        fresh: bool,
         permit: Admitted,
     ) -> tokio::task::JoinHandle<crate::store::StoreResult<TransferDoc>> {
         let bank = self.clone();
         let work = async move {
             let _permit = permit;
             let id = transfer.id;
-            let ended = if fresh {
-                bank.run_recorded(transfer).await
-            } else {
-                bank.run(transfer).await
-            };
+            let ended = bank.run(transfer).await;
             if let Err(e) = &ended {
                 tracing::warn!(transfer_id = %id, error = %e, "transfer interrupted; the sweeper will finish it");
             }
@@ -451,7 +446,7 @@ impl Bank {
         }
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.value, "transfer recorded");
         failpoint!(self, "after_insert");
-        let run = self.spawn_run(transfer.clone(), true, permit);
+        let run = self.spawn_run(transfer.clone(), permit);
         let transfer = match completion {
             Completion::Wait => joined(run).await?,
             // The run goes on by itself; its end is logged there.

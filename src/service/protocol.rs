@@ -64,15 +64,6 @@ fn classify(
     }
 }
 
-/// Where the copy of a transfer handed to the driver comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Freshness {
-    /// Read some time ago, or by someone else: re-read before acting on it.
-    MaybeStale,
-    /// Inserted by this very call, `initial`: it is what is stored.
-    JustRecorded,
-}
-
 /// Which account a forward step changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Leg {
@@ -93,24 +84,16 @@ impl Bank {
     ///
     /// Returns early only on a database error; the transfer is then left where it is,
     /// every step so far durable, for a later call or the sweeper to resume.
-    pub async fn run(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
-        self.drive(transfer, Freshness::MaybeStale).await
-    }
-
-    /// [`Bank::run`] for a transfer this call has just recorded: its copy is the stored
-    /// document, so the first read is skipped. Anyone who moved it since (a cancel) makes
-    /// the guarded `initial -> pending` lose, and that re-reads.
-    pub(super) async fn run_recorded(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
-        self.drive(transfer, Freshness::JustRecorded).await
-    }
-
-    async fn drive(&self, mut transfer: TransferDoc, copy: Freshness) -> StoreResult<TransferDoc> {
+    pub async fn run(&self, mut transfer: TransferDoc) -> StoreResult<TransferDoc> {
         let lock = self.drive_lock(transfer.id);
         let _driving = lock.lock().await;
         let _in_flight = crate::metrics::InFlightTransfer::enter();
         // The caller's copy may be stale (another task finished the transfer and pulled
         // its markers, so a re-run debit would apply again): start from the stored state.
-        if copy == Freshness::MaybeStale || transfer.state != TransferState::Initial {
+        // Not needed for a copy in `initial` (one just recorded, say): its first step,
+        // `initial -> pending`, is guarded, and if the transfer moved on, it loses and
+        // re-reads.
+        if transfer.state != TransferState::Initial {
             transfer = self.reload(&transfer).await?;
         }
         // Until when a forward step of ours that failed without an answer may still land.
