@@ -220,7 +220,10 @@ async fn a_done_transfer_whose_destination_spent_the_money_is_not_reversed_until
 
     let problem = assert_problem(refused, 422, "insufficient_funds").await;
     let detail = problem["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("bob"), "names the account that cannot pay: {detail}");
+    assert!(
+        detail.contains("bob"),
+        "names the account that cannot pay: {detail}"
+    );
     assert_eq!(app.balance("alice").await, 700);
     assert_eq!(app.balance("bob").await, 100);
     assert_eq!(app.balance("carol").await, 200);
