@@ -115,34 +115,20 @@ impl Store {
             delta,
             deadline,
         };
-        let mut uncertain_until = None;
-        let mut pause = FORWARD_RETRY_PAUSE;
-        for attempt in 1..=FORWARD_ATTEMPTS {
+        let (applied, failed_before) = super::retried(|| async {
             let answer = self.batches.account_changes.submit(change.clone()).await;
             #[cfg(feature = "failpoints")]
-            let answer = match answer {
-                Ok(_) if crate::failpoints::reply_lost(self.instance_id()).await => Err(
-                    super::StoreError::Unavailable("failpoint: the reply was lost".into()),
-                ),
-                other => other,
-            };
-            match answer {
-                Ok(applied) => {
-                    return Ok(ForwardStep {
-                        applied,
-                        uncertain_until,
-                    });
-                }
-                Err(super::StoreError::Unavailable(cause)) if attempt < FORWARD_ATTEMPTS => {
-                    tracing::debug!(%cause, transfer_id = %tx, "forward step failed; sending it again");
-                    uncertain_until = Some(deadline);
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-                Err(e) => return Err(e),
+            if answer.is_ok() && crate::failpoints::reply_lost(self.instance_id()).await {
+                let lost = "failpoint: the reply was lost";
+                return Err(super::StoreError::Unavailable(lost.into()));
             }
-        }
-        unreachable!("the last attempt returns")
+            answer
+        })
+        .await;
+        Ok(ForwardStep {
+            applied: applied?,
+            uncertain_until: failed_before.then_some(deadline),
+        })
     }
 
     /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
@@ -176,10 +162,6 @@ impl Store {
         Ok(result.modified_count == 1)
     }
 }
-
-/// Attempts of a forward step whose batch failed, and the pause before the second.
-const FORWARD_ATTEMPTS: u32 = 3;
-const FORWARD_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What a debit or credit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

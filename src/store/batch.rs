@@ -59,12 +59,6 @@ pub const MAX_BATCH: usize = 256;
 /// serves concurrent writers with one flush, may like more.
 pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 2;
 
-/// Attempts of a batched write that is safe to repeat, and the pause before the second
-/// (doubled each time): enough to ride out a replica-set election's first moments, short
-/// enough to stay far inside a lease.
-const WRITE_ATTEMPTS: u32 = 3;
-const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
-
 type Reply<Out> = oneshot::Sender<StoreResult<Out>>;
 
 /// A queue of one kind of write, drained by one task that writes a batch at a time,
@@ -292,8 +286,9 @@ pub async fn transition_all(
                 .unwrap_or(DateTime::MIN);
             let transactions = &transactions;
             async move {
-                let won =
-                    retried(|| transition_group(transactions, owner, from, to, &ids, at)).await;
+                let (won, _) =
+                    super::retried(|| transition_group(transactions, owner, from, to, &ids, at))
+                        .await;
                 (members, won, at)
             }
         }))
@@ -355,29 +350,6 @@ async fn transition_group(
                 .any(|t| t.id == *id && t.state == to && t.application.as_deref() == Some(owner))
         })
         .collect())
-}
-
-/// Runs `attempt` again while it fails with [`StoreError::Unavailable`], a few times:
-/// `updateMany` is not a retryable write on a replica set, so a step-down or a dropped
-/// connection fails it where the driver would have retried a single-document write. Only
-/// for writes that are safe to repeat whatever the first attempt did.
-async fn retried<T, F, Fut>(mut attempt: F) -> StoreResult<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = StoreResult<T>>,
-{
-    let mut pause = RETRY_PAUSE;
-    for _ in 1..WRITE_ATTEMPTS {
-        match attempt().await {
-            Err(StoreError::Unavailable(cause)) => {
-                tracing::debug!(%cause, "batched write failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-            }
-            done => return done,
-        }
-    }
-    attempt().await
 }
 
 /// One `updateMany` whose pipeline walks, for each account, the batch's changes to it in

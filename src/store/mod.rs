@@ -266,6 +266,36 @@ pub fn majority_journaled() -> WriteConcern {
         .build()
 }
 
+/// Attempts of a write that is safe to repeat, and the pause before the second (doubled
+/// each time): enough to ride out a replica-set election's first moments, short enough
+/// to stay far inside a lease.
+const WRITE_ATTEMPTS: u32 = 3;
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Runs `attempt` again while it fails with [`StoreError::Unavailable`], a few times:
+/// `updateMany` is not a retryable write on a replica set, so a step-down or a dropped
+/// connection fails it where the driver would have retried a single-document write. Only
+/// for writes that are safe to repeat whatever the first attempt did. Also says whether an
+/// attempt failed: that attempt's write may still reach the server later.
+pub(crate) async fn retried<T, F, Fut>(mut attempt: F) -> (StoreResult<T>, bool)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = StoreResult<T>>,
+{
+    let mut pause = RETRY_PAUSE;
+    for tried in 1..WRITE_ATTEMPTS {
+        match attempt().await {
+            Err(StoreError::Unavailable(cause)) => {
+                tracing::debug!(%cause, tried, "write failed; sending it again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            done => return (done, tried > 1),
+        }
+    }
+    (attempt().await, true)
+}
+
 /// `{ $set: {...} }` merged with extra `$set` fields, used by guarded transitions.
 pub(crate) fn merge_set(mut base: Document, extra: Document) -> Document {
     for (k, v) in extra {
