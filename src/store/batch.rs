@@ -461,14 +461,21 @@ pub async fn pull_markers(
     ids.sort_unstable();
     ids.dedup();
     let txs: Vec<ObjectId> = ops.iter().map(|op| op.tx).collect();
-    accounts
-        .update_many(
-            doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
-            doc! {
-                "$pull": { "pendingTransactions": { "$in": &txs } },
-                "$set": { "updatedAt": DateTime::now() },
-            },
-        )
-        .await?;
+    // Repeatable: a pull that lands twice, or late, finds nothing more to pull (nothing
+    // adds a marker back once its transfer is applied, see the protocol's rules).
+    let (pulled, _) = super::retried(|| async {
+        accounts
+            .update_many(
+                doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
+                doc! {
+                    "$pull": { "pendingTransactions": { "$in": &txs } },
+                    "$set": { "updatedAt": DateTime::now() },
+                },
+            )
+            .await
+            .map_err(StoreError::from)
+    })
+    .await;
+    pulled?;
     Ok(vec![Ok(()); ops.len()])
 }
