@@ -17,6 +17,12 @@ use crate::store::{Store, StoreError};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for in-flight transfers before giving them to the sweeper.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long start-up keeps trying a database that cannot be reached (not there yet, a
+/// failover, a dropped connection) before it gives up; the pause between attempts doubles
+/// from [`FIRST_PAUSE`] up to [`LONGEST_PAUSE`].
+const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
+const FIRST_PAUSE: Duration = Duration::from_millis(250);
+const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
 /// A bound, ready-to-run instance.
 pub struct Application {
@@ -36,9 +42,27 @@ pub enum StartupError {
     Database(#[from] StoreError),
 }
 
+/// [`Store::migrate`], tried again while the database is unavailable.
+async fn migrate_patiently(store: &Store) -> Result<Vec<String>, StoreError> {
+    let give_up = tokio::time::Instant::now() + STARTUP_PATIENCE;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match store.migrate().await {
+            Err(StoreError::Unavailable(why)) if tokio::time::Instant::now() + pause < give_up => {
+                tracing::warn!(error = %why, retry_in = ?pause, "database unavailable at start-up");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(LONGEST_PAUSE);
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 impl Application {
-    /// Connects, migrates and binds. Fails if the database is unreachable at start-up:
-    /// an instance that cannot migrate must not serve.
+    /// Connects, migrates and binds. An instance that has not migrated does not serve: a
+    /// database that cannot be reached is tried again for [`STARTUP_PATIENCE`] (every
+    /// migration command is idempotent), then start-up fails; any other error fails it at
+    /// once.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
         let store = Store::connect_with(
             &settings.mongodb_uri,
@@ -46,7 +70,7 @@ impl Application {
             settings.group_commit_writes,
         )
         .await?;
-        let applied = store.migrate().await?;
+        let applied = migrate_patiently(&store).await?;
         if !applied.is_empty() {
             tracing::info!(?applied, "migrations applied");
         }

@@ -229,6 +229,47 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
 /// instance stopped making progress for minutes. Now: what is beyond the limit is
 /// refused at once with 503 `overloaded` and `Retry-After`, recording nothing, and
 /// everything accepted finishes within the burst plus two leases.
+/// A database that is not there yet when an instance starts (an orchestrator starting
+/// both at once, a failover during a deploy) delays the instance; it keeps trying, and
+/// serves once it has migrated. Found in CI: one failed migration command ended the
+/// process for good.
+#[tokio::test]
+async fn an_instance_started_before_its_database_waits_for_it_and_then_serves() {
+    let storage = tempfile::tempdir().unwrap();
+    let port = support::process::free_port();
+    let uri = format!("mongodb://127.0.0.1:{port}/?directConnection=true");
+    let config = InstanceConfig::new(&uri, &fresh_database_name(), "early");
+    let mut instance = Instance::spawn(&config);
+    // Longer than the driver's server selection time-out, so that start-up has failed
+    // at least once when the database arrives.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        instance.is_running(),
+        "the instance gave up while its database was not there yet"
+    );
+    let _daemon = Daemon::start(storage.path().to_path_buf(), port);
+    instance.wait_ready(Duration::from_secs(30)).await;
+
+    let http = reqwest::Client::new();
+    open_accounts(&http, &instance.base, 2, 100).await;
+    let r = http
+        .post(instance.url("/transfers"))
+        .json(&json!({ "source": "acct-0", "destination": "acct-1", "amount": 40 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r: Value = http
+        .get(instance.url("/accounts/acct-1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["balance"], 140);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_beyond_the_limit_is_refused_at_once_and_everything_accepted_finishes() {
     let lease = Duration::from_millis(2000);

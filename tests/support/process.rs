@@ -115,6 +115,13 @@ pub fn free_port() -> u16 {
 impl Instance {
     /// Starts the process and waits until `/ready` answers 200 (at most 30 s).
     pub async fn start(config: &InstanceConfig) -> Instance {
+        let mut instance = Instance::spawn(config);
+        instance.wait_ready(Duration::from_secs(30)).await;
+        instance
+    }
+
+    /// Starts the process and returns at once.
+    pub fn spawn(config: &InstanceConfig) -> Instance {
         let port = free_port();
         let mut command = Command::new(env!("CARGO_BIN_EXE_transfer-service"));
         command
@@ -133,22 +140,38 @@ impl Instance {
         }
         command.envs(config.env.iter().cloned());
         // Owned at once, so that Drop kills and reaps it whatever happens next.
-        let instance = Instance {
+        Instance {
             child: command.spawn().expect("start transfer-service"),
             base: format!("http://127.0.0.1:{port}"),
             name: config.name.clone(),
-        };
+        }
+    }
+
+    /// Waits until `/ready` answers 200; panics after `limit`, or at once if the process
+    /// has exited.
+    pub async fn wait_ready(&mut self, limit: Duration) {
         let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            if let Ok(r) = http.get(format!("{}/ready", instance.base)).send().await {
+            if let Some(status) = self.child.try_wait().expect("poll the instance") {
+                panic!(
+                    "instance {} exited before it was ready: {status}",
+                    self.name
+                );
+            }
+            if let Ok(r) = http.get(format!("{}/ready", self.base)).send().await {
                 if r.status() == 200 {
-                    return instance;
+                    return;
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("instance {} did not become ready", config.name);
+        panic!("instance {} did not become ready", self.name);
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("poll the instance").is_none()
     }
 
     pub fn url(&self, path: &str) -> String {
