@@ -54,11 +54,19 @@ pub struct Args {
     #[arg(long, env = "MAX_TRANSFERS_IN_FLIGHT", default_value = "512")]
     pub max_transfers_in_flight: String,
 
-    /// Client connections held open at once, at most (1 to 100000); beyond it the
-    /// listener stops accepting until one closes, so a burst from many clients waits in
-    /// the kernel's accept queue rather than in this process's memory.
+    /// Client connections served at once, at most (1 to 100000); a connection beyond it
+    /// is answered 503 `overloaded` with `Retry-After` and closed at once, so a burst
+    /// from many clients neither waits unanswered nor grows this process's memory.
     #[arg(long, env = "MAX_CONNECTIONS", default_value = "1024")]
     pub max_connections: String,
+
+    /// Milliseconds a connection may take to send a request's headers, counted from when
+    /// it is opened or its previous answer was sent: an idle keep-alive connection is
+    /// closed after it, and gives its place under `MAX_CONNECTIONS` back. Longer than
+    /// the idle time-out of a load balancer in front (60 s is common), so that the
+    /// balancer closes first.
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value = "75000")]
+    pub http_idle_timeout_ms: String,
 
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
@@ -160,8 +168,10 @@ pub struct Settings {
     pub group_commit_writes: usize,
     /// Transfers worked on at once, at most (admission control, see `service`).
     pub max_transfers_in_flight: usize,
-    /// Client connections open at once, at most (see `http::connections`).
+    /// Client connections served at once, at most (see `http::connections`).
     pub max_connections: usize,
+    /// How long a connection may be idle before the headers of its next request.
+    pub http_idle_timeout: Duration,
     /// Two-phase commit or one native transaction per transfer.
     pub strategy: Strategy,
     pub log_format: LogFormat,
@@ -368,6 +378,8 @@ impl Settings {
                 ));
             }
         };
+        let http_idle_timeout =
+            positive_millis("HTTP_IDLE_TIMEOUT_MS", &args.http_idle_timeout_ms)?;
         let strategy = Strategy::parse(args.transfer_strategy.trim()).ok_or_else(|| {
             invalid(
                 "TRANSFER_STRATEGY",
@@ -407,6 +419,7 @@ impl Settings {
             group_commit_writes,
             max_transfers_in_flight,
             max_connections,
+            http_idle_timeout,
             strategy,
             log_format,
             log_filter,
@@ -446,13 +459,15 @@ mod tests {
         assert_eq!(s.group_commit_writes, 2);
         assert_eq!(s.max_transfers_in_flight, 512);
         assert_eq!(s.max_connections, 1024);
+        assert_eq!(s.http_idle_timeout, Duration::from_millis(75_000));
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
     }
 
     #[test]
     fn a_bad_value_names_its_variable() {
-        let cases: [(&[&str], &str); 11] = [
+        let cases: [(&[&str], &str); 12] = [
             (&["--max-connections", "0"], "MAX_CONNECTIONS"),
+            (&["--http-idle-timeout-ms", "0"], "HTTP_IDLE_TIMEOUT_MS"),
             (&["--sweep-interval-ms", "soon"], "SWEEP_INTERVAL_MS"),
             (&["--group-commit-writes", "0"], "GROUP_COMMIT_WRITES"),
             (&["--group-commit-writes", "65"], "GROUP_COMMIT_WRITES"),

@@ -127,12 +127,11 @@ impl Application {
             self.settings.sweep_interval,
             shutdown.clone(),
         ));
-        let stop = shutdown.clone();
-        let listener =
-            http::connections::BoundedListener::new(self.listener, self.settings.max_connections);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await?;
+        let limits = http::connections::Limits {
+            max_connections: self.settings.max_connections,
+            idle_timeout: self.settings.http_idle_timeout,
+        };
+        http::connections::serve(self.listener, app, limits, shutdown.clone()).await?;
         let background = self.bank.background_tasks();
         background.close();
         if tokio::time::timeout(DRAIN_TIMEOUT, background.wait())

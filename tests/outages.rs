@@ -270,6 +270,103 @@ async fn an_instance_started_before_its_database_waits_for_it_and_then_serves() 
     assert_eq!(r["balance"], 140);
 }
 
+/// Clients that open connections and send nothing hold them only until the idle
+/// time-out, then the slots serve others (found by reading: `axum::serve` ran hyper
+/// without a timer, so a quiet connection kept its place under `MAX_CONNECTIONS` for
+/// ever, and that many quiet clients locked everyone out).
+#[tokio::test]
+async fn connections_that_send_nothing_are_closed_and_give_their_places_back() {
+    use tokio::io::AsyncReadExt;
+    let app = spawn_app_with(|s| {
+        s.max_connections = 2;
+        s.http_idle_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let mut quiet = Vec::new();
+    for _ in 0..2 {
+        quiet.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    for connection in &mut quiet {
+        let mut buffer = [0u8; 1024];
+        let read = tokio::time::timeout(Duration::from_secs(10), connection.read(&mut buffer))
+            .await
+            .expect("a quiet connection is closed by the service");
+        // Closed: end of stream, or a reset.
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+    let fresh = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let r = fresh.get(app.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// A connection beyond `MAX_CONNECTIONS` is answered at once, 503 `overloaded` with
+/// `Retry-After`, and closed: it neither waits unanswered in the accept queue (the
+/// benchmark's 5x synchronous burst left clients waiting there until they timed out)
+/// nor costs this process a served connection. Once a place frees, clients are served.
+#[tokio::test]
+async fn beyond_the_connection_bound_a_new_client_is_answered_503_at_once() {
+    let app = spawn_app_with(|s| s.max_connections = 1).await;
+    let address = app.address.trim_start_matches("http://").to_owned();
+    // Holds the only place: open and quiet (the idle time-out is 75 s here).
+    let held = tokio::net::TcpStream::connect(&address).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let fresh = || {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let r = fresh()
+        .post(app.url("/transfers"))
+        .json(&json!({ "source": "a", "destination": "b", "amount": 1 }))
+        .send()
+        .await
+        .expect("an answer, not a wait in the accept queue");
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert_eq!(r.headers()["connection"], "close");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "overloaded", "{body}");
+    assert_eq!(body["status"], 503, "{body}");
+
+    drop(held);
+    // One client from here on: its one connection is the only place.
+    let client = fresh();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = client.get(app.url("/health")).send().await.unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no place freed: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Counted, under a route label of their own.
+    let metrics = client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("http_requests_total{")
+                && l.contains(r#"method="POST""#)
+                && l.contains(r#"route="(beyond MAX_CONNECTIONS)""#)
+                && l.contains(r#"status="503""#)),
+        "{metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_beyond_the_limit_is_refused_at_once_and_everything_accepted_finishes() {
     let lease = Duration::from_millis(2000);

@@ -1,138 +1,154 @@
-//! A bound on open client connections (`MAX_CONNECTIONS`).
+//! Serves HTTP/1.1 connections within two bounds: `MAX_CONNECTIONS` and
+//! `HTTP_IDLE_TIMEOUT_MS`.
 //!
 //! Admission control bounds the transfers in flight, but every open connection also
-//! costs memory (hyper's buffers, a task: about 20 KiB each, measured by the benchmark's
-//! overload part), and a burst from thousands of clients opens thousands of them. At the
-//! bound the listener simply stops accepting until a connection closes: new ones wait in
-//! the kernel's accept queue instead of in this process's memory.
+//! costs memory (hyper's buffers and a task: about 20 KiB each, measured by the
+//! benchmark's overload part) and a place, and a burst from thousands of clients opens
+//! thousands of them. So:
+//! - at most `max_connections` connections are served at once. One beyond them is
+//!   answered a single 503 `overloaded` (with `Retry-After`, `Connection: close`) and
+//!   closed; at most [`REFUSING_AT_ONCE`] are being answered so at a time, and one beyond
+//!   those too is closed unanswered. Nothing waits unanswered in the kernel's accept
+//!   queue, which held clients until they timed out.
+//! - a connection must send each request's headers within `idle_timeout` of being
+//!   opened or answered: a quiet keep-alive connection is closed and gives its place
+//!   back, so clients that go quiet cannot lock the others out.
+//!
+//! This is hyper's own HTTP/1 connection with its header-read timer (`axum::serve` runs
+//! it without a timer, so it has no such time-out) and hyper-util's graceful shutdown.
+//! HTTP/2 without TLS (prior knowledge) is not served: hyper has no idle time-out for it.
 
+use std::convert::Infallible;
 use std::io;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use axum::Router;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
-/// Open connections unless `MAX_CONNECTIONS` says otherwise.
+use super::problem::ApiError;
+
+/// Connections served at once unless `MAX_CONNECTIONS` says otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Connections beyond the bound being answered 503 at once, at most.
+pub const REFUSING_AT_ONCE: usize = 64;
+/// How long a refused connection may take to send its request's headers.
+const REFUSAL_READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// The `route` label of the requests answered so, in `http_requests_total`.
+pub const REFUSED_ROUTE: &str = "(beyond MAX_CONNECTIONS)";
+/// How long answering a refused connection may take in all.
+const REFUSAL_TIME_LIMIT: Duration = Duration::from_secs(2);
 
-/// A [`TcpListener`] that holds at most a fixed number of connections open at once.
-pub struct BoundedListener {
-    inner: TcpListener,
-    /// One permit per open connection, released when the connection is dropped.
-    slots: Arc<Semaphore>,
+/// The bounds on client connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Longest wait for a request's headers, from the connection's opening or its
+    /// previous answer.
+    pub idle_timeout: Duration,
 }
 
-impl BoundedListener {
-    pub fn new(inner: TcpListener, max_connections: usize) -> BoundedListener {
-        BoundedListener {
-            inner,
-            slots: Arc::new(Semaphore::new(max_connections.max(1))),
+/// Serves `app` on `listener` until `shutdown` is cancelled, then stops accepting, lets
+/// every request in progress finish, closes idle connections and returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let refusing = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(e) => {
+                    accept_failed(e).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        match places.clone().try_acquire_owned() {
+            Ok(place) => {
+                let service = TowerToHyperService::new(app.clone());
+                let connection =
+                    graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::trace!(error = %e, "connection ended with an error");
+                    }
+                    drop(place);
+                });
+            }
+            Err(_) => match refusing.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    tokio::spawn(async move {
+                        refuse(stream).await;
+                        drop(permit);
+                    });
+                }
+                Err(_) => drop(stream),
+            },
         }
     }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
-impl axum::serve::Listener for BoundedListener {
-    type Io = Counted;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Counted, SocketAddr) {
-        let slot = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the connection semaphore is never closed");
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        (
-            Counted {
-                stream,
-                _slot: slot,
-            },
-            addr,
-        )
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
-}
-
-/// A connection holding its slot until it is dropped.
-pub struct Counted {
-    stream: TcpStream,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use axum::serve::Listener;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn at_the_bound_a_connection_waits_until_another_one_closes() {
-        let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = inner.local_addr().unwrap();
-        let mut listener = BoundedListener::new(inner, 1);
-        let _first_client = TcpStream::connect(addr).await.unwrap();
-        let (first, _) = listener.accept().await;
-        let _second_client = TcpStream::connect(addr).await.unwrap();
-        let waiting = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
-        assert!(
-            waiting.is_err(),
-            "a second connection was accepted at the bound"
+/// Answers the connection's first request 503 `overloaded` and closes it.
+async fn refuse(stream: TcpStream) {
+    let answer = hyper::service::service_fn(|request: hyper::Request<_>| {
+        crate::metrics::http_request(
+            request.method().as_str(),
+            Some(REFUSED_ROUTE),
+            503,
+            Duration::ZERO,
         );
-        drop(first);
-        let accepted = tokio::time::timeout(Duration::from_secs(5), listener.accept()).await;
-        assert!(
-            accepted.is_ok(),
-            "the waiting connection is accepted once a slot frees"
-        );
+        async { Ok::<_, Infallible>(refusal()) }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(REFUSAL_READ_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), answer);
+    // The client's to lose: a slow or broken one is simply dropped.
+    let _ = tokio::time::timeout(REFUSAL_TIME_LIMIT, connection).await;
+}
+
+/// The answer to a connection beyond the bound.
+fn refusal() -> Response {
+    let mut response = ApiError::Overloaded.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// A failed accept: the client went away (nothing to do), or the process is out of
+/// file descriptors or memory, which a pause may cure; the loop goes on either way.
+async fn accept_failed(e: io::Error) {
+    use io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
     }
+    tracing::error!(error = %e, "accepting a connection failed; pausing 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }

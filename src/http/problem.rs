@@ -190,7 +190,7 @@ impl ApiError {
             }
             DatabaseUnavailable => "the database is unavailable; retry later".into(),
             Overloaded => {
-                "this instance is at its limit of transfers in flight; nothing was recorded, retry shortly".into()
+                "this instance is at its limit of transfers in flight or of connections; nothing was recorded, retry shortly".into()
             }
             Timeout => "the request took too long; retry later".into(),
             Internal => "an internal error occurred".into(),

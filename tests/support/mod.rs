@@ -162,6 +162,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         group_commit_writes: transfer_service::store::batch::DEFAULT_GROUP_COMMIT_WRITES,
         max_transfers_in_flight: 512,
         max_connections: 1024,
+        http_idle_timeout: Duration::from_secs(75),
         strategy: transfer_service::service::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),
