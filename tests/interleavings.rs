@@ -913,6 +913,45 @@ async fn a_slow_second_cancels_fence_arriving_after_collection_is_refused() {
     assert_fences_collected(&owner, Duration::from_millis(10)).await;
 }
 
+/// A cancel's fence on the destination that reaches the server past its deadline is
+/// refused, and the cancel starts a new round; it must not take the refusal for a credit
+/// that landed (which would complete a transfer whose credit never happened and destroy
+/// its amount). Found by cargo mutants: no test told `TooLate` from `Applied` there.
+#[tokio::test]
+async fn a_cancels_destination_fence_arriving_too_late_is_tried_again_not_taken_for_a_credit() {
+    let lease = Duration::from_millis(1000);
+    // No sweeper: it would take the transfer over after a lease and complete it.
+    let never = Duration::from_secs(3600);
+    let owner = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = never;
+    })
+    .await;
+    let other = instance_on(&owner.database, lease, never).await;
+    open_alice_and_bob(&owner).await;
+    let mut debited = failpoints::pause(&owner.instance_id, "after_debit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    debited.reached().await;
+
+    // The cancel marks the transfer; its first fence (the destination's) is held back
+    // past the deadline, 0.9 lease after the mark.
+    let mut late_fence = failpoints::pause(&other.instance_id, "before_fence");
+    let canceling = spawn_cancel(&other, id);
+    late_fence.reached().await;
+    tokio::time::sleep(lease + lease / 2).await;
+    late_fence.resume();
+    let (status, body) = canceling.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["state"], "canceled", "{body}");
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+
+    debited.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "transfer_canceled");
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
 /// A debit whose reply is lost (a dropped connection, a failover) is sent again; the
 /// first copy may still reach the server until its deadline. So the owner keeps the
 /// markers until that deadline has passed: a copy landing later finds the marker, or
