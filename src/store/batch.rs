@@ -479,3 +479,42 @@ pub async fn pull_markers(
     pulled?;
     Ok(vec![Ok(()); ops.len()])
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// While the writer waits for a slot, everything queued meanwhile joins one batch, up
+    /// to [`MAX_BATCH`]; each caller gets its own result.
+    #[tokio::test]
+    async fn what_queues_while_the_writer_waits_goes_out_in_batches_of_at_most_max_batch() {
+        let slots = Arc::new(Semaphore::new(1));
+        let held = slots.clone().acquire_owned().await.unwrap();
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let seen = sizes.clone();
+        let batcher = Batcher::start(Some(slots), move |ops: Vec<usize>| {
+            seen.lock().unwrap().push(ops.len());
+            async move { Ok(ops.into_iter().map(|op| Ok(op * 2)).collect()) }
+        });
+        let total = MAX_BATCH + 10;
+        let batcher = Arc::new(batcher);
+        let calls: Vec<_> = (0..total)
+            .map(|op| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move { batcher.submit(op).await })
+            })
+            .collect();
+        // Every call queues while the slot is held.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(sizes.lock().unwrap().is_empty(), "written without a slot");
+        drop(held);
+        for (op, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.unwrap().unwrap(), op * 2);
+        }
+        // The writer took the first call, waited for the slot, then gathered the queue.
+        assert_eq!(*sizes.lock().unwrap(), vec![MAX_BATCH, total - MAX_BATCH]);
+    }
+}
