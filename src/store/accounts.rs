@@ -166,8 +166,10 @@ impl Store {
 /// What a debit or credit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForwardStep {
-    /// Whether this write applied the change (false: the guards refused it; read the
-    /// account to learn why).
+    /// True: the transfer is applied to the account, by this write (or, in a batch,
+    /// which learns the outcome from the markers it reads back, by an earlier landing).
+    /// False: this write did not apply it; read the account to learn why, which may be
+    /// an earlier landing too.
     pub applied: bool,
     /// Set when an earlier attempt failed without an answer: a copy of the step may
     /// still land until this deadline, so its marker must stay until then.

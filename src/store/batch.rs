@@ -38,9 +38,9 @@ use mongodb::error::ErrorKind;
 use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::transfers::{owned_by, stamped};
+use super::guards::{forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
-use crate::domain::{MAX_MONEY, TransferState};
+use crate::domain::TransferState;
 
 /// Writes in one batch, at most: bounds the size of one command (and of the pipeline's
 /// per-account table).
@@ -141,7 +141,7 @@ pub struct Transition {
     pub from: TransferState,
     pub to: TransferState,
     /// A lower bound of the database's clock taken before the change was submitted: the
-    /// stamp (see `transfers::stamped`).
+    /// stamp (see `guards::stamped`).
     pub at: DateTime,
 }
 
@@ -378,18 +378,19 @@ pub async fn change_accounts(
         })
         .collect();
     let new_balance = doc! { "$add": ["$$value.b", "$$this.d"] };
+    let allowed = forward_step_allowed(
+        "$$value.b",
+        "$$value.p",
+        "$$this.tx",
+        "$$this.d",
+        "$$this.dl",
+    );
     let pipeline = vec![
         doc! { "$set": { "_batch": { "$reduce": {
             "input": { "$switch": { "branches": branches, "default": [] } },
             "initialValue": { "b": "$balance", "p": "$pendingTransactions" },
             "in": { "$cond": [
-                { "$and": [
-                    { "$not": [{ "$in": ["$$this.tx", "$$value.p"] }] },
-                    { "$not": [{ "$in": ["$$this.tx", { "$ifNull": ["$fencedTransactions", []] }] }] },
-                    { "$gte": [new_balance.clone(), 0_i64] },
-                    { "$lte": [new_balance.clone(), MAX_MONEY] },
-                    { "$lt": ["$$NOW", "$$this.dl"] },
-                ] },
+                allowed,
                 { "b": new_balance, "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] } },
                 "$$value",
             ] },
@@ -424,20 +425,16 @@ pub async fn change_accounts(
 /// A batch of one: the tutorial's guarded `updateOne`, whose result says whether it took
 /// effect, with no read-back.
 async fn change_one(accounts: &Collection<Document>, op: &AccountChange) -> StoreResult<bool> {
-    let balance_guard = if op.delta < 0 {
-        doc! { "$gte": -op.delta }
-    } else {
-        doc! { "$lte": MAX_MONEY - op.delta }
-    };
+    let allowed = forward_step_allowed(
+        "$balance",
+        "$pendingTransactions",
+        op.tx,
+        op.delta,
+        op.deadline,
+    );
     let result = accounts
         .update_one(
-            doc! {
-                "_id": &op.account,
-                "pendingTransactions": { "$ne": op.tx },
-                "fencedTransactions": { "$ne": op.tx },
-                "balance": balance_guard,
-                "$expr": { "$lt": ["$$NOW", op.deadline] },
-            },
+            doc! { "_id": &op.account, "$expr": allowed },
             doc! {
                 "$inc": { "balance": op.delta },
                 "$push": { "pendingTransactions": op.tx },

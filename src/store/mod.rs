@@ -15,6 +15,7 @@ pub mod accounts;
 pub mod batch;
 pub mod clock;
 pub mod documents;
+mod guards;
 pub mod migrations;
 pub mod native;
 pub mod transfers;

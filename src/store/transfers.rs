@@ -8,10 +8,11 @@
 
 use futures::TryStreamExt;
 use mongodb::bson::oid::ObjectId;
-use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::bson::{DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::batch::Transition;
+use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreResult, TransferDoc, merge_set};
 use crate::domain::TransferState;
 
@@ -395,39 +396,5 @@ impl Store {
             .find_one_and_update(filter, stamped(doc! { "application": owner }, at))
             .return_document(ReturnDocument::After)
             .await?)
-    }
-}
-
-/// The update that sets `fields` and stamps the transfer at `at`, a lower bound of the
-/// database's clock taken before the write was sent (see [`super::clock`]):
-/// `lastModified` moves forward to it, never back. Every write that starts or renews a
-/// lease goes through here, so leases are judged by the database's clock alone, and the
-/// writer knows the stamp it left without reading it back.
-pub(super) fn stamped(fields: Document, at: DateTime) -> Document {
-    let mut update = doc! { "$max": { "lastModified": at } };
-    if !fields.is_empty() {
-        update.insert("$set", fields);
-    }
-    update
-}
-
-/// [`stamped`] for a write that removes `fields`.
-pub(super) fn stamped_unset(fields: &[&str], at: DateTime) -> Document {
-    let mut update = stamped(doc! {}, at);
-    let unset: Document = fields
-        .iter()
-        .map(|f| (f.to_string(), Bson::from("")))
-        .collect();
-    update.insert("$unset", unset);
-    update
-}
-
-/// The `application` condition of an owner's state change: `owner`, or, for a transfer
-/// still `initial`, nobody yet.
-pub(super) fn owned_by(owner: &str, from: TransferState) -> Document {
-    if from == TransferState::Initial {
-        doc! { "$in": [Bson::Null, owner] }
-    } else {
-        doc! { "$eq": owner }
     }
 }

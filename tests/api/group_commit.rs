@@ -91,6 +91,83 @@ async fn a_credit_in_a_batch_cannot_pass_the_largest_balance() {
     assert_eq!(app.balance("full").await, 9_007_199_254_740_991);
 }
 
+/// The guards of a forward step are written once (`store::guards`) and used by the
+/// single-document write (a batch of one) and by the batched pipeline: both forms must
+/// take the same decision, and leave the same account, in every case a guard decides.
+#[tokio::test]
+async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
+    const MAX: i64 = transfer_service::domain::MAX_MONEY;
+    let app = spawn_app().await;
+    let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 1);
+    // (name, opening balance, delta, applied once before, fenced, deadline passed, exists)
+    let cases: [(&str, i64, i64, bool, bool, bool, bool); 10] = [
+        ("debit", 100, -60, false, false, false, true),
+        ("debit-to-zero", 100, -100, false, false, false, true),
+        ("debit-too-much", 100, -101, false, false, false, true),
+        ("credit", 0, 60, false, false, false, true),
+        ("credit-to-max", MAX - 5, 5, false, false, false, true),
+        ("credit-past-max", MAX - 5, 6, false, false, false, true),
+        ("applied-before", 100, -10, true, false, false, true),
+        ("fenced", 100, -10, false, true, false, true),
+        ("too-late", 100, -10, false, false, true, true),
+        ("missing", 100, -10, false, false, false, false),
+    ];
+    for (name, balance, delta, applied_before, fenced, late, exists) in cases {
+        let mut outcomes = Vec::new();
+        for form in ["alone", "batched"] {
+            let account = format!("{name}-{form}");
+            let ballast = format!("{name}-{form}-ballast");
+            if exists {
+                app.open_account(&account, balance).await;
+            }
+            app.open_account(&ballast, 0).await;
+            let tx = ObjectId::new();
+            if applied_before {
+                let first = change_accounts(accounts(&app), vec![change(&account, tx, delta)]);
+                assert!(
+                    first.await.unwrap()[0].as_ref().unwrap(),
+                    "{name}: first landing"
+                );
+            }
+            if fenced {
+                app.store
+                    .fence(&account, tx, false, DateTime::MAX)
+                    .await
+                    .unwrap();
+            }
+            let mut op = change(&account, tx, delta);
+            if late {
+                op.deadline = past;
+            }
+            let mut batch = vec![op];
+            if form == "batched" {
+                // A second change, on another account, makes it the pipeline's batch.
+                batch.push(change(&ballast, ObjectId::new(), 1));
+            }
+            let answers = change_accounts(accounts(&app), batch).await.unwrap();
+            let applied = *answers[0].as_ref().unwrap();
+            let stored = app.store.account(&account).await.unwrap();
+            let left = stored.map(|a| (a.balance, a.pending_transactions.len()));
+            outcomes.push((applied, left));
+        }
+        let [(alone, alone_left), (batched, batched_left)] = [outcomes[0], outcomes[1]];
+        assert_eq!(
+            alone_left, batched_left,
+            "{name}: the account left, alone vs batched"
+        );
+        if applied_before {
+            // The one difference, documented on `ForwardStep::applied`: a write alone
+            // knows it changed nothing; a batch only sees the marker, already there.
+            assert!(
+                !alone && batched,
+                "{name}: {alone} alone, {batched} batched"
+            );
+        } else {
+            assert_eq!(alone, batched, "{name}: the answer, alone vs batched");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_taken_idempotency_key_fails_only_its_own_insert() {
     let app = spawn_app().await;
