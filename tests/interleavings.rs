@@ -17,6 +17,7 @@ use support::{TestApp, spawn_app_with};
 use transfer_service::domain::{CancelReason, TransferState};
 use transfer_service::failpoints;
 use transfer_service::store::TransferDoc;
+use transfer_service::store::transfers::{Mover, StepFields};
 
 /// Two instances on one database, with this lease.
 async fn two_instances(stale_after: Duration) -> (TestApp, TestApp) {
@@ -369,12 +370,12 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         .unwrap();
     let moved = app
         .store
-        .transition_as(
-            "me",
+        .change_state(
             future.id,
             TransferState::Initial,
             TransferState::Pending,
-            mongodb::bson::doc! {},
+            Mover::Owner("me"),
+            StepFields::default(),
         )
         .await
         .unwrap();
@@ -385,17 +386,23 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         stored.last_modified, ahead,
         "a later time was not replaced by an earlier one"
     );
-    // The same through the single-document writes: a forced change and a renewal.
+    // The same through the single-document writes: a change with fields and a renewal.
+    let rolling_back = StepFields {
+        reason: Some(CancelReason::CanceledByRequest),
+        fenced: false,
+    };
     assert!(
         app.store
-            .transition(
+            .change_state(
                 future.id,
                 TransferState::Pending,
                 TransferState::Canceling,
-                mongodb::bson::doc! { "reason": "canceled_by_request", "application": "me" },
+                Mover::Owner("me"),
+                rolling_back,
             )
             .await
             .unwrap()
+            .is_some()
     );
     let renewed = app
         .store
@@ -409,12 +416,12 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
     app.store.insert_transfer(&past).await.unwrap();
     let renewed_at = app
         .store
-        .transition_as(
-            "me",
+        .change_state(
             past.id,
             TransferState::Initial,
             TransferState::Pending,
-            mongodb::bson::doc! {},
+            Mover::Owner("me"),
+            StepFields::default(),
         )
         .await
         .unwrap()
@@ -1068,13 +1075,20 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     // Left pending by a dead instance, debit applied.
     let stuck = TransferDoc::initial(ObjectId::new(), "alice", "bob", 100, "USD");
     app.store.insert_transfer(&stuck).await.unwrap();
-    let doc = mongodb::bson::doc! { "application": "dead/1" };
+
     let (initial, pending) = (TransferState::Initial, TransferState::Pending);
     assert!(
         app.store
-            .transition(stuck.id, initial, pending, doc)
+            .change_state(
+                stuck.id,
+                initial,
+                pending,
+                Mover::Owner("dead/1"),
+                StepFields::default()
+            )
             .await
             .unwrap()
+            .is_some()
     );
     let far = mongodb::bson::DateTime::MAX;
     assert!(
@@ -1099,12 +1113,19 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     // A transfer canceled while pending, its accounts fenced.
     let fenced = TransferDoc::initial(ObjectId::new(), "carol", "bob", 10, "USD");
     app.store.insert_transfer(&fenced).await.unwrap();
-    let doc = mongodb::bson::doc! { "application": "dead/2" };
+
     assert!(
         app.store
-            .transition(fenced.id, initial, pending, doc)
+            .change_state(
+                fenced.id,
+                initial,
+                pending,
+                Mover::Owner("dead/2"),
+                StepFields::default()
+            )
             .await
             .unwrap()
+            .is_some()
     );
     assert_eq!(cancel(&app, fenced.id).await["state"], "canceled");
     age(&app, fenced.id, lease * 2).await;

@@ -13,18 +13,18 @@
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
-use mongodb::bson::doc;
 use mongodb::bson::oid::ObjectId;
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{CancelReason, TransferEvent, TransferId, TransferState};
 use crate::store::accounts::Fence;
+use crate::store::transfers::{Fenced, Mover, StepFields};
 use crate::store::{StoreError, StoreResult, TransferDoc};
 
 /// How a cancel takes a transfer over once its accounts are fenced.
 enum Takeover {
-    /// Take this event from the state the cancel read, setting these fields too.
-    Force(TransferEvent, mongodb::bson::Document),
+    /// Take this event from the state the cancel read, recording these fields too.
+    Force(TransferEvent, StepFields),
     /// Only become the owner: the remaining steps are the same whoever runs them.
     Claim,
 }
@@ -67,8 +67,12 @@ impl Bank {
                 TransferState::Initial => {
                     // No account is touched before `initial -> pending`, which this
                     // write makes impossible: nothing to fence, nothing to undo.
-                    let set = doc! { "reason": CancelReason::CanceledByRequest.as_str() };
-                    self.force(&transfer, TransferEvent::Abandon, set).await?
+                    let fields = StepFields {
+                        reason: Some(CancelReason::CanceledByRequest),
+                        fenced: false,
+                    };
+                    self.force(&transfer, TransferEvent::Abandon, fields, None)
+                        .await?
                 }
                 TransferState::Pending | TransferState::Applied | TransferState::Canceling => {
                     self.take_over_fenced(transfer).await?
@@ -103,45 +107,62 @@ impl Bank {
         let fence =
             |account, unless_applied| store.fence(account, transfer.id, unless_applied, deadline);
         let (source, destination) = (transfer.source.as_str(), transfer.destination.as_str());
-        // What to do once both accounts are fenced, and whether the destination is already.
-        let (plan, destination_fenced) = match transfer.state {
+        // What to do once both accounts are fenced, and the destination's fence if placed.
+        let (plan, mut destination_fence) = match transfer.state {
             // The commit point is the credit: fence the destination only if it has not
             // landed, in one write, which decides between rolling back and completing.
             TransferState::Pending => match fence(destination, true).await? {
                 Fence::TooLate => return Ok(self.reload(&transfer).await?),
-                Fence::Placed | Fence::Missing => {
-                    let reason = CancelReason::CanceledByRequest.as_str();
-                    let set = doc! { "reason": reason, "application": self.owner() };
-                    (Takeover::Force(TransferEvent::BeginRollback, set), true)
+                placed @ (Fence::Placed | Fence::Missing) => {
+                    let fields = StepFields {
+                        reason: Some(CancelReason::CanceledByRequest),
+                        fenced: false,
+                    };
+                    (
+                        Takeover::Force(TransferEvent::BeginRollback, fields),
+                        Some(placed),
+                    )
                 }
                 Fence::Applied => {
                     // The money may be spent already: complete, then reverse.
                     tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
-                    let set = doc! { "application": self.owner() };
-                    (Takeover::Force(TransferEvent::MarkApplied, set), false)
+                    let fields = StepFields::default();
+                    (Takeover::Force(TransferEvent::MarkApplied, fields), None)
                 }
             },
             // Only pulls or undos remain, which no fence refuses.
-            TransferState::Applied | TransferState::Canceling => (Takeover::Claim, false),
+            TransferState::Applied | TransferState::Canceling => (Takeover::Claim, None),
             _ => return Ok(self.reload(&transfer).await?),
         };
         // Both accounts refuse the transfer's forward steps from here on, applied or not,
         // so no late step can land once the markers are pulled or undone.
-        let unfenced = if destination_fenced {
-            vec![source]
-        } else {
-            vec![destination, source]
-        };
-        for account in unfenced {
-            if fence(account, false).await? == Fence::TooLate {
-                return Ok(self.reload(&transfer).await?);
+        if destination_fence.is_none() {
+            match fence(destination, false).await? {
+                Fence::TooLate => return Ok(self.reload(&transfer).await?),
+                placed => destination_fence = Some(placed),
             }
         }
+        let source_fence = match fence(source, false).await? {
+            Fence::TooLate => return Ok(self.reload(&transfer).await?),
+            placed => placed,
+        };
+        let fenced = destination_fence
+            .and_then(|destination| Fenced::both(destination, source_fence))
+            .unwrap_or_else(|| {
+                panic!(
+                    "bug: transfer {}: an unconditional fence neither placed nor refused",
+                    transfer.id
+                )
+            });
         let taken = match plan {
-            Takeover::Force(event, set) => Some(self.force(&transfer, event, set).await?),
+            Takeover::Force(event, fields) => {
+                Some(self.force(&transfer, event, fields, Some(fenced)).await?)
+            }
             Takeover::Claim => {
                 let state = transfer.state;
-                store.take_over(self.owner(), transfer.id, state).await?
+                store
+                    .take_over(self.owner(), transfer.id, state, fenced)
+                    .await?
             }
         };
         Ok(match taken {
@@ -150,22 +171,25 @@ impl Bank {
         })
     }
 
-    /// Takes `event` from the transfer's current state whoever owns it (one write guarded
-    /// by the state only, setting `set` too), logs and counts the change if this call made
-    /// it, and answers with the transfer as it now stands. A cancel's own transitions; the
-    /// protocol's are owner-guarded (`advance`).
+    /// Takes `event` from the transfer's current state whoever owns it, as a cancel may
+    /// ([`Mover::Cancel`]: `fenced`, or the transfer still `initial`), logs and counts
+    /// the change if this call made it, and answers with the transfer as it now stands.
     async fn force(
         &self,
         transfer: &TransferDoc,
         event: TransferEvent,
-        set: mongodb::bson::Document,
+        fields: StepFields,
+        fenced: Option<Fenced>,
     ) -> StoreResult<TransferDoc> {
         let from = transfer.state;
-        let to = from
-            .transition(event)
-            .map_err(|e| StoreError::Other(e.to_string()))?;
-        let reason = set.get_str("reason").ok().and_then(CancelReason::parse);
-        if self.store().transition(transfer.id, from, to, set).await? {
+        let to = super::protocol::next_state(transfer, event);
+        let by = Mover::Cancel {
+            owner: self.owner(),
+            fenced,
+        };
+        let moved = self.store().change_state(transfer.id, from, to, by, fields);
+        if moved.await?.is_some() {
+            let reason = fields.reason;
             tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, reason = ?reason, "transfer state changed");
             crate::metrics::transfer_finished(to, reason);
         }

@@ -19,10 +19,11 @@
 //! only rolls back while its credit is not applied (see `cancel.rs` for the fence that
 //! guarantees it when a client cancels).
 
-use mongodb::bson::{DateTime, Document, doc};
+use mongodb::bson::DateTime;
 
 use super::Bank;
 use crate::domain::{CancelReason, MAX_MONEY, TransferEvent, TransferState};
+use crate::store::transfers::{Mover, StepFields};
 use crate::store::{AccountDoc, StoreError, StoreResult, TransferDoc};
 
 /// How often an account step is retried when its guard failed but a re-read shows no
@@ -144,7 +145,8 @@ impl Bank {
 
     /// Step 2: `initial -> pending`, taking ownership.
     async fn start(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
-        self.advance(transfer, TransferEvent::Start, doc! {}).await
+        self.advance(transfer, TransferEvent::Start, StepFields::default())
+            .await
     }
 
     /// Steps 3 to 5: debit, credit, `pending -> applied`.
@@ -166,7 +168,7 @@ impl Bank {
                 Leg::Credit => failpoint!(self, "after_credit"),
             }
         }
-        self.advance(transfer, TransferEvent::MarkApplied, doc! {})
+        self.advance(transfer, TransferEvent::MarkApplied, StepFields::default())
             .await
     }
 
@@ -259,7 +261,7 @@ impl Bank {
             .await?;
         failpoint!(self, "after_pull_source");
         failpoint!(self, "after_pull_destination");
-        self.advance(transfer, TransferEvent::MarkDone, doc! {})
+        self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
             .await
     }
 
@@ -270,11 +272,11 @@ impl Bank {
         reason: CancelReason,
     ) -> StoreResult<TransferDoc> {
         tracing::info!(transfer_id = %transfer.id, %reason, "rolling back");
-        let mut set = doc! { "reason": reason.as_str(), "application": self.owner() };
-        if reason == CancelReason::CanceledByRequest {
-            set.insert("fenced", true);
-        }
-        self.advance(transfer, TransferEvent::BeginRollback, set)
+        let fields = StepFields {
+            reason: Some(reason),
+            fenced: reason == CancelReason::CanceledByRequest,
+        };
+        self.advance(transfer, TransferEvent::BeginRollback, fields)
             .await
     }
 
@@ -297,27 +299,28 @@ impl Bank {
             .undo_change(&transfer.source, transfer.id, transfer.value)
             .await?;
         failpoint!(self, "after_undo_source");
-        self.advance(transfer, TransferEvent::FinishRollback, doc! {})
-            .await
+        self.advance(
+            transfer,
+            TransferEvent::FinishRollback,
+            StepFields::default(),
+        )
+        .await
     }
 
-    /// Takes `event` with one write guarded by the expected state and by our ownership.
-    /// If it loses, the transfer moved on without us (or was taken over): re-read it and
-    /// let the caller continue from its new state.
+    /// Takes `event` with one write guarded by the expected state and by our ownership
+    /// ([`Mover::Owner`]). If it loses, the transfer moved on without us (or was taken
+    /// over): re-read it and let the caller continue from its new state.
     pub(super) async fn advance(
         &self,
         mut transfer: TransferDoc,
         event: TransferEvent,
-        extra: Document,
+        fields: StepFields,
     ) -> StoreResult<TransferDoc> {
         let from = transfer.state;
-        let to = from
-            .transition(event)
-            .map_err(|e| StoreError::Other(e.to_string()))?;
-        let reason = extra.get_str("reason").ok().and_then(CancelReason::parse);
+        let to = next_state(&transfer, event);
         let won = self
             .store
-            .transition_as(self.owner(), transfer.id, from, to, extra)
+            .change_state(transfer.id, from, to, Mover::Owner(self.owner()), fields)
             .await?;
         let Some(now) = won else {
             return self.reload(&transfer).await;
@@ -326,8 +329,8 @@ impl Bank {
         transfer.state = to;
         transfer.last_modified = transfer.last_modified.max(now);
         transfer.application = Some(self.owner().to_owned());
-        if reason.is_some() {
-            transfer.reason = reason;
+        if fields.reason.is_some() {
+            transfer.reason = fields.reason;
         }
         crate::metrics::transfer_finished(to, transfer.reason);
         match to {
@@ -352,4 +355,13 @@ fn contended(t: &TransferDoc) -> StoreError {
         "transfer {}: account step kept losing to concurrent updates",
         t.id
     ))
+}
+
+/// The state `event` takes `transfer` to. The protocol only asks for events its state
+/// allows, so anything else is a bug, and said as one (TigerBeetle's assertions).
+pub(super) fn next_state(transfer: &TransferDoc, event: TransferEvent) -> TransferState {
+    transfer
+        .state
+        .transition(event)
+        .unwrap_or_else(|e| panic!("bug: transfer {}: {e}", transfer.id))
 }

@@ -22,7 +22,7 @@ pub mod transfers;
 
 use std::time::Duration;
 
-use mongodb::bson::{Document, doc};
+use mongodb::bson::doc;
 use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
@@ -295,14 +295,6 @@ where
         }
     }
     (attempt().await, true)
-}
-
-/// `{ $set: {...} }` merged with extra `$set` fields, used by guarded transitions.
-pub(crate) fn merge_set(mut base: Document, extra: Document) -> Document {
-    for (k, v) in extra {
-        base.insert(k, v);
-    }
-    base
 }
 
 #[cfg(test)]

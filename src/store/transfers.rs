@@ -11,10 +11,11 @@ use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
+use super::accounts::Fence;
 use super::batch::Transition;
 use super::guards::{owned_by, stamped, stamped_unset};
-use super::{Store, StoreResult, TransferDoc, merge_set};
-use crate::domain::TransferState;
+use super::{Store, StoreResult, TransferDoc};
+use crate::domain::{CancelReason, TransferState};
 
 /// The states the sweeper looks for.
 const UNFINISHED: [TransferState; 4] = [
@@ -44,6 +45,56 @@ pub struct TransferFilter {
     pub account: Option<String>,
     /// Keyset cursor: only transfers older than this id.
     pub before: Option<ObjectId>,
+}
+
+/// Who may move a transfer on, and why that is safe: **the rule**, kept in this one place
+/// (the README's "The rules: leases, fences and the clock" says it for users).
+///
+/// A transfer's owner may still have forward steps (debits, credits) on their way to the
+/// server, sent before a pause, over a slow link or before a failover; each carries the
+/// deadline of the owner's lease, checked against the server's clock. So whoever moves a
+/// transfer must know that none of those can land afterwards:
+/// - its owner, by [`Mover::Owner`]: guarded by `application`, it renews its own lease;
+/// - the sweeper, only once the owner's lease has lapsed: [`Store::claim`] is guarded by
+///   the transfer's `lastModified` being older than a lease, which outlives every
+///   deadline the owner's steps carry;
+/// - a cancel, which does not wait for the lease, by [`Mover::Cancel`]: only once both
+///   accounts refuse the transfer's forward steps ([`Fenced`]), or while the transfer is
+///   still `initial` (no step is sent before `initial -> pending`, which the cancel's
+///   write makes impossible).
+#[derive(Debug, Clone, Copy)]
+pub enum Mover<'a> {
+    /// The owner (for an `initial` transfer: the instance that recorded it, or nobody yet).
+    Owner(&'a str),
+    /// A cancel taking the transfer over as `owner`.
+    Cancel {
+        owner: &'a str,
+        fenced: Option<Fenced>,
+    },
+}
+
+/// Proof that both accounts of a transfer refuse its forward steps (see
+/// [`Store::fence`]); only [`Fenced::both`] makes one.
+#[derive(Debug, Clone, Copy)]
+pub struct Fenced(());
+
+impl Fenced {
+    /// Both accounts fenced, or gone (which refuses every step as well); `None` if either
+    /// is not.
+    pub fn both(destination: Fence, source: Fence) -> Option<Fenced> {
+        let refuses = |fence| matches!(fence, Fence::Placed | Fence::Missing);
+        (refuses(destination) && refuses(source)).then_some(Fenced(()))
+    }
+}
+
+/// What a state change records besides the state and the owner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepFields {
+    /// Why the transfer is being canceled (`pending -> canceling`, `initial -> canceled`).
+    pub reason: Option<CancelReason>,
+    /// The accounts were fenced against the transfer: the sweeper drops the fences once
+    /// it is finished.
+    pub fenced: bool,
 }
 
 impl Store {
@@ -79,26 +130,6 @@ impl Store {
             .find_one(doc! { "idempotencyKey": key })
             .max_time(super::READ_TIME_LIMIT)
             .await?)
-    }
-
-    /// Moves a transfer from `from` to `to`, setting `extra` fields too, only if it is
-    /// still in `from`, whoever owns it. Used by a cancel, which takes the transfer over
-    /// (its fences make that safe). Returns whether this call made the change.
-    pub async fn transition(
-        &self,
-        id: ObjectId,
-        from: TransferState,
-        to: TransferState,
-        extra: Document,
-    ) -> StoreResult<bool> {
-        failpoint!(self, "before_force");
-        let at = self.server_time_lower_bound().await?;
-        let set = merge_set(doc! { "state": to.as_str() }, extra);
-        let result = self
-            .transactions
-            .update_one(doc! { "_id": id, "state": from.as_str() }, stamped(set, at))
-            .await?;
-        Ok(result.modified_count == 1)
     }
 
     /// Claims the one reversal a done transfer may have: sets `reversedBy` only if it is
@@ -273,39 +304,62 @@ impl Store {
 }
 
 impl Store {
-    /// Like [`Store::transition`], but only while `owner` owns the transfer (for
-    /// `initial`, also while nobody does). An instance whose lease was taken over can no
-    /// longer move the transfer. Returns the new `lastModified` (the start of the renewed
-    /// lease) when this call made the change.
-    pub async fn transition_as(
+    /// Moves a transfer from `from` to `to`, setting `fields` too, only if it is still in
+    /// `from` and `by` may move it (see [`Mover`]); `by` becomes its owner. Returns the
+    /// new `lastModified` (the start of the mover's lease) when this call made the change.
+    ///
+    /// # Panics
+    /// On a cancel that names no fences for a transfer past `initial`: moving it then
+    /// could let its owner's forward steps land afterwards. That is a bug in the caller.
+    pub async fn change_state(
         &self,
-        owner: &str,
         id: ObjectId,
         from: TransferState,
         to: TransferState,
-        extra: Document,
+        by: Mover<'_>,
+        fields: StepFields,
     ) -> StoreResult<Option<DateTime>> {
         // Taken before the write is sent, so the server stamps the lease at least this late.
         let lease_start = self.server_time_lower_bound().await?;
-        failpoint!(self, "before_transition");
-        if extra.is_empty() {
-            // The common case, group-committed with concurrent transfers' changes.
-            let change = Transition {
-                owner: owner.to_owned(),
-                id,
-                from,
-                to,
-                at: lease_start,
-            };
-            return self.batches.transitions.submit(change).await;
+        let (owner, filter) = match by {
+            Mover::Owner(owner) => {
+                failpoint!(self, "before_transition");
+                if fields == StepFields::default() {
+                    // The common case, group-committed with concurrent transfers' changes.
+                    let change = Transition {
+                        owner: owner.to_owned(),
+                        id,
+                        from,
+                        to,
+                        at: lease_start,
+                    };
+                    return self.batches.transitions.submit(change).await;
+                }
+                let guard = owned_by(owner, from);
+                (
+                    owner,
+                    doc! { "_id": id, "state": from.as_str(), "application": guard },
+                )
+            }
+            Mover::Cancel { owner, fenced } => {
+                assert!(
+                    fenced.is_some() || from == TransferState::Initial,
+                    "bug: a cancel moved transfer {id} from {from} without fencing its accounts"
+                );
+                failpoint!(self, "before_force");
+                (owner, doc! { "_id": id, "state": from.as_str() })
+            }
+        };
+        let mut set = doc! { "state": to.as_str(), "application": owner };
+        if let Some(reason) = fields.reason {
+            set.insert("reason", reason.as_str());
         }
-        let set = merge_set(doc! { "state": to.as_str(), "application": owner }, extra);
+        if fields.fenced {
+            set.insert("fenced", true);
+        }
         let result = self
             .transactions
-            .update_one(
-                doc! { "_id": id, "state": from.as_str(), "application": owned_by(owner, from) },
-                stamped(set, lease_start),
-            )
+            .update_one(filter, stamped(set, lease_start))
             .await?;
         Ok((result.modified_count == 1).then_some(lease_start))
     }
@@ -331,14 +385,16 @@ impl Store {
         Ok((result.matched_count == 1).then_some(lease_start))
     }
 
-    /// Takes over a transfer in `state` whatever its owner or age: used by a cancel of
-    /// an `applied` or `canceling` transfer, whose remaining steps are safe for any
-    /// instance to run. Returns the transfer as claimed, if it was still in `state`.
+    /// Takes over a transfer in `state` whatever its owner or age, once both its accounts
+    /// are fenced (see [`Mover::Cancel`]): used by a cancel of an `applied` or `canceling`
+    /// transfer, whose remaining steps are safe for any instance to run. Returns the
+    /// transfer as claimed, if it was still in `state`.
     pub async fn take_over(
         &self,
         owner: &str,
         id: ObjectId,
         state: TransferState,
+        _fenced: Fenced,
     ) -> StoreResult<Option<TransferDoc>> {
         failpoint!(self, "before_take_over");
         let at = self.server_time_lower_bound().await?;

@@ -15,8 +15,9 @@ use std::time::Duration;
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, doc};
 use serde_json::Value;
-use transfer_service::domain::TransferState;
+use transfer_service::domain::{CancelReason, TransferState};
 use transfer_service::store::TransferDoc;
+use transfer_service::store::transfers::{Mover, StepFields};
 
 use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
@@ -36,14 +37,16 @@ async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i
     let id = record_initial(app, source, destination, value).await;
     let started = app
         .store
-        .transition(
+        .change_state(
             id,
             TransferState::Initial,
             TransferState::Pending,
-            doc! { "application": DEAD_INSTANCE },
+            Mover::Owner(DEAD_INSTANCE),
+            StepFields::default(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .is_some();
     assert!(started, "the dead instance takes the transfer");
     id
 }
@@ -260,14 +263,16 @@ async fn cancelling_an_initial_transfer_cancels_it_without_touching_balances() {
     // The instance that recorded it can no longer start it.
     let started = app
         .store
-        .transition(
+        .change_state(
             id,
             TransferState::Initial,
             TransferState::Pending,
-            doc! { "application": DEAD_INSTANCE },
+            Mover::Owner(DEAD_INSTANCE),
+            StepFields::default(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .is_some();
     assert!(!started);
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
@@ -320,9 +325,16 @@ async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_th
     );
     let marked_applied = app
         .store
-        .transition(id, TransferState::Pending, TransferState::Applied, doc! {})
+        .change_state(
+            id,
+            TransferState::Pending,
+            TransferState::Applied,
+            Mover::Owner(DEAD_INSTANCE),
+            StepFields::default(),
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .is_some();
     assert!(!marked_applied);
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
@@ -358,9 +370,16 @@ async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
     apply_credit(&app, "bob", id, 300).await;
     let applied = app
         .store
-        .transition(id, TransferState::Pending, TransferState::Applied, doc! {})
+        .change_state(
+            id,
+            TransferState::Pending,
+            TransferState::Applied,
+            Mover::Owner(DEAD_INSTANCE),
+            StepFields::default(),
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .is_some();
     assert!(applied);
 
     let answered = cancel_ok(&app, &id.to_hex()).await;
@@ -380,14 +399,19 @@ async fn cancelling_a_transfer_stuck_in_canceling_finishes_the_rollback() {
     apply_debit(&app, "alice", id, 300).await;
     let rolling_back = app
         .store
-        .transition(
+        .change_state(
             id,
             TransferState::Pending,
             TransferState::Canceling,
-            doc! { "reason": "canceled_by_request" },
+            Mover::Owner(DEAD_INSTANCE),
+            StepFields {
+                reason: Some(CancelReason::CanceledByRequest),
+                fenced: false,
+            },
         )
         .await
-        .unwrap();
+        .unwrap()
+        .is_some();
     assert!(rolling_back);
 
     let answered = cancel_ok(&app, &id.to_hex()).await;
@@ -521,4 +545,30 @@ async fn concurrent_cancels_of_a_half_applied_transfer_refund_the_source_exactly
             "round {round}"
         );
     }
+}
+
+/// The rule (`store::transfers::Mover`): a cancel moves a started transfer only with
+/// both its accounts fenced. Asking without is a bug in the caller, refused loudly
+/// before anything is written.
+#[tokio::test]
+#[should_panic(expected = "without fencing its accounts")]
+async fn a_cancel_moving_a_started_transfer_without_fences_is_a_bug_said_loudly() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending(&app, "alice", "bob", 300).await;
+    let by = Mover::Cancel {
+        owner: "canceler",
+        fenced: None,
+    };
+    let _ = app
+        .store
+        .change_state(
+            id,
+            TransferState::Pending,
+            TransferState::Canceling,
+            by,
+            StepFields::default(),
+        )
+        .await;
 }

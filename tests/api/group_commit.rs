@@ -10,6 +10,7 @@ use transfer_service::store::batch::{
     AccountChange, Pull, Transition, change_accounts, insert_transfers, pull_markers,
     transition_all,
 };
+use transfer_service::store::transfers::{Mover, StepFields};
 
 use crate::support::{TestApp, spawn_app};
 
@@ -206,12 +207,12 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
     for t in &docs[2..] {
         assert!(
             app.store
-                .transition_as(
-                    "other",
+                .change_state(
                     t.id,
                     TransferState::Initial,
                     TransferState::Pending,
-                    doc! {}
+                    Mover::Owner("other"),
+                    StepFields::default(),
                 )
                 .await
                 .unwrap()
@@ -303,7 +304,11 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
             if at == state {
                 break;
             }
-            let moved = app.store.transition_as(owner, *id, at, next, doc! {}).await;
+            let by = Mover::Owner(owner);
+            let moved = app
+                .store
+                .change_state(*id, at, next, by, StepFields::default())
+                .await;
             assert!(moved.unwrap().is_some());
             at = next;
         }
