@@ -21,7 +21,7 @@ async fn main() -> ExitCode {
     let app = match Application::build(settings).await {
         Ok(app) => app,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start");
+            tracing::error!(error = %telemetry::Chain(&e), "cannot start");
             return ExitCode::FAILURE;
         }
     };

@@ -38,7 +38,7 @@ pub enum StartupError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("database: {0}")]
+    #[error("database")]
     Database(#[from] StoreError),
 }
 

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::service::{Bank, ServiceError};
 use crate::store::StoreResult;
+use crate::telemetry::Chain;
 
 /// Transfers claimed in one pass, at most.
 pub const BATCH: u32 = 100;
@@ -86,7 +87,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
             Ok(Some(claimed)) => claimed,
             Ok(None) => continue,
             Err(e) => {
-                tracing::warn!(transfer_id = %candidate.id, error = %e, "claim failed; next pass");
+                tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
                 continue;
             }
         };
@@ -108,7 +109,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
                     finished.state.is_terminal()
                 }
                 Err(e) => {
-                    tracing::warn!(transfer_id = %candidate.id, error = %e, "recovery interrupted; next pass");
+                    tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "recovery interrupted; next pass");
                     false
                 }
             }
@@ -123,11 +124,11 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
     if !shutdown.is_cancelled() {
         match finish_reversals(bank, stale_before, shutdown).await {
             Ok(n) => report.reversals_finished = n,
-            Err(e) => tracing::warn!(error = %e, "finishing reversals failed; next pass"),
+            Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
         }
         match collect_fences(bank, stale_before, shutdown).await {
             Ok(n) => report.fences_dropped = n,
-            Err(e) => tracing::warn!(error = %e, "collecting fences failed; next pass"),
+            Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
         }
     }
     Ok(report)
@@ -157,7 +158,7 @@ async fn finish_reversals(
             }
             Ok(_) => {} // another instance is driving the compensation
             Err(ServiceError::Store(e)) => {
-                tracing::warn!(transfer_id = %id, error = %e, "finishing a reversal failed; next pass");
+                tracing::warn!(transfer_id = %id, error = %Chain(&e), "finishing a reversal failed; next pass");
             }
             Err(refused) => {
                 finished += 1;
@@ -199,7 +200,7 @@ pub async fn collect_fences(
         match dropped_here.await {
             Ok(()) => dropped += 1,
             Err(e) => {
-                tracing::warn!(transfer_id = %transfer.id, error = %e, "dropping fences failed; next pass");
+                tracing::warn!(transfer_id = %transfer.id, error = %Chain(&e), "dropping fences failed; next pass");
             }
         }
     }
@@ -210,7 +211,7 @@ pub async fn collect_fences(
 pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
     loop {
         if let Err(e) = sweep_once(&bank, &shutdown).await {
-            tracing::warn!(error = %e, "sweep failed; retrying at the next interval");
+            tracing::warn!(error = %Chain(&e), "sweep failed; retrying at the next interval");
         }
         let jitter = rand::rng().random_range(0.8..1.2);
         tokio::select! {

@@ -197,7 +197,9 @@ fn sample(code: &str) -> Option<ApiError> {
             header: "Idempotency-Key".into(),
             detail: "must be 1 to 255 visible ASCII characters".into(),
         },
-        "unknown_account" => ServiceError::UnknownAccount("bob".into()).into(),
+        "unknown_account" => {
+            ApiError::naming_accounts_of_a_request(ServiceError::AccountNotFound("bob".into()))
+        }
         "same_account" => ServiceError::SameAccount.into(),
         "currency_mismatch" => ServiceError::CurrencyMismatch {
             source_currency: "USD".into(),

@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 use crate::domain::CancelReason;
 use crate::service::ServiceError;
 use crate::store::StoreError;
+use crate::telemetry::Chain;
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -260,16 +261,27 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl ApiError {
+    /// A service error for a request that names accounts in its body (a new transfer):
+    /// an account that does not exist is a mistake in the request, 422 `unknown_account`,
+    /// not a resource that was not found.
+    pub fn naming_accounts_of_a_request(err: ServiceError) -> ApiError {
+        match err {
+            ServiceError::AccountNotFound(id) => ApiError::UnknownAccount {
+                detail: format!("there is no account {id}"),
+                transfer_id: None,
+            },
+            other => other.into(),
+        }
+    }
+}
+
 impl From<ServiceError> for ApiError {
     fn from(err: ServiceError) -> Self {
         match err {
             ServiceError::AccountExists(id) => ApiError::AccountExists(id),
             ServiceError::AccountNotFound(id) => ApiError::AccountNotFound(id),
             ServiceError::TransferNotFound(id) => ApiError::TransferNotFound(id.to_string()),
-            ServiceError::UnknownAccount(id) => ApiError::UnknownAccount {
-                detail: format!("there is no account {id}"),
-                transfer_id: None,
-            },
             ServiceError::SameAccount => ApiError::SameAccount,
             e @ ServiceError::CurrencyMismatch { .. } => ApiError::CurrencyMismatch(e.to_string()),
             ServiceError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
@@ -311,11 +323,11 @@ impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
             StoreError::Unavailable(cause) => {
-                tracing::warn!(%cause, "database unavailable");
+                tracing::warn!(cause = %Chain(&cause), "database unavailable");
                 ApiError::DatabaseUnavailable
             }
             StoreError::DuplicateKey(cause) | StoreError::Other(cause) => {
-                tracing::error!(%cause, "internal error");
+                tracing::error!(cause = %Chain(&cause), "internal error");
                 ApiError::Internal
             }
         }

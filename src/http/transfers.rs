@@ -317,7 +317,11 @@ pub async fn create_transfer(
     } else {
         Completion::Wait
     };
-    let outcome = state.bank.transfer(new, key, completion).await?;
+    let outcome = state
+        .bank
+        .transfer(new, key, completion)
+        .await
+        .map_err(ApiError::naming_accounts_of_a_request)?;
     let mut response = outcome_response(outcome);
     if background && response.status() == StatusCode::ACCEPTED {
         response.headers_mut().insert(

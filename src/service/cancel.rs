@@ -56,7 +56,7 @@ impl Bank {
                 tracing::Span::current(),
             ));
         run.await.unwrap_or_else(|e| {
-            Err(StoreError::Other(format!("cancel of transfer {id} failed: {e}")).into())
+            Err(StoreError::Other(format!("cancel of transfer {id} failed: {e}").into()).into())
         })
     }
 
@@ -81,9 +81,9 @@ impl Bank {
                 TransferState::Done => return self.reverse(transfer).await,
             };
         }
-        Err(ServiceError::Store(StoreError::Unavailable(format!(
-            "cancel of transfer {id}: the transfer kept moving under it"
-        ))))
+        Err(ServiceError::Store(StoreError::Unavailable(
+            format!("cancel of transfer {id}: the transfer kept moving under it").into(),
+        )))
     }
 
     /// Takes an unfinished transfer away from whoever owns it, without waiting for their

@@ -19,6 +19,8 @@ use mongodb::bson::oid::ObjectId;
 use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
+use crate::telemetry::Chain;
+
 use crate::domain::{
     AccountId, AccountName, Amount, Currency, IdempotencyKey, OpeningBalance, Reference, TransferId,
 };
@@ -34,7 +36,7 @@ async fn joined(
     match run.await {
         Ok(result) => Ok(result?),
         // Only a panic gets here (runs are never aborted): a bug, said as one.
-        Err(e) => Err(StoreError::Other(format!("protocol run failed: {e}")).into()),
+        Err(e) => Err(StoreError::Other(format!("protocol run failed: {e}").into()).into()),
     }
 }
 
@@ -130,8 +132,6 @@ pub enum ServiceError {
     AccountNotFound(String),
     #[error("transfer {0} does not exist")]
     TransferNotFound(TransferId),
-    #[error("account {0} does not exist")]
-    UnknownAccount(String),
     #[error("source and destination are the same account")]
     SameAccount,
     #[error(
@@ -280,7 +280,7 @@ impl Bank {
             let id = transfer.id;
             let ended = bank.run(transfer).await;
             if let Err(e) = &ended {
-                tracing::warn!(transfer_id = %id, error = %e, "transfer interrupted; the sweeper will finish it");
+                tracing::warn!(transfer_id = %id, error = %Chain(e), "transfer interrupted; the sweeper will finish it");
             }
             ended
         };
@@ -556,9 +556,9 @@ impl Bank {
             .store
             .currencies([new.source.as_str(), new.destination.as_str()])
             .await?;
-        let source = source.ok_or_else(|| ServiceError::UnknownAccount(new.source.to_string()))?;
-        let destination =
-            destination.ok_or_else(|| ServiceError::UnknownAccount(new.destination.to_string()))?;
+        let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
+        let destination = destination
+            .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
         let mut known = self.currencies.lock().unwrap_or_else(|e| e.into_inner());
         if known.len() + 2 > CURRENCY_CACHE_MAX {
             known.clear();
@@ -593,10 +593,9 @@ impl Bank {
         let deadline = tokio::time::Instant::now() + limit;
         while !transfer.state.is_terminal() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(REPLAY_POLL).await;
-            transfer =
-                self.store.transfer(transfer.id).await?.ok_or_else(|| {
-                    StoreError::Other(format!("transfer {} vanished", transfer.id))
-                })?;
+            transfer = self.store.transfer(transfer.id).await?.ok_or_else(|| {
+                StoreError::Other(format!("transfer {} vanished", transfer.id).into())
+            })?;
         }
         Ok(transfer)
     }

@@ -346,15 +346,18 @@ impl Bank {
         self.store
             .transfer(transfer.id)
             .await?
-            .ok_or_else(|| StoreError::Other(format!("transfer {} vanished", transfer.id)))
+            .ok_or_else(|| StoreError::Other(format!("transfer {} vanished", transfer.id).into()))
     }
 }
 
 fn contended(t: &TransferDoc) -> StoreError {
-    StoreError::Unavailable(format!(
-        "transfer {}: account step kept losing to concurrent updates",
-        t.id
-    ))
+    StoreError::Unavailable(
+        format!(
+            "transfer {}: account step kept losing to concurrent updates",
+            t.id
+        )
+        .into(),
+    )
 }
 
 /// The state `event` takes `transfer` to. The protocol only asks for events its state

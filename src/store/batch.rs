@@ -243,9 +243,9 @@ pub async fn insert_transfers(
             let mut results = vec![Ok(()); count];
             for error in failure.write_errors.iter().flatten() {
                 let refused = if error.code == 11000 {
-                    StoreError::DuplicateKey(error.message.clone())
+                    StoreError::DuplicateKey(error.message.clone().into())
                 } else {
-                    StoreError::Other(error.message.clone())
+                    StoreError::Other(error.message.clone().into())
                 };
                 if let Some(slot) = results.get_mut(error.index) {
                     *slot = Err(refused);

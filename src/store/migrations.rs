@@ -41,7 +41,7 @@ fn checksum(text: &str) -> String {
 }
 
 fn commands(name: &str, text: &str) -> StoreResult<Vec<Document>> {
-    let bad = |why: String| StoreError::Other(format!("migration {name}: {why}"));
+    let bad = |why: String| StoreError::Other(format!("migration {name}: {why}").into());
     let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     let list = json
         .get("commands")
@@ -66,7 +66,7 @@ pub async fn apply_all(db: &Database) -> StoreResult<Vec<String>> {
             if record.get_str("checksum").ok() != Some(sum.as_str()) {
                 return Err(StoreError::Other(format!(
                     "migration {name} was changed after it was applied; add a new migration instead"
-                )));
+                ).into()));
             }
             continue;
         }

@@ -43,19 +43,42 @@ pub const READ_TIME_LIMIT: Duration = Duration::from_secs(2);
 /// so that many instances cannot exhaust the server's connection limit.
 const MAX_POOL_SIZE: u32 = 64;
 
-/// A failed database operation, classified for the caller.
+/// A failed database operation, classified for the caller; what went wrong underneath is
+/// its source ([`Cause`]), for the log.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or cannot accept the write now (no primary, network
     /// failure, shutdown, time-out). Retrying later may succeed; HTTP says 503.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
+    #[error("the database is unavailable")]
+    Unavailable(#[source] Cause),
     /// A unique index refused the write (an `_id` or idempotency key already taken).
-    #[error("duplicate key: {0}")]
-    DuplicateKey(String),
+    #[error("a unique index refused the write")]
+    DuplicateKey(#[source] Cause),
     /// Anything else: a bug or a misconfigured database. HTTP says 500, opaquely.
-    #[error("database error: {0}")]
-    Other(String),
+    #[error("the database operation failed")]
+    Other(#[source] Cause),
+}
+
+/// The cause of a [`StoreError`]: the driver's error, with its own sources, or what the
+/// code found wrong itself.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Cause {
+    #[error(transparent)]
+    Driver(#[from] mongodb::error::Error),
+    #[error("{0}")]
+    Found(String),
+}
+
+impl From<String> for Cause {
+    fn from(what: String) -> Cause {
+        Cause::Found(what)
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(what: &str) -> Cause {
+        Cause::Found(what.to_owned())
+    }
 }
 
 /// MongoDB error codes that mean "not now" rather than "never": shutdown, failover and
@@ -79,45 +102,46 @@ const UNAVAILABLE_CODES: &[i32] = &[
 
 impl From<mongodb::error::Error> for StoreError {
     fn from(err: mongodb::error::Error) -> Self {
-        let text = err.to_string();
         match err.kind.as_ref() {
             ErrorKind::ServerSelection { .. }
             | ErrorKind::Io(_)
             | ErrorKind::ConnectionPoolCleared { .. }
-            | ErrorKind::Shutdown => StoreError::Unavailable(text),
+            | ErrorKind::Shutdown => StoreError::Unavailable(err.into()),
             ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == 11000 => {
-                StoreError::DuplicateKey(text)
+                StoreError::DuplicateKey(err.into())
             }
             ErrorKind::Write(WriteFailure::WriteError(e))
                 if UNAVAILABLE_CODES.contains(&e.code) =>
             {
-                StoreError::Unavailable(text)
+                StoreError::Unavailable(err.into())
             }
-            ErrorKind::Write(WriteFailure::WriteConcernError(_)) => StoreError::Unavailable(text),
+            ErrorKind::Write(WriteFailure::WriteConcernError(_)) => {
+                StoreError::Unavailable(err.into())
+            }
             // A batched insert: the primary may have it, the majority did not say so.
             ErrorKind::InsertMany(f) if f.write_concern_error.is_some() => {
-                StoreError::Unavailable(text)
+                StoreError::Unavailable(err.into())
             }
             ErrorKind::InsertMany(f) => {
                 let codes: Vec<i32> = f.write_errors.iter().flatten().map(|e| e.code).collect();
                 if codes.iter().any(|c| UNAVAILABLE_CODES.contains(c)) {
-                    StoreError::Unavailable(text)
+                    StoreError::Unavailable(err.into())
                 } else if !codes.is_empty() && codes.iter().all(|&c| c == 11000) {
-                    StoreError::DuplicateKey(text)
+                    StoreError::DuplicateKey(err.into())
                 } else {
-                    StoreError::Other(text)
+                    StoreError::Other(err.into())
                 }
             }
-            ErrorKind::Command(e) if e.code == 11000 => StoreError::DuplicateKey(text),
+            ErrorKind::Command(e) if e.code == 11000 => StoreError::DuplicateKey(err.into()),
             ErrorKind::Command(e) if UNAVAILABLE_CODES.contains(&e.code) => {
-                StoreError::Unavailable(text)
+                StoreError::Unavailable(err.into())
             }
             _ if err.contains_label("RetryableWriteError")
                 || err.contains_label("TransientTransactionError") =>
             {
-                StoreError::Unavailable(text)
+                StoreError::Unavailable(err.into())
             }
-            _ => StoreError::Other(text),
+            _ => StoreError::Other(err.into()),
         }
     }
 }
@@ -154,7 +178,7 @@ impl Store {
     ) -> StoreResult<Store> {
         let mut options = ClientOptions::parse(uri)
             .await
-            .map_err(|e| StoreError::Other(format!("invalid MONGODB_URI: {e}")))?;
+            .map_err(|e| StoreError::Other(format!("invalid MONGODB_URI: {e}").into()))?;
         options
             .app_name
             .get_or_insert_with(|| "transfer-service".to_owned());
@@ -222,7 +246,7 @@ impl Store {
         let time = reply
             .get_datetime("localTime")
             .copied()
-            .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}")))?;
+            .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}").into()))?;
         self.clock.observe(time, arrived);
         Ok(time)
     }

@@ -82,10 +82,9 @@ impl Store {
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(StoreError::Unavailable(format!(
-            "transfer {}: transaction kept conflicting",
-            transfer.id
-        )))
+        Err(StoreError::Unavailable(
+            format!("transfer {}: transaction kept conflicting", transfer.id).into(),
+        ))
     }
 
     /// Insert, debit, credit, inside the session's transaction. Returns why an account
