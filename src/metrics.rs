@@ -1,8 +1,6 @@
-//! Prometheus metrics: counters and histograms kept in this process's memory, written
-//! out by `GET /metrics` in the text exposition format, version 0.0.4.
-//!
-//! Hand-written rather than pulled from a metrics crate: six families with fixed
-//! buckets, and the format is a few lines of text.
+//! Prometheus metrics: recorded through the `metrics` facade into this process's one
+//! `metrics-exporter-prometheus` recorder, written out by `GET /metrics` in the text
+//! exposition format, version 0.0.4.
 //!
 //! | family | type | labels |
 //! |---|---|---|
@@ -19,16 +17,83 @@
 //! method outside the standard ones is `other`; states and reasons are the domain's
 //! enums; commands are the MongoDB command names this service's own code issues.
 //!
-//! The values are process-wide (one set per process, as Prometheus expects from a
-//! scrape target) and start at zero when the process starts.
+//! Invariant: every family is listed from the first scrape, and every terminal outcome
+//! of `transfers_total` is a series from the start, at 0.
+//!
+//! The recorder is process-wide (one set of values per process, as Prometheus expects
+//! from a scrape target, however many `Application`s the process runs, as the tests do)
+//! and is installed by the first call into this module; the values start at zero when
+//! the process starts. This module is a leaf: the code it measures calls it, and it
+//! reads nothing of theirs.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::LazyLock;
 use std::time::Duration;
 
+use ::metrics::{
+    Counter, Gauge, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
 use crate::domain::{CancelReason, TransferState};
+
+const HTTP_REQUESTS: &str = "http_requests_total";
+const HTTP_DURATION: &str = "http_request_duration_seconds";
+const TRANSFERS: &str = "transfers_total";
+const IN_FLIGHT: &str = "transfers_in_flight";
+const RECOVERIES: &str = "sweeper_recoveries_total";
+const DB_DURATION: &str = "db_operation_duration_seconds";
+
+/// The Prometheus type of a family.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// Every family with its type and HELP text: what dashboards rely on.
+const FAMILIES: [(&str, Kind, &str); 6] = [
+    (
+        HTTP_REQUESTS,
+        Kind::Counter,
+        "HTTP requests answered, by method, matched route template and status.",
+    ),
+    (
+        HTTP_DURATION,
+        Kind::Histogram,
+        "Time from receiving a request to its response headers, by method and matched route template.",
+    ),
+    (
+        TRANSFERS,
+        Kind::Counter,
+        "Transfers this process took to a terminal state, by state and cancel reason.",
+    ),
+    (
+        IN_FLIGHT,
+        Kind::Gauge,
+        "Transfers this process is driving through the protocol right now.",
+    ),
+    (
+        RECOVERIES,
+        Kind::Counter,
+        "Unfinished transfers the recovery sweeper of this process took over and finished.",
+    ),
+    (
+        DB_DURATION,
+        Kind::Histogram,
+        "Round-trip time of database commands as the driver measured it, by command name and outcome.",
+    ),
+];
 
 /// Upper bounds of the HTTP latency buckets, in seconds. A transfer answers in
 /// milliseconds; the top bucket is the request time-out.
@@ -41,6 +106,11 @@ const DB_BUCKETS_SECONDS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
+/// How often the histograms' raw samples are folded into their buckets when nobody
+/// scrapes. The exporter keeps every sample until then (8 bytes each), so without this a
+/// process that is never scraped would grow by its database command rate.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The methods that get their own label value; anything else is `other`, so a client
 /// inventing methods cannot create series.
 const KNOWN_METHODS: &[&str] = &[
@@ -50,91 +120,83 @@ const KNOWN_METHODS: &[&str] = &[
 /// The `route` label of a request no route matched.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
-/// Observations bucketed by fixed upper bounds.
-#[derive(Debug, Clone)]
-struct Histogram {
-    bounds: &'static [f64],
-    /// Observations per bucket, not cumulative: `counts[i]` holds those in
-    /// `(bounds[i-1], bounds[i]]`, the last one those above every bound.
-    counts: Vec<u64>,
-    sum_seconds: f64,
+/// The installed recorder and the series without labels, registered once.
+struct Installed {
+    /// Renders what the recorder holds.
+    handle: PrometheusHandle,
+    /// `transfers_in_flight`, kept so that a guard does not look it up by name.
+    in_flight: Gauge,
+    /// `sweeper_recoveries_total`, kept for the same reason.
+    recovered: Counter,
 }
 
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            counts: vec![0; bounds.len() + 1],
-            sum_seconds: 0.0,
+/// A global recorder can be installed only once per process, and the tests run many
+/// applications in one process: so it is installed here, once, on first use, and every
+/// function of this module goes through this before it records, so that nothing is
+/// recorded into the facade's no-op recorder before ours is in place.
+static INSTALLED: LazyLock<Installed> = LazyLock::new(install);
+
+fn installed() -> &'static Installed {
+    &INSTALLED
+}
+
+fn install() -> Installed {
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(HTTP_DURATION.to_owned()),
+            HTTP_BUCKETS_SECONDS,
+        )
+        .and_then(|builder| {
+            builder
+                .set_buckets_for_metric(Matcher::Full(DB_DURATION.to_owned()), DB_BUCKETS_SECONDS)
+        })
+        .expect("the bucket lists are constants and not empty")
+        .build_recorder();
+    let handle = recorder.handle();
+    if let Err(e) = ::metrics::set_global_recorder(recorder) {
+        // Only code embedding this crate could have installed one first. Transfers must
+        // not fail for it: /metrics then lists the families without their series.
+        tracing::error!(error = %e, "another metrics recorder is installed; GET /metrics will miss this service's series");
+    }
+
+    for (name, kind, help) in FAMILIES {
+        match kind {
+            Kind::Counter => describe_counter!(name, help),
+            Kind::Gauge => describe_gauge!(name, help),
+            Kind::Histogram => describe_histogram!(name, help),
         }
     }
-
-    fn observe(&mut self, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        let bucket = self
-            .bounds
-            .iter()
-            .position(|&bound| seconds <= bound)
-            .unwrap_or(self.bounds.len());
-        self.counts[bucket] += 1;
-        self.sum_seconds += seconds;
-    }
-
-    /// Writes the `_bucket`, `_sum` and `_count` lines; `labels` is `a="x",b="y"`.
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (i, count) in self.counts.iter().enumerate() {
-            cumulative += count;
-            let le = match self.bounds.get(i) {
-                Some(bound) => bound.to_string(),
-                None => "+Inf".to_owned(),
-            };
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_seconds);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
-    }
-}
-
-/// The HTTP series, under one lock: a request updates both families at once.
-#[derive(Default)]
-struct HttpSeries {
-    /// (method, route, status) -> requests.
-    requests: BTreeMap<(&'static str, String, u16), u64>,
-    /// (method, route) -> latency.
-    durations: BTreeMap<(&'static str, String), Histogram>,
-}
-
-/// Every series with labels. Locks are held only to bump a number or to render.
-struct Registry {
-    http: Mutex<HttpSeries>,
-    /// (state, reason) -> transfers that reached that terminal state in this process.
-    transfers: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
-    /// (command, outcome) -> latency of the driver's commands.
-    db: Mutex<BTreeMap<(String, &'static str), Histogram>>,
-}
-
-static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
-    // Every terminal outcome is listed from the start, at 0, so that a rate over it
-    // is defined before the first transfer ends that way.
-    let mut transfers = BTreeMap::new();
-    transfers.insert((TransferState::Done.as_str(), "none"), 0);
+    // Every terminal outcome is listed from the start, at 0, so that a rate over it is
+    // defined before the first transfer ends that way.
+    counter!(TRANSFERS, "state" => TransferState::Done.as_str(), "reason" => "none").increment(0);
     for reason in CancelReason::ALL {
-        transfers.insert((TransferState::Canceled.as_str(), reason.as_str()), 0);
+        counter!(TRANSFERS, "state" => TransferState::Canceled.as_str(), "reason" => reason.as_str())
+            .increment(0);
     }
-    Registry {
-        http: Mutex::default(),
-        transfers: Mutex::new(transfers),
-        db: Mutex::default(),
+    let in_flight = gauge!(IN_FLIGHT);
+    in_flight.set(0.0);
+    let recovered = counter!(RECOVERIES);
+    recovered.increment(0);
+
+    let upkeep = handle.clone();
+    let spawned = std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            }
+        });
+    if let Err(e) = spawned {
+        // Scrapes drain the samples too; only an unscraped process grows.
+        tracing::warn!(error = %e, "no metrics upkeep thread; histogram samples pile up between scrapes");
     }
-});
 
-/// Transfers this process is driving right now.
-static IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
-
-/// A panic elsewhere while a lock was held leaves plain numbers behind, still usable.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
+    Installed {
+        handle,
+        in_flight,
+        recovered,
+    }
 }
 
 fn method_label(method: &str) -> &'static str {
@@ -148,30 +210,30 @@ fn method_label(method: &str) -> &'static str {
 /// Records one answered HTTP request. `route` is the matched route template, `None` when
 /// no route matched.
 pub fn http_request(method: &str, route: Option<&str>, status: u16, elapsed: Duration) {
+    installed();
     let method = method_label(method);
-    let route = route.unwrap_or(UNMATCHED_ROUTE);
-    let mut http = lock(&REGISTRY.http);
-    *http
-        .requests
-        .entry((method, route.to_owned(), status))
-        .or_default() += 1;
-    http.durations
-        .entry((method, route.to_owned()))
-        .or_insert_with(|| Histogram::new(HTTP_BUCKETS_SECONDS))
-        .observe(elapsed);
+    let route = route.unwrap_or(UNMATCHED_ROUTE).to_owned();
+    counter!(HTTP_REQUESTS, "method" => method, "route" => route.clone(), "status" => status.to_string())
+        .increment(1);
+    histogram!(HTTP_DURATION, "method" => method, "route" => route).record(elapsed);
 }
 
 /// Records a transfer that this process took to a terminal state: call it once, where
 /// the guarded write to `done` or `canceled` won. Non-terminal states are ignored.
 pub fn transfer_finished(state: TransferState, reason: Option<CancelReason>) {
+    installed();
     let reason = match state {
         TransferState::Done => "none",
         TransferState::Canceled => reason.map_or("unknown", CancelReason::as_str),
         _ => return,
     };
-    *lock(&REGISTRY.transfers)
-        .entry((state.as_str(), reason))
-        .or_default() += 1;
+    counter!(TRANSFERS, "state" => state.as_str(), "reason" => reason).increment(1);
+}
+
+/// Records an unfinished transfer that the recovery sweeper took over and drove to a
+/// terminal state.
+pub fn transfer_recovered() {
+    installed().recovered.increment(1);
 }
 
 /// Counts a transfer as in flight while it lives: hold one while driving a transfer.
@@ -181,119 +243,39 @@ pub struct InFlightTransfer(());
 
 impl InFlightTransfer {
     pub fn enter() -> InFlightTransfer {
-        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        installed().in_flight.increment(1.0);
         InFlightTransfer(())
     }
 }
 
 impl Drop for InFlightTransfer {
     fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        installed().in_flight.decrement(1.0);
     }
 }
 
 /// Records one database command, as the driver timed it (round trip included).
 pub fn db_operation(command: &str, succeeded: bool, elapsed: Duration) {
+    installed();
     let outcome = if succeeded { "ok" } else { "error" };
-    lock(&REGISTRY.db)
-        .entry((command.to_owned(), outcome))
-        .or_insert_with(|| Histogram::new(DB_BUCKETS_SECONDS))
-        .observe(elapsed);
-}
-
-/// A label value with `\`, `"` and newlines escaped, as the format requires.
-fn escape(value: &str) -> String {
-    let mut escaped = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => escaped.push_str("\\\\"),
-            '"' => escaped.push_str("\\\""),
-            '\n' => escaped.push_str("\\n"),
-            c => escaped.push(c),
-        }
-    }
-    escaped
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+    histogram!(DB_DURATION, "command" => command.to_owned(), "outcome" => outcome).record(elapsed);
 }
 
 /// Every family in the Prometheus text format, version 0.0.4.
 pub fn render() -> String {
-    let mut out = String::with_capacity(8 * 1024);
-    {
-        let http = lock(&REGISTRY.http);
-        header(
-            &mut out,
-            "http_requests_total",
-            "counter",
-            "HTTP requests answered, by method, matched route template and status.",
-        );
-        for ((method, route, status), count) in &http.requests {
-            let _ = writeln!(
-                out,
-                "http_requests_total{{method=\"{method}\",route=\"{}\",status=\"{status}\"}} {count}",
-                escape(route)
-            );
-        }
-        header(
-            &mut out,
-            "http_request_duration_seconds",
-            "histogram",
-            "Time from receiving a request to its response headers, by method and matched route template.",
-        );
-        for ((method, route), histogram) in &http.durations {
-            let labels = format!("method=\"{method}\",route=\"{}\"", escape(route));
-            histogram.render(&mut out, "http_request_duration_seconds", &labels);
+    let mut text = installed().handle.render();
+    // The exporter lists a family once it has a series. Those still without one (no
+    // request answered yet, say) are listed by their HELP and TYPE alone, so that every
+    // family is there from the first scrape, as the README's table promises.
+    for (name, kind, help) in FAMILIES {
+        if !text.contains(&format!("# TYPE {name} ")) {
+            text.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {}\n",
+                kind.as_str()
+            ));
         }
     }
-    header(
-        &mut out,
-        "transfers_total",
-        "counter",
-        "Transfers this process took to a terminal state, by state and cancel reason.",
-    );
-    for ((state, reason), count) in lock(&REGISTRY.transfers).iter() {
-        let _ = writeln!(
-            out,
-            "transfers_total{{state=\"{state}\",reason=\"{reason}\"}} {count}"
-        );
-    }
-    header(
-        &mut out,
-        "transfers_in_flight",
-        "gauge",
-        "Transfers this process is driving through the protocol right now.",
-    );
-    let _ = writeln!(
-        out,
-        "transfers_in_flight {}",
-        IN_FLIGHT.load(Ordering::Relaxed)
-    );
-    header(
-        &mut out,
-        "sweeper_recoveries_total",
-        "counter",
-        "Unfinished transfers the recovery sweeper of this process took over and finished.",
-    );
-    let _ = writeln!(
-        out,
-        "sweeper_recoveries_total {}",
-        crate::sweeper::RECOVERED_TOTAL.load(Ordering::Relaxed)
-    );
-    header(
-        &mut out,
-        "db_operation_duration_seconds",
-        "histogram",
-        "Round-trip time of database commands as the driver measured it, by command name and outcome.",
-    );
-    for ((command, outcome), histogram) in lock(&REGISTRY.db).iter() {
-        let labels = format!("command=\"{}\",outcome=\"{outcome}\"", escape(command));
-        histogram.render(&mut out, "db_operation_duration_seconds", &labels);
-    }
-    out
+    text
 }
 
 #[cfg(test)]
@@ -306,27 +288,20 @@ mod tests {
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
-    #[test]
-    fn a_histogram_renders_cumulative_buckets_sum_and_count() {
-        let mut histogram = Histogram::new(&[0.1, 1.0]);
-        histogram.observe(Duration::from_micros(62_500));
-        histogram.observe(Duration::from_millis(500));
-        histogram.observe(Duration::from_secs(3));
-        let mut out = String::new();
-        histogram.render(&mut out, "h", "a=\"b\"");
-        assert_eq!(
-            out,
-            "h_bucket{a=\"b\",le=\"0.1\"} 1\n\
-             h_bucket{a=\"b\",le=\"1\"} 2\n\
-             h_bucket{a=\"b\",le=\"+Inf\"} 3\n\
-             h_sum{a=\"b\"} 3.5625\n\
-             h_count{a=\"b\"} 3\n"
-        );
+    /// The `le` bounds of the `_bucket` lines of one series, `labels` being `a="x",b="y"`.
+    fn bucket_bounds(text: &str, name: &str, labels: &str) -> Vec<String> {
+        let prefix = format!("{name}_bucket{{{labels},le=\"");
+        text.lines()
+            .filter_map(|line| Some(line.strip_prefix(&prefix)?.split_once('"')?.0.to_owned()))
+            .collect()
     }
 
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    fn expected_bounds(bounds: &[f64]) -> Vec<String> {
+        bounds
+            .iter()
+            .map(f64::to_string)
+            .chain(["+Inf".to_owned()])
+            .collect()
     }
 
     #[test]
@@ -336,20 +311,52 @@ mod tests {
     }
 
     #[test]
-    fn every_outcome_is_rendered_before_any_transfer_finished() {
-        // The families and their types are checked through GET /metrics in
-        // tests/api/observability.rs.
+    fn every_family_is_listed_with_its_type_and_help() {
+        // The families are checked through GET /metrics in tests/api/observability.rs too.
         let text = render();
-        assert!(sample(&text, "transfers_total{state=\"done\",reason=\"none\"}").is_some());
+        for (name, kind, help) in FAMILIES {
+            assert!(
+                text.contains(&format!("# TYPE {name} {}\n", kind.as_str())),
+                "{name}:\n{text}"
+            );
+            assert!(
+                text.contains(&format!("# HELP {name} {help}\n")),
+                "{name}:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_outcome_is_a_series_before_any_transfer_finished() {
+        let text = render();
+        assert!(
+            sample(&text, "transfers_total{state=\"done\",reason=\"none\"}").is_some(),
+            "{text}"
+        );
+        for reason in CancelReason::ALL {
+            let series = format!(
+                "transfers_total{{state=\"canceled\",reason=\"{}\"}}",
+                reason.as_str()
+            );
+            assert!(sample(&text, &series).is_some(), "{series}:\n{text}");
+        }
+        assert!(sample(&text, "transfers_in_flight").is_some(), "{text}");
+        assert!(
+            sample(&text, "sweeper_recoveries_total").is_some(),
+            "{text}"
+        );
     }
 
     #[test]
     fn the_in_flight_gauge_follows_its_guards() {
-        let before = IN_FLIGHT.load(Ordering::Relaxed);
+        let before = sample(&render(), "transfers_in_flight").unwrap();
         let guard = InFlightTransfer::enter();
-        assert_eq!(IN_FLIGHT.load(Ordering::Relaxed), before + 1);
+        assert_eq!(
+            sample(&render(), "transfers_in_flight").unwrap(),
+            before + 1.0
+        );
         drop(guard);
-        assert_eq!(IN_FLIGHT.load(Ordering::Relaxed), before);
+        assert_eq!(sample(&render(), "transfers_in_flight").unwrap(), before);
     }
 
     #[test]
@@ -359,5 +366,71 @@ mod tests {
         transfer_finished(TransferState::Canceled, Some(CancelReason::BalanceOverflow));
         transfer_finished(TransferState::Pending, None);
         assert_eq!(sample(&render(), series).unwrap(), before + 1.0);
+    }
+
+    #[test]
+    fn a_recovered_transfer_is_counted() {
+        let before = sample(&render(), "sweeper_recoveries_total").unwrap();
+        transfer_recovered();
+        assert!(sample(&render(), "sweeper_recoveries_total").unwrap() >= before + 1.0);
+    }
+
+    #[test]
+    fn a_database_command_lands_in_the_database_buckets() {
+        // A command name of this test's own, so no other test adds to its series.
+        db_operation("bucketProbe", true, Duration::from_micros(62_500));
+        db_operation("bucketProbe", true, Duration::from_secs(7));
+        let text = render();
+        let labels = "command=\"bucketProbe\",outcome=\"ok\"";
+        assert_eq!(
+            bucket_bounds(&text, DB_DURATION, labels),
+            expected_bounds(DB_BUCKETS_SECONDS),
+            "{text}"
+        );
+        let bucket = |le: &str| {
+            sample(
+                &text,
+                &format!("{DB_DURATION}_bucket{{{labels},le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(bucket("0.05"), Some(0.0));
+        assert_eq!(bucket("0.1"), Some(1.0));
+        assert_eq!(bucket("5"), Some(1.0));
+        assert_eq!(bucket("+Inf"), Some(2.0));
+        assert_eq!(
+            sample(&text, &format!("{DB_DURATION}_sum{{{labels}}}")),
+            Some(7.0625)
+        );
+        assert_eq!(
+            sample(&text, &format!("{DB_DURATION}_count{{{labels}}}")),
+            Some(2.0)
+        );
+    }
+
+    #[test]
+    fn a_request_is_counted_and_lands_in_the_http_buckets() {
+        http_request("GET", Some("/bucket-probe"), 200, Duration::from_millis(30));
+        let text = render();
+        assert_eq!(
+            sample(
+                &text,
+                "http_requests_total{method=\"GET\",route=\"/bucket-probe\",status=\"200\"}"
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        let labels = "method=\"GET\",route=\"/bucket-probe\"";
+        assert_eq!(
+            bucket_bounds(&text, HTTP_DURATION, labels),
+            expected_bounds(HTTP_BUCKETS_SECONDS),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!("{HTTP_DURATION}_bucket{{{labels},le=\"0.05\"}}")
+            ),
+            Some(1.0)
+        );
     }
 }

@@ -27,7 +27,6 @@
 //! One transfer that fails (the database refused a step, say) is logged and left for the
 //! next pass; the pass goes on with the others and with its housekeeping.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::Rng;
@@ -39,9 +38,6 @@ use crate::telemetry::Chain;
 
 /// Transfers claimed in one pass, at most.
 pub const BATCH: u32 = 100;
-
-/// Transfers recovered by this process since it started.
-pub static RECOVERED_TOTAL: AtomicU64 = AtomicU64::new(0);
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +114,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
     while let Some(ended) = runs.join_next().await {
         if ended.unwrap_or(false) {
             report.finished += 1;
-            RECOVERED_TOTAL.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::transfer_recovered();
         }
     }
     if !shutdown.is_cancelled() {

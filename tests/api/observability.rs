@@ -167,6 +167,37 @@ async fn metrics_are_prometheus_text_exposing_every_family() {
     }
 }
 
+/// A rate over an outcome is defined before the first transfer ends that way: every
+/// terminal outcome, the in-flight gauge and the recovery counter are series from the
+/// first scrape, before this instance served any request or moved any transfer.
+#[tokio::test]
+async fn every_outcome_is_a_series_from_the_first_scrape() {
+    let app = spawn_app().await;
+
+    let text = scrape(&app).await;
+
+    let mut series = vec![
+        "transfers_total{state=\"done\",reason=\"none\"}".to_owned(),
+        "transfers_in_flight".to_owned(),
+        "sweeper_recoveries_total".to_owned(),
+    ];
+    for reason in transfer_service::domain::CancelReason::ALL {
+        series.push(format!(
+            "transfers_total{{state=\"canceled\",reason=\"{}\"}}",
+            reason.as_str()
+        ));
+    }
+    for series in series {
+        assert!(
+            text.lines().any(|line| line
+                .strip_prefix(series.as_str())
+                .and_then(|rest| rest.strip_prefix(' '))
+                .is_some_and(|value| value.parse::<f64>().is_ok())),
+            "{series} is not exposed:\n{text}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn metrics_need_no_api_key() {
     let app = crate::support::spawn_app_with(|settings| {
