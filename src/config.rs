@@ -233,18 +233,16 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    /// Turns clap's rejection of one setting's value into the one line that names its
-    /// variable. Any other error of clap's (`--help`, `--version`, an unknown flag) is
-    /// handed back for clap to answer with its usual screen.
+    /// Turns a value parser's rejection of one setting's value into the one line that
+    /// names its variable. Any other error of clap's (`--help`, `--version`, an unknown
+    /// flag, a flag without its value) is handed back for clap to answer with its usual
+    /// screen.
     ///
     /// The message is what the parser said about the value: the complaint of a [`Trimmed`]
     /// parser, or the error of one of the functions below. clap's own rendering is never
     /// used, since it repeats the value, which for `API_KEYS` may be a real key.
     pub fn from_clap(error: clap::Error) -> Result<ConfigError, clap::Error> {
-        if !matches!(
-            error.kind(),
-            ErrorKind::ValueValidation | ErrorKind::InvalidValue
-        ) {
+        if error.kind() != ErrorKind::ValueValidation {
             return Err(error);
         }
         // clap names the argument as its `Display` shows it: `--max-connections <MAX_CONNECTIONS>`.
@@ -263,7 +261,7 @@ impl ConfigError {
         let message = match (error.get(ContextKind::Custom), error.source()) {
             (Some(ContextValue::String(complaint)), _) => complaint.clone(),
             (_, Some(source)) => source.to_string(),
-            _ => "is not an accepted value".to_owned(),
+            _ => return Err(error),
         };
         Ok(ConfigError {
             variable: variable.to_string_lossy().into_owned(),
@@ -763,7 +761,7 @@ mod tests {
     }
 
     #[test]
-    fn help_version_and_unknown_flags_are_left_to_clap() {
+    fn help_version_and_a_misused_command_line_are_left_to_clap() {
         let help = Settings::try_parse_from(["transfer-service", "--help"]).unwrap_err();
         let help = ConfigError::from_clap(help).unwrap_err();
         assert_eq!(help.kind(), ErrorKind::DisplayHelp);
@@ -789,6 +787,15 @@ mod tests {
             ConfigError::from_clap(unknown).unwrap_err().kind(),
             ErrorKind::UnknownArgument
         );
+        for flag in ["--max-connections", "--api-keys", "--log-format"] {
+            let missing = Settings::try_parse_from(["transfer-service", flag]).unwrap_err();
+            let missing = ConfigError::from_clap(missing).unwrap_err();
+            assert!(
+                missing.render().to_string().contains("a value is required"),
+                "{flag}: {}",
+                missing.render()
+            );
+        }
     }
 
     #[test]
