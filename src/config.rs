@@ -238,7 +238,7 @@ impl ConfigError {
     /// flag, a flag without its value) is handed back for clap to answer with its usual
     /// screen.
     ///
-    /// The message is what the parser said about the value: the complaint of a [`Trimmed`]
+    /// The message is what the parser said about the value: the complaint of a `Trimmed`
     /// parser, or the error of one of the functions below. clap's own rendering is never
     /// used, since it repeats the value, which for `API_KEYS` may be a real key.
     pub fn from_clap(error: clap::Error) -> Result<ConfigError, clap::Error> {
