@@ -1,114 +1,137 @@
 //! Typed settings, read once at start-up from environment variables or the equivalent
 //! command-line flags (`transfer-service --help`).
 //!
-//! clap only collects raw strings; [`Settings::from_args`] turns them into typed values,
-//! so that a bad value stops the process with one line that names the variable, not a
-//! usage screen. Durations carry their unit in the variable name (`_MS`) and become
-//! [`Duration`]s here, at the edge.
+//! clap parses every value with a typed parser declared on [`Args`]: its own ranged
+//! integers and enums for the counts, durations and modes, and the functions below for
+//! the values only this service knows (connection string, API keys, CORS origins). A value
+//! clap rejects stops the process with one line that names the variable, not a usage
+//! screen ([`ConfigError::from_clap`]); no line and no `Debug` output ever holds an API
+//! key. Surrounding whitespace is ignored, as an `.env` file easily leaves some. Durations
+//! carry their unit in the variable name (`_MS`) and become [`Duration`]s in
+//! [`Settings::from_args`], at the edge.
 
 use crate::service::Strategy;
+use std::error::Error as _;
+use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::builder::{EnumValueParser, PossibleValue, RangedU64ValueParser, TypedValueParser};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, Parser, ValueEnum};
 
-/// The raw flags and variables, exactly as given.
+/// The flags and variables, each parsed into its type by clap.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "transfer-service", version, about)]
 pub struct Args {
     /// MongoDB connection string; a replica set (or SecantusDB) is required for majority writes.
-    #[arg(long, env = "MONGODB_URI", default_value = "mongodb://127.0.0.1:27017")]
+    #[arg(
+        long,
+        env = "MONGODB_URI",
+        default_value = "mongodb://127.0.0.1:27017",
+        value_parser = mongodb_uri
+    )]
     pub mongodb_uri: String,
 
     /// Database holding the `accounts`, `transactions` and `migrations` collections.
-    #[arg(long, env = "MONGODB_DATABASE", default_value = "bank")]
+    #[arg(long, env = "MONGODB_DATABASE", default_value = "bank", value_parser = database_name)]
     pub mongodb_database: String,
 
     /// Address the HTTP server listens on.
-    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1:8080")]
-    pub bind_addr: String,
+    #[arg(long, env = "BIND_ADDR", default_value = "127.0.0.1:8080", value_parser = socket_addr)]
+    pub bind_addr: SocketAddr,
 
     /// This instance's name, written to the `application` field of the transfers it owns.
     /// Defaults to hostname-pid. Give a restarted instance its old name and it resumes its
     /// own transfers at once instead of waiting for their lease to lapse.
-    #[arg(long, env = "INSTANCE_ID")]
+    #[arg(long, env = "INSTANCE_ID", value_parser = instance_id)]
     pub instance_id: Option<String>,
 
     /// Milliseconds between two passes of the recovery sweeper.
-    #[arg(long, env = "SWEEP_INTERVAL_MS", default_value = "1000")]
-    pub sweep_interval_ms: String,
+    #[arg(long, env = "SWEEP_INTERVAL_MS", default_value = "1000", value_parser = millis())]
+    pub sweep_interval_ms: u64,
 
     /// Milliseconds without progress after which another instance may take a transfer over.
-    #[arg(long, env = "STALE_AFTER_MS", default_value = "10000")]
-    pub stale_after_ms: String,
+    #[arg(long, env = "STALE_AFTER_MS", default_value = "10000", value_parser = millis())]
+    pub stale_after_ms: u64,
 
     /// Group-commit writes in flight to the database at once, across all kinds of step
     /// (1 to 64). Two suit SecantusDB, which runs write commands one at a time; a replica
     /// set whose journal serves concurrent writers with one flush may like more.
-    #[arg(long, env = "GROUP_COMMIT_WRITES", default_value = "2")]
-    pub group_commit_writes: String,
+    #[arg(
+        long,
+        env = "GROUP_COMMIT_WRITES",
+        default_value = "2",
+        value_parser = whole_number(1..=64)
+    )]
+    pub group_commit_writes: usize,
 
     /// Transfers this instance works on at once, at most (1 to 100000): new transfers and
     /// cancels beyond it are refused with 503 `overloaded` and `Retry-After`, recording
     /// nothing, so that queues stay short and every admitted transfer keeps its lease.
-    #[arg(long, env = "MAX_TRANSFERS_IN_FLIGHT", default_value = "512")]
-    pub max_transfers_in_flight: String,
+    #[arg(
+        long,
+        env = "MAX_TRANSFERS_IN_FLIGHT",
+        default_value = "512",
+        value_parser = whole_number(1..=100_000)
+    )]
+    pub max_transfers_in_flight: usize,
 
     /// Client connections served at once, at most (1 to 100000); a connection beyond it
     /// is answered 503 `overloaded` with `Retry-After` and closed at once, so a burst
     /// from many clients neither waits unanswered nor grows this process's memory.
-    #[arg(long, env = "MAX_CONNECTIONS", default_value = "1024")]
-    pub max_connections: String,
+    #[arg(
+        long,
+        env = "MAX_CONNECTIONS",
+        default_value = "1024",
+        value_parser = whole_number(1..=100_000)
+    )]
+    pub max_connections: usize,
 
     /// Milliseconds a connection may take to send a request's headers, counted from when
     /// it is opened or its previous answer was sent: an idle keep-alive connection is
     /// closed after it, and gives its place under `MAX_CONNECTIONS` back. Longer than
     /// the idle time-out of a load balancer in front (60 s is common), so that the
     /// balancer closes first.
-    #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value = "75000")]
-    pub http_idle_timeout_ms: String,
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value = "75000", value_parser = millis())]
+    pub http_idle_timeout_ms: u64,
 
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
-    #[arg(long, env = "TRANSFER_STRATEGY", default_value = "two-phase")]
-    pub transfer_strategy: String,
+    #[arg(
+        long,
+        env = "TRANSFER_STRATEGY",
+        default_value = "two-phase",
+        value_parser = one_of::<Strategy>()
+    )]
+    pub transfer_strategy: Strategy,
 
     /// Log output: `pretty` for people, `json` for one JSON object a line.
-    #[arg(long, env = "LOG_FORMAT", default_value = "pretty")]
-    pub log_format: String,
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        default_value = "pretty",
+        value_parser = one_of::<LogFormat>()
+    )]
+    pub log_format: LogFormat,
 
     /// Log filter in tracing's EnvFilter syntax, such as `info,transfer_service=debug`.
-    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    #[arg(long, env = "RUST_LOG", default_value = "info", value_parser = log_filter)]
     pub rust_log: String,
 
     /// API keys, comma-separated `role:key` pairs: role `rw` may read and write, `ro` only
     /// read. Each key is 16 to 256 visible ASCII characters other than a comma. Unset or
     /// empty: no key is needed. Prefer the variable to the flag, which `ps` shows.
-    #[arg(long, env = "API_KEYS", hide_env_values = true)]
-    pub api_keys: Option<Secret>,
+    // `std::vec::Vec` spelled out: clap's derive then takes the whole list as one value,
+    // as the variable gives it, instead of collecting the flag given several times.
+    #[arg(long, env = "API_KEYS", hide_env_values = true, value_parser = api_keys)]
+    pub api_keys: Option<std::vec::Vec<ApiKey>>,
 
     /// Comma-separated origins (`scheme://host[:port]`) a browser may call the API from.
     /// Unset or empty: no CORS headers, so browsers allow only same-origin calls.
-    #[arg(long, env = "CORS_ALLOWED_ORIGINS")]
-    pub cors_allowed_origins: Option<String>,
-}
-
-/// A secret as given on the command line or in the environment; `Debug` never shows it.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(raw: &str) -> Result<Secret, Self::Err> {
-        Ok(Secret(raw.to_owned()))
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
+    #[arg(long, env = "CORS_ALLOWED_ORIGINS", value_parser = cors_origins)]
+    pub cors_allowed_origins: Option<std::vec::Vec<String>>,
 }
 
 /// What an API key may do.
@@ -148,11 +171,26 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-/// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How logs are written (`LOG_FORMAT`: `pretty` or `json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Pretty,
     Json,
+}
+
+/// The spellings `TRANSFER_STRATEGY` accepts. Written here rather than derived in
+/// `service`, which knows nothing of flags and variables.
+impl ValueEnum for Strategy {
+    fn value_variants<'a>() -> &'a [Strategy] {
+        &[Strategy::TwoPhase, Strategy::Native]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(match self {
+            Strategy::TwoPhase => "two-phase",
+            Strategy::Native => "native",
+        }))
+    }
 }
 
 /// The validated settings the application runs with.
@@ -188,25 +226,190 @@ pub struct Settings {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {variable}: {message}")]
 pub struct ConfigError {
-    pub variable: &'static str,
+    /// The environment variable, also when the value came from its flag: the name an
+    /// operator looks for in a deployment.
+    pub variable: String,
     pub message: String,
 }
 
-fn invalid(variable: &'static str, message: impl Into<String>) -> ConfigError {
+impl ConfigError {
+    /// Turns a value parser's rejection of one setting's value into the one line that
+    /// names its variable. Any other error of clap's (`--help`, `--version`, an unknown
+    /// flag, a flag without its value) is handed back for clap to answer with its usual
+    /// screen.
+    ///
+    /// The message is what the parser said about the value: the complaint of a `Trimmed`
+    /// parser, or the error of one of the functions below. clap's own rendering is never
+    /// used, since it repeats the value, which for `API_KEYS` may be a real key.
+    pub fn from_clap(error: clap::Error) -> Result<ConfigError, clap::Error> {
+        if error.kind() != ErrorKind::ValueValidation {
+            return Err(error);
+        }
+        // clap names the argument as its `Display` shows it: `--max-connections <MAX_CONNECTIONS>`.
+        let Some(ContextValue::String(flag)) = error.get(ContextKind::InvalidArg) else {
+            return Err(error);
+        };
+        let mut command = Args::command();
+        command.build();
+        let Some(variable) = command
+            .get_arguments()
+            .find(|arg| arg.to_string() == *flag)
+            .and_then(|arg| arg.get_env())
+        else {
+            return Err(error);
+        };
+        let message = match (error.get(ContextKind::Custom), error.source()) {
+            (Some(ContextValue::String(complaint)), _) => complaint.clone(),
+            (_, Some(source)) => source.to_string(),
+            _ => return Err(error),
+        };
+        Ok(ConfigError {
+            variable: variable.to_string_lossy().into_owned(),
+            message,
+        })
+    }
+}
+
+fn invalid(variable: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
-        variable,
+        variable: variable.to_owned(),
         message: message.into(),
     }
 }
 
-fn positive_millis(variable: &'static str, raw: &str) -> Result<Duration, ConfigError> {
-    match raw.trim().parse::<u64>() {
-        Ok(ms) if (1..=86_400_000).contains(&ms) => Ok(Duration::from_millis(ms)),
-        _ => Err(invalid(
-            variable,
-            format!("{raw:?} is not a whole number of milliseconds from 1 to 86400000"),
-        )),
+/// One of clap's parsers, given the value without surrounding whitespace, whose rejection
+/// reads as one sentence about the value as given: `"0" is not a whole number from 1 to 64`.
+#[derive(Clone)]
+struct Trimmed<P> {
+    parser: P,
+    /// What is wrong with a rejected value; follows the quoted value.
+    complaint: String,
+}
+
+impl<P: TypedValueParser> TypedValueParser for Trimmed<P> {
+    type Value = P::Value;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<P::Value, clap::Error> {
+        let trimmed = value.to_str().map_or(value, |v| OsStr::new(v.trim()));
+        self.parser.parse_ref(cmd, arg, trimmed).map_err(|_| {
+            let value = value.to_string_lossy();
+            let mut error = clap::Error::new(ErrorKind::ValueValidation).with_cmd(cmd);
+            if let Some(arg) = arg {
+                error.insert(
+                    ContextKind::InvalidArg,
+                    ContextValue::String(arg.to_string()),
+                );
+            }
+            error.insert(
+                ContextKind::InvalidValue,
+                ContextValue::String(value.clone().into_owned()),
+            );
+            error.insert(
+                ContextKind::Custom,
+                ContextValue::String(format!("{value:?} {}", self.complaint)),
+            );
+            error
+        })
     }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        self.parser.possible_values()
+    }
+}
+
+/// A count within `range`.
+fn whole_number(range: RangeInclusive<u64>) -> Trimmed<RangedU64ValueParser<usize>> {
+    Trimmed {
+        complaint: format!(
+            "is not a whole number from {} to {}",
+            range.start(),
+            range.end()
+        ),
+        parser: RangedU64ValueParser::new().range(range),
+    }
+}
+
+/// A duration in milliseconds, from 1 ms to one day.
+fn millis() -> Trimmed<RangedU64ValueParser<u64>> {
+    const MILLIS: RangeInclusive<u64> = 1..=86_400_000;
+    Trimmed {
+        complaint: format!(
+            "is not a whole number of milliseconds from {} to {}",
+            MILLIS.start(),
+            MILLIS.end()
+        ),
+        parser: clap::value_parser!(u64).range(MILLIS),
+    }
+}
+
+/// One of a [`ValueEnum`]'s spellings, exactly (case matters).
+fn one_of<E: ValueEnum + Clone + Send + Sync + 'static>() -> Trimmed<EnumValueParser<E>> {
+    let names: Vec<String> = E::value_variants()
+        .iter()
+        .filter_map(E::to_possible_value)
+        .map(|value| value.get_name().to_owned())
+        .collect();
+    let complaint = match names.as_slice() {
+        [one, other] => format!("is neither {one} nor {other}"),
+        _ => format!("is not one of {}", names.join(", ")),
+    };
+    Trimmed {
+        parser: EnumValueParser::new(),
+        complaint,
+    }
+}
+
+fn mongodb_uri(raw: &str) -> Result<String, String> {
+    let uri = raw.trim();
+    if uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://") {
+        Ok(uri.to_owned())
+    } else {
+        Err("must start with mongodb:// or mongodb+srv://".to_owned())
+    }
+}
+
+/// MongoDB's rules for a database name.
+fn database_name(raw: &str) -> Result<String, String> {
+    let name = raw.trim();
+    if name.is_empty() || name.len() > 63 || name.chars().any(|c| "/\\. \"$\0".contains(c)) {
+        return Err("must be 1 to 63 characters without / \\ . space \" or $".to_owned());
+    }
+    Ok(name.to_owned())
+}
+
+fn socket_addr(raw: &str) -> Result<SocketAddr, String> {
+    raw.trim()
+        .parse()
+        .map_err(|_| format!("{raw:?} is not host:port, such as 127.0.0.1:8080"))
+}
+
+fn instance_id(raw: &str) -> Result<String, String> {
+    let id = raw.trim();
+    if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
+        return Err("must be 1 to 128 visible ASCII characters".to_owned());
+    }
+    Ok(id.to_owned())
+}
+
+fn log_filter(raw: &str) -> Result<String, String> {
+    let filter = raw.trim();
+    match tracing_subscriber::EnvFilter::try_new(filter) {
+        Ok(_) => Ok(filter.to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn api_keys(raw: &str) -> Result<Vec<ApiKey>, String> {
+    parse_api_keys(raw).map_err(|e| e.message)
+}
+
+fn cors_origins(raw: &str) -> Result<Vec<String>, String> {
+    parse_cors_origins(raw).map_err(|e| e.message)
 }
 
 /// Parses `API_KEYS`: comma-separated `role:key` pairs. Blank: no keys. The messages
@@ -295,137 +498,42 @@ pub fn parse_cors_origins(raw: &str) -> Result<Vec<String>, ConfigError> {
 }
 
 impl Settings {
-    /// Reads the process's flags and environment.
+    /// Reads the process's flags and environment. `--help`, `--version` and a misused
+    /// command line (an unknown flag) are answered by clap, which then exits.
     pub fn from_env() -> Result<Settings, ConfigError> {
-        Settings::from_args(Args::parse())
+        Settings::try_parse_from(std::env::args_os())
+            .map_err(|error| ConfigError::from_clap(error).unwrap_or_else(|error| error.exit()))
     }
 
-    pub fn from_args(args: Args) -> Result<Settings, ConfigError> {
-        let uri = args.mongodb_uri.trim().to_owned();
-        if !(uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://")) {
-            return Err(invalid(
-                "MONGODB_URI",
-                "must start with mongodb:// or mongodb+srv://",
-            ));
+    /// Parses `argv` (the program's name first) and the environment. The error is clap's,
+    /// for [`ConfigError::from_clap`] to word.
+    pub fn try_parse_from<I, T>(argv: I) -> Result<Settings, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        Args::try_parse_from(argv).map(Settings::from_args)
+    }
+
+    /// Every value in `args` is already valid; what remains is units and defaults.
+    pub fn from_args(args: Args) -> Settings {
+        Settings {
+            mongodb_uri: args.mongodb_uri,
+            database: args.mongodb_database,
+            bind_addr: args.bind_addr,
+            instance_id: args.instance_id.unwrap_or_else(default_instance_id),
+            sweep_interval: Duration::from_millis(args.sweep_interval_ms),
+            stale_after: Duration::from_millis(args.stale_after_ms),
+            group_commit_writes: args.group_commit_writes,
+            max_transfers_in_flight: args.max_transfers_in_flight,
+            max_connections: args.max_connections,
+            http_idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
+            strategy: args.transfer_strategy,
+            log_format: args.log_format,
+            log_filter: args.rust_log,
+            api_keys: args.api_keys.unwrap_or_default(),
+            cors_allowed_origins: args.cors_allowed_origins.unwrap_or_default(),
         }
-        let database = args.mongodb_database.trim().to_owned();
-        if database.is_empty()
-            || database.len() > 63
-            || database.chars().any(|c| "/\\. \"$\0".contains(c))
-        {
-            return Err(invalid(
-                "MONGODB_DATABASE",
-                "must be 1 to 63 characters without / \\ . space \" or $",
-            ));
-        }
-        let bind_addr = args.bind_addr.trim().parse::<SocketAddr>().map_err(|_| {
-            invalid(
-                "BIND_ADDR",
-                format!(
-                    "{:?} is not host:port, such as 127.0.0.1:8080",
-                    args.bind_addr
-                ),
-            )
-        })?;
-        let instance_id = match args.instance_id {
-            Some(id) => {
-                let id = id.trim().to_owned();
-                if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
-                    return Err(invalid(
-                        "INSTANCE_ID",
-                        "must be 1 to 128 visible ASCII characters",
-                    ));
-                }
-                id
-            }
-            None => default_instance_id(),
-        };
-        let sweep_interval = positive_millis("SWEEP_INTERVAL_MS", &args.sweep_interval_ms)?;
-        let stale_after = positive_millis("STALE_AFTER_MS", &args.stale_after_ms)?;
-        let group_commit_writes = match args.group_commit_writes.trim().parse::<usize>() {
-            Ok(n) if (1..=64).contains(&n) => n,
-            _ => {
-                return Err(invalid(
-                    "GROUP_COMMIT_WRITES",
-                    format!(
-                        "{:?} is not a whole number from 1 to 64",
-                        args.group_commit_writes
-                    ),
-                ));
-            }
-        };
-        let max_transfers_in_flight = match args.max_transfers_in_flight.trim().parse::<usize>() {
-            Ok(n) if (1..=100_000).contains(&n) => n,
-            _ => {
-                return Err(invalid(
-                    "MAX_TRANSFERS_IN_FLIGHT",
-                    format!(
-                        "{:?} is not a whole number from 1 to 100000",
-                        args.max_transfers_in_flight
-                    ),
-                ));
-            }
-        };
-        let max_connections = match args.max_connections.trim().parse::<usize>() {
-            Ok(n) if (1..=100_000).contains(&n) => n,
-            _ => {
-                return Err(invalid(
-                    "MAX_CONNECTIONS",
-                    format!(
-                        "{:?} is not a whole number from 1 to 100000",
-                        args.max_connections
-                    ),
-                ));
-            }
-        };
-        let http_idle_timeout =
-            positive_millis("HTTP_IDLE_TIMEOUT_MS", &args.http_idle_timeout_ms)?;
-        let strategy = Strategy::parse(args.transfer_strategy.trim()).ok_or_else(|| {
-            invalid(
-                "TRANSFER_STRATEGY",
-                format!(
-                    "{:?} is neither two-phase nor native",
-                    args.transfer_strategy
-                ),
-            )
-        })?;
-        let log_format = match args.log_format.trim() {
-            "pretty" => LogFormat::Pretty,
-            "json" => LogFormat::Json,
-            other => {
-                return Err(invalid(
-                    "LOG_FORMAT",
-                    format!("{other:?} is neither pretty nor json"),
-                ));
-            }
-        };
-        let log_filter = args.rust_log.trim().to_owned();
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_filter) {
-            return Err(invalid("RUST_LOG", e.to_string()));
-        }
-        let api_keys = match &args.api_keys {
-            Some(Secret(raw)) => parse_api_keys(raw)?,
-            None => Vec::new(),
-        };
-        let cors_allowed_origins =
-            parse_cors_origins(args.cors_allowed_origins.as_deref().unwrap_or_default())?;
-        Ok(Settings {
-            mongodb_uri: uri,
-            database,
-            bind_addr,
-            instance_id,
-            sweep_interval,
-            stale_after,
-            group_commit_writes,
-            max_transfers_in_flight,
-            max_connections,
-            http_idle_timeout,
-            strategy,
-            log_format,
-            log_filter,
-            api_keys,
-            cors_allowed_origins,
-        })
     }
 }
 
@@ -450,9 +558,18 @@ mod tests {
         Args::try_parse_from(argv).unwrap()
     }
 
+    /// The settings from these flags, or the one line `main` would print.
+    fn settings(extra: &[&str]) -> Result<Settings, ConfigError> {
+        let argv = std::iter::once("transfer-service").chain(extra.iter().copied());
+        Settings::try_parse_from(argv).map_err(|error| {
+            ConfigError::from_clap(error)
+                .unwrap_or_else(|error| panic!("not about a value: {}", error.render()))
+        })
+    }
+
     #[test]
     fn defaults_are_usable() {
-        let s = Settings::from_args(args(&[])).unwrap();
+        let s = settings(&[]).unwrap();
         assert_eq!(s.database, "bank");
         assert_eq!(s.sweep_interval, Duration::from_millis(1000));
         assert_eq!(s.stale_after, Duration::from_millis(10_000));
@@ -486,7 +603,7 @@ mod tests {
             (&["--mongodb-database", "a.b"], "MONGODB_DATABASE"),
         ];
         for (flags, variable) in cases {
-            let err = Settings::from_args(args(flags)).unwrap_err();
+            let err = settings(flags).unwrap_err();
             assert_eq!(err.variable, variable);
             assert!(
                 err.to_string()
@@ -495,16 +612,203 @@ mod tests {
         }
     }
 
+    #[test]
+    fn each_count_and_duration_accepts_its_bounds_and_names_its_variable_beyond_them() {
+        let millis = "is not a whole number of milliseconds from 1 to 86400000";
+        let cases = [
+            (
+                "--sweep-interval-ms",
+                "SWEEP_INTERVAL_MS",
+                1,
+                86_400_000,
+                millis,
+            ),
+            ("--stale-after-ms", "STALE_AFTER_MS", 1, 86_400_000, millis),
+            (
+                "--http-idle-timeout-ms",
+                "HTTP_IDLE_TIMEOUT_MS",
+                1,
+                86_400_000,
+                millis,
+            ),
+            (
+                "--group-commit-writes",
+                "GROUP_COMMIT_WRITES",
+                1,
+                64,
+                "is not a whole number from 1 to 64",
+            ),
+            (
+                "--max-transfers-in-flight",
+                "MAX_TRANSFERS_IN_FLIGHT",
+                1,
+                100_000,
+                "is not a whole number from 1 to 100000",
+            ),
+            (
+                "--max-connections",
+                "MAX_CONNECTIONS",
+                1,
+                100_000,
+                "is not a whole number from 1 to 100000",
+            ),
+        ];
+        for (flag, variable, min, max, complaint) in cases {
+            for good in [min, max] {
+                assert!(
+                    settings(&[flag, &good.to_string()]).is_ok(),
+                    "{flag} {good}"
+                );
+            }
+            let beyond = (max + 1).to_string();
+            for bad in ["0", beyond.as_str(), "-1", "", "1.5", "1e3"] {
+                let line = settings(&[&format!("{flag}={bad}")])
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(line, format!("invalid {variable}: {bad:?} {complaint}"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_rejected_value_reads_as_before() {
+        let cases: [(&[&str], &str); 7] = [
+            (
+                &["--max-connections", "0"],
+                r#"invalid MAX_CONNECTIONS: "0" is not a whole number from 1 to 100000"#,
+            ),
+            (
+                &["--sweep-interval-ms", " soon"],
+                r#"invalid SWEEP_INTERVAL_MS: " soon" is not a whole number of milliseconds from 1 to 86400000"#,
+            ),
+            (
+                &["--transfer-strategy", "Native"],
+                r#"invalid TRANSFER_STRATEGY: "Native" is neither two-phase nor native"#,
+            ),
+            (
+                &["--log-format", "xml"],
+                r#"invalid LOG_FORMAT: "xml" is neither pretty nor json"#,
+            ),
+            (
+                &["--bind-addr", "localhost"],
+                r#"invalid BIND_ADDR: "localhost" is not host:port, such as 127.0.0.1:8080"#,
+            ),
+            (
+                &["--instance-id", "a b"],
+                "invalid INSTANCE_ID: must be 1 to 128 visible ASCII characters",
+            ),
+            (
+                &["--mongodb-uri", "http://x"],
+                "invalid MONGODB_URI: must start with mongodb:// or mongodb+srv://",
+            ),
+        ];
+        for (flags, line) in cases {
+            assert_eq!(settings(flags).unwrap_err().to_string(), line);
+        }
+        let line = settings(&["--rust-log", "info,=x=y"])
+            .unwrap_err()
+            .to_string();
+        assert!(line.starts_with("invalid RUST_LOG: "), "{line}");
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_ignored() {
+        let s = settings(&[
+            "--max-connections",
+            " 7 ",
+            "--stale-after-ms",
+            "\t250\n",
+            "--log-format",
+            " json",
+            "--transfer-strategy",
+            "native ",
+            "--bind-addr",
+            " 0.0.0.0:9000 ",
+            "--mongodb-database",
+            " ledger ",
+        ])
+        .unwrap();
+        assert_eq!(s.max_connections, 7);
+        assert_eq!(s.stale_after, Duration::from_millis(250));
+        assert_eq!(s.log_format, LogFormat::Json);
+        assert_eq!(s.strategy, Strategy::Native);
+        assert_eq!(s.bind_addr, "0.0.0.0:9000".parse().unwrap());
+        assert_eq!(s.database, "ledger");
+    }
+
+    #[test]
+    fn the_modes_have_their_spellings_exactly() {
+        for (raw, strategy) in [
+            ("two-phase", Strategy::TwoPhase),
+            ("native", Strategy::Native),
+        ] {
+            assert_eq!(
+                settings(&["--transfer-strategy", raw]).unwrap().strategy,
+                strategy
+            );
+        }
+        for (raw, format) in [("pretty", LogFormat::Pretty), ("json", LogFormat::Json)] {
+            assert_eq!(settings(&["--log-format", raw]).unwrap().log_format, format);
+        }
+        for raw in ["two_phase", "twophase", "NATIVE", "Two-Phase"] {
+            let err = settings(&["--transfer-strategy", raw]).unwrap_err();
+            assert_eq!(err.variable, "TRANSFER_STRATEGY");
+        }
+        for raw in ["JSON", "Pretty", "text"] {
+            let err = settings(&["--log-format", raw]).unwrap_err();
+            assert_eq!(err.variable, "LOG_FORMAT");
+        }
+    }
+
+    #[test]
+    fn help_version_and_a_misused_command_line_are_left_to_clap() {
+        let help = Settings::try_parse_from(["transfer-service", "--help"]).unwrap_err();
+        let help = ConfigError::from_clap(help).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        let text = help.render().to_string();
+        for expected in [
+            "--max-connections <MAX_CONNECTIONS>",
+            "[env: MAX_CONNECTIONS=",
+            "[default: 1024]",
+            "[possible values: two-phase, native]",
+            "[possible values: pretty, json]",
+            "--api-keys <API_KEYS>",
+        ] {
+            assert!(text.contains(expected), "{expected:?} in {text}");
+        }
+        let version = Settings::try_parse_from(["transfer-service", "--version"]).unwrap_err();
+        assert_eq!(
+            ConfigError::from_clap(version).unwrap_err().kind(),
+            ErrorKind::DisplayVersion
+        );
+        let unknown =
+            Settings::try_parse_from(["transfer-service", "--max-connection", "5"]).unwrap_err();
+        assert_eq!(
+            ConfigError::from_clap(unknown).unwrap_err().kind(),
+            ErrorKind::UnknownArgument
+        );
+        for flag in ["--max-connections", "--api-keys", "--log-format"] {
+            let missing = Settings::try_parse_from(["transfer-service", flag]).unwrap_err();
+            let missing = ConfigError::from_clap(missing).unwrap_err();
+            assert!(
+                missing.render().to_string().contains("a value is required"),
+                "{flag}: {}",
+                missing.render()
+            );
+        }
+    }
+
+    #[test]
+    fn the_command_definition_passes_clap_s_own_checks() {
+        Args::command().debug_assert();
+    }
+
     const RW_KEY: &str = "rw-key-0123456789abcdef";
     const RO_KEY: &str = "ro-key-0123456789abcdef";
 
     #[test]
     fn api_keys_are_role_key_pairs_kept_only_as_digests() {
-        let s = Settings::from_args(args(&[
-            "--api-keys",
-            &format!(" rw:{RW_KEY} , ro:{RO_KEY}"),
-        ]))
-        .unwrap();
+        let s = settings(&["--api-keys", &format!(" rw:{RW_KEY} , ro:{RO_KEY}")]).unwrap();
         assert_eq!(
             s.api_keys,
             [
@@ -517,12 +821,14 @@ mod tests {
             !debug.contains(RW_KEY) && !debug.contains(RO_KEY),
             "{debug}"
         );
-        assert!(!format!("{:?}", args(&["--api-keys", RW_KEY])).contains(RW_KEY));
+        let debug = format!("{:?}", args(&["--api-keys", &format!("rw:{RW_KEY}")]));
+        assert!(!debug.contains(RW_KEY), "{debug}");
     }
 
     #[test]
     fn without_api_keys_the_api_is_open() {
-        assert!(Settings::from_args(args(&[])).unwrap().api_keys.is_empty());
+        assert!(settings(&[]).unwrap().api_keys.is_empty());
+        assert!(settings(&["--api-keys", " "]).unwrap().api_keys.is_empty());
         assert!(parse_api_keys("  ").unwrap().is_empty());
     }
 
@@ -554,35 +860,33 @@ mod tests {
             ),
         ];
         for (raw, expected) in cases {
-            let err = Settings::from_args(args(&["--api-keys", &raw])).unwrap_err();
+            let err = settings(&["--api-keys", &raw]).unwrap_err();
             let line = err.to_string();
             assert_eq!(err.variable, "API_KEYS");
             assert!(line.starts_with("invalid API_KEYS: "), "{line}");
             assert!(line.contains(expected), "{raw:?}: {line}");
-            assert!(
-                !line.contains("s3cret") && !line.contains("short"),
-                "{line}"
-            );
+            let debug = format!("{err:?}");
+            for shown in [&line, &debug] {
+                assert!(
+                    !shown.contains("s3cret") && !shown.contains("short"),
+                    "{shown}"
+                );
+            }
         }
     }
 
     #[test]
     fn cors_origins_are_exact_lowercase_origins() {
-        let s = Settings::from_args(args(&[
+        let s = settings(&[
             "--cors-allowed-origins",
             "https://App.Example.com, http://localhost:3000,https://app.example.com",
-        ]))
+        ])
         .unwrap();
         assert_eq!(
             s.cors_allowed_origins,
             ["https://app.example.com", "http://localhost:3000"]
         );
-        assert!(
-            Settings::from_args(args(&[]))
-                .unwrap()
-                .cors_allowed_origins
-                .is_empty()
-        );
+        assert!(settings(&[]).unwrap().cors_allowed_origins.is_empty());
         assert!(parse_cors_origins("").unwrap().is_empty());
     }
 
@@ -599,7 +903,7 @@ mod tests {
             "https://app.example.com,",
             "https://app.example.com?x=1",
         ] {
-            let err = Settings::from_args(args(&["--cors-allowed-origins", raw])).unwrap_err();
+            let err = settings(&["--cors-allowed-origins", raw]).unwrap_err();
             assert_eq!(err.variable, "CORS_ALLOWED_ORIGINS", "{raw}");
             assert!(
                 err.to_string()
