@@ -95,16 +95,6 @@ pub enum Strategy {
     Native,
 }
 
-impl Strategy {
-    pub fn parse(s: &str) -> Option<Strategy> {
-        match s {
-            "two-phase" => Some(Strategy::TwoPhase),
-            "native" => Some(Strategy::Native),
-            _ => None,
-        }
-    }
-}
-
 /// Whether the caller waits for the protocol to finish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Completion {
