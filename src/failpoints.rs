@@ -1,8 +1,7 @@
 //! Fault injection for the recovery tests, compiled only with the `failpoints` feature.
 //! Each step of the protocol calls [`hit`] right after it completes: `after_insert`,
-//! `after_pending`, `after_debit`, `after_credit`, `after_applied`, `after_pull_source`,
-//! `after_pull_destination`, `after_canceling`, `after_undo_destination`,
-//! `after_undo_source`. Each write of the store calls it right before the write is
+//! `after_pending`, `after_debit`, `after_credit`, `after_applied`, `after_pull` (both
+//! markers, one write), `after_canceling`, `after_undo_destination`, `after_undo_source`. Each write of the store calls it right before the write is
 //! sent, so that a test can hold a write back and let it reach the server late:
 //! `before_insert`, `before_transition`, `before_force`, `before_renew`, `before_claim`,
 //! `before_take_over`, `before_claim_reversal`, `before_mark_fenced`, `before_fence`,

@@ -143,14 +143,8 @@ crash_test!(
     "done"
 );
 crash_test!(
-    a_crash_after_pull_source_ends_done,
-    "after_pull_source",
-    200,
-    "done"
-);
-crash_test!(
-    a_crash_after_pull_destination_ends_done,
-    "after_pull_destination",
+    a_crash_after_pulling_both_markers_ends_done,
+    "after_pull",
     200,
     "done"
 );

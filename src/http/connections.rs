@@ -2,9 +2,8 @@
 //! `HTTP_IDLE_TIMEOUT_MS`.
 //!
 //! Admission control bounds the transfers in flight, but every open connection also
-//! costs memory (hyper's buffers and a task: about 20 KiB each, measured by the
-//! benchmark's overload part) and a place, and a burst from thousands of clients opens
-//! thousands of them. So:
+//! costs memory (hyper's buffers and a task, see `docs/benchmark/decisions.md`) and a
+//! place, and a burst from thousands of clients opens thousands of them. So:
 //! - at most `max_connections` connections are served at once. One beyond them is
 //!   answered a single 503 `overloaded` (with `Retry-After`, `Connection: close`) and
 //!   closed; at most [`REFUSING_AT_ONCE`] are being answered so at a time, and one beyond

@@ -259,8 +259,7 @@ impl Bank {
         self.store
             .pull_markers([&transfer.source, &transfer.destination], transfer.id)
             .await?;
-        failpoint!(self, "after_pull_source");
-        failpoint!(self, "after_pull_destination");
+        failpoint!(self, "after_pull");
         self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
             .await
     }

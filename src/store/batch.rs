@@ -9,10 +9,9 @@
 //! a kind's task takes a slot before it gathers its batch, so whatever queues while the
 //! slots are taken joins that batch.
 //!
-//! Why one statement and not a multi-statement `update` command: measured by the
-//! benchmark on SecantusDB with `--sync-on-commit`, a multi-statement update writes 3,800
-//! to 5,300 documents a second, one `updateMany` 30,000 to 35,000 (`docs/benchmark`). So
-//! every batched kind is one statement:
+//! Why one statement and not a multi-statement `update` command: a single `updateMany`
+//! wrote several times the documents a second (`docs/benchmark/decisions.md`). So every
+//! batched kind is one statement:
 //!
 //! | step | one statement for the batch |
 //! |---|---|
@@ -47,16 +46,12 @@ use crate::domain::TransferState;
 pub const MAX_BATCH: usize = 256;
 
 /// Group-commit writes in flight to the database at once, across all kinds, unless
-/// `GROUP_COMMIT_WRITES` says otherwise. SecantusDB runs write commands one after another
-/// (measured: about 1,700 small `updateMany` a second whether 1, 2, 4 or 8 clients send
-/// them), so more writes in flight only wait there, each holding a batch that closed too
-/// early. With two, one write runs while the next waits, and everything that queues
-/// meanwhile joins the next batch. Measured by the benchmark (closed loop at 128 clients,
-/// uniform / hot; seed scenario at 1,000 transfers a second, mean / p99): unlimited
-/// 1,935 / 1,946 transfers/s, seed 109 / 248 ms; three 2,028 / 2,261, seed 94 / 220 ms;
-/// two 1,692 / 2,026, seed 72 / 195 ms; one 1,466 / 1,647, seed 325 ms / 1.1 s. Runs vary
-/// by about 10%; two keeps the seed's latency lowest. A real replica set, whose journal
-/// serves concurrent writers with one flush, may like more.
+/// `GROUP_COMMIT_WRITES` says otherwise. SecantusDB runs write commands one after another,
+/// so more writes in flight only wait there, each holding a batch that closed too early.
+/// With two, one write runs while the next waits, and everything that queues meanwhile
+/// joins the next batch; of the settings measured, two kept latency lowest
+/// (`docs/benchmark/decisions.md`). A real replica set, whose journal serves concurrent
+/// writers with one flush, may like more.
 pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 2;
 
 type Reply<Out> = oneshot::Sender<StoreResult<Out>>;
@@ -257,10 +252,9 @@ pub async fn insert_transfers(
 }
 
 /// One `updateMany` per (owner, from, to), all issued at once rather than one after
-/// another: the groups touch different documents and none needs another's result. (One
-/// statement for the whole batch, with a `$switch` guard per group in `$expr`, was
-/// measured on SecantusDB at about half the throughput: 1,007 against 1,857 transfers/s
-/// at 128 clients.) A transition won when the document is now in `to` under `owner`:
+/// another: the groups touch different documents and none needs another's result (one
+/// statement for the whole batch, with a `$switch` guard per group in `$expr`, ran at
+/// about half the throughput: `docs/benchmark/decisions.md`). A transition won when the document is now in `to` under `owner`:
 /// only this owner's one driver of the transfer moves it so.
 pub async fn transition_all(
     transactions: Collection<TransferDoc>,
