@@ -16,6 +16,11 @@
 //!   instance left behind, with the same step functions.
 //! - [`telemetry`]: log set-up.
 //! - [`metrics`]: the Prometheus counters and histograms behind `GET /metrics`.
+//!
+//! Imports go downwards: http -> service -> store -> domain (the sweeper calls the
+//! service). Who may move a transfer is decided in one place, `store::transfers::Mover`.
+//! `docs/architecture.md` draws how a request, a recovery and a cancel flow through
+//! these modules.
 
 /// `failpoint!(bank, "step")`: with the `failpoints` feature, aborts the process after
 /// `step` when `CRASH_AT=step`, or pauses it there for a test (see [`failpoints`]);

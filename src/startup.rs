@@ -60,7 +60,7 @@ async fn migrate_patiently(store: &Store) -> Result<Vec<String>, StoreError> {
 
 impl Application {
     /// Connects, migrates and binds. An instance that has not migrated does not serve: a
-    /// database that cannot be reached is tried again for [`STARTUP_PATIENCE`] (every
+    /// database that cannot be reached is tried again for `STARTUP_PATIENCE` (every
     /// migration command is idempotent), then start-up fails; any other error fails it at
     /// once.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
