@@ -2,7 +2,7 @@
 //! markers, undo a change) are each guarded as in the tutorial: the guard on
 //! `pendingTransactions` makes a retried step a no-op, so every step may be run again
 //! after a crash. Debits, credits and pulls are group-committed with those of concurrent
-//! transfers ([`super::batch`]); each keeps its own guards.
+//! transfers (`store::batch`); each keeps its own guards.
 
 use futures::TryStreamExt;
 use mongodb::bson::oid::ObjectId;
@@ -27,7 +27,7 @@ impl Store {
     }
 
     /// The currencies of two accounts (`None` for one that does not exist), read
-    /// together with those of concurrent transfers (see [`super::batch`]).
+    /// together with those of concurrent transfers (see `store::batch`).
     pub async fn currencies(&self, accounts: [&str; 2]) -> StoreResult<[Option<String>; 2]> {
         self.batches
             .currencies
@@ -92,7 +92,7 @@ impl Store {
     }
 
     /// The guarded forward write behind steps 3 and 4, group-committed with the
-    /// concurrent ones (see [`super::batch`]): add `delta` and push the marker, only if
+    /// concurrent ones (see `store::batch`): add `delta` and push the marker, only if
     /// `tx` is neither applied nor fenced here, the balance stays within
     /// 0..=`MAX_MONEY`, and the lease has not ended by the server's clock.
     ///
@@ -132,7 +132,7 @@ impl Store {
     }
 
     /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
-    /// accounts (group-committed, see [`super::batch`]).
+    /// accounts (group-committed, see `store::batch`).
     pub async fn pull_markers(&self, accounts: [&str; 2], tx: ObjectId) -> StoreResult<()> {
         failpoint!(self, "before_pull");
         self.batches

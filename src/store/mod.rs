@@ -12,7 +12,7 @@
 //!   that decides which failures mean "the database is unavailable".
 
 pub mod accounts;
-pub mod batch;
+mod batch;
 pub mod clock;
 pub mod documents;
 mod guards;
@@ -29,7 +29,18 @@ use mongodb::event::command::CommandEvent;
 use mongodb::options::{Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database};
 
+pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
 pub use documents::{AccountDoc, TransferDoc};
+
+/// The group-commit writers, for the tests that call them with hand-made batches; built
+/// only with the `failpoints` feature, like every other test hook.
+#[cfg(feature = "failpoints")]
+pub mod testing {
+    pub use super::batch::{
+        AccountChange, MAX_BATCH, Pull, Transition, change_accounts, insert_transfers,
+        pull_markers, transition_all,
+    };
+}
 
 /// How long the driver looks for a usable server before an operation fails. Short, so
 /// that a request answers 503 in bounded time while the database is down.

@@ -6,7 +6,7 @@ use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
 use transfer_service::domain::TransferState;
 use transfer_service::store::TransferDoc;
-use transfer_service::store::batch::{
+use transfer_service::store::testing::{
     AccountChange, Pull, Transition, change_accounts, insert_transfers, pull_markers,
     transition_all,
 };

@@ -8,6 +8,7 @@ mod cancel;
 mod concurrency;
 mod docs;
 mod errors;
+#[cfg(feature = "failpoints")]
 mod group_commit;
 mod idempotency;
 mod native;

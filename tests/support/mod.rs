@@ -159,7 +159,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         instance_id: format!("test-{}", mongodb::bson::oid::ObjectId::new().to_hex()),
         sweep_interval: Duration::from_millis(100),
         stale_after: Duration::from_millis(1000),
-        group_commit_writes: transfer_service::store::batch::DEFAULT_GROUP_COMMIT_WRITES,
+        group_commit_writes: transfer_service::store::DEFAULT_GROUP_COMMIT_WRITES,
         max_transfers_in_flight: 512,
         max_connections: 1024,
         http_idle_timeout: Duration::from_secs(75),
