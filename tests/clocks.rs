@@ -191,3 +191,12 @@ async fn an_instance_whose_clock_runs_ahead_does_not_delay_a_takeover() {
 async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_twice() {
     a_correct_instance_takes_over_in_time_from(-30, "after_credit").await;
 }
+
+/// The same for a transfer the instance had only recorded when it crashed: the record's
+/// first stamp is the database's time too, not the instance's (found by cargo mutants:
+/// stamping the insert with the caller's clock survived the other tests).
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken_over_in_time() {
+    a_correct_instance_takes_over_in_time_from(30, "after_insert").await;
+}
