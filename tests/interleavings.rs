@@ -347,6 +347,49 @@ async fn an_interrupted_reversal_the_destination_cannot_fund_is_released() {
     assert_eq!(app.total_balance().await, 1000);
 }
 
+/// A claim takes another owner's transfer only once its lease has lapsed by the
+/// database's clock, whatever the caller read: the claim's own filter checks it (found by
+/// cargo mutants: the sweeper only ever claims what it read as stale, so no test saw the
+/// guard go).
+#[tokio::test]
+async fn a_claim_of_a_transfer_whose_lease_is_running_is_refused() {
+    let lease = Duration::from_secs(10);
+    let app = spawn_app_with(move |s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_secs(3600);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    let t = TransferDoc::initial(ObjectId::new(), "alice", "bob", 1, "USD");
+    app.store.insert_transfer(&t).await.unwrap();
+    let (initial, pending) = (TransferState::Initial, TransferState::Pending);
+    let started = app
+        .store
+        .change_state(
+            t.id,
+            initial,
+            pending,
+            Mover::Owner("other/1"),
+            StepFields::default(),
+        )
+        .await
+        .unwrap();
+    assert!(started.is_some());
+    let found = transfer(&app, t.id).await;
+    let now = app.store.server_time().await.unwrap();
+    let stale_before =
+        mongodb::bson::DateTime::from_millis(now.timestamp_millis() - lease.as_millis() as i64);
+    let claimed = app.store.claim("me/1", &found, stale_before).await.unwrap();
+    assert!(claimed.is_none(), "claimed within the lease: {claimed:?}");
+    let kept = transfer(&app, t.id).await;
+    assert_eq!(kept.application.as_deref(), Some("other/1"));
+
+    // Once the lease has lapsed by the database's clock, the same claim wins.
+    let later = mongodb::bson::DateTime::from_millis(found.last_modified.timestamp_millis() + 1);
+    let claimed = app.store.claim("me/1", &found, later).await.unwrap();
+    assert_eq!(claimed.and_then(|c| c.application).as_deref(), Some("me/1"));
+}
+
 /// Leases and fence collection rely on `lastModified` never moving backwards, even when
 /// a writer's clock is behind the one that wrote before it.
 #[tokio::test]
