@@ -32,6 +32,16 @@ async fn record_initial(app: &TestApp, source: &str, destination: &str, value: i
     transfer.id
 }
 
+/// Step 5 as the dead instance: `pending -> applied`; whether it was made.
+async fn mark_applied_as_the_dead_instance(app: &TestApp, id: ObjectId) -> bool {
+    let by = Mover::Owner(DEAD_INSTANCE);
+    let (pending, applied) = (TransferState::Pending, TransferState::Applied);
+    let moved = app
+        .store
+        .change_state(id, pending, applied, by, StepFields::default());
+    moved.await.unwrap().is_some()
+}
+
 /// Records a transfer and takes it `initial -> pending` as the dead instance (step 2).
 async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i64) -> ObjectId {
     let id = record_initial(app, source, destination, value).await;
@@ -323,18 +333,7 @@ async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_th
         !try_debit(&app, "alice", id, 300).await,
         "a late debit landed after the rollback"
     );
-    let marked_applied = app
-        .store
-        .change_state(
-            id,
-            TransferState::Pending,
-            TransferState::Applied,
-            Mover::Owner(DEAD_INSTANCE),
-            StepFields::default(),
-        )
-        .await
-        .unwrap()
-        .is_some();
+    let marked_applied = mark_applied_as_the_dead_instance(&app, id).await;
     assert!(!marked_applied);
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
@@ -368,18 +367,7 @@ async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
     let id = record_pending(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     apply_credit(&app, "bob", id, 300).await;
-    let applied = app
-        .store
-        .change_state(
-            id,
-            TransferState::Pending,
-            TransferState::Applied,
-            Mover::Owner(DEAD_INSTANCE),
-            StepFields::default(),
-        )
-        .await
-        .unwrap()
-        .is_some();
+    let applied = mark_applied_as_the_dead_instance(&app, id).await;
     assert!(applied);
 
     let answered = cancel_ok(&app, &id.to_hex()).await;
