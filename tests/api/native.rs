@@ -1,12 +1,17 @@
 //! `TRANSFER_STRATEGY=native`: one multi-document transaction per transfer. It must give
 //! the same answers and leave the same documents as the two-phase path, keep money
 //! conserved under concurrent load on hot accounts (write conflicts are retried), honour
-//! idempotency keys, and move nothing when an account refuses.
+//! idempotency keys, and move nothing when an account refuses or when the transaction
+//! keeps conflicting until it gives up.
 
-use mongodb::bson::{Document, doc};
+use std::time::Duration;
+
+use mongodb::bson::{Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 use transfer_service::domain::{CancelReason, TransferState};
 use transfer_service::service::Strategy;
+use transfer_service::store::native::AtomicOutcome;
+use transfer_service::store::{StoreError, TransferDoc};
 
 use crate::assert_problem;
 use crate::support::{TestApp, spawn_app_with};
@@ -267,4 +272,53 @@ async fn concurrent_native_requests_with_one_key_make_exactly_one_transfer() {
     assert_eq!(app.balance("alice").await, 750);
     assert_eq!(app.balance("bob").await, 250);
     assert_eq!(app.total_balance().await, 1000);
+}
+
+#[tokio::test]
+async fn a_native_transaction_that_keeps_conflicting_gives_up_unavailable_and_moves_nothing() {
+    // Another transaction holds an uncommitted write on the source account, so every run
+    // of the transfer's transaction meets a write conflict. The driver retries it; past
+    // the time limit the transfer gives up as unavailable (503) and nothing of it is
+    // stored. Once the other transaction ends, the same transfer goes through.
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let accounts = app.store.database().collection::<Document>("accounts");
+    let mut holder = app.store.database().client().start_session().await.unwrap();
+    holder.start_transaction().await.unwrap();
+    accounts
+        .update_one(doc! { "_id": "alice" }, doc! { "$set": { "held": true } })
+        .session(&mut holder)
+        .await
+        .unwrap();
+    let transfer = TransferDoc::initial(ObjectId::new(), "alice", "bob", 100, "USD");
+
+    let started = std::time::Instant::now();
+    let gave_up = app
+        .store
+        .transfer_atomically_within(&transfer, "test", Duration::from_millis(500))
+        .await;
+
+    assert!(
+        matches!(gave_up, Err(StoreError::Unavailable(_))),
+        "{gave_up:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    assert!(app.store.transfer(transfer.id).await.unwrap().is_none());
+    assert_eq!(app.balance("alice").await, 1000);
+    assert_eq!(app.balance("bob").await, 0);
+
+    holder.abort_transaction().await.unwrap();
+    let outcome = app
+        .store
+        .transfer_atomically(&transfer, "test")
+        .await
+        .unwrap();
+    assert!(matches!(outcome, AtomicOutcome::Done(_)), "{outcome:?}");
+    assert_eq!(app.balance("alice").await, 900);
+    assert_eq!(app.balance("bob").await, 100);
 }
