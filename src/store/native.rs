@@ -25,11 +25,12 @@ use crate::domain::{CancelReason, MAX_MONEY, TransferState};
 /// How long a transfer may keep starting new runs of its transaction before it gives up
 /// (the caller answers 503; nothing moved). The driver's own limit is 120 s, four times
 /// the service's request timeout (`startup::REQUEST_TIMEOUT`, 30 s): left alone, a
-/// transfer on a hot account would be cut by that timeout at an arbitrary point. This
-/// limit is checked where the callback starts, before any write of that run, so giving
-/// up never leaves a commit in doubt; it leaves 20 s of the request for the last run and
-/// its commit (whose unknown result the driver retries, each try bounded by the write
-/// concern's 5 s).
+/// transfer on a hot account would be cut by that timeout at an arbitrary point, perhaps
+/// inside its commit. A `tokio::time::timeout` around the run would have the same flaw,
+/// so the limit is checked where the callback starts, before any write of that run:
+/// giving up never leaves a commit in doubt. It leaves 20 s of the request for the last
+/// run and its commit (a commit whose result is unknown the driver sends again; that,
+/// like every request, ends at the request timeout at the latest).
 const TRANSACTION_TIME_LIMIT: Duration = Duration::from_secs(10);
 
 /// How an atomic transfer ended.
