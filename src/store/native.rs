@@ -3,26 +3,35 @@
 //! same documents the two-phase path ends with (a `done` transfer, the two balances), so
 //! the API answers the same, and it serves as the benchmark's comparison.
 //!
-//! Retries follow the driver specification: the whole transaction is run again on an
-//! error labelled `TransientTransactionError` (a write conflict on a hot account, say),
-//! and only the commit is retried on `UnknownTransactionCommitResult`. Both are bounded.
-//! Nothing is ever half-applied: until the commit, nothing is visible.
+//! The transaction runs through the driver's convenient transaction API
+//! (`start_transaction().and_run2(..)`), as a user would write it: the driver runs the
+//! whole callback again on an error labelled `TransientTransactionError` (a write conflict
+//! on a hot account, say), with its own jittered exponential backoff between runs, and
+//! retries only the commit on `UnknownTransactionCommitResult`. The one thing added here
+//! is a shorter time limit than the driver's own 120 s (see [`TRANSACTION_TIME_LIMIT`]).
+//!
+//! Invariants: nothing is ever half-applied (until the commit, nothing is visible); a
+//! refused transfer writes nothing; giving up writes nothing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mongodb::ClientSession;
 use mongodb::bson::{DateTime, doc};
-use mongodb::error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
-use mongodb::options::{ReadConcern, TransactionOptions};
-use rand::Rng;
+use mongodb::options::ReadConcern;
 
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
 use crate::domain::{CancelReason, MAX_MONEY, TransferState};
 
-/// Runs of the whole transaction before giving up (the caller answers 503; nothing moved).
-const TRANSACTION_ATTEMPTS: u32 = 60;
-/// Retries of a commit whose outcome is unknown.
-const COMMIT_ATTEMPTS: u32 = 10;
+/// How long a transfer may keep starting new runs of its transaction before it gives up
+/// (the caller answers 503; nothing moved). The driver's own limit is 120 s, four times
+/// the service's request timeout (`startup::REQUEST_TIMEOUT`, 30 s): left alone, a
+/// transfer on a hot account would be cut by that timeout at an arbitrary point, perhaps
+/// inside its commit. A `tokio::time::timeout` around the run would have the same flaw,
+/// so the limit is checked where the callback starts, before any write of that run:
+/// giving up never leaves a commit in doubt. It leaves 20 s of the request for the last
+/// run and its commit (a commit whose result is unknown the driver sends again; that,
+/// like every request, ends at the request timeout at the latest).
+const TRANSACTION_TIME_LIMIT: Duration = Duration::from_secs(10);
 
 /// How an atomic transfer ended.
 #[derive(Debug)]
@@ -33,14 +42,32 @@ pub enum AtomicOutcome {
     Refused(CancelReason),
 }
 
+/// The callback's own error: the time limit passed before a new run of the transaction
+/// started. Not labelled transient, so the driver aborts and hands it back at once.
+#[derive(Debug)]
+struct TimeLimitReached;
+
 impl Store {
     /// Records `transfer` as `done` and moves its money in one transaction, or, if an
     /// account refuses, writes nothing and says why. A taken idempotency key is
-    /// [`StoreError::DuplicateKey`], as for an insert.
+    /// [`StoreError::DuplicateKey`], as for an insert; a transaction that keeps failing
+    /// for [`TRANSACTION_TIME_LIMIT`] is [`StoreError::Unavailable`], with nothing moved.
     pub async fn transfer_atomically(
         &self,
         transfer: &TransferDoc,
         owner: &str,
+    ) -> StoreResult<AtomicOutcome> {
+        self.transfer_atomically_within(transfer, owner, TRANSACTION_TIME_LIMIT)
+            .await
+    }
+
+    /// [`Store::transfer_atomically`] with its own time limit, for the tests that make a
+    /// transaction conflict until it gives up.
+    pub async fn transfer_atomically_within(
+        &self,
+        transfer: &TransferDoc,
+        owner: &str,
+        time_limit: Duration,
     ) -> StoreResult<AtomicOutcome> {
         let done = TransferDoc {
             state: TransferState::Done,
@@ -48,43 +75,44 @@ impl Store {
             last_modified: self.server_time_lower_bound().await?,
             ..transfer.clone()
         };
-        let options = TransactionOptions::builder()
+        let deadline = Instant::now() + time_limit;
+        let mut session = self.db.client().start_session().await?;
+        // The callback's value is why an account refused, if one did. It then aborts the
+        // transaction itself: the driver sees no transaction left open and returns the
+        // value without committing or retrying. Errors are only the driver's failures
+        // (retried while labelled transient) and `TimeLimitReached`.
+        // The callback owns clones (cheap: handles and one document) rather than borrowing
+        // `self`: with borrowed captures, rustc cannot prove the request's future `Send`
+        // (rust-lang/rust#96865, named in `and_run2`'s documentation).
+        let (store, steps_doc) = (self.clone(), done.clone());
+        let refused = session
+            .start_transaction()
             .write_concern(majority_journaled())
             .read_concern(ReadConcern::snapshot())
-            .build();
-        let mut session = self.db.client().start_session().await?;
-        for attempt in 0..TRANSACTION_ATTEMPTS {
-            session
-                .start_transaction()
-                .with_options(options.clone())
-                .await?;
-            let refused = match self.atomic_steps(&mut session, &done).await {
-                Ok(refused) => refused,
-                Err(e) => {
-                    let _ = session.abort_transaction().await;
-                    if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
-                        backoff(attempt).await;
-                        continue;
-                    }
-                    return Err(e.into());
+            .and_run2(async move |session| {
+                if Instant::now() >= deadline {
+                    return Err(mongodb::error::Error::custom(TimeLimitReached));
                 }
-            };
-            if let Some(reason) = refused {
-                session.abort_transaction().await?;
-                return Ok(AtomicOutcome::Refused(reason));
-            }
-            match commit(&mut session).await {
-                Ok(()) => return Ok(AtomicOutcome::Done(Box::new(done))),
-                Err(e) if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => {
-                    backoff(attempt).await;
-                    continue;
+                let refused = store.atomic_steps(session, &steps_doc).await?;
+                if refused.is_some() {
+                    session.abort_transaction().await?;
                 }
-                Err(e) => return Err(e.into()),
-            }
+                Ok(refused)
+            })
+            .await;
+        match refused {
+            Ok(None) => Ok(AtomicOutcome::Done(Box::new(done))),
+            Ok(Some(reason)) => Ok(AtomicOutcome::Refused(reason)),
+            Err(e) if e.get_custom::<TimeLimitReached>().is_some() => Err(StoreError::Unavailable(
+                format!(
+                    "transfer {}: transaction kept failing for {} ms",
+                    transfer.id,
+                    time_limit.as_millis()
+                )
+                .into(),
+            )),
+            Err(e) => Err(e.into()),
         }
-        Err(StoreError::Unavailable(
-            format!("transfer {}: transaction kept conflicting", transfer.id).into(),
-        ))
     }
 
     /// Insert, debit, credit, inside the session's transaction. Returns why an account
@@ -146,29 +174,4 @@ impl Store {
             .await?
             .is_some())
     }
-}
-
-/// Commits, retrying only the commit while its outcome is unknown.
-async fn commit(session: &mut ClientSession) -> mongodb::error::Result<()> {
-    let mut attempt = 0;
-    loop {
-        match session.commit_transaction().await {
-            Ok(()) => return Ok(()),
-            Err(e) if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) => {
-                attempt += 1;
-                if attempt >= COMMIT_ATTEMPTS {
-                    return Err(e);
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// A short random pause before running a conflicting transaction again, growing with the
-/// attempts, so that transactions on a hot account stop colliding in lockstep.
-async fn backoff(attempt: u32) {
-    let ceiling_ms = 1u64 << attempt.min(6);
-    let ms = rand::rng().random_range(0..=ceiling_ms);
-    tokio::time::sleep(Duration::from_millis(ms)).await;
 }

@@ -1,11 +1,17 @@
 //! `TRANSFER_STRATEGY=native`: one multi-document transaction per transfer. It must give
 //! the same answers and leave the same documents as the two-phase path, keep money
-//! conserved under concurrent load on hot accounts (write conflicts are retried), and
-//! honour idempotency keys.
+//! conserved under concurrent load on hot accounts (write conflicts are retried), honour
+//! idempotency keys, and move nothing when an account refuses or when the transaction
+//! keeps conflicting until it gives up.
 
+use std::time::Duration;
+
+use mongodb::bson::{Document, doc, oid::ObjectId};
 use serde_json::{Value, json};
 use transfer_service::domain::{CancelReason, TransferState};
 use transfer_service::service::Strategy;
+use transfer_service::store::native::AtomicOutcome;
+use transfer_service::store::{StoreError, TransferDoc};
 
 use crate::assert_problem;
 use crate::support::{TestApp, spawn_app_with};
@@ -156,4 +162,163 @@ async fn a_native_transfer_is_cancelled_by_a_reversal() {
     assert!(original["reversedBy"].is_string(), "{original}");
     assert_eq!(app.balance("alice").await, 1000);
     assert_eq!(app.balance("bob").await, 0);
+}
+
+#[tokio::test]
+async fn a_native_transfer_to_an_account_that_vanished_is_refused_as_unknown_and_moves_nothing() {
+    // The service remembers the accounts' currencies, so a transfer to an account deleted
+    // behind its back reaches the transaction, whose credit finds no account: the
+    // transfer is recorded canceled with `account_not_found` and the debit is undone.
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let (status, body) = app.transfer("alice", "bob", 100).await;
+    assert_eq!(status, 201, "{body}");
+    app.store
+        .database()
+        .collection::<Document>("accounts")
+        .delete_one(doc! { "_id": "bob" })
+        .await
+        .unwrap();
+
+    let response = app
+        .post_json(
+            "/transfers",
+            json!({ "source": "alice", "destination": "bob", "amount": 200 }),
+        )
+        .await;
+
+    let problem = assert_problem(response, 422, "unknown_account").await;
+    let id = problem["transferId"].as_str().expect("transferId");
+    let stored = app
+        .store
+        .transfer(id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.state, TransferState::Canceled);
+    assert_eq!(stored.reason, Some(CancelReason::AccountNotFound));
+    assert_eq!(app.balance("alice").await, 900, "the debit is not kept");
+}
+
+#[tokio::test]
+async fn a_native_transfer_past_the_largest_balance_is_refused_and_moves_nothing() {
+    let app = native_app().await;
+    app.open_account("alice", 10).await;
+    app.open_account("full", transfer_service::domain::MAX_MONEY)
+        .await;
+
+    let response = app
+        .post_json(
+            "/transfers",
+            json!({ "source": "alice", "destination": "full", "amount": 1 }),
+        )
+        .await;
+
+    let problem = assert_problem(response, 422, "balance_overflow").await;
+    let id = problem["transferId"].as_str().expect("transferId");
+    let stored = app
+        .store
+        .transfer(id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.state, TransferState::Canceled);
+    assert_eq!(stored.reason, Some(CancelReason::BalanceOverflow));
+    assert_eq!(app.balance("alice").await, 10);
+    assert_eq!(
+        app.balance("full").await,
+        transfer_service::domain::MAX_MONEY
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_native_requests_with_one_key_make_exactly_one_transfer() {
+    // The losers' inserts meet the winner's key inside their transactions (as a write
+    // conflict, retried, or as a duplicate key): each is answered with the winner's
+    // transfer, and the money moves once.
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let body = json!({ "source": "alice", "destination": "bob", "amount": 250 });
+    let requests = (0..20).map(|_| {
+        let http = app.http.clone();
+        let url = app.url("/transfers");
+        let body = body.clone();
+        tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .header("idempotency-key", "native-same-for-all")
+                .json(&body)
+                .send()
+                .await
+                .expect("request");
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            (status, text)
+        })
+    });
+
+    let mut ids = Vec::new();
+    for answer in futures::future::join_all(requests).await {
+        let (status, text) = answer.expect("task");
+        assert_eq!(status, 201, "{text}");
+        let body: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(body["state"], "done", "{body}");
+        ids.push(body["id"].as_str().unwrap().to_owned());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "every answer names one transfer: {ids:?}");
+    assert_eq!(app.balance("alice").await, 750);
+    assert_eq!(app.balance("bob").await, 250);
+    assert_eq!(app.total_balance().await, 1000);
+}
+
+#[tokio::test]
+async fn a_native_transaction_that_keeps_conflicting_gives_up_unavailable_and_moves_nothing() {
+    // Another transaction holds an uncommitted write on the source account, so every run
+    // of the transfer's transaction meets a write conflict. The driver retries it; past
+    // the time limit the transfer gives up as unavailable (503) and nothing of it is
+    // stored. Once the other transaction ends, the same transfer goes through.
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let accounts = app.store.database().collection::<Document>("accounts");
+    let mut holder = app.store.database().client().start_session().await.unwrap();
+    holder.start_transaction().await.unwrap();
+    accounts
+        .update_one(doc! { "_id": "alice" }, doc! { "$set": { "held": true } })
+        .session(&mut holder)
+        .await
+        .unwrap();
+    let transfer = TransferDoc::initial(ObjectId::new(), "alice", "bob", 100, "USD");
+
+    let started = std::time::Instant::now();
+    let gave_up = app
+        .store
+        .transfer_atomically_within(&transfer, "test", Duration::from_millis(500))
+        .await;
+
+    assert!(
+        matches!(gave_up, Err(StoreError::Unavailable(_))),
+        "{gave_up:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    assert!(app.store.transfer(transfer.id).await.unwrap().is_none());
+    assert_eq!(app.balance("alice").await, 1000);
+    assert_eq!(app.balance("bob").await, 0);
+
+    holder.abort_transaction().await.unwrap();
+    let outcome = app
+        .store
+        .transfer_atomically(&transfer, "test")
+        .await
+        .unwrap();
+    assert!(matches!(outcome, AtomicOutcome::Done(_)), "{outcome:?}");
+    assert_eq!(app.balance("alice").await, 900);
+    assert_eq!(app.balance("bob").await, 100);
 }
