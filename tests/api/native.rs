@@ -46,6 +46,22 @@ async fn a_native_transfer_answers_201_done_and_moves_the_money() {
     assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
 }
 
+/// The answer is 422 `code` naming the transfer, which is recorded `canceled` for
+/// `reason`, as the two-phase path records it.
+async fn assert_recorded_canceled(
+    app: &TestApp,
+    response: reqwest::Response,
+    code: &str,
+    reason: CancelReason,
+) {
+    let problem = assert_problem(response, 422, code).await;
+    let id = problem["transferId"].as_str().expect("transferId");
+    let stored = app.store.transfer(id.parse().unwrap()).await.unwrap();
+    let stored = stored.expect("the refused transfer is recorded");
+    assert_eq!(stored.state, TransferState::Canceled);
+    assert_eq!(stored.reason, Some(reason));
+}
+
 #[tokio::test]
 async fn a_native_transfer_without_funds_is_recorded_canceled_and_moves_nothing() {
     let app = native_app().await;
@@ -57,16 +73,13 @@ async fn a_native_transfer_without_funds_is_recorded_canceled_and_moves_nothing(
             json!({ "source": "alice", "destination": "bob", "amount": 101 }),
         )
         .await;
-    let problem = assert_problem(response, 422, "insufficient_funds").await;
-    let id = problem["transferId"].as_str().expect("transferId");
-    let stored = app
-        .store
-        .transfer(id.parse().unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(stored.state, TransferState::Canceled);
-    assert_eq!(stored.reason, Some(CancelReason::InsufficientFunds));
+    assert_recorded_canceled(
+        &app,
+        response,
+        "insufficient_funds",
+        CancelReason::InsufficientFunds,
+    )
+    .await;
     assert_eq!(app.balance("alice").await, 100);
     assert_eq!(app.balance("bob").await, 0);
 }
@@ -188,16 +201,13 @@ async fn a_native_transfer_to_an_account_that_vanished_is_refused_as_unknown_and
         )
         .await;
 
-    let problem = assert_problem(response, 422, "unknown_account").await;
-    let id = problem["transferId"].as_str().expect("transferId");
-    let stored = app
-        .store
-        .transfer(id.parse().unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(stored.state, TransferState::Canceled);
-    assert_eq!(stored.reason, Some(CancelReason::AccountNotFound));
+    assert_recorded_canceled(
+        &app,
+        response,
+        "unknown_account",
+        CancelReason::AccountNotFound,
+    )
+    .await;
     assert_eq!(app.balance("alice").await, 900, "the debit is not kept");
 }
 
@@ -215,16 +225,13 @@ async fn a_native_transfer_past_the_largest_balance_is_refused_and_moves_nothing
         )
         .await;
 
-    let problem = assert_problem(response, 422, "balance_overflow").await;
-    let id = problem["transferId"].as_str().expect("transferId");
-    let stored = app
-        .store
-        .transfer(id.parse().unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(stored.state, TransferState::Canceled);
-    assert_eq!(stored.reason, Some(CancelReason::BalanceOverflow));
+    assert_recorded_canceled(
+        &app,
+        response,
+        "balance_overflow",
+        CancelReason::BalanceOverflow,
+    )
+    .await;
     assert_eq!(app.balance("alice").await, 10);
     assert_eq!(
         app.balance("full").await,
