@@ -184,7 +184,6 @@ pub struct Bank {
     /// commit, so a batch waits behind at most `permits / MAX_BATCH` others, milliseconds
     /// against a lease of seconds, and a burst cannot push steps past their deadlines.
     admission: Arc<tokio::sync::Semaphore>,
-
     /// The currency of every account this process has seen, by id. An account's currency
     /// never changes and no account is ever deleted through the service, so a transfer
     /// between known accounts is validated without a read. Should an account vanish

@@ -37,7 +37,7 @@ use mongodb::error::ErrorKind;
 use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::guards::{forward_step_allowed, owned_by, stamped};
+use super::guards::{balance_after, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::TransferState;
 
@@ -254,7 +254,8 @@ pub async fn insert_transfers(
 /// One `updateMany` per (owner, from, to), all issued at once rather than one after
 /// another: the groups touch different documents and none needs another's result (one
 /// statement for the whole batch, with a `$switch` guard per group in `$expr`, ran at
-/// about half the throughput: `docs/benchmark/decisions.md`). A transition won when the document is now in `to` under `owner`:
+/// about half the throughput: `docs/benchmark/decisions.md`). A transition won when the
+/// document is now in `to` under `owner`:
 /// only this owner's one driver of the transfer moves it so.
 pub async fn transition_all(
     transactions: Collection<TransferDoc>,
@@ -371,7 +372,7 @@ pub async fn change_accounts(
             doc! { "case": { "$eq": ["$_id", account] }, "then": { "$literal": changes } }
         })
         .collect();
-    let new_balance = doc! { "$add": ["$$value.b", "$$this.d"] };
+    let new_balance = balance_after("$$value.b", "$$this.d");
     let allowed = forward_step_allowed(
         "$$value.b",
         "$$value.p",

@@ -25,7 +25,7 @@ pub(super) fn forward_step_allowed(
     deadline: impl Into<Bson>,
 ) -> Document {
     let tx = tx.into();
-    let new_balance = doc! { "$add": [balance.into(), delta.into()] };
+    let new_balance = balance_after(balance, delta);
     doc! { "$and": [
         { "$not": [{ "$in": [tx.clone(), markers.into()] }] },
         { "$not": [{ "$in": [tx, { "$ifNull": ["$fencedTransactions", []] }] }] },
@@ -33,6 +33,12 @@ pub(super) fn forward_step_allowed(
         { "$lte": [new_balance, MAX_MONEY] },
         { "$lt": ["$$NOW", deadline.into()] },
     ] }
+}
+
+/// The balance a forward step leaves, as an aggregation expression over the same
+/// arguments as [`forward_step_allowed`].
+pub(super) fn balance_after(balance: impl Into<Bson>, delta: impl Into<Bson>) -> Document {
+    doc! { "$add": [balance.into(), delta.into()] }
 }
 
 /// The update that sets `fields` and stamps the transfer at `at`, a lower bound of the

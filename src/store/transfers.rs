@@ -425,8 +425,8 @@ impl Store {
 
     /// Claims a transfer found by [`Store::unfinished`]: one guarded findAndModify that
     /// wins only if nobody touched the transfer since it was read (same state, owner and
-    /// `lastModified`; the owner too, since `lastModified` need not move) and, unless it is
-    /// `owner`'s own, it is still stale.
+    /// `lastModified`; the owner too, since `lastModified` need not move) and it is still
+    /// stale by the database's clock.
     pub async fn claim(
         &self,
         owner: &str,
@@ -435,18 +435,12 @@ impl Store {
     ) -> StoreResult<Option<TransferDoc>> {
         failpoint!(self, "before_claim");
         let at = self.server_time_lower_bound().await?;
-        let mut filter = doc! {
+        let filter = doc! {
             "_id": found.id,
             "state": found.state.as_str(),
             "application": found.application.as_deref(),
-            "lastModified": found.last_modified,
+            "lastModified": { "$eq": found.last_modified, "$lt": stale_before },
         };
-        if found.application.as_deref() != Some(owner) {
-            filter.insert(
-                "lastModified",
-                doc! { "$eq": found.last_modified, "$lt": stale_before },
-            );
-        }
         Ok(self
             .transactions
             .find_one_and_update(filter, stamped(doc! { "application": owner }, at))
