@@ -6,19 +6,22 @@
 //! - [`config`]: typed settings from environment variables and flags.
 //! - [`startup`]: builds the [`startup::Application`] (database, migrations, listener)
 //!   and runs it until a shutdown token is cancelled.
-//! - [`http`]: axum routes, request/response types, problem+json errors, OpenAPI.
+//! - [`http`]: axum routes, request/response types (built from domain types),
+//!   problem+json errors, OpenAPI.
 //! - [`service`]: what the API asks for, in domain terms; [`service::protocol`] is the
 //!   two-phase commit itself, one function per step.
-//! - [`store`]: the only module that speaks MongoDB; one guarded write per step.
-//! - [`domain`]: newtypes that parse instead of validate, and the transfer state
-//!   machine. No axum, no driver.
+//! - [`store`]: the only module that speaks MongoDB or names BSON; one guarded write per
+//!   step; its stored documents never leave it (it converts them to domain types).
+//! - [`domain`]: newtypes that parse instead of validate, [`domain::Transfer`] and
+//!   [`domain::Account`], and the transfer state machine. No axum, no driver.
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
 //!   instance left behind, with the same step functions.
 //! - [`telemetry`]: log set-up.
 //! - [`metrics`]: the Prometheus counters and histograms behind `GET /metrics`.
 //!
 //! Imports go downwards: http -> service -> store -> domain (the sweeper calls the
-//! service). Who may move a transfer is decided in one place, `store::transfers::Mover`.
+//! service and reads the store); `tests/architecture.rs` checks it on the source. Who
+//! may move a transfer is decided in one place, `store::transfers::Mover`.
 //! `docs/architecture.md` draws how a request, a recovery and a cancel flow through
 //! these modules.
 

@@ -32,6 +32,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::Timestamp;
 use crate::service::{Bank, ServiceError};
 use crate::store::StoreResult;
 use crate::telemetry::Chain;
@@ -61,7 +62,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
     let lease_ms = bank.stale_after().as_millis() as i64;
     // By the database's clock; the claim re-checks it atomically.
     let now = store.server_time().await?;
-    let stale_before = mongodb::bson::DateTime::from_millis(now.timestamp_millis() - lease_ms);
+    let stale_before = now - chrono::TimeDelta::milliseconds(lease_ms);
     let found = store.unfinished(stale_before, BATCH).await?;
     let mut report = SweepReport {
         found: found.len(),
@@ -92,7 +93,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
         runs.spawn(async move {
             let _permit = permit;
             let from = claimed.state;
-            let previous_owner = candidate.application.unwrap_or_else(|| "-".into());
+            let previous_owner = candidate.owner.unwrap_or_else(|| "-".into());
             match bank.run(claimed).await {
                 Ok(finished) => {
                     tracing::info!(
@@ -134,7 +135,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
 /// not touched for a lease). Returns how many reached their end.
 async fn finish_reversals(
     bank: &Bank,
-    stale_before: mongodb::bson::DateTime,
+    stale_before: Timestamp,
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
     let mut finished = 0;
@@ -153,7 +154,7 @@ async fn finish_reversals(
                 tracing::info!(transfer_id = %id, reversed_by = ?after.reversed_by, "interrupted reversal finished");
             }
             Ok(_) => {} // another instance is driving the compensation
-            Err(ServiceError::Store(e)) => {
+            Err(ServiceError::Unavailable(e) | ServiceError::Internal(e)) => {
                 tracing::warn!(transfer_id = %id, error = %Chain(&e), "finishing a reversal failed; next pass");
             }
             Err(refused) => {
@@ -176,7 +177,7 @@ async fn finish_reversals(
 /// late step is refused by its deadline, fence or no fence.
 pub async fn collect_fences(
     bank: &Bank,
-    stale_before: mongodb::bson::DateTime,
+    stale_before: Timestamp,
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
     let store = bank.store();

@@ -1,10 +1,8 @@
 //! The import rule of the crate map (`src/lib.rs`), checked on the source: imports go
-//! http -> service -> store -> domain, the domain names no framework and no driver, and
-//! metrics, called from every layer, names none of them. A module that starts naming
-//! what it may not fails here, with the file and line.
-//!
-//! Still to come (issue 11): only `store` may name mongodb or bson; today the service
-//! and the HTTP handlers use the stored documents, until a domain `Transfer` replaces them.
+//! http -> service -> store -> domain, the domain names no framework and no driver,
+//! metrics, called from every layer, names none of them, and `store` is the only module
+//! that names the driver or BSON. A module that starts naming what it may not fails
+//! here, with the file and line.
 
 use std::path::{Path, PathBuf};
 
@@ -36,8 +34,40 @@ const RULES: &[(&str, &[&str])] = &[
         "store",
         &["axum", "crate::service", "crate::http", "crate::sweeper"],
     ),
-    ("service", &["axum", "crate::http", "crate::sweeper"]),
+    (
+        "service",
+        &["axum", "mongodb::", "bson", "crate::http", "crate::sweeper"],
+    ),
+    // The sweeper drives recoveries through the service and finds them through the store.
+    ("sweeper.rs", &["axum", "mongodb::", "bson", "crate::http"]),
+    (
+        "http",
+        &["mongodb::", "bson", "crate::store", "crate::sweeper"],
+    ),
 ];
+
+/// Outside `store`, nothing names the driver or BSON (the composition root, `startup.rs`,
+/// included: it holds a `Store`, never a driver handle).
+#[test]
+fn only_the_store_names_the_driver() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let outside = rust_files(&src)
+        .into_iter()
+        .filter(|f| !f.starts_with(src.join("store")));
+    for file in outside {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (number, line) in text.lines().enumerate() {
+            for word in ["mongodb::", "bson"] {
+                assert!(
+                    !line.contains(word),
+                    "{}:{} names {word}: {line}",
+                    file.display(),
+                    number + 1
+                );
+            }
+        }
+    }
+}
 
 fn rust_files(path: &Path) -> Vec<PathBuf> {
     if path.is_file() {

@@ -62,8 +62,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use mongodb::bson::doc;
-use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{Document, doc};
 use rand::Rng;
 use rand::seq::{IndexedRandom, SliceRandom};
 use serde_json::{Value, json};
@@ -71,8 +70,8 @@ use support::process::{Instance, InstanceConfig, clock_offset, faketime_env};
 use support::proxy::{Faults, Proxy};
 use support::{Daemon, fresh_database_name};
 use tokio_util::sync::CancellationToken;
-use transfer_service::domain::{CancelReason, TransferState};
-use transfer_service::store::{AccountDoc, Store, TransferDoc};
+use transfer_service::domain::{Account, CancelReason, Transfer, TransferId, TransferState};
+use transfer_service::store::Store;
 
 const ACCOUNTS: usize = 12;
 const HOT: usize = 3;
@@ -139,11 +138,11 @@ impl Request {
     }
 
     /// Why `t` is not the transfer this request asked for, if it is not.
-    fn mismatch(&self, t: &TransferDoc) -> Option<String> {
-        let same = t.source == self.source
-            && t.destination == self.destination
-            && t.value == self.amount
-            && t.reference.as_deref() == Some(self.reference.as_str())
+    fn mismatch(&self, t: &Transfer) -> Option<String> {
+        let same = t.source.as_str() == self.source
+            && t.destination.as_str() == self.destination
+            && t.amount.minor_units() == self.amount
+            && t.reference.as_ref().map(|r| r.as_str()) == Some(self.reference.as_str())
             && t.reverses.is_none();
         (!same).then(|| format!("transfer {t:?} does not match its request {self:?}"))
     }
@@ -544,9 +543,9 @@ async fn cancel_recovering(
             { "reference": { "$in": references } },
         ],
     };
-    let found: Vec<TransferDoc> = match store
+    let found: Vec<Document> = match store
         .database()
-        .collection::<TransferDoc>("transactions")
+        .collection::<Document>("transactions")
         .find(filter)
         .await
     {
@@ -554,13 +553,20 @@ async fn cancel_recovering(
         // The database is restarting: no targets this time.
         Err(_) => Vec::new(),
     };
-    let mut targets = found;
+    // (id, state) of each.
+    let mut targets: Vec<(String, String)> = found
+        .iter()
+        .filter_map(|t| {
+            let id = t.get_object_id("_id").ok()?.to_hex();
+            Some((id, t.get_str("state").ok()?.to_owned()))
+        })
+        .collect();
     targets.shuffle(&mut rand::rng());
     targets.truncate(RECOVERY_CANCELS_PER_KILL);
     {
         let mut h = history.lock().unwrap();
-        for t in &targets {
-            *h.recovery_targets.entry(t.state.to_string()).or_default() += 1;
+        for (_, state) in &targets {
+            *h.recovery_targets.entry(state.clone()).or_default() += 1;
         }
     }
     let http = reqwest::Client::builder()
@@ -568,11 +574,11 @@ async fn cancel_recovering(
         .build()
         .unwrap();
     let mut cancels = Vec::new();
-    for t in targets {
+    for (id, _) in targets {
         let copies = if rand::rng().random_bool(0.3) { 2 } else { 1 };
         for _ in 0..copies {
             let (http, bases, history) = (http.clone(), bases.clone(), history.clone());
-            let id = t.id.to_hex();
+            let id = id.clone();
             let delay = rand::rng().random_range(0..=RECOVERY_CANCEL_WITHIN_MS);
             cancels.push(tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -684,7 +690,7 @@ impl Checks {
 }
 
 /// Everything stored, read at once.
-async fn snapshot(store: &Store) -> (Vec<TransferDoc>, Vec<AccountDoc>) {
+async fn snapshot(store: &Store) -> (Vec<Transfer>, Vec<Account>) {
     let transfers = store
         .list_transfers(&Default::default(), 1_000_000)
         .await
@@ -695,7 +701,7 @@ async fn snapshot(store: &Store) -> (Vec<TransferDoc>, Vec<AccountDoc>) {
 
 /// What must be true once the sweepers have had a whole lease and a few passes after the
 /// last transfer finished; empty when everything is settled.
-fn unsettled(transfers: &[TransferDoc], accounts: &[AccountDoc]) -> Vec<String> {
+fn unsettled(transfers: &[Transfer], accounts: &[Account]) -> Vec<String> {
     let mut left = Vec::new();
     for t in transfers {
         if !t.state.is_terminal() {
@@ -723,11 +729,11 @@ fn unsettled(transfers: &[TransferDoc], accounts: &[AccountDoc]) -> Vec<String> 
 }
 
 /// Compares one definitive answer a client got with the final state.
-fn check_answer(answer: &Answer, by_id: &HashMap<ObjectId, &TransferDoc>, checks: &mut Checks) {
-    let find = |id: &str| -> Option<&TransferDoc> {
-        ObjectId::parse_str(id)
+fn check_answer(answer: &Answer, by_id: &HashMap<TransferId, &Transfer>, checks: &mut Checks) {
+    let find = |id: &str| -> Option<&Transfer> {
+        TransferId::parse(id)
             .ok()
-            .and_then(|oid| by_id.get(&oid).copied())
+            .and_then(|id| by_id.get(&id).copied())
     };
     match answer {
         Answer::Transfer {
@@ -814,7 +820,7 @@ fn check_answer(answer: &Answer, by_id: &HashMap<ObjectId, &TransferDoc>, checks
                     checks.check(
                         "a cancel answered reversed ends reversed by that reversal",
                         original.state == TransferState::Done
-                            && original.reversed_by.map(|r| r.to_hex()).as_deref()
+                            && original.reversed_by.map(|r| r.to_string()).as_deref()
                                 == Some(reversal_id)
                             && reversal.is_some_and(|r| {
                                 r.state == TransferState::Done && r.reverses == Some(original.id)
@@ -838,7 +844,7 @@ fn check_answer(answer: &Answer, by_id: &HashMap<ObjectId, &TransferDoc>, checks
                         "a refused reversal leaves the original done and not reversed by it",
                         original.state == TransferState::Done
                             && attempt.is_none_or(|a| {
-                                original.reversed_by.map(|r| r.to_hex()).as_deref() != Some(a)
+                                original.reversed_by.map(|r| r.to_string()).as_deref() != Some(a)
                                     && attempt_doc.is_some_and(|r| {
                                         r.state == TransferState::Canceled
                                             && r.reason == Some(CancelReason::InsufficientFunds)
@@ -861,11 +867,11 @@ fn check_answer(answer: &Answer, by_id: &HashMap<ObjectId, &TransferDoc>, checks
 
 /// The reversal invariants, over every stored transfer.
 fn check_reversals(
-    transfers: &[TransferDoc],
-    by_id: &HashMap<ObjectId, &TransferDoc>,
+    transfers: &[Transfer],
+    by_id: &HashMap<TransferId, &Transfer>,
     checks: &mut Checks,
 ) {
-    let mut done_reversals: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
+    let mut done_reversals: HashMap<TransferId, Vec<TransferId>> = HashMap::new();
     for r in transfers {
         let Some(original_id) = r.reverses else {
             continue;
@@ -879,7 +885,7 @@ fn check_reversals(
         let Some(original) = original else { continue };
         checks.check(
             "a reversal mirrors its original",
-            r.value == original.value
+            r.amount == original.amount
                 && r.source == original.destination
                 && r.destination == original.source
                 && r.currency == original.currency,
@@ -1139,8 +1145,8 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         .map(|a| (a.id.as_str(), OPENING_BALANCE))
         .collect();
     for t in transfers.iter().filter(|t| t.state == TransferState::Done) {
-        *expected.get_mut(t.source.as_str()).unwrap() -= t.value;
-        *expected.get_mut(t.destination.as_str()).unwrap() += t.value;
+        *expected.get_mut(t.source.as_str()).unwrap() -= t.amount.minor_units();
+        *expected.get_mut(t.destination.as_str()).unwrap() += t.amount.minor_units();
     }
     for a in &accounts {
         checks.check("no negative balance", a.balance >= 0, || {
@@ -1179,7 +1185,7 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             || format!("{t:?} is still marked fenced"),
         );
     }
-    let by_id: HashMap<ObjectId, &TransferDoc> = transfers.iter().map(|t| (t.id, t)).collect();
+    let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
     for id in &history.done {
         let state = by_id.get(&id.parse().unwrap()).map(|t| t.state);
         checks.check(
@@ -1195,8 +1201,8 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
 
     // Idempotency keys and references: one request, at most one transfer, the one
     // answered.
-    let mut recorded_keys: HashMap<&str, Vec<&TransferDoc>> = HashMap::new();
-    let mut recorded_references: HashMap<&str, Vec<&TransferDoc>> = HashMap::new();
+    let mut recorded_keys: HashMap<&str, Vec<&Transfer>> = HashMap::new();
+    let mut recorded_references: HashMap<&str, Vec<&Transfer>> = HashMap::new();
     for t in &transfers {
         if let Some(key) = &t.idempotency_key {
             recorded_keys.entry(key.as_str()).or_default().push(t);
@@ -1208,10 +1214,16 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
                 .push(t);
         }
         if t.reverses.is_none() {
-            let request = t.reference.as_deref().and_then(|r| history.requests.get(r));
+            let request = t
+                .reference
+                .as_ref()
+                .and_then(|r| history.requests.get(r.as_str()));
             checks.check(
                 "every transfer was asked for and matches its request",
-                request.is_some_and(|r| r.mismatch(t).is_none() && r.key == t.idempotency_key),
+                request.is_some_and(|r| {
+                    r.mismatch(t).is_none()
+                        && r.key.as_deref() == t.idempotency_key.as_ref().map(|k| k.as_str())
+                }),
                 || format!("{t:?} was asked for by {request:?}"),
             );
         }
@@ -1224,7 +1236,7 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         );
         let recorded: Vec<String> = recorded_keys
             .get(key.as_str())
-            .map(|ts| ts.iter().map(|t| t.id.to_hex()).collect())
+            .map(|ts| ts.iter().map(|t| t.id.to_string()).collect())
             .unwrap_or_default();
         checks.check(
             "a key answered with a transfer is recorded on it",
@@ -1242,7 +1254,7 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             "a request makes at most one transfer",
             ts.len() == 1,
             || {
-                let ids: Vec<String> = ts.iter().map(|t| t.id.to_hex()).collect();
+                let ids: Vec<String> = ts.iter().map(|t| t.id.to_string()).collect();
                 format!("request {reference} made {ids:?}")
             },
         );

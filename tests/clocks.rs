@@ -51,7 +51,11 @@ async fn open_account(http: &reqwest::Client, instance: &Instance, id: &str, bal
 /// Balances are exactly `expected` and no account keeps a `pendingTransactions` entry.
 async fn assert_accounts(store: &Store, expected: [(&str, i64); 2]) {
     for (id, balance) in expected {
-        let account = store.account(id).await.unwrap().unwrap();
+        let account = store
+            .account(&support::values::account(id))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(account.balance, balance, "balance of {id}: {account:?}");
         assert!(
             account.pending_transactions.is_empty(),
@@ -170,7 +174,7 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(transfer.state, TransferState::Done, "{transfer:?}");
-    let owner = transfer.application.as_deref().unwrap_or_default();
+    let owner = transfer.owner.as_deref().unwrap_or_default();
     assert!(owner.starts_with("rescuer/"), "finished by {owner}");
     // Exact balances: a debited once (not twice), b credited once.
     assert_accounts(&store, [("a", 500 - amount), ("b", amount)]).await;

@@ -45,16 +45,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
-    AccountId, Amount, Currency, OpeningBalance, TransferId, TransferState,
+    Account, AccountId, Amount, Currency, OpeningBalance, Transfer, TransferFilter, TransferId,
+    TransferState,
 };
 use transfer_service::failpoints::{self, Hook, HookFuture};
 use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer};
-use transfer_service::store::{AccountDoc, Store, TransferDoc};
+use transfer_service::store::Store;
 
 /// The lease of every actor. Long, so that no lease lapses by itself while a schedule
 /// runs (which would make schedules depend on timing); the lapses the scenarios need are
@@ -235,8 +235,8 @@ fn splitmix(state: &mut u64) -> u64 {
 /// What an actor got back.
 #[derive(Debug)]
 enum Answer {
-    Owner(Result<TransferDoc, String>),
-    Cancel(Result<Option<TransferDoc>, String>),
+    Owner(Result<Transfer, String>),
+    Cancel(Result<Option<Transfer>, String>),
     Sweep(Result<(), String>),
     Stuck,
 }
@@ -313,7 +313,8 @@ impl Worker {
 
     async fn age(&self, filter: Document) {
         let now = self.store.server_time().await.expect("server time");
-        let past = DateTime::from_millis(now.timestamp_millis() - 2 * LEASE.as_millis() as i64);
+        let past = now - chrono::TimeDelta::milliseconds(2 * LEASE.as_millis() as i64);
+        let past = DateTime::from_chrono(past);
         self.store
             .database()
             .collection::<Document>("transactions")
@@ -322,22 +323,27 @@ impl Worker {
             .expect("age transfers");
     }
 
-    async fn transfers_of(&self, accounts: [&str; 2]) -> Vec<TransferDoc> {
-        use futures::TryStreamExt;
-        let ids = accounts.to_vec();
-        self.store
-            .database()
-            .collection::<TransferDoc>("transactions")
-            .find(doc! { "$or": [ { "source": { "$in": &ids } }, { "destination": { "$in": &ids } } ] })
-            .await
-            .expect("find transfers")
-            .try_collect()
-            .await
-            .expect("read transfers")
+    /// Every transfer touching either account, once each.
+    async fn transfers_of(&self, accounts: [&str; 2]) -> Vec<Transfer> {
+        let mut found: Vec<Transfer> = Vec::new();
+        for account in accounts {
+            let filter = TransferFilter {
+                account: Some(AccountId::parse(account).unwrap()),
+                ..TransferFilter::default()
+            };
+            let listed = self.store.list_transfers(&filter, 10_000).await;
+            for t in listed.expect("read transfers") {
+                if found.iter().all(|f| f.id != t.id) {
+                    found.push(t);
+                }
+            }
+        }
+        found
     }
 
-    async fn account(&self, id: &str) -> AccountDoc {
-        self.store.account(id).await.unwrap().expect("account")
+    async fn account(&self, id: &str) -> Account {
+        let id = AccountId::parse(id).unwrap();
+        self.store.account(&id).await.unwrap().expect("account")
     }
 
     /// Runs one schedule of `scenario` with choices from `chooser`.
@@ -593,10 +599,10 @@ impl Worker {
             let mut expected = OPENING;
             for t in transfers.iter().filter(|t| t.state == TransferState::Done) {
                 if t.source == acc.id {
-                    expected -= t.value;
+                    expected -= t.amount.minor_units();
                 }
                 if t.destination == acc.id {
-                    expected += t.value;
+                    expected += t.amount.minor_units();
                 }
             }
             if acc.balance != expected {
@@ -618,7 +624,7 @@ impl Worker {
                 ));
             }
         }
-        let by_id: HashMap<ObjectId, &TransferDoc> = transfers.iter().map(|t| (t.id, t)).collect();
+        let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
         for t in &transfers {
             if !t.state.is_terminal() {
                 v.push(format!("transfer {} left {}", t.id, t.state));
@@ -632,7 +638,7 @@ impl Worker {
             if t.reverses.is_some() {
                 continue;
             }
-            let reversals: Vec<&TransferDoc> = transfers
+            let reversals: Vec<&Transfer> = transfers
                 .iter()
                 .filter(|r| r.reverses == Some(t.id) && r.state == TransferState::Done)
                 .collect();
@@ -650,12 +656,12 @@ impl Worker {
                         r.id, t.id, t.state, t.reversed_by
                     ));
                 }
-                if r.source != t.destination || r.destination != t.source || r.value != t.value {
+                if r.source != t.destination || r.destination != t.source || r.amount != t.amount {
                     v.push(format!("reversal {} does not mirror {}", r.id, t.id));
                 }
             }
         }
-        let state_of = |id: ObjectId| by_id.get(&id).map(|t| t.state);
+        let state_of = |id: TransferId| by_id.get(&id).map(|t| t.state);
         for (kind, answer) in &run.answers {
             match answer {
                 Answer::Owner(Ok(t)) => {
@@ -723,17 +729,24 @@ async fn act(kind: Kind, bank: &Bank, new: NewTransfer, a: &str, b: &str) -> Ans
                 .map_err(|e| format!("{e:?}")),
         ),
         Kind::Cancel => {
+            let filter = TransferFilter {
+                account: Some(AccountId::parse(a).unwrap()),
+                ..TransferFilter::default()
+            };
+            // The scenario's transfer from a to b (newest first: the last is the oldest).
             let original = bank
                 .store()
-                .database()
-                .collection::<TransferDoc>("transactions")
-                .find_one(doc! { "source": a, "destination": b })
-                .await;
+                .list_transfers(&filter, 10_000)
+                .await
+                .map(|all| {
+                    all.into_iter()
+                        .rfind(|t| t.source.as_str() == a && t.destination.as_str() == b)
+                });
             Answer::Cancel(match original {
                 Err(e) => Err(format!("{e:?}")),
                 Ok(None) => Ok(None),
                 Ok(Some(t)) => bank
-                    .cancel(TransferId::from_bytes(t.id.bytes()))
+                    .cancel(t.id)
                     .await
                     .map(Some)
                     .map_err(|e| format!("{e:?}")),
@@ -810,7 +823,7 @@ fn describe(scenario: &Scenario, run: &Run, seed: Option<u64>) -> String {
 }
 
 fn short(a: &Answer) -> String {
-    let t = |t: &TransferDoc| {
+    let t = |t: &Transfer| {
         format!(
             "{} {}{}",
             t.id,

@@ -11,12 +11,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use mongodb::bson::oid::ObjectId;
 use serde_json::{Value, json};
+use support::values::{account, after, amount, from_now, initial};
 use support::{TestApp, spawn_app_with};
-use transfer_service::domain::{CancelReason, TransferState};
+use transfer_service::domain::{CancelReason, Transfer, TransferId, TransferState};
 use transfer_service::failpoints;
-use transfer_service::store::TransferDoc;
+use transfer_service::store::new_transfer_id;
+use transfer_service::store::testing::object_id;
 use transfer_service::store::transfers::{Mover, StepFields};
 
 /// Two instances on one database, with this lease.
@@ -36,7 +37,7 @@ async fn two_instances(stale_after: Duration) -> (TestApp, TestApp) {
 async fn start_transfer(
     app: &TestApp,
     amount: i64,
-) -> (tokio::task::JoinHandle<(u16, Value)>, ObjectId) {
+) -> (tokio::task::JoinHandle<(u16, Value)>, TransferId) {
     let http = app.http.clone();
     let url = app.url("/transfers");
     let task = tokio::spawn(async move {
@@ -66,7 +67,7 @@ async fn start_transfer(
 
 /// `POST /transfers/{id}/cancel` on `app` in a task (it may stop at an armed pause):
 /// the status and the body.
-fn spawn_cancel(app: &TestApp, id: ObjectId) -> tokio::task::JoinHandle<(u16, Value)> {
+fn spawn_cancel(app: &TestApp, id: TransferId) -> tokio::task::JoinHandle<(u16, Value)> {
     let (http, url) = (
         app.http.clone(),
         app.url(&format!("/transfers/{id}/cancel")),
@@ -79,7 +80,7 @@ fn spawn_cancel(app: &TestApp, id: ObjectId) -> tokio::task::JoinHandle<(u16, Va
 }
 
 /// `POST /transfers/{id}/cancel` on `app`: the status and the body.
-async fn cancel_answer(app: &TestApp, id: ObjectId) -> (u16, Value) {
+async fn cancel_answer(app: &TestApp, id: TransferId) -> (u16, Value) {
     let response = app
         .http
         .post(app.url(&format!("/transfers/{id}/cancel")))
@@ -91,7 +92,7 @@ async fn cancel_answer(app: &TestApp, id: ObjectId) -> (u16, Value) {
 }
 
 /// `POST /transfers/{id}/cancel` on `app`; asserts 200 and returns the body.
-async fn cancel(app: &TestApp, id: ObjectId) -> Value {
+async fn cancel(app: &TestApp, id: TransferId) -> Value {
     let response = app
         .http
         .post(app.url(&format!("/transfers/{id}/cancel")))
@@ -102,7 +103,7 @@ async fn cancel(app: &TestApp, id: ObjectId) -> Value {
     response.json().await.unwrap()
 }
 
-async fn transfer(app: &TestApp, id: ObjectId) -> TransferDoc {
+async fn transfer(app: &TestApp, id: TransferId) -> Transfer {
     app.store
         .transfer(id)
         .await
@@ -113,10 +114,10 @@ async fn transfer(app: &TestApp, id: ObjectId) -> TransferDoc {
 /// Waits (at most `limit`) until `done(transfer)` holds.
 async fn wait_for(
     app: &TestApp,
-    id: ObjectId,
+    id: TransferId,
     limit: Duration,
-    done: impl Fn(&TransferDoc) -> bool,
-) -> TransferDoc {
+    done: impl Fn(&Transfer) -> bool,
+) -> Transfer {
     let deadline = Instant::now() + limit;
     loop {
         let t = transfer(app, id).await;
@@ -220,7 +221,7 @@ async fn an_owner_paused_past_its_lease_is_taken_over_and_its_late_debit_is_refu
         t.state == TransferState::Done
     })
     .await;
-    let taken_by = t.application.as_deref().unwrap_or_default();
+    let taken_by = t.owner.as_deref().unwrap_or_default();
     assert!(
         taken_by.starts_with(&format!("{}/", other.instance_id)),
         "{taken_by}"
@@ -273,25 +274,23 @@ async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
     request.await.unwrap();
     let canceled = transfer(&owner, id).await;
     assert!(canceled.fenced);
-    for account in ["alice", "bob"] {
-        let doc = owner.store.account(account).await.unwrap().unwrap();
-        assert_eq!(doc.fenced_transactions, vec![id], "{account} is fenced");
+    for name in ["alice", "bob"] {
+        let doc = owner.store.account(&account(name)).await.unwrap().unwrap();
+        assert_eq!(doc.fenced_transactions, vec![id], "{name} is fenced");
     }
 
     let t = wait_for(&owner, id, stale + Duration::from_secs(10), |t| !t.fenced).await;
     assert_eq!(t.state, TransferState::Canceled);
-    for account in ["alice", "bob"] {
-        let doc = owner.store.account(account).await.unwrap().unwrap();
-        assert!(doc.fenced_transactions.is_empty(), "{account}: {doc:?}");
+    for name in ["alice", "bob"] {
+        let doc = owner.store.account(&account(name)).await.unwrap().unwrap();
+        assert!(doc.fenced_transactions.is_empty(), "{name}: {doc:?}");
     }
     // The old owner's credit, carrying the deadline of its lease, still cannot land.
     let lease_ms = stale.as_millis() as i64;
-    let deadline = mongodb::bson::DateTime::from_millis(
-        leased.last_modified.timestamp_millis() + lease_ms - lease_ms / 10,
-    );
+    let deadline = after(leased.last_modified, lease_ms - lease_ms / 10);
     let landed = owner
         .store
-        .apply_credit("bob", id, 300, deadline)
+        .apply_credit(&account("bob"), id, amount(300), deadline)
         .await
         .unwrap()
         .applied;
@@ -310,8 +309,8 @@ async fn the_sweeper_finishes_a_reversal_interrupted_between_its_claim_and_its_i
     open_alice_and_bob(&app).await;
     let (status, body) = app.transfer("alice", "bob", 300).await;
     assert_eq!(status, 201, "{body}");
-    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
-    let reversal_id = ObjectId::new();
+    let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
+    let reversal_id = new_transfer_id();
     assert!(app.store.claim_reversal(id, reversal_id).await.unwrap());
 
     let original = wait_for(&app, id, Duration::from_secs(10), |t| !t.reversing).await;
@@ -331,9 +330,9 @@ async fn an_interrupted_reversal_the_destination_cannot_fund_is_released() {
     app.open_account("carol", 0).await;
     assert_eq!(app.transfer("alice", "bob", 300).await.0, 201);
     let (_, body) = app.transfer("alice", "bob", 300).await;
-    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+    let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
     assert_eq!(app.transfer("bob", "carol", 600).await.0, 201);
-    let reversal_id = ObjectId::new();
+    let reversal_id = new_transfer_id();
     assert!(app.store.claim_reversal(id, reversal_id).await.unwrap());
 
     let original = wait_for(&app, id, Duration::from_secs(10), |t| !t.reversing).await;
@@ -360,7 +359,7 @@ async fn a_claim_of_a_transfer_whose_lease_is_running_is_refused() {
     })
     .await;
     open_alice_and_bob(&app).await;
-    let t = TransferDoc::initial(ObjectId::new(), "alice", "bob", 1, "USD");
+    let t = initial("alice", "bob", 1);
     app.store.insert_transfer(&t).await.unwrap();
     let (initial, pending) = (TransferState::Initial, TransferState::Pending);
     let started = app
@@ -377,17 +376,16 @@ async fn a_claim_of_a_transfer_whose_lease_is_running_is_refused() {
     assert!(started.is_some());
     let found = transfer(&app, t.id).await;
     let now = app.store.server_time().await.unwrap();
-    let stale_before =
-        mongodb::bson::DateTime::from_millis(now.timestamp_millis() - lease.as_millis() as i64);
+    let stale_before = after(now, -(lease.as_millis() as i64));
     let claimed = app.store.claim("me/1", &found, stale_before).await.unwrap();
     assert!(claimed.is_none(), "claimed within the lease: {claimed:?}");
     let kept = transfer(&app, t.id).await;
-    assert_eq!(kept.application.as_deref(), Some("other/1"));
+    assert_eq!(kept.owner.as_deref(), Some("other/1"));
 
     // Once the lease has lapsed by the database's clock, the same claim wins.
-    let later = mongodb::bson::DateTime::from_millis(found.last_modified.timestamp_millis() + 1);
+    let later = after(found.last_modified, 1);
     let claimed = app.store.claim("me/1", &found, later).await.unwrap();
-    assert_eq!(claimed.and_then(|c| c.application).as_deref(), Some("me/1"));
+    assert_eq!(claimed.and_then(|c| c.owner).as_deref(), Some("me/1"));
 }
 
 /// Leases and fence collection rely on `lastModified` never moving backwards, even when
@@ -399,14 +397,14 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
     let ahead = mongodb::bson::DateTime::from_millis(
         mongodb::bson::DateTime::now().timestamp_millis() + 3_600_000,
     );
-    let future = TransferDoc::initial(ObjectId::new(), "alice", "bob", 1, "USD");
+    let future = initial("alice", "bob", 1);
     app.store.insert_transfer(&future).await.unwrap();
     // Written an hour ahead (by a server whose clock ran ahead before a failover, say).
     app.store
         .database()
         .collection::<mongodb::bson::Document>("transactions")
         .update_one(
-            mongodb::bson::doc! { "_id": future.id },
+            mongodb::bson::doc! { "_id": object_id(future.id) },
             mongodb::bson::doc! { "$set": { "lastModified": ahead } },
         )
         .await
@@ -426,7 +424,8 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
     let stored = transfer(&app, future.id).await;
     assert_eq!(stored.state, TransferState::Pending);
     assert_eq!(
-        stored.last_modified, ahead,
+        stored.last_modified,
+        ahead.to_chrono(),
         "a later time was not replaced by an earlier one"
     );
     // The same through the single-document writes: a change with fields and a renewal.
@@ -453,9 +452,12 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         .await
         .unwrap();
     assert!(renewed.is_some(), "the renewal itself is made");
-    assert_eq!(transfer(&app, future.id).await.last_modified, ahead);
+    assert_eq!(
+        transfer(&app, future.id).await.last_modified,
+        ahead.to_chrono()
+    );
 
-    let past = TransferDoc::initial(ObjectId::new(), "alice", "bob", 1, "USD");
+    let past = initial("alice", "bob", 1);
     app.store.insert_transfer(&past).await.unwrap();
     let renewed_at = app
         .store
@@ -471,7 +473,7 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         .expect("made");
     let stamped = transfer(&app, past.id).await.last_modified;
     assert!(
-        stamped >= renewed_at && stamped.timestamp_millis() - renewed_at.timestamp_millis() < 1000,
+        stamped >= renewed_at && (stamped - renewed_at).num_milliseconds() < 1000,
         "stamped {stamped}, lease taken from {renewed_at}"
     );
 }
@@ -485,7 +487,7 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     open_alice_and_bob(&first).await;
     let (status, body) = first.transfer("alice", "bob", 300).await;
     assert_eq!(status, 201, "{body}");
-    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+    let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
 
     let mut paused = failpoints::pause(&first.instance_id, "after_pending");
     let first_cancel = spawn_cancel(&first, id);
@@ -496,13 +498,13 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     // reversal is under way (202), not that it is made.
     let (status, answer) = cancel_answer(&second, id).await;
     assert_eq!(status, 202, "{answer}");
-    assert_eq!(answer["reversedBy"], reversal_id.to_hex(), "{answer}");
+    assert_eq!(answer["reversedBy"], reversal_id.to_string(), "{answer}");
     assert_eq!(transfer(&first, id).await.reversed_by, Some(reversal_id));
 
     paused.resume();
     assert_eq!(first_cancel.await.unwrap().0, 200);
     let again = cancel(&second, id).await;
-    assert_eq!(again["reversedBy"], reversal_id.to_hex());
+    assert_eq!(again["reversedBy"], reversal_id.to_string());
     assert_eq!(
         transfer(&first, reversal_id).await.state,
         TransferState::Done
@@ -553,7 +555,7 @@ async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() 
     let claimed = transfer(&dead, id).await;
     assert!(
         claimed
-            .application
+            .owner
             .as_deref()
             .is_some_and(|o| o.starts_with(&recoverer.instance_id)),
         "the recoverer owns it: {claimed:?}"
@@ -677,7 +679,7 @@ async fn a_cancel_waiting_on_a_reversal_that_is_then_refused_answers_the_refusal
     first.open_account("carol", 0).await;
     let (status, body) = first.transfer("alice", "bob", 300).await;
     assert_eq!(status, 201, "{body}");
-    let id: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+    let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
 
     let mut paused = failpoints::pause(&first.instance_id, "after_pending");
     let first_cancel = spawn_cancel(&first, id);
@@ -915,7 +917,7 @@ async fn fences_of_a_cancel_overtaken_by_the_owners_own_rollback_are_collected()
     let mut second_fence = failpoints::pause(&other.instance_id, "before_fence");
     first_fence.resume();
     second_fence.reached().await;
-    let bob = owner.store.account("bob").await.unwrap().unwrap();
+    let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
     assert_eq!(bob.fenced_transactions, vec![id], "bob is fenced");
     debiting.resume();
     let (status, body) = request.await.unwrap();
@@ -1014,8 +1016,8 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     let mut before_debit = failpoints::pause(&app.instance_id, "before_debit");
     let (request, id) = start_transfer(&app, 300).await;
     before_debit.reached().await;
-    let leased = transfer(&app, id).await.last_modified.timestamp_millis();
-    let deadline = mongodb::bson::DateTime::from_millis(leased + 1800);
+    let leased = transfer(&app, id).await.last_modified;
+    let deadline = after(leased, 1800);
     failpoints::lose_reply(&app.instance_id);
     before_debit.resume();
 
@@ -1025,7 +1027,7 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     // The first copy of the debit, arriving now: it must not land.
     let late = app
         .store
-        .apply_debit("alice", id, 300, deadline)
+        .apply_debit(&account("alice"), id, amount(300), deadline)
         .await
         .unwrap();
     assert!(
@@ -1051,7 +1053,7 @@ async fn two_processes_under_one_instance_id_never_share_a_lease() {
     let mut late_credit = failpoints::pause("twin", "before_credit");
     let (request, id) = start_transfer(&first, 300).await;
     late_credit.reached().await;
-    let owned_by_first = transfer(&first, id).await.application;
+    let owned_by_first = transfer(&first, id).await.owner;
 
     let database = first.database.clone();
     let _second = spawn_app_with(move |s| {
@@ -1063,7 +1065,7 @@ async fn two_processes_under_one_instance_id_never_share_a_lease() {
     .await;
     tokio::time::sleep(lease / 2).await;
     assert_eq!(
-        transfer(&first, id).await.application,
+        transfer(&first, id).await.owner,
         owned_by_first,
         "taken over before the lease lapsed"
     );
@@ -1072,10 +1074,7 @@ async fn two_processes_under_one_instance_id_never_share_a_lease() {
         t.state == TransferState::Done
     })
     .await;
-    assert_ne!(
-        t.application, owned_by_first,
-        "the second process finished it"
-    );
+    assert_ne!(t.owner, owned_by_first, "the second process finished it");
     late_credit.resume();
     let _ = request.await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1084,15 +1083,14 @@ async fn two_processes_under_one_instance_id_never_share_a_lease() {
 
 /// Moves a transfer's `lastModified` `by` into the past, as if its owner had been silent
 /// that long. Safe here: nothing of that owner is in flight.
-async fn age(app: &TestApp, id: ObjectId, by: Duration) {
-    let then = mongodb::bson::DateTime::from_millis(
-        app.store.server_time().await.unwrap().timestamp_millis() - by.as_millis() as i64,
-    );
+async fn age(app: &TestApp, id: TransferId, by: Duration) {
+    let now = app.store.server_time().await.unwrap();
+    let then = mongodb::bson::DateTime::from_chrono(after(now, -(by.as_millis() as i64)));
     app.store
         .database()
         .collection::<mongodb::bson::Document>("transactions")
         .update_one(
-            mongodb::bson::doc! { "_id": id },
+            mongodb::bson::doc! { "_id": object_id(id) },
             mongodb::bson::doc! { "$set": { "lastModified": then } },
         )
         .await
@@ -1116,7 +1114,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     open_alice_and_bob(&app).await;
     app.open_account("carol", 0).await;
     // Left pending by a dead instance, debit applied.
-    let stuck = TransferDoc::initial(ObjectId::new(), "alice", "bob", 100, "USD");
+    let stuck = initial("alice", "bob", 100);
     app.store.insert_transfer(&stuck).await.unwrap();
 
     let (initial, pending) = (TransferState::Initial, TransferState::Pending);
@@ -1133,10 +1131,10 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
             .unwrap()
             .is_some()
     );
-    let far = mongodb::bson::DateTime::MAX;
+    let far = from_now(86_400_000);
     assert!(
         app.store
-            .apply_debit("alice", stuck.id, 100, far)
+            .apply_debit(&account("alice"), stuck.id, amount(100), far)
             .await
             .unwrap()
             .applied
@@ -1145,16 +1143,16 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     // A done transfer whose reversal was claimed and never run.
     let (status, body) = app.transfer("alice", "carol", 200).await;
     assert_eq!(status, 201, "{body}");
-    let reversed: ObjectId = body["id"].as_str().unwrap().parse().unwrap();
+    let reversed: TransferId = body["id"].as_str().unwrap().parse().unwrap();
     assert!(
         app.store
-            .claim_reversal(reversed, ObjectId::new())
+            .claim_reversal(reversed, new_transfer_id())
             .await
             .unwrap()
     );
     age(&app, reversed, lease * 2).await;
     // A transfer canceled while pending, its accounts fenced.
-    let fenced = TransferDoc::initial(ObjectId::new(), "carol", "bob", 10, "USD");
+    let fenced = support::values::initial("carol", "bob", 10);
     app.store.insert_transfer(&fenced).await.unwrap();
 
     assert!(

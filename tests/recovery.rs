@@ -79,11 +79,19 @@ async fn crash_and_recover(step: &str, amount: i64) -> String {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let owner = transfer.application.as_deref().unwrap_or_default();
+    let owner = transfer.owner.as_deref().unwrap_or_default();
     assert!(owner.starts_with("rescuer/"), "{owner}");
 
-    let a = store.account("a").await.unwrap().unwrap();
-    let b = store.account("b").await.unwrap().unwrap();
+    let a = store
+        .account(&support::values::account("a"))
+        .await
+        .unwrap()
+        .unwrap();
+    let b = store
+        .account(&support::values::account("b"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         a.balance + b.balance,
         500,

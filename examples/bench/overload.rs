@@ -24,7 +24,6 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::{Client, Database};
 use serde::Serialize;
 use tokio::sync::Semaphore;
-use transfer_service::store::AccountDoc;
 
 use crate::driver::{Measured, closed_loop};
 use crate::procs::{Server, StartError, sample};
@@ -266,19 +265,12 @@ async fn insert_accounts(
     balance: i64,
 ) -> mongodb::error::Result<()> {
     let now = DateTime::now();
-    let docs = ids.iter().map(|id| AccountDoc {
-        id: id.clone(),
-        name: None,
-        balance,
-        currency: "USD".into(),
-        pending_transactions: Vec::new(),
-        fenced_transactions: Vec::new(),
-        created_at: now,
-        updated_at: now,
-    });
+    let docs = ids
+        .iter()
+        .map(|id| crate::service::account_document(id, balance, now));
     mongo
         .database(database)
-        .collection::<AccountDoc>("accounts")
+        .collection::<Document>("accounts")
         .insert_many(docs)
         .ordered(false)
         .await?;

@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use mongodb::Client;
-use mongodb::bson::DateTime;
+use mongodb::bson::{DateTime, Document, doc};
 use rand::Rng;
 use serde::Serialize;
-use transfer_service::store::AccountDoc;
 
 use crate::driver::{Measured, OpenMeasured, Outcome, closed_loop, open_loop};
 use crate::procs::{ProcSample, Server, StartError, reset_peak_rss, sample};
@@ -236,25 +235,29 @@ async fn insert_seed_accounts(
     database: &str,
     plan: &SeedPlan,
 ) -> mongodb::error::Result<()> {
-    let accounts = mongo
-        .database(database)
-        .collection::<AccountDoc>("accounts");
+    let accounts = mongo.database(database).collection::<Document>("accounts");
     let now = DateTime::now();
     let ids: Vec<usize> = (0..plan.total_accounts).collect();
     for chunk in ids.chunks(10_000) {
-        let docs = chunk.iter().map(|i| AccountDoc {
-            id: seed_id(*i),
-            name: None,
-            balance: plan.opening_balance,
-            currency: "USD".into(),
-            pending_transactions: Vec::new(),
-            fenced_transactions: Vec::new(),
-            created_at: now,
-            updated_at: now,
-        });
+        let docs = chunk
+            .iter()
+            .map(|i| account_document(&seed_id(*i), plan.opening_balance, now));
         accounts.insert_many(docs).ordered(false).await?;
     }
     Ok(())
+}
+
+/// An account as the service stores it (the README's schema: `balance` an Int64, no
+/// pending transfers), for inserting many at once.
+pub fn account_document(id: &str, balance: i64, now: DateTime) -> Document {
+    doc! {
+        "_id": id,
+        "balance": balance,
+        "currency": "USD",
+        "pendingTransactions": [],
+        "createdAt": now,
+        "updatedAt": now,
+    }
 }
 
 fn seed_id(i: usize) -> String {

@@ -5,13 +5,17 @@
 //! construction, so the layers above never re-check it:
 //! - [`AccountId`], [`Currency`], [`Amount`], [`OpeningBalance`], [`TransferId`],
 //!   [`IdempotencyKey`], [`Reference`] and [`AccountName`] are parsed once at the edge;
+//! - [`Transfer`] and [`Account`] are what the service reasons about, built from those
+//!   values; the store converts its documents to and from them;
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
 //!   with its transitions as an explicit function ([`TransferState::transition`]).
 
 mod state;
+mod transfer;
 mod values;
 
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
+pub use transfer::{Account, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
     AccountId, AccountName, Amount, Currency, IdempotencyKey, MAX_MONEY, OpeningBalance,
     ParseError, Reference, TransferId,

@@ -159,6 +159,14 @@ impl TransferId {
     }
 }
 
+impl std::str::FromStr for TransferId {
+    type Err = ParseError;
+
+    fn from_str(raw: &str) -> Result<Self, ParseError> {
+        Self::parse(raw)
+    }
+}
+
 impl fmt::Display for TransferId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&hex::encode(self.0))

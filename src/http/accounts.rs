@@ -13,9 +13,8 @@ use super::extract::ApiJson;
 use super::pagination::{Page, PageParams, page};
 use super::problem::{ApiError, Problem, field};
 use super::transfers::{TransferPage, TransferResponse};
-use crate::domain::{AccountId, AccountName, Currency, OpeningBalance};
+use crate::domain::{Account, AccountId, AccountName, Currency, OpeningBalance};
 use crate::service::NewAccount;
-use crate::store::AccountDoc;
 
 /// A request to open an account.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -87,20 +86,20 @@ impl From<Page<AccountResponse>> for AccountPage {
     }
 }
 
-impl From<AccountDoc> for AccountResponse {
-    fn from(a: AccountDoc) -> Self {
+impl From<Account> for AccountResponse {
+    fn from(a: Account) -> Self {
         AccountResponse {
-            id: a.id,
-            name: a.name,
+            id: a.id.to_string(),
+            name: a.name.map(|n| n.as_str().to_owned()),
             balance: a.balance,
-            currency: a.currency,
+            currency: a.currency.to_string(),
             pending_transactions: a
                 .pending_transactions
                 .iter()
-                .map(|id| id.to_hex())
+                .map(|id| id.to_string())
                 .collect(),
-            created_at: a.created_at.to_chrono(),
-            updated_at: a.updated_at.to_chrono(),
+            created_at: a.created_at,
+            updated_at: a.updated_at,
         }
     }
 }
@@ -210,7 +209,7 @@ pub async fn list_accounts(
             fetched,
             request.limit,
             "accounts",
-            |a| a.id.clone(),
+            |a| a.id.to_string(),
             AccountResponse::from,
         )
         .into(),
@@ -246,7 +245,7 @@ pub async fn list_account_transfers(
             fetched,
             request.limit,
             "transfers",
-            |t| t.id.to_hex(),
+            |t| t.id.to_string(),
             TransferResponse::from,
         )
         .into(),

@@ -37,6 +37,6 @@ pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiErr
     if state.bank.is_overloaded() {
         return Err(ApiError::Overloaded);
     }
-    state.bank.store().ping().await?;
+    state.bank.ping().await?;
     Ok(Json(Status { status: "ok" }))
 }

@@ -11,7 +11,6 @@ use utoipa::ToSchema;
 
 use crate::domain::CancelReason;
 use crate::service::ServiceError;
-use crate::store::StoreError;
 use crate::telemetry::Chain;
 
 /// An RFC 9457 problem document.
@@ -290,7 +289,7 @@ impl From<ServiceError> for ApiError {
                 account,
                 attempt,
             } => {
-                let transfer_id = attempt.map(|id| id.to_hex());
+                let transfer_id = attempt.map(|id| id.to_string());
                 match reason {
                     CancelReason::InsufficientFunds => ApiError::InsufficientFunds {
                         detail: format!(
@@ -314,20 +313,12 @@ impl From<ServiceError> for ApiError {
                 }
             }
             ServiceError::Overloaded => ApiError::Overloaded,
-            ServiceError::Store(e) => e.into(),
-        }
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(err: StoreError) -> Self {
-        match err {
-            StoreError::Unavailable(cause) => {
-                tracing::warn!(cause = %Chain(&cause), "database unavailable");
+            ServiceError::Unavailable(e) => {
+                tracing::warn!(cause = %Chain(&e), "database unavailable");
                 ApiError::DatabaseUnavailable
             }
-            StoreError::DuplicateKey(cause) | StoreError::Other(cause) => {
-                tracing::error!(cause = %Chain(&cause), "internal error");
+            ServiceError::Internal(e) => {
+                tracing::error!(cause = %Chain(&e), "internal error");
                 ApiError::Internal
             }
         }

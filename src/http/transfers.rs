@@ -11,7 +11,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use mongodb::bson::oid::ObjectId;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -20,11 +19,10 @@ use super::extract::ApiJson;
 use super::pagination::{Page, PageParams, page};
 use super::problem::{ApiError, Problem, field};
 use crate::domain::{
-    AccountId, Amount, CancelReason, IdempotencyKey, Reference, TransferId, TransferState,
+    AccountId, Amount, CancelReason, IdempotencyKey, Reference, Transfer, TransferFilter,
+    TransferId, TransferState,
 };
 use crate::service::{Completion, NewTransfer, TransferOutcome};
-use crate::store::TransferDoc;
-use crate::store::transfers::TransferFilter;
 
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -144,21 +142,21 @@ impl From<Page<TransferResponse>> for TransferPage {
     }
 }
 
-impl From<TransferDoc> for TransferResponse {
-    fn from(t: TransferDoc) -> Self {
+impl From<Transfer> for TransferResponse {
+    fn from(t: Transfer) -> Self {
         TransferResponse {
-            id: t.id.to_hex(),
-            source: t.source,
-            destination: t.destination,
-            amount: t.value,
-            currency: t.currency,
+            id: t.id.to_string(),
+            source: t.source.to_string(),
+            destination: t.destination.to_string(),
+            amount: t.amount.minor_units(),
+            currency: t.currency.to_string(),
             state: t.state,
             reason: t.reason,
-            reference: t.reference,
-            created_at: t.created_at.to_chrono(),
-            last_modified: t.last_modified.to_chrono(),
-            reverses: t.reverses.map(|id| id.to_hex()),
-            reversed_by: t.reversed_by.map(|id| id.to_hex()),
+            reference: t.reference.map(|r| r.as_str().to_owned()),
+            created_at: t.created_at,
+            last_modified: t.last_modified,
+            reverses: t.reverses.map(|id| id.to_string()),
+            reversed_by: t.reversed_by.map(|id| id.to_string()),
         }
     }
 }
@@ -175,8 +173,8 @@ pub struct TransferQuery {
     pub account: Option<String>,
 }
 
-fn location(id: &ObjectId) -> HeaderValue {
-    HeaderValue::from_str(&format!("/transfers/{}", id.to_hex())).expect("hex is a valid header")
+fn location(id: &TransferId) -> HeaderValue {
+    HeaderValue::from_str(&format!("/transfers/{id}")).expect("hex is a valid header")
 }
 
 fn path_transfer(raw: &str) -> Result<TransferId, ApiError> {
@@ -184,10 +182,10 @@ fn path_transfer(raw: &str) -> Result<TransferId, ApiError> {
 }
 
 /// The keyset cursor of transfer listings: the last id of the previous page.
-pub(super) fn cursor_id(after: Option<&str>) -> Result<Option<ObjectId>, ApiError> {
+pub(super) fn cursor_id(after: Option<&str>) -> Result<Option<TransferId>, ApiError> {
     after
         .map(|raw| {
-            ObjectId::parse_str(raw).map_err(|_| ApiError::InvalidParameter {
+            TransferId::parse(raw).map_err(|_| ApiError::InvalidParameter {
                 field: "cursor".into(),
                 detail: "cursor is not one this listing handed out".into(),
             })
@@ -204,12 +202,13 @@ fn outcome_response(outcome: TransferOutcome) -> Response {
             (StatusCode::CREATED, Json(TransferResponse::from(transfer))).into_response()
         }
         (TransferState::Canceled, reason) => {
-            let transfer_id = id.to_hex();
+            let transfer_id = id.to_string();
             match reason {
                 Some(CancelReason::InsufficientFunds) => ApiError::InsufficientFunds {
                     detail: format!(
                         "account {} cannot fund {}; the transfer was recorded and canceled",
-                        transfer.source, transfer.value
+                        transfer.source,
+                        transfer.amount.minor_units()
                     ),
                     transfer_id: Some(transfer_id),
                 },
@@ -390,7 +389,7 @@ pub async fn list_transfers(
         .transpose()?;
     let filter = TransferFilter {
         state: state_filter,
-        account: account.map(|a| a.to_string()),
+        account,
         before: cursor_id(request.after.as_deref())?,
     };
     let fetched = state.bank.transfers(&filter, request.limit + 1).await?;
@@ -399,7 +398,7 @@ pub async fn list_transfers(
             fetched,
             request.limit,
             "transfers",
-            |t| t.id.to_hex(),
+            |t| t.id.to_string(),
             TransferResponse::from,
         )
         .into(),

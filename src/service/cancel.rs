@@ -13,13 +13,11 @@
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
-use mongodb::bson::oid::ObjectId;
-
 use super::{Bank, ServiceError, ServiceResult};
-use crate::domain::{CancelReason, TransferEvent, TransferId, TransferState};
+use crate::domain::{CancelReason, Transfer, TransferEvent, TransferId, TransferState};
 use crate::store::accounts::Fence;
 use crate::store::transfers::{Fenced, Mover, StepFields};
-use crate::store::{StoreError, StoreResult, TransferDoc};
+use crate::store::{StoreError, StoreResult};
 
 /// How a cancel takes a transfer over once its accounts are fenced.
 enum Takeover {
@@ -43,7 +41,7 @@ impl Bank {
     ///
     /// Admitted like a new transfer (or refused with [`ServiceError::Overloaded`]), and
     /// run in a task of its own, so that a client hanging up does not stop it halfway.
-    pub async fn cancel(&self, id: TransferId) -> ServiceResult<TransferDoc> {
+    pub async fn cancel(&self, id: TransferId) -> ServiceResult<Transfer> {
         let permit = self.admit()?;
         let bank = self.clone();
         let run = self
@@ -60,7 +58,7 @@ impl Bank {
         })
     }
 
-    async fn cancel_admitted(&self, id: TransferId) -> ServiceResult<TransferDoc> {
+    async fn cancel_admitted(&self, id: TransferId) -> ServiceResult<Transfer> {
         let mut transfer = self.find_transfer(id).await?;
         for _ in 0..CANCEL_ROUNDS {
             transfer = match transfer.state {
@@ -81,9 +79,10 @@ impl Bank {
                 TransferState::Done => return self.reverse(transfer).await,
             };
         }
-        Err(ServiceError::Store(StoreError::Unavailable(
+        Err(StoreError::Unavailable(
             format!("cancel of transfer {id}: the transfer kept moving under it").into(),
-        )))
+        )
+        .into())
     }
 
     /// Takes an unfinished transfer away from whoever owns it, without waiting for their
@@ -96,7 +95,7 @@ impl Bank {
     /// filter would stop it. So before taking over, a cancel fences both accounts against
     /// the transfer's forward steps. Every other takeover (the sweeper's) waits for the
     /// owner's lease instead, which outlives the deadline every such step carries.
-    async fn take_over_fenced(&self, transfer: TransferDoc) -> ServiceResult<TransferDoc> {
+    async fn take_over_fenced(&self, transfer: Transfer) -> ServiceResult<Transfer> {
         let store = self.store();
         // The mark comes first, so whoever finishes the transfer, the sweeper later finds
         // the fences and drops them; its stamp starts the window the fences must land in.
@@ -106,7 +105,7 @@ impl Bank {
         let deadline = self.lease_deadline_from(since);
         let fence =
             |account, unless_applied| store.fence(account, transfer.id, unless_applied, deadline);
-        let (source, destination) = (transfer.source.as_str(), transfer.destination.as_str());
+        let (source, destination) = (&transfer.source, &transfer.destination);
         // What to do once both accounts are fenced, and the destination's fence if placed.
         let (plan, mut destination_fence) = match transfer.state {
             // The commit point is the credit: fence the destination only if it has not
@@ -176,11 +175,11 @@ impl Bank {
     /// the change if this call made it, and answers with the transfer as it now stands.
     async fn force(
         &self,
-        transfer: &TransferDoc,
+        transfer: &Transfer,
         event: TransferEvent,
         fields: StepFields,
         fenced: Option<Fenced>,
-    ) -> StoreResult<TransferDoc> {
+    ) -> StoreResult<Transfer> {
         let from = transfer.state;
         let to = super::protocol::next_state(transfer, event);
         let by = Mover::Cancel {
@@ -197,7 +196,7 @@ impl Bank {
     }
 
     /// Reverses a done transfer with a compensating transfer, at most once.
-    async fn reverse(&self, mut original: TransferDoc) -> ServiceResult<TransferDoc> {
+    async fn reverse(&self, mut original: Transfer) -> ServiceResult<Transfer> {
         loop {
             if original.reversed_by.is_some() {
                 return self.finish_reversal(original).await;
@@ -207,20 +206,18 @@ impl Bank {
                 .account(&original.destination)
                 .await?
                 .map_or(0, |a| a.balance);
-            if funds < original.value {
+            if funds < original.amount.minor_units() {
                 return Err(ServiceError::ReversalRefused {
                     reason: CancelReason::InsufficientFunds,
                     account: original.destination.clone(),
                     attempt: None,
                 });
             }
-            let claimed = ObjectId::new();
+            let claimed = crate::store::new_transfer_id();
             if self.store().claim_reversal(original.id, claimed).await? {
                 original.reversed_by = Some(claimed);
             } else {
-                original = self
-                    .find_transfer(TransferId::from_bytes(original.id.bytes()))
-                    .await?;
+                original = self.find_transfer(original.id).await?;
             }
         }
     }
@@ -233,7 +230,7 @@ impl Bank {
     ///
     /// If another instance is driving the compensation, returns `original` as it is: that
     /// instance, or the sweeper after it, finishes the reversal.
-    pub async fn finish_reversal(&self, original: TransferDoc) -> ServiceResult<TransferDoc> {
+    pub async fn finish_reversal(&self, original: Transfer) -> ServiceResult<Transfer> {
         let Some(reversal_id) = original.reversed_by else {
             return Ok(original);
         };
@@ -275,29 +272,27 @@ impl Bank {
     /// between the claim and the insert.
     async fn claimed_reversal(
         &self,
-        original: &TransferDoc,
-        reversal_id: ObjectId,
-    ) -> ServiceResult<TransferDoc> {
+        original: &Transfer,
+        reversal_id: TransferId,
+    ) -> ServiceResult<Transfer> {
         if let Some(existing) = self.store().transfer(reversal_id).await? {
             return Ok(existing);
         }
-        let reversal = TransferDoc {
+        let reversal = Transfer {
             reverses: Some(original.id),
-            ..TransferDoc::initial(
+            ..Transfer::initial(
                 reversal_id,
-                &original.destination,
-                &original.source,
-                original.value,
-                &original.currency,
+                original.destination.clone(),
+                original.source.clone(),
+                original.amount,
+                original.currency.clone(),
             )
         };
         match self.store().insert_transfer(&reversal).await {
             // Run from the stored state (`Bank::run` reads it again), stamp and all.
             Ok(_) => Ok(reversal),
             // A concurrent cancel recorded it first.
-            Err(crate::store::StoreError::DuplicateKey(_)) => Ok(self
-                .find_transfer(TransferId::from_bytes(reversal_id.bytes()))
-                .await?),
+            Err(StoreError::DuplicateKey(_)) => Ok(self.find_transfer(reversal_id).await?),
             Err(e) => Err(e.into()),
         }
     }

@@ -1,6 +1,7 @@
 //! The service layer: what the HTTP handlers (and the recovery sweeper) ask for, in
 //! domain terms. It validates against the stored accounts, records transfers, runs the
-//! two-phase commit ([`protocol`]) and answers with the stored documents.
+//! two-phase commit ([`protocol`]) and answers with the domain's [`Transfer`] and
+//! [`Account`], as stored.
 //!
 //! - [`Bank::open_account`], [`Bank::account`], [`Bank::accounts`]: the account book.
 //! - [`Bank::transfer`]: record a transfer and run it (or start it in the background),
@@ -14,25 +15,20 @@ pub mod protocol;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongodb::bson::DateTime;
-use mongodb::bson::oid::ObjectId;
 use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
 use crate::telemetry::Chain;
 
 use crate::domain::{
-    AccountId, AccountName, Amount, Currency, IdempotencyKey, OpeningBalance, Reference, TransferId,
+    Account, AccountId, AccountName, Amount, CancelReason, Currency, IdempotencyKey,
+    OpeningBalance, Reference, Transfer, TransferFilter, TransferId, TransferState,
 };
-use crate::domain::{CancelReason, TransferState};
 use crate::store::native::AtomicOutcome;
-use crate::store::transfers::TransferFilter;
-use crate::store::{AccountDoc, Store, StoreError, TransferDoc};
+use crate::store::{Store, StoreError, StoreResult};
 
 /// The end of a protocol run started with [`Bank::spawn_run`].
-async fn joined(
-    run: tokio::task::JoinHandle<crate::store::StoreResult<TransferDoc>>,
-) -> ServiceResult<TransferDoc> {
+async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
     match run.await {
         Ok(result) => Ok(result?),
         // Only a panic gets here (runs are never aborted): a bug, said as one.
@@ -109,7 +105,7 @@ pub enum Completion {
 /// by an earlier request with the same idempotency key.
 #[derive(Debug, Clone)]
 pub struct TransferOutcome {
-    pub transfer: TransferDoc,
+    pub transfer: Transfer,
     pub replayed: bool,
 }
 
@@ -140,15 +136,28 @@ pub enum ServiceError {
     #[error("the reversal was refused ({reason}) at account {account}")]
     ReversalRefused {
         reason: CancelReason,
-        account: String,
-        attempt: Option<ObjectId>,
+        account: AccountId,
+        attempt: Option<TransferId>,
     },
     /// Too many transfers in flight in this instance: refused before anything was
     /// recorded; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]
     Overloaded,
+    /// The database cannot be reached or cannot take the write now; retry later.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Unavailable(StoreError),
+    /// A bug or a misconfigured database: nothing the caller can do about it.
+    #[error(transparent)]
+    Internal(StoreError),
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(err: StoreError) -> ServiceError {
+        match err {
+            StoreError::Unavailable(_) => ServiceError::Unavailable(err),
+            StoreError::DuplicateKey(_) | StoreError::Other(_) => ServiceError::Internal(err),
+        }
+    }
 }
 
 pub type ServiceResult<T> = Result<T, ServiceError>;
@@ -171,7 +180,7 @@ pub struct Bank {
     /// would share a lease, and a second driver's debit after the first one's pull would
     /// apply the transfer twice; so within a process one task at a time drives a transfer.
     driving:
-        Arc<std::sync::Mutex<std::collections::HashMap<ObjectId, Arc<tokio::sync::Mutex<()>>>>>,
+        Arc<std::sync::Mutex<std::collections::HashMap<TransferId, Arc<tokio::sync::Mutex<()>>>>>,
     /// The lease an instance holds on a transfer it works on, renewed by every state
     /// change; once it lapses (STALE_AFTER_MS) another instance may take over.
     stale_after: Duration,
@@ -190,7 +199,7 @@ pub struct Bank {
     /// behind the service's back, the debit or credit finds it gone and the transfer rolls
     /// back with `account_not_found`: the cache can make an answer less precise, never
     /// move money wrongly.
-    currencies: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+    currencies: Arc<std::sync::Mutex<std::collections::HashMap<AccountId, Currency>>>,
 }
 
 /// Transfers in flight per process unless `MAX_TRANSFERS_IN_FLIGHT` says otherwise.
@@ -206,7 +215,7 @@ const CURRENCY_CACHE_MAX: usize = 100_000;
 impl Bank {
     pub fn new(store: Store, instance_id: impl Into<Arc<str>>, stale_after: Duration) -> Bank {
         let instance_id: Arc<str> = instance_id.into();
-        let incarnation = &ObjectId::new().to_hex()[16..];
+        let incarnation = format!("{:08x}", rand::random::<u32>());
         Bank {
             store: store.named(&instance_id),
             owner: format!("{instance_id}/{incarnation}").into(),
@@ -260,9 +269,9 @@ impl Bank {
     /// so admitted work always finishes or is left, every step durable, for the sweeper.
     fn spawn_run(
         &self,
-        transfer: TransferDoc,
+        transfer: Transfer,
         permit: Admitted,
-    ) -> tokio::task::JoinHandle<crate::store::StoreResult<TransferDoc>> {
+    ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
         let bank = self.clone();
         let work = async move {
             let _permit = permit;
@@ -285,7 +294,7 @@ impl Bank {
     }
 
     /// The per-transfer lock that makes this process drive a transfer in one task only.
-    pub(crate) fn drive_lock(&self, id: ObjectId) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn drive_lock(&self, id: TransferId) -> Arc<tokio::sync::Mutex<()>> {
         let mut map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
         // Forget locks nobody holds or waits for, so the map stays as small as the work.
         map.retain(|_, lock| Arc::strong_count(lock) > 1);
@@ -295,7 +304,7 @@ impl Bank {
     /// Whether a task of this process is driving `id` right now. The sweeper leaves such
     /// a transfer alone: claiming it would renew the lease of a task that may be stuck,
     /// and keep every other instance from taking it over.
-    pub(crate) fn is_driving(&self, id: ObjectId) -> bool {
+    pub(crate) fn is_driving(&self, id: TransferId) -> bool {
         let map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
         map.get(&id).is_some_and(|lock| Arc::strong_count(lock) > 1)
     }
@@ -318,17 +327,23 @@ impl Bank {
         &self.background
     }
 
-    pub async fn open_account(&self, new: NewAccount) -> ServiceResult<AccountDoc> {
+    /// One round trip to the database; `/ready` asks it.
+    pub async fn ping(&self) -> ServiceResult<()> {
+        Ok(self.store.ping().await?)
+    }
+
+    pub async fn open_account(&self, new: NewAccount) -> ServiceResult<Account> {
         let id = match new.id {
-            Some(id) => id.to_string(),
-            None => format!("acc_{}", ObjectId::new().to_hex()),
+            Some(id) => id,
+            None => AccountId::parse(&format!("acc_{}", crate::store::new_transfer_id()))
+                .expect("acc_ and 24 hex digits make an account id"),
         };
-        let now = DateTime::now();
-        let account = AccountDoc {
+        let now = crate::domain::now();
+        let account = Account {
             id,
-            name: new.name.map(|n| n.as_str().to_owned()),
+            name: new.name,
             balance: new.balance.minor_units(),
-            currency: new.currency.to_string(),
+            currency: new.currency,
             pending_transactions: Vec::new(),
             fenced_transactions: Vec::new(),
             created_at: now,
@@ -336,14 +351,16 @@ impl Bank {
         };
         match self.store.insert_account(&account).await {
             Ok(()) => Ok(account),
-            Err(StoreError::DuplicateKey(_)) => Err(ServiceError::AccountExists(account.id)),
+            Err(StoreError::DuplicateKey(_)) => {
+                Err(ServiceError::AccountExists(account.id.to_string()))
+            }
             Err(e) => Err(e.into()),
         }
     }
 
-    pub async fn account(&self, id: &AccountId) -> ServiceResult<AccountDoc> {
+    pub async fn account(&self, id: &AccountId) -> ServiceResult<Account> {
         self.store
-            .account(id.as_str())
+            .account(id)
             .await?
             .ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))
     }
@@ -352,16 +369,13 @@ impl Bank {
         &self,
         after: Option<&AccountId>,
         limit: u32,
-    ) -> ServiceResult<Vec<AccountDoc>> {
-        Ok(self
-            .store
-            .list_accounts(after.map(AccountId::as_str), limit)
-            .await?)
+    ) -> ServiceResult<Vec<Account>> {
+        Ok(self.store.list_accounts(after, limit).await?)
     }
 
-    pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<TransferDoc> {
+    pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
         self.store
-            .transfer(crate::store::documents::object_id(id))
+            .transfer(id)
             .await?
             .ok_or(ServiceError::TransferNotFound(id))
     }
@@ -370,7 +384,7 @@ impl Bank {
         &self,
         filter: &TransferFilter,
         limit: u32,
-    ) -> ServiceResult<Vec<TransferDoc>> {
+    ) -> ServiceResult<Vec<Transfer>> {
         Ok(self.store.list_transfers(filter, limit).await?)
     }
 
@@ -378,12 +392,12 @@ impl Bank {
     pub async fn account_transfers(
         &self,
         account: &AccountId,
-        before: Option<ObjectId>,
+        before: Option<TransferId>,
         limit: u32,
-    ) -> ServiceResult<Vec<TransferDoc>> {
+    ) -> ServiceResult<Vec<Transfer>> {
         self.account(account).await?;
         let filter = TransferFilter {
-            account: Some(account.to_string()),
+            account: Some(account.clone()),
             before,
             ..TransferFilter::default()
         };
@@ -405,21 +419,21 @@ impl Bank {
         let permit = self.admit()?;
         let fingerprint = new.fingerprint();
         if let Some(key) = &key {
-            if let Some(existing) = self.store.transfer_by_idempotency_key(key.as_str()).await? {
+            if let Some(existing) = self.store.transfer_by_idempotency_key(key).await? {
                 return self.replay(existing, &fingerprint).await;
             }
         }
         let currency = self.check_accounts(&new).await?;
-        let transfer = TransferDoc {
-            reference: new.reference.map(|r| r.as_str().to_owned()),
-            idempotency_key: key.as_ref().map(|k| k.as_str().to_owned()),
+        let transfer = Transfer {
+            reference: new.reference,
             request_hash: key.as_ref().map(|_| fingerprint.clone()),
-            ..TransferDoc::initial(
-                ObjectId::new(),
-                new.source.as_str(),
-                new.destination.as_str(),
-                new.amount.minor_units(),
-                &currency,
+            idempotency_key: key.clone(),
+            ..Transfer::initial(
+                crate::store::new_transfer_id(),
+                new.source,
+                new.destination,
+                new.amount,
+                currency,
             )
         };
         if self.strategy == Strategy::Native {
@@ -433,7 +447,7 @@ impl Bank {
             }
             Err(e) => return Err(e.into()),
         }
-        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.value, "transfer recorded");
+        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer recorded");
         failpoint!(self, "after_insert");
         let run = self.spawn_run(transfer.clone(), permit);
         let transfer = match completion {
@@ -452,7 +466,7 @@ impl Bank {
     /// instead, so that the answer and the log are those of the two-phase path.
     async fn transfer_natively(
         &self,
-        transfer: TransferDoc,
+        transfer: Transfer,
         fingerprint: &str,
     ) -> ServiceResult<TransferOutcome> {
         let outcome = match self
@@ -469,14 +483,14 @@ impl Bank {
         let transfer = match outcome {
             AtomicOutcome::Done(done) => *done,
             AtomicOutcome::Refused(reason) => {
-                let canceled = TransferDoc {
+                let canceled = Transfer {
                     state: TransferState::Canceled,
                     reason: Some(reason),
-                    application: Some(self.owner().to_owned()),
+                    owner: Some(self.owner().to_owned()),
                     ..transfer
                 };
                 match self.store.insert_transfer(&canceled).await {
-                    Ok(stamp) => TransferDoc {
+                    Ok(stamp) => Transfer {
                         last_modified: stamp,
                         ..canceled
                     },
@@ -498,22 +512,21 @@ impl Bank {
     /// Answers with the transfer that took `transfer`'s idempotency key first.
     async fn replay_by_key(
         &self,
-        transfer: &TransferDoc,
+        transfer: &Transfer,
         fingerprint: &str,
     ) -> ServiceResult<TransferOutcome> {
-        let key = transfer.idempotency_key.as_deref().unwrap_or_default();
+        let taken = || StoreError::Other("idempotency key taken but no transfer carries it".into());
+        let key = transfer.idempotency_key.as_ref().ok_or_else(taken)?;
         let existing = self
             .store
             .transfer_by_idempotency_key(key)
             .await?
-            .ok_or_else(|| {
-                StoreError::Other("idempotency key taken but no transfer carries it".into())
-            })?;
+            .ok_or_else(taken)?;
         self.replay(existing, fingerprint).await
     }
 
     /// Checks what the stored accounts must agree to; returns the transfer's currency.
-    async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<String> {
+    async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<Currency> {
         if new.source == new.destination {
             return Err(ServiceError::SameAccount);
         }
@@ -523,27 +536,27 @@ impl Bank {
         };
         if source != destination {
             return Err(ServiceError::CurrencyMismatch {
-                source_currency: source,
-                destination_currency: destination,
+                source_currency: source.to_string(),
+                destination_currency: destination.to_string(),
             });
         }
         Ok(source)
     }
 
     /// The currencies of both accounts, if this process has seen both.
-    fn known_currencies(&self, new: &NewTransfer) -> Option<(String, String)> {
+    fn known_currencies(&self, new: &NewTransfer) -> Option<(Currency, Currency)> {
         let known = self.currencies.lock().unwrap_or_else(|e| e.into_inner());
-        let source = known.get(new.source.as_str())?.clone();
-        let destination = known.get(new.destination.as_str())?.clone();
+        let source = known.get(&new.source)?.clone();
+        let destination = known.get(&new.destination)?.clone();
         Some((source, destination))
     }
 
     /// Reads both accounts' currencies (with those of concurrent transfers, in one
     /// round trip) and remembers them.
-    async fn read_currencies(&self, new: &NewTransfer) -> ServiceResult<(String, String)> {
+    async fn read_currencies(&self, new: &NewTransfer) -> ServiceResult<(Currency, Currency)> {
         let [source, destination] = self
             .store
-            .currencies([new.source.as_str(), new.destination.as_str()])
+            .currencies([&new.source, &new.destination])
             .await?;
         let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
         let destination = destination
@@ -552,14 +565,14 @@ impl Bank {
         if known.len() + 2 > CURRENCY_CACHE_MAX {
             known.clear();
         }
-        known.insert(new.source.to_string(), source.clone());
-        known.insert(new.destination.to_string(), destination.clone());
+        known.insert(new.source.clone(), source.clone());
+        known.insert(new.destination.clone(), destination.clone());
         Ok((source, destination))
     }
 
     async fn replay(
         &self,
-        existing: TransferDoc,
+        existing: Transfer,
         fingerprint: &str,
     ) -> ServiceResult<TransferOutcome> {
         if existing.request_hash.as_deref() != Some(fingerprint) {
@@ -576,9 +589,9 @@ impl Bank {
     /// its owner (or, if the owner died, the sweeper) does.
     pub(super) async fn wait_until_terminal(
         &self,
-        mut transfer: TransferDoc,
+        mut transfer: Transfer,
         limit: Duration,
-    ) -> ServiceResult<TransferDoc> {
+    ) -> ServiceResult<Transfer> {
         let deadline = tokio::time::Instant::now() + limit;
         while !transfer.state.is_terminal() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(REPLAY_POLL).await;

@@ -19,12 +19,12 @@
 //! only rolls back while its credit is not applied (see `cancel.rs` for the fence that
 //! guarantees it when a client cancels).
 
-use mongodb::bson::DateTime;
-
 use super::Bank;
-use crate::domain::{CancelReason, MAX_MONEY, TransferEvent, TransferState};
+use crate::domain::{
+    Account, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent, TransferState,
+};
 use crate::store::transfers::{Mover, StepFields};
-use crate::store::{AccountDoc, StoreError, StoreResult, TransferDoc};
+use crate::store::{StoreError, StoreResult};
 
 /// How often an account step is retried when its guard failed but a re-read shows no
 /// reason to refuse it (the balance changed in between). Bounded so a pathological race
@@ -47,8 +47,8 @@ enum Refusal {
 }
 
 fn classify(
-    account: Option<AccountDoc>,
-    transfer: &TransferDoc,
+    account: Option<Account>,
+    transfer: &Transfer,
     balance_ok: impl Fn(i64) -> bool,
 ) -> Refusal {
     let Some(account) = account else {
@@ -85,7 +85,7 @@ impl Bank {
     ///
     /// Returns early only on a database error; the transfer is then left where it is,
     /// every step so far durable, for a later call or the sweeper to resume.
-    pub async fn run(&self, mut transfer: TransferDoc) -> StoreResult<TransferDoc> {
+    pub async fn run(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
         let lock = self.drive_lock(transfer.id);
         let _driving = lock.lock().await;
         let _in_flight = crate::metrics::InFlightTransfer::enter();
@@ -122,8 +122,8 @@ impl Bank {
 
     /// Whether this instance may take the next step: it owns the transfer, or nobody
     /// does yet (`initial`).
-    fn may_drive(&self, transfer: &TransferDoc) -> bool {
-        match transfer.application.as_deref() {
+    fn may_drive(&self, transfer: &Transfer) -> bool {
+        match transfer.owner.as_deref() {
             Some(owner) => owner == self.owner(),
             None => transfer.state == TransferState::Initial,
         }
@@ -132,19 +132,19 @@ impl Bank {
     /// The end of this instance's lease on `transfer`, as the server will judge it: a
     /// forward account step must reach the server before it. It ends a tenth of the lease
     /// before a takeover becomes possible, so the two never overlap.
-    fn lease_deadline(&self, transfer: &TransferDoc) -> DateTime {
+    fn lease_deadline(&self, transfer: &Transfer) -> Timestamp {
         self.lease_deadline_from(transfer.last_modified)
     }
 
     /// The deadline of a lease that started at `start` (by the database's clock): a tenth
     /// of the lease before anyone may take the transfer over or collect its fences.
-    pub(super) fn lease_deadline_from(&self, start: DateTime) -> DateTime {
+    pub(super) fn lease_deadline_from(&self, start: Timestamp) -> Timestamp {
         let lease_ms = self.stale_after.as_millis() as i64;
-        DateTime::from_millis(start.timestamp_millis() + lease_ms - lease_ms / 10)
+        start + chrono::TimeDelta::milliseconds(lease_ms - lease_ms / 10)
     }
 
     /// Step 2: `initial -> pending`, taking ownership.
-    async fn start(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
+    async fn start(&self, transfer: Transfer) -> StoreResult<Transfer> {
         self.advance(transfer, TransferEvent::Start, StepFields::default())
             .await
     }
@@ -152,9 +152,9 @@ impl Bank {
     /// Steps 3 to 5: debit, credit, `pending -> applied`.
     async fn apply(
         &self,
-        mut transfer: TransferDoc,
-        quiet: &mut Option<DateTime>,
-    ) -> StoreResult<TransferDoc> {
+        mut transfer: Transfer,
+        quiet: &mut Option<Timestamp>,
+    ) -> StoreResult<Transfer> {
         for leg in [Leg::Debit, Leg::Credit] {
             match self.forward(&mut transfer, leg, quiet).await? {
                 StepResult::Applied => {}
@@ -175,7 +175,7 @@ impl Bank {
     /// A guarded account step matched nothing and a re-read shows no reason to refuse
     /// it: the balance moved in between, or our lease ran out. Renews the lease and says
     /// whether we still own the transfer.
-    async fn renew(&self, t: &mut TransferDoc) -> StoreResult<bool> {
+    async fn renew(&self, t: &mut Transfer) -> StoreResult<bool> {
         match self.store.renew_lease(self.owner(), t.id, t.state).await? {
             Some(now) => {
                 t.last_modified = t.last_modified.max(now);
@@ -190,9 +190,9 @@ impl Bank {
     /// leaves in `quiet` the deadline until which that attempt may still land.
     async fn forward(
         &self,
-        t: &mut TransferDoc,
+        t: &mut Transfer,
         leg: Leg,
-        quiet: &mut Option<DateTime>,
+        quiet: &mut Option<Timestamp>,
     ) -> StoreResult<StepResult> {
         let account = match leg {
             Leg::Debit => t.source.clone(),
@@ -203,12 +203,14 @@ impl Bank {
             let step = match leg {
                 Leg::Debit => {
                     let store = &self.store;
-                    store.apply_debit(&account, t.id, t.value, deadline).await?
+                    store
+                        .apply_debit(&account, t.id, t.amount, deadline)
+                        .await?
                 }
                 Leg::Credit => {
                     let store = &self.store;
                     store
-                        .apply_credit(&account, t.id, t.value, deadline)
+                        .apply_credit(&account, t.id, t.amount, deadline)
                         .await?
                 }
             };
@@ -218,9 +220,10 @@ impl Bank {
                 return Ok(StepResult::Applied);
             }
             let found = self.store.account(&account).await?;
+            let value = t.amount.minor_units();
             let balance_ok = |balance: i64| match leg {
-                Leg::Debit => balance >= t.value,
-                Leg::Credit => balance <= MAX_MONEY - t.value,
+                Leg::Debit => balance >= value,
+                Leg::Credit => balance <= MAX_MONEY - value,
             };
             let reason = match classify(found, t, balance_ok) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),
@@ -241,20 +244,20 @@ impl Bank {
     /// Waits until no copy of a forward step sent earlier can land any more (see
     /// [`Bank::forward`]): before a marker is pulled or undone, a late copy would find
     /// nothing to stop it. Waits at most 0.9 of a lease, only after a failed attempt.
-    async fn wait_until_quiet(&self, quiet: Option<DateTime>) -> StoreResult<()> {
+    async fn wait_until_quiet(&self, quiet: Option<Timestamp>) -> StoreResult<()> {
         let Some(until) = quiet else { return Ok(()) };
         loop {
             let now = self.store.server_time_lower_bound().await?;
             if now > until {
                 return Ok(());
             }
-            let left = (until.timestamp_millis() - now.timestamp_millis()).max(0) as u64;
-            tokio::time::sleep(std::time::Duration::from_millis(left + 1)).await;
+            let left = (until - now).to_std().unwrap_or_default();
+            tokio::time::sleep(left + std::time::Duration::from_millis(1)).await;
         }
     }
 
     /// Steps 6 to 8: pull both markers, then `applied -> done`.
-    async fn settle(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
+    async fn settle(&self, transfer: Transfer) -> StoreResult<Transfer> {
         // Both pulls in one write: each is idempotent and neither depends on the other.
         self.store
             .pull_markers([&transfer.source, &transfer.destination], transfer.id)
@@ -267,9 +270,9 @@ impl Bank {
     /// `pending -> canceling`, recording why.
     pub(super) async fn begin_rollback(
         &self,
-        transfer: TransferDoc,
+        transfer: Transfer,
         reason: CancelReason,
-    ) -> StoreResult<TransferDoc> {
+    ) -> StoreResult<Transfer> {
         tracing::info!(transfer_id = %transfer.id, %reason, "rolling back");
         let fields = StepFields {
             reason: Some(reason),
@@ -280,7 +283,7 @@ impl Bank {
     }
 
     /// Undo whatever each account carries, destination first, then `canceling -> canceled`.
-    async fn roll_back(&self, transfer: TransferDoc) -> StoreResult<TransferDoc> {
+    async fn roll_back(&self, transfer: Transfer) -> StoreResult<Transfer> {
         // Never expected to find anything: the credit is the commit point, so a rollback
         // only begins once the credit was refused (by the owner's own guard, or by a
         // cancel's fence placed only where the credit was not), and nothing can land it
@@ -288,14 +291,18 @@ impl Bank {
         // and said loudly.
         if self
             .store
-            .undo_change(&transfer.destination, transfer.id, -transfer.value)
+            .undo_change(
+                &transfer.destination,
+                transfer.id,
+                -transfer.amount.minor_units(),
+            )
             .await?
         {
             tracing::error!(transfer_id = %transfer.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
         }
         failpoint!(self, "after_undo_destination");
         self.store
-            .undo_change(&transfer.source, transfer.id, transfer.value)
+            .undo_change(&transfer.source, transfer.id, transfer.amount.minor_units())
             .await?;
         failpoint!(self, "after_undo_source");
         self.advance(
@@ -311,10 +318,10 @@ impl Bank {
     /// over): re-read it and let the caller continue from its new state.
     pub(super) async fn advance(
         &self,
-        mut transfer: TransferDoc,
+        mut transfer: Transfer,
         event: TransferEvent,
         fields: StepFields,
-    ) -> StoreResult<TransferDoc> {
+    ) -> StoreResult<Transfer> {
         let from = transfer.state;
         let to = next_state(&transfer, event);
         let won = self
@@ -327,7 +334,7 @@ impl Bank {
         tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, "transfer state changed");
         transfer.state = to;
         transfer.last_modified = transfer.last_modified.max(now);
-        transfer.application = Some(self.owner().to_owned());
+        transfer.owner = Some(self.owner().to_owned());
         if fields.reason.is_some() {
             transfer.reason = fields.reason;
         }
@@ -341,7 +348,7 @@ impl Bank {
         Ok(transfer)
     }
 
-    pub(super) async fn reload(&self, transfer: &TransferDoc) -> StoreResult<TransferDoc> {
+    pub(super) async fn reload(&self, transfer: &Transfer) -> StoreResult<Transfer> {
         self.store
             .transfer(transfer.id)
             .await?
@@ -349,7 +356,7 @@ impl Bank {
     }
 }
 
-fn contended(t: &TransferDoc) -> StoreError {
+fn contended(t: &Transfer) -> StoreError {
     StoreError::Unavailable(
         format!(
             "transfer {}: account step kept losing to concurrent updates",
@@ -361,7 +368,7 @@ fn contended(t: &TransferDoc) -> StoreError {
 
 /// The state `event` takes `transfer` to. The protocol only asks for events its state
 /// allows, so anything else is a bug, and said as one (TigerBeetle's assertions).
-pub(super) fn next_state(transfer: &TransferDoc, event: TransferEvent) -> TransferState {
+pub(super) fn next_state(transfer: &Transfer, event: TransferEvent) -> TransferState {
     transfer
         .state
         .transition(event)

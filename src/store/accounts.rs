@@ -5,45 +5,59 @@
 //! transfers (`store::batch`); each keeps its own guards.
 
 use futures::TryStreamExt;
-use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, doc};
 use mongodb::options::FindOptions;
 
 use super::batch::{AccountChange, Pull};
-use super::{AccountDoc, Store, StoreResult};
+use super::documents::{domain, object_id, stored_time};
+use super::{AccountDoc, Store, StoreError, StoreResult};
+use crate::domain::{Account, AccountId, Amount, Currency, Timestamp, TransferId};
 
 impl Store {
-    pub async fn insert_account(&self, account: &AccountDoc) -> StoreResult<()> {
-        self.accounts.insert_one(account).await?;
+    pub async fn insert_account(&self, account: &Account) -> StoreResult<()> {
+        self.accounts.insert_one(AccountDoc::from(account)).await?;
         Ok(())
     }
 
-    pub async fn account(&self, id: &str) -> StoreResult<Option<AccountDoc>> {
-        Ok(self
+    pub async fn account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        let found = self
             .accounts
-            .find_one(doc! { "_id": id })
+            .find_one(doc! { "_id": id.as_str() })
             .max_time(super::READ_TIME_LIMIT)
-            .await?)
+            .await?;
+        found.map(Account::try_from).transpose()
     }
 
     /// The currencies of two accounts (`None` for one that does not exist), read
     /// together with those of concurrent transfers (see `store::batch`).
-    pub async fn currencies(&self, accounts: [&str; 2]) -> StoreResult<[Option<String>; 2]> {
-        self.batches
+    pub async fn currencies(
+        &self,
+        accounts: [&AccountId; 2],
+    ) -> StoreResult<[Option<Currency>; 2]> {
+        let found = self
+            .batches
             .currencies
-            .submit(accounts.map(str::to_owned))
-            .await
+            .submit(accounts.map(AccountId::to_string))
+            .await?;
+        let parse = |stored: Option<String>| {
+            stored
+                .map(|c| Currency::parse(&c))
+                .transpose()
+                .map_err(|e| StoreError::Other(format!("a stored currency: {e}").into()))
+        };
+        let [source, destination] = found;
+        Ok([parse(source)?, parse(destination)?])
     }
 
     /// Accounts in id order, after `after` when given: keyset pagination, so a page costs
     /// the same however deep it is.
     pub async fn list_accounts(
         &self,
-        after: Option<&str>,
+        after: Option<&AccountId>,
         limit: u32,
-    ) -> StoreResult<Vec<AccountDoc>> {
+    ) -> StoreResult<Vec<Account>> {
         let filter = match after {
-            Some(after) => doc! { "_id": { "$gt": after } },
+            Some(after) => doc! { "_id": { "$gt": after.as_str() } },
             None => doc! {},
         };
         let options = FindOptions::builder()
@@ -56,7 +70,7 @@ impl Store {
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        Ok(cursor.try_collect().await?)
+        domain(cursor.try_collect().await?)
     }
 
     /// Step 3: debit the source, unless already applied, fenced by a cancel, or the
@@ -67,13 +81,14 @@ impl Store {
     /// instance may have taken the transfer over, is refused there.
     pub async fn apply_debit(
         &self,
-        account: &str,
-        tx: ObjectId,
-        value: i64,
-        deadline: DateTime,
+        account: &AccountId,
+        tx: TransferId,
+        amount: Amount,
+        deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
         failpoint!(self, "before_debit");
-        self.change_account(account, tx, -value, deadline).await
+        self.change_account(account, tx, -amount.minor_units(), deadline)
+            .await
     }
 
     /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
@@ -82,13 +97,14 @@ impl Store {
     /// `deadline` as for [`Store::apply_debit`].
     pub async fn apply_credit(
         &self,
-        account: &str,
-        tx: ObjectId,
-        value: i64,
-        deadline: DateTime,
+        account: &AccountId,
+        tx: TransferId,
+        amount: Amount,
+        deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
         failpoint!(self, "before_credit");
-        self.change_account(account, tx, value, deadline).await
+        self.change_account(account, tx, amount.minor_units(), deadline)
+            .await
     }
 
     /// The guarded forward write behind steps 3 and 4, group-committed with the
@@ -104,16 +120,16 @@ impl Store {
     /// marker before then.
     async fn change_account(
         &self,
-        account: &str,
-        tx: ObjectId,
+        account: &AccountId,
+        tx: TransferId,
         delta: i64,
-        deadline: DateTime,
+        deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
         let change = AccountChange {
-            account: account.to_owned(),
-            tx,
+            account: account.to_string(),
+            tx: object_id(tx),
             delta,
-            deadline,
+            deadline: stored_time(deadline),
         };
         let (applied, failed_before) = super::retried(|| async {
             let answer = self.batches.account_changes.submit(change.clone()).await;
@@ -133,25 +149,31 @@ impl Store {
 
     /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
     /// accounts (group-committed, see `store::batch`).
-    pub async fn pull_markers(&self, accounts: [&str; 2], tx: ObjectId) -> StoreResult<()> {
+    pub async fn pull_markers(&self, accounts: [&AccountId; 2], tx: TransferId) -> StoreResult<()> {
         failpoint!(self, "before_pull");
         self.batches
             .pulls
             .submit(Pull {
-                accounts: accounts.map(str::to_owned),
-                tx,
+                accounts: accounts.map(AccountId::to_string),
+                tx: object_id(tx),
             })
             .await
     }
 
     /// Rollback: give back `delta` (negative for the destination, positive for the source)
     /// and forget the marker, only where the transfer was applied.
-    pub async fn undo_change(&self, account: &str, tx: ObjectId, delta: i64) -> StoreResult<bool> {
+    pub async fn undo_change(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        delta: i64,
+    ) -> StoreResult<bool> {
         failpoint!(self, "before_undo");
+        let tx = object_id(tx);
         let result = self
             .accounts
             .update_one(
-                doc! { "_id": account, "pendingTransactions": tx },
+                doc! { "_id": account.as_str(), "pendingTransactions": tx },
                 doc! {
                     "$inc": { "balance": delta },
                     "$pull": { "pendingTransactions": tx },
@@ -173,7 +195,7 @@ pub struct ForwardStep {
     pub applied: bool,
     /// Set when an earlier attempt failed without an answer: a copy of the step may
     /// still land until this deadline, so its marker must stay until then.
-    pub uncertain_until: Option<DateTime>,
+    pub uncertain_until: Option<Timestamp>,
 }
 
 /// What a fence write found.
@@ -201,13 +223,15 @@ impl Store {
     /// a fence that is still on its way.
     pub async fn fence(
         &self,
-        account: &str,
-        tx: ObjectId,
+        account: &AccountId,
+        transfer: TransferId,
         unless_applied: bool,
-        deadline: DateTime,
+        deadline: Timestamp,
     ) -> StoreResult<Fence> {
         failpoint!(self, "before_fence");
-        let mut filter = doc! { "_id": account, "$expr": { "$lt": ["$$NOW", deadline] } };
+        let tx = object_id(transfer);
+        let deadline = stored_time(deadline);
+        let mut filter = doc! { "_id": account.as_str(), "$expr": { "$lt": ["$$NOW", deadline] } };
         if unless_applied {
             filter.insert("pendingTransactions", doc! { "$ne": tx });
         }
@@ -220,14 +244,18 @@ impl Store {
         }
         Ok(match self.account(account).await? {
             None => Fence::Missing,
-            Some(a) if unless_applied && a.pending_transactions.contains(&tx) => Fence::Applied,
+            Some(a) if unless_applied && a.pending_transactions.contains(&transfer) => {
+                Fence::Applied
+            }
             Some(_) => Fence::TooLate,
         })
     }
 
     /// Removes the fences of `tx` from its accounts. Only once no forward step of `tx`
     /// can land any more: see `sweeper::collect_fences`.
-    pub async fn drop_fences(&self, accounts: [&str; 2], tx: ObjectId) -> StoreResult<()> {
+    pub async fn drop_fences(&self, accounts: [&AccountId; 2], tx: TransferId) -> StoreResult<()> {
+        let tx = object_id(tx);
+        let accounts = accounts.map(AccountId::as_str);
         self.accounts
             .update_many(
                 doc! { "_id": { "$in": accounts.to_vec() }, "fencedTransactions": tx },

@@ -1,12 +1,17 @@
 //! The stored shapes of `accounts` and `transactions`, named as in the MongoDB tutorial
-//! so that anyone who read it recognises them. These are storage types: the HTTP layer
-//! has its own response types, so the API and the schema can change independently.
+//! so that anyone who read it recognises them, and their conversions to and from the
+//! domain's [`Transfer`] and [`Account`]. These are storage types and never leave the
+//! store: the schema and the domain (and the API built on it) change independently.
 
 use mongodb::bson::DateTime;
 use mongodb::bson::oid::ObjectId;
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{CancelReason, TransferId, TransferState};
+use super::{StoreError, StoreResult};
+use crate::domain::{
+    Account, AccountId, AccountName, Amount, CancelReason, Currency, IdempotencyKey, ParseError,
+    Reference, Timestamp, Transfer, TransferId, TransferState,
+};
 
 /// A document of `accounts`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -77,43 +82,197 @@ pub struct TransferDoc {
     pub reversing: bool,
 }
 
-impl TransferDoc {
-    /// A transfer as step 1 records it: `initial`, owned by nobody yet. Optional fields
-    /// (reference, idempotency key, reversal link) are set by the caller.
-    pub fn initial(
-        id: ObjectId,
-        source: &str,
-        destination: &str,
-        value: i64,
-        currency: &str,
-    ) -> TransferDoc {
-        let now = DateTime::now();
-        TransferDoc {
-            id,
-            source: source.to_owned(),
-            destination: destination.to_owned(),
-            value,
-            currency: currency.to_owned(),
-            state: TransferState::Initial,
-            last_modified: now,
-            created_at: now,
-            application: None,
-            reason: None,
-            reference: None,
-            idempotency_key: None,
-            request_hash: None,
-            reverses: None,
-            reversed_by: None,
-            fenced: false,
-            reversing: false,
-        }
-    }
-
-    pub fn transfer_id(&self) -> TransferId {
-        TransferId::from_bytes(self.id.bytes())
-    }
+/// A new transfer id, in the form the log stores it (an ObjectId, growing with time, so
+/// that the newest-first listing is an index walk).
+pub fn new_transfer_id() -> TransferId {
+    transfer_id(ObjectId::new())
 }
 
 pub fn object_id(id: TransferId) -> ObjectId {
     ObjectId::from_bytes(id.bytes())
+}
+
+pub fn transfer_id(id: ObjectId) -> TransferId {
+    TransferId::from_bytes(id.bytes())
+}
+
+pub fn stored_time(at: Timestamp) -> DateTime {
+    DateTime::from_chrono(at)
+}
+
+/// A stored value the domain refuses: a document written by hand, or by a version that
+/// allowed what this one does not. Said as what it is, for the log; the caller answers 500.
+fn corrupt(
+    collection: &str,
+    id: &dyn std::fmt::Display,
+    field: &str,
+    why: impl std::fmt::Display,
+) -> StoreError {
+    StoreError::Other(format!("{collection} {id}: stored {field} is not valid: {why}").into())
+}
+
+impl From<&Transfer> for TransferDoc {
+    fn from(t: &Transfer) -> TransferDoc {
+        TransferDoc {
+            id: object_id(t.id),
+            source: t.source.to_string(),
+            destination: t.destination.to_string(),
+            value: t.amount.minor_units(),
+            currency: t.currency.to_string(),
+            state: t.state,
+            last_modified: stored_time(t.last_modified),
+            created_at: stored_time(t.created_at),
+            application: t.owner.clone(),
+            reason: t.reason,
+            reference: t.reference.as_ref().map(|r| r.as_str().to_owned()),
+            idempotency_key: t.idempotency_key.as_ref().map(|k| k.as_str().to_owned()),
+            request_hash: t.request_hash.clone(),
+            reverses: t.reverses.map(object_id),
+            reversed_by: t.reversed_by.map(object_id),
+            fenced: t.fenced,
+            reversing: t.reversing,
+        }
+    }
+}
+
+impl TryFrom<TransferDoc> for Transfer {
+    type Error = StoreError;
+
+    fn try_from(d: TransferDoc) -> StoreResult<Transfer> {
+        let bad = |field: &str, why: ParseError| corrupt("transfer", &d.id, field, why);
+        Ok(Transfer {
+            id: transfer_id(d.id),
+            source: AccountId::parse(&d.source).map_err(|e| bad("source", e))?,
+            destination: AccountId::parse(&d.destination).map_err(|e| bad("destination", e))?,
+            amount: Amount::parse(d.value).map_err(|e| bad("value", e))?,
+            currency: Currency::parse(&d.currency).map_err(|e| bad("currency", e))?,
+            state: d.state,
+            last_modified: d.last_modified.to_chrono(),
+            created_at: d.created_at.to_chrono(),
+            owner: d.application,
+            reason: d.reason,
+            reference: d
+                .reference
+                .as_deref()
+                .map(Reference::parse)
+                .transpose()
+                .map_err(|e| bad("reference", e))?,
+            idempotency_key: d
+                .idempotency_key
+                .as_deref()
+                .map(IdempotencyKey::parse)
+                .transpose()
+                .map_err(|e| bad("idempotencyKey", e))?,
+            request_hash: d.request_hash,
+            reverses: d.reverses.map(transfer_id),
+            reversed_by: d.reversed_by.map(transfer_id),
+            fenced: d.fenced,
+            reversing: d.reversing,
+        })
+    }
+}
+
+impl From<&Account> for AccountDoc {
+    fn from(a: &Account) -> AccountDoc {
+        AccountDoc {
+            id: a.id.to_string(),
+            name: a.name.as_ref().map(|n| n.as_str().to_owned()),
+            balance: a.balance,
+            currency: a.currency.to_string(),
+            pending_transactions: a
+                .pending_transactions
+                .iter()
+                .copied()
+                .map(object_id)
+                .collect(),
+            fenced_transactions: a
+                .fenced_transactions
+                .iter()
+                .copied()
+                .map(object_id)
+                .collect(),
+            created_at: stored_time(a.created_at),
+            updated_at: stored_time(a.updated_at),
+        }
+    }
+}
+
+impl TryFrom<AccountDoc> for Account {
+    type Error = StoreError;
+
+    fn try_from(d: AccountDoc) -> StoreResult<Account> {
+        let bad = |field: &str, why: ParseError| corrupt("account", &d.id, field, why);
+        Ok(Account {
+            id: AccountId::parse(&d.id).map_err(|e| bad("_id", e))?,
+            name: d
+                .name
+                .as_deref()
+                .map(AccountName::parse)
+                .transpose()
+                .map_err(|e| bad("name", e))?,
+            balance: d.balance,
+            currency: Currency::parse(&d.currency).map_err(|e| bad("currency", e))?,
+            pending_transactions: d
+                .pending_transactions
+                .into_iter()
+                .map(transfer_id)
+                .collect(),
+            fenced_transactions: d.fenced_transactions.into_iter().map(transfer_id).collect(),
+            created_at: d.created_at.to_chrono(),
+            updated_at: d.updated_at.to_chrono(),
+        })
+    }
+}
+
+/// Converts what a read found, refusing the whole read if one document is corrupt.
+pub fn domain<D, T: TryFrom<D, Error = StoreError>>(docs: Vec<D>) -> StoreResult<Vec<T>> {
+    docs.into_iter().map(T::try_from).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Amount;
+
+    #[test]
+    fn a_transfer_survives_the_trip_through_its_document() {
+        // Times included: a new transfer's are already to the millisecond, as stored.
+        let mut transfer = Transfer::initial(
+            new_transfer_id(),
+            AccountId::parse("alice").unwrap(),
+            AccountId::parse("bob").unwrap(),
+            Amount::parse(250).unwrap(),
+            Currency::usd(),
+        );
+        transfer.owner = Some("instance/1".into());
+        transfer.reference = Some(Reference::parse("invoice 7").unwrap());
+        transfer.idempotency_key = Some(IdempotencyKey::parse("k-1").unwrap());
+        transfer.reversed_by = Some(new_transfer_id());
+        transfer.reason = Some(CancelReason::InsufficientFunds);
+        transfer.fenced = true;
+
+        let stored = TransferDoc::from(&transfer);
+        assert_eq!(stored.value, 250);
+        assert_eq!(stored.application.as_deref(), Some("instance/1"));
+        assert_eq!(Transfer::try_from(stored).unwrap(), transfer);
+    }
+
+    #[test]
+    fn a_stored_value_the_domain_refuses_is_an_error_naming_the_field() {
+        let transfer = Transfer::initial(
+            new_transfer_id(),
+            AccountId::parse("alice").unwrap(),
+            AccountId::parse("bob").unwrap(),
+            Amount::parse(1).unwrap(),
+            Currency::usd(),
+        );
+        let corrupt = TransferDoc {
+            value: 0,
+            ..TransferDoc::from(&transfer)
+        };
+        let err = Transfer::try_from(corrupt).unwrap_err();
+        assert!(matches!(err, StoreError::Other(_)), "{err:?}");
+        let said = crate::telemetry::Chain(&err).to_string();
+        assert!(said.contains("stored value is not valid"), "{said}");
+    }
 }

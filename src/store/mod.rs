@@ -13,8 +13,8 @@
 
 pub mod accounts;
 mod batch;
-pub mod clock;
-pub mod documents;
+mod clock;
+mod documents;
 mod guards;
 pub mod migrations;
 pub mod native;
@@ -29,17 +29,22 @@ use mongodb::event::command::CommandEvent;
 use mongodb::options::{Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database};
 
-pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
-pub use documents::{AccountDoc, TransferDoc};
+use crate::domain::Timestamp;
 
-/// The group-commit writers, for the tests that call them with hand-made batches; built
-/// only with the `failpoints` feature, like every other test hook.
+pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
+pub use documents::new_transfer_id;
+use documents::{AccountDoc, TransferDoc};
+
+/// The group-commit writers and the stored shapes, for the tests that call the writers
+/// with hand-made batches; built only with the `failpoints` feature, like every other
+/// test hook.
 #[cfg(feature = "failpoints")]
 pub mod testing {
     pub use super::batch::{
         AccountChange, MAX_BATCH, Pull, Transition, change_accounts, insert_transfers,
         pull_markers, transition_all,
     };
+    pub use super::documents::{AccountDoc, TransferDoc, object_id, transfer_id};
 }
 
 /// How long the driver looks for a usable server before an operation fails. Short, so
@@ -251,7 +256,11 @@ impl Store {
     /// clock: an owner's forward steps carry a deadline the server checks against `$$NOW`,
     /// and a takeover needs `lastModified` older than the server's time minus the lease,
     /// so the clocks of the instances never matter.
-    pub async fn server_time(&self) -> StoreResult<mongodb::bson::DateTime> {
+    pub async fn server_time(&self) -> StoreResult<Timestamp> {
+        Ok(self.read_server_time().await?.to_chrono())
+    }
+
+    async fn read_server_time(&self) -> StoreResult<mongodb::bson::DateTime> {
         let reply = self.db.run_command(doc! { "hello": 1 }).await?;
         let arrived = std::time::Instant::now();
         let time = reply
@@ -265,11 +274,17 @@ impl Store {
     /// A time the database's clock has certainly reached (see [`clock`]): what a driver
     /// takes as the start of a lease it is about to stamp with the server's `$$NOW`.
     /// Reads the server's clock when the last reading is too old.
-    pub async fn server_time_lower_bound(&self) -> StoreResult<mongodb::bson::DateTime> {
+    pub async fn server_time_lower_bound(&self) -> StoreResult<Timestamp> {
+        Ok(self.stamp_time().await?.to_chrono())
+    }
+
+    /// [`Store::server_time_lower_bound`] as stored: the time a write stamps (with
+    /// `$max`, see [`guards::stamped`]) and the start of the lease it gives.
+    async fn stamp_time(&self) -> StoreResult<mongodb::bson::DateTime> {
         if let Some(bound) = self.clock.lower_bound() {
             return Ok(bound);
         }
-        self.server_time().await?;
+        self.read_server_time().await?;
         self.clock
             .lower_bound()
             .ok_or_else(|| StoreError::Other("the server's clock reading is already stale".into()))

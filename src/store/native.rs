@@ -20,7 +20,7 @@ use mongodb::bson::{DateTime, doc};
 use mongodb::options::ReadConcern;
 
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
-use crate::domain::{CancelReason, MAX_MONEY, TransferState};
+use crate::domain::{CancelReason, MAX_MONEY, Transfer, TransferState};
 
 /// How long a transfer may keep starting new runs of its transaction before it gives up
 /// (the caller answers 503; nothing moved). The driver's own limit is 120 s, four times
@@ -37,7 +37,7 @@ const TRANSACTION_TIME_LIMIT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub enum AtomicOutcome {
     /// Committed: the transfer as stored, `done`.
-    Done(Box<TransferDoc>),
+    Done(Box<Transfer>),
     /// Nothing was written: the accounts refused it for this reason.
     Refused(CancelReason),
 }
@@ -54,7 +54,7 @@ impl Store {
     /// for [`TRANSACTION_TIME_LIMIT`] is [`StoreError::Unavailable`], with nothing moved.
     pub async fn transfer_atomically(
         &self,
-        transfer: &TransferDoc,
+        transfer: &Transfer,
         owner: &str,
     ) -> StoreResult<AtomicOutcome> {
         self.transfer_atomically_within(transfer, owner, TRANSACTION_TIME_LIMIT)
@@ -65,15 +65,15 @@ impl Store {
     /// transaction conflict until it gives up.
     pub async fn transfer_atomically_within(
         &self,
-        transfer: &TransferDoc,
+        transfer: &Transfer,
         owner: &str,
         time_limit: Duration,
     ) -> StoreResult<AtomicOutcome> {
         let done = TransferDoc {
             state: TransferState::Done,
             application: Some(owner.to_owned()),
-            last_modified: self.server_time_lower_bound().await?,
-            ..transfer.clone()
+            last_modified: self.stamp_time().await?,
+            ..TransferDoc::from(transfer)
         };
         let deadline = Instant::now() + time_limit;
         let mut session = self.db.client().start_session().await?;
@@ -101,7 +101,7 @@ impl Store {
             })
             .await;
         match refused {
-            Ok(None) => Ok(AtomicOutcome::Done(Box::new(done))),
+            Ok(None) => Ok(AtomicOutcome::Done(Box::new(Transfer::try_from(done)?))),
             Ok(Some(reason)) => Ok(AtomicOutcome::Refused(reason)),
             Err(e) if e.get_custom::<TimeLimitReached>().is_some() => Err(StoreError::Unavailable(
                 format!(

@@ -7,15 +7,17 @@
 //! carry a time at least as late as every earlier one.
 
 use futures::TryStreamExt;
-use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::accounts::Fence;
 use super::batch::Transition;
+use super::documents::{domain, object_id, stored_time};
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreResult, TransferDoc};
-use crate::domain::{CancelReason, TransferState};
+use crate::domain::{
+    CancelReason, IdempotencyKey, Timestamp, Transfer, TransferFilter, TransferId, TransferState,
+};
 
 /// The states the sweeper looks for.
 const UNFINISHED: [TransferState; 4] = [
@@ -35,16 +37,6 @@ fn finished_states() -> Vec<&'static str> {
         .filter(|s| s.is_terminal())
         .map(|s| s.as_str())
         .collect()
-}
-
-/// Which transfers a listing returns.
-#[derive(Debug, Clone, Default)]
-pub struct TransferFilter {
-    pub state: Option<TransferState>,
-    /// Transfers whose source or destination is this account.
-    pub account: Option<String>,
-    /// Keyset cursor: only transfers older than this id.
-    pub before: Option<ObjectId>,
 }
 
 /// Who may move a transfer on, and why that is safe: **the rule**, kept in this one place
@@ -105,31 +97,36 @@ impl Store {
     /// [`super::clock`]), whatever the caller's copy says: another instance compares it
     /// with the database's time to decide when the transfer is stale.
     /// Returns that stamp.
-    pub async fn insert_transfer(&self, transfer: &TransferDoc) -> StoreResult<DateTime> {
-        let at = self.server_time_lower_bound().await?;
+    pub async fn insert_transfer(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
+        let at = self.stamp_time().await?;
         let stamped = TransferDoc {
             last_modified: at,
-            ..transfer.clone()
+            ..TransferDoc::from(transfer)
         };
         failpoint!(self, "before_insert");
         self.batches.inserts.submit(stamped).await?;
-        Ok(at)
+        Ok(at.to_chrono())
     }
 
-    pub async fn transfer(&self, id: ObjectId) -> StoreResult<Option<TransferDoc>> {
-        Ok(self
-            .transactions
-            .find_one(doc! { "_id": id })
-            .max_time(super::READ_TIME_LIMIT)
-            .await?)
+    pub async fn transfer(&self, id: TransferId) -> StoreResult<Option<Transfer>> {
+        self.find_transfer(doc! { "_id": object_id(id) }).await
     }
 
-    pub async fn transfer_by_idempotency_key(&self, key: &str) -> StoreResult<Option<TransferDoc>> {
-        Ok(self
+    pub async fn transfer_by_idempotency_key(
+        &self,
+        key: &IdempotencyKey,
+    ) -> StoreResult<Option<Transfer>> {
+        self.find_transfer(doc! { "idempotencyKey": key.as_str() })
+            .await
+    }
+
+    async fn find_transfer(&self, filter: Document) -> StoreResult<Option<Transfer>> {
+        let found = self
             .transactions
-            .find_one(doc! { "idempotencyKey": key })
+            .find_one(filter)
             .max_time(super::READ_TIME_LIMIT)
-            .await?)
+            .await?;
+        found.map(Transfer::try_from).transpose()
     }
 
     /// Claims the one reversal a done transfer may have: sets `reversedBy` only if it is
@@ -137,16 +134,17 @@ impl Store {
     /// finishes a reversal whose instance crashed. Returns whether this call claimed it.
     pub async fn claim_reversal(
         &self,
-        original: ObjectId,
-        reversal: ObjectId,
+        original: TransferId,
+        reversal: TransferId,
     ) -> StoreResult<bool> {
         failpoint!(self, "before_claim_reversal");
-        let at = self.server_time_lower_bound().await?;
+        let at = self.stamp_time().await?;
+        let reversal = object_id(reversal);
         let result = self
             .transactions
             .update_one(
                 doc! {
-                    "_id": original,
+                    "_id": object_id(original),
                     "state": TransferState::Done.as_str(),
                     "reversedBy": { "$exists": false },
                 },
@@ -160,13 +158,13 @@ impl Store {
     /// cancel may try again. The canceled compensation stays in the log.
     pub async fn release_reversal(
         &self,
-        original: ObjectId,
-        reversal: ObjectId,
+        original: TransferId,
+        reversal: TransferId,
     ) -> StoreResult<()> {
-        let at = self.server_time_lower_bound().await?;
+        let at = self.stamp_time().await?;
         self.transactions
             .update_one(
-                doc! { "_id": original, "reversedBy": reversal },
+                doc! { "_id": object_id(original), "reversedBy": object_id(reversal) },
                 stamped_unset(&["reversedBy", "reversing"], at),
             )
             .await?;
@@ -176,10 +174,11 @@ impl Store {
     /// Marks the reversal of `original` finished (its compensation is `done`).
     pub async fn reversal_finished(
         &self,
-        original: ObjectId,
-        reversal: ObjectId,
+        original: TransferId,
+        reversal: TransferId,
     ) -> StoreResult<()> {
-        let at = self.server_time_lower_bound().await?;
+        let at = self.stamp_time().await?;
+        let (original, reversal) = (object_id(original), object_id(reversal));
         self.transactions
             .update_one(
                 doc! { "_id": original, "reversedBy": reversal, "reversing": true },
@@ -193,9 +192,9 @@ impl Store {
     /// finished: its instance crashed between the claim and the end of the compensation.
     pub async fn unfinished_reversals(
         &self,
-        stale_before: DateTime,
+        stale_before: Timestamp,
         limit: u32,
-    ) -> StoreResult<Vec<TransferDoc>> {
+    ) -> StoreResult<Vec<Transfer>> {
         self.older_than(doc! { "reversing": true }, stale_before, limit)
             .await
     }
@@ -205,26 +204,26 @@ impl Store {
     /// Stamps the transfer (the fences' deadlines count from here). Returns the start of
     /// that window (a lower bound of the stamp), or `None` if the transfer is already
     /// finished: then nothing needs fencing.
-    pub async fn mark_fenced(&self, id: ObjectId) -> StoreResult<Option<DateTime>> {
-        let since = self.server_time_lower_bound().await?;
+    pub async fn mark_fenced(&self, id: TransferId) -> StoreResult<Option<Timestamp>> {
+        let since = self.stamp_time().await?;
         failpoint!(self, "before_mark_fenced");
         let result = self
             .transactions
             .update_one(
-                doc! { "_id": id, "state": { "$in": unfinished_states() } },
+                doc! { "_id": object_id(id), "state": { "$in": unfinished_states() } },
                 stamped(doc! { "fenced": true }, since),
             )
             .await?;
-        Ok((result.matched_count == 1).then_some(since))
+        Ok((result.matched_count == 1).then_some(since.to_chrono()))
     }
 
     /// Finished transfers whose account fences may still be in place, last modified
     /// before `stale_before`.
     pub async fn fenced_finished(
         &self,
-        stale_before: DateTime,
+        stale_before: Timestamp,
         limit: u32,
-    ) -> StoreResult<Vec<TransferDoc>> {
+    ) -> StoreResult<Vec<Transfer>> {
         self.older_than(
             doc! { "fenced": true, "state": { "$in": finished_states() } },
             stale_before,
@@ -234,10 +233,10 @@ impl Store {
     }
 
     /// Forgets that a finished transfer's accounts are fenced, once the fences are gone.
-    pub async fn unmark_fenced(&self, id: ObjectId) -> StoreResult<()> {
+    pub async fn unmark_fenced(&self, id: TransferId) -> StoreResult<()> {
         self.transactions
             .update_one(
-                doc! { "_id": id, "state": { "$in": finished_states() }, "fenced": true },
+                doc! { "_id": object_id(id), "state": { "$in": finished_states() }, "fenced": true },
                 doc! { "$unset": { "fenced": "" } },
             )
             .await?;
@@ -248,15 +247,15 @@ impl Store {
     async fn older_than(
         &self,
         mut filter: Document,
-        before: DateTime,
+        before: Timestamp,
         limit: u32,
-    ) -> StoreResult<Vec<TransferDoc>> {
-        filter.insert("lastModified", doc! { "$lt": before });
+    ) -> StoreResult<Vec<Transfer>> {
+        filter.insert("lastModified", doc! { "$lt": stored_time(before) });
         self.oldest_first(filter, limit).await
     }
 
     /// At most `limit` transfers matching `filter`, least recently modified first.
-    async fn oldest_first(&self, filter: Document, limit: u32) -> StoreResult<Vec<TransferDoc>> {
+    async fn oldest_first(&self, filter: Document, limit: u32) -> StoreResult<Vec<Transfer>> {
         let options = FindOptions::builder()
             .sort(doc! { "lastModified": 1 })
             .limit(i64::from(limit))
@@ -267,7 +266,7 @@ impl Store {
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        Ok(cursor.try_collect().await?)
+        domain(cursor.try_collect().await?)
     }
 
     /// Transfers newest first, by keyset on `_id` (an ObjectId grows with time).
@@ -275,19 +274,19 @@ impl Store {
         &self,
         filter: &TransferFilter,
         limit: u32,
-    ) -> StoreResult<Vec<TransferDoc>> {
+    ) -> StoreResult<Vec<Transfer>> {
         let mut query = Document::new();
         if let Some(state) = filter.state {
             query.insert("state", state.as_str());
         }
-        if let Some(account) = &filter.account {
+        if let Some(account) = filter.account.as_ref().map(|a| a.as_str()) {
             query.insert(
                 "$or",
                 vec![doc! { "source": account }, doc! { "destination": account }],
             );
         }
         if let Some(before) = filter.before {
-            query.insert("_id", doc! { "$lt": before });
+            query.insert("_id", doc! { "$lt": object_id(before) });
         }
         let options = FindOptions::builder()
             .sort(doc! { "_id": -1 })
@@ -299,7 +298,7 @@ impl Store {
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        Ok(cursor.try_collect().await?)
+        domain(cursor.try_collect().await?)
     }
 }
 
@@ -313,14 +312,15 @@ impl Store {
     /// could let its owner's forward steps land afterwards. That is a bug in the caller.
     pub async fn change_state(
         &self,
-        id: ObjectId,
+        transfer: TransferId,
         from: TransferState,
         to: TransferState,
         by: Mover<'_>,
         fields: StepFields,
-    ) -> StoreResult<Option<DateTime>> {
+    ) -> StoreResult<Option<Timestamp>> {
+        let id = object_id(transfer);
         // Taken before the write is sent, so the server stamps the lease at least this late.
-        let lease_start = self.server_time_lower_bound().await?;
+        let lease_start = self.stamp_time().await?;
         let (owner, filter) = match by {
             Mover::Owner(owner) => {
                 failpoint!(self, "before_transition");
@@ -333,7 +333,8 @@ impl Store {
                         to,
                         at: lease_start,
                     };
-                    return self.batches.transitions.submit(change).await;
+                    let won = self.batches.transitions.submit(change).await?;
+                    return Ok(won.map(DateTime::to_chrono));
                 }
                 let guard = owned_by(owner, from);
                 (
@@ -361,28 +362,28 @@ impl Store {
             .transactions
             .update_one(filter, stamped(set, lease_start))
             .await?;
-        Ok((result.modified_count == 1).then_some(lease_start))
+        Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
     }
 
     /// Renews `owner`'s lease on a transfer still in `state`: a fresh `lastModified`.
     pub async fn renew_lease(
         &self,
         owner: &str,
-        id: ObjectId,
+        id: TransferId,
         state: TransferState,
-    ) -> StoreResult<Option<DateTime>> {
-        let lease_start = self.server_time_lower_bound().await?;
+    ) -> StoreResult<Option<Timestamp>> {
+        let lease_start = self.stamp_time().await?;
         failpoint!(self, "before_renew");
         let result = self
             .transactions
             .update_one(
-                doc! { "_id": id, "state": state.as_str(), "application": owner },
+                doc! { "_id": object_id(id), "state": state.as_str(), "application": owner },
                 stamped(doc! {}, lease_start),
             )
             .await?;
         // Matched, not modified: a stamp already later than ours changes nothing, and
         // the lease is still ours.
-        Ok((result.matched_count == 1).then_some(lease_start))
+        Ok((result.matched_count == 1).then_some(lease_start.to_chrono()))
     }
 
     /// Takes over a transfer in `state` whatever its owner or age, once both its accounts
@@ -392,29 +393,30 @@ impl Store {
     pub async fn take_over(
         &self,
         owner: &str,
-        id: ObjectId,
+        id: TransferId,
         state: TransferState,
         _fenced: Fenced,
-    ) -> StoreResult<Option<TransferDoc>> {
+    ) -> StoreResult<Option<Transfer>> {
         failpoint!(self, "before_take_over");
-        let at = self.server_time_lower_bound().await?;
-        Ok(self
+        let at = self.stamp_time().await?;
+        let taken = self
             .transactions
             .find_one_and_update(
-                doc! { "_id": id, "state": state.as_str() },
+                doc! { "_id": object_id(id), "state": state.as_str() },
                 stamped(doc! { "application": owner }, at),
             )
             .return_document(ReturnDocument::After)
-            .await?)
+            .await?;
+        taken.map(Transfer::try_from).transpose()
     }
 
     /// Unfinished transfers last modified before `stale_before` (a time by the
     /// database's clock, see [`Store::server_time`]), oldest first.
     pub async fn unfinished(
         &self,
-        stale_before: DateTime,
+        stale_before: Timestamp,
         limit: u32,
-    ) -> StoreResult<Vec<TransferDoc>> {
+    ) -> StoreResult<Vec<Transfer>> {
         self.older_than(
             doc! { "state": { "$in": unfinished_states() } },
             stale_before,
@@ -430,21 +432,25 @@ impl Store {
     pub async fn claim(
         &self,
         owner: &str,
-        found: &TransferDoc,
-        stale_before: DateTime,
-    ) -> StoreResult<Option<TransferDoc>> {
+        found: &Transfer,
+        stale_before: Timestamp,
+    ) -> StoreResult<Option<Transfer>> {
         failpoint!(self, "before_claim");
-        let at = self.server_time_lower_bound().await?;
+        let at = self.stamp_time().await?;
         let filter = doc! {
-            "_id": found.id,
+            "_id": object_id(found.id),
             "state": found.state.as_str(),
-            "application": found.application.as_deref(),
-            "lastModified": { "$eq": found.last_modified, "$lt": stale_before },
+            "application": found.owner.as_deref(),
+            "lastModified": {
+                "$eq": stored_time(found.last_modified),
+                "$lt": stored_time(stale_before),
+            },
         };
-        Ok(self
+        let claimed = self
             .transactions
             .find_one_and_update(filter, stamped(doc! { "application": owner }, at))
             .return_document(ReturnDocument::After)
-            .await?)
+            .await?;
+        claimed.map(Transfer::try_from).transpose()
     }
 }

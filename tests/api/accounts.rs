@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use crate::support::values::account;
 use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
 
@@ -50,9 +51,14 @@ async fn an_account_opened_without_balance_or_currency_holds_zero_usd() {
     assert_eq!(body["balance"], 0);
     assert_eq!(body["currency"], "USD");
 
-    let stored = app.store.account("bare").await.unwrap().expect("stored");
+    let stored = app
+        .store
+        .account(&account("bare"))
+        .await
+        .unwrap()
+        .expect("stored");
     assert_eq!(stored.balance, 0);
-    assert_eq!(stored.currency, "USD");
+    assert_eq!(stored.currency.as_str(), "USD");
 }
 
 #[tokio::test]
@@ -95,9 +101,14 @@ async fn opening_an_existing_account_id_is_409_and_keeps_the_first_account() {
         .await;
     assert_problem(response, 409, "account_exists").await;
 
-    let stored = app.store.account("alice").await.unwrap().expect("stored");
+    let stored = app
+        .store
+        .account(&account("alice"))
+        .await
+        .unwrap()
+        .expect("stored");
     assert_eq!(stored.balance, 100);
-    assert_eq!(stored.currency, "USD");
+    assert_eq!(stored.currency.as_str(), "USD");
     assert_eq!(stored_accounts(&app).await, 1);
 }
 

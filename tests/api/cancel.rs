@@ -12,13 +12,13 @@
 
 use std::time::Duration;
 
+use mongodb::bson::doc;
 use mongodb::bson::oid::ObjectId;
-use mongodb::bson::{DateTime, doc};
 use serde_json::Value;
-use transfer_service::domain::{CancelReason, TransferState};
-use transfer_service::store::TransferDoc;
+use transfer_service::domain::{CancelReason, Timestamp, TransferId, TransferState};
 use transfer_service::store::transfers::{Mover, StepFields};
 
+use crate::support::values::{account, amount, from_now, initial};
 use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
 
@@ -26,14 +26,14 @@ use crate::{assert_problem, get_json, walk_pages};
 const DEAD_INSTANCE: &str = "dead-instance";
 
 /// Records a transfer in `initial`, as step 1 of an instance that then died.
-async fn record_initial(app: &TestApp, source: &str, destination: &str, value: i64) -> ObjectId {
-    let transfer = TransferDoc::initial(ObjectId::new(), source, destination, value, "USD");
+async fn record_initial(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
+    let transfer = initial(source, destination, value);
     app.store.insert_transfer(&transfer).await.unwrap();
     transfer.id
 }
 
 /// Step 5 as the dead instance: `pending -> applied`; whether it was made.
-async fn mark_applied_as_the_dead_instance(app: &TestApp, id: ObjectId) -> bool {
+async fn mark_applied_as_the_dead_instance(app: &TestApp, id: TransferId) -> bool {
     let by = Mover::Owner(DEAD_INSTANCE);
     let (pending, applied) = (TransferState::Pending, TransferState::Applied);
     let moved = app
@@ -43,7 +43,7 @@ async fn mark_applied_as_the_dead_instance(app: &TestApp, id: ObjectId) -> bool 
 }
 
 /// Records a transfer and takes it `initial -> pending` as the dead instance (step 2).
-async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i64) -> ObjectId {
+async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
     let id = record_initial(app, source, destination, value).await;
     let started = app
         .store
@@ -63,33 +63,33 @@ async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i
 
 /// The end of the dead instance's lease as it believes it to be: far in the future, so
 /// that only the protocol's own guards (markers and fences) can refuse its steps.
-fn unexpired_lease() -> DateTime {
-    DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000)
+fn unexpired_lease() -> Timestamp {
+    from_now(60_000)
 }
 
 /// The dead instance's step 3: debit the source. Whether it landed.
-async fn try_debit(app: &TestApp, source: &str, id: ObjectId, value: i64) -> bool {
+async fn try_debit(app: &TestApp, source: &str, id: TransferId, value: i64) -> bool {
     app.store
-        .apply_debit(source, id, value, unexpired_lease())
+        .apply_debit(&account(source), id, amount(value), unexpired_lease())
         .await
         .unwrap()
         .applied
 }
 
 /// The dead instance's step 4: credit the destination. Whether it landed.
-async fn try_credit(app: &TestApp, destination: &str, id: ObjectId, value: i64) -> bool {
+async fn try_credit(app: &TestApp, destination: &str, id: TransferId, value: i64) -> bool {
     app.store
-        .apply_credit(destination, id, value, unexpired_lease())
+        .apply_credit(&account(destination), id, amount(value), unexpired_lease())
         .await
         .unwrap()
         .applied
 }
 
-async fn apply_debit(app: &TestApp, source: &str, id: ObjectId, value: i64) {
+async fn apply_debit(app: &TestApp, source: &str, id: TransferId, value: i64) {
     assert!(try_debit(app, source, id, value).await, "debit {id}");
 }
 
-async fn apply_credit(app: &TestApp, destination: &str, id: ObjectId, value: i64) {
+async fn apply_credit(app: &TestApp, destination: &str, id: TransferId, value: i64) {
     assert!(try_credit(app, destination, id, value).await, "credit {id}");
 }
 
@@ -263,11 +263,11 @@ async fn cancelling_an_initial_transfer_cancels_it_without_touching_balances() {
     app.open_account("bob", 0).await;
     let id = record_initial(&app, "alice", "bob", 300).await;
 
-    let answered = cancel_ok(&app, &id.to_hex()).await;
+    let answered = cancel_ok(&app, &id.to_string()).await;
 
     assert_eq!(answered["state"], "canceled");
     assert_eq!(answered["reason"], "canceled_by_request");
-    let stored = get_transfer(&app, &id.to_hex()).await;
+    let stored = get_transfer(&app, &id.to_string()).await;
     assert_eq!(stored["state"], "canceled");
     assert_eq!(stored["reason"], "canceled_by_request");
     // The instance that recorded it can no longer start it.
@@ -295,7 +295,7 @@ async fn cancelling_a_pending_transfer_with_nothing_applied_cancels_it() {
     app.open_account("bob", 0).await;
     let id = record_pending(&app, "alice", "bob", 300).await;
 
-    let answered = cancel_ok(&app, &id.to_hex()).await;
+    let answered = cancel_ok(&app, &id.to_string()).await;
 
     assert_eq!(answered["state"], "canceled");
     assert_eq!(answered["reason"], "canceled_by_request");
@@ -315,11 +315,14 @@ async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_th
     apply_debit(&app, "alice", id, 300).await;
     assert_eq!(app.balance("alice").await, 700);
 
-    let answered = cancel_ok(&app, &id.to_hex()).await;
+    let answered = cancel_ok(&app, &id.to_string()).await;
 
     assert_eq!(answered["state"], "canceled");
     assert_eq!(answered["reason"], "canceled_by_request");
-    assert_eq!(get_transfer(&app, &id.to_hex()).await["state"], "canceled");
+    assert_eq!(
+        get_transfer(&app, &id.to_string()).await["state"],
+        "canceled"
+    );
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
     assert!(app.accounts_with_pending().await.is_empty());
@@ -350,10 +353,10 @@ async fn cancelling_a_pending_transfer_whose_credit_landed_completes_and_reverse
     apply_debit(&app, "alice", id, 300).await;
     apply_credit(&app, "bob", id, 300).await;
 
-    let answered = cancel_ok(&app, &id.to_hex()).await;
+    let answered = cancel_ok(&app, &id.to_string()).await;
 
     assert_reversed(&app, &answered).await;
-    assert_eq!(get_transfer(&app, &id.to_hex()).await["state"], "done");
+    assert_eq!(get_transfer(&app, &id.to_string()).await["state"], "done");
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
     assert!(app.accounts_with_pending().await.is_empty());
@@ -370,7 +373,7 @@ async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
     let applied = mark_applied_as_the_dead_instance(&app, id).await;
     assert!(applied);
 
-    let answered = cancel_ok(&app, &id.to_hex()).await;
+    let answered = cancel_ok(&app, &id.to_string()).await;
 
     assert_reversed(&app, &answered).await;
     assert_eq!(app.balance("alice").await, 1_000);
@@ -402,11 +405,14 @@ async fn cancelling_a_transfer_stuck_in_canceling_finishes_the_rollback() {
         .is_some();
     assert!(rolling_back);
 
-    let answered = cancel_ok(&app, &id.to_hex()).await;
+    let answered = cancel_ok(&app, &id.to_string()).await;
 
     assert_eq!(answered["state"], "canceled");
     assert_eq!(answered["reason"], "canceled_by_request");
-    assert_eq!(get_transfer(&app, &id.to_hex()).await["state"], "canceled");
+    assert_eq!(
+        get_transfer(&app, &id.to_string()).await["state"],
+        "canceled"
+    );
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
     assert!(app.accounts_with_pending().await.is_empty());
@@ -512,7 +518,7 @@ async fn concurrent_cancels_of_a_half_applied_transfer_refund_the_source_exactly
 
         let cancels = (0..10).map(|_| {
             let http = app.http.clone();
-            let url = app.url(&format!("/transfers/{}/cancel", id.to_hex()));
+            let url = app.url(&format!("/transfers/{id}/cancel"));
             tokio::spawn(async move {
                 let response = http.post(url).send().await.expect("request");
                 let status = response.status().as_u16();

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mongodb::bson::DateTime;
 use mongodb::bson::oid::ObjectId;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -17,6 +16,7 @@ use serde_json::{Value, json};
 use transfer_service::domain::{CancelReason, TransferState};
 use transfer_service::service::Bank;
 
+use crate::support::values::transfer_id;
 use crate::support::{TestApp, spawn_app, spawn_app_with};
 use crate::walk_pages;
 
@@ -119,7 +119,7 @@ async fn concurrent_transfers_never_create_or_destroy_money() {
         for id in ids {
             let stored = app
                 .store
-                .transfer(ObjectId::parse_str(id).unwrap())
+                .transfer(transfer_id(id))
                 .await
                 .unwrap()
                 .expect("stored");
@@ -225,7 +225,7 @@ async fn concurrent_cancels_of_a_done_transfer_reverse_it_exactly_once() {
         assert_eq!(reversals.len(), 1, "round {round}: {reversals:?}");
         let reversal = app
             .store
-            .transfer(ObjectId::parse_str(&reversals[0]).unwrap())
+            .transfer(transfer_id(&reversals[0]))
             .await
             .unwrap()
             .expect("the reversal is stored");
@@ -294,12 +294,7 @@ async fn a_cancel_racing_a_running_transfer_always_leaves_the_money_where_it_sta
             _ => panic!("a cancel answers a terminal transfer: {canceled}"),
         }
         let id = canceled["id"].as_str().unwrap();
-        let stored = app
-            .store
-            .transfer(ObjectId::parse_str(id).unwrap())
-            .await
-            .unwrap()
-            .unwrap();
+        let stored = app.store.transfer(transfer_id(id)).await.unwrap().unwrap();
         let accounts = app.store.list_accounts(None, 10).await.unwrap();
         assert!(
             app.accounts_with_pending().await.is_empty(),
@@ -323,10 +318,10 @@ async fn a_late_driver_holding_an_outdated_copy_of_a_done_transfer_moves_no_mone
     app.open_account("bob", 500).await;
     let (status, body) = app.transfer("alice", "bob", 300).await;
     assert_eq!(status, 201, "{body}");
-    let id = ObjectId::parse_str(body["id"].as_str().unwrap()).unwrap();
+    let id = transfer_id(body["id"].as_str().unwrap());
     let mut outdated = app.store.transfer(id).await.unwrap().expect("stored");
     outdated.state = TransferState::Pending;
-    outdated.last_modified = DateTime::now();
+    outdated.last_modified = chrono::Utc::now();
 
     let bank = Bank::new(app.store.clone(), instance.as_str(), Duration::from_secs(1));
     let finished = bank.run(outdated).await.expect("run");

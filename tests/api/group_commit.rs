@@ -2,29 +2,47 @@
 //! transfers, and each must still get exactly the answer its own guarded write would
 //! have had. These call the batch writers directly with hand-made batches.
 
-use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{DateTime, Document, doc};
-use transfer_service::domain::TransferState;
-use transfer_service::store::TransferDoc;
+use transfer_service::domain::{IdempotencyKey, Transfer, TransferId, TransferState};
+use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::{
-    AccountChange, Pull, Transition, change_accounts, insert_transfers, pull_markers,
-    transition_all,
+    AccountChange, Pull, TransferDoc, Transition, change_accounts, insert_transfers, object_id,
+    pull_markers, transition_all,
 };
 use transfer_service::store::transfers::{Mover, StepFields};
 
+use crate::support::values::{account, amount, from_now, initial};
 use crate::support::{TestApp, spawn_app};
 
 fn in_a_minute() -> DateTime {
     DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000)
 }
 
-fn change(account: &str, tx: ObjectId, delta: i64) -> AccountChange {
+fn change(account: &str, tx: TransferId, delta: i64) -> AccountChange {
     AccountChange {
         account: account.to_owned(),
-        tx,
+        tx: object_id(tx),
         delta,
         deadline: in_a_minute(),
     }
+}
+
+/// Whether the debit of `tx` from `source` landed, with a minute of lease.
+async fn debit(app: &TestApp, source: &str, tx: TransferId, value: i64) -> bool {
+    let source = account(source);
+    let step = app
+        .store
+        .apply_debit(&source, tx, amount(value), from_now(60_000));
+    step.await.unwrap().applied
+}
+
+/// Whether the credit of `tx` to `destination` landed, with a minute of lease.
+async fn credit(app: &TestApp, destination: &str, tx: TransferId, value: i64) -> bool {
+    let destination = account(destination);
+    let step = app
+        .store
+        .apply_credit(&destination, tx, amount(value), from_now(60_000));
+    step.await.unwrap().applied
 }
 
 fn accounts(app: &TestApp) -> mongodb::Collection<Document> {
@@ -37,9 +55,9 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     app.open_account("hot", 100).await;
     app.open_account("cold", 0).await;
     app.open_account("fenced", 50).await;
-    let [t1, t2, t3, t4, t5, t6] = [(); 6].map(|_| ObjectId::new());
+    let [t1, t2, t3, t4, t5, t6] = [(); 6].map(|_| new_transfer_id());
     app.store
-        .fence("fenced", t5, false, mongodb::bson::DateTime::MAX)
+        .fence(&account("fenced"), t5, false, from_now(3_600_000))
         .await
         .unwrap();
     let late = AccountChange {
@@ -65,9 +83,9 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     assert_eq!(app.balance("hot").await, 10);
     assert_eq!(app.balance("cold").await, 60);
     assert_eq!(app.balance("fenced").await, 50);
-    let hot = app.store.account("hot").await.unwrap().unwrap();
+    let hot = app.store.account(&account("hot")).await.unwrap().unwrap();
     assert_eq!(hot.pending_transactions, vec![t1, t4]);
-    let cold = app.store.account("cold").await.unwrap().unwrap();
+    let cold = app.store.account(&account("cold")).await.unwrap().unwrap();
     assert_eq!(cold.pending_transactions, vec![t3]);
 }
 
@@ -76,7 +94,7 @@ async fn a_credit_in_a_batch_cannot_pass_the_largest_balance() {
     let app = spawn_app().await;
     app.open_account("full", 9_007_199_254_740_000).await;
     app.open_account("other", 0).await;
-    let [t1, t2] = [(); 2].map(|_| ObjectId::new());
+    let [t1, t2] = [(); 2].map(|_| new_transfer_id());
     let applied = change_accounts(
         accounts(&app),
         vec![
@@ -116,15 +134,15 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
     for (name, balance, delta, applied_before, fenced, late, exists) in cases {
         let mut outcomes = Vec::new();
         for form in ["alone", "batched"] {
-            let account = format!("{name}-{form}");
+            let holder = format!("{name}-{form}");
             let ballast = format!("{name}-{form}-ballast");
             if exists {
-                app.open_account(&account, balance).await;
+                app.open_account(&holder, balance).await;
             }
             app.open_account(&ballast, 0).await;
-            let tx = ObjectId::new();
+            let tx = new_transfer_id();
             if applied_before {
-                let first = change_accounts(accounts(&app), vec![change(&account, tx, delta)]);
+                let first = change_accounts(accounts(&app), vec![change(&holder, tx, delta)]);
                 assert!(
                     first.await.unwrap()[0].as_ref().unwrap(),
                     "{name}: first landing"
@@ -132,22 +150,22 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
             }
             if fenced {
                 app.store
-                    .fence(&account, tx, false, DateTime::MAX)
+                    .fence(&account(&holder), tx, false, from_now(3_600_000))
                     .await
                     .unwrap();
             }
-            let mut op = change(&account, tx, delta);
+            let mut op = change(&holder, tx, delta);
             if late {
                 op.deadline = past;
             }
             let mut batch = vec![op];
             if form == "batched" {
                 // A second change, on another account, makes it the pipeline's batch.
-                batch.push(change(&ballast, ObjectId::new(), 1));
+                batch.push(change(&ballast, new_transfer_id(), 1));
             }
             let answers = change_accounts(accounts(&app), batch).await.unwrap();
             let applied = *answers[0].as_ref().unwrap();
-            let stored = app.store.account(&account).await.unwrap();
+            let stored = app.store.account(&account(&holder)).await.unwrap();
             let left = stored.map(|a| (a.balance, a.pending_transactions.len()));
             outcomes.push((applied, left));
         }
@@ -172,14 +190,15 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
 #[tokio::test]
 async fn a_taken_idempotency_key_fails_only_its_own_insert() {
     let app = spawn_app().await;
-    let keyed = |key: &str| TransferDoc {
-        idempotency_key: Some(key.to_owned()),
-        ..TransferDoc::initial(ObjectId::new(), "a", "b", 1, "USD")
+    let keyed = |key: &str| Transfer {
+        idempotency_key: Some(IdempotencyKey::parse(key).unwrap()),
+        ..initial("a", "b", 1)
     };
     let first = keyed("k1");
     app.store.insert_transfer(&first).await.unwrap();
-    let batch = vec![keyed("k2"), keyed("k1"), keyed("k3")];
-    let ids: Vec<ObjectId> = batch.iter().map(|t| t.id).collect();
+    let batch = [keyed("k2"), keyed("k1"), keyed("k3")];
+    let ids: Vec<TransferId> = batch.iter().map(|t| t.id).collect();
+    let batch = batch.iter().map(TransferDoc::from).collect();
     let results = insert_transfers(app.store.database().collection("transactions"), batch)
         .await
         .unwrap();
@@ -199,7 +218,7 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
     let app = spawn_app().await;
     let mut docs = Vec::new();
     for _ in 0..4 {
-        let t = TransferDoc::initial(ObjectId::new(), "a", "b", 1, "USD");
+        let t = initial("a", "b", 1);
         app.store.insert_transfer(&t).await.unwrap();
         docs.push(t);
     }
@@ -223,7 +242,7 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
         .iter()
         .map(|t| Transition {
             owner: "me".into(),
-            id: t.id,
+            id: object_id(t.id),
             from: TransferState::Initial,
             to: TransferState::Pending,
             at: mongodb::bson::DateTime::now(),
@@ -237,7 +256,7 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
     for (t, owner) in docs.iter().zip(["me", "me", "other", "other"]) {
         let stored = app.store.transfer(t.id).await.unwrap().unwrap();
         assert_eq!(stored.state, TransferState::Pending);
-        assert_eq!(stored.application.as_deref(), Some(owner));
+        assert_eq!(stored.owner.as_deref(), Some(owner));
     }
 }
 
@@ -246,33 +265,21 @@ async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
     let app = spawn_app().await;
     app.open_account("a", 100).await;
     app.open_account("b", 0).await;
-    let [t1, t2, t3] = [(); 3].map(|_| ObjectId::new());
+    let [t1, t2, t3] = [(); 3].map(|_| new_transfer_id());
     for t in [t1, t2, t3] {
-        assert!(
-            app.store
-                .apply_debit("a", t, 10, in_a_minute())
-                .await
-                .unwrap()
-                .applied
-        );
-        assert!(
-            app.store
-                .apply_credit("b", t, 10, in_a_minute())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(debit(&app, "a", t, 10).await);
+        assert!(credit(&app, "b", t, 10).await);
     }
     let pull = |tx| Pull {
         accounts: ["a".to_owned(), "b".to_owned()],
-        tx,
+        tx: object_id(tx),
     };
     pull_markers(accounts(&app), vec![pull(t1), pull(t3)])
         .await
         .unwrap();
-    for account in ["a", "b"] {
-        let doc = app.store.account(account).await.unwrap().unwrap();
-        assert_eq!(doc.pending_transactions, vec![t2], "{account}");
+    for name in ["a", "b"] {
+        let stored = app.store.account(&account(name)).await.unwrap().unwrap();
+        assert_eq!(stored.pending_transactions, vec![t2], "{name}");
     }
 }
 
@@ -284,7 +291,7 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
     let app = spawn_app().await;
     let mut ids = Vec::new();
     for _ in 0..6 {
-        let t = TransferDoc::initial(ObjectId::new(), "a", "b", 1, "USD");
+        let t = initial("a", "b", 1);
         app.store.insert_transfer(&t).await.unwrap();
         ids.push(t.id);
     }
@@ -315,7 +322,7 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
     }
     let op = |i: usize, owner: &str, from, to| Transition {
         owner: owner.into(),
-        id: ids[i],
+        id: object_id(ids[i]),
         from,
         to,
         at: mongodb::bson::DateTime::now(),
@@ -343,10 +350,10 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
     for (id, (owner, state)) in ids.iter().zip(expected) {
         let stored = app.store.transfer(*id).await.unwrap().unwrap();
         assert_eq!(
-            (stored.application.as_deref(), stored.state),
+            (stored.owner.as_deref(), stored.state),
             (Some(owner), state)
         );
     }
     let untouched = app.store.transfer(ids[5]).await.unwrap().unwrap();
-    assert_eq!((untouched.application, untouched.state), (None, Initial));
+    assert_eq!((untouched.owner, untouched.state), (None, Initial));
 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
+use transfer_service::domain::IdempotencyKey;
 
 /// `POST /transfers` with an `Idempotency-Key`.
 async fn post_with_key(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
@@ -219,11 +220,11 @@ async fn concurrent_requests_with_one_key_make_exactly_one_transfer() {
     assert_eq!(transfers_of(&app, "alice").await, ids);
     let stored = app
         .store
-        .transfer_by_idempotency_key("same-for-all")
+        .transfer_by_idempotency_key(&IdempotencyKey::parse("same-for-all").unwrap())
         .await
         .unwrap()
         .expect("stored under its key");
-    assert_eq!(stored.id.to_hex(), ids[0]);
+    assert_eq!(stored.id.to_string(), ids[0]);
     assert!(app.accounts_with_pending().await.is_empty());
 }
 

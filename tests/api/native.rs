@@ -6,14 +6,15 @@
 
 use std::time::Duration;
 
-use mongodb::bson::{Document, doc, oid::ObjectId};
+use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
 use transfer_service::domain::{CancelReason, TransferState};
 use transfer_service::service::Strategy;
+use transfer_service::store::StoreError;
 use transfer_service::store::native::AtomicOutcome;
-use transfer_service::store::{StoreError, TransferDoc};
 
 use crate::assert_problem;
+use crate::support::values::initial;
 use crate::support::{TestApp, spawn_app_with};
 
 async fn native_app() -> TestApp {
@@ -38,7 +39,7 @@ async fn a_native_transfer_answers_201_done_and_moves_the_money() {
         .unwrap()
         .unwrap();
     assert_eq!(stored.state, TransferState::Done);
-    let owner = stored.application.as_deref().unwrap_or_default();
+    let owner = stored.owner.as_deref().unwrap_or_default();
     assert!(
         owner.starts_with(&format!("{}/", app.instance_id)),
         "{owner}"
@@ -298,7 +299,7 @@ async fn a_native_transaction_that_keeps_conflicting_gives_up_unavailable_and_mo
         .session(&mut holder)
         .await
         .unwrap();
-    let transfer = TransferDoc::initial(ObjectId::new(), "alice", "bob", 100, "USD");
+    let transfer = initial("alice", "bob", 100);
 
     let started = std::time::Instant::now();
     let gave_up = app

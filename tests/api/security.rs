@@ -13,6 +13,7 @@ use transfer_service::config::parse_api_keys;
 
 use crate::assert_problem;
 use crate::observability::{CapturedLogs, request_id_of};
+use crate::support::values::account as account_id;
 use crate::support::{TestApp, spawn_app, spawn_app_with};
 
 /// Random keys, so that finding one in a log or a body cannot be a coincidence.
@@ -85,7 +86,13 @@ async fn without_a_key_every_api_route_is_401_unauthorized() {
         let body = (method == Method::POST).then(|| account("alice"));
         assert_unauthorized(send(&app, method, path, None, body).await).await;
     }
-    assert!(app.store.account("alice").await.unwrap().is_none());
+    assert!(
+        app.store
+            .account(&account_id("alice"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -138,7 +145,11 @@ async fn a_read_only_key_reads_but_a_write_is_403_forbidden() {
     assert_problem(cancel, 403, "forbidden").await;
 
     assert!(
-        app.store.account("carol").await.unwrap().is_none(),
+        app.store
+            .account(&account_id("carol"))
+            .await
+            .unwrap()
+            .is_none(),
         "a read-only key wrote"
     );
 }

@@ -125,25 +125,85 @@ impl Drop for Daemon {
     }
 }
 
+/// What the process-wide daemon's folder names start with; the process id follows, so
+/// that a later run can tell the folders of runs that are gone.
+const SHARED_FOLDER_PREFIX: &str = "transfer-service-test-db-";
+
+/// The process-wide daemon and its folder, for the exit handler to remove.
+static SHARED: std::sync::Mutex<Option<(Daemon, tempfile::TempDir)>> = std::sync::Mutex::new(None);
+
+/// The folder of the process-wide daemon, once started (`None` with `MONGODB_URI`).
+pub fn shared_daemon_folder() -> Option<PathBuf> {
+    let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    shared.as_ref().map(|(_, dir)| dir.path().to_owned())
+}
+
 /// Starts the process-wide daemon on a thread that never exits, so that PDEATHSIG fires
 /// only when the whole test process goes.
+///
+/// Its folder (about 130 MB once WiredTiger has preallocated its log) goes when the
+/// process exits: the test harness exits through `exit`, which runs the handler
+/// registered here, and no destructor runs for what a never-ending thread holds. A run
+/// that never reached `exit` (killed, aborted) leaves its folder behind: the next run
+/// removes the folders whose process is gone.
 fn start_secantus() -> String {
+    remove_folders_of_finished_runs();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let dir = tempfile::Builder::new()
-            .prefix("transfer-service-test-db")
+            .prefix(&format!("{SHARED_FOLDER_PREFIX}{}-", std::process::id()))
             .tempdir()
             .expect("temp dir");
         let daemon = Daemon::start(dir.path().to_path_buf(), 0);
-        tx.send(daemon.uri.clone()).expect("send uri");
-        // Keep the daemon and its folder for the life of the process.
-        let _keep = (daemon, dir);
+        let uri = daemon.uri.clone();
+        *SHARED.lock().unwrap_or_else(|e| e.into_inner()) = Some((daemon, dir));
+        // SAFETY: registers a plain function with the C library, once per process.
+        let registered = unsafe { libc::atexit(stop_shared_daemon) };
+        assert_eq!(registered, 0, "atexit");
+        tx.send(uri).expect("send uri");
         loop {
             std::thread::park();
         }
     });
     rx.recv_timeout(Duration::from_secs(60))
         .expect("secantusd-rs did not start")
+}
+
+/// At exit: kills the process-wide daemon and removes its folder.
+extern "C" fn stop_shared_daemon() {
+    // try_lock: a thread still running at exit may hold it; then leave the folder to the
+    // next run rather than hang.
+    if let Ok(mut shared) = SHARED.try_lock() {
+        if let Some((mut daemon, dir)) = shared.take() {
+            daemon.kill();
+            drop(dir);
+        }
+    }
+}
+
+/// Removes the shared-daemon folders of test processes that no longer run.
+fn remove_folders_of_finished_runs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SHARED_FOLDER_PREFIX))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A fresh database name, so tests never see each other's data.
@@ -276,7 +336,7 @@ impl TestApp {
     /// The stored balance of an account.
     pub async fn balance(&self, id: &str) -> i64 {
         self.store
-            .account(id)
+            .account(&values::account(id))
             .await
             .unwrap()
             .expect("account exists")
@@ -295,7 +355,7 @@ impl TestApp {
         accounts
             .into_iter()
             .filter(|a| !a.pending_transactions.is_empty())
-            .map(|a| a.id)
+            .map(|a| a.id.to_string())
             .collect()
     }
 
@@ -305,5 +365,43 @@ impl TestApp {
             .database()
             .run_command(doc! { "dropDatabase": 1 })
             .await;
+    }
+}
+
+/// Domain values for tests that write to the store directly, as an instance would.
+pub mod values {
+    use transfer_service::domain::{AccountId, Amount, Currency, Timestamp, Transfer, TransferId};
+
+    pub fn account(raw: &str) -> AccountId {
+        AccountId::parse(raw).expect("a valid account id")
+    }
+
+    pub fn amount(minor_units: i64) -> Amount {
+        Amount::parse(minor_units).expect("a valid amount")
+    }
+
+    pub fn transfer_id(raw: &str) -> TransferId {
+        TransferId::parse(raw).expect("a transfer id")
+    }
+
+    /// A new USD transfer in `initial`, as step 1 records it.
+    pub fn initial(source: &str, destination: &str, value: i64) -> Transfer {
+        Transfer::initial(
+            transfer_service::store::new_transfer_id(),
+            account(source),
+            account(destination),
+            amount(value),
+            Currency::usd(),
+        )
+    }
+
+    /// `ms` milliseconds after (or, negative, before) `at`.
+    pub fn after(at: Timestamp, ms: i64) -> Timestamp {
+        at + chrono::TimeDelta::milliseconds(ms)
+    }
+
+    /// `ms` milliseconds from now by this machine's clock.
+    pub fn from_now(ms: i64) -> Timestamp {
+        after(chrono::Utc::now(), ms)
     }
 }
