@@ -22,12 +22,16 @@ WORKDIR /app
 # missing, so every target file named in Cargo.toml ([lib], [[bin]], [[bench]], [[test]],
 # [[example]]: its `path`, or the path Cargo infers from its `name`) gets a stub. Then the
 # stubs under src/ are removed again; the ones elsewhere (benches/, tests/, examples/,
-# which the image never copies) stay so the manifest keeps loading. This layer is reused
-# as long as the manifest and the lock file do not change.
+# which the image never copies) stay so the manifest keeps loading. The test-support
+# crate (tests/support) is a member of the workspace and a dev-dependency, so its manifest
+# is copied and its library stubbed too; it is never compiled here. This layer is reused
+# as long as the manifests and the lock file do not change.
 COPY Cargo.toml Cargo.lock ./
+COPY tests/support/Cargo.toml tests/support/
 RUN set -eu; \
-    mkdir -p src; \
+    mkdir -p src tests/support/src; \
     : > src/lib.rs; \
+    : > tests/support/src/lib.rs; \
     echo 'fn main() {}' > src/main.rs; \
     awk -F "[\"']" ' \
       function flush() { \

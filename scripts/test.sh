@@ -24,9 +24,9 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo clippy (failpoints)"
-cargo clippy --all-targets --features failpoints -- -D warnings
+cargo clippy --workspace --all-targets --features failpoints -- -D warnings
 echo "== cargo test"
 cargo test --all-targets --features failpoints
 cargo test --doc

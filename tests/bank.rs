@@ -54,9 +54,6 @@
 //! It runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did, with the
 //! proxy's counts and the skews in its summary line.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -603,7 +600,12 @@ struct Slots {
 
 impl Slots {
     fn config(&self, slot: usize, name: &str) -> InstanceConfig {
-        let mut config = InstanceConfig::new(&self.uris[slot], &self.database, name);
+        let mut config = InstanceConfig::new(
+            support::service_binary!(),
+            &self.uris[slot],
+            &self.database,
+            name,
+        );
         config.stale_after_ms = STALE_AFTER_MS;
         config.sweep_interval_ms = SWEEP_INTERVAL_MS;
         config.env = faketime_env(CLOCK_SKEWS[slot]);

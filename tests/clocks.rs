@@ -8,9 +8,6 @@
 //! `faketime` provides the library (`scripts/test.sh` installs it); without it these tests
 //! fail, they are never skipped.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -22,7 +19,8 @@ use transfer_service::store::Store;
 /// An instance whose wall clock is `offset_secs` seconds off the real (and the
 /// database's) clock; 0 for a correct clock.
 fn instance_config(database: &str, name: &str, offset_secs: i64) -> InstanceConfig {
-    let mut config = InstanceConfig::new(&database_uri(), database, name);
+    let mut config =
+        InstanceConfig::new(support::service_binary!(), &database_uri(), database, name);
     config.env = faketime_env(offset_secs);
     config
 }

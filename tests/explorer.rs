@@ -36,9 +36,6 @@
 
 #![cfg(feature = "failpoints")]
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

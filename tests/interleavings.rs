@@ -6,9 +6,6 @@
 
 #![cfg(feature = "failpoints")]
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};

@@ -3,9 +3,6 @@
 //! service down, and once it is back the service serves again and nothing is left
 //! half-done.
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -45,7 +42,12 @@ async fn assert_settled(store: &Store, total: i64) {
 
 async fn signal_drains_in_flight_transfers_and_exits_0(signal: i32) {
     let database = fresh_database_name();
-    let mut config = InstanceConfig::new(&database_uri(), &database, "draining");
+    let mut config = InstanceConfig::new(
+        support::service_binary!(),
+        &database_uri(),
+        &database,
+        "draining",
+    );
     // No other instance and a lease far longer than the test: only the drain can
     // finish what is in flight.
     config.stale_after_ms = 600_000;
@@ -238,7 +240,12 @@ async fn an_instance_started_before_its_database_waits_for_it_and_then_serves() 
     let storage = tempfile::tempdir().unwrap();
     let port = support::process::free_port();
     let uri = format!("mongodb://127.0.0.1:{port}/?directConnection=true");
-    let config = InstanceConfig::new(&uri, &fresh_database_name(), "early");
+    let config = InstanceConfig::new(
+        support::service_binary!(),
+        &uri,
+        &fresh_database_name(),
+        "early",
+    );
     let mut instance = Instance::spawn(&config);
     // Longer than the driver's server selection time-out, so that start-up has failed
     // at least once when the database arrives.

@@ -5,9 +5,6 @@
 
 #![cfg(feature = "failpoints")]
 
-#[path = "support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -19,7 +16,8 @@ const STALE_AFTER_MS: u64 = 1000;
 const SWEEP_INTERVAL_MS: u64 = 100;
 
 async fn start_instance(database: &str, name: &str, crash_at: Option<&str>) -> Instance {
-    let mut config = InstanceConfig::new(&database_uri(), database, name);
+    let mut config =
+        InstanceConfig::new(support::service_binary!(), &database_uri(), database, name);
     config.crash_at = crash_at.map(str::to_owned);
     config.stale_after_ms = STALE_AFTER_MS;
     config.sweep_interval_ms = SWEEP_INTERVAL_MS;

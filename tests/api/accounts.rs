@@ -5,9 +5,9 @@
 
 use serde_json::{Value, json};
 
-use crate::support::values::account;
-use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
+use support::values::account;
+use support::{TestApp, spawn_app};
 
 /// How many accounts are stored, read straight from the database.
 async fn stored_accounts(app: &TestApp) -> usize {

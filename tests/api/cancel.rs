@@ -18,9 +18,9 @@ use serde_json::Value;
 use transfer_service::domain::{CancelReason, Timestamp, TransferId, TransferState};
 use transfer_service::store::transfers::{Mover, StepFields};
 
-use crate::support::values::{account, amount, from_now, initial};
-use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
+use support::values::{account, amount, from_now, initial};
+use support::{TestApp, spawn_app};
 
 /// The owner written on transfers left behind by the "crashed" instance.
 const DEAD_INSTANCE: &str = "dead-instance";

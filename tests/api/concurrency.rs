@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 use transfer_service::domain::{CancelReason, TransferState};
 use transfer_service::service::Bank;
 
-use crate::support::values::transfer_id;
-use crate::support::{TestApp, spawn_app, spawn_app_with};
 use crate::walk_pages;
+use support::values::transfer_id;
+use support::{TestApp, spawn_app, spawn_app_with};
 
 const ACCOUNTS: [&str; 4] = ["alice", "bob", "carol", "dave"];
 

@@ -1,7 +1,7 @@
 //! Swagger UI at `/docs`: served from the binary, it loads the document that
 //! `/openapi.json` serves, and is not itself part of that document.
 
-use crate::support::spawn_app;
+use support::spawn_app;
 
 #[tokio::test]
 async fn docs_serve_swagger_ui_that_loads_the_served_openapi_document() {

@@ -7,7 +7,7 @@
 use serde_json::json;
 
 use crate::assert_problem;
-use crate::support::spawn_app;
+use support::spawn_app;
 
 #[tokio::test]
 async fn an_unknown_route_is_404_not_found_as_problem_json() {

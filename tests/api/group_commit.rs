@@ -11,8 +11,8 @@ use transfer_service::store::testing::{
 };
 use transfer_service::store::transfers::{Mover, StepFields};
 
-use crate::support::values::{account, amount, from_now, initial};
-use crate::support::{TestApp, spawn_app};
+use support::values::{account, amount, from_now, initial};
+use support::{TestApp, spawn_app};
 
 fn in_a_minute() -> DateTime {
     DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000)

@@ -7,8 +7,8 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
+use support::{TestApp, spawn_app};
 use transfer_service::domain::IdempotencyKey;
 
 /// `POST /transfers` with an `Idempotency-Key`.

@@ -14,8 +14,8 @@ use transfer_service::store::StoreError;
 use transfer_service::store::native::AtomicOutcome;
 
 use crate::assert_problem;
-use crate::support::values::initial;
-use crate::support::{TestApp, spawn_app_with};
+use support::values::initial;
+use support::{TestApp, spawn_app_with};
 
 async fn native_app() -> TestApp {
     spawn_app_with(|s| s.strategy = Strategy::Native).await

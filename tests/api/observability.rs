@@ -18,7 +18,7 @@ use serde_json::Value;
 use tracing_subscriber::fmt::MakeWriter;
 use transfer_service::config::LogFormat;
 
-use crate::support::{TestApp, spawn_app};
+use support::{TestApp, spawn_app};
 
 /// Every family `/metrics` must expose, with its type.
 const FAMILIES: [(&str, &str); 6] = [
@@ -200,7 +200,7 @@ async fn every_outcome_is_a_series_from_the_first_scrape() {
 
 #[tokio::test]
 async fn metrics_need_no_api_key() {
-    let app = crate::support::spawn_app_with(|settings| {
+    let app = support::spawn_app_with(|settings| {
         settings.api_keys =
             transfer_service::config::parse_api_keys("rw:observability-key-0123456789").unwrap();
     })

@@ -13,8 +13,8 @@ use transfer_service::config::parse_api_keys;
 
 use crate::assert_problem;
 use crate::observability::{CapturedLogs, request_id_of};
-use crate::support::values::account as account_id;
-use crate::support::{TestApp, spawn_app, spawn_app_with};
+use support::values::account as account_id;
+use support::{TestApp, spawn_app, spawn_app_with};
 
 /// Random keys, so that finding one in a log or a body cannot be a coincidence.
 struct Keys {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestApp, spawn_app};
 use crate::{assert_problem, get_json, walk_pages};
+use support::{TestApp, spawn_app};
 
 const MAX_MONEY: i64 = 9_007_199_254_740_991;
 
@@ -542,7 +542,7 @@ async fn a_bad_transfer_listing_parameter_is_400_invalid_parameter() {
 /// credit finds it gone and the transfer is rolled back as `account_not_found`.
 #[tokio::test]
 async fn a_transfer_to_an_account_deleted_behind_the_services_back_is_rolled_back() {
-    let app = crate::support::spawn_app().await;
+    let app = support::spawn_app().await;
     app.open_account("alice", 1000).await;
     app.open_account("bob", 0).await;
     let (status, _) = app.transfer("alice", "bob", 100).await;

@@ -1,5 +1,9 @@
 //! Instances of the service as separate processes (the `transfer-service` binary of this
 //! build), for tests that kill, signal or crash them.
+//!
+//! Only an integration test of the package knows where cargo built that binary
+//! (`CARGO_BIN_EXE_transfer-service`, at compile time), so the test names it:
+//! `InstanceConfig::new(service_binary!(), ..)`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -8,6 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// How a process instance is started.
 #[derive(Debug, Clone)]
 pub struct InstanceConfig {
+    /// The `transfer-service` binary: [`crate::service_binary!`].
+    pub binary: PathBuf,
     pub uri: String,
     pub database: String,
     /// `INSTANCE_ID`.
@@ -21,8 +27,9 @@ pub struct InstanceConfig {
 }
 
 impl InstanceConfig {
-    pub fn new(uri: &str, database: &str, name: &str) -> InstanceConfig {
+    pub fn new(binary: &Path, uri: &str, database: &str, name: &str) -> InstanceConfig {
         InstanceConfig {
+            binary: binary.to_owned(),
             uri: uri.to_owned(),
             database: database.to_owned(),
             name: name.to_owned(),
@@ -123,7 +130,7 @@ impl Instance {
     /// Starts the process and returns at once.
     pub fn spawn(config: &InstanceConfig) -> Instance {
         let port = free_port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_transfer-service"));
+        let mut command = Command::new(&config.binary);
         command
             .env("MONGODB_URI", &config.uri)
             .env("MONGODB_DATABASE", &config.database)

@@ -1,17 +1,26 @@
-//! Test support shared by every test binary: a real database server and a running
-//! instance of the service on a random port, with its own database per test.
+//! Test support shared by every test binary (a library crate the package's tests
+//! depend on): a real database server and a running instance of the service on a random
+//! port, with its own database per test.
 //!
 //! The database is the server named by `MONGODB_URI` when it is set (a real mongod
 //! replica set, say). Otherwise each test binary starts one SecantusDB daemon
 //! (`secantusd-rs`, found through `SECANTUSD_BIN`, `PATH`, or the cache that
 //! `scripts/install-secantus.sh` fills) with `--sync-on-commit`, in a temporary folder.
 //! The daemon is started from a thread that lives as long as the test process and asks
-//! the kernel to kill it when that thread goes, so no daemon outlives the tests.
-
-#![allow(dead_code)]
+//! the kernel to kill it when that thread goes, so no daemon outlives the tests; its
+//! folder goes at exit too.
 
 pub mod process;
 pub mod proxy;
+
+/// The `transfer-service` binary cargo built for the calling integration test, as a
+/// `&Path` (see [`process`]).
+#[macro_export]
+macro_rules! service_binary {
+    () => {
+        ::std::path::Path::new(env!("CARGO_BIN_EXE_transfer-service"))
+    };
+}
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
