@@ -97,6 +97,17 @@ pub struct Args {
     #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value = "75000", value_parser = millis())]
     pub http_idle_timeout_ms: u64,
 
+    /// Milliseconds a hold lasts when its request does not say (`"hold": {}`), 1000 to
+    /// 2592000000 (30 days): uncaptured by then, it expires and its money is available
+    /// again.
+    #[arg(
+        long,
+        env = "HOLD_EXPIRES_MS",
+        default_value = "604800000",
+        value_parser = hold_millis()
+    )]
+    pub hold_expires_ms: u64,
+
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
     #[arg(
@@ -210,6 +221,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long a connection may be idle before the headers of its next request.
     pub http_idle_timeout: Duration,
+    /// How long a hold lasts when its request does not say.
+    pub hold_expires: Duration,
     /// Two-phase commit or one native transaction per transfer.
     pub strategy: Strategy,
     pub log_format: LogFormat,
@@ -331,6 +344,19 @@ fn whole_number(range: RangeInclusive<u64>) -> Trimmed<RangedU64ValueParser<usiz
             range.end()
         ),
         parser: RangedU64ValueParser::new().range(range),
+    }
+}
+
+/// How long a hold lasts, in milliseconds: one second to 30 days.
+fn hold_millis() -> Trimmed<RangedU64ValueParser<u64>> {
+    const MILLIS: RangeInclusive<u64> = 1_000..=2_592_000_000;
+    Trimmed {
+        complaint: format!(
+            "is not a whole number of milliseconds from {} to {}",
+            MILLIS.start(),
+            MILLIS.end()
+        ),
+        parser: clap::value_parser!(u64).range(MILLIS),
     }
 }
 
@@ -528,6 +554,7 @@ impl Settings {
             max_transfers_in_flight: args.max_transfers_in_flight,
             max_connections: args.max_connections,
             http_idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
+            hold_expires: Duration::from_millis(args.hold_expires_ms),
             strategy: args.transfer_strategy,
             log_format: args.log_format,
             log_filter: args.rust_log,

@@ -82,7 +82,8 @@ impl Application {
             })?;
         let bank = Bank::new(store, settings.instance_id.clone(), settings.stale_after)
             .with_strategy(settings.strategy)
-            .with_max_in_flight(settings.max_transfers_in_flight);
+            .with_max_in_flight(settings.max_transfers_in_flight)
+            .with_default_hold_expiry(settings.hold_expires);
         Ok(Application {
             listener,
             bank,

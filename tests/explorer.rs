@@ -365,6 +365,7 @@ impl Worker {
             destination: account_id(&b),
             amount: Amount::parse(AMOUNT).unwrap(),
             reference: None,
+            hold: None,
         };
         let mut run = Run {
             decisions: Vec::new(),

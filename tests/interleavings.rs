@@ -428,7 +428,7 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
     // The same through the single-document writes: a change with fields and a renewal.
     let rolling_back = StepFields {
         reason: Some(CancelReason::CanceledByRequest),
-        fenced: false,
+        ..StepFields::default()
     };
     assert!(
         app.store

@@ -15,7 +15,7 @@ mod transfer;
 mod values;
 
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
-pub use transfer::{Account, Timestamp, Transfer, TransferFilter, now};
+pub use transfer::{Account, Hold, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
     AccountId, AccountName, Amount, Currency, IdempotencyKey, MAX_MONEY, OpeningBalance,
     ParseError, Reference, TransferId,

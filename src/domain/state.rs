@@ -3,9 +3,13 @@
 //! ```text
 //!                 Start               MarkApplied            MarkDone
 //!   initial ────────────▶ pending ────────────▶ applied ────────────▶ done
-//!      │                     │
-//!      │ Abandon             │ BeginRollback
-//!      │                     ▼
+//!      │                   │   │                                       ▲
+//!      │                   │   │ Hold                                  │ MarkDone
+//!      │                   │   ▼          Capture                      │
+//!      │                   │  held ─────────────────────▶ capturing ───┘
+//!      │                   │   │
+//!      │ Abandon           │   │ Void
+//!      │     BeginRollback ▼   ▼
 //!      │                 canceling ──────────▶ canceled
 //!      └──────────────────────────────────────▶    ▲     FinishRollback
 //! ```
@@ -20,6 +24,11 @@
 //! - `done`: the markers are pulled from both accounts. Terminal.
 //! - `canceling`: the rollback undoes whatever the accounts carry. Terminal once
 //!   `canceled`.
+//! - `held` (a hold only): both accounts carry the reservation (`pendingDebits` on the
+//!   source, `pendingCredits` on the destination); it waits for a capture, a void or its
+//!   expiry. A void releases it through `canceling`.
+//! - `capturing` (a hold only): the capture won; the captured amount moves and both
+//!   reservations are released, then `done`. Like `applied`, it only goes forward.
 //!
 //! `initial -> canceled` skips `canceling` because there is nothing to undo: account
 //! steps only run after `initial -> pending`, and that guarded write can no longer win.
@@ -36,6 +45,8 @@ pub enum TransferState {
     Done,
     Canceling,
     Canceled,
+    Held,
+    Capturing,
 }
 
 /// What moves a transfer from one state to the next.
@@ -53,6 +64,12 @@ pub enum TransferEvent {
     FinishRollback,
     /// `initial -> canceled`: dropped before any account was touched.
     Abandon,
+    /// `pending -> held`: both accounts carry a hold's reservation.
+    Hold,
+    /// `held -> capturing`: a capture won the hold, before its expiry.
+    Capture,
+    /// `held -> canceling`: a void, an expiry or a cancel won the hold; release it.
+    Void,
 }
 
 /// A transition the state machine does not have. Expected, not a bug: it is what a
@@ -65,13 +82,15 @@ pub struct InvalidTransition {
 }
 
 impl TransferState {
-    pub const ALL: [TransferState; 6] = [
+    pub const ALL: [TransferState; 8] = [
         TransferState::Initial,
         TransferState::Pending,
         TransferState::Applied,
         TransferState::Done,
         TransferState::Canceling,
         TransferState::Canceled,
+        TransferState::Held,
+        TransferState::Capturing,
     ];
 
     /// The state `event` leads to from `self`, or why it cannot be taken.
@@ -85,6 +104,10 @@ impl TransferState {
             (Pending, BeginRollback) => Canceling,
             (Applied, MarkDone) => Done,
             (Canceling, FinishRollback) => Canceled,
+            (Pending, Hold) => Held,
+            (Held, Capture) => Capturing,
+            (Held, Void) => Canceling,
+            (Capturing, MarkDone) => Done,
             (from, event) => return Err(InvalidTransition { from, event }),
         };
         debug_assert!(!self.is_terminal(), "terminal states have no transitions");
@@ -105,6 +128,8 @@ impl TransferState {
             TransferState::Done => "done",
             TransferState::Canceling => "canceling",
             TransferState::Canceled => "canceled",
+            TransferState::Held => "held",
+            TransferState::Capturing => "capturing",
         }
     }
 
@@ -131,14 +156,20 @@ pub enum CancelReason {
     AccountNotFound,
     /// A client asked for it through `POST /transfers/{id}/cancel`.
     CanceledByRequest,
+    /// A hold voided by `POST /transfers/{id}/void` (or a cancel of a held hold).
+    Voided,
+    /// A hold that reached its `expiresAt` uncaptured.
+    Expired,
 }
 
 impl CancelReason {
-    pub const ALL: [CancelReason; 4] = [
+    pub const ALL: [CancelReason; 6] = [
         CancelReason::InsufficientFunds,
         CancelReason::BalanceOverflow,
         CancelReason::AccountNotFound,
         CancelReason::CanceledByRequest,
+        CancelReason::Voided,
+        CancelReason::Expired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -147,6 +178,8 @@ impl CancelReason {
             CancelReason::BalanceOverflow => "balance_overflow",
             CancelReason::AccountNotFound => "account_not_found",
             CancelReason::CanceledByRequest => "canceled_by_request",
+            CancelReason::Voided => "voided",
+            CancelReason::Expired => "expired",
         }
     }
 
@@ -167,13 +200,16 @@ mod tests {
     use super::TransferState::*;
     use super::*;
 
-    const EVENTS: [TransferEvent; 6] = [
+    const EVENTS: [TransferEvent; 9] = [
         Start,
         MarkApplied,
         MarkDone,
         BeginRollback,
         FinishRollback,
         Abandon,
+        Hold,
+        Capture,
+        Void,
     ];
 
     #[test]
@@ -199,6 +235,25 @@ mod tests {
     }
 
     #[test]
+    fn a_hold_is_held_then_captured_or_voided() {
+        let held = Pending.transition(Hold).unwrap();
+        assert_eq!(held, Held);
+        assert!(!held.is_terminal());
+        let capturing = held.transition(Capture).unwrap();
+        assert_eq!(capturing.transition(MarkDone).unwrap(), Done);
+        let releasing = held.transition(Void).unwrap();
+        assert_eq!(releasing.transition(FinishRollback).unwrap(), Canceled);
+    }
+
+    #[test]
+    fn a_capture_that_won_can_never_be_voided_and_a_hold_never_applies() {
+        assert!(Capturing.transition(Void).is_err());
+        assert!(Capturing.transition(BeginRollback).is_err());
+        assert!(Held.transition(MarkApplied).is_err());
+        assert!(Applied.transition(Capture).is_err());
+    }
+
+    #[test]
     fn an_applied_transfer_can_never_roll_back() {
         let err = Applied.transition(BeginRollback).unwrap_err();
         assert_eq!(
@@ -220,7 +275,7 @@ mod tests {
     }
 
     #[test]
-    fn exactly_the_six_documented_transitions_exist() {
+    fn exactly_the_ten_documented_transitions_exist() {
         let mut allowed: Vec<(TransferState, TransferEvent, TransferState)> = Vec::new();
         for state in TransferState::ALL {
             for event in EVENTS {
@@ -236,8 +291,12 @@ mod tests {
                 (Initial, Abandon, Canceled),
                 (Pending, MarkApplied, Applied),
                 (Pending, BeginRollback, Canceling),
+                (Pending, Hold, Held),
                 (Applied, MarkDone, Done),
                 (Canceling, FinishRollback, Canceled),
+                (Held, Capture, Capturing),
+                (Held, Void, Canceling),
+                (Capturing, MarkDone, Done),
             ]
         );
     }
@@ -249,8 +308,9 @@ mod tests {
         let rank = |s: TransferState| match s {
             Initial => 0,
             Pending => 1,
-            Applied | Canceling => 2,
-            Done | Canceled => 3,
+            Held => 2,
+            Applied | Canceling | Capturing => 3,
+            Done | Canceled => 4,
         };
         for state in TransferState::ALL {
             for event in EVENTS {

@@ -25,9 +25,12 @@ pub struct Transfer {
     pub id: TransferId,
     pub source: AccountId,
     pub destination: AccountId,
+    /// What moves: for a hold, the held amount until a capture sets the captured one.
     pub amount: Amount,
     pub currency: Currency,
     pub state: TransferState,
+    /// Set on a hold: what it reserves, and until when.
+    pub hold: Option<Hold>,
     /// When the transfer last changed, by the database's clock (`lastModified`, stored as
     /// a lower bound of it, and only ever moving forward): its owner's lease runs from
     /// here, and the sweeper takes it over once that lease has lapsed.
@@ -73,6 +76,7 @@ impl Transfer {
             amount,
             currency,
             state: TransferState::Initial,
+            hold: None,
             last_modified: now,
             created_at: now,
             owner: None,
@@ -88,14 +92,29 @@ impl Transfer {
     }
 }
 
+/// What a hold reserves (see `docs/holds.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// The amount reserved: out of the source's available balance, into the
+    /// destination's pending credits, until the hold is captured, voided or expires.
+    pub amount: Amount,
+    /// When an uncaptured hold expires, by the database's clock.
+    pub expires_at: Timestamp,
+}
+
 /// An account: its balance in minor units, and the transfers the protocol has applied
 /// to it but not settled yet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Account {
     pub id: AccountId,
     pub name: Option<AccountName>,
-    /// Minor units, 0 ..= `MAX_MONEY`.
+    /// The posted balance in minor units, 0 ..= `MAX_MONEY`.
     pub balance: i64,
+    /// The sum of the live holds out of the account; never above `balance`.
+    pub pending_debits: i64,
+    /// The sum of the live holds into the account; `balance + pending_credits` never
+    /// passes `MAX_MONEY`, so every capture can land.
+    pub pending_credits: i64,
     pub currency: Currency,
     /// Transfers applied to this account whose markers are not pulled yet (the tutorial's
     /// `pendingTransactions`): applying one of them again is a no-op.
@@ -104,6 +123,13 @@ pub struct Account {
     pub fenced_transactions: Vec<TransferId>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+impl Account {
+    /// What the account may spend: the posted balance less what its holds reserve.
+    pub fn available_balance(&self) -> i64 {
+        self.balance - self.pending_debits
+    }
 }
 
 /// Which transfers a listing returns, newest first.

@@ -39,8 +39,8 @@ pub struct CreateAccountRequest {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 #[schema(example = json!({
-    "id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR",
-    "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+    "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 7500,
+    "pendingDebits": 2500, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
 }))]
 pub struct AccountResponse {
     /// 1 to 64 characters from `A-Za-z0-9_.:@-`.
@@ -48,10 +48,19 @@ pub struct AccountResponse {
     /// The name given at opening; null when none was.
     #[schema(required = true)]
     pub name: Option<String>,
-    /// Balance in minor units, 0 to 9007199254740991. Includes transfers applied but not
-    /// yet finished.
+    /// The posted balance in minor units, 0 to 9007199254740991. Includes transfers
+    /// applied but not yet finished; holds change it only once captured.
     #[schema(minimum = 0, maximum = 9007199254740991_i64)]
     pub balance: i64,
+    /// What the account may spend: `balance - pendingDebits`, never below zero.
+    #[schema(minimum = 0, maximum = 9007199254740991_i64)]
+    pub available_balance: i64,
+    /// The sum of the live holds out of the account.
+    #[schema(minimum = 0, maximum = 9007199254740991_i64)]
+    pub pending_debits: i64,
+    /// The sum of the live holds into the account (not spendable until captured).
+    #[schema(minimum = 0, maximum = 9007199254740991_i64)]
+    pub pending_credits: i64,
     /// ISO-4217 code.
     pub currency: String,
     /// Ids of transfers applied to this account whose protocol has not finished.
@@ -65,8 +74,8 @@ pub struct AccountResponse {
 #[serde(rename_all = "camelCase")]
 #[schema(example = json!({
     "items": [{
-        "id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR",
-        "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+        "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 10000,
+        "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
     }],
     "nextCursor": "YWNjb3VudHM6YWxpY2U"
 }))]
@@ -88,10 +97,14 @@ impl From<Page<AccountResponse>> for AccountPage {
 
 impl From<Account> for AccountResponse {
     fn from(a: Account) -> Self {
+        let available_balance = a.available_balance();
         AccountResponse {
             id: a.id.to_string(),
             name: a.name.map(|n| n.as_str().to_owned()),
             balance: a.balance,
+            available_balance,
+            pending_debits: a.pending_debits,
+            pending_credits: a.pending_credits,
             currency: a.currency.to_string(),
             pending_transactions: a
                 .pending_transactions

@@ -19,7 +19,7 @@ use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::problem::{ApiError, field};
 use crate::domain::Amount;
-use crate::service::ServiceError;
+use crate::service::{HoldConflict, ServiceError};
 
 /// Where Swagger UI is served; not part of the API, so not in the document.
 pub const DOCS_PATH: &str = "/docs";
@@ -173,6 +173,10 @@ fn named_codes(text: &str) -> Vec<&str> {
 /// An error with this `code` as a client would meet it; `None` for anything else.
 fn sample(code: &str) -> Option<ApiError> {
     const TRANSFER_ID: &str = "65a1b2c3d4e5f60718293a4b";
+    let hold = |conflict| ApiError::Hold {
+        conflict,
+        transfer_id: TRANSFER_ID.into(),
+    };
     let error = match code {
         "malformed_json" => ApiError::MalformedJson("EOF while parsing an object".into()),
         "invalid_parameter" => ApiError::InvalidParameter {
@@ -218,6 +222,11 @@ fn sample(code: &str) -> Option<ApiError> {
         "overloaded" => ApiError::Overloaded,
         "request_timeout" => ApiError::Timeout,
         "internal_error" => ApiError::Internal,
+        "not_a_hold" => hold(HoldConflict::NotAHold),
+        "hold_already_captured" => hold(HoldConflict::AlreadyCaptured),
+        "hold_voided" => hold(HoldConflict::Voided),
+        "hold_expired" => hold(HoldConflict::Expired),
+        "hold_pending" => hold(HoldConflict::Pending),
         _ => return None,
     };
     Some(error)
@@ -255,6 +264,11 @@ mod tests {
         "overloaded",
         "request_timeout",
         "internal_error",
+        "not_a_hold",
+        "hold_already_captured",
+        "hold_voided",
+        "hold_expired",
+        "hold_pending",
     ];
 
     /// `(operation, status, response)` for every response of the served document.

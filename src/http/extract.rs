@@ -46,6 +46,32 @@ where
 }
 
 /// Parses a JSON body, classifying failures as syntax (400) or shape (422).
+/// [`ApiJson`] for a body that may be left out: an empty body is `T::default()`, with or
+/// without a `Content-Type`; any other body must be JSON, as for [`ApiJson`].
+pub struct OptionalApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for OptionalApiJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Default,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let empty = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|length| length.as_bytes() == b"0")
+            || (!req.headers().contains_key(header::CONTENT_LENGTH)
+                && !req.headers().contains_key(header::TRANSFER_ENCODING));
+        if empty {
+            return Ok(OptionalApiJson(T::default()));
+        }
+        let ApiJson(body) = ApiJson::from_request(req, state).await?;
+        Ok(OptionalApiJson(body))
+    }
+}
+
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // Syntax first, on its own: a truncated or invalid document is 400 whatever its shape.
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {

@@ -75,6 +75,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(transfers::get_transfer))
         .routes(routes!(transfers::cancel_transfer))
+        .routes(routes!(transfers::capture_transfer))
+        .routes(routes!(transfers::void_transfer))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))

@@ -10,7 +10,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::domain::CancelReason;
-use crate::service::ServiceError;
+use crate::service::{HoldConflict, ServiceError};
 use crate::telemetry::Chain;
 
 /// An RFC 9457 problem document.
@@ -104,6 +104,11 @@ pub enum ApiError {
     Timeout,
     /// 500: a bug. The body says nothing more; the log has the cause.
     Internal,
+    /// 409: a capture or void the hold cannot take; `transfer_id` names the hold.
+    Hold {
+        conflict: HoldConflict,
+        transfer_id: String,
+    },
 }
 
 impl ApiError {
@@ -115,7 +120,7 @@ impl ApiError {
             Forbidden => StatusCode::FORBIDDEN,
             AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            AccountExists(_) | TransferCanceled { .. } => StatusCode::CONFLICT,
+            AccountExists(_) | TransferCanceled { .. } | Hold { .. } => StatusCode::CONFLICT,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             InvalidField { .. }
@@ -159,6 +164,13 @@ impl ApiError {
             Overloaded => ("overloaded", "Overloaded"),
             Timeout => ("request_timeout", "Request timeout"),
             Internal => ("internal_error", "Internal server error"),
+            Hold { conflict, .. } => match conflict {
+                HoldConflict::NotAHold => ("not_a_hold", "Not a hold"),
+                HoldConflict::AlreadyCaptured => ("hold_already_captured", "Hold already captured"),
+                HoldConflict::Voided => ("hold_voided", "Hold voided"),
+                HoldConflict::Expired => ("hold_expired", "Hold expired"),
+                HoldConflict::Pending => ("hold_pending", "Hold pending"),
+            },
         }
     }
 
@@ -194,6 +206,17 @@ impl ApiError {
             }
             Timeout => "the request took too long; retry later".into(),
             Internal => "an internal error occurred".into(),
+            Hold { conflict, .. } => match conflict {
+                HoldConflict::NotAHold => "this transfer is not a hold".into(),
+                HoldConflict::AlreadyCaptured => {
+                    "this hold was captured already (with another amount, if you sent one)".into()
+                }
+                HoldConflict::Voided => "this hold was voided; nothing can be captured".into(),
+                HoldConflict::Expired => "this hold expired; nothing can be captured".into(),
+                HoldConflict::Pending => {
+                    "this hold is still being reserved; retry shortly".into()
+                }
+            },
         }
     }
 
@@ -211,6 +234,7 @@ impl ApiError {
             | ApiError::BalanceOverflow { transfer_id } => Some(transfer_id.clone()),
             ApiError::UnknownAccount { transfer_id, .. }
             | ApiError::InsufficientFunds { transfer_id, .. } => transfer_id.clone(),
+            ApiError::Hold { transfer_id, .. } => Some(transfer_id.clone()),
             _ => None,
         };
         Problem {
@@ -284,6 +308,17 @@ impl From<ServiceError> for ApiError {
             ServiceError::SameAccount => ApiError::SameAccount,
             e @ ServiceError::CurrencyMismatch { .. } => ApiError::CurrencyMismatch(e.to_string()),
             ServiceError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
+            ServiceError::Hold { conflict, hold } => ApiError::Hold {
+                conflict,
+                transfer_id: hold.to_string(),
+            },
+            ServiceError::CaptureExceedsHold { held } => ApiError::InvalidField {
+                field: "amount".into(),
+                detail: format!(
+                    "amount must be at most the held amount, {}",
+                    held.minor_units()
+                ),
+            },
             ServiceError::ReversalRefused {
                 reason,
                 account,
@@ -306,7 +341,11 @@ impl From<ServiceError> for ApiError {
                         ),
                         transfer_id,
                     },
-                    CancelReason::CanceledByRequest => ApiError::TransferCanceled {
+                    // A compensating transfer is never a hold, so never voided or
+                    // expired; said as canceled all the same.
+                    CancelReason::CanceledByRequest
+                    | CancelReason::Voided
+                    | CancelReason::Expired => ApiError::TransferCanceled {
                         transfer_id: transfer_id.unwrap_or_default(),
                         detail: "the compensating transfer was itself canceled by request; nothing was changed".into(),
                     },

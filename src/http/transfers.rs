@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, OptionalApiJson};
 use super::pagination::{Page, PageParams, page};
 use super::problem::{ApiError, Problem, field};
 use crate::domain::{
@@ -49,6 +49,35 @@ pub struct CreateTransferRequest {
         pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$"
     )]
     pub reference: Option<String>,
+    /// Makes this a hold: the amount is reserved out of the source's available balance
+    /// until it is captured (`POST /transfers/{id}/capture`), voided
+    /// (`POST /transfers/{id}/void`) or expires. Neither balance changes until a capture.
+    #[schema(nullable = false)]
+    pub hold: Option<HoldRequest>,
+}
+
+/// How long a hold lasts.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"expiresInMs": 900000}))]
+pub struct HoldRequest {
+    /// Milliseconds until an uncaptured hold expires, 1000 to 2592000000 (30 days);
+    /// `HOLD_EXPIRES_MS` (default 7 days) when left out.
+    #[schema(minimum = 1000, maximum = 2592000000_i64, nullable = false)]
+    pub expires_in_ms: Option<i64>,
+}
+
+/// The shortest and longest hold, in milliseconds.
+pub const HOLD_EXPIRES_MS: std::ops::RangeInclusive<i64> = 1_000..=2_592_000_000;
+
+/// A request to capture a hold.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"amount": 1800}))]
+pub struct CaptureRequest {
+    /// Minor units to capture, 1 to the held amount; all of it when left out.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64, nullable = false)]
+    pub amount: Option<i64>,
 }
 
 /// The state of a transfer in the two-phase commit.
@@ -61,6 +90,8 @@ pub enum TransferStateSchema {
     Done,
     Canceling,
     Canceled,
+    Held,
+    Capturing,
 }
 
 /// Why a transfer ended `canceled`.
@@ -71,6 +102,8 @@ pub enum CancelReasonSchema {
     BalanceOverflow,
     AccountNotFound,
     CanceledByRequest,
+    Voided,
+    Expired,
 }
 
 /// A transfer.
@@ -88,13 +121,22 @@ pub struct TransferResponse {
     pub source: String,
     /// The account credited.
     pub destination: String,
-    /// Minor units, 1 to 9007199254740991.
+    /// Minor units, 1 to 9007199254740991: what moves (for a hold, the held amount until
+    /// a capture, then the captured amount).
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: i64,
     /// ISO-4217 code, the currency of both accounts.
     pub currency: String,
     #[schema(value_type = TransferStateSchema)]
     pub state: TransferState,
+    /// On a hold: the amount it reserves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 9007199254740991_i64, nullable = false)]
+    pub held_amount: Option<i64>,
+    /// On a hold: when it expires if not captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub expires_at: Option<DateTime<Utc>>,
     /// Why it was canceled; only on `canceled` transfers.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<CancelReasonSchema>, nullable = false)]
@@ -151,6 +193,8 @@ impl From<Transfer> for TransferResponse {
             amount: t.amount.minor_units(),
             currency: t.currency.to_string(),
             state: t.state,
+            held_amount: t.hold.map(|h| h.amount.minor_units()),
+            expires_at: t.hold.map(|h| h.expires_at),
             reason: t.reason,
             reference: t.reference.map(|r| r.as_str().to_owned()),
             created_at: t.created_at,
@@ -198,7 +242,7 @@ fn outcome_response(outcome: TransferOutcome) -> Response {
     let TransferOutcome { transfer, replayed } = outcome;
     let id = transfer.id;
     let mut response = match (transfer.state, transfer.reason) {
-        (TransferState::Done, _) => {
+        (TransferState::Done | TransferState::Held, _) => {
             (StatusCode::CREATED, Json(TransferResponse::from(transfer))).into_response()
         }
         (TransferState::Canceled, reason) => {
@@ -219,7 +263,10 @@ fn outcome_response(outcome: TransferOutcome) -> Response {
                             .into(),
                     transfer_id: Some(transfer_id),
                 },
-                Some(CancelReason::CanceledByRequest) | None => ApiError::TransferCanceled {
+                Some(
+                    CancelReason::CanceledByRequest | CancelReason::Voided | CancelReason::Expired,
+                )
+                | None => ApiError::TransferCanceled {
                     transfer_id,
                     detail: "this transfer was canceled before it completed".into(),
                 },
@@ -234,6 +281,25 @@ fn outcome_response(outcome: TransferOutcome) -> Response {
         headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     response
+}
+
+/// How long a requested hold lasts: `expiresInMs`, or the setting when left out.
+fn hold_expiry(
+    hold: &HoldRequest,
+    default: std::time::Duration,
+) -> Result<std::time::Duration, ApiError> {
+    match hold.expires_in_ms {
+        None => Ok(default),
+        Some(ms) if HOLD_EXPIRES_MS.contains(&ms) => Ok(std::time::Duration::from_millis(
+            u64::try_from(ms).expect("in range, so positive"),
+        )),
+        Some(_) => Err(ApiError::InvalidField {
+            field: "hold.expiresInMs".into(),
+            detail:
+                "hold.expiresInMs must be an integer number of milliseconds from 1000 to 2592000000"
+                    .into(),
+        }),
+    }
 }
 
 fn wants_async(headers: &HeaderMap) -> bool {
@@ -307,6 +373,10 @@ pub async fn create_transfer(
             .reference
             .as_deref()
             .map(|raw| field("reference", Reference::parse(raw)))
+            .transpose()?,
+        hold: body
+            .hold
+            .map(|hold| hold_expiry(&hold, state.bank.default_hold_expiry()))
             .transpose()?,
     };
     let key = idempotency_key(&headers)?;
@@ -437,6 +507,63 @@ pub async fn cancel_transfer(
         StatusCode::OK
     };
     Ok((status, Json(transfer.into())))
+}
+
+/// Capture a hold.
+///
+/// The captured amount (all of the hold when `amount` is left out) moves from the source
+/// to the destination, and the rest of the reservation becomes available to the source
+/// again. Capturing again with the same amount answers the same result.
+#[utoipa::path(
+    post, path = "/transfers/{id}/capture", tag = "transfers",
+    params(("id" = String, Path, description = "The hold's id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
+    request_body(content = Option<CaptureRequest>, description = "Optional: the amount to capture."),
+    responses(
+        (status = 200, description = "The hold, `done`: `amount` is the captured amount, `heldAmount` what was held.", body = TransferResponse),
+        (status = 400, description = "`malformed_json`: the body is not JSON.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not_a_hold`; `hold_already_captured` (with another amount); `hold_voided`; `hold_expired`; `hold_pending` (still being reserved: retry shortly). `transferId` names the hold.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: a body not sent as application/json.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field`: `amount` is not an integer from 1 to the held amount.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): capturing again with the same amount is safe.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn capture_transfer(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OptionalApiJson(body): OptionalApiJson<CaptureRequest>,
+) -> Result<Json<TransferResponse>, ApiError> {
+    let id = path_transfer(&id)?;
+    let amount = body
+        .amount
+        .map(|raw| field("amount", Amount::parse(raw)))
+        .transpose()?;
+    let transfer = state.bank.capture(id, amount).await?;
+    Ok(Json(transfer.into()))
+}
+
+/// Void a hold.
+///
+/// The whole reservation becomes available to the source again; the hold ends
+/// `canceled` with reason `voided` (or `expired`, if it expired first). Voiding again
+/// answers the same result.
+#[utoipa::path(
+    post, path = "/transfers/{id}/void", tag = "transfers",
+    params(("id" = String, Path, description = "The hold's id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
+    responses(
+        (status = 200, description = "The hold, `canceled` with reason `voided` (or `expired`).", body = TransferResponse),
+        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not_a_hold`; `hold_already_captured`. `transferId` names the hold.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): voiding again is safe.", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn void_transfer(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TransferResponse>, ApiError> {
+    let id = path_transfer(&id)?;
+    let transfer = state.bank.void(id).await?;
+    Ok(Json(transfer.into()))
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
-use super::{Bank, ServiceError, ServiceResult};
+use super::{Bank, HoldConflict, ServiceError, ServiceResult};
 use crate::domain::{CancelReason, Transfer, TransferEvent, TransferId, TransferState};
 use crate::store::accounts::Fence;
 use crate::store::transfers::{Fenced, Mover, StepFields};
@@ -42,23 +42,49 @@ impl Bank {
     /// Admitted like a new transfer (or refused with [`ServiceError::Overloaded`]), and
     /// run in a task of its own, so that a client hanging up does not stop it halfway.
     pub async fn cancel(&self, id: TransferId) -> ServiceResult<Transfer> {
+        self.admitted("cancel", id, |bank| async move {
+            bank.cancel_admitted(id, CancelReason::CanceledByRequest)
+                .await
+        })
+        .await
+    }
+
+    /// Runs `work` (a cancel, a capture, a void of transfer `id`) admitted like a new
+    /// transfer (or refused with [`ServiceError::Overloaded`]) and in a task of its own,
+    /// so that a client hanging up does not stop it halfway.
+    pub(super) async fn admitted<W, F>(
+        &self,
+        what: &str,
+        id: TransferId,
+        work: W,
+    ) -> ServiceResult<Transfer>
+    where
+        W: FnOnce(Bank) -> F,
+        F: std::future::Future<Output = ServiceResult<Transfer>> + Send + 'static,
+    {
         let permit = self.admit()?;
-        let bank = self.clone();
+        let run = work(self.clone());
         let run = self
             .background_tasks()
             .spawn(tracing::Instrument::instrument(
                 async move {
                     let _permit = permit;
-                    bank.cancel_admitted(id).await
+                    run.await
                 },
                 tracing::Span::current(),
             ));
         run.await.unwrap_or_else(|e| {
-            Err(StoreError::Other(format!("cancel of transfer {id} failed: {e}").into()).into())
+            Err(StoreError::Other(format!("{what} of transfer {id} failed: {e}").into()).into())
         })
     }
 
-    async fn cancel_admitted(&self, id: TransferId) -> ServiceResult<Transfer> {
+    /// Cancels transfer `id`, recording `reason` (`canceled_by_request`, or `voided` for
+    /// a void of a hold still being reserved) if it rolls back.
+    pub(super) async fn cancel_admitted(
+        &self,
+        id: TransferId,
+        reason: CancelReason,
+    ) -> ServiceResult<Transfer> {
         let mut transfer = self.find_transfer(id).await?;
         for _ in 0..CANCEL_ROUNDS {
             transfer = match transfer.state {
@@ -66,15 +92,25 @@ impl Bank {
                     // No account is touched before `initial -> pending`, which this
                     // write makes impossible: nothing to fence, nothing to undo.
                     let fields = StepFields {
-                        reason: Some(CancelReason::CanceledByRequest),
-                        fenced: false,
+                        reason: Some(reason),
+                        ..StepFields::default()
                     };
                     self.force(&transfer, TransferEvent::Abandon, fields, None)
                         .await?
                 }
-                TransferState::Pending | TransferState::Applied | TransferState::Canceling => {
-                    self.take_over_fenced(transfer).await?
-                }
+                TransferState::Pending
+                | TransferState::Applied
+                | TransferState::Canceling
+                | TransferState::Capturing => self.take_over_fenced(transfer, reason).await?,
+                // A held hold is voided (nothing moved yet, so nothing to reverse); if a
+                // capture won meanwhile, it is reversed once done, like a transfer.
+                TransferState::Held => match self.void_held(transfer).await {
+                    Err(ServiceError::Hold {
+                        conflict: HoldConflict::AlreadyCaptured,
+                        ..
+                    }) => self.find_transfer(id).await?,
+                    other => other?,
+                },
                 TransferState::Canceled => return Ok(transfer),
                 TransferState::Done => return self.reverse(transfer).await,
             };
@@ -95,7 +131,11 @@ impl Bank {
     /// filter would stop it. So before taking over, a cancel fences both accounts against
     /// the transfer's forward steps. Every other takeover (the sweeper's) waits for the
     /// owner's lease instead, which outlives the deadline every such step carries.
-    async fn take_over_fenced(&self, transfer: Transfer) -> ServiceResult<Transfer> {
+    async fn take_over_fenced(
+        &self,
+        transfer: Transfer,
+        reason: CancelReason,
+    ) -> ServiceResult<Transfer> {
         let store = self.store();
         // The mark comes first, so whoever finishes the transfer, the sweeper later finds
         // the fences and drops them; its stamp starts the window the fences must land in.
@@ -107,15 +147,18 @@ impl Bank {
             |account, unless_applied| store.fence(account, transfer.id, unless_applied, deadline);
         let (source, destination) = (&transfer.source, &transfer.destination);
         // What to do once both accounts are fenced, and the destination's fence if placed.
+        // A hold being reserved has no commit point yet (a reservation is not spendable),
+        // so it always rolls back; a transfer's commit point is its credit.
+        let unless_applied = transfer.hold.is_none();
         let (plan, mut destination_fence) = match transfer.state {
             // The commit point is the credit: fence the destination only if it has not
             // landed, in one write, which decides between rolling back and completing.
-            TransferState::Pending => match fence(destination, true).await? {
+            TransferState::Pending => match fence(destination, unless_applied).await? {
                 Fence::TooLate => return Ok(self.reload(&transfer).await?),
                 placed @ (Fence::Placed | Fence::Missing) => {
                     let fields = StepFields {
-                        reason: Some(CancelReason::CanceledByRequest),
-                        fenced: false,
+                        reason: Some(reason),
+                        ..StepFields::default()
                     };
                     (
                         Takeover::Force(TransferEvent::BeginRollback, fields),
@@ -129,8 +172,11 @@ impl Bank {
                     (Takeover::Force(TransferEvent::MarkApplied, fields), None)
                 }
             },
-            // Only pulls or undos remain, which no fence refuses.
-            TransferState::Applied | TransferState::Canceling => (Takeover::Claim, None),
+            // Only pulls, undos, releases or a capture's settling writes remain, which no
+            // fence refuses.
+            TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
+                (Takeover::Claim, None)
+            }
             _ => return Ok(self.reload(&transfer).await?),
         };
         // Both accounts refuse the transfer's forward steps from here on, applied or not,
@@ -205,7 +251,7 @@ impl Bank {
                 .store()
                 .account(&original.destination)
                 .await?
-                .map_or(0, |a| a.balance);
+                .map_or(0, |a| a.available_balance());
             if funds < original.amount.minor_units() {
                 return Err(ServiceError::ReversalRefused {
                     reason: CancelReason::InsufficientFunds,

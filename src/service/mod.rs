@@ -10,7 +10,10 @@
 //!   that has with a compensating transfer.
 
 mod cancel;
+mod holds;
 pub mod protocol;
+
+pub use holds::HoldConflict;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +24,7 @@ use tokio_util::task::TaskTracker;
 use crate::telemetry::Chain;
 
 use crate::domain::{
-    Account, AccountId, AccountName, Amount, CancelReason, Currency, IdempotencyKey,
+    Account, AccountId, AccountName, Amount, CancelReason, Currency, Hold, IdempotencyKey,
     OpeningBalance, Reference, Transfer, TransferFilter, TransferId, TransferState,
 };
 use crate::store::native::AtomicOutcome;
@@ -58,6 +61,9 @@ pub struct NewTransfer {
     pub destination: AccountId,
     pub amount: Amount,
     pub reference: Option<Reference>,
+    /// A hold instead of a transfer: reserve `amount` now, until this long from now,
+    /// for a capture or a void (`docs/holds.md`).
+    pub hold: Option<Duration>,
 }
 
 impl NewTransfer {
@@ -73,6 +79,11 @@ impl NewTransfer {
         hash.update([0]);
         if let Some(r) = &self.reference {
             hash.update(r.as_str());
+        }
+        if let Some(expires_in) = self.hold {
+            hash.update([0]);
+            hash.update(b"hold");
+            hash.update(expires_in.as_millis().to_be_bytes());
         }
         hex::encode(hash.finalize())
     }
@@ -139,6 +150,15 @@ pub enum ServiceError {
         account: AccountId,
         attempt: Option<TransferId>,
     },
+    /// A capture or a void the hold cannot take (see [`HoldConflict`]).
+    #[error("hold {hold} cannot take this: {conflict:?}")]
+    Hold {
+        conflict: HoldConflict,
+        hold: TransferId,
+    },
+    /// A capture of more than the hold reserved.
+    #[error("a capture may take at most the held amount, {}", held.minor_units())]
+    CaptureExceedsHold { held: Amount },
     /// Too many transfers in flight in this instance: refused before anything was
     /// recorded; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]
@@ -186,6 +206,8 @@ pub struct Bank {
     stale_after: Duration,
     /// Two-phase commit or native transactions for new transfers.
     strategy: Strategy,
+    /// How long a hold lasts when its request does not say (`HOLD_EXPIRES_MS`).
+    default_hold_expiry: Duration,
     /// Admission control: one permit per transfer this process works on (a new one, a
     /// cancel, a recovery), held until the protocol run ends. A request that finds none
     /// is refused at once ([`ServiceError::Overloaded`]) and records nothing. This bounds
@@ -201,6 +223,9 @@ pub struct Bank {
     /// move money wrongly.
     currencies: Arc<std::sync::Mutex<std::collections::HashMap<AccountId, Currency>>>,
 }
+
+/// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
+pub const DEFAULT_HOLD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Transfers in flight per process unless `MAX_TRANSFERS_IN_FLIGHT` says otherwise.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
@@ -224,6 +249,7 @@ impl Bank {
             driving: Arc::default(),
             stale_after,
             strategy: Strategy::TwoPhase,
+            default_hold_expiry: DEFAULT_HOLD_EXPIRY,
             admission: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
             currencies: Arc::default(),
         }
@@ -231,6 +257,18 @@ impl Bank {
 
     pub fn with_strategy(self, strategy: Strategy) -> Bank {
         Bank { strategy, ..self }
+    }
+
+    /// Holds whose request does not say last this long (`HOLD_EXPIRES_MS`).
+    pub fn with_default_hold_expiry(self, default_hold_expiry: Duration) -> Bank {
+        Bank {
+            default_hold_expiry,
+            ..self
+        }
+    }
+
+    pub fn default_hold_expiry(&self) -> Duration {
+        self.default_hold_expiry
     }
 
     /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
@@ -343,6 +381,8 @@ impl Bank {
             id,
             name: new.name,
             balance: new.balance.minor_units(),
+            pending_debits: 0,
+            pending_credits: 0,
             currency: new.currency,
             pending_transactions: Vec::new(),
             fenced_transactions: Vec::new(),
@@ -424,7 +464,23 @@ impl Bank {
             }
         }
         let currency = self.check_accounts(&new).await?;
+        let hold = match new.hold {
+            // Expiry by the database's clock, which judges it.
+            Some(expires_in) => {
+                let now = self.store.server_time_lower_bound().await?;
+                let expires_at = chrono::TimeDelta::from_std(expires_in)
+                    .ok()
+                    .and_then(|d| now.checked_add_signed(d))
+                    .unwrap_or_else(|| panic!("bug: a hold of {expires_in:?} passed validation"));
+                Some(Hold {
+                    amount: new.amount,
+                    expires_at,
+                })
+            }
+            None => None,
+        };
         let transfer = Transfer {
+            hold,
             reference: new.reference,
             request_hash: key.as_ref().map(|_| fingerprint.clone()),
             idempotency_key: key.clone(),
@@ -436,7 +492,8 @@ impl Bank {
                 currency,
             )
         };
-        if self.strategy == Strategy::Native {
+        // A hold outlives any multi-document transaction: always two-phase.
+        if self.strategy == Strategy::Native && transfer.hold.is_none() {
             return self.transfer_natively(transfer, &fingerprint).await;
         }
         let mut transfer = transfer;

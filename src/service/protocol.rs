@@ -11,6 +11,12 @@
 //! | `applied`   | 6. pull source marker, 7. pull destination marker, 8. `-> done` |
 //! | `canceling` | undo destination, undo source, `canceling -> canceled`          |
 //!
+//! A hold (`docs/holds.md`) takes the same path with reservations for steps 3 and 4
+//! (`pendingDebits`, `pendingCredits` instead of the balances) and stops at `held`
+//! (`pending -> held`); a capture moves it to `capturing`, whose steps move the captured
+//! amount and release the reservations, then `done`; a void moves it to `canceling`,
+//! whose steps release the reservations.
+//!
 //! Every step is one guarded write, so running it again is a no-op. A guarded write that
 //! loses means another actor moved the transfer (a cancel, another instance): we re-read
 //! and carry on from whatever state it is in now. A debit or credit that is refused for
@@ -21,8 +27,9 @@
 
 use super::Bank;
 use crate::domain::{
-    Account, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent, TransferState,
+    Account, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent, TransferState,
 };
+use crate::store::accounts::Side;
 use crate::store::transfers::{Mover, StepFields};
 use crate::store::{StoreError, StoreResult};
 
@@ -49,7 +56,7 @@ enum Refusal {
 fn classify(
     account: Option<Account>,
     transfer: &Transfer,
-    balance_ok: impl Fn(i64) -> bool,
+    fits: impl Fn(&Account) -> bool,
 ) -> Refusal {
     let Some(account) = account else {
         return Refusal::Missing;
@@ -58,7 +65,7 @@ fn classify(
         Refusal::AlreadyApplied
     } else if account.fenced_transactions.contains(&transfer.id) {
         Refusal::Fenced
-    } else if !balance_ok(account.balance) {
+    } else if !fits(&account) {
         Refusal::Balance
     } else {
         Refusal::Retry
@@ -115,6 +122,9 @@ impl Bank {
                     self.wait_until_quiet(quiet).await?;
                     self.roll_back(transfer).await?
                 }
+                TransferState::Capturing => self.capture_steps(transfer).await?,
+                // A hold waits for a capture, a void or its expiry.
+                TransferState::Held => return Ok(transfer),
                 TransferState::Done | TransferState::Canceled => return Ok(transfer),
             };
         }
@@ -168,6 +178,14 @@ impl Bank {
                 Leg::Credit => failpoint!(self, "after_credit"),
             }
         }
+        if transfer.hold.is_some() {
+            // No copy of a reservation may land after `held`: whoever settles the hold
+            // moves it by the state guard alone (see `Mover::Settler`).
+            self.wait_until_quiet(*quiet).await?;
+            return self
+                .advance(transfer, TransferEvent::Hold, StepFields::default())
+                .await;
+        }
         self.advance(transfer, TransferEvent::MarkApplied, StepFields::default())
             .await
     }
@@ -186,8 +204,9 @@ impl Bank {
     }
 
     /// Step 3 (debit: take the amount from the source) or 4 (credit: give it to the
-    /// destination), unless already done. A step sent again after a failed attempt
-    /// leaves in `quiet` the deadline until which that attempt may still land.
+    /// destination), unless already done; for a hold, the reservations instead. A step
+    /// sent again after a failed attempt leaves in `quiet` the deadline until which that
+    /// attempt may still land.
     async fn forward(
         &self,
         t: &mut Transfer,
@@ -200,18 +219,16 @@ impl Bank {
         };
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
             let deadline = self.lease_deadline(t);
-            let step = match leg {
-                Leg::Debit => {
-                    let store = &self.store;
-                    store
-                        .apply_debit(&account, t.id, t.amount, deadline)
-                        .await?
+            let store = &self.store;
+            let (id, amount) = (t.id, t.amount);
+            let step = match (leg, t.hold) {
+                (Leg::Debit, None) => store.apply_debit(&account, id, amount, deadline).await?,
+                (Leg::Credit, None) => store.apply_credit(&account, id, amount, deadline).await?,
+                (Leg::Debit, Some(h)) => {
+                    store.reserve_out(&account, id, h.amount, deadline).await?
                 }
-                Leg::Credit => {
-                    let store = &self.store;
-                    store
-                        .apply_credit(&account, t.id, t.amount, deadline)
-                        .await?
+                (Leg::Credit, Some(h)) => {
+                    store.reserve_in(&account, id, h.amount, deadline).await?
                 }
             };
             *quiet = (*quiet).max(step.uncertain_until);
@@ -220,12 +237,13 @@ impl Bank {
                 return Ok(StepResult::Applied);
             }
             let found = self.store.account(&account).await?;
-            let value = t.amount.minor_units();
-            let balance_ok = |balance: i64| match leg {
-                Leg::Debit => balance >= value,
-                Leg::Credit => balance <= MAX_MONEY - value,
+            // The invariants the step's guard keeps (`store::guards`).
+            let value = t.hold.map_or(t.amount, |h| h.amount).minor_units();
+            let fits = |a: &Account| match leg {
+                Leg::Debit => a.balance - a.pending_debits >= value,
+                Leg::Credit => a.balance + a.pending_credits <= MAX_MONEY - value,
             };
-            let reason = match classify(found, t, balance_ok) {
+            let reason = match classify(found, t, fits) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),
                 Refusal::Retry if self.renew(t).await? => continue,
                 Refusal::Retry => return Ok(StepResult::LostLease),
@@ -277,6 +295,7 @@ impl Bank {
         let fields = StepFields {
             reason: Some(reason),
             fenced: reason == CancelReason::CanceledByRequest,
+            ..StepFields::default()
         };
         self.advance(transfer, TransferEvent::BeginRollback, fields)
             .await
@@ -284,6 +303,9 @@ impl Bank {
 
     /// Undo whatever each account carries, destination first, then `canceling -> canceled`.
     async fn roll_back(&self, transfer: Transfer) -> StoreResult<Transfer> {
+        if let Some(hold) = transfer.hold {
+            return self.release(transfer, hold.amount).await;
+        }
         // Never expected to find anything: the credit is the commit point, so a rollback
         // only begins once the credit was refused (by the owner's own guard, or by a
         // cancel's fence placed only where the credit was not), and nothing can land it
@@ -311,6 +333,51 @@ impl Bank {
             StepFields::default(),
         )
         .await
+    }
+
+    /// A void's (or a hold's rollback's) steps: release both reservations wherever they
+    /// were made, then `canceling -> canceled`.
+    async fn release(&self, transfer: Transfer, held: Amount) -> StoreResult<Transfer> {
+        let (id, store) = (transfer.id, &self.store);
+        store
+            .release(&transfer.destination, id, Side::Destination, held)
+            .await?;
+        failpoint!(self, "after_undo_destination");
+        store
+            .release(&transfer.source, id, Side::Source, held)
+            .await?;
+        failpoint!(self, "after_undo_source");
+        self.advance(
+            transfer,
+            TransferEvent::FinishRollback,
+            StepFields::default(),
+        )
+        .await
+    }
+
+    /// A capture's steps 6 to 8: move the captured amount and release the reservation
+    /// on each account, then `capturing -> done`.
+    async fn capture_steps(&self, transfer: Transfer) -> StoreResult<Transfer> {
+        let hold = transfer
+            .hold
+            .unwrap_or_else(|| panic!("bug: transfer {} is capturing but no hold", transfer.id));
+        let (id, store, captured) = (transfer.id, &self.store, transfer.amount);
+        store
+            .capture(&transfer.source, id, Side::Source, hold.amount, captured)
+            .await?;
+        failpoint!(self, "after_capture_source");
+        store
+            .capture(
+                &transfer.destination,
+                id,
+                Side::Destination,
+                hold.amount,
+                captured,
+            )
+            .await?;
+        failpoint!(self, "after_capture_destination");
+        self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
+            .await
     }
 
     /// Takes `event` with one write guarded by the expected state and by our ownership
@@ -343,6 +410,7 @@ impl Bank {
             TransferState::Pending => failpoint!(self, "after_pending"),
             TransferState::Applied => failpoint!(self, "after_applied"),
             TransferState::Canceling => failpoint!(self, "after_canceling"),
+            TransferState::Held => failpoint!(self, "after_held"),
             _ => {}
         }
         Ok(transfer)

@@ -87,8 +87,11 @@ impl Store {
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
         failpoint!(self, "before_debit");
-        self.change_account(account, tx, -amount.minor_units(), deadline)
-            .await
+        let change = Change {
+            balance: -amount.minor_units(),
+            ..Change::default()
+        };
+        self.change_account(account, tx, change, deadline).await
     }
 
     /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
@@ -103,14 +106,54 @@ impl Store {
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
         failpoint!(self, "before_credit");
-        self.change_account(account, tx, amount.minor_units(), deadline)
-            .await
+        let change = Change {
+            balance: amount.minor_units(),
+            ..Change::default()
+        };
+        self.change_account(account, tx, change, deadline).await
+    }
+
+    /// A hold's step 3: reserve `amount` out of the source's available balance
+    /// (`pendingDebits`), unless already reserved, fenced, or the available balance is
+    /// short. `deadline` as for [`Store::apply_debit`].
+    pub async fn reserve_out(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        amount: Amount,
+        deadline: Timestamp,
+    ) -> StoreResult<ForwardStep> {
+        failpoint!(self, "before_debit");
+        let change = Change {
+            debits: amount.minor_units(),
+            ..Change::default()
+        };
+        self.change_account(account, tx, change, deadline).await
+    }
+
+    /// A hold's step 4: reserve `amount` into the destination (`pendingCredits`), unless
+    /// already reserved, fenced, or a capture could take the balance past `MAX_MONEY`.
+    /// `deadline` as for [`Store::apply_debit`].
+    pub async fn reserve_in(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        amount: Amount,
+        deadline: Timestamp,
+    ) -> StoreResult<ForwardStep> {
+        failpoint!(self, "before_credit");
+        let change = Change {
+            credits: amount.minor_units(),
+            ..Change::default()
+        };
+        self.change_account(account, tx, change, deadline).await
     }
 
     /// The guarded forward write behind steps 3 and 4, group-committed with the
-    /// concurrent ones (see `store::batch`): add `delta` and push the marker, only if
-    /// `tx` is neither applied nor fenced here, the balance stays within
-    /// 0..=`MAX_MONEY`, and the lease has not ended by the server's clock.
+    /// concurrent ones (see `store::batch`): add `change` and push the marker, only if
+    /// `tx` is neither applied nor fenced here, the account keeps its invariants
+    /// (available balance not below zero; balance plus pending credits within
+    /// `MAX_MONEY`), and the lease has not ended by the server's clock.
     ///
     /// A batched write is not a retryable write on a replica set, so a failover or a
     /// dropped connection fails it: it is sent again, a few times, under the same guards
@@ -122,13 +165,15 @@ impl Store {
         &self,
         account: &AccountId,
         tx: TransferId,
-        delta: i64,
+        change: Change,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
         let change = AccountChange {
             account: account.to_string(),
             tx: object_id(tx),
-            delta,
+            delta: change.balance,
+            debits: change.debits,
+            credits: change.credits,
             deadline: stored_time(deadline),
         };
         let (applied, failed_before) = super::retried(|| async {
@@ -169,13 +214,86 @@ impl Store {
         delta: i64,
     ) -> StoreResult<bool> {
         failpoint!(self, "before_undo");
+        let change = Change {
+            balance: delta,
+            ..Change::default()
+        };
+        self.settle(account, tx, change).await
+    }
+
+    /// A void's (or a hold's rollback's) release: give back what the hold reserved here,
+    /// `debits` out of the source or `credits` into the destination, and forget the
+    /// marker, only where the reservation was made.
+    pub async fn release(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        side: Side,
+        held: Amount,
+    ) -> StoreResult<bool> {
+        failpoint!(self, "before_undo");
+        let change = match side {
+            Side::Source => Change {
+                debits: -held.minor_units(),
+                ..Change::default()
+            },
+            Side::Destination => Change {
+                credits: -held.minor_units(),
+                ..Change::default()
+            },
+        };
+        self.settle(account, tx, change).await
+    }
+
+    /// A capture's steps 6 and 7: move `captured` (out of the source, into the
+    /// destination) and release the `held` reservation, in one write per account, only
+    /// where the reservation is (its marker). Never refused for the balance: the
+    /// reservation guaranteed room for it (see `docs/holds.md`).
+    pub async fn capture(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        side: Side,
+        held: Amount,
+        captured: Amount,
+    ) -> StoreResult<bool> {
+        failpoint!(self, "before_capture");
+        let (held, captured) = (held.minor_units(), captured.minor_units());
+        let change = match side {
+            Side::Source => Change {
+                balance: -captured,
+                debits: -held,
+                credits: 0,
+            },
+            Side::Destination => Change {
+                balance: captured,
+                debits: 0,
+                credits: -held,
+            },
+        };
+        self.settle(account, tx, change).await
+    }
+
+    /// The settling write behind an undo, a release and a capture: add `change` and pull
+    /// the marker, only where `tx` is applied (its marker is there), so that a second
+    /// landing finds nothing.
+    async fn settle(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        change: Change,
+    ) -> StoreResult<bool> {
         let tx = object_id(tx);
         let result = self
             .accounts
             .update_one(
                 doc! { "_id": account.as_str(), "pendingTransactions": tx },
                 doc! {
-                    "$inc": { "balance": delta },
+                    "$inc": {
+                        "balance": change.balance,
+                        "pendingDebits": change.debits,
+                        "pendingCredits": change.credits,
+                    },
                     "$pull": { "pendingTransactions": tx },
                     "$set": { "updatedAt": DateTime::now() },
                 },
@@ -183,6 +301,21 @@ impl Store {
             .await?;
         Ok(result.modified_count == 1)
     }
+}
+
+/// Which account of a transfer a step is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Source,
+    Destination,
+}
+
+/// What a forward step adds to an account's amounts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Change {
+    balance: i64,
+    debits: i64,
+    credits: i64,
 }
 
 /// What a debit or credit did.

@@ -37,7 +37,7 @@ use mongodb::error::ErrorKind;
 use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::guards::{balance_after, forward_step_allowed, owned_by, stamped};
+use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::TransferState;
 
@@ -117,15 +117,32 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
     }
 }
 
-/// One guarded change of an account's balance by a transfer: a debit (negative) or a
-/// credit (positive), applied only if the transfer is neither applied here nor fenced,
-/// the balance stays within 0..=MAX_MONEY, and the database's clock is before `deadline`.
+/// One guarded forward step of a transfer on an account: a debit or a credit (of the
+/// balance), or a hold's reservation (of the pending debits or credits), applied only if
+/// the transfer is neither applied here nor fenced, the account keeps its invariants
+/// (`guards::forward_step_allowed`), and the database's clock is before `deadline`.
 #[derive(Debug, Clone)]
 pub struct AccountChange {
     pub account: String,
     pub tx: ObjectId,
+    /// Added to `balance`: negative for a debit, positive for a credit.
     pub delta: i64,
+    /// Added to `pendingDebits`: a hold's reservation out of the account.
+    pub debits: i64,
+    /// Added to `pendingCredits`: a hold's reservation into the account.
+    pub credits: i64,
     pub deadline: DateTime,
+}
+
+impl AccountChange {
+    /// The change's amounts as literal expressions.
+    fn amounts(&self) -> Amounts {
+        Amounts {
+            balance: self.delta.into(),
+            debits: self.debits.into(),
+            credits: self.credits.into(),
+        }
+    }
 }
 
 /// A state change guarded by the expected state and owner.
@@ -359,7 +376,9 @@ pub async fn change_accounts(
     }
     let mut per_account: Vec<(String, Vec<Bson>)> = Vec::new();
     for op in &ops {
-        let change = Bson::Document(doc! { "tx": op.tx, "d": op.delta, "dl": op.deadline });
+        let change = Bson::Document(doc! {
+            "tx": op.tx, "d": op.delta, "pd": op.debits, "pc": op.credits, "dl": op.deadline,
+        });
         match per_account.iter_mut().find(|(a, _)| *a == op.account) {
             Some((_, changes)) => changes.push(change),
             None => per_account.push((op.account.clone(), vec![change])),
@@ -372,26 +391,45 @@ pub async fn change_accounts(
             doc! { "case": { "$eq": ["$_id", account] }, "then": { "$literal": changes } }
         })
         .collect();
-    let new_balance = balance_after("$$value.b", "$$this.d");
-    let allowed = forward_step_allowed(
-        "$$value.b",
-        "$$value.p",
-        "$$this.tx",
-        "$$this.d",
-        "$$this.dl",
-    );
+    // The amounts as the batch's earlier changes to the account left them, and the
+    // change at hand, from its row of the table.
+    let before = Amounts {
+        balance: "$$value.b".into(),
+        debits: "$$value.pd".into(),
+        credits: "$$value.pc".into(),
+    };
+    let change = Amounts {
+        balance: "$$this.d".into(),
+        debits: "$$this.pd".into(),
+        credits: "$$this.pc".into(),
+    };
+    let after = before.after(&change);
+    let allowed = forward_step_allowed(&before, "$$value.p", "$$this.tx", &change, "$$this.dl");
+    let stored = Amounts::stored();
     let pipeline = vec![
         doc! { "$set": { "_batch": { "$reduce": {
             "input": { "$switch": { "branches": branches, "default": [] } },
-            "initialValue": { "b": "$balance", "p": "$pendingTransactions" },
+            "initialValue": {
+                "b": stored.balance,
+                "pd": stored.debits,
+                "pc": stored.credits,
+                "p": "$pendingTransactions",
+            },
             "in": { "$cond": [
                 allowed,
-                { "b": new_balance, "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] } },
+                {
+                    "b": after.balance,
+                    "pd": after.debits,
+                    "pc": after.credits,
+                    "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] },
+                },
                 "$$value",
             ] },
         } } } },
         doc! { "$set": {
             "balance": "$_batch.b",
+            "pendingDebits": "$_batch.pd",
+            "pendingCredits": "$_batch.pc",
             "pendingTransactions": "$_batch.p",
             "updatedAt": "$$NOW",
         } },
@@ -421,17 +459,21 @@ pub async fn change_accounts(
 /// effect, with no read-back.
 async fn change_one(accounts: &Collection<Document>, op: &AccountChange) -> StoreResult<bool> {
     let allowed = forward_step_allowed(
-        "$balance",
+        &Amounts::stored(),
         "$pendingTransactions",
         op.tx,
-        op.delta,
+        &op.amounts(),
         op.deadline,
     );
     let result = accounts
         .update_one(
             doc! { "_id": &op.account, "$expr": allowed },
             doc! {
-                "$inc": { "balance": op.delta },
+                "$inc": {
+                    "balance": op.delta,
+                    "pendingDebits": op.debits,
+                    "pendingCredits": op.credits,
+                },
                 "$push": { "pendingTransactions": op.tx },
                 "$set": { "updatedAt": DateTime::now() },
             },

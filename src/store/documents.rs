@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{StoreError, StoreResult};
 use crate::domain::{
-    Account, AccountId, AccountName, Amount, CancelReason, Currency, IdempotencyKey, ParseError,
-    Reference, Timestamp, Transfer, TransferId, TransferState,
+    Account, AccountId, AccountName, Amount, CancelReason, Currency, Hold, IdempotencyKey,
+    ParseError, Reference, Timestamp, Transfer, TransferId, TransferState,
 };
 
 /// A document of `accounts`.
@@ -24,6 +24,13 @@ pub struct AccountDoc {
     pub name: Option<String>,
     /// Minor units, always an Int64 in BSON.
     pub balance: i64,
+    /// The sum of live holds out of the account (absent on accounts opened before holds:
+    /// zero).
+    #[serde(default)]
+    pub pending_debits: i64,
+    /// The sum of live holds into the account (absent before holds: zero).
+    #[serde(default)]
+    pub pending_credits: i64,
     pub currency: String,
     /// Transfers applied to this account whose markers are not pulled yet. A transfer's
     /// id here is what makes applying it a second time a no-op.
@@ -47,8 +54,15 @@ pub struct TransferDoc {
     /// The amount in minor units (the tutorial's name).
     pub value: i64,
     pub currency: String,
-    /// One of `initial`, `pending`, `applied`, `done`, `canceling`, `canceled`.
+    /// One of `initial`, `pending`, `applied`, `done`, `canceling`, `canceled`, and for
+    /// a hold `held`, `capturing`.
     pub state: TransferState,
+    /// A hold's reserved amount (`value` is the captured one once captured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_amount: Option<i64>,
+    /// When an uncaptured hold expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime>,
     /// When the state last changed; the sweeper's staleness clock.
     pub last_modified: DateTime,
     pub created_at: DateTime,
@@ -120,6 +134,8 @@ impl From<&Transfer> for TransferDoc {
             value: t.amount.minor_units(),
             currency: t.currency.to_string(),
             state: t.state,
+            held_amount: t.hold.map(|h| h.amount.minor_units()),
+            expires_at: t.hold.map(|h| stored_time(h.expires_at)),
             last_modified: stored_time(t.last_modified),
             created_at: stored_time(t.created_at),
             application: t.owner.clone(),
@@ -140,6 +156,17 @@ impl TryFrom<TransferDoc> for Transfer {
 
     fn try_from(d: TransferDoc) -> StoreResult<Transfer> {
         let bad = |field: &str, why: ParseError| corrupt("transfer", &d.id, field, why);
+        let hold = match (d.held_amount, d.expires_at) {
+            (None, None) => None,
+            (Some(held), Some(expires_at)) => Some(Hold {
+                amount: Amount::parse(held).map_err(|e| bad("heldAmount", e))?,
+                expires_at: expires_at.to_chrono(),
+            }),
+            _ => {
+                let why = ParseError("a hold needs both heldAmount and expiresAt".into());
+                return Err(bad("hold", why));
+            }
+        };
         Ok(Transfer {
             id: transfer_id(d.id),
             source: AccountId::parse(&d.source).map_err(|e| bad("source", e))?,
@@ -147,6 +174,7 @@ impl TryFrom<TransferDoc> for Transfer {
             amount: Amount::parse(d.value).map_err(|e| bad("value", e))?,
             currency: Currency::parse(&d.currency).map_err(|e| bad("currency", e))?,
             state: d.state,
+            hold,
             last_modified: d.last_modified.to_chrono(),
             created_at: d.created_at.to_chrono(),
             owner: d.application,
@@ -178,6 +206,8 @@ impl From<&Account> for AccountDoc {
             id: a.id.to_string(),
             name: a.name.as_ref().map(|n| n.as_str().to_owned()),
             balance: a.balance,
+            pending_debits: a.pending_debits,
+            pending_credits: a.pending_credits,
             currency: a.currency.to_string(),
             pending_transactions: a
                 .pending_transactions
@@ -211,6 +241,8 @@ impl TryFrom<AccountDoc> for Account {
                 .transpose()
                 .map_err(|e| bad("name", e))?,
             balance: d.balance,
+            pending_debits: d.pending_debits,
+            pending_credits: d.pending_credits,
             currency: Currency::parse(&d.currency).map_err(|e| bad("currency", e))?,
             pending_transactions: d
                 .pending_transactions

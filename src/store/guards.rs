@@ -1,6 +1,7 @@
 //! The guards and stamps the protocol's writes carry, each written once and used by the
 //! single-document write and by its group-committed form ([`super::batch`]) alike:
-//! - [`forward_step_allowed`]: when a debit or credit may land on an account;
+//! - [`forward_step_allowed`]: when a debit, a credit or a hold's reservation may land
+//!   on an account;
 //! - [`owned_by`]: who may move a transfer in a state change of its owner;
 //! - [`stamped`], [`stamped_unset`]: `lastModified` only ever moves forward.
 
@@ -8,37 +9,66 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 
 use crate::domain::{MAX_MONEY, TransferState};
 
-/// The guards of a forward step (a debit or a credit) of transfer `tx`, as an aggregation
-/// expression: the step lands only if `tx` is neither applied here (its marker in
-/// `markers`) nor fenced by a cancel, the balance (`balance`, before the step) plus
-/// `delta` stays within 0..=`MAX_MONEY`, and the server's clock has not reached
+/// An account's three amounts, or a forward step's changes to them, as aggregation
+/// expressions (see `docs/holds.md`).
+#[derive(Debug, Clone)]
+pub(super) struct Amounts {
+    pub balance: Bson,
+    /// `pendingDebits`: the holds out of the account.
+    pub debits: Bson,
+    /// `pendingCredits`: the holds into the account.
+    pub credits: Bson,
+}
+
+impl Amounts {
+    /// The account's own fields; an account opened before holds has neither pending
+    /// field, which counts as zero.
+    pub fn stored() -> Amounts {
+        Amounts {
+            balance: "$balance".into(),
+            debits: doc! { "$ifNull": ["$pendingDebits", 0_i64] }.into(),
+            credits: doc! { "$ifNull": ["$pendingCredits", 0_i64] }.into(),
+        }
+    }
+
+    /// What `change` leaves.
+    pub fn after(&self, change: &Amounts) -> Amounts {
+        let add = |a: &Bson, b: &Bson| Bson::from(doc! { "$add": [a.clone(), b.clone()] });
+        Amounts {
+            balance: add(&self.balance, &change.balance),
+            debits: add(&self.debits, &change.debits),
+            credits: add(&self.credits, &change.credits),
+        }
+    }
+}
+
+/// The guards of a forward step of transfer `tx` (a debit, a credit, or a hold's
+/// reservation out or in), as an aggregation expression: the step lands only if `tx` is
+/// neither applied here (its marker in `markers`) nor fenced by a cancel, the account
+/// keeps both its invariants after `change` (the available balance, `balance -
+/// pendingDebits`, not below zero; `balance + pendingCredits` not above `MAX_MONEY`, so
+/// that every hold into it can be captured), and the server's clock has not reached
 /// `deadline`, the end of the lease of whoever sent it.
 ///
 /// The arguments are expressions: the single-document write passes the account's own
-/// fields and the step's values; the batched pipeline passes the balance and markers as
+/// fields and the step's values; the batched pipeline passes the amounts and markers as
 /// the batch's earlier steps left them, and the step from its table.
 pub(super) fn forward_step_allowed(
-    balance: impl Into<Bson>,
+    before: &Amounts,
     markers: impl Into<Bson>,
     tx: impl Into<Bson>,
-    delta: impl Into<Bson>,
+    change: &Amounts,
     deadline: impl Into<Bson>,
 ) -> Document {
     let tx = tx.into();
-    let new_balance = balance_after(balance, delta);
+    let after = before.after(change);
     doc! { "$and": [
         { "$not": [{ "$in": [tx.clone(), markers.into()] }] },
         { "$not": [{ "$in": [tx, { "$ifNull": ["$fencedTransactions", []] }] }] },
-        { "$gte": [new_balance.clone(), 0_i64] },
-        { "$lte": [new_balance, MAX_MONEY] },
+        { "$gte": [{ "$subtract": [after.balance.clone(), after.debits] }, 0_i64] },
+        { "$lte": [{ "$add": [after.balance, after.credits] }, MAX_MONEY] },
         { "$lt": ["$$NOW", deadline.into()] },
     ] }
-}
-
-/// The balance a forward step leaves, as an aggregation expression over the same
-/// arguments as [`forward_step_allowed`].
-pub(super) fn balance_after(balance: impl Into<Bson>, delta: impl Into<Bson>) -> Document {
-    doc! { "$add": [balance.into(), delta.into()] }
 }
 
 /// The update that sets `fields` and stamps the transfer at `at`, a lower bound of the

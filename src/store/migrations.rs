@@ -31,6 +31,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0004_validators_without_regex",
         include_str!("../../migrations/0004_validators_without_regex.json"),
     ),
+    (
+        "0005_holds",
+        include_str!("../../migrations/0005_holds.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -16,15 +16,17 @@ use super::documents::{domain, object_id, stored_time};
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreResult, TransferDoc};
 use crate::domain::{
-    CancelReason, IdempotencyKey, Timestamp, Transfer, TransferFilter, TransferId, TransferState,
+    Amount, CancelReason, IdempotencyKey, Timestamp, Transfer, TransferFilter, TransferId,
+    TransferState,
 };
 
 /// The states the sweeper looks for.
-const UNFINISHED: [TransferState; 4] = [
+const UNFINISHED: [TransferState; 5] = [
     TransferState::Initial,
     TransferState::Pending,
     TransferState::Applied,
     TransferState::Canceling,
+    TransferState::Capturing,
 ];
 
 fn unfinished_states() -> Vec<&'static str> {
@@ -53,7 +55,12 @@ fn finished_states() -> Vec<&'static str> {
 /// - a cancel, which does not wait for the lease, by [`Mover::Cancel`]: only once both
 ///   accounts refuse the transfer's forward steps ([`Fenced`]), or while the transfer is
 ///   still `initial` (no step is sent before `initial -> pending`, which the cancel's
-///   write makes impossible).
+///   write makes impossible);
+/// - anyone, by [`Mover::Settler`], from `held` only (a capture, a void, an expiry): the
+///   owner recorded `held` only once no copy of its reservations could land any more,
+///   and sends nothing after it, so no write of an earlier actor is in flight. The state
+///   guard makes exactly one of them win; the server's clock separates a capture or void
+///   (before `expiresAt`) from an expiry (from `expiresAt` on).
 #[derive(Debug, Clone, Copy)]
 pub enum Mover<'a> {
     /// The owner (for an `initial` transfer: the instance that recorded it, or nobody yet).
@@ -63,6 +70,9 @@ pub enum Mover<'a> {
         owner: &'a str,
         fenced: Option<Fenced>,
     },
+    /// Whoever settles a `held` hold, becoming its owner: before its expiry (a capture or
+    /// a void), or once it has expired.
+    Settler { owner: &'a str, expired: bool },
 }
 
 /// Proof that both accounts of a transfer refuse its forward steps (see
@@ -87,6 +97,8 @@ pub struct StepFields {
     /// The accounts were fenced against the transfer: the sweeper drops the fences once
     /// it is finished.
     pub fenced: bool,
+    /// The amount a capture takes (`held -> capturing`): the transfer's new `value`.
+    pub captured: Option<Amount>,
 }
 
 impl Store {
@@ -350,6 +362,21 @@ impl Store {
                 failpoint!(self, "before_force");
                 (owner, doc! { "_id": id, "state": from.as_str() })
             }
+            Mover::Settler { owner, expired } => {
+                assert_eq!(
+                    from,
+                    TransferState::Held,
+                    "bug: transfer {id} settled from {from}, not held"
+                );
+                failpoint!(self, "before_settle");
+                let expiry = if expired { "$lte" } else { "$gt" };
+                let filter = doc! {
+                    "_id": id,
+                    "state": from.as_str(),
+                    "$expr": { expiry: ["$expiresAt", "$$NOW"] },
+                };
+                (owner, filter)
+            }
         };
         let mut set = doc! { "state": to.as_str(), "application": owner };
         if let Some(reason) = fields.reason {
@@ -357,6 +384,9 @@ impl Store {
         }
         if fields.fenced {
             set.insert("fenced", true);
+        }
+        if let Some(captured) = fields.captured {
+            set.insert("value", captured.minor_units());
         }
         let result = self
             .transactions

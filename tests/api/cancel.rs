@@ -397,7 +397,7 @@ async fn cancelling_a_transfer_stuck_in_canceling_finishes_the_rollback() {
             Mover::Owner(DEAD_INSTANCE),
             StepFields {
                 reason: Some(CancelReason::CanceledByRequest),
-                fenced: false,
+                ..StepFields::default()
             },
         )
         .await

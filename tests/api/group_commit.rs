@@ -23,6 +23,8 @@ fn change(account: &str, tx: TransferId, delta: i64) -> AccountChange {
         account: account.to_owned(),
         tx: object_id(tx),
         delta,
+        debits: 0,
+        credits: 0,
         deadline: in_a_minute(),
     }
 }

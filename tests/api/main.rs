@@ -7,6 +7,7 @@ mod docs;
 mod errors;
 #[cfg(feature = "failpoints")]
 mod group_commit;
+mod holds;
 mod idempotency;
 mod native;
 mod observability;

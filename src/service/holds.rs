@@ -1,0 +1,217 @@
+//! Capturing and voiding holds (`docs/holds.md`).
+//!
+//! A `held` hold is settled by one guarded write that anyone may make
+//! (`Mover::Settler`): `held -> capturing` (a capture, before `expiresAt` by the
+//! database's clock) or `held -> canceling` (a void before `expiresAt`, an expiry from
+//! then on). Of captures, voids, expiries and cancels racing for one hold, exactly one
+//! wins that write; the others read what won and answer it: the same result again when
+//! they asked for the same thing, a conflict otherwise.
+
+use super::{Bank, ServiceError, ServiceResult};
+use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
+use crate::store::transfers::{Mover, StepFields};
+
+/// Why a capture or a void cannot be made: the hold has gone another way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldConflict {
+    /// The transfer is not a hold.
+    NotAHold,
+    /// A capture won (a different amount, or a void after it).
+    AlreadyCaptured,
+    /// A void or a cancel won.
+    Voided,
+    /// The hold expired before it was captured.
+    Expired,
+    /// The hold is still being reserved; try again shortly.
+    Pending,
+}
+
+/// Rounds of a capture or void, at most: each re-reads the hold after another actor
+/// moved it.
+const ROUNDS: usize = 8;
+
+impl Bank {
+    /// Captures `amount` of hold `id` (all of it by default): it moves from the source
+    /// to the destination and the rest of the reservation is released. Answers with the
+    /// hold once `done`.
+    pub async fn capture(&self, id: TransferId, amount: Option<Amount>) -> ServiceResult<Transfer> {
+        self.admitted("capture", id, |bank| async move {
+            bank.capture_admitted(id, amount).await
+        })
+        .await
+    }
+
+    /// Voids hold `id`: the whole reservation is released. Answers with the hold once
+    /// `canceled` (reason `voided`, or `expired` if it expired first).
+    pub async fn void(&self, id: TransferId) -> ServiceResult<Transfer> {
+        self.admitted(
+            "void",
+            id,
+            |bank| async move { bank.void_admitted(id).await },
+        )
+        .await
+    }
+
+    async fn capture_admitted(
+        &self,
+        id: TransferId,
+        amount: Option<Amount>,
+    ) -> ServiceResult<Transfer> {
+        let mut transfer = self.find_transfer(id).await?;
+        for _ in 0..ROUNDS {
+            let hold = transfer.hold.ok_or(ServiceError::Hold {
+                conflict: HoldConflict::NotAHold,
+                hold: id,
+            })?;
+            let wanted = amount.unwrap_or(hold.amount);
+            if wanted > hold.amount {
+                return Err(ServiceError::CaptureExceedsHold { held: hold.amount });
+            }
+            transfer = match transfer.state {
+                TransferState::Initial | TransferState::Pending => {
+                    return Err(ServiceError::Hold {
+                        conflict: HoldConflict::Pending,
+                        hold: id,
+                    });
+                }
+                TransferState::Held => {
+                    let fields = StepFields {
+                        captured: Some(wanted),
+                        ..StepFields::default()
+                    };
+                    if self
+                        .settle_hold(&transfer, TransferEvent::Capture, false, fields)
+                        .await?
+                    {
+                        self.run(transfer).await?
+                    } else {
+                        let now = self.reload(&transfer).await?;
+                        if now.state == TransferState::Held {
+                            // Still held, so the capture lost to the clock, not to a rival.
+                            return Err(ServiceError::Hold {
+                                conflict: HoldConflict::Expired,
+                                hold: id,
+                            });
+                        }
+                        now
+                    }
+                }
+                TransferState::Capturing | TransferState::Done => {
+                    if transfer.amount != wanted {
+                        return Err(ServiceError::Hold {
+                            conflict: HoldConflict::AlreadyCaptured,
+                            hold: id,
+                        });
+                    }
+                    // The same capture again: its result, once its driver has made it.
+                    return self.wait_until_terminal(transfer, super::REPLAY_WAIT).await;
+                }
+                TransferState::Canceling | TransferState::Canceled => {
+                    return Err(ServiceError::Hold {
+                        conflict: voided_or_expired(&transfer),
+                        hold: id,
+                    });
+                }
+                TransferState::Applied => {
+                    panic!("bug: hold {id} is applied, a state only a transfer takes")
+                }
+            };
+        }
+        Ok(transfer)
+    }
+
+    async fn void_admitted(&self, id: TransferId) -> ServiceResult<Transfer> {
+        let transfer = self.find_transfer(id).await?;
+        if transfer.hold.is_none() {
+            return Err(ServiceError::Hold {
+                conflict: HoldConflict::NotAHold,
+                hold: id,
+            });
+        }
+        match transfer.state {
+            // Still being reserved: rolled back like a canceled transfer.
+            TransferState::Initial | TransferState::Pending => {
+                self.cancel_admitted(id, CancelReason::Voided).await
+            }
+            TransferState::Held => self.void_held(transfer).await,
+            TransferState::Capturing | TransferState::Done => Err(ServiceError::Hold {
+                conflict: HoldConflict::AlreadyCaptured,
+                hold: id,
+            }),
+            TransferState::Canceling | TransferState::Canceled => {
+                self.wait_until_terminal(transfer, super::REPLAY_WAIT).await
+            }
+            TransferState::Applied => {
+                panic!("bug: hold {id} is applied, a state only a transfer takes")
+            }
+        }
+    }
+
+    /// Voids a `held` hold (reason `voided`, or `expired` once past its `expiresAt`) and
+    /// releases it; if a capture won meanwhile, answers [`HoldConflict::AlreadyCaptured`].
+    pub(super) async fn void_held(&self, transfer: Transfer) -> ServiceResult<Transfer> {
+        let id = transfer.id;
+        let mut transfer = transfer;
+        for expired in [false, true] {
+            let reason = if expired {
+                CancelReason::Expired
+            } else {
+                CancelReason::Voided
+            };
+            let fields = StepFields {
+                reason: Some(reason),
+                ..StepFields::default()
+            };
+            if self
+                .settle_hold(&transfer, TransferEvent::Void, expired, fields)
+                .await?
+            {
+                return Ok(self.run(transfer).await?);
+            }
+            transfer = self.reload(&transfer).await?;
+            if transfer.state != TransferState::Held {
+                break;
+            }
+        }
+        match transfer.state {
+            TransferState::Capturing | TransferState::Done => Err(ServiceError::Hold {
+                conflict: HoldConflict::AlreadyCaptured,
+                hold: id,
+            }),
+            _ => self.wait_until_terminal(transfer, super::REPLAY_WAIT).await,
+        }
+    }
+
+    /// Takes `event` from `held` as whoever settles the hold ([`Mover::Settler`]),
+    /// before its expiry or, with `expired`, from then on. Whether this call made it.
+    async fn settle_hold(
+        &self,
+        transfer: &Transfer,
+        event: TransferEvent,
+        expired: bool,
+        fields: StepFields,
+    ) -> ServiceResult<bool> {
+        let to = super::protocol::next_state(transfer, event);
+        let by = Mover::Settler {
+            owner: self.owner(),
+            expired,
+        };
+        let moved = self
+            .store()
+            .change_state(transfer.id, TransferState::Held, to, by, fields)
+            .await?;
+        if moved.is_some() {
+            tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold settled");
+            crate::metrics::transfer_finished(to, fields.reason);
+        }
+        Ok(moved.is_some())
+    }
+}
+
+/// Why a hold that went to `canceling` or `canceled` cannot be captured.
+fn voided_or_expired(transfer: &Transfer) -> HoldConflict {
+    match transfer.reason {
+        Some(CancelReason::Expired) => HoldConflict::Expired,
+        _ => HoldConflict::Voided,
+    }
+}

@@ -1,0 +1,404 @@
+//! Holds (`docs/holds.md`): reserve now, capture (all or part) or void later, expire.
+//! Every balance is read back from the API and the invariants checked after each step:
+//! money conserved, no available balance below zero, the pending sums equal to the live
+//! holds.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::{assert_problem, get_json};
+use support::{TestApp, spawn_app};
+
+/// `POST /transfers` of a hold: the status and the body.
+async fn hold(
+    app: &TestApp,
+    source: &str,
+    destination: &str,
+    amount: i64,
+    hold: Value,
+) -> (u16, Value) {
+    let response = app
+        .post_json(
+            "/transfers",
+            json!({ "source": source, "destination": destination, "amount": amount, "hold": hold }),
+        )
+        .await;
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+/// A hold of `amount` from alice to bob for a minute; its id.
+async fn held(app: &TestApp, amount: i64) -> String {
+    let (status, body) = hold(
+        app,
+        "alice",
+        "bob",
+        amount,
+        json!({ "expiresInMs": 60_000 }),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["state"], "held", "{body}");
+    body["id"].as_str().unwrap().to_owned()
+}
+
+async fn capture(app: &TestApp, id: &str, body: Option<Value>) -> reqwest::Response {
+    let request = app.http.post(app.url(&format!("/transfers/{id}/capture")));
+    let request = match body {
+        Some(body) => request.json(&body),
+        None => request,
+    };
+    request.send().await.unwrap()
+}
+
+async fn void(app: &TestApp, id: &str) -> reqwest::Response {
+    app.http
+        .post(app.url(&format!("/transfers/{id}/void")))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn ok_json(response: reqwest::Response) -> Value {
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// (balance, availableBalance, pendingDebits, pendingCredits) as the API shows them.
+async fn amounts(app: &TestApp, account: &str) -> (i64, i64, i64, i64) {
+    let (status, a) = get_json(app, &format!("/accounts/{account}")).await;
+    assert_eq!(status, 200, "{a}");
+    let field = |name: &str| a[name].as_i64().unwrap_or_else(|| panic!("{name} in {a}"));
+    let amounts = (
+        field("balance"),
+        field("availableBalance"),
+        field("pendingDebits"),
+        field("pendingCredits"),
+    );
+    assert_eq!(
+        amounts.1,
+        amounts.0 - amounts.2,
+        "available = balance - pendingDebits: {a}"
+    );
+    assert!(amounts.1 >= 0, "available balance below zero: {a}");
+    amounts
+}
+
+/// The sums of pending debits and of pending credits over these accounts agree, and the
+/// balances add up to `total`.
+async fn assert_books(app: &TestApp, accounts: &[&str], total: i64) {
+    let (mut balances, mut debits, mut credits) = (0, 0, 0);
+    for account in accounts {
+        let (balance, _, d, c) = amounts(app, account).await;
+        balances += balance;
+        debits += d;
+        credits += c;
+    }
+    assert_eq!(balances, total, "money conserved");
+    assert_eq!(debits, credits, "pending debits and credits agree");
+}
+
+async fn alice_and_bob(app: &TestApp) {
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+}
+
+#[tokio::test]
+async fn a_hold_reserves_the_amount_without_moving_money() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let before = chrono::Utc::now();
+
+    let (status, body) = hold(&app, "alice", "bob", 300, json!({ "expiresInMs": 60_000 })).await;
+
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["state"], "held");
+    assert_eq!(body["amount"], 300);
+    assert_eq!(body["heldAmount"], 300);
+    let expires: chrono::DateTime<chrono::Utc> =
+        body["expiresAt"].as_str().unwrap().parse().unwrap();
+    let left = expires - before;
+    assert!(
+        (55..=65).contains(&left.num_seconds()),
+        "expires in {left:?}: {body}"
+    );
+    assert_eq!(amounts(&app, "alice").await, (1_000, 700, 300, 0));
+    assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 300));
+    let (_, read) = get_json(
+        &app,
+        &format!("/transfers/{}", body["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(read, body, "a read shows the hold as answered");
+    assert_books(&app, &["alice", "bob"], 1_000).await;
+}
+
+#[tokio::test]
+async fn held_money_cannot_be_spent_twice() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    app.open_account("carol", 0).await;
+    held(&app, 800).await;
+
+    let (status, body) = app.transfer("alice", "carol", 300).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["code"], "insufficient_funds");
+    let (status, body) = hold(&app, "alice", "carol", 300, json!({})).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["code"], "insufficient_funds");
+    let (status, body) = app.transfer("alice", "carol", 200).await;
+    assert_eq!(status, 201, "the rest is spendable: {body}");
+    // Money on its way in is not spendable either.
+    let (status, body) = app.transfer("bob", "carol", 1).await;
+    assert_eq!(status, 422, "{body}");
+
+    assert_eq!(amounts(&app, "alice").await, (800, 0, 800, 0));
+    assert_books(&app, &["alice", "bob", "carol"], 1_000).await;
+}
+
+#[tokio::test]
+async fn a_full_capture_moves_the_held_amount_and_a_repeat_answers_the_same() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let id = held(&app, 300).await;
+
+    let captured = ok_json(capture(&app, &id, None).await).await;
+
+    assert_eq!(captured["state"], "done", "{captured}");
+    assert_eq!(captured["amount"], 300);
+    assert_eq!(captured["heldAmount"], 300);
+    assert_eq!(amounts(&app, "alice").await, (700, 700, 0, 0));
+    assert_eq!(amounts(&app, "bob").await, (300, 300, 0, 0));
+    let again = ok_json(capture(&app, &id, Some(json!({ "amount": 300 }))).await).await;
+    assert_eq!(again, captured, "the same capture answers the same result");
+    let other = capture(&app, &id, Some(json!({ "amount": 100 }))).await;
+    let problem = assert_problem(other, 409, "hold_already_captured").await;
+    assert_eq!(problem["transferId"], id.as_str());
+    assert_problem(void(&app, &id).await, 409, "hold_already_captured").await;
+    assert_eq!(amounts(&app, "alice").await, (700, 700, 0, 0));
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_partial_capture_releases_the_rest() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let id = held(&app, 500).await;
+
+    let captured = ok_json(capture(&app, &id, Some(json!({ "amount": 200 }))).await).await;
+
+    assert_eq!(captured["state"], "done");
+    assert_eq!(captured["amount"], 200);
+    assert_eq!(captured["heldAmount"], 500);
+    assert_eq!(amounts(&app, "alice").await, (800, 800, 0, 0));
+    assert_eq!(amounts(&app, "bob").await, (200, 200, 0, 0));
+    assert_books(&app, &["alice", "bob"], 1_000).await;
+}
+
+#[tokio::test]
+async fn a_capture_outside_one_to_the_held_amount_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let id = held(&app, 300).await;
+
+    for amount in [301, 0, -5] {
+        let refused = capture(&app, &id, Some(json!({ "amount": amount }))).await;
+        let problem = assert_problem(refused, 422, "invalid_field").await;
+        assert_eq!(problem["field"], "amount", "{amount}: {problem}");
+    }
+    let (_, still) = get_json(&app, &format!("/transfers/{id}")).await;
+    assert_eq!(still["state"], "held");
+    assert_eq!(amounts(&app, "alice").await, (1_000, 700, 300, 0));
+}
+
+#[tokio::test]
+async fn a_void_releases_the_hold_and_a_capture_after_it_is_refused() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let id = held(&app, 300).await;
+
+    let voided = ok_json(void(&app, &id).await).await;
+
+    assert_eq!(voided["state"], "canceled", "{voided}");
+    assert_eq!(voided["reason"], "voided");
+    assert_eq!(amounts(&app, "alice").await, (1_000, 1_000, 0, 0));
+    assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 0));
+    assert_eq!(
+        ok_json(void(&app, &id).await).await,
+        voided,
+        "a repeat answers the same"
+    );
+    assert_problem(capture(&app, &id, None).await, 409, "hold_voided").await;
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_cancel_of_a_held_hold_voids_it() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let id = held(&app, 300).await;
+
+    let response = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    let canceled = ok_json(response).await;
+
+    assert_eq!(canceled["state"], "canceled", "{canceled}");
+    assert_eq!(canceled["reason"], "voided");
+    assert_eq!(amounts(&app, "alice").await, (1_000, 1_000, 0, 0));
+}
+
+#[tokio::test]
+async fn capture_and_void_of_a_plain_transfer_are_refused() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let (status, body) = app.transfer("alice", "bob", 100).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+
+    assert_problem(capture(&app, id, None).await, 409, "not_a_hold").await;
+    assert_problem(void(&app, id).await, 409, "not_a_hold").await;
+    assert_eq!(amounts(&app, "alice").await, (900, 900, 0, 0));
+}
+
+#[tokio::test]
+async fn an_expired_hold_cannot_be_captured() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let (status, body) = hold(&app, "alice", "bob", 300, json!({ "expiresInMs": 1_000 })).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    assert_problem(capture(&app, id, None).await, 409, "hold_expired").await;
+    // Voiding it now records how it ended: expired.
+    let ended = ok_json(void(&app, id).await).await;
+    assert_eq!(ended["reason"], "expired", "{ended}");
+    assert_problem(capture(&app, id, None).await, 409, "hold_expired").await;
+    assert_eq!(amounts(&app, "alice").await, (1_000, 1_000, 0, 0));
+    assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_hold_outside_its_expiry_range_is_refused_and_an_empty_one_lasts_the_default() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    for expires in [json!(999), json!(2_592_000_001_i64), json!("soon")] {
+        let (status, body) = hold(&app, "alice", "bob", 1, json!({ "expiresInMs": expires })).await;
+        assert_eq!(status, 422, "{expires}: {body}");
+        assert_eq!(body["field"], "hold.expiresInMs", "{body}");
+    }
+    let (status, body) = hold(&app, "alice", "bob", 1, json!({ "until": 5 })).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(
+        amounts(&app, "alice").await,
+        (1_000, 1_000, 0, 0),
+        "nothing recorded"
+    );
+
+    let (status, body) = hold(&app, "alice", "bob", 1, json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    let expires: chrono::DateTime<chrono::Utc> =
+        body["expiresAt"].as_str().unwrap().parse().unwrap();
+    let left = expires - chrono::Utc::now();
+    assert!(
+        (6 * 24 * 3600 + 23 * 3600..=7 * 24 * 3600).contains(&left.num_seconds()),
+        "the default is 7 days: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_hold_retried_with_its_idempotency_key_is_made_once() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": { "expiresInMs": 60_000 } });
+    let send = |body: Value| {
+        app.http
+            .post(app.url("/transfers"))
+            .header("idempotency-key", "hold-1")
+            .json(&body)
+            .send()
+    };
+
+    let first = send(body.clone()).await.unwrap();
+    assert_eq!(first.status(), 201);
+    let first: Value = first.json().await.unwrap();
+    let again = send(body.clone()).await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["id"], first["id"]);
+    let plain = json!({ "source": "alice", "destination": "bob", "amount": 300 });
+    let reused = send(plain).await.unwrap();
+    assert_problem(reused, 422, "idempotency_key_reused").await;
+    assert_eq!(
+        amounts(&app, "alice").await,
+        (1_000, 700, 300, 0),
+        "held once"
+    );
+}
+
+/// Captures and voids of one hold, all at once: exactly one kind wins, every capture
+/// answers the same capture or a conflict, and the books balance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn captures_and_voids_racing_for_one_hold_have_one_winner() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    for round in 0..5 {
+        let id = held(&app, 100).await;
+        let mut racers = Vec::new();
+        for i in 0..8 {
+            let (http, id) = (app.http.clone(), id.clone());
+            let url = if i % 2 == 0 {
+                app.url(&format!("/transfers/{id}/capture"))
+            } else {
+                app.url(&format!("/transfers/{id}/void"))
+            };
+            racers.push(tokio::spawn(async move {
+                let response = http.post(url).send().await.unwrap();
+                let status = response.status().as_u16();
+                (i % 2 == 0, status, response.json::<Value>().await.unwrap())
+            }));
+        }
+        let mut outcomes = Vec::new();
+        for racer in racers {
+            outcomes.push(racer.await.unwrap());
+        }
+        let (_, ended) = get_json(&app, &format!("/transfers/{id}")).await;
+        let captured = ended["state"] == "done";
+        assert!(
+            captured || ended["reason"] == "voided",
+            "round {round}: {ended}"
+        );
+        for (is_capture, status, body) in &outcomes {
+            let won_kind = *is_capture == captured;
+            if won_kind {
+                assert_eq!(*status, 200, "round {round}: {body}");
+                assert_eq!(body, &ended, "round {round}");
+            } else {
+                assert_eq!(*status, 409, "round {round}: {body}");
+                let code = if captured {
+                    "hold_already_captured"
+                } else {
+                    "hold_voided"
+                };
+                assert_eq!(body["code"], code, "round {round}: {body}");
+            }
+        }
+        assert!(
+            app.accounts_with_pending().await.is_empty(),
+            "round {round}"
+        );
+    }
+    let (alice, _, 0, 0) = amounts(&app, "alice").await else {
+        panic!("holds left pending");
+    };
+    assert_books(&app, &["alice", "bob"], 1_000).await;
+    assert_eq!(alice % 100, 0);
+}
