@@ -119,6 +119,12 @@ impl TransferState {
         matches!(self, TransferState::Done | TransferState::Canceled)
     }
 
+    /// Nothing is left for the protocol to do: terminal, or a hold `held` until its
+    /// client captures or voids it (or it expires).
+    pub fn is_settled(self) -> bool {
+        self.is_terminal() || self == TransferState::Held
+    }
+
     /// The name stored in the `state` field and shown in the API.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -284,7 +284,7 @@ impl Bank {
         let mut reversal = self.run(reversal).await?;
         if !reversal.state.is_terminal() {
             // Another instance drives the compensation: its outcome is the answer.
-            reversal = self.wait_until_terminal(reversal, REVERSAL_WAIT).await?;
+            reversal = self.wait_until_settled(reversal, REVERSAL_WAIT).await?;
         }
         match reversal.state {
             TransferState::Done => {

@@ -104,7 +104,7 @@ impl Bank {
                         });
                     }
                     // The same capture again: its result, once its driver has made it.
-                    return self.wait_until_terminal(transfer, super::REPLAY_WAIT).await;
+                    return self.wait_until_settled(transfer, super::REPLAY_WAIT).await;
                 }
                 TransferState::Canceling | TransferState::Canceled => {
                     return Err(ServiceError::Hold {
@@ -139,7 +139,7 @@ impl Bank {
                 hold: id,
             }),
             TransferState::Canceling | TransferState::Canceled => {
-                self.wait_until_terminal(transfer, super::REPLAY_WAIT).await
+                self.wait_until_settled(transfer, super::REPLAY_WAIT).await
             }
             TransferState::Applied => {
                 panic!("bug: hold {id} is applied, a state only a transfer takes")
@@ -178,7 +178,7 @@ impl Bank {
                 conflict: HoldConflict::AlreadyCaptured,
                 hold: id,
             }),
-            _ => self.wait_until_terminal(transfer, super::REPLAY_WAIT).await,
+            _ => self.wait_until_settled(transfer, super::REPLAY_WAIT).await,
         }
     }
 

@@ -635,22 +635,23 @@ impl Bank {
         if existing.request_hash.as_deref() != Some(fingerprint) {
             return Err(ServiceError::IdempotencyKeyReused);
         }
-        let transfer = self.wait_until_terminal(existing, REPLAY_WAIT).await?;
+        let transfer = self.wait_until_settled(existing, REPLAY_WAIT).await?;
         Ok(TransferOutcome {
             transfer,
             replayed: true,
         })
     }
 
-    /// Re-reads a transfer until it is terminal or `limit` has passed. Does not drive it:
-    /// its owner (or, if the owner died, the sweeper) does.
-    pub(super) async fn wait_until_terminal(
+    /// Re-reads a transfer until the protocol has nothing left to do for it (it is
+    /// terminal, or a hold is `held`, waiting for its client) or `limit` has passed. Does
+    /// not drive it: its owner (or, if the owner died, the sweeper) does.
+    pub(super) async fn wait_until_settled(
         &self,
         mut transfer: Transfer,
         limit: Duration,
     ) -> ServiceResult<Transfer> {
         let deadline = tokio::time::Instant::now() + limit;
-        while !transfer.state.is_terminal() && tokio::time::Instant::now() < deadline {
+        while !transfer.state.is_settled() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(REPLAY_POLL).await;
             transfer = self.store.transfer(transfer.id).await?.ok_or_else(|| {
                 StoreError::Other(format!("transfer {} vanished", transfer.id).into())
