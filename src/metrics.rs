@@ -42,6 +42,10 @@ const TRANSFERS: &str = "transfers_total";
 const IN_FLIGHT: &str = "transfers_in_flight";
 const RECOVERIES: &str = "sweeper_recoveries_total";
 const DB_DURATION: &str = "db_operation_duration_seconds";
+const HOLDS: &str = "holds_total";
+
+/// How a hold can end, as `holds_total` labels it.
+const HOLD_OUTCOMES: [&str; 4] = ["captured", "voided", "expired", "refused"];
 
 /// The Prometheus type of a family.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +66,7 @@ impl Kind {
 }
 
 /// Every family with its type and HELP text: what dashboards rely on.
-const FAMILIES: [(&str, Kind, &str); 6] = [
+const FAMILIES: [(&str, Kind, &str); 7] = [
     (
         HTTP_REQUESTS,
         Kind::Counter,
@@ -92,6 +96,11 @@ const FAMILIES: [(&str, Kind, &str); 6] = [
         DB_DURATION,
         Kind::Histogram,
         "Round-trip time of database commands as the driver measured it, by command name and outcome.",
+    ),
+    (
+        HOLDS,
+        Kind::Counter,
+        "Holds this process took to their end, by outcome: captured, voided, expired, or refused (never held: funds, an account gone, a cancel while reserving).",
     ),
 ];
 
@@ -173,6 +182,9 @@ fn install() -> Installed {
         counter!(TRANSFERS, "state" => TransferState::Canceled.as_str(), "reason" => reason.as_str())
             .increment(0);
     }
+    for outcome in HOLD_OUTCOMES {
+        counter!(HOLDS, "outcome" => outcome).increment(0);
+    }
     let in_flight = gauge!(IN_FLIGHT);
     in_flight.set(0.0);
     let recovered = counter!(RECOVERIES);
@@ -228,6 +240,20 @@ pub fn transfer_finished(state: TransferState, reason: Option<CancelReason>) {
         _ => return,
     };
     counter!(TRANSFERS, "state" => state.as_str(), "reason" => reason).increment(1);
+}
+
+/// Records a hold that this process took to its end (`done` or `canceled`): call it
+/// where the guarded write won, with the reason it was canceled for.
+pub fn hold_finished(state: TransferState, reason: Option<CancelReason>) {
+    installed();
+    let outcome = match (state, reason) {
+        (TransferState::Done, _) => "captured",
+        (TransferState::Canceled, Some(CancelReason::Voided)) => "voided",
+        (TransferState::Canceled, Some(CancelReason::Expired)) => "expired",
+        (TransferState::Canceled, _) => "refused",
+        _ => return,
+    };
+    counter!(HOLDS, "outcome" => outcome).increment(1);
 }
 
 /// Records an unfinished transfer that the recovery sweeper took over and drove to a

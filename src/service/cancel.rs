@@ -237,6 +237,9 @@ impl Bank {
             let reason = fields.reason;
             tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, reason = ?reason, "transfer state changed");
             crate::metrics::transfer_finished(to, reason);
+            if transfer.hold.is_some() {
+                crate::metrics::hold_finished(to, reason);
+            }
         }
         self.reload(transfer).await
     }

@@ -406,6 +406,9 @@ impl Bank {
             transfer.reason = fields.reason;
         }
         crate::metrics::transfer_finished(to, transfer.reason);
+        if transfer.hold.is_some() {
+            crate::metrics::hold_finished(to, transfer.reason);
+        }
         match to {
             TransferState::Pending => failpoint!(self, "after_pending"),
             TransferState::Applied => failpoint!(self, "after_applied"),

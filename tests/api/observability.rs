@@ -21,13 +21,14 @@ use transfer_service::config::LogFormat;
 use support::{TestApp, spawn_app};
 
 /// Every family `/metrics` must expose, with its type.
-const FAMILIES: [(&str, &str); 6] = [
+const FAMILIES: [(&str, &str); 7] = [
     ("http_requests_total", "counter"),
     ("http_request_duration_seconds", "histogram"),
     ("transfers_total", "counter"),
     ("transfers_in_flight", "gauge"),
     ("sweeper_recoveries_total", "counter"),
     ("db_operation_duration_seconds", "histogram"),
+    ("holds_total", "counter"),
 ];
 
 /// `GET /metrics` as text, after checking its status and media type.
@@ -187,6 +188,9 @@ async fn every_outcome_is_a_series_from_the_first_scrape() {
             reason.as_str()
         ));
     }
+    for outcome in ["captured", "voided", "expired", "refused"] {
+        series.push(format!("holds_total{{outcome=\"{outcome}\"}}"));
+    }
     for series in series {
         assert!(
             text.lines().any(|line| line
@@ -287,6 +291,39 @@ async fn a_finished_transfer_is_counted_by_its_outcome() {
         sample(&after, short) >= sample(&before, short) + 1.0,
         "{after}"
     );
+}
+
+/// Needs `metrics::hold_finished` called where a hold's terminal state change wins.
+#[tokio::test]
+async fn a_finished_hold_is_counted_by_its_outcome() {
+    let app = spawn_app().await;
+    let captured = "holds_total{outcome=\"captured\"}";
+    let voided = "holds_total{outcome=\"voided\"}";
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    let before = scrape(&app).await;
+    let mut holds = Vec::new();
+    for _ in 0..2 {
+        let body = serde_json::json!({ "source": "alice", "destination": "bob", "amount": 10, "hold": {} });
+        let response = app.post_json("/transfers", body).await;
+        assert_eq!(response.status(), 201);
+        let hold: serde_json::Value = response.json().await.unwrap();
+        holds.push(hold["id"].as_str().unwrap().to_owned());
+    }
+
+    for (hold, action) in holds.iter().zip(["capture", "void"]) {
+        let url = app.url(&format!("/transfers/{hold}/{action}"));
+        let response = app.http.post(url).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{action}");
+    }
+
+    let after = scrape(&app).await;
+    for series in [captured, voided] {
+        assert!(
+            sample(&after, series) >= sample(&before, series) + 1.0,
+            "{series}: {after}"
+        );
+    }
 }
 
 #[tokio::test]
