@@ -17,6 +17,8 @@
 //! - It finishes reversals a crash interrupted (a done transfer whose `reversedBy` was
 //!   claimed but whose compensation never finished), through the same code as a cancel.
 //! - It drops the account fences of canceled transfers ([`collect_fences`]).
+//! - It expires the holds past their `expiresAt` (`held -> canceling`, reason `expired`,
+//!   then their release), by the database's clock.
 //!
 //! [`run`] does one pass at once at start-up, then a pass every `SWEEP_INTERVAL_MS` with
 //! ±20% jitter so that instances started together do not sweep in lockstep. It stops
@@ -53,6 +55,8 @@ pub struct SweepReport {
     pub reversals_finished: usize,
     /// Finished transfers whose account fences were dropped.
     pub fences_dropped: usize,
+    /// Holds past their `expiresAt` that this pass expired and released.
+    pub holds_expired: usize,
 }
 
 /// One pass of the sweeper. Stops early, between transfers, when `shutdown` is cancelled.
@@ -126,6 +130,10 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
         match collect_fences(bank, stale_before, shutdown).await {
             Ok(n) => report.fences_dropped = n,
             Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
+        }
+        match expire_holds(bank, now, shutdown).await {
+            Ok(n) => report.holds_expired = n,
+            Err(e) => tracing::warn!(error = %Chain(&e), "expiring holds failed; next pass"),
         }
     }
     Ok(report)
@@ -202,6 +210,34 @@ pub async fn collect_fences(
         }
     }
     Ok(dropped)
+}
+
+/// Expires the holds found `held` past their `expiresAt` by the database's clock (`now`),
+/// each under admission control like a recovery. Returns how many this pass expired.
+async fn expire_holds(
+    bank: &Bank,
+    now: Timestamp,
+    shutdown: &CancellationToken,
+) -> StoreResult<usize> {
+    let mut expired = 0;
+    for hold in bank.store().expired_holds(now, BATCH).await? {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let id = hold.id;
+        let _permit = bank.admit_waiting().await;
+        match bank.expire(hold).await {
+            Ok(true) => {
+                expired += 1;
+                tracing::info!(transfer_id = %id, "hold expired");
+            }
+            Ok(false) => {} // captured, voided or expired by someone else first
+            Err(e) => {
+                tracing::warn!(transfer_id = %id, error = %Chain(&e), "expiring a hold failed; next pass");
+            }
+        }
+    }
+    Ok(expired)
 }
 
 /// Runs passes until `shutdown` is cancelled.

@@ -1167,6 +1167,16 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     );
     assert_eq!(cancel(&app, fenced.id).await["state"], "canceled");
     age(&app, fenced.id, lease * 2).await;
+    // A hold past its expiry, and one that is not.
+    let mut holds = Vec::new();
+    for expires_in_ms in [1_000, 60_000] {
+        let body = json!({ "source": "alice", "destination": "carol", "amount": 50, "hold": { "expiresInMs": expires_in_ms } });
+        let response = app.post_json("/transfers", body).await;
+        assert_eq!(response.status(), 201);
+        let hold: Value = response.json().await.unwrap();
+        holds.push(TransferId::parse(hold["id"].as_str().unwrap()).unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
 
     let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
@@ -1179,8 +1189,15 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
             finished: 1,
             reversals_finished: 1,
             fences_dropped: 1,
+            holds_expired: 1,
         }
     );
+    let expired = transfer(&app, holds[0]).await;
+    assert_eq!(
+        (expired.state, expired.reason),
+        (TransferState::Canceled, Some(CancelReason::Expired))
+    );
+    assert_eq!(transfer(&app, holds[1]).await.state, TransferState::Held);
     assert_eq!(transfer(&app, stuck.id).await.state, TransferState::Done);
     assert!(!transfer(&app, reversed).await.reversing);
     assert_eq!(
@@ -1188,8 +1205,13 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
         SweepReport::default(),
         "nothing left for a second pass"
     );
-    // alice: 1000 - 100 (stuck) - 200 + 200 (reversed); the total never changed.
+    // alice: 1000 - 100 (stuck) - 200 + 200 (reversed); the total never changed; only
+    // the live hold is still reserved.
     assert_eq!(app.balance("alice").await, 900);
     assert_eq!(app.total_balance().await, 1000);
-    assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
+    let alice = app.store.account(&account("alice")).await.unwrap().unwrap();
+    assert_eq!(
+        (alice.pending_debits, alice.pending_transactions),
+        (50, vec![holds[1]])
+    );
 }

@@ -52,6 +52,24 @@ impl Bank {
         .await
     }
 
+    /// Expires `hold`, found `held` past its `expiresAt`: voids it with reason `expired`
+    /// and releases it, unless a capture, a void or another expiry won it first. Whether
+    /// this call expired it. The sweeper's way; admitted by the caller.
+    pub async fn expire(&self, hold: Transfer) -> ServiceResult<bool> {
+        let fields = StepFields {
+            reason: Some(CancelReason::Expired),
+            ..StepFields::default()
+        };
+        if !self
+            .settle_hold(&hold, TransferEvent::Void, true, fields)
+            .await?
+        {
+            return Ok(false);
+        }
+        let ended = self.run(hold).await?;
+        Ok(ended.state == TransferState::Canceled)
+    }
+
     async fn capture_admitted(
         &self,
         id: TransferId,

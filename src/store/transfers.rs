@@ -244,6 +244,26 @@ impl Store {
         .await
     }
 
+    /// Holds still `held` whose `expiresAt` is not after `now` (a time by the database's
+    /// clock), soonest expired first.
+    pub async fn expired_holds(&self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
+        let filter = doc! {
+            "state": TransferState::Held.as_str(),
+            "expiresAt": { "$lte": stored_time(now) },
+        };
+        let options = FindOptions::builder()
+            .sort(doc! { "expiresAt": 1 })
+            .limit(i64::from(limit))
+            .build();
+        let cursor = self
+            .transactions
+            .find(filter)
+            .with_options(options)
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
+        domain(cursor.try_collect().await?)
+    }
+
     /// Forgets that a finished transfer's accounts are fenced, once the fences are gone.
     pub async fn unmark_fenced(&self, id: TransferId) -> StoreResult<()> {
         self.transactions

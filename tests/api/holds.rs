@@ -410,3 +410,27 @@ async fn captures_and_voids_racing_for_one_hold_have_one_winner() {
     assert_books(&app, &["alice", "bob"], 1_000).await;
     assert_eq!(alice % 100, 0);
 }
+
+#[tokio::test]
+async fn a_hold_left_past_its_expiry_is_expired_by_the_sweeper() {
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let (status, body) = hold(&app, "alice", "bob", 300, json!({ "expiresInMs": 1_000 })).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let ended = loop {
+        let (_, now) = get_json(&app, &format!("/transfers/{id}")).await;
+        if now["state"] == "canceled" {
+            break now;
+        }
+        assert!(std::time::Instant::now() < deadline, "not expired: {now}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    assert_eq!(ended["reason"], "expired", "{ended}");
+    assert_eq!(amounts(&app, "alice").await, (1_000, 1_000, 0, 0));
+    assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 0));
+    assert!(app.accounts_with_pending().await.is_empty());
+}
