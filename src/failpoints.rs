@@ -1,11 +1,16 @@
 //! Fault injection for the recovery tests, compiled only with the `failpoints` feature.
 //! Each step of the protocol calls [`hit`] right after it completes: `after_insert`,
 //! `after_pending`, `after_debit`, `after_credit`, `after_applied`, `after_pull` (both
-//! markers, one write), `after_canceling`, `after_undo_destination`, `after_undo_source`. Each write of the store calls it right before the write is
+//! markers, one write), `after_canceling`, `after_undo_destination`, `after_undo_source`;
+//! for a hold, `after_debit` and `after_credit` follow its reservations, then
+//! `after_held`, `after_settle` (a capture, void or expiry won `held`),
+//! `after_capture_source`, `after_capture_destination`, and a void's releases are
+//! `after_undo_destination`, `after_undo_source`. Each write of the store calls it right before the write is
 //! sent, so that a test can hold a write back and let it reach the server late:
 //! `before_insert`, `before_transition`, `before_force`, `before_renew`, `before_claim`,
 //! `before_take_over`, `before_claim_reversal`, `before_mark_fenced`, `before_fence`,
-//! `before_debit`, `before_credit`, `before_pull`, `before_undo`.
+//! `before_debit`, `before_credit`, `before_pull`, `before_undo`, `before_settle`,
+//! `before_capture`.
 //!
 //! - Crash: `CRASH_AT=<step>` makes the process abort, as kill -9 would (no destructors,
 //!   no flushing, no graceful shutdown), at that step of the first transfer reaching it.

@@ -173,3 +173,198 @@ crash_test!(
     900,
     "canceled"
 );
+
+/// What the crashing instance was doing with a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoldStep {
+    /// Creating it (recording, reserving): recovered to `held`.
+    Create,
+    /// Capturing 150 of its 200: recovered to `done`.
+    Capture,
+    /// Voiding it: recovered to `canceled`, `voided`.
+    Void,
+    /// Its own sweeper expiring it: recovered to `canceled`, `expired`.
+    Expire,
+}
+
+/// The amounts a test's accounts hold: (balance, pendingDebits, pendingCredits, markers).
+async fn account_amounts(store: &Store, id: &str) -> (i64, i64, i64, usize) {
+    let a = store
+        .account(&support::values::account(id))
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        a.balance,
+        a.pending_debits,
+        a.pending_credits,
+        a.pending_transactions.len(),
+    )
+}
+
+/// Crashes an instance at `step` while it does `what` with a hold of 200 from a (500) to
+/// b (0); a second instance must bring the hold to where `what` leads, with the books
+/// exactly right.
+async fn crash_hold_and_recover(step: &str, what: HoldStep) {
+    let database = fresh_database_name();
+    let http = reqwest::Client::new();
+    let mut doomed = start_instance(&database, "doomed", Some(step)).await;
+    for (id, balance) in [("a", 500), ("b", 0)] {
+        let r = http
+            .post(format!("{}/accounts", doomed.base))
+            .json(&json!({ "id": id, "balance": balance }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let expires_in_ms = if what == HoldStep::Expire {
+        1_000
+    } else {
+        60_000
+    };
+    let created = http
+        .post(format!("{}/transfers", doomed.base))
+        .json(&json!({ "source": "a", "destination": "b", "amount": 200, "hold": { "expiresInMs": expires_in_ms } }))
+        .send()
+        .await;
+    let store = Store::connect(&database_uri(), &database).await.unwrap();
+    let listed = store.list_transfers(&Default::default(), 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "one hold recorded");
+    let id = listed[0].id;
+    match what {
+        HoldStep::Create => assert!(created.is_err(), "no crash at {step}: {created:?}"),
+        HoldStep::Capture | HoldStep::Void => {
+            assert_eq!(created.unwrap().status(), 201);
+            let (action, body) = match what {
+                HoldStep::Capture => ("capture", json!({ "amount": 150 })),
+                _ => ("void", json!({})),
+            };
+            let answer = http
+                .post(format!("{}/transfers/{id}/{action}", doomed.base))
+                .json(&body)
+                .send()
+                .await;
+            assert!(answer.is_err(), "no crash at {step}: {answer:?}");
+        }
+        // The doomed instance's own sweeper expires it, and crashes doing so.
+        HoldStep::Expire => assert_eq!(created.unwrap().status(), 201),
+    }
+    let status = doomed.child.wait().unwrap();
+    assert!(!status.success(), "crashed instance exited {status}");
+
+    let started = Instant::now();
+    let _rescuer = start_instance(&database, "rescuer", None).await;
+    let limit =
+        Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
+    let ended = loop {
+        let t = store.transfer(id).await.unwrap().unwrap();
+        if t.state.is_settled() {
+            break t;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "not recovered within {limit:?}: {t:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    use transfer_service::domain::{CancelReason, TransferState};
+    let a = account_amounts(&store, "a").await;
+    let b = account_amounts(&store, "b").await;
+    match what {
+        HoldStep::Create => {
+            assert_eq!(ended.state, TransferState::Held, "{ended:?}");
+            assert_eq!(a, (500, 200, 0, 1), "a after {step}");
+            assert_eq!(b, (0, 0, 200, 1), "b after {step}");
+        }
+        HoldStep::Capture => {
+            assert_eq!(ended.state, TransferState::Done, "{ended:?}");
+            assert_eq!(ended.amount.minor_units(), 150);
+            assert_eq!(a, (350, 0, 0, 0), "a after {step}");
+            assert_eq!(b, (150, 0, 0, 0), "b after {step}");
+        }
+        HoldStep::Void | HoldStep::Expire => {
+            let reason = if what == HoldStep::Void {
+                CancelReason::Voided
+            } else {
+                CancelReason::Expired
+            };
+            assert_eq!(
+                (ended.state, ended.reason),
+                (TransferState::Canceled, Some(reason))
+            );
+            assert_eq!(a, (500, 0, 0, 0), "a after {step}");
+            assert_eq!(b, (0, 0, 0, 0), "b after {step}");
+        }
+    }
+}
+
+macro_rules! hold_crash_test {
+    ($name:ident, $step:literal, $what:expr) => {
+        #[tokio::test]
+        async fn $name() {
+            crash_hold_and_recover($step, $what).await;
+        }
+    };
+}
+
+hold_crash_test!(
+    a_hold_crashed_after_insert_is_reserved,
+    "after_insert",
+    HoldStep::Create
+);
+hold_crash_test!(
+    a_hold_crashed_after_pending_is_reserved,
+    "after_pending",
+    HoldStep::Create
+);
+hold_crash_test!(
+    a_hold_crashed_after_reserving_out_is_reserved,
+    "after_debit",
+    HoldStep::Create
+);
+hold_crash_test!(
+    a_hold_crashed_after_reserving_in_is_reserved,
+    "after_credit",
+    HoldStep::Create
+);
+hold_crash_test!(
+    a_capture_crashed_after_winning_the_hold_is_finished,
+    "after_settle",
+    HoldStep::Capture
+);
+hold_crash_test!(
+    a_capture_crashed_after_the_source_is_finished,
+    "after_capture_source",
+    HoldStep::Capture
+);
+hold_crash_test!(
+    a_capture_crashed_after_the_destination_is_finished,
+    "after_capture_destination",
+    HoldStep::Capture
+);
+hold_crash_test!(
+    a_void_crashed_after_winning_the_hold_is_finished,
+    "after_settle",
+    HoldStep::Void
+);
+hold_crash_test!(
+    a_void_crashed_after_releasing_the_destination_is_finished,
+    "after_undo_destination",
+    HoldStep::Void
+);
+hold_crash_test!(
+    a_void_crashed_after_releasing_the_source_is_finished,
+    "after_undo_source",
+    HoldStep::Void
+);
+hold_crash_test!(
+    an_expiry_crashed_after_winning_the_hold_is_finished,
+    "after_settle",
+    HoldStep::Expire
+);
+hold_crash_test!(
+    an_expiry_crashed_after_releasing_the_destination_is_finished,
+    "after_undo_destination",
+    HoldStep::Expire
+);

@@ -220,7 +220,7 @@ impl Bank {
             .await?;
         if moved.is_some() {
             tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold settled");
-            crate::metrics::transfer_finished(to, fields.reason);
+            failpoint!(self, "after_settle");
         }
         Ok(moved.is_some())
     }
