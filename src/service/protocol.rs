@@ -27,7 +27,8 @@
 
 use super::Bank;
 use crate::domain::{
-    Account, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent, TransferState,
+    Account, AccountId, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent,
+    TransferState,
 };
 use crate::store::accounts::Side;
 use crate::store::transfers::{Mover, StepFields};
@@ -249,6 +250,13 @@ impl Bank {
                 Refusal::Retry => return Ok(StepResult::LostLease),
                 Refusal::Fenced => CancelReason::CanceledByRequest,
                 Refusal::Missing => CancelReason::AccountNotFound,
+                // Holds past their expiry no longer reserve anything, even before a
+                // sweeper has released them: release them now and try again.
+                Refusal::Balance
+                    if leg == Leg::Debit && self.expire_holds_out_of(&account).await? =>
+                {
+                    continue;
+                }
                 Refusal::Balance => match leg {
                     Leg::Debit => CancelReason::InsufficientFunds,
                     Leg::Credit => CancelReason::BalanceOverflow,
@@ -257,6 +265,33 @@ impl Bank {
             return Ok(StepResult::RollBack(reason));
         }
         Err(contended(t))
+    }
+
+    /// Expires the holds out of `account` that are past their `expiresAt` by the
+    /// database's clock and still `held`, releasing each, as the sweeper would. Whether
+    /// this call expired any.
+    async fn expire_holds_out_of(&self, account: &AccountId) -> StoreResult<bool> {
+        let now = self.store.server_time().await?;
+        let mut expired = false;
+        for hold in self.store.expired_holds_out_of(account, now, 100).await? {
+            let fields = StepFields {
+                reason: Some(CancelReason::Expired),
+                ..StepFields::default()
+            };
+            let by = Mover::Settler {
+                owner: self.owner(),
+                expired: true,
+            };
+            let (held, voiding) = (TransferState::Held, TransferState::Canceling);
+            let won = self.store.change_state(hold.id, held, voiding, by, fields);
+            if won.await?.is_some() {
+                tracing::info!(transfer_id = %hold.id, "hold expired before a debit that needed its money");
+                // Another transfer's run, inside this one's: boxed, as async recursion is.
+                Box::pin(self.run(hold)).await?;
+                expired = true;
+            }
+        }
+        Ok(expired)
     }
 
     /// Waits until no copy of a forward step sent earlier can land any more (see

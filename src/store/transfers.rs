@@ -16,8 +16,8 @@ use super::documents::{domain, object_id, stored_time};
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreResult, TransferDoc};
 use crate::domain::{
-    Amount, CancelReason, IdempotencyKey, Timestamp, Transfer, TransferFilter, TransferId,
-    TransferState,
+    AccountId, Amount, CancelReason, IdempotencyKey, Timestamp, Transfer, TransferFilter,
+    TransferId, TransferState,
 };
 
 /// The states the sweeper looks for.
@@ -247,10 +247,32 @@ impl Store {
     /// Holds still `held` whose `expiresAt` is not after `now` (a time by the database's
     /// clock), soonest expired first.
     pub async fn expired_holds(&self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
-        let filter = doc! {
+        self.holds_expired_by(None, now, limit).await
+    }
+
+    /// [`Store::expired_holds`] out of one account.
+    pub async fn expired_holds_out_of(
+        &self,
+        source: &AccountId,
+        now: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<Transfer>> {
+        self.holds_expired_by(Some(source), now, limit).await
+    }
+
+    async fn holds_expired_by(
+        &self,
+        source: Option<&AccountId>,
+        now: Timestamp,
+        limit: u32,
+    ) -> StoreResult<Vec<Transfer>> {
+        let mut filter = doc! {
             "state": TransferState::Held.as_str(),
             "expiresAt": { "$lte": stored_time(now) },
         };
+        if let Some(source) = source {
+            filter.insert("source", source.as_str());
+        }
         let options = FindOptions::builder()
             .sort(doc! { "expiresAt": 1 })
             .limit(i64::from(limit))

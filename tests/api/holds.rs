@@ -434,3 +434,28 @@ async fn a_hold_left_past_its_expiry_is_expired_by_the_sweeper() {
     assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 0));
     assert!(app.accounts_with_pending().await.is_empty());
 }
+
+/// From `expiresAt` on, a hold's money is the source's again, even before any sweeper
+/// has expired it: a transfer needing it expires the hold first, then goes through.
+#[tokio::test]
+async fn the_money_of_an_expired_hold_is_spendable_before_the_sweeper_comes() {
+    let app = support::spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3_600)).await;
+    alice_and_bob(&app).await;
+    app.open_account("carol", 0).await;
+    let (status, body) = hold(&app, "alice", "bob", 800, json!({ "expiresInMs": 1_000 })).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let (status, body) = app.transfer("alice", "carol", 500).await;
+
+    assert_eq!(status, 201, "{body}");
+    let (_, ended) = get_json(&app, &format!("/transfers/{id}")).await;
+    assert_eq!(
+        (&ended["state"], &ended["reason"]),
+        (&json!("canceled"), &json!("expired"))
+    );
+    assert_eq!(amounts(&app, "alice").await, (500, 500, 0, 0));
+    assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 0));
+    assert_books(&app, &["alice", "bob", "carol"], 1_000).await;
+}
