@@ -92,6 +92,20 @@ impl Transfer {
     }
 }
 
+impl Transfer {
+    /// The transfer as it stands at `now` (by the database's clock): a hold still `held`
+    /// past its `expiresAt` is shown as it will end, `canceled` with reason `expired`,
+    /// whether or not a sweeper has written that yet. Nothing can capture it any more
+    /// (the capture's guard compares with the same clock).
+    pub fn as_of(mut self, now: Timestamp) -> Transfer {
+        if self.state == TransferState::Held && self.hold.is_some_and(|h| h.expires_at <= now) {
+            self.state = TransferState::Canceled;
+            self.reason = Some(CancelReason::Expired);
+        }
+        self
+    }
+}
+
 /// What a hold reserves (see `docs/holds.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hold {
@@ -130,6 +144,28 @@ impl Account {
     pub fn available_balance(&self) -> i64 {
         self.balance - self.pending_debits
     }
+
+    /// The account without the reservations of `expired`, holds past their `expiresAt`
+    /// that are not captured: those whose reservation this read of the account still
+    /// carries (its marker, which leaves in the same write as the amount) no longer count,
+    /// as they will not once released.
+    pub fn without(mut self, expired: &[Transfer]) -> Account {
+        for t in expired {
+            let Some(hold) = t.hold else { continue };
+            if !self.pending_transactions.contains(&t.id) {
+                continue;
+            }
+            let held = hold.amount.minor_units();
+            if t.source == self.id {
+                self.pending_debits -= held;
+            }
+            if t.destination == self.id {
+                self.pending_credits -= held;
+            }
+            self.pending_transactions.retain(|id| *id != t.id);
+        }
+        self
+    }
 }
 
 /// Which transfers a listing returns, newest first.
@@ -140,4 +176,71 @@ pub struct TransferFilter {
     pub account: Option<AccountId>,
     /// Keyset cursor: only transfers older than this one.
     pub before: Option<TransferId>,
+    /// Only holds not expired at this time (for a listing of `held` ones).
+    pub unexpired_at: Option<Timestamp>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(expires_at: Timestamp) -> Transfer {
+        let id = TransferId::from_bytes([7; 12]);
+        let (alice, bob) = (
+            AccountId::parse("alice").unwrap(),
+            AccountId::parse("bob").unwrap(),
+        );
+        let amount = Amount::parse(300).unwrap();
+        Transfer {
+            state: TransferState::Held,
+            hold: Some(Hold { amount, expires_at }),
+            ..Transfer::initial(id, alice, bob, amount, Currency::usd())
+        }
+    }
+
+    #[test]
+    fn a_held_hold_reads_as_expired_from_its_expiry_on_and_only_then() {
+        let at = now();
+        let before = hold(at).as_of(at - chrono::TimeDelta::milliseconds(1));
+        assert_eq!((before.state, before.reason), (TransferState::Held, None));
+        let from = hold(at).as_of(at);
+        assert_eq!(
+            (from.state, from.reason),
+            (TransferState::Canceled, Some(CancelReason::Expired))
+        );
+        // Only `held` reads differently: a capture that won before stays what it is.
+        let captured = Transfer {
+            state: TransferState::Capturing,
+            ..hold(at)
+        };
+        assert_eq!(captured.as_of(at).state, TransferState::Capturing);
+    }
+
+    #[test]
+    fn an_account_drops_only_the_expired_reservations_it_still_carries() {
+        let expired = hold(now());
+        let account = |id: &str, debits, credits, markers: Vec<TransferId>| Account {
+            id: AccountId::parse(id).unwrap(),
+            name: None,
+            balance: 1_000,
+            pending_debits: debits,
+            pending_credits: credits,
+            currency: Currency::usd(),
+            pending_transactions: markers,
+            fenced_transactions: Vec::new(),
+            created_at: now(),
+            updated_at: now(),
+        };
+        let alice =
+            account("alice", 500, 0, vec![expired.id]).without(std::slice::from_ref(&expired));
+        assert_eq!(
+            (alice.pending_debits, alice.available_balance()),
+            (200, 800)
+        );
+        let bob = account("bob", 0, 300, vec![expired.id]).without(std::slice::from_ref(&expired));
+        assert_eq!(bob.pending_credits, 0);
+        // Released already (no marker): its amount is not in the sums either.
+        let released = account("alice", 200, 0, Vec::new()).without(&[expired]);
+        assert_eq!(released.pending_debits, 200);
+    }
 }

@@ -416,7 +416,7 @@ pub async fn get_transfer(
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    Ok(Json(state.bank.find_transfer(id).await?.into()))
+    Ok(Json(state.bank.read_transfer(id).await?.into()))
 }
 
 /// List transfers, newest first.
@@ -461,6 +461,7 @@ pub async fn list_transfers(
         state: state_filter,
         account,
         before: cursor_id(request.after.as_deref())?,
+        ..TransferFilter::default()
     };
     let fetched = state.bank.transfers(&filter, request.limit + 1).await?;
     Ok(Json(

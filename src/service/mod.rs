@@ -398,21 +398,45 @@ impl Bank {
         }
     }
 
+    /// An account as it stands now: holds past their `expiresAt` no longer count in its
+    /// pending sums, whether or not a sweeper has released them yet.
     pub async fn account(&self, id: &AccountId) -> ServiceResult<Account> {
-        self.store
+        let account = self
+            .store
             .account(id)
             .await?
-            .ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))
+            .ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))?;
+        Ok(self.as_of_now(vec![account]).await?.remove(0))
     }
 
+    /// Accounts in id order, as they stand now (see [`Bank::account`]).
     pub async fn accounts(
         &self,
         after: Option<&AccountId>,
         limit: u32,
     ) -> ServiceResult<Vec<Account>> {
-        Ok(self.store.list_accounts(after, limit).await?)
+        let accounts = self.store.list_accounts(after, limit).await?;
+        Ok(self.as_of_now(accounts).await?)
     }
 
+    /// `accounts`, read just before, without the reservations of expired holds. Read
+    /// after the accounts, so that a hold released in between is still subtracted from
+    /// the copy that still carried it (its marker says so), never twice.
+    async fn as_of_now(&self, accounts: Vec<Account>) -> StoreResult<Vec<Account>> {
+        let holding: Vec<&AccountId> = accounts
+            .iter()
+            .filter(|a| a.pending_debits > 0 || a.pending_credits > 0)
+            .map(|a| &a.id)
+            .collect();
+        if holding.is_empty() {
+            return Ok(accounts);
+        }
+        let now = self.store.server_time_lower_bound().await?;
+        let expired = self.store.expired_holds_touching(&holding, now).await?;
+        Ok(accounts.into_iter().map(|a| a.without(&expired)).collect())
+    }
+
+    /// The stored transfer, for the protocol (no view applied).
     pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
         self.store
             .transfer(id)
@@ -420,12 +444,28 @@ impl Bank {
             .ok_or(ServiceError::TransferNotFound(id))
     }
 
+    /// A transfer as it stands now: a hold past its `expiresAt` reads as expired (see
+    /// [`Transfer::as_of`]).
+    pub async fn read_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
+        let transfer = self.find_transfer(id).await?;
+        let now = self.store.server_time_lower_bound().await?;
+        Ok(transfer.as_of(now))
+    }
+
+    /// Transfers newest first, as they stand now; a listing of `held` ones leaves out
+    /// the holds past their expiry.
     pub async fn transfers(
         &self,
         filter: &TransferFilter,
         limit: u32,
     ) -> ServiceResult<Vec<Transfer>> {
-        Ok(self.store.list_transfers(filter, limit).await?)
+        let now = self.store.server_time_lower_bound().await?;
+        let mut filter = filter.clone();
+        if filter.state == Some(TransferState::Held) {
+            filter.unexpired_at = Some(now);
+        }
+        let listed = self.store.list_transfers(&filter, limit).await?;
+        Ok(listed.into_iter().map(|t| t.as_of(now)).collect())
     }
 
     /// The transfers touching an account, newest first; 404 for an unknown account.

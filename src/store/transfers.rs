@@ -260,6 +260,28 @@ impl Store {
         self.holds_expired_by(Some(source), now, limit).await
     }
 
+    /// Holds touching any of `accounts` that are past their `expiresAt` at `now` and not
+    /// captured (`held`, or `canceling` while released).
+    pub async fn expired_holds_touching(
+        &self,
+        accounts: &[&AccountId],
+        now: Timestamp,
+    ) -> StoreResult<Vec<Transfer>> {
+        let ids: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
+        let states = [TransferState::Held, TransferState::Canceling].map(TransferState::as_str);
+        let filter = doc! {
+            "state": { "$in": states.to_vec() },
+            "expiresAt": { "$lte": stored_time(now) },
+            "$or": [{ "source": { "$in": &ids } }, { "destination": { "$in": &ids } }],
+        };
+        let cursor = self
+            .transactions
+            .find(filter)
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
+        domain(cursor.try_collect().await?)
+    }
+
     async fn holds_expired_by(
         &self,
         source: Option<&AccountId>,
@@ -332,6 +354,9 @@ impl Store {
         let mut query = Document::new();
         if let Some(state) = filter.state {
             query.insert("state", state.as_str());
+        }
+        if let Some(now) = filter.unexpired_at {
+            query.insert("expiresAt", doc! { "$gt": stored_time(now) });
         }
         if let Some(account) = filter.account.as_ref().map(|a| a.as_str()) {
             query.insert(

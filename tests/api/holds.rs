@@ -459,3 +459,47 @@ async fn the_money_of_an_expired_hold_is_spendable_before_the_sweeper_comes() {
     assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 0));
     assert_books(&app, &["alice", "bob", "carol"], 1_000).await;
 }
+
+/// From `expiresAt` on, every read shows the hold expired and its money available, even
+/// before any sweeper has written it.
+#[tokio::test]
+async fn reads_show_an_expired_hold_as_expired_before_the_sweeper_comes() {
+    let app = support::spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3_600)).await;
+    alice_and_bob(&app).await;
+    let live = held(&app, 100).await;
+    let (status, body) = hold(&app, "alice", "bob", 300, json!({ "expiresInMs": 1_000 })).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let (_, read) = get_json(&app, &format!("/transfers/{id}")).await;
+    assert_eq!(
+        (&read["state"], &read["reason"]),
+        (&json!("canceled"), &json!("expired")),
+        "{read}"
+    );
+    assert_eq!(amounts(&app, "alice").await, (1_000, 900, 100, 0));
+    assert_eq!(amounts(&app, "bob").await, (0, 0, 0, 100));
+    let (_, listed) = get_json(&app, "/accounts").await;
+    let alice = &listed["items"][0];
+    assert_eq!(
+        (alice["id"].as_str(), alice["availableBalance"].as_i64()),
+        (Some("alice"), Some(900))
+    );
+    let (_, held_now) = get_json(&app, "/transfers?state=held").await;
+    let ids: Vec<&str> = held_now["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [live.as_str()], "only the live hold is held");
+    let (_, history) = get_json(&app, "/accounts/alice/transfers").await;
+    let expired = history["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id)
+        .expect("the hold is in the history");
+    assert_eq!(expired["reason"], "expired", "{expired}");
+}
