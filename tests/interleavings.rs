@@ -1034,6 +1034,60 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     assert_balances_and_no_markers(&app, 700, 300).await;
 }
 
+/// The same for a hold: a reservation whose reply is lost is sent again, and the owner
+/// records `held` only once the first copy can no longer land. Otherwise a void right
+/// after `held` releases the reservation, and the late copy reserves the money again,
+/// for ever: nothing would release it.
+#[tokio::test]
+async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
+    let lease = Duration::from_millis(2000);
+    let app = spawn_app_with(|s| s.stale_after = lease).await;
+    open_alice_and_bob(&app).await;
+    let mut before_reserve = failpoints::pause(&app.instance_id, "before_debit");
+    let (http, url) = (app.http.clone(), app.url("/transfers"));
+    let request = tokio::spawn(async move {
+        let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": {} });
+        let response = http.post(url).json(&body).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    });
+    before_reserve.reached().await;
+    let listed = app
+        .store
+        .list_transfers(&Default::default(), 1)
+        .await
+        .unwrap();
+    let id = listed[0].id;
+    let deadline = after(transfer(&app, id).await.last_modified, 1800);
+    failpoints::lose_reply(&app.instance_id);
+    before_reserve.resume();
+
+    let (status, body) = request.await.unwrap();
+    assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
+    let voided = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/void")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(voided.status(), 200);
+    // The first copy of the reservation, arriving now: it must not land.
+    let late = app
+        .store
+        .reserve_out(&account("alice"), id, amount(300), deadline)
+        .await
+        .unwrap();
+    assert!(
+        !late.applied,
+        "a late copy of the reservation landed after the void"
+    );
+    let alice = app.store.account(&account("alice")).await.unwrap().unwrap();
+    assert_eq!(
+        (alice.pending_debits, alice.pending_transactions.len()),
+        (0, 0)
+    );
+}
+
 /// Two processes under one `INSTANCE_ID` (a restart while the old process still has a
 /// write on its way, or a misconfiguration) never share a lease: each writes its own
 /// incarnation into `application`. The second one takes the first one's transfer over
