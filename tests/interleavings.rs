@@ -1088,6 +1088,56 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
     );
 }
 
+/// A cancel of a hold still being reserved rolls it back, even once the destination's
+/// reservation has landed: a reservation is not spendable, so a hold has no commit point
+/// before `held` (a transfer whose credit landed is completed and reversed instead).
+#[tokio::test]
+async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destination() {
+    let (owner, other) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&owner).await;
+    let mut paused = failpoints::pause(&owner.instance_id, "after_credit");
+    let (http, url) = (owner.http.clone(), owner.url("/transfers"));
+    let request = tokio::spawn(async move {
+        let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": {} });
+        let response = http.post(url).json(&body).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    });
+    paused.reached().await;
+    let id = owner
+        .store
+        .list_transfers(&Default::default(), 1)
+        .await
+        .unwrap()[0]
+        .id;
+    let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+    assert_eq!(
+        bob.pending_credits, 300,
+        "the destination's reservation landed"
+    );
+
+    let canceled = cancel(&other, id).await;
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+
+    assert_eq!(canceled["state"], "canceled", "{canceled}");
+    assert_eq!(canceled["reason"], "canceled_by_request");
+    assert_eq!(status, 409, "{body}");
+    for name in ["alice", "bob"] {
+        let a = owner.store.account(&account(name)).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                a.pending_debits,
+                a.pending_credits,
+                a.pending_transactions.len()
+            ),
+            (0, 0, 0),
+            "{name}: {a:?}"
+        );
+    }
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
 /// Two processes under one `INSTANCE_ID` (a restart while the old process still has a
 /// write on its way, or a misconfiguration) never share a lease: each writes its own
 /// incarnation into `application`. The second one takes the first one's transfer over
