@@ -130,7 +130,15 @@ impl Store {
         let debited = self
             .accounts
             .update_one(
-                doc! { "_id": &t.source, "balance": { "$gte": t.value } },
+                // The same invariants as a two-phase step: what holds reserve is not
+                // spendable, and pending credits leave room for their capture.
+                doc! {
+                    "_id": &t.source,
+                    "$expr": { "$gte": [
+                        { "$subtract": ["$balance", { "$ifNull": ["$pendingDebits", 0_i64] }] },
+                        t.value,
+                    ] },
+                },
                 doc! { "$inc": { "balance": -t.value }, "$set": { "updatedAt": now } },
             )
             .session(&mut *session)
@@ -146,7 +154,13 @@ impl Store {
         let credited = self
             .accounts
             .update_one(
-                doc! { "_id": &t.destination, "balance": { "$lte": MAX_MONEY - t.value } },
+                doc! {
+                    "_id": &t.destination,
+                    "$expr": { "$lte": [
+                        { "$add": ["$balance", { "$ifNull": ["$pendingCredits", 0_i64] }] },
+                        MAX_MONEY - t.value,
+                    ] },
+                },
                 doc! { "$inc": { "balance": t.value }, "$set": { "updatedAt": now } },
             )
             .session(&mut *session)

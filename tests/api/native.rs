@@ -330,3 +330,33 @@ async fn a_native_transaction_that_keeps_conflicting_gives_up_unavailable_and_mo
     assert_eq!(app.balance("alice").await, 900);
     assert_eq!(app.balance("bob").await, 100);
 }
+
+/// Held money is not spendable through the native strategy either: its debit keeps the
+/// same invariant as the two-phase one (available balance, not balance).
+#[tokio::test]
+async fn a_native_transfer_cannot_spend_held_money() {
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let hold = json!({ "source": "alice", "destination": "bob", "amount": 800, "hold": {} });
+    let response = app.post_json("/transfers", hold).await;
+    assert_eq!(response.status(), 201);
+
+    let refused = app
+        .post_json(
+            "/transfers",
+            json!({ "source": "alice", "destination": "bob", "amount": 300 }),
+        )
+        .await;
+
+    assert_recorded_canceled(
+        &app,
+        refused,
+        "insufficient_funds",
+        CancelReason::InsufficientFunds,
+    )
+    .await;
+    assert_eq!(app.balance("alice").await, 1000);
+    let (status, body) = app.transfer("alice", "bob", 200).await;
+    assert_eq!(status, 201, "the rest is spendable: {body}");
+}
