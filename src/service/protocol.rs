@@ -30,7 +30,7 @@ use crate::domain::{
     Account, AccountId, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent,
     TransferState,
 };
-use crate::store::accounts::Side;
+use crate::store::accounts::{Forward, Side};
 use crate::store::transfers::{Mover, StepFields};
 use crate::store::{StoreError, StoreResult};
 
@@ -220,18 +220,16 @@ impl Bank {
         };
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
             let deadline = self.lease_deadline(t);
-            let store = &self.store;
-            let (id, amount) = (t.id, t.amount);
-            let step = match (leg, t.hold) {
-                (Leg::Debit, None) => store.apply_debit(&account, id, amount, deadline).await?,
-                (Leg::Credit, None) => store.apply_credit(&account, id, amount, deadline).await?,
-                (Leg::Debit, Some(h)) => {
-                    store.reserve_out(&account, id, h.amount, deadline).await?
-                }
-                (Leg::Credit, Some(h)) => {
-                    store.reserve_in(&account, id, h.amount, deadline).await?
-                }
+            let (kind, amount) = match (leg, t.hold) {
+                (Leg::Debit, None) => (Forward::Debit, t.amount),
+                (Leg::Credit, None) => (Forward::Credit, t.amount),
+                (Leg::Debit, Some(h)) => (Forward::ReserveOut, h.amount),
+                (Leg::Credit, Some(h)) => (Forward::ReserveIn, h.amount),
             };
+            let step = self
+                .store
+                .forward(kind, &account, t.id, amount, deadline)
+                .await?;
             *quiet = (*quiet).max(step.uncertain_until);
             if step.applied {
                 tracing::debug!(transfer_id = %t.id, %account, ?leg, "account changed");

@@ -74,7 +74,7 @@ impl Store {
     }
 
     /// Step 3: debit the source, unless already applied, fenced by a cancel, or the
-    /// balance is short.
+    /// available balance is short.
     ///
     /// `deadline` is the end of the caller's lease on the transfer, compared with the
     /// server's clock (`$$NOW`): a step that reaches the server late, after another
@@ -86,18 +86,13 @@ impl Store {
         amount: Amount,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        failpoint!(self, "before_debit");
-        let change = Change {
-            balance: -amount.minor_units(),
-            ..Change::default()
-        };
-        self.change_account(account, tx, change, deadline).await
+        self.forward(Forward::Debit, account, tx, amount, deadline)
+            .await
     }
 
     /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
-    /// new balance would pass `MAX_MONEY`.
-    ///
-    /// `deadline` as for [`Store::apply_debit`].
+    /// balance and pending credits would pass `MAX_MONEY`. `deadline` as for
+    /// [`Store::apply_debit`].
     pub async fn apply_credit(
         &self,
         account: &AccountId,
@@ -105,17 +100,12 @@ impl Store {
         amount: Amount,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        failpoint!(self, "before_credit");
-        let change = Change {
-            balance: amount.minor_units(),
-            ..Change::default()
-        };
-        self.change_account(account, tx, change, deadline).await
+        self.forward(Forward::Credit, account, tx, amount, deadline)
+            .await
     }
 
-    /// A hold's step 3: reserve `amount` out of the source's available balance
-    /// (`pendingDebits`), unless already reserved, fenced, or the available balance is
-    /// short. `deadline` as for [`Store::apply_debit`].
+    /// A hold's step 3 (see [`Forward::ReserveOut`]). `deadline` as for
+    /// [`Store::apply_debit`].
     pub async fn reserve_out(
         &self,
         account: &AccountId,
@@ -123,29 +113,31 @@ impl Store {
         amount: Amount,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        failpoint!(self, "before_debit");
-        let change = Change {
-            debits: amount.minor_units(),
-            ..Change::default()
-        };
-        self.change_account(account, tx, change, deadline).await
+        self.forward(Forward::ReserveOut, account, tx, amount, deadline)
+            .await
     }
 
-    /// A hold's step 4: reserve `amount` into the destination (`pendingCredits`), unless
-    /// already reserved, fenced, or a capture could take the balance past `MAX_MONEY`.
-    /// `deadline` as for [`Store::apply_debit`].
-    pub async fn reserve_in(
+    /// Steps 3 and 4 of a transfer or a hold: `kind` of `amount` on `account`.
+    pub async fn forward(
         &self,
+        kind: Forward,
         account: &AccountId,
         tx: TransferId,
         amount: Amount,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        failpoint!(self, "before_credit");
-        let change = Change {
-            credits: amount.minor_units(),
-            ..Change::default()
-        };
+        let value = amount.minor_units();
+        let mut change = Change::default();
+        match kind {
+            Forward::Debit | Forward::ReserveOut => failpoint!(self, "before_debit"),
+            Forward::Credit | Forward::ReserveIn => failpoint!(self, "before_credit"),
+        }
+        match kind {
+            Forward::Debit => change.balance = -value,
+            Forward::Credit => change.balance = value,
+            Forward::ReserveOut => change.debits = value,
+            Forward::ReserveIn => change.credits = value,
+        }
         self.change_account(account, tx, change, deadline).await
     }
 
@@ -308,6 +300,20 @@ impl Store {
 pub enum Side {
     Source,
     Destination,
+}
+
+/// What a forward step does to its account (see `docs/holds.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forward {
+    /// A transfer's debit of the source's balance.
+    Debit,
+    /// A transfer's credit of the destination's balance.
+    Credit,
+    /// A hold's reservation out of the source's available balance (`pendingDebits`).
+    ReserveOut,
+    /// A hold's reservation into the destination (`pendingCredits`), refused if a
+    /// capture could take the balance past `MAX_MONEY`.
+    ReserveIn,
 }
 
 /// What a forward step adds to an account's amounts.
