@@ -295,17 +295,8 @@ impl Store {
         if let Some(source) = source {
             filter.insert("source", source.as_str());
         }
-        let options = FindOptions::builder()
-            .sort(doc! { "expiresAt": 1 })
-            .limit(i64::from(limit))
-            .build();
-        let cursor = self
-            .transactions
-            .find(filter)
-            .with_options(options)
-            .max_time(super::READ_TIME_LIMIT)
-            .await?;
-        domain(cursor.try_collect().await?)
+        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
+            .await
     }
 
     /// Forgets that a finished transfer's accounts are fenced, once the fences are gone.
@@ -332,8 +323,19 @@ impl Store {
 
     /// At most `limit` transfers matching `filter`, least recently modified first.
     async fn oldest_first(&self, filter: Document, limit: u32) -> StoreResult<Vec<Transfer>> {
+        self.find_sorted(filter, doc! { "lastModified": 1 }, limit)
+            .await
+    }
+
+    /// At most `limit` transfers matching `filter`, in `sort` order.
+    async fn find_sorted(
+        &self,
+        filter: Document,
+        sort: Document,
+        limit: u32,
+    ) -> StoreResult<Vec<Transfer>> {
         let options = FindOptions::builder()
-            .sort(doc! { "lastModified": 1 })
+            .sort(sort)
             .limit(i64::from(limit))
             .build();
         let cursor = self
@@ -367,17 +369,7 @@ impl Store {
         if let Some(before) = filter.before {
             query.insert("_id", doc! { "$lt": object_id(before) });
         }
-        let options = FindOptions::builder()
-            .sort(doc! { "_id": -1 })
-            .limit(i64::from(limit))
-            .build();
-        let cursor = self
-            .transactions
-            .find(query)
-            .with_options(options)
-            .max_time(super::READ_TIME_LIMIT)
-            .await?;
-        domain(cursor.try_collect().await?)
+        self.find_sorted(query, doc! { "_id": -1 }, limit).await
     }
 }
 
