@@ -1,5 +1,5 @@
 //! The benchmark: `cargo run --release --example bench [-- --quick] [--out DIR]
-//! [--parts limit,twophase,native,seed,overload]`.
+//! [--parts limit,twophase,native,seed,overload,holds]`.
 //!
 //! In one run, against one database server started for it (a SecantusDB daemon with
 //! `--sync-on-commit`, or the server of `MONGODB_URI`), it measures side by side:
@@ -14,13 +14,17 @@
 //! 5. the cost: the server's CPU seconds per thousand transfers and its peak RSS;
 //! 6. overload: two-phase offered 2 and 5 times its capacity, open loop, answering
 //!    synchronously or with `Prefer: respond-async` (goodput, answers, time until every
-//!    accepted transfer is terminal, peak RSS, money conserved).
+//!    accepted transfer is terminal, peak RSS, money conserved);
+//! 7. holds: plain transfers, holds created and holds captured per second and their
+//!    latency, side by side at each concurrency (money conserved, no reservation left).
 //!
 //! It writes `results.json`, `results.md` and `plot.svg` into the results folder
 //! (default `results/<UTC timestamp>`) and prints the Markdown at the end.
 
 #[path = "bench/driver.rs"]
 mod driver;
+#[path = "bench/holds.rs"]
+mod holds;
 #[path = "bench/limit.rs"]
 mod limit;
 #[path = "bench/overload.rs"]
@@ -41,6 +45,7 @@ use std::time::Instant;
 use clap::{Parser, ValueEnum};
 use mongodb::bson::doc;
 
+use crate::holds::HoldsPlan;
 use crate::limit::LimitPlan;
 use crate::overload::OverloadPlan;
 use crate::procs::{Daemon, project_root};
@@ -54,6 +59,7 @@ enum Part {
     Native,
     Seed,
     Overload,
+    Holds,
 }
 
 /// Measures the database's limit, the service's two strategies and the seed scenario.
@@ -71,7 +77,7 @@ struct Cli {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "limit,twophase,native,seed,overload"
+        default_value = "limit,twophase,native,seed,overload,holds"
     )]
     parts: Vec<Part>,
     /// Client concurrencies of the closed-loop parts, comma-separated.
@@ -92,6 +98,7 @@ struct Plans {
     closed: ClosedPlan,
     seed: SeedPlan,
     overload: OverloadPlan,
+    holds: HoldsPlan,
 }
 
 fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
@@ -140,6 +147,15 @@ fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
             give_up_after_goal_s: if quick { 30.0 } else { 60.0 },
             goal_goodput_fraction: 0.8,
             goal_peak_rss_mib: 64.0,
+        },
+        holds: HoldsPlan {
+            concurrencies: if quick { vec![8] } else { vec![8, 32, 128] },
+            warmup_s: warmup,
+            window_s: window,
+            accounts: if quick { 100 } else { 1000 },
+            opening_balance: 1_000_000_000_000,
+            amount: 1,
+            expires_in_ms: 3_600_000,
         },
     }
 }
@@ -227,8 +243,11 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
     let mut notes = Vec::new();
     eprintln!("[bench] results go to {}", out.display());
 
-    let needs_server =
-        wants(Part::Twophase) || wants(Part::Native) || wants(Part::Seed) || wants(Part::Overload);
+    let needs_server = wants(Part::Twophase)
+        || wants(Part::Native)
+        || wants(Part::Seed)
+        || wants(Part::Overload)
+        || wants(Part::Holds);
     let server_binary = if needs_server {
         let t = Instant::now();
         match tokio::task::spawn_blocking(procs::build_server)
@@ -384,9 +403,21 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         overload_result = Some(overload::run(ctx, &plans.overload, measured).await);
         part_seconds.push(("overload".to_owned(), t.elapsed().as_secs_f64()));
     }
-    let violations = overload_result
+    // Part 7.
+    let mut holds_result = None;
+    if let (Some(ctx), true) = (&ctx, wants(Part::Holds)) {
+        let t = Instant::now();
+        holds_result = Some(holds::run(ctx, &plans.holds).await);
+        part_seconds.push(("holds".to_owned(), t.elapsed().as_secs_f64()));
+    }
+    let mut violations = overload_result
         .as_ref()
         .map_or_else(Vec::new, overload::OverloadResult::violations);
+    violations.extend(
+        holds_result
+            .as_ref()
+            .map_or_else(Vec::new, holds::HoldsResult::violations),
+    );
 
     notes.push(
         "Closed loop: a request counts when it answers inside the measured window. HTTP/1.1 keep-alive, one connection per client.".to_owned(),
@@ -427,6 +458,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         closed_plan: plans.closed.clone(),
         seed_plan: plans.seed.clone(),
         overload: overload_result,
+        holds: holds_result,
         part_seconds,
         total_seconds: clock.elapsed().as_secs_f64(),
         notes,
@@ -450,7 +482,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
     );
     if !violations.is_empty() {
         eprintln!(
-            "bench: {} VIOLATION(S) under overload (money, markers or accepted transfers):",
+            "bench: {} VIOLATION(S) (money, markers, accepted transfers or holds):",
             violations.len()
         );
         for v in &violations {

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::holds::HoldsResult;
 use crate::limit::LimitResult;
 use crate::overload::{OverloadResult, answers_brief};
 use crate::service::{ClosedPlan, Point, SeedPlan, StrategyResult};
@@ -69,6 +70,8 @@ pub struct Results {
     pub seed_plan: SeedPlan,
     /// Part 6, when it ran.
     pub overload: Option<OverloadResult>,
+    /// Part 7, when it ran.
+    pub holds: Option<HoldsResult>,
     /// Wall-clock seconds of each part in the order run (build, limit, two-phase, native;
     /// a strategy's time includes its seed scenario, which is also listed alone).
     pub part_seconds: Vec<(String, f64)>,
@@ -432,6 +435,9 @@ pub fn markdown(r: &Results) -> String {
     if let Some(o) = &r.overload {
         overload_section(&mut md, o);
     }
+    if let Some(h) = &r.holds {
+        holds_section(&mut md, h);
+    }
 
     // Failures.
     let mut failure_lines = Vec::new();
@@ -514,6 +520,49 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(md, "- {note}");
     }
     md
+}
+
+fn holds_section(md: &mut String, h: &HoldsResult) {
+    let _ = writeln!(
+        md,
+        "## Holds: created and captured, beside plain transfers\n"
+    );
+    if !h.available {
+        let reason = h.unavailable_reason.as_deref().unwrap_or("unknown");
+        let _ = writeln!(md, "Not measured: {reason}.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "One service and database; at each concurrency, closed loop over random pairs of the accounts: plain transfers (201 `done`), then holds created (201 `held`), then the holds just created captured whole (200 `done`, measured over half the window). Per second; latency in ms of the successful answers.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| c | transfers/s | p50 | p99 | holds created/s | p50 | p99 | holds captured/s | p50 | p99 |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let cells = |m: &crate::driver::Measured| {
+        let (p50, p99) = m
+            .latency
+            .as_ref()
+            .map_or((f64::NAN, f64::NAN), |l| (l.p50_ms, l.p99_ms));
+        format!("{} | {} | {}", num(m.units_per_s), num(p50), num(p99))
+    };
+    for p in &h.points {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            p.concurrency,
+            cells(&p.transfers),
+            cells(&p.holds_created),
+            cells(&p.holds_captured)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nMoney {} before, {} after; pending debits {} and pending credits {} left (holds created but not captured in the window).\n",
+        h.money_before, h.money_after, h.pending_debits_left, h.pending_credits_left
+    );
 }
 
 fn overload_section(md: &mut String, o: &OverloadResult) {

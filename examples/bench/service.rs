@@ -196,7 +196,7 @@ pub fn random_pair(ids: &[String]) -> (&str, &str) {
 }
 
 /// Opens `ids` through POST /accounts, 16 at a time.
-async fn open_accounts(
+pub async fn open_accounts(
     http: &reqwest::Client,
     base: &str,
     ids: &[String],
