@@ -1,8 +1,13 @@
 //! The bank test, after Jepsen's bank workload: several instances of the service on one
 //! database, clients making many concurrent transfers among a dozen accounts (three of
-//! them hot) with cancels, asynchronous transfers and idempotent retries mixed in, while
-//! a nemesis kills instances with SIGKILL and restarts them, and restarts the database
-//! process once in the middle. The instances do not have it easy either:
+//! them hot) with cancels, asynchronous transfers, idempotent retries and holds mixed in,
+//! while a nemesis kills instances with SIGKILL and restarts them, and restarts the
+//! database process once in the middle. About a fifth of the requests are holds (the
+//! same accounts, references and idempotency keys as transfers) that expire within
+//! [`HOLD_EXPIRES_MS`]; after a random short delay each is captured in full, captured in
+//! part, voided, or left to expire (and now and then captured or voided after its
+//! expiry, or its request replayed), by requests to random live instances that are
+//! retried like the others. The instances do not have it easy either:
 //!
 //! - a bad network: the instances of the slots in [`PROXIED`] (the first) reach the
 //!   database through a TCP proxy on the loopback (`support::proxy`) that delays every
@@ -18,7 +23,8 @@
 //!   keep the real clock, and every start checks the skew took;
 //! - cancels of transfers being recovered: right after each kill, up to
 //!   [`RECOVERY_CANCELS_PER_KILL`] unfinished transfers of the dead instance (those it
-//!   owned, and those recorded for the requests that were outstanding on it) are
+//!   owned, holds it was reserving or capturing among them, and those recorded for the
+//!   requests that were outstanding on it) are
 //!   canceled on the surviving instances, some twice at once, each within
 //!   [`RECOVERY_CANCEL_WITHIN_MS`] ms of the kill, while the sweepers take them over.
 //!
@@ -27,13 +33,23 @@
 //! checks:
 //!
 //! - the total balance is unchanged and no balance is negative;
-//! - every transfer is terminal and no `pendingTransactions` entry is left;
+//! - every transfer is terminal (every hold captured, voided or expired: they all expire
+//!   within seconds) and no `pendingTransactions` entry is left;
 //! - every balance equals its opening balance plus the `done` transfers into it minus the
-//!   `done` transfers out of it (so no money moved outside a finished transfer);
+//!   `done` transfers out of it (a captured hold moved its captured `amount`), so no money
+//!   moved outside a finished transfer;
+//! - no account keeps `pendingDebits` or `pendingCredits`, and the two sums are equal;
+//! - during the run, every [`SAMPLE_EVERY_MS`] ms, every account read straight from the
+//!   store has a non-negative balance and pending sums, an available balance
+//!   (`balance - pendingDebits`) that is not negative, and `balance + pendingCredits` at
+//!   most 2^53-1 (the two sums are written in two account writes, so their equality is
+//!   only checked at the end);
 //! - no idempotency key was answered with two transfers or recorded twice, and every key
 //!   answered with a transfer is recorded on that very transfer;
 //! - every transfer was asked for by a client (each request carries a unique `reference`)
-//!   and matches that request; no request made two transfers;
+//!   and matches that request (a hold: `heldAmount` is the amount asked for, and its
+//!   `amount` is the held one, or once captured the captured one, at most the held one);
+//!   no request made two transfers;
 //! - reversals: each points to an original that is `done`, mirrors it (same amount,
 //!   accounts swapped), and once `done` is the original's `reversedBy`; an original has at
 //!   most one `done` reversal, and its `reversedBy` names a `done` reversal of it; no
@@ -47,12 +63,24 @@
 //!   cancel answered `done` with `reversedBy` has that reversal `done`; a cancel refused
 //!   with `insufficient_funds` leaves the original `done` and not reversed by the refused
 //!   attempt; a 202 ends terminal;
+//! - every answer about a hold agrees with the final state: 201 `held` is stored as that
+//!   hold (held amount, `expiresAt`) and ends captured, voided or expired; a replay
+//!   answered 201 `done` ends `done` with the answered amount; 409 `transfer_canceled`
+//!   ends `canceled` by request, voided or expired; a capture answered 200 with amount M
+//!   ends `done` with amount M, and was sent before `expiresAt`; a void answered 200 ends
+//!   `canceled` with the answered reason (`voided` or `expired`); 409
+//!   `hold_already_captured` ends `done` (for a capture: with another amount than the one
+//!   it asked for, so a retried capture answers its own result); `hold_voided` ends
+//!   `canceled` (`voided`); `hold_expired` ends `canceled` (`expired`) and was answered
+//!   after `expiresAt`; and all the answers about one hold name at most one winner
+//!   (captured with one amount, voided, expired or canceled);
 //! - only the problem codes this scenario can legitimately produce are answered (any
 //!   other 4xx or 5xx is a violation), and requests that never got a definitive answer are
 //!   counted and looked up at the end (their transfer, if recorded, must be terminal).
 //!
-//! It runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did, with the
-//! proxy's counts and the skews in its summary line.
+//! It runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did (holds by
+//! plan and by outcome among them), with the proxy's counts and the skews in its summary
+//! line.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -67,7 +95,9 @@ use support::process::{Instance, InstanceConfig, clock_offset, faketime_env};
 use support::proxy::{Faults, Proxy};
 use support::{Daemon, fresh_database_name};
 use tokio_util::sync::CancellationToken;
-use transfer_service::domain::{Account, CancelReason, Transfer, TransferId, TransferState};
+use transfer_service::domain::{
+    Account, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferId, TransferState,
+};
 use transfer_service::store::Store;
 
 const ACCOUNTS: usize = 12;
@@ -99,6 +129,16 @@ const RECOVERY_CANCELS_PER_KILL: usize = 8;
 /// ...each at a random moment within this long after the kill (a lease and a half: some
 /// before the sweepers may take it over, some while they do, some after).
 const RECOVERY_CANCEL_WITHIN_MS: u64 = 1500;
+/// Percent of the client requests that are holds.
+const HOLD_PERCENT: u32 = 20;
+/// A hold's `expiresInMs`, drawn from this range: short, so that some captures and voids
+/// lose the race with the expiry and every hold left alone expires during the run.
+const HOLD_EXPIRES_MS: std::ops::RangeInclusive<u64> = 1000..=4000;
+/// How far the test's clock and the database's may disagree when an answer is compared
+/// with a hold's `expiresAt` (the same host's clock; the stored times are milliseconds).
+const CLOCK_TOLERANCE_MS: i64 = 50;
+/// How often the sampler reads every account during the run.
+const SAMPLE_EVERY_MS: u64 = 200;
 
 fn account(i: usize) -> String {
     format!("acct-{i:02}")
@@ -122,27 +162,99 @@ struct Request {
     source: String,
     destination: String,
     amount: i64,
+    /// A hold's `expiresInMs`; `None` for a plain transfer.
+    hold: Option<u64>,
 }
 
 impl Request {
     fn body(&self) -> Value {
-        json!({
+        let mut body = json!({
             "source": self.source,
             "destination": self.destination,
             "amount": self.amount,
             "reference": self.reference,
-        })
+        });
+        if let Some(expires_in_ms) = self.hold {
+            body["hold"] = json!({ "expiresInMs": expires_in_ms });
+        }
+        body
     }
 
-    /// Why `t` is not the transfer this request asked for, if it is not.
+    /// Why `t` is not the transfer this request asked for, if it is not. A hold reserved
+    /// the amount asked for; its `amount` is the held one until a capture makes it the
+    /// captured one, which is at most the held one.
     fn mismatch(&self, t: &Transfer) -> Option<String> {
+        let amounts = match (self.hold, t.hold) {
+            (None, None) => t.amount.minor_units() == self.amount,
+            (Some(_), Some(hold)) => {
+                hold.amount.minor_units() == self.amount
+                    && t.amount <= hold.amount
+                    && (matches!(t.state, TransferState::Done | TransferState::Capturing)
+                        || t.amount == hold.amount)
+            }
+            _ => false,
+        };
         let same = t.source.as_str() == self.source
             && t.destination.as_str() == self.destination
-            && t.amount.minor_units() == self.amount
+            && amounts
             && t.reference.as_ref().map(|r| r.as_str()) == Some(self.reference.as_str())
             && t.reverses.is_none();
         (!same).then(|| format!("transfer {t:?} does not match its request {self:?}"))
     }
+}
+
+/// What a client does with a hold it was answered `held` for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum HoldPlan {
+    CaptureAll,
+    CapturePart,
+    Void,
+    /// Left alone until its expiry...
+    Expire,
+    /// ...then captured, too late...
+    ExpireThenCapture,
+    /// ...or voided, too late.
+    ExpireThenVoid,
+}
+
+impl HoldPlan {
+    fn label(self) -> &'static str {
+        match self {
+            HoldPlan::CaptureAll => "capture all",
+            HoldPlan::CapturePart => "capture part",
+            HoldPlan::Void => "void",
+            HoldPlan::Expire => "left to expire",
+            HoldPlan::ExpireThenCapture => "left to expire, then captured",
+            HoldPlan::ExpireThenVoid => "left to expire, then voided",
+        }
+    }
+}
+
+/// A capture or a void of a hold, as sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// A capture of `amount` (`None`: no body, so the whole hold).
+    Capture {
+        amount: Option<i64>,
+    },
+    Void,
+}
+
+impl Settle {
+    fn path(self) -> &'static str {
+        match self {
+            Settle::Capture { .. } => "capture",
+            Settle::Void => "void",
+        }
+    }
+}
+
+/// A hold as its 201 `held` answer described it.
+#[derive(Debug, Clone)]
+struct HeldHold {
+    id: String,
+    held: i64,
+    expires_at: Timestamp,
 }
 
 /// A definitive answer a client got, kept to be compared with the final state.
@@ -158,6 +270,16 @@ enum Answer {
     /// A cancel of transfer `id` answered 200 or 422.
     Cancel {
         id: String,
+        status: u16,
+        body: Value,
+    },
+    /// A capture or a void of `hold` answered 200 or 409; `first_sent` is when its first
+    /// attempt left, `answered` when this answer came (the test's clock, the database's).
+    Settle {
+        hold: HeldHold,
+        settle: Settle,
+        first_sent: Timestamp,
+        answered: Timestamp,
         status: u16,
         body: Value,
     },
@@ -195,6 +317,11 @@ struct History {
     /// The killed instances' unfinished transfers canceled on the survivors, by the state
     /// they were found in.
     recovery_targets: BTreeMap<String, u64>,
+    /// Holds answered `held`, by what their client did with them.
+    hold_plans: BTreeMap<HoldPlan, u64>,
+    /// Captures and voids whose outcome the client never learned (every attempt lost its
+    /// connection or was answered 503).
+    settles_unknown: u64,
 }
 
 impl History {
@@ -235,14 +362,15 @@ fn retryable(status: u16, code: &str) -> bool {
 }
 
 /// One transfer request, retried on another instance with the same idempotency key when
-/// the answer is lost (a killed instance) or the database is unavailable.
+/// the answer is lost (a killed instance) or the database is unavailable. The definitive
+/// answer, if one came (its status and body).
 async fn transfer(
     http: &reqwest::Client,
     bases: &Bases,
     history: &Mutex<History>,
     request: &Request,
     respond_async: bool,
-) {
+) -> Option<(u16, Value)> {
     let attempts = if request.key.is_some() {
         KEYED_ATTEMPTS
     } else {
@@ -303,7 +431,7 @@ async fn transfer(
             attempt,
             &answer,
         ) {
-            return;
+            return Some((status, answer));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -315,6 +443,7 @@ async fn transfer(
         h.count("transfer: never sent");
         h.unsent += 1;
     }
+    None
 }
 
 /// Records one transfer answer; false when it asks for a retry (503).
@@ -333,9 +462,19 @@ fn record(
         _ => answer["transferId"].as_str(),
     }
     .map(str::to_owned);
+    let state = answer["state"].as_str().and_then(TransferState::parse);
     let mut h = history.lock().unwrap();
     h.count(&format!(
-        "transfer: {status}{}{}{}",
+        "{}: {status}{}{}{}{}",
+        if request.hold.is_some() {
+            "hold"
+        } else {
+            "transfer"
+        },
+        match (status, state) {
+            (201, Some(state)) if request.hold.is_some() => format!(" {state}"),
+            _ => String::new(),
+        },
         if code.is_empty() {
             String::new()
         } else {
@@ -347,13 +486,19 @@ fn record(
     if retryable(status, code) {
         return false;
     }
-    let state = answer["state"].as_str().and_then(TransferState::parse);
     // The answers this scenario can legitimately produce; everything else is a
     // violation (no account is ever missing, no balance can come near overflowing, no
-    // key is reused with another body, every request is well formed).
+    // key is reused with another body, every request is well formed). A hold is
+    // answered `held`, or, replayed after its capture, `done`.
     let legitimate = match (status, code) {
-        (201, "") => state == Some(TransferState::Done),
-        (202, "") => state.is_some_and(|s| !s.is_terminal()),
+        (201, "") => match request.hold {
+            None => state == Some(TransferState::Done),
+            Some(_) => {
+                state == Some(TransferState::Held)
+                    || (replayed && state == Some(TransferState::Done))
+            }
+        },
+        (202, "") => state.is_some_and(|s| !s.is_terminal() && s != TransferState::Held),
         (409, "transfer_canceled") | (422, "insufficient_funds") => true,
         _ => false,
     };
@@ -372,7 +517,7 @@ fn record(
         ));
     }
     let id = id.unwrap();
-    if status == 201 {
+    if status == 201 && state == Some(TransferState::Done) {
         h.done.insert(id.clone());
     }
     if let Some(key) = &request.key {
@@ -474,12 +619,208 @@ async fn cancel_one(
     }
 }
 
+/// A hold request; if it is answered `held`, what its client does with the hold (after a
+/// short random delay: capture all or part, void, or leave it to expire) goes on in a
+/// task of its own, returned, so that the client makes its next request meanwhile.
+async fn hold(
+    http: &reqwest::Client,
+    bases: &Bases,
+    history: &Arc<Mutex<History>>,
+    request: &Request,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let (status, answer) = transfer(http, bases, history, request, false).await?;
+    if status != 201 || answer["state"] != "held" {
+        return None;
+    }
+    let held = HeldHold {
+        id: answer["id"].as_str()?.to_owned(),
+        held: answer["heldAmount"].as_i64()?,
+        expires_at: answer["expiresAt"].as_str()?.parse().ok()?,
+    };
+    let (http, bases, history) = (http.clone(), bases.clone(), history.clone());
+    let request = request.clone();
+    Some(tokio::spawn(async move {
+        follow_hold(&http, &bases, &history, &request, held).await;
+    }))
+}
+
+/// What a client does with a hold it was answered `held` for (see [`HoldPlan`]); then,
+/// now and then, it replays the hold's request with its idempotency key.
+async fn follow_hold(
+    http: &reqwest::Client,
+    bases: &Bases,
+    history: &Mutex<History>,
+    request: &Request,
+    hold: HeldHold,
+) {
+    let expires_in_ms = request.hold.expect("a hold request");
+    let (plan, delay_ms, part) = {
+        let mut rng = rand::rng();
+        let plan = match rng.random_range(0..100) {
+            0..=29 => HoldPlan::CaptureAll,
+            30..=54 => HoldPlan::CapturePart,
+            55..=79 => HoldPlan::Void,
+            80..=89 => HoldPlan::Expire,
+            90..=94 => HoldPlan::ExpireThenCapture,
+            _ => HoldPlan::ExpireThenVoid,
+        };
+        let delay_ms = match plan {
+            // Mostly before the expiry; the slowest race it.
+            HoldPlan::CaptureAll | HoldPlan::CapturePart | HoldPlan::Void => {
+                rng.random_range(0..=expires_in_ms * 3 / 4)
+            }
+            // Past the expiry by the test's clock (the database's).
+            _ => {
+                let left = (hold.expires_at - chrono::Utc::now())
+                    .num_milliseconds()
+                    .max(0) as u64;
+                left + rng.random_range(100..=800)
+            }
+        };
+        let part = match plan {
+            // Half the time with no body, half with the whole amount in it.
+            HoldPlan::CaptureAll | HoldPlan::ExpireThenCapture => {
+                rng.random_bool(0.5).then_some(hold.held)
+            }
+            _ => Some(rng.random_range(1..=hold.held)),
+        };
+        (plan, delay_ms, part)
+    };
+    *history.lock().unwrap().hold_plans.entry(plan).or_default() += 1;
+    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    let settle = match plan {
+        HoldPlan::CaptureAll | HoldPlan::CapturePart | HoldPlan::ExpireThenCapture => {
+            Some(Settle::Capture { amount: part })
+        }
+        HoldPlan::Void | HoldPlan::ExpireThenVoid => Some(Settle::Void),
+        HoldPlan::Expire => None,
+    };
+    if let Some(settle) = settle {
+        settle_hold(http, bases, history, &hold, settle).await;
+    }
+    if request.key.is_some() && rand::rng().random_bool(0.25) {
+        transfer(http, bases, history, request, false).await;
+    }
+}
+
+/// One capture or void of `hold`, retried on a random live instance (the same amount)
+/// when the connection is lost or the database is unavailable.
+async fn settle_hold(
+    http: &reqwest::Client,
+    bases: &Bases,
+    history: &Mutex<History>,
+    hold: &HeldHold,
+    settle: Settle,
+) {
+    let label = settle.path();
+    let first_sent = chrono::Utc::now();
+    for attempt in 0..KEYED_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let Some((_, base)) = live_base(bases, &mut rand::rng()) else {
+            continue;
+        };
+        let mut http_request = http.post(format!("{base}/transfers/{}/{label}", hold.id));
+        if let Settle::Capture {
+            amount: Some(amount),
+        } = settle
+        {
+            http_request = http_request.json(&json!({ "amount": amount }));
+        }
+        let retry = if attempt > 0 { " (retry)" } else { "" };
+        let response = match http_request.send().await {
+            Ok(r) => r,
+            Err(_) => {
+                history
+                    .lock()
+                    .unwrap()
+                    .count(&format!("{label}: connection lost"));
+                continue;
+            }
+        };
+        let status = response.status().as_u16();
+        let Ok(answer) = response.json::<Value>().await else {
+            history
+                .lock()
+                .unwrap()
+                .count(&format!("{label}: body lost"));
+            continue;
+        };
+        let answered = chrono::Utc::now();
+        let code = code_of(&answer);
+        let mut h = history.lock().unwrap();
+        h.count(&format!(
+            "{label}: {status} {}{retry}",
+            match status {
+                200 => answer["state"].as_str().unwrap_or("?"),
+                _ => code,
+            }
+        ));
+        if retryable(status, code) {
+            continue;
+        }
+        let wanted = match settle {
+            Settle::Capture { amount } => amount.unwrap_or(hold.held),
+            Settle::Void => 0,
+        };
+        let state = answer["state"].as_str().and_then(TransferState::parse);
+        let reason = answer["reason"].as_str().and_then(CancelReason::parse);
+        // What a capture or a void of a hold that was `held` may answer.
+        let legitimate = match (settle, status, code) {
+            (Settle::Capture { .. }, 200, "") => {
+                answer["id"] == hold.id.as_str()
+                    && matches!(state, Some(TransferState::Done | TransferState::Capturing))
+                    && answer["amount"] == wanted
+                    && answer["heldAmount"] == hold.held
+            }
+            (
+                Settle::Capture { .. },
+                409,
+                "hold_already_captured" | "hold_voided" | "hold_expired",
+            )
+            | (Settle::Void, 409, "hold_already_captured") => {
+                answer["transferId"] == hold.id.as_str()
+            }
+            (Settle::Void, 200, "") => {
+                answer["id"] == hold.id.as_str()
+                    && matches!(
+                        state,
+                        Some(TransferState::Canceled | TransferState::Canceling)
+                    )
+                    && matches!(reason, Some(CancelReason::Voided | CancelReason::Expired))
+            }
+            _ => false,
+        };
+        if legitimate {
+            h.seen.push(Answer::Settle {
+                hold: hold.clone(),
+                settle,
+                first_sent,
+                answered,
+                status,
+                body: answer,
+            });
+        } else {
+            h.violations.push(format!(
+                "{label} {settle:?} of hold {} answered {status}: {answer}",
+                hold.id
+            ));
+        }
+        return;
+    }
+    let mut h = history.lock().unwrap();
+    h.count(&format!("{label}: no definitive answer"));
+    h.settles_unknown += 1;
+}
+
 async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: CancellationToken) {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
     let mut n = 0u64;
+    let mut holds = Vec::new();
     while !stop.is_cancelled() {
         n += 1;
         let (choice, request) = {
@@ -497,12 +838,15 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
                 source: account(source),
                 destination: account(destination),
                 amount: rng.random_range(1..=300),
+                hold: None,
             };
             (rng.random_range(0..100), request)
         };
         match choice {
             0..=9 => cancel(&http, &bases, &history).await,
-            10..=14 => transfer(&http, &bases, &history, &request, true).await,
+            10..=14 => {
+                transfer(&http, &bases, &history, &request, true).await;
+            }
             15..=24 => {
                 // A client retrying a request whose answer it already had.
                 let request = Request {
@@ -513,14 +857,27 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
                     transfer(&http, &bases, &history, &request, false).await;
                 }
             }
-            _ => transfer(&http, &bases, &history, &request, false).await,
+            c if c >= 100 - HOLD_PERCENT => {
+                let request = Request {
+                    hold: Some(rand::rng().random_range(HOLD_EXPIRES_MS)),
+                    ..request
+                };
+                holds.extend(hold(&http, &bases, &history, &request).await);
+            }
+            _ => {
+                transfer(&http, &bases, &history, &request, false).await;
+            }
         }
+    }
+    for h in holds {
+        h.await.unwrap();
     }
 }
 
 /// Right after the instance in slot `victim`, `owner`, was killed: cancels, on the
 /// surviving instances, the transfers it left unfinished (those it owned, and those
-/// recorded for the requests that were outstanding on it; reversals aside), each at a
+/// recorded for the requests that were outstanding on it; holds it was reserving or
+/// capturing among them; reversals aside), each at a
 /// random moment within [`RECOVERY_CANCEL_WITHIN_MS`], some twice at once, so that the
 /// cancels race the sweepers taking the same transfers over.
 async fn cancel_recovering(
@@ -532,7 +889,7 @@ async fn cancel_recovering(
     references: Vec<String>,
 ) {
     let filter = doc! {
-        "state": { "$in": ["initial", "pending", "applied", "canceling"] },
+        "state": { "$in": ["initial", "pending", "applied", "canceling", "capturing"] },
         "reverses": { "$exists": false },
         "$or": [
             // Names are [a-z0-9-]: nothing to escape.
@@ -726,12 +1083,81 @@ fn unsettled(transfers: &[Transfer], accounts: &[Account]) -> Vec<String> {
                 a.id, a.pending_transactions
             ));
         }
+        if a.pending_debits != 0 || a.pending_credits != 0 {
+            left.push(format!(
+                "{} keeps pendingDebits {} and pendingCredits {}",
+                a.id, a.pending_debits, a.pending_credits
+            ));
+        }
     }
     left
 }
 
-/// Compares one definitive answer a client got with the final state.
-fn check_answer(answer: &Answer, by_id: &HashMap<TransferId, &Transfer>, checks: &mut Checks) {
+/// Reads every account straight from the store every [`SAMPLE_EVERY_MS`] until `stop`,
+/// and checks what must hold of each at every moment: the balance and the pending sums
+/// are not negative, the available balance is not negative, and every capture could land
+/// (`balance + pendingCredits <= MAX_MONEY`). The two sums are written by two account
+/// writes, so their equality is left to the end. Returns the checks, the number of
+/// complete samples and of failed reads (the database restarting).
+async fn sample_accounts(store: Store, stop: CancellationToken) -> (Checks, u64, u64) {
+    let mut checks = Checks::default();
+    let (mut samples, mut failed) = (0, 0);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_millis(SAMPLE_EVERY_MS)) => {}
+        }
+        let read = tokio::time::timeout(Duration::from_secs(2), store.list_accounts(None, 1000));
+        let accounts = match read.await {
+            Ok(Ok(accounts)) => accounts,
+            _ => {
+                failed += 1;
+                continue;
+            }
+        };
+        samples += 1;
+        for a in &accounts {
+            checks.check(
+                "sampled during the run: no negative balance or pending sum",
+                a.balance >= 0 && a.pending_debits >= 0 && a.pending_credits >= 0,
+                || format!("{a:?}"),
+            );
+            checks.check(
+                "sampled during the run: available balance never negative",
+                a.balance - a.pending_debits >= 0,
+                || {
+                    format!(
+                        "{} has balance {} and pendingDebits {}: {a:?}",
+                        a.id, a.balance, a.pending_debits
+                    )
+                },
+            );
+            checks.check(
+                "sampled during the run: balance + pendingCredits <= 2^53-1",
+                a.balance
+                    .checked_add(a.pending_credits)
+                    .is_some_and(|sum| sum <= MAX_MONEY),
+                || {
+                    format!(
+                        "{} has balance {} and pendingCredits {}: {a:?}",
+                        a.id, a.balance, a.pending_credits
+                    )
+                },
+            );
+        }
+    }
+    (checks, samples, failed)
+}
+
+/// Compares one definitive answer a client got with the final state. With `same_clock`
+/// (the database runs on this host), an answer about a hold is also compared in time
+/// with its `expiresAt`.
+fn check_answer(
+    answer: &Answer,
+    by_id: &HashMap<TransferId, &Transfer>,
+    same_clock: bool,
+    checks: &mut Checks,
+) {
     let find = |id: &str| -> Option<&Transfer> {
         TransferId::parse(id)
             .ok()
@@ -754,6 +1180,61 @@ fn check_answer(answer: &Answer, by_id: &HashMap<TransferId, &Transfer>, checks:
                 request.mismatch(t).is_none(),
                 || request.mismatch(t).unwrap_or_default(),
             );
+            let answered_state = body["state"].as_str().and_then(TransferState::parse);
+            if request.hold.is_some() {
+                match (*status, answered_state) {
+                    (201, Some(TransferState::Held)) => {
+                        checks.check(
+                            "a hold answered held is stored as that hold",
+                            t.hold.is_some_and(|h| {
+                                body["heldAmount"] == h.amount.minor_units()
+                                    && body["expiresAt"]
+                                        .as_str()
+                                        .and_then(|e| e.parse::<Timestamp>().ok())
+                                        == Some(h.expires_at)
+                            }),
+                            || format!("{id} answered {status} {body} but is stored as {t:?}"),
+                        );
+                        checks.check(
+                            "a hold answered held ends captured, voided or expired",
+                            t.state == TransferState::Done
+                                || (t.state == TransferState::Canceled
+                                    && matches!(
+                                        t.reason,
+                                        Some(CancelReason::Voided | CancelReason::Expired)
+                                    )),
+                            || format!("{id} answered {status} {body} but ends {t:?}"),
+                        );
+                        return;
+                    }
+                    (201, _) => {
+                        checks.check(
+                            "a hold answered done ends done with the answered amount",
+                            t.state == TransferState::Done
+                                && body["amount"] == t.amount.minor_units(),
+                            || format!("{id} answered {status} {body} but ends {t:?}"),
+                        );
+                        return;
+                    }
+                    (409, _) => {
+                        checks.check(
+                            "a hold answered canceled ends canceled by request, voided or expired",
+                            t.state == TransferState::Canceled
+                                && matches!(
+                                    t.reason,
+                                    Some(
+                                        CancelReason::CanceledByRequest
+                                            | CancelReason::Voided
+                                            | CancelReason::Expired
+                                    )
+                                ),
+                            || format!("{id} answered {status} {body} but ends {t:?}"),
+                        );
+                        return;
+                    }
+                    _ => {}
+                }
+            }
             let expected = match (*status, code_of(body)) {
                 (201, _) => Some((TransferState::Done, None)),
                 (409, _) => Some((
@@ -778,6 +1259,97 @@ fn check_answer(answer: &Answer, by_id: &HashMap<TransferId, &Transfer>, checks:
                 None => checks.check("a 202 ends terminal", t.state.is_terminal(), || {
                     format!("{id} answered 202 and ends {}", t.state)
                 }),
+            }
+        }
+        Answer::Settle {
+            hold,
+            settle,
+            first_sent,
+            answered,
+            status,
+            body,
+        } => {
+            let id = &hold.id;
+            let found = find(id);
+            checks.check(
+                "a captured or voided hold is stored",
+                found.is_some(),
+                || format!("{id}, answered {status} {body}, is not in the database"),
+            );
+            let Some(t) = found else { return };
+            let code = code_of(body);
+            let reason = body["reason"].as_str().and_then(CancelReason::parse);
+            let past = |at: &Timestamp| (*at - hold.expires_at).num_milliseconds();
+            let ends = |state, reason| t.state == state && t.reason == reason;
+            let violation = || {
+                format!(
+                    "{} {settle:?} of hold {id} (held {}, expires at {}) first sent at \
+                     {first_sent}, answered {status} {body} at {answered}, but it ends {t:?}",
+                    settle.path(),
+                    hold.held,
+                    hold.expires_at
+                )
+            };
+            match (settle, *status, code) {
+                (Settle::Capture { amount }, 200, _) => {
+                    checks.check(
+                        "a capture answered done ends done with the captured amount",
+                        ends(TransferState::Done, None)
+                            && t.amount.minor_units() == amount.unwrap_or(hold.held),
+                        violation,
+                    );
+                    if same_clock {
+                        checks.check(
+                            "nothing is captured after expiresAt",
+                            past(first_sent) < CLOCK_TOLERANCE_MS,
+                            violation,
+                        );
+                    }
+                }
+                (Settle::Capture { amount }, 409, "hold_already_captured") => checks.check(
+                    "a capture refused as already captured lost to another amount",
+                    ends(TransferState::Done, None)
+                        && t.amount.minor_units() != amount.unwrap_or(hold.held),
+                    violation,
+                ),
+                (Settle::Void, 409, "hold_already_captured") => checks.check(
+                    "a void refused as already captured ends done",
+                    ends(TransferState::Done, None),
+                    violation,
+                ),
+                (_, 409, "hold_voided") => checks.check(
+                    "a capture refused as voided ends voided",
+                    ends(TransferState::Canceled, Some(CancelReason::Voided)),
+                    violation,
+                ),
+                (_, 409, _) => {
+                    checks.check(
+                        "a capture refused as expired ends expired",
+                        ends(TransferState::Canceled, Some(CancelReason::Expired)),
+                        violation,
+                    );
+                    if same_clock {
+                        checks.check(
+                            "a hold is answered expired only from expiresAt on",
+                            past(answered) > -CLOCK_TOLERANCE_MS,
+                            violation,
+                        );
+                    }
+                }
+                _ => {
+                    checks.check(
+                        "a void answered canceled ends canceled with that reason",
+                        ends(TransferState::Canceled, reason),
+                        violation,
+                    );
+                    if same_clock && reason == Some(CancelReason::Expired) {
+                        checks.check(
+                            "a hold is answered expired only from expiresAt on",
+                            past(answered) > -CLOCK_TOLERANCE_MS,
+                            violation,
+                        );
+                    }
+                }
             }
         }
         Answer::Cancel { id, status, body } => {
@@ -864,6 +1436,114 @@ fn check_answer(answer: &Answer, by_id: &HashMap<TransferId, &Transfer>, checks:
                 }
             }
         }
+    }
+}
+
+/// What an answer says about how a hold ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Claim {
+    /// Captured, with this amount if the answer says.
+    Captured(Option<i64>),
+    /// Canceled for this reason.
+    Canceled(CancelReason),
+    /// Canceled, for a reason the answer does not give.
+    NotCaptured,
+}
+
+/// All the answers about one hold name at most one winner: captured (with one amount),
+/// or canceled for one reason (voided, expired, by request, for funds).
+fn check_hold_winners(
+    seen: &[Answer],
+    by_id: &HashMap<TransferId, &Transfer>,
+    checks: &mut Checks,
+) {
+    let mut claims: HashMap<String, Vec<(Claim, String)>> = HashMap::new();
+    let is_hold = |id: &str| {
+        TransferId::parse(id)
+            .ok()
+            .and_then(|id| by_id.get(&id))
+            .is_some_and(|t| t.hold.is_some())
+    };
+    for answer in seen {
+        let (id, claim, said) = match answer {
+            Answer::Transfer {
+                request,
+                status,
+                id,
+                body,
+            } => {
+                let claim = match (request.hold, *status) {
+                    (None, _) => continue,
+                    (Some(_), 201) if body["state"] == "done" => {
+                        Claim::Captured(body["amount"].as_i64())
+                    }
+                    (Some(_), 409) => Claim::NotCaptured,
+                    (Some(_), 422) => Claim::Canceled(CancelReason::InsufficientFunds),
+                    _ => continue,
+                };
+                (id, claim, format!("request answered {status} {body}"))
+            }
+            Answer::Settle {
+                hold,
+                settle,
+                status,
+                body,
+                ..
+            } => {
+                let reason = body["reason"].as_str().and_then(CancelReason::parse);
+                let claim = match (*status, code_of(body), reason) {
+                    (200, _, None) => Claim::Captured(body["amount"].as_i64()),
+                    (200, _, Some(reason)) => Claim::Canceled(reason),
+                    (_, "hold_already_captured", _) => Claim::Captured(None),
+                    (_, "hold_voided", _) => Claim::Canceled(CancelReason::Voided),
+                    _ => Claim::Canceled(CancelReason::Expired),
+                };
+                (
+                    &hold.id,
+                    claim,
+                    format!("{} answered {status} {body}", settle.path()),
+                )
+            }
+            Answer::Cancel { id, status, body } => {
+                if !is_hold(id) {
+                    continue;
+                }
+                let reason = body["reason"].as_str().and_then(CancelReason::parse);
+                let claim = match (*status, body["state"].as_str(), reason) {
+                    (200, Some("canceled"), Some(reason)) => Claim::Canceled(reason),
+                    // Reversed, being reversed, or not reversed for funds: it was captured.
+                    _ => Claim::Captured(None),
+                };
+                (id, claim, format!("cancel answered {status} {body}"))
+            }
+        };
+        claims.entry(id.clone()).or_default().push((claim, said));
+    }
+    for (id, claims) in &claims {
+        let amounts: HashSet<i64> = claims
+            .iter()
+            .filter_map(|(c, _)| match c {
+                Claim::Captured(amount) => *amount,
+                _ => None,
+            })
+            .collect();
+        let reasons: HashSet<CancelReason> = claims
+            .iter()
+            .filter_map(|(c, _)| match c {
+                Claim::Canceled(reason) => Some(*reason),
+                _ => None,
+            })
+            .collect();
+        let captured = claims.iter().any(|(c, _)| matches!(c, Claim::Captured(_)));
+        let canceled = claims.iter().any(|(c, _)| !matches!(c, Claim::Captured(_)));
+        checks.check(
+            "the answers about a hold name at most one winner",
+            amounts.len() <= 1 && reasons.len() <= 1 && !(captured && canceled),
+            || {
+                let said: Vec<&String> = claims.iter().map(|(_, said)| said).collect();
+                format!("hold {id}: {said:#?}")
+            },
+        );
     }
 }
 
@@ -1001,13 +1681,15 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         instances.iter().map(|i| Some(i.base.clone())).collect(),
     ));
     let history = Arc::new(Mutex::new(History::default()));
+    let store = Store::connect(&uri, &database).await.unwrap();
+    let sampling = CancellationToken::new();
+    let sampler = tokio::spawn(sample_accounts(store.clone(), sampling.clone()));
     let stop = CancellationToken::new();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|seed| tokio::spawn(client(seed, bases.clone(), history.clone(), stop.clone())))
         .collect();
 
     // The nemesis.
-    let store = Store::connect(&uri, &database).await.unwrap();
     let mut recovery_cancels = Vec::new();
     let started = Instant::now();
     let run_for = Duration::from_secs(seconds);
@@ -1072,7 +1754,8 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         c.await.unwrap();
     }
 
-    // Quiescence: every transfer terminal (a lease, a few sweeps, and the backlog).
+    // Quiescence: every transfer terminal (a lease, a few sweeps, and the backlog; every
+    // hold left held expires within seconds).
     let load_stopped = Instant::now();
     let quiet_deadline = load_stopped + Duration::from_secs(60);
     loop {
@@ -1108,11 +1791,26 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let settled_after = settle_started.elapsed();
+    sampling.cancel();
+    let (sampled, samples, failed_samples) = sampler.await.unwrap();
     let history = history.lock().unwrap();
 
     // What happened.
     let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut hold_outcomes: BTreeMap<String, u64> = BTreeMap::new();
     for t in &transfers {
+        if let Some(hold) = t.hold {
+            let outcome = match (t.state, t.reason) {
+                (TransferState::Done, _) if t.amount == hold.amount => {
+                    "captured in full".to_owned()
+                }
+                (TransferState::Done, _) => "captured in part".to_owned(),
+                (state, Some(reason)) => format!("{state} ({reason})"),
+                (state, None) => state.to_string(),
+            };
+            *hold_outcomes.entry(outcome).or_default() += 1;
+            continue;
+        }
         let outcome = match (t.state, t.reason, t.reverses) {
             (TransferState::Done, _, Some(_)) => "done (reversal)".to_owned(),
             (TransferState::Done, _, None) => "done".to_owned(),
@@ -1122,13 +1820,25 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         };
         *outcomes.entry(outcome).or_default() += 1;
     }
+    let hold_plans: BTreeMap<&str, u64> = history
+        .hold_plans
+        .iter()
+        .map(|(plan, n)| (plan.label(), *n))
+        .collect();
     println!(
         "bank test: {seconds} s of load, {CLIENTS} clients, {INSTANCES} instances; \
          {killed} instances killed with SIGKILL and restarted ({renamed} under a new name), \
          {database_restarts} database restart(s); every transfer terminal {terminal_after:?} \
          after the load stopped, settled (reversals, fences) {settled_after:?} later"
     );
-    println!("transfers by outcome: {outcomes:?}");
+    println!("transfers (holds aside) by outcome: {outcomes:?}");
+    println!(
+        "holds: {} stored, by outcome {hold_outcomes:?}; holds answered held, by plan \
+         {hold_plans:?}; captures and voids with an unknown outcome: {}",
+        hold_outcomes.values().sum::<u64>(),
+        history.settles_unknown
+    );
+    println!("accounts sampled {samples} times during the run ({failed_samples} reads failed)");
     println!("client answers: {:?}", history.answers);
 
     // The checks.
@@ -1136,6 +1846,10 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         violations: history.violations.clone(),
         ..Checks::default()
     };
+    for (invariant, n) in sampled.counts {
+        *checks.counts.entry(invariant).or_default() += n;
+    }
+    checks.violations.extend(sampled.violations);
     let total: i64 = accounts.iter().map(|a| a.balance).sum();
     checks.check(
         "total balance unchanged",
@@ -1160,6 +1874,16 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             || format!("{} keeps markers {:?}", a.id, a.pending_transactions),
         );
         checks.check(
+            "no pendingDebits or pendingCredits left",
+            a.pending_debits == 0 && a.pending_credits == 0,
+            || {
+                format!(
+                    "{} keeps pendingDebits {} and pendingCredits {}",
+                    a.id, a.pending_debits, a.pending_credits
+                )
+            },
+        );
+        checks.check(
             "no fencedTransactions left after a lease and a few sweeps",
             a.fenced_transactions.is_empty(),
             || format!("{} keeps fences {:?}", a.id, a.fenced_transactions),
@@ -1177,10 +1901,30 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             },
         );
     }
+    let (pending_debits, pending_credits): (i64, i64) = accounts
+        .iter()
+        .map(|a| (a.pending_debits, a.pending_credits))
+        .fold((0, 0), |(d, c), (ad, ac)| (d + ad, c + ac));
+    checks.check(
+        "the pendingDebits sum equals the pendingCredits sum",
+        pending_debits == pending_credits,
+        || format!("pendingDebits sum to {pending_debits}, pendingCredits to {pending_credits}"),
+    );
     for t in &transfers {
         checks.check("every transfer terminal", t.state.is_terminal(), || {
             format!("{t:?} is not terminal")
         });
+        if let Some(hold) = t.hold {
+            checks.check(
+                "a hold ends captured (at most what it held) or canceled (its amount the held one)",
+                match t.state {
+                    TransferState::Done => t.amount <= hold.amount,
+                    TransferState::Canceled => t.amount == hold.amount && t.reason.is_some(),
+                    _ => false,
+                },
+                || format!("{t:?}"),
+            );
+        }
         checks.check(
             "no transfer left marked fenced after a lease and a few sweeps",
             !t.fenced,
@@ -1197,9 +1941,12 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         );
     }
     check_reversals(&transfers, &by_id, &mut checks);
+    // The database runs on this host (its clock is the test's) unless MONGODB_URI is set.
+    let same_clock = daemon.is_some();
     for answer in &history.seen {
-        check_answer(answer, &by_id, &mut checks);
+        check_answer(answer, &by_id, same_clock, &mut checks);
     }
+    check_hold_winners(&history.seen, &by_id, &mut checks);
 
     // Idempotency keys and references: one request, at most one transfer, the one
     // answered.
@@ -1329,6 +2076,17 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         outcomes.get("done").copied().unwrap_or(0) > 50,
         "the load made too few transfers to mean anything: {outcomes:?}"
     );
+    for outcome in [
+        "captured in full",
+        "captured in part",
+        "canceled (voided)",
+        "canceled (expired)",
+    ] {
+        assert!(
+            hold_outcomes.get(outcome).copied().unwrap_or(0) > 0,
+            "no hold ended {outcome}: {hold_outcomes:?}"
+        );
+    }
     assert!(killed >= 3, "the nemesis killed too few instances");
     assert!(
         checks.violations.is_empty(),
