@@ -1,30 +1,56 @@
 //! An interleaving explorer, in the spirit of FoundationDB's simulation and TigerBeetle's
 //! VOPR, against the real database.
 //!
-//! Several actors (a transfer's owner, a recoverer after a crash, cancels, a sweeper),
-//! each a `Bank` with its own instance id, run cooperatively: a scheduler installed with
-//! `failpoints::install_hook` parks every actor at its points (right before each write
-//! is sent, `before_*`; with `EXPLORE_POINTS=all` after each protocol step too) and lets
-//! exactly one of them run at a time, choosing which one from a schedule (a vector of
-//! choices). Once the choices run out, the remaining actors run in a fixed order (lowest
-//! actor first) to completion. A write held at a `before_*` point is a write that reaches
-//! the server late.
+//! Several actors (a transfer's owner, a recoverer after a crash, cancels, a sweeper; for
+//! a hold also captures, voids and expiries), each a `Bank` with its own instance id, run
+//! cooperatively: a scheduler installed with `failpoints::install_hook` parks every actor
+//! at its points (right before each write is sent, `before_*`; with `EXPLORE_POINTS=all`
+//! after each protocol step too) and lets exactly one of them run at a time, choosing
+//! which one from a schedule (a vector of choices). Once the choices run out, the
+//! remaining actors run in a fixed order (lowest actor first) to completion. A write held
+//! at a `before_*` point is a write that reaches the server late.
+//!
+//! A scenario is a transfer scenario (the owner transfers AMOUNT from a to b) or a hold
+//! scenario (named with the prefix `hold:`: the owner creates a hold of AMOUNT from a to
+//! b, expiring in `HOLD_EXPIRY`). The actors of a hold scenario: `capture` captures all of
+//! the hold, `void` voids it, `expire` makes the clock reach its `expiresAt` (a raw write
+//! sets it into the past, safe at any moment as time passing is) and then sweeps, which
+//! expires it if still `held`; `cancel` cancels it (voids it if `held`, rolls it back if
+//! pending, reverses it once captured). Each of them answers "nothing recorded yet" when
+//! it comes before the hold is recorded. The prelude `held:` runs the hold to `held`
+//! first, as `done:` runs a transfer to `done`.
 //!
 //! Exploration:
 //! 1. every ordering with at most `EXPLORE_PREEMPTIONS` preemptions (CHESS-style bound,
 //!    default 1; `all` for every ordering; depth-first over the decision tree) of the
 //!    pairs {owner, cancel},
 //!    {recoverer after a crash at point k, cancel} for every point k the owner passes,
-//!    and {cancel, cancel} of a done transfer;
-//! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors: owner or recoverer,
-//!    cancel, and a second cancel or a sweeper.
+//!    and {cancel, cancel} of a done transfer; and for a hold: every pair of {capture,
+//!    void, expire, cancel} (two of a kind included) of a held hold, {owner creating it,
+//!    each of those four}, and {recoverer after a crash at point k of creating it,
+//!    cancel} for every point k;
+//! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors; by the seed, half of
+//!    them transfer scenarios (owner or recoverer, cancel, and a second cancel or a
+//!    sweeper), half hold scenarios (three actors drawn from {capture, void, expire,
+//!    cancel, sweeper} after a held prelude, or owner or recoverer and two of those).
 //!
 //! Each schedule runs from scratch on fresh accounts, in one of `EXPLORE_WORKERS`
 //! databases (schedules of different workers run concurrently). After it, everything is
 //! let finish, a lease is let pass (by ageing the schedule's transfers, which is safe once
 //! no actor is left, so no write is in flight) and a sweep runs; then the invariants are
-//! checked (conservation, balances from the log, no markers, no fences, every transfer
-//! terminal, at most one reversal, answers agree with the final state).
+//! checked: conservation, balances from the log (a done hold moved its captured amount),
+//! no fences, at most one reversal, and answers that agree with the final state. For a
+//! transfer scenario also: no markers, every transfer terminal. For a hold scenario
+//! instead: `pendingDebits` and `pendingCredits` of each account are the held amounts of
+//! the holds still `held` out of and into it, its markers exactly theirs, its available
+//! balance not negative, every other transfer terminal; at most one hold, whose end is
+//! one a scenario's actor may have made (a capture for `done`, and of all of it; an expiry
+//! for `expired`; a void or a cancel for `voided` and `canceled_by_request`; only a cancel
+//! reverses a captured hold); a capture answered with the hold means `done` with that
+//! amount, a void answered with it means `canceled`, `AlreadyCaptured` means `done`,
+//! `Voided` means `canceled` voided or by request, `Expired` means `canceled` expired, and
+//! an expiry whose sweep expired a hold means `canceled` expired. A hold left `held` is
+//! voided after the check, so that no later schedule of the worker sees it expire.
 //!
 //! A violation prints the schedule as `EXPLORE_REPLAY='<scenario>/<choices>'` (random
 //! ones also as `EXPLORE_SEED=<seed>`) with the points it reached; either variable replays
@@ -46,11 +72,13 @@ use mongodb::bson::{DateTime, Document, doc};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
-    Account, AccountId, Amount, Currency, OpeningBalance, Transfer, TransferFilter, TransferId,
-    TransferState,
+    Account, AccountId, Amount, CancelReason, Currency, OpeningBalance, Transfer, TransferFilter,
+    TransferId, TransferState,
 };
 use transfer_service::failpoints::{self, Hook, HookFuture};
-use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer};
+use transfer_service::service::{
+    Bank, Completion, HoldConflict, NewAccount, NewTransfer, ServiceError,
+};
 use transfer_service::store::Store;
 
 /// The lease of every actor. Long, so that no lease lapses by itself while a schedule
@@ -59,6 +87,9 @@ use transfer_service::store::Store;
 const LEASE: Duration = Duration::from_secs(5);
 const OPENING: i64 = 1000;
 const AMOUNT: i64 = 300;
+/// How long a hold of a hold scenario lasts: far longer than a schedule, so that a hold
+/// only expires when a `Kind::Expire` actor makes it.
+const HOLD_EXPIRY: Duration = Duration::from_secs(60);
 /// How long one actor may run between two of its points before the schedule is
 /// declared stuck.
 const STEP_LIMIT: Duration = Duration::from_secs(30);
@@ -68,7 +99,7 @@ const STEP_LIMIT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    /// `bank.transfer` of AMOUNT from a to b.
+    /// `bank.transfer` of AMOUNT from a to b (a hold, in a hold scenario).
     Owner,
     /// `sweep_once` after the owner crashed.
     Recoverer,
@@ -76,6 +107,13 @@ enum Kind {
     Cancel,
     /// `sweep_once`: housekeeping.
     Sweeper,
+    /// `bank.capture` of the whole hold (if recorded by then).
+    Capture,
+    /// `bank.void` of the hold (if recorded by then).
+    Void,
+    /// The clock reaches the hold's `expiresAt` (a raw write sets it into the past),
+    /// then `sweep_once`, which expires it if it is still `held`.
+    Expire,
 }
 
 impl Kind {
@@ -85,6 +123,9 @@ impl Kind {
             Kind::Recoverer => "recoverer",
             Kind::Cancel => "cancel",
             Kind::Sweeper => "sweeper",
+            Kind::Capture => "capture",
+            Kind::Void => "void",
+            Kind::Expire => "expire",
         }
     }
 
@@ -94,6 +135,9 @@ impl Kind {
             "recoverer" => Kind::Recoverer,
             "cancel" => Kind::Cancel,
             "sweeper" => Kind::Sweeper,
+            "capture" => Kind::Capture,
+            "void" => Kind::Void,
+            "expire" => Kind::Expire,
             other => panic!("unknown actor {other}"),
         }
     }
@@ -109,20 +153,29 @@ enum Prelude {
     Crash(usize),
     /// The owner runs the transfer alone to `done`.
     Done,
+    /// The owner runs the hold alone to `held` (hold scenarios only).
+    Held,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Scenario {
+    /// The owner creates a hold of AMOUNT (expiring in `HOLD_EXPIRY`) instead of a
+    /// transfer. Shown as the prefix `hold:`.
+    hold: bool,
     prelude: Prelude,
     actors: Vec<Kind>,
 }
 
 impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.hold {
+            write!(f, "hold:")?;
+        }
         match self.prelude {
             Prelude::Nothing => {}
             Prelude::Crash(k) => write!(f, "crash{k}:")?,
             Prelude::Done => write!(f, "done:")?,
+            Prelude::Held => write!(f, "held:")?,
         }
         let names: Vec<_> = self.actors.iter().map(|k| k.name()).collect();
         write!(f, "{}", names.join("+"))
@@ -132,14 +185,28 @@ impl fmt::Display for Scenario {
 impl Scenario {
     fn new(prelude: Prelude, actors: &[Kind]) -> Scenario {
         Scenario {
+            hold: false,
             prelude,
             actors: actors.to_vec(),
         }
     }
 
+    /// A hold scenario.
+    fn hold(prelude: Prelude, actors: &[Kind]) -> Scenario {
+        Scenario {
+            hold: true,
+            ..Scenario::new(prelude, actors)
+        }
+    }
+
     fn parse(s: &str) -> Scenario {
+        let (hold, s) = match s.strip_prefix("hold:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
         let (prelude, actors) = match s.split_once(':') {
             Some(("done", rest)) => (Prelude::Done, rest),
+            Some(("held", rest)) => (Prelude::Held, rest),
             Some((crash, rest)) => (
                 Prelude::Crash(
                     crash
@@ -151,7 +218,12 @@ impl Scenario {
             ),
             None => (Prelude::Nothing, s),
         };
+        assert!(
+            hold || prelude != Prelude::Held,
+            "held: is a prelude of hold scenarios only"
+        );
         Scenario {
+            hold,
             prelude,
             actors: actors.split('+').map(Kind::parse).collect(),
         }
@@ -233,9 +305,30 @@ fn splitmix(state: &mut u64) -> u64 {
 #[derive(Debug)]
 enum Answer {
     Owner(Result<Transfer, String>),
+    /// `None`: nothing recorded yet to cancel (so also for `Capture` and `Void`).
     Cancel(Result<Option<Transfer>, String>),
+    Capture(Result<Option<Transfer>, Refused>),
+    Void(Result<Option<Transfer>, Refused>),
+    /// How many holds the sweep after the expiry expired (and saw released).
+    Expire(Result<usize, String>),
     Sweep(Result<(), String>),
     Stuck,
+}
+
+/// Why a capture or a void was refused.
+#[derive(Debug)]
+enum Refused {
+    Conflict(HoldConflict, TransferId),
+    Other(String),
+}
+
+impl From<ServiceError> for Refused {
+    fn from(e: ServiceError) -> Refused {
+        match e {
+            ServiceError::Hold { conflict, hold } => Refused::Conflict(conflict, hold),
+            other => Refused::Other(format!("{other:?}")),
+        }
+    }
 }
 
 /// One schedule's run.
@@ -365,7 +458,7 @@ impl Worker {
             destination: account_id(&b),
             amount: Amount::parse(AMOUNT).unwrap(),
             reference: None,
-            hold: None,
+            hold: scenario.hold.then_some(HOLD_EXPIRY),
         };
         let mut run = Run {
             decisions: Vec::new(),
@@ -376,7 +469,7 @@ impl Worker {
 
         match scenario.prelude {
             Prelude::Nothing => {}
-            Prelude::Done => {
+            Prelude::Done | Prelude::Held => {
                 let owner = self.bank(&format!("{tag}-owner0"));
                 let answer = owner
                     .transfer(new_transfer.clone(), None, Completion::Wait)
@@ -573,19 +666,33 @@ impl Worker {
                 run.violations.push(format!("final sweep failed: {e}"));
             }
         }
-        self.check(&a, &b, &mut run).await;
+        self.check(scenario, &a, &b, &mut run).await;
+        // A hold left `held` would expire (`HOLD_EXPIRY`) during a later schedule of this
+        // worker, whose sweeps would then expire it: foreign writes in that schedule, and
+        // a wrong count in its expiry's answer. Voided now, once checked.
+        if scenario.hold {
+            for t in self.transfers_of([&a, &b]).await {
+                if t.state == TransferState::Held {
+                    if let Err(e) = cleaner.void(t.id).await {
+                        run.violations
+                            .push(format!("voiding hold {} left held failed: {e:?}", t.id));
+                    }
+                }
+            }
+        }
         run
     }
 
-    /// Whether nothing of the schedule is left for a sweep to do.
+    /// Whether nothing of the schedule is left for a sweep to do (a hold `held` waits
+    /// for its client, not for a sweep).
     async fn clean(&self, a: &str, b: &str) -> bool {
         let transfers = self.transfers_of([a, b]).await;
         transfers
             .iter()
-            .all(|t| t.state.is_terminal() && !t.fenced && !t.reversing)
+            .all(|t| t.state.is_settled() && !t.fenced && !t.reversing)
     }
 
-    async fn check(&self, a: &str, b: &str, run: &mut Run) {
+    async fn check(&self, scenario: &Scenario, a: &str, b: &str, run: &mut Run) {
         let v = &mut run.violations;
         let accounts = [self.account(a).await, self.account(b).await];
         let transfers = self.transfers_of([a, b]).await;
@@ -594,6 +701,7 @@ impl Worker {
             v.push(format!("total {total} != {}", 2 * OPENING));
         }
         for acc in &accounts {
+            // A done hold moved its `amount`: the captured one.
             let mut expected = OPENING;
             for t in transfers.iter().filter(|t| t.state == TransferState::Done) {
                 if t.source == acc.id {
@@ -609,7 +717,9 @@ impl Worker {
                     acc.id, acc.balance
                 ));
             }
-            if !acc.pending_transactions.is_empty() {
+            if scenario.hold {
+                check_reservations(acc, &transfers, v);
+            } else if !acc.pending_transactions.is_empty() {
                 v.push(format!(
                     "{}: pendingTransactions left {:?}",
                     acc.id, acc.pending_transactions
@@ -624,7 +734,9 @@ impl Worker {
         }
         let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
         for t in &transfers {
-            if !t.state.is_terminal() {
+            // A hold may stay `held`, waiting for its client: nobody won it.
+            let waiting = t.hold.is_some() && t.state == TransferState::Held;
+            if !t.state.is_terminal() && !waiting {
                 v.push(format!("transfer {} left {}", t.id, t.state));
             }
             if t.fenced {
@@ -658,6 +770,9 @@ impl Worker {
                     v.push(format!("reversal {} does not mirror {}", r.id, t.id));
                 }
             }
+        }
+        if scenario.hold {
+            check_winner(scenario, &transfers, v);
         }
         let state_of = |id: TransferId| by_id.get(&id).map(|t| t.state);
         for (kind, answer) in &run.answers {
@@ -703,6 +818,21 @@ impl Worker {
                     other => v.push(format!("cancel answered {other}")),
                 },
                 Answer::Cancel(Err(e)) => v.push(format!("cancel failed: {e}")),
+                Answer::Capture(answer) | Answer::Void(answer) => {
+                    check_hold_answer(*kind, answer, &by_id, v);
+                }
+                Answer::Expire(Ok(expired)) => {
+                    let hold = transfers.iter().find(|t| t.hold.is_some());
+                    let ended = hold.map(|h| (h.state, h.reason));
+                    let expected = (TransferState::Canceled, Some(CancelReason::Expired));
+                    if *expired > 0 && ended != Some(expected) {
+                        v.push(format!(
+                            "{} expired {expired} holds but the hold ended {ended:?}",
+                            kind.name()
+                        ));
+                    }
+                }
+                Answer::Expire(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
                 Answer::Sweep(Ok(())) => {}
                 Answer::Sweep(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
                 Answer::Stuck => v.push(format!("{} never answered", kind.name())),
@@ -711,8 +841,207 @@ impl Worker {
     }
 }
 
+/// A hold scenario's account: its reservations and markers are exactly those of the
+/// holds still `held` (every other transfer has settled), and its available balance is
+/// not negative.
+fn check_reservations(acc: &Account, transfers: &[Transfer], v: &mut Vec<String>) {
+    let held: Vec<&Transfer> = transfers
+        .iter()
+        .filter(|t| t.state == TransferState::Held)
+        .collect();
+    let sum = |side: fn(&Transfer) -> &AccountId| -> i64 {
+        held.iter()
+            .filter(|t| side(t) == &acc.id)
+            .filter_map(|t| t.hold.map(|h| h.amount.minor_units()))
+            .sum()
+    };
+    let debits = sum(|t| &t.source);
+    let credits = sum(|t| &t.destination);
+    if acc.pending_debits != debits {
+        v.push(format!(
+            "{}: pendingDebits {} != held holds out of it {debits}",
+            acc.id, acc.pending_debits
+        ));
+    }
+    if acc.pending_credits != credits {
+        v.push(format!(
+            "{}: pendingCredits {} != held holds into it {credits}",
+            acc.id, acc.pending_credits
+        ));
+    }
+    if acc.available_balance() < 0 {
+        v.push(format!(
+            "{}: available balance {} (balance {}, pendingDebits {})",
+            acc.id,
+            acc.available_balance(),
+            acc.balance,
+            acc.pending_debits
+        ));
+    }
+    let mut markers = acc.pending_transactions.clone();
+    markers.sort();
+    let mut expected: Vec<TransferId> = held
+        .iter()
+        .filter(|t| t.source == acc.id || t.destination == acc.id)
+        .map(|t| t.id)
+        .collect();
+    expected.sort();
+    if markers != expected {
+        v.push(format!(
+            "{}: pendingTransactions {markers:?} != the held holds touching it {expected:?}",
+            acc.id
+        ));
+    }
+}
+
+/// A hold scenario has at most one hold, and who won it (what it ended as) is one of the
+/// scenario's actors that may: a capture for `done`, an expiry for `expired`, a void or a
+/// cancel for `voided` and `canceled_by_request`; only a cancel reverses a captured hold.
+fn check_winner(scenario: &Scenario, transfers: &[Transfer], v: &mut Vec<String>) {
+    let holds: Vec<&Transfer> = transfers.iter().filter(|t| t.hold.is_some()).collect();
+    if holds.len() > 1 {
+        v.push(format!("{} holds recorded, not one", holds.len()));
+    }
+    let Some(h) = holds.first() else { return };
+    let has = |kinds: &[Kind]| scenario.actors.iter().any(|k| kinds.contains(k));
+    let held = h.hold.map(|x| x.amount);
+    if let Some(r) = h.reversed_by {
+        if !has(&[Kind::Cancel]) {
+            v.push(format!(
+                "hold {} captured and then reversed by {r}, but {scenario} has no cancel",
+                h.id
+            ));
+        }
+    }
+    let may = match (h.state, h.reason) {
+        (TransferState::Done, _) => {
+            if Some(h.amount) != held {
+                v.push(format!(
+                    "hold {} captured {} of {held:?}, not all of it",
+                    h.id,
+                    h.amount.minor_units()
+                ));
+            }
+            has(&[Kind::Capture])
+        }
+        (TransferState::Canceled, Some(CancelReason::Expired)) => has(&[Kind::Expire]),
+        (TransferState::Canceled, Some(CancelReason::Voided | CancelReason::CanceledByRequest)) => {
+            has(&[Kind::Void, Kind::Cancel])
+        }
+        (TransferState::Canceled, reason) => {
+            v.push(format!("hold {} canceled for {reason:?}", h.id));
+            true
+        }
+        _ => true, // still held (nobody won), or left unfinished (said above)
+    };
+    if !may {
+        v.push(format!(
+            "hold {} ended {} ({:?}) but no actor of {scenario} may have made that",
+            h.id, h.state, h.reason
+        ));
+    }
+}
+
+/// A capture's or a void's answer agrees with how the hold ended: a capture answered with
+/// the hold means `done` with that amount, a void answered with it means `canceled`; a
+/// conflict names what won (`AlreadyCaptured`: `done`, reversed or not; `Voided`:
+/// `canceled` voided or by request; `Expired`: `canceled` expired; `Pending`: nothing
+/// was done).
+fn check_hold_answer(
+    kind: Kind,
+    answer: &Result<Option<Transfer>, Refused>,
+    by_id: &HashMap<TransferId, &Transfer>,
+    v: &mut Vec<String>,
+) {
+    let name = kind.name();
+    let ended = |id: &TransferId| by_id.get(id).map(|t| (t.state, t.reason, t.amount));
+    match answer {
+        Ok(None) => {} // nothing recorded yet
+        Ok(Some(t)) => {
+            let Some((state, reason, amount)) = ended(&t.id) else {
+                v.push(format!("{name} answered {}, which is not recorded", t.id));
+                return;
+            };
+            let agrees = match kind {
+                Kind::Capture => {
+                    state == TransferState::Done
+                        && amount == t.amount
+                        && matches!(t.state, TransferState::Capturing | TransferState::Done)
+                }
+                _ => {
+                    state == TransferState::Canceled
+                        && matches!(t.state, TransferState::Canceling | TransferState::Canceled)
+                        && (t.state != TransferState::Canceled || t.reason == reason)
+                }
+            };
+            if !agrees {
+                let reversed = |r: Option<TransferId>| {
+                    r.map(|r| format!(", reversed by {r}")).unwrap_or_default()
+                };
+                let now = by_id.get(&t.id).and_then(|h| h.reversed_by);
+                v.push(format!(
+                    "{name} answered {} {} ({:?}, amount {}{}) but the hold ended {state} ({reason:?}, amount {}{})",
+                    t.id,
+                    t.state,
+                    t.reason,
+                    t.amount.minor_units(),
+                    reversed(t.reversed_by),
+                    amount.minor_units(),
+                    reversed(now),
+                ));
+            }
+        }
+        Err(Refused::Conflict(conflict, id)) => {
+            let Some((state, reason, _)) = ended(id) else {
+                v.push(format!(
+                    "{name} answered {conflict:?} for {id}, not recorded"
+                ));
+                return;
+            };
+            let canceled = |reasons: &[CancelReason]| {
+                state == TransferState::Canceled && reason.is_some_and(|r| reasons.contains(&r))
+            };
+            let agrees = match conflict {
+                HoldConflict::AlreadyCaptured => state == TransferState::Done,
+                HoldConflict::Voided => {
+                    canceled(&[CancelReason::Voided, CancelReason::CanceledByRequest])
+                }
+                HoldConflict::Expired => canceled(&[CancelReason::Expired]),
+                HoldConflict::Pending => true,
+                HoldConflict::NotAHold => false,
+            };
+            if !agrees {
+                v.push(format!(
+                    "{name} answered {conflict:?} but the hold ended {state} ({reason:?})"
+                ));
+            }
+        }
+        Err(Refused::Other(e)) => v.push(format!("{name} failed: {e}")),
+    }
+}
+
+/// The scenario's transfer from a to b, if recorded yet (the oldest: a reversal goes the
+/// other way, and only the owner makes a transfer from a to b).
+async fn scenario_transfer(bank: &Bank, a: &str, b: &str) -> Result<Option<Transfer>, String> {
+    let filter = TransferFilter {
+        account: Some(AccountId::parse(a).unwrap()),
+        ..TransferFilter::default()
+    };
+    // Newest first: the last is the oldest.
+    bank.store()
+        .list_transfers(&filter, 10_000)
+        .await
+        .map(|all| {
+            all.into_iter()
+                .rfind(|t| t.source.as_str() == a && t.destination.as_str() == b)
+        })
+        .map_err(|e| format!("{e:?}"))
+}
+
 /// What one actor does.
 async fn act(kind: Kind, bank: &Bank, new: NewTransfer, a: &str, b: &str) -> Answer {
+    let never = CancellationToken::new();
+    let sweep = || transfer_service::sweeper::sweep_once(bank, &never);
     match kind {
         Kind::Owner => Answer::Owner(
             bank.transfer(new, None, Completion::Wait)
@@ -720,35 +1049,55 @@ async fn act(kind: Kind, bank: &Bank, new: NewTransfer, a: &str, b: &str) -> Ans
                 .map(|o| o.transfer)
                 .map_err(|e| format!("{e:?}")),
         ),
-        Kind::Recoverer | Kind::Sweeper => Answer::Sweep(
-            transfer_service::sweeper::sweep_once(bank, &CancellationToken::new())
+        Kind::Recoverer | Kind::Sweeper => {
+            Answer::Sweep(sweep().await.map(|_| ()).map_err(|e| format!("{e:?}")))
+        }
+        Kind::Cancel => Answer::Cancel(match scenario_transfer(bank, a, b).await {
+            Err(e) => Err(e),
+            Ok(None) => Ok(None),
+            Ok(Some(t)) => bank
+                .cancel(t.id)
                 .await
-                .map(|_| ())
+                .map(Some)
                 .map_err(|e| format!("{e:?}")),
-        ),
-        Kind::Cancel => {
-            let filter = TransferFilter {
-                account: Some(AccountId::parse(a).unwrap()),
-                ..TransferFilter::default()
-            };
-            // The scenario's transfer from a to b (newest first: the last is the oldest).
-            let original = bank
-                .store()
-                .list_transfers(&filter, 10_000)
-                .await
-                .map(|all| {
-                    all.into_iter()
-                        .rfind(|t| t.source.as_str() == a && t.destination.as_str() == b)
-                });
-            Answer::Cancel(match original {
-                Err(e) => Err(format!("{e:?}")),
+        }),
+        Kind::Capture | Kind::Void => {
+            let answer = match scenario_transfer(bank, a, b).await {
+                Err(e) => Err(Refused::Other(e)),
                 Ok(None) => Ok(None),
-                Ok(Some(t)) => bank
-                    .cancel(t.id)
+                Ok(Some(t)) if kind == Kind::Capture => bank
+                    .capture(t.id, None)
                     .await
                     .map(Some)
-                    .map_err(|e| format!("{e:?}")),
-            })
+                    .map_err(Refused::from),
+                Ok(Some(t)) => bank.void(t.id).await.map(Some).map_err(Refused::from),
+            };
+            match kind {
+                Kind::Capture => Answer::Capture(answer),
+                _ => Answer::Void(answer),
+            }
+        }
+        Kind::Expire => {
+            // The clock reaches `expiresAt`: safe at any moment, as time passing is.
+            let expire = async {
+                let store = bank.store();
+                let now = store.server_time().await.map_err(|e| format!("{e:?}"))?;
+                let past = DateTime::from_chrono(now - chrono::TimeDelta::seconds(1));
+                store
+                    .database()
+                    .collection::<Document>("transactions")
+                    .update_many(
+                        doc! { "source": a, "destination": b, "expiresAt": { "$exists": true } },
+                        doc! { "$set": { "expiresAt": past } },
+                    )
+                    .await
+                    .map_err(|e| format!("{e:?}"))?;
+                sweep()
+                    .await
+                    .map(|r| r.holds_expired)
+                    .map_err(|e| format!("{e:?}"))
+            };
+            Answer::Expire(expire.await)
         }
     }
 }
@@ -781,9 +1130,24 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The scenario of random seed `seed`: owner or a recoverer after a crash at a random
+/// How many points the owner passes running alone (every point, not only writes): the
+/// crash points of a transfer and of a hold.
+#[derive(Clone, Copy)]
+struct CrashPoints {
+    transfer: usize,
+    hold: usize,
+}
+
+/// The scenario of random seed `seed`: half of them (by a stream of their own, so that
+/// the transfer scenario of a seed is the one it always was) hold scenarios (see
+/// [`random_hold_scenario`]), the others: owner or a recoverer after a crash at a random
 /// point, a cancel, and a second cancel or a sweeper.
-fn random_scenario(seed: u64, crash_points: usize) -> Scenario {
+fn random_scenario(seed: u64, points: CrashPoints) -> Scenario {
+    let mut h = seed ^ 0x401D_5EED_0BAD_CAFE;
+    if splitmix(&mut h) % 2 == 1 {
+        return random_hold_scenario(&mut h, points.hold);
+    }
+    let crash_points = points.transfer;
     let mut s = seed ^ 0xA5A5_5A5A_1234_5678;
     let first = splitmix(&mut s);
     let prelude = if first % 2 == 0 {
@@ -802,6 +1166,29 @@ fn random_scenario(seed: u64, crash_points: usize) -> Scenario {
         Kind::Sweeper
     };
     Scenario::new(prelude, &[head, Kind::Cancel, third])
+}
+
+/// A random hold scenario: after the hold is `held`, three actors drawn from capture,
+/// void, expire, cancel and sweeper (half of them); else the owner creating the hold, or
+/// a recoverer after the owner crashed at a random point of it, and two such actors.
+fn random_hold_scenario(s: &mut u64, crash_points: usize) -> Scenario {
+    use Kind::*;
+    const DRAWN: [Kind; 5] = [Capture, Void, Expire, Cancel, Sweeper];
+    let shape = splitmix(s) % 4;
+    let prelude = match shape {
+        0 | 1 => Prelude::Held,
+        2 => Prelude::Nothing,
+        _ => Prelude::Crash((splitmix(s) % crash_points as u64) as usize),
+    };
+    let mut actors = match prelude {
+        Prelude::Held => vec![],
+        Prelude::Nothing => vec![Owner],
+        _ => vec![Recoverer],
+    };
+    while actors.len() < 3 {
+        actors.push(DRAWN[(splitmix(s) % DRAWN.len() as u64) as usize]);
+    }
+    Scenario::hold(prelude, &actors)
 }
 
 fn describe(scenario: &Scenario, run: &Run, seed: Option<u64>) -> String {
@@ -831,10 +1218,30 @@ fn short(a: &Answer) -> String {
                 .unwrap_or_default()
         )
     };
+    let t = |x: &Transfer| match (x.state, x.reason) {
+        (TransferState::Canceled, Some(reason)) => format!("{} ({reason})", t(x)),
+        (TransferState::Done, _) if x.hold.is_some() => {
+            format!("{} (captured {})", t(x), x.amount.minor_units())
+        }
+        _ => t(x),
+    };
     match a {
         Answer::Owner(Ok(x)) | Answer::Cancel(Ok(Some(x))) => t(x),
-        Answer::Cancel(Ok(None)) => "nothing to cancel yet".into(),
-        Answer::Owner(Err(e)) | Answer::Cancel(Err(e)) | Answer::Sweep(Err(e)) => e.clone(),
+        Answer::Capture(Ok(Some(x))) | Answer::Void(Ok(Some(x))) => t(x),
+        Answer::Cancel(Ok(None)) | Answer::Capture(Ok(None)) | Answer::Void(Ok(None)) => {
+            "nothing recorded yet".into()
+        }
+        Answer::Capture(Err(Refused::Conflict(c, _)))
+        | Answer::Void(Err(Refused::Conflict(c, _))) => {
+            format!("{c:?}")
+        }
+        Answer::Owner(Err(e))
+        | Answer::Cancel(Err(e))
+        | Answer::Sweep(Err(e))
+        | Answer::Expire(Err(e))
+        | Answer::Capture(Err(Refused::Other(e)))
+        | Answer::Void(Err(Refused::Other(e))) => e.clone(),
+        Answer::Expire(Ok(n)) => format!("ok, expired {n}"),
         Answer::Sweep(Ok(())) => "ok".into(),
         Answer::Stuck => "stuck".into(),
     }
@@ -844,7 +1251,7 @@ async fn work(
     mut worker: Worker,
     jobs: Arc<Mutex<VecDeque<Job>>>,
     report: Arc<Mutex<Report>>,
-    crash_points: usize,
+    crash_points: CrashPoints,
     dfs_limit: u64,
     preemption_bound: usize,
     verbose: bool,
@@ -943,17 +1350,26 @@ async fn explore_interleavings() {
         _ => env_usize("EXPLORE_PREEMPTIONS", 1),
     };
 
-    // The points the owner passes running alone: the crash points.
+    // The points the owner passes running alone: the crash points, of a transfer and of
+    // a hold.
     let mut probe = Worker::new(uri.clone(), 0, all_points).await;
-    let solo = probe
-        .run(
-            &Scenario::new(Prelude::Crash(usize::MAX), &[Kind::Cancel]),
-            &mut Chooser::Fixed(vec![]),
-        )
-        .await;
-    let crash_points = solo.trace.len();
-    assert!(crash_points > 5, "owner points: {:?}", solo.trace);
-    println!("owner's points ({crash_points}): {}", solo.trace.join(" "));
+    let mut points = Vec::new();
+    for hold in [false, true] {
+        let scenario = Scenario {
+            hold,
+            ..Scenario::new(Prelude::Crash(usize::MAX), &[Kind::Cancel])
+        };
+        let solo = probe.run(&scenario, &mut Chooser::Fixed(vec![])).await;
+        let n = solo.trace.len();
+        assert!(n > 5, "owner points: {:?}", solo.trace);
+        let what = if hold { "hold" } else { "transfer" };
+        println!("owner's points of a {what} ({n}): {}", solo.trace.join(" "));
+        points.push(n);
+    }
+    let crash_points = CrashPoints {
+        transfer: points[0],
+        hold: points[1],
+    };
 
     let mut jobs = VecDeque::new();
     let mut verbose = false;
@@ -974,7 +1390,7 @@ async fn explore_interleavings() {
             Prelude::Nothing,
             &[Owner, Cancel],
         )));
-        for k in 0..crash_points {
+        for k in 0..crash_points.transfer {
             jobs.push_back(Job::Exhaustive(Scenario::new(
                 Prelude::Crash(k),
                 &[Recoverer, Cancel],
@@ -984,6 +1400,28 @@ async fn explore_interleavings() {
             Prelude::Done,
             &[Cancel, Cancel],
         )));
+        // Holds: every pair of those that settle a held hold, two of a kind included.
+        let settlers = [Capture, Void, Expire, Cancel];
+        for (i, &first) in settlers.iter().enumerate() {
+            for &second in &settlers[i..] {
+                jobs.push_back(Job::Exhaustive(Scenario::hold(
+                    Prelude::Held,
+                    &[first, second],
+                )));
+            }
+        }
+        for settler in settlers {
+            jobs.push_back(Job::Exhaustive(Scenario::hold(
+                Prelude::Nothing,
+                &[Owner, settler],
+            )));
+        }
+        for k in 0..crash_points.hold {
+            jobs.push_back(Job::Exhaustive(Scenario::hold(
+                Prelude::Crash(k),
+                &[Recoverer, Cancel],
+            )));
+        }
         let base = env_usize("EXPLORE_SEED_BASE", 1) as u64;
         for seed in base..base + random {
             jobs.push_back(Job::Random(seed));
