@@ -1138,6 +1138,63 @@ async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destinat
     assert_balances_and_no_markers(&owner, 1000, 0).await;
 }
 
+/// A void that first read its hold still being reserved, and was slow, must not undo a
+/// capture that won meanwhile: it answers `hold_already_captured`, and the capture stands
+/// (found by the interleaving explorer: the void went on as a cancel and reversed it).
+#[tokio::test]
+async fn a_slow_void_of_a_hold_being_reserved_never_reverses_a_capture_that_won() {
+    let (owner, other) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&owner).await;
+    let mut reserving = failpoints::pause(&owner.instance_id, "after_credit");
+    let (http, url) = (owner.http.clone(), owner.url("/transfers"));
+    let request = tokio::spawn(async move {
+        let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": {} });
+        let response = http.post(url).json(&body).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    });
+    reserving.reached().await;
+    let id = owner
+        .store
+        .list_transfers(&Default::default(), 1)
+        .await
+        .unwrap()[0]
+        .id;
+    let mut slow_void = failpoints::pause(&other.instance_id, "before_mark_fenced");
+    let (http, url) = (
+        other.http.clone(),
+        other.url(&format!("/transfers/{id}/void")),
+    );
+    let void = tokio::spawn(async move {
+        let response = http.post(url).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    });
+    slow_void.reached().await;
+    reserving.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
+    let captured = owner
+        .http
+        .post(owner.url(&format!("/transfers/{id}/capture")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(captured.status(), 200);
+
+    slow_void.resume();
+    let (status, body) = void.await.unwrap();
+
+    assert_eq!(
+        (status, &body["code"]),
+        (409, &json!("hold_already_captured")),
+        "{body}"
+    );
+    let hold = transfer(&owner, id).await;
+    assert_eq!((hold.state, hold.reversed_by), (TransferState::Done, None));
+    assert_balances_and_no_markers(&owner, 700, 300).await;
+}
+
 /// Two processes under one `INSTANCE_ID` (a restart while the old process still has a
 /// write on its way, or a misconfiguration) never share a lease: each writes its own
 /// incarnation into `application`. The second one takes the first one's transfer over

@@ -86,7 +86,22 @@ impl Bank {
         reason: CancelReason,
     ) -> ServiceResult<Transfer> {
         let mut transfer = self.find_transfer(id).await?;
+        // A void (of a hold still being reserved when it was asked for) takes this path
+        // only to roll the reservation back: once a capture has won, the void is too
+        // late, and says so, rather than undo the capture as a cancel would.
+        let voiding = reason == CancelReason::Voided;
         for _ in 0..CANCEL_ROUNDS {
+            if voiding
+                && matches!(
+                    transfer.state,
+                    TransferState::Capturing | TransferState::Done
+                )
+            {
+                return Err(ServiceError::Hold {
+                    conflict: HoldConflict::AlreadyCaptured,
+                    hold: id,
+                });
+            }
             transfer = match transfer.state {
                 TransferState::Initial => {
                     // No account is touched before `initial -> pending`, which this
@@ -102,13 +117,14 @@ impl Bank {
                 | TransferState::Applied
                 | TransferState::Canceling
                 | TransferState::Capturing => self.take_over_fenced(transfer, reason).await?,
-                // A held hold is voided (nothing moved yet, so nothing to reverse); if a
-                // capture won meanwhile, it is reversed once done, like a transfer.
+                // A held hold is voided (nothing moved yet, so nothing to reverse). If a
+                // capture won meanwhile, a void says so; a cancel reverses the capture
+                // once done, as it reverses a done transfer.
                 TransferState::Held => match self.void_held(transfer).await {
                     Err(ServiceError::Hold {
                         conflict: HoldConflict::AlreadyCaptured,
                         ..
-                    }) => self.find_transfer(id).await?,
+                    }) if !voiding => self.find_transfer(id).await?,
                     other => other?,
                 },
                 TransferState::Canceled => return Ok(transfer),
