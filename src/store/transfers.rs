@@ -7,7 +7,7 @@
 //! carry a time at least as late as every earlier one.
 
 use futures::TryStreamExt;
-use mongodb::bson::{DateTime, Document, doc};
+use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::accounts::Fence;
@@ -428,32 +428,70 @@ impl Store {
                     "bug: transfer {id} settled from {from}, not held"
                 );
                 failpoint!(self, "before_settle");
-                let expiry = if expired { "$lte" } else { "$gt" };
-                let filter = doc! {
-                    "_id": id,
-                    "state": from.as_str(),
-                    "$expr": { expiry: ["$expiresAt", "$$NOW"] },
-                };
-                (owner, filter)
+                let filter = doc! { "_id": id, "state": from.as_str() };
+                let mut set = doc! { "state": to.as_str(), "application": owner };
+                set.extend(step_fields(fields));
+                let update = settled_by_the_clock(set, expired, lease_start);
+                let result = self.transactions.update_one(filter, update).await?;
+                return Ok((result.modified_count == 1).then_some(lease_start.to_chrono()));
             }
         };
         let mut set = doc! { "state": to.as_str(), "application": owner };
-        if let Some(reason) = fields.reason {
-            set.insert("reason", reason.as_str());
-        }
-        if fields.fenced {
-            set.insert("fenced", true);
-        }
-        if let Some(captured) = fields.captured {
-            set.insert("value", captured.minor_units());
-        }
+        set.extend(step_fields(fields));
         let result = self
             .transactions
             .update_one(filter, stamped(set, lease_start))
             .await?;
         Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
     }
+}
 
+/// The fields a state change records besides the state and the owner.
+fn step_fields(fields: StepFields) -> Document {
+    let mut set = Document::new();
+    if let Some(reason) = fields.reason {
+        set.insert("reason", reason.as_str());
+    }
+    if fields.fenced {
+        set.insert("fenced", true);
+    }
+    if let Some(captured) = fields.captured {
+        set.insert("value", captured.minor_units());
+    }
+    set
+}
+
+/// The update of a settler's change (see [`Mover::Settler`]): `set` and the stamp, only
+/// if the hold's `expiresAt` is after the server's clock (`expired`: not after it), as an
+/// update pipeline that leaves the document unchanged otherwise, so that the write
+/// reports no change. The clock's test is made where the write lands (`$$NOW`), so a
+/// capture that reaches the server late is judged by the time it lands; it is in the
+/// pipeline rather than in the filter because SecantusDB scans the whole collection for
+/// a filter with `$expr` (5.6 ms against 0.6 ms at 20,000 transfers, measured), while
+/// the `_id` filter and the pipeline cost the same on MongoDB.
+fn settled_by_the_clock(set: Document, expired: bool, at: DateTime) -> Vec<Document> {
+    let expiry = if expired { "$lte" } else { "$gt" };
+    let decided = doc! { expiry: ["$expiresAt", "$$NOW"] };
+    let mut conditional: Document = set
+        .into_iter()
+        .map(|(field, value)| {
+            let kept = Bson::String(format!("${field}"));
+            let value = doc! { "$cond": ["$_settles", { "$literal": value }, kept] };
+            (field, Bson::Document(value))
+        })
+        .collect();
+    conditional.insert(
+        "lastModified",
+        doc! { "$cond": ["$_settles", { "$max": ["$lastModified", at] }, "$lastModified"] },
+    );
+    vec![
+        doc! { "$set": { "_settles": decided } },
+        doc! { "$set": conditional },
+        doc! { "$unset": "_settles" },
+    ]
+}
+
+impl Store {
     /// Renews `owner`'s lease on a transfer still in `state`: a fresh `lastModified`.
     pub async fn renew_lease(
         &self,
