@@ -62,6 +62,18 @@ async fn start_transfer(
     }
 }
 
+/// A hold of `amount` from alice to bob (default expiry) requested from `app` in a task
+/// (it may stop at an armed pause): the status and the body.
+fn spawn_hold(app: &TestApp, amount: i64) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (http, url) = (app.http.clone(), app.url("/transfers"));
+    tokio::spawn(async move {
+        let body = json!({ "source": "alice", "destination": "bob", "amount": amount, "hold": {} });
+        let response = http.post(url).json(&body).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    })
+}
+
 /// `POST /transfers/{id}/cancel` on `app` in a task (it may stop at an armed pause):
 /// the status and the body.
 fn spawn_cancel(app: &TestApp, id: TransferId) -> tokio::task::JoinHandle<(u16, Value)> {
@@ -1044,13 +1056,7 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
     let app = spawn_app_with(|s| s.stale_after = lease).await;
     open_alice_and_bob(&app).await;
     let mut before_reserve = failpoints::pause(&app.instance_id, "before_debit");
-    let (http, url) = (app.http.clone(), app.url("/transfers"));
-    let request = tokio::spawn(async move {
-        let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": {} });
-        let response = http.post(url).json(&body).send().await.unwrap();
-        let status = response.status().as_u16();
-        (status, response.json::<Value>().await.unwrap())
-    });
+    let request = spawn_hold(&app, 300);
     before_reserve.reached().await;
     let listed = app
         .store
@@ -1096,13 +1102,7 @@ async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destinat
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
     let mut paused = failpoints::pause(&owner.instance_id, "after_credit");
-    let (http, url) = (owner.http.clone(), owner.url("/transfers"));
-    let request = tokio::spawn(async move {
-        let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": {} });
-        let response = http.post(url).json(&body).send().await.unwrap();
-        let status = response.status().as_u16();
-        (status, response.json::<Value>().await.unwrap())
-    });
+    let request = spawn_hold(&owner, 300);
     paused.reached().await;
     let id = owner
         .store
@@ -1146,13 +1146,7 @@ async fn a_slow_void_of_a_hold_being_reserved_never_reverses_a_capture_that_won(
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
     let mut reserving = failpoints::pause(&owner.instance_id, "after_credit");
-    let (http, url) = (owner.http.clone(), owner.url("/transfers"));
-    let request = tokio::spawn(async move {
-        let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": {} });
-        let response = http.post(url).json(&body).send().await.unwrap();
-        let status = response.status().as_u16();
-        (status, response.json::<Value>().await.unwrap())
-    });
+    let request = spawn_hold(&owner, 300);
     reserving.reached().await;
     let id = owner
         .store
