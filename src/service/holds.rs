@@ -9,6 +9,7 @@
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
+use crate::store::StoreResult;
 use crate::store::transfers::{Mover, StepFields};
 
 /// Why a capture or a void cannot be made: the hold has gone another way.
@@ -55,7 +56,7 @@ impl Bank {
     /// Expires `hold`, found `held` past its `expiresAt`: voids it with reason `expired`
     /// and releases it, unless a capture, a void or another expiry won it first. Whether
     /// this call expired it. The sweeper's way; admitted by the caller.
-    pub async fn expire(&self, hold: Transfer) -> ServiceResult<bool> {
+    pub async fn expire(&self, hold: Transfer) -> StoreResult<bool> {
         let fields = StepFields {
             reason: Some(CancelReason::Expired),
             ..StepFields::default()
@@ -66,7 +67,8 @@ impl Bank {
         {
             return Ok(false);
         }
-        let ended = self.run(hold).await?;
+        // Boxed: a debit's run expires holds through here, and runs them (recursion).
+        let ended = Box::pin(self.run(hold)).await?;
         Ok(ended.state == TransferState::Canceled)
     }
 
@@ -208,7 +210,7 @@ impl Bank {
         event: TransferEvent,
         expired: bool,
         fields: StepFields,
-    ) -> ServiceResult<bool> {
+    ) -> StoreResult<bool> {
         let to = super::protocol::next_state(transfer, event);
         let by = Mover::Settler {
             owner: self.owner(),

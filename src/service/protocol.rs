@@ -269,23 +269,12 @@ impl Bank {
     /// database's clock and still `held`, releasing each, as the sweeper would. Whether
     /// this call expired any.
     async fn expire_holds_out_of(&self, account: &AccountId) -> StoreResult<bool> {
-        let now = self.store.server_time().await?;
+        let now = self.store.server_time_lower_bound().await?;
         let mut expired = false;
         for hold in self.store.expired_holds_out_of(account, now, 100).await? {
-            let fields = StepFields {
-                reason: Some(CancelReason::Expired),
-                ..StepFields::default()
-            };
-            let by = Mover::Settler {
-                owner: self.owner(),
-                expired: true,
-            };
-            let (held, voiding) = (TransferState::Held, TransferState::Canceling);
-            let won = self.store.change_state(hold.id, held, voiding, by, fields);
-            if won.await?.is_some() {
-                tracing::info!(transfer_id = %hold.id, "hold expired before a debit that needed its money");
-                // Another transfer's run, inside this one's: boxed, as async recursion is.
-                Box::pin(self.run(hold)).await?;
+            let id = hold.id;
+            if self.expire(hold).await? {
+                tracing::info!(transfer_id = %id, "hold expired before a debit that needed its money");
                 expired = true;
             }
         }
