@@ -10,6 +10,7 @@
 //! carry their unit in the variable name (`_MS`) and become [`Duration`]s in
 //! [`Settings::from_args`], at the edge.
 
+use crate::domain::DeploymentName;
 use crate::service::Strategy;
 use std::error::Error as _;
 use std::ffi::{OsStr, OsString};
@@ -33,6 +34,16 @@ pub struct Args {
         value_parser = mongodb_uri
     )]
     pub mongodb_uri: String,
+
+    /// Several deployments: comma-separated `name=uri` pairs, each name 1 to 32
+    /// characters from `a-z0-9_-`, each URI a MongoDB connection string (which may list
+    /// several hosts with commas itself: a new pair starts at a comma followed by
+    /// `name=`). Accounts live on the deployment named when they are opened, the first one by
+    /// default. Unset: `MONGODB_URI` alone, named `default`. Prefer the variable to the
+    /// flag, which `ps` shows.
+    // `std::vec::Vec` spelled out, as for `API_KEYS`: the whole list is one value.
+    #[arg(long, env = "DEPLOYMENTS", hide_env_values = true, value_parser = deployments)]
+    pub deployments: Option<std::vec::Vec<Deployment>>,
 
     /// Database holding the `accounts`, `transactions` and `migrations` collections.
     #[arg(long, env = "MONGODB_DATABASE", default_value = "bank", value_parser = database_name)]
@@ -204,10 +215,29 @@ impl ValueEnum for Strategy {
     }
 }
 
+/// One deployment of `DEPLOYMENTS`: its name and its URI. `Debug` leaves the URI out,
+/// since it may carry a password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Deployment {
+    pub name: DeploymentName,
+    pub uri: String,
+}
+
+impl std::fmt::Debug for Deployment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deployment")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The validated settings the application runs with.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub mongodb_uri: String,
+    /// Where the accounts live: `DEPLOYMENTS`, or `MONGODB_URI` as `default`. Never
+    /// empty, names unique.
+    pub deployments: Vec<Deployment>,
+    /// The database (`MONGODB_DATABASE`) on every deployment.
     pub database: String,
     pub bind_addr: SocketAddr,
     pub instance_id: String,
@@ -434,6 +464,58 @@ fn api_keys(raw: &str) -> Result<Vec<ApiKey>, String> {
     parse_api_keys(raw).map_err(|e| e.message)
 }
 
+fn deployments(raw: &str) -> Result<Vec<Deployment>, String> {
+    parse_deployments(raw).map_err(|e| e.message)
+}
+
+/// Parses `DEPLOYMENTS`: comma-separated `name=uri` pairs. The messages name an entry
+/// by its position and name, never by its URI, which may carry a password.
+pub fn parse_deployments(raw: &str) -> Result<Vec<Deployment>, ConfigError> {
+    const VARIABLE: &str = "DEPLOYMENTS";
+    if raw.trim().is_empty() {
+        return Err(invalid(
+            VARIABLE,
+            "is empty; unset it to use MONGODB_URI alone",
+        ));
+    }
+    // A URI's own commas (between hosts, in tag sets) are followed by a host or an
+    // option value, never by `word=`, whose word has no `/ : ? @ &`.
+    let starts_pair = |piece: &str| {
+        piece
+            .split_once('=')
+            .is_some_and(|(before, _)| !before.contains(['/', ':', '?', '@', '&']))
+    };
+    let mut entries: Vec<String> = Vec::new();
+    for piece in raw.split(',') {
+        match entries.last_mut() {
+            Some(entry) if !starts_pair(piece) => {
+                entry.push(',');
+                entry.push_str(piece);
+            }
+            _ => entries.push(piece.to_owned()),
+        }
+    }
+    let mut list: Vec<Deployment> = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let n = index + 1;
+        let Some((name, uri)) = entry.trim().split_once('=') else {
+            return Err(invalid(VARIABLE, format!("entry {n} is not name=uri")));
+        };
+        let name = DeploymentName::parse(name.trim())
+            .map_err(|e| invalid(VARIABLE, format!("entry {n}: the name {e}")))?;
+        let uri = mongodb_uri(uri)
+            .map_err(|e| invalid(VARIABLE, format!("entry {n} ({name}): the URI {e}")))?;
+        if list.iter().any(|d| d.name == name) {
+            return Err(invalid(
+                VARIABLE,
+                format!("entry {n}: {name} is named twice"),
+            ));
+        }
+        list.push(Deployment { name, uri });
+    }
+    Ok(list)
+}
+
 fn cors_origins(raw: &str) -> Result<Vec<String>, String> {
     parse_cors_origins(raw).map_err(|e| e.message)
 }
@@ -544,7 +626,12 @@ impl Settings {
     /// Every value in `args` is already valid; what remains is units and defaults.
     pub fn from_args(args: Args) -> Settings {
         Settings {
-            mongodb_uri: args.mongodb_uri,
+            deployments: args.deployments.unwrap_or_else(|| {
+                vec![Deployment {
+                    name: DeploymentName::default(),
+                    uri: args.mongodb_uri,
+                }]
+            }),
             database: args.mongodb_database,
             bind_addr: args.bind_addr,
             instance_id: args.instance_id.unwrap_or_else(default_instance_id),
@@ -605,6 +692,60 @@ mod tests {
         assert_eq!(s.max_connections, 1024);
         assert_eq!(s.http_idle_timeout, Duration::from_millis(75_000));
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
+    }
+
+    #[test]
+    fn without_deployments_mongodb_uri_is_the_default_deployment() {
+        let s = settings(&["--mongodb-uri", "mongodb://db:27017"]).unwrap();
+        assert_eq!(s.deployments.len(), 1);
+        assert_eq!(s.deployments[0].name.as_str(), "default");
+        assert_eq!(s.deployments[0].uri, "mongodb://db:27017");
+    }
+
+    #[test]
+    fn deployments_are_name_uri_pairs_in_order_and_a_uri_may_list_hosts() {
+        let raw = "eu=mongodb://a:1,b:2,c:3/?replicaSet=rs&readPreferenceTags=dc:x,rack:1, us=mongodb+srv://user:pw@us.example.net/?w=majority,cn_1=mongodb://z";
+        let s = settings(&["--deployments", raw]).unwrap();
+        let names: Vec<&str> = s.deployments.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["eu", "us", "cn_1"]);
+        assert_eq!(
+            s.deployments[0].uri,
+            "mongodb://a:1,b:2,c:3/?replicaSet=rs&readPreferenceTags=dc:x,rack:1"
+        );
+        assert_eq!(
+            s.deployments[1].uri,
+            "mongodb+srv://user:pw@us.example.net/?w=majority"
+        );
+        // The URI (and its password) never shows in the settings' Debug.
+        let debug = format!("{s:?}");
+        assert!(!debug.contains("pw@"), "{debug}");
+    }
+
+    #[test]
+    fn a_bad_deployments_value_names_the_entry_and_never_its_uri() {
+        let cases: [(&str, &str); 6] = [
+            ("", "is empty"),
+            ("eu", "entry 1 is not name=uri"),
+            ("EU=mongodb://secret@a", "entry 1: the name must be 1 to 32"),
+            (
+                "eu=mongodb://a,us=http://secret@b",
+                "entry 2 (us): the URI must start with mongodb://",
+            ),
+            (
+                "eu=mongodb://a,eu=mongodb://secret@b",
+                "entry 2: eu is named twice",
+            ),
+            (
+                &format!("{}=mongodb://a", "d".repeat(33)),
+                "entry 1: the name must be 1 to 32",
+            ),
+        ];
+        for (raw, said) in cases {
+            let err = settings(&["--deployments", raw]).unwrap_err();
+            assert_eq!(err.variable, "DEPLOYMENTS", "{raw}");
+            assert!(err.message.contains(said), "{raw}: {}", err.message);
+            assert!(!err.to_string().contains("secret"), "{err}");
+        }
     }
 
     #[test]

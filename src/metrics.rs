@@ -34,7 +34,7 @@ use ::metrics::{
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::domain::{CancelReason, TransferState};
+use crate::domain::{CancelReason, DeploymentName, TransferState};
 
 const HTTP_REQUESTS: &str = "http_requests_total";
 const HTTP_DURATION: &str = "http_request_duration_seconds";
@@ -95,7 +95,7 @@ const FAMILIES: [(&str, Kind, &str); 7] = [
     (
         DB_DURATION,
         Kind::Histogram,
-        "Round-trip time of database commands as the driver measured it, by command name and outcome.",
+        "Round-trip time of database commands as the driver measured it, by deployment, command name and outcome.",
     ),
     (
         HOLDS,
@@ -280,11 +280,23 @@ impl Drop for InFlightTransfer {
     }
 }
 
-/// Records one database command, as the driver timed it (round trip included).
-pub fn db_operation(command: &str, succeeded: bool, elapsed: Duration) {
+/// Records one database command on `deployment`, as the driver timed it (round trip
+/// included).
+pub fn db_operation(
+    deployment: &DeploymentName,
+    command: &str,
+    succeeded: bool,
+    elapsed: Duration,
+) {
     installed();
     let outcome = if succeeded { "ok" } else { "error" };
-    histogram!(DB_DURATION, "command" => command.to_owned(), "outcome" => outcome).record(elapsed);
+    histogram!(
+        DB_DURATION,
+        "deployment" => deployment.to_string(),
+        "command" => command.to_owned(),
+        "outcome" => outcome
+    )
+    .record(elapsed);
 }
 
 /// Every family in the Prometheus text format, version 0.0.4.
@@ -404,10 +416,11 @@ mod tests {
     #[test]
     fn a_database_command_lands_in_the_database_buckets() {
         // A command name of this test's own, so no other test adds to its series.
-        db_operation("bucketProbe", true, Duration::from_micros(62_500));
-        db_operation("bucketProbe", true, Duration::from_secs(7));
+        let here = DeploymentName::parse("probe").unwrap();
+        db_operation(&here, "bucketProbe", true, Duration::from_micros(62_500));
+        db_operation(&here, "bucketProbe", true, Duration::from_secs(7));
         let text = render();
-        let labels = "command=\"bucketProbe\",outcome=\"ok\"";
+        let labels = "deployment=\"probe\",command=\"bucketProbe\",outcome=\"ok\"";
         assert_eq!(
             bucket_bounds(&text, DB_DURATION, labels),
             expected_bounds(DB_BUCKETS_SECONDS),

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::http::{self, AppState};
 use crate::service::Bank;
-use crate::store::{Store, StoreError};
+use crate::store::{Deployments, Store, StoreError};
 
 /// Longest a request may take before it is answered 503. A transfer takes milliseconds;
 /// this bounds the pathological cases (a database that accepts connections but hangs).
@@ -42,7 +42,8 @@ pub enum StartupError {
     Database(#[from] StoreError),
 }
 
-/// [`Store::migrate`], tried again while the database is unavailable.
+/// [`Store::migrate`], tried again while the database is unavailable, for at most
+/// [`STARTUP_PATIENCE`].
 async fn migrate_patiently(store: &Store) -> Result<Vec<String>, StoreError> {
     let give_up = tokio::time::Instant::now() + STARTUP_PATIENCE;
     let mut pause = FIRST_PAUSE;
@@ -64,26 +65,40 @@ impl Application {
     /// migration command is idempotent), then start-up fails; any other error fails it at
     /// once.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
-        let store = Store::connect_with(
-            &settings.mongodb_uri,
-            &settings.database,
-            settings.group_commit_writes,
-        )
-        .await?;
-        let applied = migrate_patiently(&store).await?;
-        if !applied.is_empty() {
-            tracing::info!(?applied, "migrations applied");
+        let mut stores = Vec::with_capacity(settings.deployments.len());
+        for d in &settings.deployments {
+            let store = Store::connect_with(
+                d.name.clone(),
+                &d.uri,
+                &settings.database,
+                settings.group_commit_writes,
+            )
+            .await?;
+            stores.push(store);
         }
+        // Every deployment at once: each waits for its own database.
+        let migrated = futures::future::join_all(stores.iter().map(migrate_patiently)).await;
+        for (store, applied) in stores.iter().zip(migrated) {
+            let applied = applied?;
+            if !applied.is_empty() {
+                tracing::info!(deployment = %store.deployment(), ?applied, "migrations applied");
+            }
+        }
+        let deployments = Deployments::new(stores);
         let listener = TcpListener::bind(settings.bind_addr)
             .await
             .map_err(|source| StartupError::Bind {
                 addr: settings.bind_addr,
                 source,
             })?;
-        let bank = Bank::new(store, settings.instance_id.clone(), settings.stale_after)
-            .with_strategy(settings.strategy)
-            .with_max_in_flight(settings.max_transfers_in_flight)
-            .with_default_hold_expiry(settings.hold_expires);
+        let bank = Bank::new(
+            deployments,
+            settings.instance_id.clone(),
+            settings.stale_after,
+        )
+        .with_strategy(settings.strategy)
+        .with_max_in_flight(settings.max_transfers_in_flight)
+        .with_default_hold_expiry(settings.hold_expires);
         Ok(Application {
             listener,
             bank,

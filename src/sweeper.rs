@@ -28,6 +28,11 @@
 //!
 //! One transfer that fails (the database refused a step, say) is logged and left for the
 //! next pass; the pass goes on with the others and with its housekeeping.
+//!
+//! With several deployments, a pass sweeps every deployment's log at once, each by its
+//! own clock (a lease is judged by the clock of the deployment that logs the transfer).
+//! A deployment that does not answer is skipped until the next pass; the others are swept
+//! as usual.
 
 use std::time::Duration;
 
@@ -36,7 +41,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::Timestamp;
 use crate::service::{Bank, ServiceError};
-use crate::store::StoreResult;
+use crate::store::accounts::Side;
+use crate::store::{Store, StoreResult};
 use crate::telemetry::Chain;
 
 /// Transfers claimed in one pass, at most.
@@ -59,9 +65,57 @@ pub struct SweepReport {
     pub holds_expired: usize,
 }
 
-/// One pass of the sweeper. Stops early, between transfers, when `shutdown` is cancelled.
+impl std::ops::AddAssign for SweepReport {
+    fn add_assign(&mut self, other: SweepReport) {
+        self.found += other.found;
+        self.claimed += other.claimed;
+        self.finished += other.finished;
+        self.reversals_finished += other.reversals_finished;
+        self.fences_dropped += other.fences_dropped;
+        self.holds_expired += other.holds_expired;
+    }
+}
+
+/// One pass of the sweeper over every deployment's log at once. Stops early, between
+/// transfers, when `shutdown` is cancelled. Fails only if every deployment's pass failed.
 pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResult<SweepReport> {
-    let store = bank.store();
+    let passes = bank
+        .deployments()
+        .all()
+        .iter()
+        .map(|log| sweep_log(bank, log, shutdown));
+    let mut report = SweepReport::default();
+    let mut failure = None;
+    let mut swept = false;
+    for (log, pass) in bank
+        .deployments()
+        .all()
+        .iter()
+        .zip(futures::future::join_all(passes).await)
+    {
+        match pass {
+            Ok(one) => {
+                report += one;
+                swept = true;
+            }
+            Err(e) => {
+                tracing::warn!(deployment = %log.deployment(), error = %Chain(&e), "sweep of a deployment failed; next pass");
+                failure = failure.or(Some(e));
+            }
+        }
+    }
+    match failure {
+        Some(e) if !swept => Err(e),
+        _ => Ok(report),
+    }
+}
+
+/// One pass over the transfers logged on `store`'s deployment.
+async fn sweep_log(
+    bank: &Bank,
+    store: &Store,
+    shutdown: &CancellationToken,
+) -> StoreResult<SweepReport> {
     let me = bank.owner();
     let lease_ms = bank.stale_after().as_millis() as i64;
     // By the database's clock; the claim re-checks it atomically.
@@ -123,15 +177,15 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
         }
     }
     if !shutdown.is_cancelled() {
-        match finish_reversals(bank, stale_before, shutdown).await {
+        match finish_reversals(bank, store, stale_before, shutdown).await {
             Ok(n) => report.reversals_finished = n,
             Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
         }
-        match collect_fences(bank, stale_before, shutdown).await {
+        match collect_fences(bank, store, stale_before, shutdown).await {
             Ok(n) => report.fences_dropped = n,
             Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
         }
-        match expire_holds(bank, now, shutdown).await {
+        match expire_holds(bank, store, now, shutdown).await {
             Ok(n) => report.holds_expired = n,
             Err(e) => tracing::warn!(error = %Chain(&e), "expiring holds failed; next pass"),
         }
@@ -143,15 +197,12 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
 /// not touched for a lease). Returns how many reached their end.
 async fn finish_reversals(
     bank: &Bank,
+    store: &Store,
     stale_before: Timestamp,
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
     let mut finished = 0;
-    for original in bank
-        .store()
-        .unfinished_reversals(stale_before, BATCH)
-        .await?
-    {
+    for original in store.unfinished_reversals(stale_before, BATCH).await? {
         if shutdown.is_cancelled() {
             break;
         }
@@ -183,12 +234,16 @@ async fn finish_reversals(
 /// no lease deadline is later than the canceled transfer's `lastModified` plus 0.9 x the
 /// lease. Once the database's clock is past its `lastModified` plus a whole lease, every
 /// late step is refused by its deadline, fence or no fence.
+///
+/// `store` is the deployment that logs the transfers; `stale_before` is by its clock,
+/// which judged the fences' deadlines too (each account's deployment checked a deadline
+/// carried over to its own clock no later than this one, see `Store::deadline_on`).
 pub async fn collect_fences(
     bank: &Bank,
+    store: &Store,
     stale_before: Timestamp,
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
-    let store = bank.store();
     let mut dropped = 0;
     for transfer in store.fenced_finished(stale_before, BATCH).await? {
         if shutdown.is_cancelled() {
@@ -197,9 +252,22 @@ pub async fn collect_fences(
         // Fences first, flag second: a crash in between leaves the flag, and the next
         // pass drops the (already gone) fences again.
         let dropped_here = async {
-            store
-                .drop_fences([&transfer.source, &transfer.destination], transfer.id)
-                .await?;
+            let (source, destination) = (
+                bank.on(&transfer, Side::Source)?,
+                bank.on(&transfer, Side::Destination)?,
+            );
+            if source.deployment() == destination.deployment() {
+                source
+                    .drop_fences([&transfer.source, &transfer.destination], transfer.id)
+                    .await?;
+            } else {
+                source
+                    .drop_fences([&transfer.source, &transfer.source], transfer.id)
+                    .await?;
+                destination
+                    .drop_fences([&transfer.destination, &transfer.destination], transfer.id)
+                    .await?;
+            }
             store.unmark_fenced(transfer.id).await
         };
         match dropped_here.await {
@@ -216,11 +284,12 @@ pub async fn collect_fences(
 /// each under admission control like a recovery. Returns how many this pass expired.
 async fn expire_holds(
     bank: &Bank,
+    store: &Store,
     now: Timestamp,
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
     let mut expired = 0;
-    for hold in bank.store().expired_holds(now, BATCH).await? {
+    for hold in store.expired_holds(now, BATCH).await? {
         if shutdown.is_cancelled() {
             break;
         }

@@ -449,6 +449,7 @@ impl Worker {
                     name: None,
                     balance: OpeningBalance::parse(OPENING).unwrap(),
                     currency: Currency::usd(),
+                    deployment: None,
                 })
                 .await
                 .expect("open account");

@@ -130,7 +130,7 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
     let storage = tempfile::tempdir().unwrap();
     let mut daemon = Daemon::start(storage.path().to_path_buf(), 0);
     let uri = daemon.uri.clone();
-    let app = spawn_app_with(|s| s.mongodb_uri = uri).await;
+    let app = spawn_app_with(|s| s.deployments[0].uri = uri).await;
     for i in 0..6 {
         app.open_account(&format!("acct-{i}"), 1_000).await;
     }

@@ -3,8 +3,8 @@
 //! (`store::documents`); the HTTP layer builds its responses from them.
 
 use super::{
-    AccountId, AccountName, Amount, CancelReason, Currency, IdempotencyKey, Reference, TransferId,
-    TransferState,
+    AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, IdempotencyKey,
+    Reference, TransferId, TransferState,
 };
 
 /// A point in time. Every time that another instance compares with another is the
@@ -25,6 +25,11 @@ pub struct Transfer {
     pub id: TransferId,
     pub source: AccountId,
     pub destination: AccountId,
+    /// Where the source account lives, and with it this line of the log: a transfer is
+    /// logged on its source's deployment, so that an outage elsewhere never stops it.
+    pub source_deployment: DeploymentName,
+    /// Where the destination account lives.
+    pub destination_deployment: DeploymentName,
     /// What moves: for a hold, the held amount until a capture sets the captured one.
     pub amount: Amount,
     pub currency: Currency,
@@ -58,8 +63,9 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    /// A transfer as step 1 records it: `initial`, owned by nobody yet. Optional fields
-    /// (reference, idempotency key, reversal link) are set by the caller; the store
+    /// A transfer as step 1 records it: `initial`, owned by nobody yet, between accounts
+    /// of the `default` deployment. Optional fields (the deployments, reference,
+    /// idempotency key, reversal link) are set by the caller; the store
     /// stamps `last_modified` with the database's clock when it records it.
     pub fn initial(
         id: TransferId,
@@ -73,6 +79,8 @@ impl Transfer {
             id,
             source,
             destination,
+            source_deployment: DeploymentName::default(),
+            destination_deployment: DeploymentName::default(),
             amount,
             currency,
             state: TransferState::Initial,
@@ -121,6 +129,8 @@ pub struct Hold {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Account {
     pub id: AccountId,
+    /// The deployment that keeps the account (and logs the transfers out of it).
+    pub deployment: DeploymentName,
     pub name: Option<AccountName>,
     /// The posted balance in minor units, 0 ..= `MAX_MONEY`.
     pub balance: i64,
@@ -176,8 +186,9 @@ pub struct TransferFilter {
     pub account: Option<AccountId>,
     /// Keyset cursor: only transfers older than this one.
     pub before: Option<TransferId>,
-    /// Only holds not expired at this time (for a listing of `held` ones).
-    pub unexpired_at: Option<Timestamp>,
+    /// Only holds not expired yet, by the clock of the deployment that logs each (for a
+    /// listing of `held` ones).
+    pub unexpired: bool,
 }
 
 #[cfg(test)]
@@ -221,6 +232,7 @@ mod tests {
         let expired = hold(now());
         let account = |id: &str, debits, credits, markers: Vec<TransferId>| Account {
             id: AccountId::parse(id).unwrap(),
+            deployment: DeploymentName::default(),
             name: None,
             balance: 1_000,
             pending_debits: debits,

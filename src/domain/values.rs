@@ -190,6 +190,41 @@ impl IdempotencyKey {
     }
 }
 
+/// The name of a MongoDB deployment the service keeps accounts on (`DEPLOYMENTS`): 1 to
+/// 32 characters from `a-z`, `0-9`, `_` and `-`. Accounts and transfer logs refer to it
+/// for ever, so a deployment keeps its name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeploymentName(String);
+
+impl DeploymentName {
+    pub const MAX_LEN: usize = 32;
+
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-".contains(c);
+        if raw.is_empty() || raw.len() > Self::MAX_LEN || !raw.chars().all(allowed) {
+            return Err(refuse("must be 1 to 32 characters from a-z, 0-9, _ and -"));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// `default`: the one deployment of a service configured with `MONGODB_URI` alone.
+impl Default for DeploymentName {
+    fn default() -> Self {
+        Self("default".to_owned())
+    }
+}
+
+impl fmt::Display for DeploymentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The client's own label for a transfer (an invoice number, say): at most 140 characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference(String);
@@ -257,6 +292,20 @@ mod tests {
         assert_eq!(id.to_string(), raw);
         assert!(TransferId::parse("65a1b2c3d4e5f60718293a4").is_err());
         assert!(TransferId::parse("zza1b2c3d4e5f60718293a4b").is_err());
+    }
+
+    #[test]
+    fn deployment_names_are_short_lowercase_words() {
+        for ok in ["eu", "us-east_2", "0", &"d".repeat(32)] {
+            assert!(DeploymentName::parse(ok).is_ok(), "{ok} should parse");
+        }
+        for bad in ["", "EU", "e u", "eu.1", &"d".repeat(33), "é"] {
+            assert!(
+                DeploymentName::parse(bad).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
+        assert_eq!(DeploymentName::default().as_str(), "default");
     }
 
     #[test]

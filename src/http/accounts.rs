@@ -13,13 +13,13 @@ use super::extract::ApiJson;
 use super::pagination::{Page, PageParams, page};
 use super::problem::{ApiError, Problem, field};
 use super::transfers::{TransferPage, TransferResponse};
-use crate::domain::{Account, AccountId, AccountName, Currency, OpeningBalance};
+use crate::domain::{Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance};
 use crate::service::NewAccount;
 
 /// A request to open an account.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[schema(example = json!({"id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR"}))]
+#[schema(example = json!({"id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR", "deployment": "eu"}))]
 pub struct CreateAccountRequest {
     /// 1 to 64 characters from `A-Za-z0-9_.:@-`; generated when absent.
     #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
@@ -33,6 +33,10 @@ pub struct CreateAccountRequest {
     /// ISO-4217 code, three uppercase letters. Default `USD`.
     #[schema(pattern = "^[A-Z]{3}$")]
     pub currency: Option<String>,
+    /// The deployment (`DEPLOYMENTS`) that keeps the account, for ever: 1 to 32
+    /// characters from `a-z0-9_-`. Default: the first deployment configured.
+    #[schema(pattern = "^[a-z0-9_-]{1,32}$")]
+    pub deployment: Option<String>,
 }
 
 /// An account.
@@ -40,11 +44,14 @@ pub struct CreateAccountRequest {
 #[serde(rename_all = "camelCase")]
 #[schema(example = json!({
     "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 7500,
-    "pendingDebits": 2500, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+    "pendingDebits": 2500, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
 }))]
 pub struct AccountResponse {
     /// 1 to 64 characters from `A-Za-z0-9_.:@-`.
     pub id: String,
+    /// The deployment that keeps the account (`default` unless `DEPLOYMENTS` names
+    /// several).
+    pub deployment: String,
     /// The name given at opening; null when none was.
     #[schema(required = true)]
     pub name: Option<String>,
@@ -75,7 +82,7 @@ pub struct AccountResponse {
 #[schema(example = json!({
     "items": [{
         "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 10000,
-        "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+        "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
     }],
     "nextCursor": "YWNjb3VudHM6YWxpY2U"
 }))]
@@ -100,6 +107,7 @@ impl From<Account> for AccountResponse {
         let available_balance = a.available_balance();
         AccountResponse {
             id: a.id.to_string(),
+            deployment: a.deployment.to_string(),
             name: a.name.map(|n| n.as_str().to_owned()),
             balance: a.balance,
             available_balance,
@@ -133,8 +141,8 @@ pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
         (status = 409, description = "`account_exists`: an account with this id exists.", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the body is not sent as application/json.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field`: a field is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_field`: a field is invalid; `field` names it. `unknown_deployment`: no deployment has that name.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later (opening an account needs the first deployment, which keeps the directory of account ids, and the account's own).", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_account(
@@ -157,6 +165,11 @@ pub async fn create_account(
             Some(raw) => field("currency", Currency::parse(raw))?,
             None => Currency::usd(),
         },
+        deployment: body
+            .deployment
+            .as_deref()
+            .map(|raw| field("deployment", DeploymentName::parse(raw)))
+            .transpose()?,
     };
     let account = state.bank.open_account(new).await?;
     let mut headers = HeaderMap::new();

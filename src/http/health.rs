@@ -10,10 +10,15 @@ use super::problem::{ApiError, Problem};
 
 /// The answer of the health and readiness checks.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"status": "ok"}))]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({"status": "degraded", "unavailableDeployments": ["us"]}))]
 pub struct Status {
-    /// Always `ok`.
+    /// `ok`; for `/ready`, `degraded` while some deployments (not all) do not answer.
     pub status: &'static str,
+    /// The deployments that do not answer: transfers touching their accounts are refused
+    /// (503) until they are back; the others go on. Absent when every one answers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unavailable_deployments: Vec<String>,
 }
 
 /// Liveness: the process is serving HTTP.
@@ -22,21 +27,36 @@ pub struct Status {
     responses((status = 200, description = "The process is alive.", body = Status))
 )]
 pub async fn health() -> Json<Status> {
-    Json(Status { status: "ok" })
+    Json(Status {
+        status: "ok",
+        unavailable_deployments: Vec::new(),
+    })
 }
 
-/// Readiness: the database answers and the instance admits new transfers.
+/// Readiness: the deployments answer and the instance admits new transfers.
+///
+/// With several deployments, one that does not answer only stops the transfers that
+/// touch its accounts, so the instance stays ready (`degraded`, naming it) while any
+/// deployment answers: every instance sees the same outage, and a load balancer that took
+/// them all out would stop the transfers that could go on.
 #[utoipa::path(
     get, path = "/ready", tag = "operations",
     responses(
-        (status = 200, description = "The database answers; the instance can serve.", body = Status),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: the database does not answer; `overloaded`: the instance has as many transfers in flight as it admits. Send no traffic here for now.", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "`ok`: every deployment answers; `degraded`: the ones in `unavailableDeployments` do not, and only transfers touching their accounts are refused. The instance can serve.", body = Status),
+        (status = 503, description = "`database_unavailable` or `request_timeout`: no deployment answers (`detail` names them); `overloaded`: the instance has as many transfers in flight as it admits. Send no traffic here for now.", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {
     if state.bank.is_overloaded() {
         return Err(ApiError::Overloaded);
     }
-    state.bank.ping().await?;
-    Ok(Json(Status { status: "ok" }))
+    let down = state.bank.unavailable_deployments().await;
+    let names: Vec<String> = down.iter().map(ToString::to_string).collect();
+    if down.len() == state.bank.deployments().all().len() {
+        return Err(ApiError::DeploymentsUnavailable(names));
+    }
+    Ok(Json(Status {
+        status: if names.is_empty() { "ok" } else { "degraded" },
+        unavailable_deployments: names,
+    }))
 }

@@ -77,6 +77,8 @@ pub enum ApiError {
     InvalidField { field: String, detail: String },
     /// 422: a header is invalid.
     InvalidHeader { header: String, detail: String },
+    /// 422: an account names a deployment that is not configured.
+    UnknownDeployment(String),
     /// 422: a transfer names an account that does not exist.
     UnknownAccount {
         detail: String,
@@ -97,6 +99,8 @@ pub enum ApiError {
     BalanceOverflow { transfer_id: String },
     /// 503: the database does not answer; retry later.
     DatabaseUnavailable,
+    /// 503: these deployments do not answer (`/ready`).
+    DeploymentsUnavailable(Vec<String>),
     /// 503: this instance has as many transfers in flight as it admits; retry after
     /// `Retry-After` seconds. Nothing was recorded.
     Overloaded,
@@ -126,12 +130,15 @@ impl ApiError {
             InvalidField { .. }
             | InvalidHeader { .. }
             | UnknownAccount { .. }
+            | UnknownDeployment(_)
             | SameAccount
             | CurrencyMismatch(_)
             | IdempotencyKeyReused
             | InsufficientFunds { .. }
             | BalanceOverflow { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            DatabaseUnavailable | Overloaded | Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            DatabaseUnavailable | DeploymentsUnavailable(_) | Overloaded | Timeout => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -155,12 +162,15 @@ impl ApiError {
             InvalidField { .. } => ("invalid_field", "Invalid field"),
             InvalidHeader { .. } => ("invalid_header", "Invalid header"),
             UnknownAccount { .. } => ("unknown_account", "Unknown account"),
+            UnknownDeployment(_) => ("unknown_deployment", "Unknown deployment"),
             SameAccount => ("same_account", "Same account"),
             CurrencyMismatch(_) => ("currency_mismatch", "Currency mismatch"),
             IdempotencyKeyReused => ("idempotency_key_reused", "Idempotency key reused"),
             InsufficientFunds { .. } => ("insufficient_funds", "Insufficient funds"),
             BalanceOverflow { .. } => ("balance_overflow", "Balance overflow"),
-            DatabaseUnavailable => ("database_unavailable", "Database unavailable"),
+            DatabaseUnavailable | DeploymentsUnavailable(_) => {
+                ("database_unavailable", "Database unavailable")
+            }
             Overloaded => ("overloaded", "Overloaded"),
             Timeout => ("request_timeout", "Request timeout"),
             Internal => ("internal_error", "Internal server error"),
@@ -193,6 +203,7 @@ impl ApiError {
             PayloadTooLarge => "the request body is larger than the server accepts".into(),
             UnsupportedMediaType => "send the body as Content-Type: application/json".into(),
             SameAccount => "source and destination must be different accounts".into(),
+            UnknownDeployment(name) => format!("there is no deployment {name}"),
             CurrencyMismatch(d) => d.clone(),
             IdempotencyKeyReused => {
                 "this Idempotency-Key was already used with a different request body".into()
@@ -201,6 +212,10 @@ impl ApiError {
                 "the credit would take the destination balance past 9007199254740991".into()
             }
             DatabaseUnavailable => "the database is unavailable; retry later".into(),
+            DeploymentsUnavailable(names) => format!(
+                "the database is unavailable; these deployments do not answer: {}",
+                names.join(", ")
+            ),
             Overloaded => {
                 "this instance is at its limit of transfers in flight or of connections; nothing was recorded, retry shortly".into()
             }
@@ -227,6 +242,7 @@ impl ApiError {
                 Some(field.clone())
             }
             ApiError::InvalidHeader { header, .. } => Some(header.clone()),
+            ApiError::UnknownDeployment(_) => Some("deployment".into()),
             _ => None,
         };
         let transfer_id = match self {
@@ -303,6 +319,7 @@ impl From<ServiceError> for ApiError {
     fn from(err: ServiceError) -> Self {
         match err {
             ServiceError::AccountExists(id) => ApiError::AccountExists(id),
+            ServiceError::UnknownDeployment(name) => ApiError::UnknownDeployment(name.to_string()),
             ServiceError::AccountNotFound(id) => ApiError::AccountNotFound(id),
             ServiceError::TransferNotFound(id) => ApiError::TransferNotFound(id.to_string()),
             ServiceError::SameAccount => ApiError::SameAccount,

@@ -15,7 +15,7 @@
 
 use super::{Bank, HoldConflict, ServiceError, ServiceResult};
 use crate::domain::{CancelReason, Transfer, TransferEvent, TransferId, TransferState};
-use crate::store::accounts::Fence;
+use crate::store::accounts::{Fence, Side};
 use crate::store::transfers::{Fenced, Mover, StepFields};
 use crate::store::{StoreError, StoreResult};
 
@@ -152,16 +152,25 @@ impl Bank {
         transfer: Transfer,
         reason: CancelReason,
     ) -> ServiceResult<Transfer> {
-        let store = self.store();
+        let log = self.log(&transfer)?;
         // The mark comes first, so whoever finishes the transfer, the sweeper later finds
         // the fences and drops them; its stamp starts the window the fences must land in.
-        let Some(since) = store.mark_fenced(transfer.id).await? else {
+        let Some(since) = log.mark_fenced(transfer.id).await? else {
             return Ok(self.reload(&transfer).await?); // finished meanwhile
         };
+        // By the log's clock; each account's deployment checks it by its own.
         let deadline = self.lease_deadline_from(since);
-        let fence =
-            |account, unless_applied| store.fence(account, transfer.id, unless_applied, deadline);
-        let (source, destination) = (&transfer.source, &transfer.destination);
+        let fence = |side: Side, unless_applied: bool| {
+            let transfer = &transfer;
+            async move {
+                let (store, account) = (self.on(transfer, side)?, self.account_of(transfer, side));
+                let deadline = log.deadline_on(deadline, store).await?;
+                store
+                    .fence(account, transfer.id, unless_applied, deadline)
+                    .await
+            }
+        };
+        let (source, destination) = (Side::Source, Side::Destination);
         // What to do once both accounts are fenced, and the destination's fence if placed.
         // A hold being reserved has no commit point yet (a reservation is not spendable),
         // so it always rolls back; a transfer's commit point is its credit.
@@ -221,8 +230,7 @@ impl Bank {
             }
             Takeover::Claim => {
                 let state = transfer.state;
-                store
-                    .take_over(self.owner(), transfer.id, state, fenced)
+                log.take_over(self.owner(), transfer.id, state, fenced)
                     .await?
             }
         };
@@ -248,7 +256,9 @@ impl Bank {
             owner: self.owner(),
             fenced,
         };
-        let moved = self.store().change_state(transfer.id, from, to, by, fields);
+        let moved = self
+            .log(transfer)?
+            .change_state(transfer.id, from, to, by, fields);
         if moved.await?.is_some() {
             let reason = fields.reason;
             tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, reason = ?reason, "transfer state changed");
@@ -267,7 +277,7 @@ impl Bank {
                 return self.finish_reversal(original).await;
             }
             let funds = self
-                .store()
+                .on(&original, Side::Destination)?
                 .account(&original.destination)
                 .await?
                 .map_or(0, |a| a.available_balance());
@@ -279,7 +289,11 @@ impl Bank {
                 });
             }
             let claimed = crate::store::new_transfer_id();
-            if self.store().claim_reversal(original.id, claimed).await? {
+            if self
+                .log(&original)?
+                .claim_reversal(original.id, claimed)
+                .await?
+            {
                 original.reversed_by = Some(claimed);
             } else {
                 original = self.find_transfer(original.id).await?;
@@ -307,13 +321,13 @@ impl Bank {
         }
         match reversal.state {
             TransferState::Done => {
-                self.store()
+                self.log(&original)?
                     .reversal_finished(original.id, reversal_id)
                     .await?;
                 Ok(self.reload(&original).await?)
             }
             TransferState::Canceled => {
-                self.store()
+                self.log(&original)?
                     .release_reversal(original.id, reversal_id)
                     .await?;
                 let reason = reversal.reason.unwrap_or(CancelReason::InsufficientFunds);
@@ -340,11 +354,15 @@ impl Bank {
         original: &Transfer,
         reversal_id: TransferId,
     ) -> ServiceResult<Transfer> {
-        if let Some(existing) = self.store().transfer(reversal_id).await? {
+        // Logged where its source, the original's destination, lives.
+        let log = self.on(original, Side::Destination)?;
+        if let Some(existing) = log.transfer(reversal_id).await? {
             return Ok(existing);
         }
         let reversal = Transfer {
             reverses: Some(original.id),
+            source_deployment: original.destination_deployment.clone(),
+            destination_deployment: original.source_deployment.clone(),
             ..Transfer::initial(
                 reversal_id,
                 original.destination.clone(),
@@ -353,7 +371,7 @@ impl Bank {
                 original.currency.clone(),
             )
         };
-        match self.store().insert_transfer(&reversal).await {
+        match log.insert_transfer(&reversal).await {
             // Run from the stored state (`Bank::run` reads it again), stamp and all.
             Ok(_) => Ok(reversal),
             // A concurrent cancel recorded it first.

@@ -217,7 +217,7 @@ impl Bank {
             expired,
         };
         let moved = self
-            .store()
+            .log(transfer)?
             .change_state(transfer.id, TransferState::Held, to, by, fields)
             .await?;
         if moved.is_some() {

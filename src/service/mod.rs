@@ -24,11 +24,26 @@ use tokio_util::task::TaskTracker;
 use crate::telemetry::Chain;
 
 use crate::domain::{
-    Account, AccountId, AccountName, Amount, CancelReason, Currency, Hold, IdempotencyKey,
-    OpeningBalance, Reference, Transfer, TransferFilter, TransferId, TransferState,
+    Account, AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Hold,
+    IdempotencyKey, OpeningBalance, Reference, Timestamp, Transfer, TransferFilter, TransferId,
+    TransferState,
 };
+use crate::store::accounts::Side;
+use crate::store::deployments::Reservation;
 use crate::store::native::AtomicOutcome;
-use crate::store::{Store, StoreError, StoreResult};
+use crate::store::transfers::KeyRecord;
+use crate::store::{Deployments, Store, StoreError, StoreResult};
+
+/// What [`Bank::take_key`] found.
+enum Taken {
+    /// The key is ours now, for a transfer of this id.
+    New(TransferId),
+    /// The key was taken by the same request, whose transfer is not recorded yet:
+    /// record it under this id.
+    Unrecorded(TransferId),
+    /// The transfer the key made.
+    Replay(Box<Transfer>),
+}
 
 /// The end of a protocol run started with [`Bank::spawn_run`].
 async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
@@ -49,6 +64,8 @@ const REPLAY_POLL: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone)]
 pub struct NewAccount {
     pub id: Option<AccountId>,
+    /// Where to keep it; the first deployment listed when not given.
+    pub deployment: Option<DeploymentName>,
     pub name: Option<AccountName>,
     pub balance: OpeningBalance,
     pub currency: Currency,
@@ -125,6 +142,8 @@ pub struct TransferOutcome {
 pub enum ServiceError {
     #[error("account {0} already exists")]
     AccountExists(String),
+    #[error("there is no deployment {0}")]
+    UnknownDeployment(DeploymentName),
     #[error("account {0} does not exist")]
     AccountNotFound(String),
     #[error("transfer {0} does not exist")]
@@ -185,7 +204,9 @@ pub type ServiceResult<T> = Result<T, ServiceError>;
 /// The bank: accounts, transfers, and the protocol that moves money between them.
 #[derive(Clone)]
 pub struct Bank {
-    store: Store,
+    /// Every deployment the accounts live on (`DEPLOYMENTS`); see `store::deployments`
+    /// for what lives where.
+    deployments: Deployments,
     /// `INSTANCE_ID`: names this instance in logs and in its pause points (tests).
     instance_id: Arc<str>,
     /// Written to `application` on the transfers this process owns: the instance id plus
@@ -215,13 +236,24 @@ pub struct Bank {
     /// commit, so a batch waits behind at most `permits / MAX_BATCH` others, milliseconds
     /// against a lease of seconds, and a burst cannot push steps past their deadlines.
     admission: Arc<tokio::sync::Semaphore>,
-    /// The currency of every account this process has seen, by id. An account's currency
-    /// never changes and no account is ever deleted through the service, so a transfer
-    /// between known accounts is validated without a read. Should an account vanish
-    /// behind the service's back, the debit or credit finds it gone and the transfer rolls
-    /// back with `account_not_found`: the cache can make an answer less precise, never
-    /// move money wrongly.
-    currencies: Arc<std::sync::Mutex<std::collections::HashMap<AccountId, Currency>>>,
+    /// The deployment and currency of every account this process has seen, by id.
+    /// Neither ever changes and no account is ever deleted through the service, so a
+    /// transfer between known accounts is validated and routed without a read. Should an
+    /// account vanish behind the service's back, the debit or credit finds it gone and
+    /// the transfer rolls back with `account_not_found`: the cache can make an answer less
+    /// precise, never move money wrongly.
+    known: Arc<std::sync::Mutex<std::collections::HashMap<AccountId, Placed>>>,
+}
+
+/// Where an account lives, and its currency.
+type Placed = (DeploymentName, Currency);
+
+/// Where a new transfer goes: the deployments of its accounts, and its currency.
+#[derive(Debug, Clone)]
+struct Route {
+    source: DeploymentName,
+    destination: DeploymentName,
+    currency: Currency,
 }
 
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
@@ -233,16 +265,21 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 /// A permit of admission control, held for as long as a transfer is worked on.
 pub(crate) type Admitted = tokio::sync::OwnedSemaphorePermit;
 
-/// Accounts whose currency [`Bank`] remembers, at most; the memory is simply emptied
-/// when full.
-const CURRENCY_CACHE_MAX: usize = 100_000;
+/// Accounts whose place [`Bank`] remembers, at most; the memory is simply emptied when
+/// full.
+const KNOWN_ACCOUNTS_MAX: usize = 100_000;
 
 impl Bank {
-    pub fn new(store: Store, instance_id: impl Into<Arc<str>>, stale_after: Duration) -> Bank {
+    /// A bank over one deployment (a [`Store`]) or several ([`Deployments`]).
+    pub fn new(
+        deployments: impl Into<Deployments>,
+        instance_id: impl Into<Arc<str>>,
+        stale_after: Duration,
+    ) -> Bank {
         let instance_id: Arc<str> = instance_id.into();
         let incarnation = format!("{:08x}", rand::random::<u32>());
         Bank {
-            store: store.named(&instance_id),
+            deployments: deployments.into().named(&instance_id),
             owner: format!("{instance_id}/{incarnation}").into(),
             instance_id,
             background: TaskTracker::new(),
@@ -251,7 +288,7 @@ impl Bank {
             strategy: Strategy::TwoPhase,
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,
             admission: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
-            currencies: Arc::default(),
+            known: Arc::default(),
         }
     }
 
@@ -347,8 +384,34 @@ impl Bank {
         map.get(&id).is_some_and(|lock| Arc::strong_count(lock) > 1)
     }
 
+    /// The first deployment's store (the only one, unless `DEPLOYMENTS` lists several).
     pub fn store(&self) -> &Store {
-        &self.store
+        self.deployments.first()
+    }
+
+    pub fn deployments(&self) -> &Deployments {
+        &self.deployments
+    }
+
+    /// The deployment that logs `transfer`: its source's.
+    pub(crate) fn log(&self, transfer: &Transfer) -> StoreResult<&Store> {
+        self.deployments.of(&transfer.source_deployment)
+    }
+
+    /// The deployment of `transfer`'s account on `side`.
+    pub(crate) fn on(&self, transfer: &Transfer, side: Side) -> StoreResult<&Store> {
+        self.deployments.of(match side {
+            Side::Source => &transfer.source_deployment,
+            Side::Destination => &transfer.destination_deployment,
+        })
+    }
+
+    /// `transfer`'s account on `side`.
+    pub(crate) fn account_of<'t>(&self, transfer: &'t Transfer, side: Side) -> &'t AccountId {
+        match side {
+            Side::Source => &transfer.source,
+            Side::Destination => &transfer.destination,
+        }
     }
 
     pub fn instance_id(&self) -> &str {
@@ -365,9 +428,23 @@ impl Bank {
         &self.background
     }
 
-    /// One round trip to the database; `/ready` asks it.
-    pub async fn ping(&self) -> ServiceResult<()> {
-        Ok(self.store.ping().await?)
+    /// One round trip to each deployment at once; `/ready` asks it. The names of those
+    /// that did not answer (as unavailable, or at all within the driver's time-out).
+    pub async fn unavailable_deployments(&self) -> Vec<DeploymentName> {
+        let pings = self.deployments.all().iter().map(|s| async move {
+            match s.ping().await {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::warn!(deployment = %s.deployment(), error = %Chain(&e), "deployment does not answer");
+                    Some(s.deployment().clone())
+                }
+            }
+        });
+        futures::future::join_all(pings)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     pub async fn open_account(&self, new: NewAccount) -> ServiceResult<Account> {
@@ -376,9 +453,17 @@ impl Bank {
             None => AccountId::parse(&format!("acc_{}", crate::store::new_transfer_id()))
                 .expect("acc_ and 24 hex digits make an account id"),
         };
+        let store = match &new.deployment {
+            Some(name) => self
+                .deployments
+                .get(name)
+                .ok_or_else(|| ServiceError::UnknownDeployment(name.clone()))?,
+            None => self.deployments.first(),
+        };
         let now = crate::domain::now();
         let account = Account {
             id,
+            deployment: store.deployment().clone(),
             name: new.name,
             balance: new.balance.minor_units(),
             pending_debits: 0,
@@ -389,7 +474,18 @@ impl Bank {
             created_at: now,
             updated_at: now,
         };
-        match self.store.insert_account(&account).await {
+        // The id first, in the directory: unique across every deployment.
+        let exists = || ServiceError::AccountExists(account.id.to_string());
+        match self
+            .deployments
+            .reserve_account_id(&account.id, &account.deployment)
+            .await?
+        {
+            Reservation::Reserved => {}
+            Reservation::Taken => return Err(exists()),
+        }
+        failpoint!(self, "after_reserve_account");
+        match store.insert_account(&account).await {
             Ok(()) => Ok(account),
             Err(StoreError::DuplicateKey(_)) => {
                 Err(ServiceError::AccountExists(account.id.to_string()))
@@ -401,11 +497,12 @@ impl Bank {
     /// An account as it stands now: holds past their `expiresAt` no longer count in its
     /// pending sums, whether or not a sweeper has released them yet.
     pub async fn account(&self, id: &AccountId) -> ServiceResult<Account> {
-        let account = self
-            .store
-            .account(id)
-            .await?
-            .ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))?;
+        let known = self.known_place(id);
+        let found = match known.and_then(|(d, _)| self.deployments.get(&d)) {
+            Some(store) => store.account(id).await?,
+            None => self.deployments.find_account(id).await?,
+        };
+        let account = found.ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))?;
         Ok(self.as_of_now(vec![account]).await?.remove(0))
     }
 
@@ -415,7 +512,7 @@ impl Bank {
         after: Option<&AccountId>,
         limit: u32,
     ) -> ServiceResult<Vec<Account>> {
-        let accounts = self.store.list_accounts(after, limit).await?;
+        let accounts = self.deployments.list_accounts(after, limit).await?;
         Ok(self.as_of_now(accounts).await?)
     }
 
@@ -431,15 +528,44 @@ impl Bank {
         if holding.is_empty() {
             return Ok(accounts);
         }
-        let now = self.store.server_time_lower_bound().await?;
-        let expired = self.store.expired_holds_touching(&holding, now).await?;
+        // A hold is logged on its source's deployment and expires by that one's clock:
+        // holds into these accounts may be logged on any deployment. One that does not
+        // answer leaves its holds counted, unless it keeps one of these accounts.
+        let homes: Vec<&DeploymentName> = accounts.iter().map(|a| &a.deployment).collect();
+        let asked = self.deployments.all().iter().map(|s| {
+            let holding = &holding;
+            async move {
+                let now = s.server_time_lower_bound().await?;
+                s.expired_holds_touching(holding, now).await
+            }
+        });
+        let mut expired = Vec::new();
+        for (store, found) in self
+            .deployments
+            .all()
+            .iter()
+            .zip(futures::future::join_all(asked).await)
+        {
+            match found {
+                Ok(mut found) => expired.append(&mut found),
+                Err(e) if homes.contains(&store.deployment()) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(deployment = %store.deployment(), error = %Chain(&e), "expired holds not read; they still count");
+                }
+            }
+        }
         Ok(accounts.into_iter().map(|a| a.without(&expired)).collect())
+    }
+
+    /// The server time of the deployment that logs `transfer`, to read it as of now.
+    async fn now_for(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
+        self.log(transfer)?.server_time_lower_bound().await
     }
 
     /// The stored transfer, for the protocol (no view applied).
     pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
-        self.store
-            .transfer(id)
+        self.deployments
+            .find_transfer(id)
             .await?
             .ok_or(ServiceError::TransferNotFound(id))
     }
@@ -448,7 +574,7 @@ impl Bank {
     /// [`Transfer::as_of`]).
     pub async fn read_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
         let transfer = self.find_transfer(id).await?;
-        let now = self.store.server_time_lower_bound().await?;
+        let now = self.now_for(&transfer).await?;
         Ok(transfer.as_of(now))
     }
 
@@ -459,13 +585,25 @@ impl Bank {
         filter: &TransferFilter,
         limit: u32,
     ) -> ServiceResult<Vec<Transfer>> {
-        let now = self.store.server_time_lower_bound().await?;
         let mut filter = filter.clone();
         if filter.state == Some(TransferState::Held) {
-            filter.unexpired_at = Some(now);
+            filter.unexpired = true;
         }
-        let listed = self.store.list_transfers(&filter, limit).await?;
-        Ok(listed.into_iter().map(|t| t.as_of(now)).collect())
+        let listed = self.deployments.list_transfers(&filter, limit).await?;
+        let mut now = std::collections::HashMap::new();
+        let mut shown = Vec::with_capacity(listed.len());
+        for t in listed {
+            let at = match now.get(&t.source_deployment) {
+                Some(at) => *at,
+                None => {
+                    let at = self.now_for(&t).await?;
+                    now.insert(t.source_deployment.clone(), at);
+                    at
+                }
+            };
+            shown.push(t.as_of(at));
+        }
+        Ok(shown)
     }
 
     /// The transfers touching an account, newest first; 404 for an unknown account.
@@ -489,7 +627,13 @@ impl Bank {
     /// With an idempotency key, a request that repeats an earlier one answers with the
     /// earlier transfer (waiting briefly for it to finish) and moves no money; the same
     /// key with a different request is refused. Concurrent requests with one key make
-    /// one transfer: the unique index on `idempotencyKey` lets exactly one insert win.
+    /// one transfer: the key is taken first, in `idempotencyKeys` on the deployment that
+    /// logs the transfer, whose unique `_id` lets exactly one request take it (see
+    /// [`Bank::take_key`]).
+    ///
+    /// A key is unique among the transfers logged on one deployment, that is among the
+    /// transfers out of its accounts: the same key with a source account on another
+    /// deployment is another request (see `docs/scaling.md`).
     pub async fn transfer(
         &self,
         new: NewTransfer,
@@ -498,16 +642,19 @@ impl Bank {
     ) -> ServiceResult<TransferOutcome> {
         let permit = self.admit()?;
         let fingerprint = new.fingerprint();
-        if let Some(key) = &key {
-            if let Some(existing) = self.store.transfer_by_idempotency_key(key).await? {
-                return self.replay(existing, &fingerprint).await;
-            }
-        }
-        let currency = self.check_accounts(&new).await?;
+        let route = self.check_accounts(&new).await?;
+        let log = self.deployments.of(&route.source)?;
+        let id = match &key {
+            None => crate::store::new_transfer_id(),
+            Some(key) => match self.take_key(log, key, &fingerprint).await? {
+                Taken::New(id) | Taken::Unrecorded(id) => id,
+                Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
+            },
+        };
         let hold = match new.hold {
-            // Expiry by the database's clock, which judges it.
+            // Expiry by the clock of the deployment that logs the hold, which judges it.
             Some(expires_in) => {
-                let now = self.store.server_time_lower_bound().await?;
+                let now = log.server_time_lower_bound().await?;
                 let expires_at = chrono::TimeDelta::from_std(expires_in)
                     .ok()
                     .and_then(|d| now.checked_add_signed(d))
@@ -524,20 +671,20 @@ impl Bank {
             reference: new.reference,
             request_hash: key.as_ref().map(|_| fingerprint.clone()),
             idempotency_key: key.clone(),
-            ..Transfer::initial(
-                crate::store::new_transfer_id(),
-                new.source,
-                new.destination,
-                new.amount,
-                currency,
-            )
+            source_deployment: route.source.clone(),
+            destination_deployment: route.destination.clone(),
+            ..Transfer::initial(id, new.source, new.destination, new.amount, route.currency)
         };
-        // A hold outlives any multi-document transaction: always two-phase.
-        if self.strategy == Strategy::Native && transfer.hold.is_none() {
-            return self.transfer_natively(transfer, &fingerprint).await;
+        // A hold outlives any multi-document transaction, and no transaction spans two
+        // deployments: those are always two-phase.
+        if self.strategy == Strategy::Native
+            && transfer.hold.is_none()
+            && route.source == route.destination
+        {
+            return self.transfer_natively(log, transfer, &fingerprint).await;
         }
         let mut transfer = transfer;
-        match self.store.insert_transfer(&transfer).await {
+        match log.insert_transfer(&transfer).await {
             Ok(stamp) => transfer.last_modified = stamp,
             Err(StoreError::DuplicateKey(_)) if key.is_some() => {
                 return self.replay_by_key(&transfer, &fingerprint).await;
@@ -563,14 +710,11 @@ impl Bank {
     /// instead, so that the answer and the log are those of the two-phase path.
     async fn transfer_natively(
         &self,
+        log: &Store,
         transfer: Transfer,
         fingerprint: &str,
     ) -> ServiceResult<TransferOutcome> {
-        let outcome = match self
-            .store
-            .transfer_atomically(&transfer, self.owner())
-            .await
-        {
+        let outcome = match log.transfer_atomically(&transfer, self.owner()).await {
             Ok(outcome) => outcome,
             Err(StoreError::DuplicateKey(_)) if transfer.idempotency_key.is_some() => {
                 return self.replay_by_key(&transfer, fingerprint).await;
@@ -586,7 +730,7 @@ impl Bank {
                     owner: Some(self.owner().to_owned()),
                     ..transfer
                 };
-                match self.store.insert_transfer(&canceled).await {
+                match log.insert_transfer(&canceled).await {
                     Ok(stamp) => Transfer {
                         last_modified: stamp,
                         ..canceled
@@ -614,52 +758,106 @@ impl Bank {
     ) -> ServiceResult<TransferOutcome> {
         let taken = || StoreError::Other("idempotency key taken but no transfer carries it".into());
         let key = transfer.idempotency_key.as_ref().ok_or_else(taken)?;
-        let existing = self
-            .store
-            .transfer_by_idempotency_key(key)
-            .await?
-            .ok_or_else(taken)?;
+        let log = self.log(transfer)?;
+        let existing = match log.idempotency_record(key).await? {
+            Some(record) => log.transfer(record.transfer).await?,
+            None => None,
+        };
+        let existing = match existing {
+            Some(existing) => existing,
+            // Recorded by a version before `idempotencyKeys` (its unique index on
+            // `transactions` refused this insert).
+            None => log
+                .transfer_by_idempotency_key(key)
+                .await?
+                .ok_or_else(taken)?,
+        };
         self.replay(existing, fingerprint).await
     }
 
-    /// Checks what the stored accounts must agree to; returns the transfer's currency.
-    async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<Currency> {
+    /// Takes idempotency key `key` on `log` for a new transfer, or finds what took it.
+    ///
+    /// The key is taken before the transfer is recorded, naming the transfer's id: of
+    /// two requests with one key, one takes it, the other finds it. A key found taken
+    /// for the same request but with no transfer recorded yet (its request is between
+    /// the two writes, or died there) is completed under the same id: the log's unique
+    /// `_id` then lets exactly one of the two inserts win, and the loser replays.
+    async fn take_key(
+        &self,
+        log: &Store,
+        key: &IdempotencyKey,
+        fingerprint: &str,
+    ) -> ServiceResult<Taken> {
+        let taken = match log.idempotency_record(key).await? {
+            Some(record) => record,
+            None => {
+                let record = KeyRecord {
+                    transfer: crate::store::new_transfer_id(),
+                    request_hash: Some(fingerprint.to_owned()),
+                };
+                match log.take_idempotency_key(key, &record).await {
+                    Ok(()) => return Ok(Taken::New(record.transfer)),
+                    Err(StoreError::DuplicateKey(_)) => {
+                        log.idempotency_record(key).await?.ok_or_else(|| {
+                            StoreError::Other("idempotency key taken but not found".into())
+                        })?
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        if taken.request_hash.as_deref() != Some(fingerprint) {
+            return Err(ServiceError::IdempotencyKeyReused);
+        }
+        Ok(match log.transfer(taken.transfer).await? {
+            Some(existing) => Taken::Replay(Box::new(existing)),
+            None => Taken::Unrecorded(taken.transfer),
+        })
+    }
+
+    /// Checks what the stored accounts must agree to; returns where the transfer goes.
+    async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<Route> {
         if new.source == new.destination {
             return Err(ServiceError::SameAccount);
         }
-        let (source, destination) = match self.known_currencies(new) {
-            Some(known) => known,
-            None => self.read_currencies(new).await?,
+        let ((source, source_currency), (destination, destination_currency)) = match (
+            self.known_place(&new.source),
+            self.known_place(&new.destination),
+        ) {
+            (Some(s), Some(d)) => (s, d),
+            _ => self.locate(new).await?,
         };
-        if source != destination {
+        if source_currency != destination_currency {
             return Err(ServiceError::CurrencyMismatch {
-                source_currency: source.to_string(),
-                destination_currency: destination.to_string(),
+                source_currency: source_currency.to_string(),
+                destination_currency: destination_currency.to_string(),
             });
         }
-        Ok(source)
+        Ok(Route {
+            source,
+            destination,
+            currency: source_currency,
+        })
     }
 
-    /// The currencies of both accounts, if this process has seen both.
-    fn known_currencies(&self, new: &NewTransfer) -> Option<(Currency, Currency)> {
-        let known = self.currencies.lock().unwrap_or_else(|e| e.into_inner());
-        let source = known.get(&new.source)?.clone();
-        let destination = known.get(&new.destination)?.clone();
-        Some((source, destination))
+    /// Where an account lives and its currency, if this process has seen it.
+    fn known_place(&self, id: &AccountId) -> Option<Placed> {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(id).cloned()
     }
 
-    /// Reads both accounts' currencies (with those of concurrent transfers, in one
-    /// round trip) and remembers them.
-    async fn read_currencies(&self, new: &NewTransfer) -> ServiceResult<(Currency, Currency)> {
+    /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
+    /// deployment) and remembers where they are.
+    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placed, Placed)> {
         let [source, destination] = self
-            .store
-            .currencies([&new.source, &new.destination])
+            .deployments
+            .locate([&new.source, &new.destination])
             .await?;
         let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
         let destination = destination
             .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
-        let mut known = self.currencies.lock().unwrap_or_else(|e| e.into_inner());
-        if known.len() + 2 > CURRENCY_CACHE_MAX {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if known.len() + 2 > KNOWN_ACCOUNTS_MAX {
             known.clear();
         }
         known.insert(new.source.clone(), source.clone());
@@ -693,9 +891,13 @@ impl Bank {
         let deadline = tokio::time::Instant::now() + limit;
         while !transfer.state.is_settled() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(REPLAY_POLL).await;
-            transfer = self.store.transfer(transfer.id).await?.ok_or_else(|| {
-                StoreError::Other(format!("transfer {} vanished", transfer.id).into())
-            })?;
+            transfer = self
+                .log(&transfer)?
+                .transfer(transfer.id)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::Other(format!("transfer {} vanished", transfer.id).into())
+                })?;
         }
         Ok(transfer)
     }

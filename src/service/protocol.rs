@@ -32,7 +32,7 @@ use crate::domain::{
 };
 use crate::store::accounts::{Forward, Side};
 use crate::store::transfers::{Mover, StepFields};
-use crate::store::{StoreError, StoreResult};
+use crate::store::{Store, StoreError, StoreResult};
 
 /// How often an account step is retried when its guard failed but a re-read shows no
 /// reason to refuse it (the balance changed in between). Bounded so a pathological race
@@ -116,11 +116,11 @@ impl Bank {
                 TransferState::Initial => self.start(transfer).await?,
                 TransferState::Pending => self.apply(transfer, &mut quiet).await?,
                 TransferState::Applied => {
-                    self.wait_until_quiet(quiet).await?;
+                    self.wait_until_quiet(&transfer, quiet).await?;
                     self.settle(transfer).await?
                 }
                 TransferState::Canceling => {
-                    self.wait_until_quiet(quiet).await?;
+                    self.wait_until_quiet(&transfer, quiet).await?;
                     self.roll_back(transfer).await?
                 }
                 TransferState::Capturing => self.capture_steps(transfer).await?,
@@ -182,7 +182,7 @@ impl Bank {
         if transfer.hold.is_some() {
             // No copy of a reservation may land after `held`: whoever settles the hold
             // moves it by the state guard alone (see `Mover::Settler`).
-            self.wait_until_quiet(*quiet).await?;
+            self.wait_until_quiet(&transfer, *quiet).await?;
             return self
                 .advance(transfer, TransferEvent::Hold, StepFields::default())
                 .await;
@@ -195,7 +195,11 @@ impl Bank {
     /// it: the balance moved in between, or our lease ran out. Renews the lease and says
     /// whether we still own the transfer.
     async fn renew(&self, t: &mut Transfer) -> StoreResult<bool> {
-        match self.store.renew_lease(self.owner(), t.id, t.state).await? {
+        match self
+            .log(t)?
+            .renew_lease(self.owner(), t.id, t.state)
+            .await?
+        {
             Some(now) => {
                 t.last_modified = t.last_modified.max(now);
                 Ok(true)
@@ -214,28 +218,33 @@ impl Bank {
         leg: Leg,
         quiet: &mut Option<Timestamp>,
     ) -> StoreResult<StepResult> {
-        let account = match leg {
-            Leg::Debit => t.source.clone(),
-            Leg::Credit => t.destination.clone(),
+        let (side, account) = match leg {
+            Leg::Debit => (Side::Source, t.source.clone()),
+            Leg::Credit => (Side::Destination, t.destination.clone()),
         };
+        let (log, store) = (self.log(t)?, self.on(t, side)?);
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
+            // By the log's clock, which judges the lease; the account's deployment checks
+            // the step against its own clock (see `Store::deadline_on`).
             let deadline = self.lease_deadline(t);
+            let deadline_there = log.deadline_on(deadline, store).await?;
             let (kind, amount) = match (leg, t.hold) {
                 (Leg::Debit, None) => (Forward::Debit, t.amount),
                 (Leg::Credit, None) => (Forward::Credit, t.amount),
                 (Leg::Debit, Some(h)) => (Forward::ReserveOut, h.amount),
                 (Leg::Credit, Some(h)) => (Forward::ReserveIn, h.amount),
             };
-            let step = self
-                .store
-                .forward(kind, &account, t.id, amount, deadline)
+            let step = store
+                .forward(kind, &account, t.id, amount, deadline_there)
                 .await?;
-            *quiet = (*quiet).max(step.uncertain_until);
+            // A copy that may still land does so before the log's clock reaches the
+            // lease deadline.
+            *quiet = (*quiet).max(step.uncertain_until.map(|_| deadline));
             if step.applied {
                 tracing::debug!(transfer_id = %t.id, %account, ?leg, "account changed");
                 return Ok(StepResult::Applied);
             }
-            let found = self.store.account(&account).await?;
+            let found = store.account(&account).await?;
             // The invariants the step's guard keeps (`store::guards`).
             let value = t.hold.map_or(t.amount, |h| h.amount).minor_units();
             let fits = |a: &Account| match leg {
@@ -251,7 +260,7 @@ impl Bank {
                 // Holds past their expiry no longer reserve anything, even before a
                 // sweeper has released them: release them now and try again.
                 Refusal::Balance
-                    if leg == Leg::Debit && self.expire_holds_out_of(&account).await? =>
+                    if leg == Leg::Debit && self.expire_holds_out_of(log, &account).await? =>
                 {
                     continue;
                 }
@@ -267,11 +276,12 @@ impl Bank {
 
     /// Expires the holds out of `account` that are past their `expiresAt` by the
     /// database's clock and still `held`, releasing each, as the sweeper would. Whether
-    /// this call expired any.
-    async fn expire_holds_out_of(&self, account: &AccountId) -> StoreResult<bool> {
-        let now = self.store.server_time_lower_bound().await?;
+    /// this call expired any. The holds out of an account are logged on its deployment,
+    /// `log`.
+    async fn expire_holds_out_of(&self, log: &Store, account: &AccountId) -> StoreResult<bool> {
+        let now = log.server_time_lower_bound().await?;
         let mut expired = false;
-        for hold in self.store.expired_holds_out_of(account, now, 100).await? {
+        for hold in log.expired_holds_out_of(account, now, 100).await? {
             let id = hold.id;
             if self.expire(hold).await? {
                 tracing::info!(transfer_id = %id, "hold expired before a debit that needed its money");
@@ -284,10 +294,16 @@ impl Bank {
     /// Waits until no copy of a forward step sent earlier can land any more (see
     /// [`Bank::forward`]): before a marker is pulled or undone, a late copy would find
     /// nothing to stop it. Waits at most 0.9 of a lease, only after a failed attempt.
-    async fn wait_until_quiet(&self, quiet: Option<Timestamp>) -> StoreResult<()> {
+    /// `quiet` is by the clock of `transfer`'s log.
+    async fn wait_until_quiet(
+        &self,
+        transfer: &Transfer,
+        quiet: Option<Timestamp>,
+    ) -> StoreResult<()> {
         let Some(until) = quiet else { return Ok(()) };
+        let log = self.log(transfer)?;
         loop {
-            let now = self.store.server_time_lower_bound().await?;
+            let now = log.server_time_lower_bound().await?;
             if now > until {
                 return Ok(());
             }
@@ -298,10 +314,24 @@ impl Bank {
 
     /// Steps 6 to 8: pull both markers, then `applied -> done`.
     async fn settle(&self, transfer: Transfer) -> StoreResult<Transfer> {
-        // Both pulls in one write: each is idempotent and neither depends on the other.
-        self.store
-            .pull_markers([&transfer.source, &transfer.destination], transfer.id)
-            .await?;
+        // Both pulls in one write where one deployment has both accounts: each is
+        // idempotent and neither depends on the other.
+        let (source, destination) = (
+            self.on(&transfer, Side::Source)?,
+            self.on(&transfer, Side::Destination)?,
+        );
+        if source.deployment() == destination.deployment() {
+            source
+                .pull_markers([&transfer.source, &transfer.destination], transfer.id)
+                .await?;
+        } else {
+            source
+                .pull_markers([&transfer.source, &transfer.source], transfer.id)
+                .await?;
+            destination
+                .pull_markers([&transfer.destination, &transfer.destination], transfer.id)
+                .await?;
+        }
         failpoint!(self, "after_pull");
         self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
             .await
@@ -334,7 +364,7 @@ impl Bank {
         // afterwards. Kept so that a broken invariant still leaves the books balanced,
         // and said loudly.
         if self
-            .store
+            .on(&transfer, Side::Destination)?
             .undo_change(
                 &transfer.destination,
                 transfer.id,
@@ -345,7 +375,7 @@ impl Bank {
             tracing::error!(transfer_id = %transfer.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
         }
         failpoint!(self, "after_undo_destination");
-        self.store
+        self.on(&transfer, Side::Source)?
             .undo_change(&transfer.source, transfer.id, transfer.amount.minor_units())
             .await?;
         failpoint!(self, "after_undo_source");
@@ -360,12 +390,12 @@ impl Bank {
     /// A void's (or a hold's rollback's) steps: release both reservations wherever they
     /// were made, then `canceling -> canceled`.
     async fn release(&self, transfer: Transfer, held: Amount) -> StoreResult<Transfer> {
-        let (id, store) = (transfer.id, &self.store);
-        store
+        let id = transfer.id;
+        self.on(&transfer, Side::Destination)?
             .release(&transfer.destination, id, Side::Destination, held)
             .await?;
         failpoint!(self, "after_undo_destination");
-        store
+        self.on(&transfer, Side::Source)?
             .release(&transfer.source, id, Side::Source, held)
             .await?;
         failpoint!(self, "after_undo_source");
@@ -383,12 +413,12 @@ impl Bank {
         let hold = transfer
             .hold
             .unwrap_or_else(|| panic!("bug: transfer {} is capturing but no hold", transfer.id));
-        let (id, store, captured) = (transfer.id, &self.store, transfer.amount);
-        store
+        let (id, captured) = (transfer.id, transfer.amount);
+        self.on(&transfer, Side::Source)?
             .capture(&transfer.source, id, Side::Source, hold.amount, captured)
             .await?;
         failpoint!(self, "after_capture_source");
-        store
+        self.on(&transfer, Side::Destination)?
             .capture(
                 &transfer.destination,
                 id,
@@ -414,7 +444,7 @@ impl Bank {
         let from = transfer.state;
         let to = next_state(&transfer, event);
         let won = self
-            .store
+            .log(&transfer)?
             .change_state(transfer.id, from, to, Mover::Owner(self.owner()), fields)
             .await?;
         let Some(now) = won else {
@@ -442,7 +472,7 @@ impl Bank {
     }
 
     pub(super) async fn reload(&self, transfer: &Transfer) -> StoreResult<Transfer> {
-        self.store
+        self.log(transfer)?
             .transfer(transfer.id)
             .await?
             .ok_or_else(|| StoreError::Other(format!("transfer {} vanished", transfer.id).into()))

@@ -9,7 +9,7 @@ use mongodb::bson::{DateTime, doc};
 use mongodb::options::FindOptions;
 
 use super::batch::{AccountChange, Pull};
-use super::documents::{domain, object_id, stored_time};
+use super::documents::{Stored, domain, object_id, stored_time};
 use super::{AccountDoc, Store, StoreError, StoreResult};
 use crate::domain::{Account, AccountId, Amount, Currency, Timestamp, TransferId};
 
@@ -25,7 +25,7 @@ impl Store {
             .find_one(doc! { "_id": id.as_str() })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        found.map(Account::try_from).transpose()
+        found.map(|d| d.into_domain(&self.deployment)).transpose()
     }
 
     /// The currencies of two accounts (`None` for one that does not exist), read
@@ -70,7 +70,7 @@ impl Store {
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        domain(cursor.try_collect().await?)
+        domain(cursor.try_collect().await?, &self.deployment)
     }
 
     /// Step 3: debit the source, unless already applied, fenced by a cancel, or the

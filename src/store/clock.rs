@@ -15,6 +15,13 @@
 //! time; a write sent after it is stamped at least that late; and a deadline computed
 //! from it is never later than the one computed from the stored `lastModified`. Being a
 //! little early only shortens our own lease, never someone else's.
+//!
+//! With several deployments, a transfer's lease is judged by the clock of the deployment
+//! that logs it, while its account steps and fences are checked by the clocks of the
+//! accounts' deployments. A deadline is carried from one clock to the other through this
+//! process's monotonic clock (see `Store::deadline_on`): it needs an *upper* bound of
+//! the first clock as well, the reading plus the time since its request was *sent* (the
+//! server read its clock after that).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -29,32 +36,65 @@ pub const MAX_READING_AGE: Duration = Duration::from_secs(5);
 /// The last reading of the server's clock.
 #[derive(Debug, Default)]
 pub struct ServerClock {
-    /// The server's time, and the moment (on our monotonic clock) its reply arrived.
-    reading: Mutex<Option<(DateTime, Instant)>>,
+    /// The last reading.
+    reading: Mutex<Option<Reading>>,
+}
+
+/// A reading of the server's clock.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// The server's time, as its reply said.
+    server: DateTime,
+    /// When (on our monotonic clock) the request was sent: the server read its clock
+    /// after this.
+    sent: Instant,
+    /// When the reply arrived: the server read its clock before this.
+    arrived: Instant,
 }
 
 impl ServerClock {
-    /// Records a reply that carried the server's time `server`, received at `arrived`.
-    pub fn observe(&self, server: DateTime, arrived: Instant) {
+    /// Records a reply that carried the server's time `server`, to a request sent at
+    /// `sent` and received at `arrived`.
+    pub fn observe(&self, server: DateTime, sent: Instant, arrived: Instant) {
         let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
         // The newest reading wins: should the server's clock be set back, the bound
         // follows it at once instead of staying ahead of it.
-        if reading.is_none_or(|(_, old)| old <= arrived) {
-            *reading = Some((server, arrived));
+        if reading.is_none_or(|old| old.arrived <= arrived) {
+            *reading = Some(Reading {
+                server,
+                sent,
+                arrived,
+            });
         }
+    }
+
+    /// A fresh enough reading, if there is one.
+    fn fresh(&self) -> Option<(Reading, Instant)> {
+        let reading = (*self.reading.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let now = Instant::now();
+        (now.duration_since(reading.arrived) <= MAX_READING_AGE).then_some((reading, now))
     }
 
     /// A time the server's clock has certainly reached, if a fresh enough reading exists.
     pub fn lower_bound(&self) -> Option<DateTime> {
-        let reading = *self.reading.lock().unwrap_or_else(|e| e.into_inner());
-        let (server, arrived) = reading?;
-        let now = Instant::now();
-        (now.duration_since(arrived) <= MAX_READING_AGE).then(|| bound((server, arrived), now))
+        let (reading, now) = self.fresh()?;
+        Some(plus(
+            reading.server,
+            now.saturating_duration_since(reading.arrived),
+        ))
+    }
+
+    /// A time the server's clock has certainly not passed yet, if a fresh enough reading
+    /// exists.
+    pub fn upper_bound(&self) -> Option<DateTime> {
+        let (reading, now) = self.fresh()?;
+        // Rounded up: the stored times are milliseconds.
+        let elapsed = now.saturating_duration_since(reading.sent) + Duration::from_micros(999);
+        Some(plus(reading.server, elapsed))
     }
 }
 
-fn bound((server, arrived): (DateTime, Instant), at: Instant) -> DateTime {
-    let elapsed = at.saturating_duration_since(arrived);
+fn plus(server: DateTime, elapsed: Duration) -> DateTime {
     DateTime::from_millis(server.timestamp_millis() + elapsed.as_millis() as i64)
 }
 
@@ -67,27 +107,28 @@ mod tests {
         let clock = ServerClock::default();
         assert_eq!(clock.lower_bound(), None, "no reading, no bound");
         let arrived = Instant::now() - Duration::from_millis(300);
-        clock.observe(DateTime::from_millis(1_000_000), arrived);
+        let sent = arrived - Duration::from_millis(40);
+        clock.observe(DateTime::from_millis(1_000_000), sent, arrived);
         let bound = clock.lower_bound().unwrap().timestamp_millis();
         assert!((1_000_300..1_000_400).contains(&bound), "{bound}");
+        // The upper bound counts from the request: the round trip is the uncertainty.
+        let upper = clock.upper_bound().unwrap().timestamp_millis();
+        assert!((1_000_340..1_000_440).contains(&upper), "{upper}");
+        assert!(upper >= bound + 40, "{upper} {bound}");
     }
 
     #[test]
     fn the_newest_reading_wins_even_if_the_server_clock_went_back() {
         let clock = ServerClock::default();
         let now = Instant::now();
-        clock.observe(
-            DateTime::from_millis(2_000_000),
-            now - Duration::from_millis(10),
-        );
-        clock.observe(DateTime::from_millis(1_000_000), now);
+        let earlier = now - Duration::from_millis(10);
+        clock.observe(DateTime::from_millis(2_000_000), earlier, earlier);
+        clock.observe(DateTime::from_millis(1_000_000), now, now);
         let bound = clock.lower_bound().unwrap().timestamp_millis();
         assert!((1_000_000..1_100_000).contains(&bound), "{bound}");
         // A reply that arrived before the one we keep changes nothing.
-        clock.observe(
-            DateTime::from_millis(3_000_000),
-            now - Duration::from_millis(5),
-        );
+        let between = now - Duration::from_millis(5);
+        clock.observe(DateTime::from_millis(3_000_000), between, between);
         assert!(clock.lower_bound().unwrap().timestamp_millis() < 1_100_000);
     }
 
@@ -95,7 +136,8 @@ mod tests {
     fn a_stale_reading_gives_no_bound() {
         let clock = ServerClock::default();
         let long_ago = Instant::now() - MAX_READING_AGE - Duration::from_secs(1);
-        clock.observe(DateTime::from_millis(1_000_000), long_ago);
+        clock.observe(DateTime::from_millis(1_000_000), long_ago, long_ago);
         assert_eq!(clock.lower_bound(), None);
+        assert_eq!(clock.upper_bound(), None);
     }
 }

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{StoreError, StoreResult};
 use crate::domain::{
-    Account, AccountId, AccountName, Amount, CancelReason, Currency, Hold, IdempotencyKey,
-    ParseError, Reference, Timestamp, Transfer, TransferId, TransferState,
+    Account, AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Hold,
+    IdempotencyKey, ParseError, Reference, Timestamp, Transfer, TransferId, TransferState,
 };
 
 /// A document of `accounts`.
@@ -51,6 +51,10 @@ pub struct TransferDoc {
     pub id: ObjectId,
     pub source: String,
     pub destination: String,
+    /// The deployment of the destination account, when it is not the one that keeps this
+    /// document. Nothing names the source's: a transfer is logged where its source lives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_deployment: Option<String>,
     /// The amount in minor units (the tutorial's name).
     pub value: i64,
     pub currency: String,
@@ -131,6 +135,8 @@ impl From<&Transfer> for TransferDoc {
             id: object_id(t.id),
             source: t.source.to_string(),
             destination: t.destination.to_string(),
+            destination_deployment: (t.destination_deployment != t.source_deployment)
+                .then(|| t.destination_deployment.to_string()),
             value: t.amount.minor_units(),
             currency: t.currency.to_string(),
             state: t.state,
@@ -151,10 +157,19 @@ impl From<&Transfer> for TransferDoc {
     }
 }
 
-impl TryFrom<TransferDoc> for Transfer {
-    type Error = StoreError;
+/// A stored document and the domain value it becomes, read from the deployment `here`.
+pub trait Stored: Sized {
+    type Domain;
+    fn into_domain(self, here: &DeploymentName) -> StoreResult<Self::Domain>;
+}
 
-    fn try_from(d: TransferDoc) -> StoreResult<Transfer> {
+impl Stored for TransferDoc {
+    type Domain = Transfer;
+
+    /// The log of `here` keeps transfers out of its accounts: the source is `here`, and
+    /// so is the destination unless the document names another deployment.
+    fn into_domain(self, here: &DeploymentName) -> StoreResult<Transfer> {
+        let d = self;
         let bad = |field: &str, why: ParseError| corrupt("transfer", &d.id, field, why);
         let hold = match (d.held_amount, d.expires_at) {
             (None, None) => None,
@@ -167,10 +182,18 @@ impl TryFrom<TransferDoc> for Transfer {
                 return Err(bad("hold", why));
             }
         };
+        let destination_deployment = match &d.destination_deployment {
+            Some(name) => {
+                DeploymentName::parse(name).map_err(|e| bad("destinationDeployment", e))?
+            }
+            None => here.clone(),
+        };
         Ok(Transfer {
             id: transfer_id(d.id),
             source: AccountId::parse(&d.source).map_err(|e| bad("source", e))?,
             destination: AccountId::parse(&d.destination).map_err(|e| bad("destination", e))?,
+            source_deployment: here.clone(),
+            destination_deployment,
             amount: Amount::parse(d.value).map_err(|e| bad("value", e))?,
             currency: Currency::parse(&d.currency).map_err(|e| bad("currency", e))?,
             state: d.state,
@@ -227,13 +250,15 @@ impl From<&Account> for AccountDoc {
     }
 }
 
-impl TryFrom<AccountDoc> for Account {
-    type Error = StoreError;
+impl Stored for AccountDoc {
+    type Domain = Account;
 
-    fn try_from(d: AccountDoc) -> StoreResult<Account> {
+    fn into_domain(self, here: &DeploymentName) -> StoreResult<Account> {
+        let d = self;
         let bad = |field: &str, why: ParseError| corrupt("account", &d.id, field, why);
         Ok(Account {
             id: AccountId::parse(&d.id).map_err(|e| bad("_id", e))?,
+            deployment: here.clone(),
             name: d
                 .name
                 .as_deref()
@@ -256,9 +281,10 @@ impl TryFrom<AccountDoc> for Account {
     }
 }
 
-/// Converts what a read found, refusing the whole read if one document is corrupt.
-pub fn domain<D, T: TryFrom<D, Error = StoreError>>(docs: Vec<D>) -> StoreResult<Vec<T>> {
-    docs.into_iter().map(T::try_from).collect()
+/// Converts what a read of `here` found, refusing the whole read if one document is
+/// corrupt.
+pub fn domain<D: Stored>(docs: Vec<D>, here: &DeploymentName) -> StoreResult<Vec<D::Domain>> {
+    docs.into_iter().map(|d| d.into_domain(here)).collect()
 }
 
 #[cfg(test)]
@@ -286,7 +312,17 @@ mod tests {
         let stored = TransferDoc::from(&transfer);
         assert_eq!(stored.value, 250);
         assert_eq!(stored.application.as_deref(), Some("instance/1"));
-        assert_eq!(Transfer::try_from(stored).unwrap(), transfer);
+        let here = DeploymentName::default();
+        assert_eq!(stored.clone().into_domain(&here).unwrap(), transfer);
+        // A transfer into another deployment names it; the source's is where it is read.
+        let eu = DeploymentName::parse("eu").unwrap();
+        let across = Transfer {
+            source_deployment: eu.clone(),
+            ..transfer.clone()
+        };
+        let stored = TransferDoc::from(&across);
+        assert_eq!(stored.destination_deployment.as_deref(), Some("default"));
+        assert_eq!(stored.into_domain(&eu).unwrap(), across);
     }
 
     #[test]
@@ -302,7 +338,7 @@ mod tests {
             value: 0,
             ..TransferDoc::from(&transfer)
         };
-        let err = Transfer::try_from(corrupt).unwrap_err();
+        let err = corrupt.into_domain(&DeploymentName::default()).unwrap_err();
         assert!(matches!(err, StoreError::Other(_)), "{err:?}");
         let said = crate::telemetry::Chain(&err).to_string();
         assert!(said.contains("stored value is not valid"), "{said}");

@@ -35,6 +35,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0005_holds",
         include_str!("../../migrations/0005_holds.json"),
     ),
+    (
+        "0006_deployments",
+        include_str!("../../migrations/0006_deployments.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

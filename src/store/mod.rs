@@ -14,6 +14,7 @@
 pub mod accounts;
 mod batch;
 mod clock;
+pub mod deployments;
 mod documents;
 mod guards;
 pub mod migrations;
@@ -22,16 +23,17 @@ pub mod transfers;
 
 use std::time::Duration;
 
-use mongodb::bson::doc;
+use mongodb::bson::{Document, doc};
 use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
 use mongodb::options::{Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database};
 
-use crate::domain::Timestamp;
+use crate::domain::{DeploymentName, Timestamp};
 
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
+pub use deployments::Deployments;
 pub use documents::new_transfer_id;
 use documents::{AccountDoc, TransferDoc};
 
@@ -164,12 +166,22 @@ impl From<mongodb::error::Error> for StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The three collections, with majority+journal writes.
+/// One deployment's collections, with majority+journal writes.
 #[derive(Clone, Debug)]
 pub struct Store {
+    /// The deployment this handle speaks to (`DEPLOYMENTS`): what its accounts and log
+    /// lines say when read, and the label of its metrics.
+    deployment: DeploymentName,
     db: Database,
     accounts: Collection<AccountDoc>,
     transactions: Collection<TransferDoc>,
+    /// `idempotencyKeys`: one document per key, `_id` the key, naming the transfer it
+    /// made. Its own `_id` makes a key unique, so the guarantee holds when `transactions`
+    /// is sharded (a unique index there must start with the shard key).
+    keys: Collection<Document>,
+    /// `accountDirectory`: every account id and its deployment (see [`deployments`]);
+    /// used on the first deployment only.
+    directory: Collection<Document>,
     /// Group commit of the protocol's writes (see [`batch`]).
     batches: std::sync::Arc<batch::Batches>,
     /// The database's clock as last read (see [`clock`]), shared by every clone.
@@ -182,19 +194,29 @@ pub struct Store {
 impl Store {
     /// Builds the client. Does not wait for the server: the driver connects lazily, and
     /// the first operation fails with [`StoreError::Unavailable`] if nothing answers.
+    /// The handle is the `default` deployment.
     pub async fn connect(uri: &str, database: &str) -> StoreResult<Store> {
-        Store::connect_with(uri, database, batch::DEFAULT_GROUP_COMMIT_WRITES).await
+        Store::connect_with(
+            DeploymentName::default(),
+            uri,
+            database,
+            batch::DEFAULT_GROUP_COMMIT_WRITES,
+        )
+        .await
     }
 
-    /// [`Store::connect`] with at most `group_commit_writes` batched writes in flight.
+    /// [`Store::connect`] to the deployment `deployment`, with at most
+    /// `group_commit_writes` batched writes in flight.
     pub async fn connect_with(
+        deployment: DeploymentName,
         uri: &str,
         database: &str,
         group_commit_writes: usize,
     ) -> StoreResult<Store> {
-        let mut options = ClientOptions::parse(uri)
-            .await
-            .map_err(|e| StoreError::Other(format!("invalid MONGODB_URI: {e}").into()))?;
+        // The driver's message may quote the URI, which may carry a password: not echoed.
+        let mut options = ClientOptions::parse(uri).await.map_err(|_| {
+            StoreError::Other(format!("the URI of deployment {deployment} is not valid").into())
+        })?;
         options
             .app_name
             .get_or_insert_with(|| "transfer-service".to_owned());
@@ -203,9 +225,10 @@ impl Store {
             .connect_timeout
             .get_or_insert(Duration::from_secs(3));
         options.max_pool_size.get_or_insert(MAX_POOL_SIZE);
-        options.command_event_handler = Some(command_timer());
+        options.command_event_handler = Some(command_timer(deployment.clone()));
         let client = Client::with_options(options).map_err(StoreError::from)?;
         Ok(Store::new(
+            deployment,
             group_commit_writes,
             client.database_with_options(
                 database,
@@ -218,10 +241,13 @@ impl Store {
     }
 
     /// Must run inside a tokio runtime: it starts the group-commit tasks.
-    fn new(group_commit_writes: usize, db: Database) -> Store {
+    fn new(deployment: DeploymentName, group_commit_writes: usize, db: Database) -> Store {
         Store {
+            deployment,
             accounts: db.collection("accounts"),
             transactions: db.collection("transactions"),
+            keys: db.collection("idempotencyKeys"),
+            directory: db.collection("accountDirectory"),
             batches: batch::Batches::start(&db, group_commit_writes),
             clock: Default::default(),
             actor: "".into(),
@@ -240,6 +266,15 @@ impl Store {
     /// The instance this handle writes for (the name of its pause points).
     pub fn instance_id(&self) -> &str {
         &self.actor
+    }
+
+    /// The deployment this handle speaks to.
+    pub fn deployment(&self) -> &DeploymentName {
+        &self.deployment
+    }
+
+    fn directory(&self) -> &Collection<Document> {
+        &self.directory
     }
 
     pub fn database(&self) -> &Database {
@@ -261,13 +296,14 @@ impl Store {
     }
 
     async fn read_server_time(&self) -> StoreResult<mongodb::bson::DateTime> {
+        let sent = std::time::Instant::now();
         let reply = self.db.run_command(doc! { "hello": 1 }).await?;
         let arrived = std::time::Instant::now();
         let time = reply
             .get_datetime("localTime")
             .copied()
             .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}").into()))?;
-        self.clock.observe(time, arrived);
+        self.clock.observe(time, sent, arrived);
         Ok(time)
     }
 
@@ -290,6 +326,35 @@ impl Store {
             .ok_or_else(|| StoreError::Other("the server's clock reading is already stale".into()))
     }
 
+    /// A time the database's clock has certainly not passed yet (see [`clock`]).
+    async fn upper_bound_time(&self) -> StoreResult<mongodb::bson::DateTime> {
+        if let Some(bound) = self.clock.upper_bound() {
+            return Ok(bound);
+        }
+        self.read_server_time().await?;
+        self.clock
+            .upper_bound()
+            .ok_or_else(|| StoreError::Other("the server's clock reading is already stale".into()))
+    }
+
+    /// `deadline`, a time by this deployment's clock, as a time by the clock of
+    /// `other`'s deployment that is reached no later (in real time) than this clock
+    /// reaches `deadline`: a step checked against `other`'s `$$NOW` before the returned
+    /// time reaches it before this deployment's clock reaches `deadline`. The time left
+    /// is measured pessimistically (from an upper bound of this clock) and added to a
+    /// lower bound of the other, so each side's uncertainty only makes it earlier. The
+    /// same deployment: `deadline` itself.
+    pub async fn deadline_on(&self, deadline: Timestamp, other: &Store) -> StoreResult<Timestamp> {
+        if other.deployment == self.deployment {
+            return Ok(deadline);
+        }
+        // The other's bound first: time passing between the two readings then only
+        // shortens what is left.
+        let there = other.stamp_time().await?.to_chrono();
+        let here = self.upper_bound_time().await?.to_chrono();
+        Ok(there + (deadline - here))
+    }
+
     /// Applies the migrations in `migrations/` that this database has not recorded yet.
     pub async fn migrate(&self) -> StoreResult<Vec<String>> {
         migrations::apply_all(&self.db).await
@@ -298,12 +363,14 @@ impl Store {
 
 /// Feeds `db_operation_duration_seconds` with the driver's own timing of each command.
 /// The driver calls it inline; it only bumps a histogram.
-fn command_timer() -> EventHandler<CommandEvent> {
-    EventHandler::callback(|event| match event {
+fn command_timer(deployment: DeploymentName) -> EventHandler<CommandEvent> {
+    EventHandler::callback(move |event| match event {
         CommandEvent::Succeeded(e) => {
-            crate::metrics::db_operation(&e.command_name, true, e.duration)
+            crate::metrics::db_operation(&deployment, &e.command_name, true, e.duration)
         }
-        CommandEvent::Failed(e) => crate::metrics::db_operation(&e.command_name, false, e.duration),
+        CommandEvent::Failed(e) => {
+            crate::metrics::db_operation(&deployment, &e.command_name, false, e.duration)
+        }
         _ => {}
     })
 }

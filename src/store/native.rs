@@ -19,6 +19,7 @@ use mongodb::ClientSession;
 use mongodb::bson::{DateTime, doc};
 use mongodb::options::ReadConcern;
 
+use super::documents::Stored;
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
 use crate::domain::{CancelReason, MAX_MONEY, Transfer, TransferState};
 
@@ -101,7 +102,9 @@ impl Store {
             })
             .await;
         match refused {
-            Ok(None) => Ok(AtomicOutcome::Done(Box::new(Transfer::try_from(done)?))),
+            Ok(None) => Ok(AtomicOutcome::Done(Box::new(
+                done.into_domain(&self.deployment)?,
+            ))),
             Ok(Some(reason)) => Ok(AtomicOutcome::Refused(reason)),
             Err(e) if e.get_custom::<TimeLimitReached>().is_some() => Err(StoreError::Unavailable(
                 format!(

@@ -12,9 +12,9 @@ use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::accounts::Fence;
 use super::batch::Transition;
-use super::documents::{domain, object_id, stored_time};
+use super::documents::{Stored, domain, object_id, stored_time, transfer_id};
 use super::guards::{owned_by, stamped, stamped_unset};
-use super::{Store, StoreResult, TransferDoc};
+use super::{Store, StoreError, StoreResult, TransferDoc};
 use crate::domain::{
     AccountId, Amount, CancelReason, IdempotencyKey, Timestamp, Transfer, TransferFilter,
     TransferId, TransferState,
@@ -89,6 +89,14 @@ impl Fenced {
     }
 }
 
+/// What an idempotency key stands for: the transfer it made (or is about to make: the
+/// key is taken first) and the digest of the request, to tell a retry from a reuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub transfer: TransferId,
+    pub request_hash: Option<String>,
+}
+
 /// What a state change records besides the state and the owner.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepFields {
@@ -132,13 +140,58 @@ impl Store {
             .await
     }
 
+    /// The record of idempotency key `key` on this deployment: the transfer it made and
+    /// the digest of the request that made it.
+    pub async fn idempotency_record(&self, key: &IdempotencyKey) -> StoreResult<Option<KeyRecord>> {
+        let found = self
+            .keys
+            .find_one(doc! { "_id": key.as_str() })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        let bad = |why: String| {
+            StoreError::Other(format!("idempotency key {}: {why}", key.as_str()).into())
+        };
+        Ok(Some(KeyRecord {
+            transfer: transfer_id(
+                found
+                    .get_object_id("transfer")
+                    .map_err(|e| bad(e.to_string()))?,
+            ),
+            request_hash: found.get_str("requestHash").ok().map(str::to_owned),
+        }))
+    }
+
+    /// Takes idempotency key `key` for transfer `record.transfer`, before that transfer
+    /// is recorded. Fails with `DuplicateKey` when the key is taken: exactly one of two
+    /// concurrent requests with one key gets it.
+    pub async fn take_idempotency_key(
+        &self,
+        key: &IdempotencyKey,
+        record: &KeyRecord,
+    ) -> StoreResult<()> {
+        let mut entry = doc! {
+            "_id": key.as_str(),
+            "transfer": object_id(record.transfer),
+            "at": DateTime::now(),
+        };
+        if let Some(hash) = &record.request_hash {
+            entry.insert("requestHash", hash);
+        }
+        failpoint!(self, "before_take_key");
+        self.keys.insert_one(entry).await?;
+        Ok(())
+    }
+
     async fn find_transfer(&self, filter: Document) -> StoreResult<Option<Transfer>> {
         let found = self
             .transactions
             .find_one(filter)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        found.map(Transfer::try_from).transpose()
+        found.map(|d| d.into_domain(&self.deployment)).transpose()
     }
 
     /// Claims the one reversal a done transfer may have: sets `reversedBy` only if it is
@@ -279,7 +332,7 @@ impl Store {
             .find(filter)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        domain(cursor.try_collect().await?)
+        domain(cursor.try_collect().await?, &self.deployment)
     }
 
     async fn holds_expired_by(
@@ -344,7 +397,7 @@ impl Store {
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        domain(cursor.try_collect().await?)
+        domain(cursor.try_collect().await?, &self.deployment)
     }
 
     /// Transfers newest first, by keyset on `_id` (an ObjectId grows with time).
@@ -357,8 +410,9 @@ impl Store {
         if let Some(state) = filter.state {
             query.insert("state", state.as_str());
         }
-        if let Some(now) = filter.unexpired_at {
-            query.insert("expiresAt", doc! { "$gt": stored_time(now) });
+        if filter.unexpired {
+            let now = self.stamp_time().await?;
+            query.insert("expiresAt", doc! { "$gt": now });
         }
         if let Some(account) = filter.account.as_ref().map(|a| a.as_str()) {
             query.insert(
@@ -534,7 +588,7 @@ impl Store {
             )
             .return_document(ReturnDocument::After)
             .await?;
-        taken.map(Transfer::try_from).transpose()
+        taken.map(|d| d.into_domain(&self.deployment)).transpose()
     }
 
     /// Unfinished transfers last modified before `stale_before` (a time by the
@@ -578,6 +632,6 @@ impl Store {
             .find_one_and_update(filter, stamped(doc! { "application": owner }, at))
             .return_document(ReturnDocument::After)
             .await?;
-        claimed.map(Transfer::try_from).transpose()
+        claimed.map(|d| d.into_domain(&self.deployment)).transpose()
     }
 }

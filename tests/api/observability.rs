@@ -245,9 +245,9 @@ async fn a_request_is_counted_by_its_route_template_and_status_never_its_path() 
 }
 
 #[tokio::test]
-async fn database_commands_are_timed_by_command_name() {
+async fn database_commands_are_timed_by_deployment_and_command_name() {
     let app = spawn_app().await;
-    let inserts = "db_operation_duration_seconds_count{command=\"insert\",outcome=\"ok\"}";
+    let inserts = "db_operation_duration_seconds_count{deployment=\"default\",command=\"insert\",outcome=\"ok\"}";
     let before = scrape(&app).await;
 
     app.open_account(&format!("acc{}", ObjectId::new().to_hex()), 10)
@@ -260,7 +260,7 @@ async fn database_commands_are_timed_by_command_name() {
     );
     assert!(
         after.contains(
-            "db_operation_duration_seconds_bucket{command=\"insert\",outcome=\"ok\",le=\"+Inf\"}"
+            "db_operation_duration_seconds_bucket{deployment=\"default\",command=\"insert\",outcome=\"ok\",le=\"+Inf\"}"
         ),
         "{after}"
     );

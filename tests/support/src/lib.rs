@@ -222,7 +222,10 @@ pub fn fresh_database_name() -> String {
 
 pub fn settings(uri: &str, database: &str) -> Settings {
     Settings {
-        mongodb_uri: uri.to_owned(),
+        deployments: vec![transfer_service::config::Deployment {
+            name: Default::default(),
+            uri: uri.to_owned(),
+        }],
         database: database.to_owned(),
         bind_addr: "127.0.0.1:0".parse().unwrap(),
         instance_id: format!("test-{}", mongodb::bson::oid::ObjectId::new().to_hex()),
@@ -275,7 +278,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let address = format!("http://127.0.0.1:{}", app.port());
     let shutdown = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    let store = Store::connect(&settings.mongodb_uri, &settings.database)
+    let store = Store::connect(&settings.deployments[0].uri, &settings.database)
         .await
         .expect("connect");
     TestApp {

@@ -1,0 +1,256 @@
+//! Several MongoDB deployments (`DEPLOYMENTS`), each a [`Store`] of its own, and the
+//! reads that span them.
+//!
+//! Where things live, and why (see `docs/scaling.md`):
+//! - an account lives on one deployment, chosen when it is opened, for ever;
+//! - a transfer is logged on its **source** account's deployment, with its idempotency
+//!   key: a transfer touches at most two deployments, and its log is on one of them, so
+//!   an outage of a third never stops it;
+//! - the **account directory** (`accountDirectory`, on the first deployment listed) holds
+//!   every account id with its deployment: the one write that makes an id unique across
+//!   deployments, even when two instances open it on two deployments at once. Only
+//!   opening an account needs it; transfers never read it.
+//!
+//! Reads that do not know where to look ask every deployment at once and take the first
+//! answer that finds something ([`Deployments::first_found`]): ids are unique across
+//! deployments, so the first find is the only one. A read that finds nothing is only
+//! trusted when every deployment answered; otherwise the thing may be on the one that did
+//! not, and the read fails as unavailable. Listings merge every deployment's page, and
+//! fail as unavailable while one does not answer: a page with a hole would hand the
+//! client a cursor past transfers it never saw.
+
+use std::cmp::Reverse;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use mongodb::bson::{DateTime, doc};
+
+use super::{Store, StoreError, StoreResult};
+use crate::domain::{
+    Account, AccountId, Currency, DeploymentName, Transfer, TransferFilter, TransferId,
+};
+
+/// The deployments, in the order `DEPLOYMENTS` lists them; never empty, names unique.
+#[derive(Clone, Debug)]
+pub struct Deployments {
+    stores: Arc<[Store]>,
+}
+
+impl From<Store> for Deployments {
+    fn from(store: Store) -> Deployments {
+        Deployments {
+            stores: Arc::from(vec![store]),
+        }
+    }
+}
+
+/// What [`Deployments::reserve_account_id`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// The id is now, or already was, reserved for the asked deployment: the account may
+    /// be written there (its own `_id` decides whether it exists already).
+    Reserved,
+    /// The id belongs to an account on another deployment (or to one opened before the
+    /// directory, which counts the same).
+    Taken,
+}
+
+impl Deployments {
+    /// # Panics
+    /// With no store, or two of one name: `config` refuses both.
+    pub fn new(stores: Vec<Store>) -> Deployments {
+        assert!(!stores.is_empty(), "at least one deployment");
+        for (i, s) in stores.iter().enumerate() {
+            assert!(
+                stores[..i].iter().all(|o| o.deployment() != s.deployment()),
+                "deployment {} named twice",
+                s.deployment()
+            );
+        }
+        Deployments {
+            stores: Arc::from(stores),
+        }
+    }
+
+    /// Every handle writing for `instance` (see [`Store::named`]).
+    pub fn named(&self, instance: &str) -> Deployments {
+        Deployments {
+            stores: self.stores.iter().map(|s| s.named(instance)).collect(),
+        }
+    }
+
+    /// The first deployment listed: where accounts are opened unless the request says
+    /// otherwise, and the keeper of the account directory.
+    pub fn first(&self) -> &Store {
+        &self.stores[0]
+    }
+
+    pub fn all(&self) -> &[Store] {
+        &self.stores
+    }
+
+    pub fn get(&self, name: &DeploymentName) -> Option<&Store> {
+        self.stores.iter().find(|s| s.deployment() == name)
+    }
+
+    /// The store of a deployment that a stored account or transfer names. A name no
+    /// longer configured is a misconfiguration (deployments keep their names): an error
+    /// for the log, 500 for the caller, and nothing is moved.
+    pub fn of(&self, name: &DeploymentName) -> StoreResult<&Store> {
+        self.get(name).ok_or_else(|| {
+            StoreError::Other(
+                format!("deployment {name} is named in the data but not in DEPLOYMENTS").into(),
+            )
+        })
+    }
+
+    /// Asks every deployment with `query` at once; the first `Some` wins. `None` only
+    /// when every deployment answered `None`; otherwise the error of one that failed.
+    pub async fn first_found<'a, T, F, Fut>(&'a self, query: F) -> StoreResult<Option<T>>
+    where
+        F: Fn(&'a Store) -> Fut,
+        Fut: std::future::Future<Output = StoreResult<Option<T>>>,
+    {
+        if let [only] = &self.stores[..] {
+            return query(only).await;
+        }
+        let mut asked: FuturesUnordered<_> = self.stores.iter().map(query).collect();
+        let mut failure = None;
+        while let Some(answer) = asked.next().await {
+            match answer {
+                Ok(Some(found)) => return Ok(Some(found)),
+                Ok(None) => {}
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        failure.map_or(Ok(None), Err)
+    }
+
+    /// An account, wherever it lives.
+    pub async fn find_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+        self.first_found(|s| s.account(id)).await
+    }
+
+    /// A transfer, wherever it is logged.
+    pub async fn find_transfer(&self, id: TransferId) -> StoreResult<Option<Transfer>> {
+        self.first_found(|s| s.transfer(id)).await
+    }
+
+    /// The deployment and currency of two accounts (`None` for one that exists nowhere),
+    /// read together with those of concurrent transfers on each deployment. Answers as
+    /// soon as both are found, without waiting for a deployment that is down.
+    pub async fn locate(
+        &self,
+        accounts: [&AccountId; 2],
+    ) -> StoreResult<[Option<(DeploymentName, Currency)>; 2]> {
+        let mut asked: FuturesUnordered<_> = self
+            .stores
+            .iter()
+            .map(|s| async move { (s.deployment(), s.currencies(accounts).await) })
+            .collect();
+        let mut found: [Option<(DeploymentName, Currency)>; 2] = [None, None];
+        let mut failure = None;
+        while let Some((here, answer)) = asked.next().await {
+            match answer {
+                Ok(currencies) => {
+                    for (slot, currency) in found.iter_mut().zip(currencies) {
+                        if let (None, Some(c)) = (&slot, currency) {
+                            *slot = Some((here.clone(), c));
+                        }
+                    }
+                    if found.iter().all(Option::is_some) {
+                        return Ok(found);
+                    }
+                }
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(found),
+        }
+    }
+
+    /// Accounts in id order after `after`, from every deployment.
+    pub async fn list_accounts(
+        &self,
+        after: Option<&AccountId>,
+        limit: u32,
+    ) -> StoreResult<Vec<Account>> {
+        let pages = futures::future::try_join_all(
+            self.stores.iter().map(|s| s.list_accounts(after, limit)),
+        )
+        .await?;
+        Ok(merged(pages, limit, |a| a.id.clone()))
+    }
+
+    /// Transfers newest first matching `filter`, from every deployment's log.
+    pub async fn list_transfers(
+        &self,
+        filter: &TransferFilter,
+        limit: u32,
+    ) -> StoreResult<Vec<Transfer>> {
+        let pages = futures::future::try_join_all(
+            self.stores.iter().map(|s| s.list_transfers(filter, limit)),
+        )
+        .await?;
+        Ok(merged(pages, limit, |t| Reverse(t.id)))
+    }
+
+    /// Reserves account id `id` for `deployment` in the directory, or reports whom it
+    /// belongs to. The directory's unique `_id` makes exactly one of two concurrent
+    /// reservations of one id win, whichever deployments they are for.
+    ///
+    /// A reservation whose account was never written (its instance died in between, or
+    /// its deployment was down) keeps the id for that deployment: opening the account
+    /// there again completes it.
+    pub async fn reserve_account_id(
+        &self,
+        id: &AccountId,
+        deployment: &DeploymentName,
+    ) -> StoreResult<Reservation> {
+        let directory = self.first().directory();
+        let entry =
+            doc! { "_id": id.as_str(), "deployment": deployment.as_str(), "at": DateTime::now() };
+        match directory.insert_one(entry).await {
+            Ok(_) => return Ok(Reservation::Reserved),
+            Err(e) => match StoreError::from(e) {
+                StoreError::DuplicateKey(_) => {}
+                other => return Err(other),
+            },
+        }
+        let found = directory
+            .find_one(doc! { "_id": id.as_str() })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
+        let owner = found.as_ref().and_then(|d| d.get_str("deployment").ok());
+        Ok(if owner == Some(deployment.as_str()) {
+            Reservation::Reserved
+        } else {
+            Reservation::Taken
+        })
+    }
+}
+
+/// The first `limit` of every deployment's page in `key` order. Each page holds its
+/// deployment's first `limit` in that order, so the merge holds the overall first `limit`.
+fn merged<T, K: Ord>(pages: Vec<Vec<T>>, limit: u32, key: impl Fn(&T) -> K) -> Vec<T> {
+    let mut all: Vec<T> = pages.into_iter().flatten().collect();
+    all.sort_by_key(key);
+    all.truncate(limit as usize);
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merge_keeps_the_first_of_all_pages_in_order() {
+        let pages = vec![vec![1, 4, 9], vec![2, 3, 10], vec![]];
+        assert_eq!(merged(pages, 4, |n| *n), vec![1, 2, 3, 4]);
+        let newest_first = vec![vec![9, 4, 1], vec![10, 3, 2]];
+        assert_eq!(merged(newest_first, 3, |n| Reverse(*n)), vec![10, 9, 4]);
+    }
+}
