@@ -2,6 +2,11 @@
 //! feature aborts (as kill -9 would) right after a given protocol step; another instance
 //! must then bring the transfer to its right terminal state, with every balance conserved
 //! and no `pendingTransactions` entry left, within STALE_AFTER_MS plus two sweeps.
+//!
+//! Every crash is tried twice: with both accounts on one deployment, and across two
+//! deployments (two database servers), the source on the second one listed, so that the
+//! transfer is logged where the sweeper must look beyond the first deployment, and each
+//! side's steps go to their own server.
 
 #![cfg(feature = "failpoints")]
 
@@ -9,36 +14,96 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::process::{Instance, InstanceConfig};
-use support::{database_uri, fresh_database_name};
+use support::{database_uris, fresh_database_name};
+use transfer_service::domain::DeploymentName;
 use transfer_service::store::Store;
 
 const STALE_AFTER_MS: u64 = 1000;
 const SWEEP_INTERVAL_MS: u64 = 100;
 
-async fn start_instance(database: &str, name: &str, crash_at: Option<&str>) -> Instance {
-    let mut config =
-        InstanceConfig::new(support::service_binary!(), &database_uri(), database, name);
-    config.crash_at = crash_at.map(str::to_owned);
-    config.stale_after_ms = STALE_AFTER_MS;
-    config.sweep_interval_ms = SWEEP_INTERVAL_MS;
-    Instance::start(&config).await
+/// Where a test's accounts a (the source) and b live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Both on the one deployment of `MONGODB_URI`.
+    OneDeployment,
+    /// `DEPLOYMENTS=eu=...,us=...`: a on `us`, b on `eu`.
+    Across,
+}
+
+/// A test's database on each deployment of its layout.
+struct Books {
+    layout: Layout,
+    database: String,
+    /// a's deployment, which logs the transfer.
+    a: Store,
+    b: Store,
+}
+
+impl Books {
+    async fn new(layout: Layout) -> Books {
+        let database = fresh_database_name();
+        let uris = database_uris(2);
+        let connect = |name: &str, uri: &str| {
+            let (name, uri, database) = (name.to_owned(), uri.to_owned(), database.clone());
+            async move {
+                Store::connect_with(DeploymentName::parse(&name).unwrap(), &uri, &database, 2)
+                    .await
+                    .unwrap()
+            }
+        };
+        let (a, b) = match layout {
+            Layout::OneDeployment => {
+                let store = connect("default", &uris[0]).await;
+                (store.clone(), store)
+            }
+            Layout::Across => (connect("us", &uris[1]).await, connect("eu", &uris[0]).await),
+        };
+        Books {
+            layout,
+            database,
+            a,
+            b,
+        }
+    }
+
+    async fn start_instance(&self, name: &str, crash_at: Option<&str>) -> Instance {
+        let uris = database_uris(2);
+        let mut config =
+            InstanceConfig::new(support::service_binary!(), &uris[0], &self.database, name);
+        if self.layout == Layout::Across {
+            config.deployments = Some(format!("eu={},us={}", uris[0], uris[1]));
+        }
+        config.crash_at = crash_at.map(str::to_owned);
+        config.stale_after_ms = STALE_AFTER_MS;
+        config.sweep_interval_ms = SWEEP_INTERVAL_MS;
+        Instance::start(&config).await
+    }
+
+    /// Opens a (500) and b (0) through `instance`, each on its deployment.
+    async fn open_accounts(&self, http: &reqwest::Client, instance: &Instance) {
+        for (id, balance, deployment) in [("a", 500, "us"), ("b", 0, "eu")] {
+            let mut body = json!({ "id": id, "balance": balance });
+            if self.layout == Layout::Across {
+                body["deployment"] = json!(deployment);
+            }
+            let r = http
+                .post(format!("{}/accounts", instance.base))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201);
+        }
+    }
 }
 
 /// Crashes an instance at `step` during a transfer of `amount` from a (balance 500) to
 /// b (balance 0), recovers with a second instance, and returns the final transfer state.
-async fn crash_and_recover(step: &str, amount: i64) -> String {
-    let database = fresh_database_name();
+async fn crash_and_recover(layout: Layout, step: &str, amount: i64) -> String {
+    let books = Books::new(layout).await;
     let http = reqwest::Client::new();
-    let mut doomed = start_instance(&database, "doomed", Some(step)).await;
-    for (id, balance) in [("a", 500), ("b", 0)] {
-        let r = http
-            .post(format!("{}/accounts", doomed.base))
-            .json(&json!({ "id": id, "balance": balance }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-    }
+    let mut doomed = books.start_instance("doomed", Some(step)).await;
+    books.open_accounts(&http, &doomed).await;
     // The instance dies mid-request: the client sees the connection drop.
     let answer = http
         .post(format!("{}/transfers", doomed.base))
@@ -52,9 +117,13 @@ async fn crash_and_recover(step: &str, amount: i64) -> String {
     let status = doomed.child.wait().unwrap();
     assert!(!status.success(), "crashed instance exited {status}");
 
-    let store = Store::connect(&database_uri(), &database).await.unwrap();
+    let store = &books.a;
     let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
-    assert_eq!(stuck.len(), 1, "one transfer recorded");
+    assert_eq!(
+        stuck.len(),
+        1,
+        "one transfer recorded, on the source's deployment"
+    );
     assert!(
         !stuck[0].state.is_terminal(),
         "crash at {step} left it unfinished"
@@ -62,7 +131,7 @@ async fn crash_and_recover(step: &str, amount: i64) -> String {
     let id = stuck[0].id;
 
     let started = Instant::now();
-    let _rescuer = start_instance(&database, "rescuer", None).await;
+    let _rescuer = books.start_instance("rescuer", None).await;
     let limit =
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
     let transfer = loop {
@@ -80,12 +149,14 @@ async fn crash_and_recover(step: &str, amount: i64) -> String {
     let owner = transfer.owner.as_deref().unwrap_or_default();
     assert!(owner.starts_with("rescuer/"), "{owner}");
 
-    let a = store
+    let a = books
+        .a
         .account(&support::values::account("a"))
         .await
         .unwrap()
         .unwrap();
-    let b = store
+    let b = books
+        .b
         .account(&support::values::account("b"))
         .await
         .unwrap()
@@ -110,9 +181,20 @@ async fn crash_and_recover(step: &str, amount: i64) -> String {
 
 macro_rules! crash_test {
     ($name:ident, $step:literal, $amount:expr, $expected:literal) => {
-        #[tokio::test]
-        async fn $name() {
-            assert_eq!(crash_and_recover($step, $amount).await, $expected);
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn within_one_deployment() {
+                let ended = crash_and_recover(Layout::OneDeployment, $step, $amount).await;
+                assert_eq!(ended, $expected);
+            }
+
+            #[tokio::test]
+            async fn across_deployments() {
+                let ended = crash_and_recover(Layout::Across, $step, $amount).await;
+                assert_eq!(ended, $expected);
+            }
         }
     };
 }
@@ -205,19 +287,11 @@ async fn account_amounts(store: &Store, id: &str) -> (i64, i64, i64, usize) {
 /// Crashes an instance at `step` while it does `what` with a hold of 200 from a (500) to
 /// b (0); a second instance must bring the hold to where `what` leads, with the books
 /// exactly right.
-async fn crash_hold_and_recover(step: &str, what: HoldStep) {
-    let database = fresh_database_name();
+async fn crash_hold_and_recover(layout: Layout, step: &str, what: HoldStep) {
+    let books = Books::new(layout).await;
     let http = reqwest::Client::new();
-    let mut doomed = start_instance(&database, "doomed", Some(step)).await;
-    for (id, balance) in [("a", 500), ("b", 0)] {
-        let r = http
-            .post(format!("{}/accounts", doomed.base))
-            .json(&json!({ "id": id, "balance": balance }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-    }
+    let mut doomed = books.start_instance("doomed", Some(step)).await;
+    books.open_accounts(&http, &doomed).await;
     let expires_in_ms = if what == HoldStep::Expire {
         1_000
     } else {
@@ -228,9 +302,13 @@ async fn crash_hold_and_recover(step: &str, what: HoldStep) {
         .json(&json!({ "source": "a", "destination": "b", "amount": 200, "hold": { "expiresInMs": expires_in_ms } }))
         .send()
         .await;
-    let store = Store::connect(&database_uri(), &database).await.unwrap();
+    let store = &books.a;
     let listed = store.list_transfers(&Default::default(), 10).await.unwrap();
-    assert_eq!(listed.len(), 1, "one hold recorded");
+    assert_eq!(
+        listed.len(),
+        1,
+        "one hold recorded, on the source's deployment"
+    );
     let id = listed[0].id;
     match what {
         HoldStep::Create => assert!(created.is_err(), "no crash at {step}: {created:?}"),
@@ -254,7 +332,7 @@ async fn crash_hold_and_recover(step: &str, what: HoldStep) {
     assert!(!status.success(), "crashed instance exited {status}");
 
     let started = Instant::now();
-    let _rescuer = start_instance(&database, "rescuer", None).await;
+    let _rescuer = books.start_instance("rescuer", None).await;
     let limit =
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
     let ended = loop {
@@ -269,8 +347,8 @@ async fn crash_hold_and_recover(step: &str, what: HoldStep) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     use transfer_service::domain::{CancelReason, TransferState};
-    let a = account_amounts(&store, "a").await;
-    let b = account_amounts(&store, "b").await;
+    let a = account_amounts(&books.a, "a").await;
+    let b = account_amounts(&books.b, "b").await;
     match what {
         HoldStep::Create => {
             assert_eq!(ended.state, TransferState::Held, "{ended:?}");
@@ -301,9 +379,18 @@ async fn crash_hold_and_recover(step: &str, what: HoldStep) {
 
 macro_rules! hold_crash_test {
     ($name:ident, $step:literal, $what:expr) => {
-        #[tokio::test]
-        async fn $name() {
-            crash_hold_and_recover($step, $what).await;
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn within_one_deployment() {
+                crash_hold_and_recover(Layout::OneDeployment, $step, $what).await;
+            }
+
+            #[tokio::test]
+            async fn across_deployments() {
+                crash_hold_and_recover(Layout::Across, $step, $what).await;
+            }
         }
     };
 }

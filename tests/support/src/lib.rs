@@ -3,7 +3,10 @@
 //! port, with its own database per test.
 //!
 //! The database is the server named by `MONGODB_URI` when it is set (a real mongod
-//! replica set, say). Otherwise each test binary starts one SecantusDB daemon
+//! replica set, say). Tests of several deployments ([`database_uris`]) take the others
+//! from `MONGODB_URIS` (whitespace-separated URIs, one per further deployment) when it is
+//! set. Otherwise each test binary starts its SecantusDB daemons (one, or one per
+//! deployment)
 //! (`secantusd-rs`, found through `SECANTUSD_BIN`, `PATH`, or the cache that
 //! `scripts/install-secantus.sh` fills) with `--sync-on-commit`, in a temporary folder.
 //! The daemon is started from a thread that lives as long as the test process and asks
@@ -42,6 +45,37 @@ pub fn database_uri() -> String {
         _ => start_secantus(),
     })
     .clone()
+}
+
+/// The URIs of `n` separate database servers, standing for `n` deployments: the first
+/// is [`database_uri`]; the others come from `MONGODB_URIS`, or are SecantusDB daemons of
+/// this process, started once and shared by its tests.
+///
+/// # Panics
+/// If `MONGODB_URIS` names fewer than `n - 1` servers.
+pub fn database_uris(n: usize) -> Vec<String> {
+    static MORE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut uris = vec![database_uri()];
+    let mut more = MORE.lock().unwrap_or_else(|e| e.into_inner());
+    match std::env::var("MONGODB_URIS") {
+        Ok(listed) if !listed.trim().is_empty() => {
+            let listed: Vec<String> = listed.split_whitespace().map(str::to_owned).collect();
+            assert!(
+                listed.len() >= n - 1,
+                "MONGODB_URIS names {} servers; this test needs {}",
+                listed.len(),
+                n - 1
+            );
+            *more = listed;
+        }
+        _ => {
+            while more.len() < n - 1 {
+                more.push(start_secantus());
+            }
+        }
+    }
+    uris.extend(more.iter().take(n - 1).cloned());
+    uris
 }
 
 /// Where the SecantusDB daemon binary is.
@@ -138,16 +172,17 @@ impl Drop for Daemon {
 /// that a later run can tell the folders of runs that are gone.
 const SHARED_FOLDER_PREFIX: &str = "transfer-service-test-db-";
 
-/// The process-wide daemon and its folder, for the exit handler to remove.
-static SHARED: std::sync::Mutex<Option<(Daemon, tempfile::TempDir)>> = std::sync::Mutex::new(None);
+/// The process-wide daemons and their folders, for the exit handler to remove.
+static SHARED: std::sync::Mutex<Vec<(Daemon, tempfile::TempDir)>> =
+    std::sync::Mutex::new(Vec::new());
 
-/// The folder of the process-wide daemon, once started (`None` with `MONGODB_URI`).
+/// The folder of the first process-wide daemon, once started (`None` with `MONGODB_URI`).
 pub fn shared_daemon_folder() -> Option<PathBuf> {
     let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    shared.as_ref().map(|(_, dir)| dir.path().to_owned())
+    shared.first().map(|(_, dir)| dir.path().to_owned())
 }
 
-/// Starts the process-wide daemon on a thread that never exits, so that PDEATHSIG fires
+/// Starts a process-wide daemon on a thread that never exits, so that PDEATHSIG fires
 /// only when the whole test process goes.
 ///
 /// Its folder (about 130 MB once WiredTiger has preallocated its log) goes when the
@@ -165,10 +200,14 @@ fn start_secantus() -> String {
             .expect("temp dir");
         let daemon = Daemon::start(dir.path().to_path_buf(), 0);
         let uri = daemon.uri.clone();
-        *SHARED.lock().unwrap_or_else(|e| e.into_inner()) = Some((daemon, dir));
-        // SAFETY: registers a plain function with the C library, once per process.
-        let registered = unsafe { libc::atexit(stop_shared_daemon) };
-        assert_eq!(registered, 0, "atexit");
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if shared.is_empty() {
+            // SAFETY: registers a plain function with the C library, once per process.
+            let registered = unsafe { libc::atexit(stop_shared_daemons) };
+            assert_eq!(registered, 0, "atexit");
+        }
+        shared.push((daemon, dir));
+        drop(shared);
         tx.send(uri).expect("send uri");
         loop {
             std::thread::park();
@@ -178,12 +217,12 @@ fn start_secantus() -> String {
         .expect("secantusd-rs did not start")
 }
 
-/// At exit: kills the process-wide daemon and removes its folder.
-extern "C" fn stop_shared_daemon() {
-    // try_lock: a thread still running at exit may hold it; then leave the folder to the
+/// At exit: kills the process-wide daemons and removes their folders.
+extern "C" fn stop_shared_daemons() {
+    // try_lock: a thread still running at exit may hold it; then leave the folders to the
     // next run rather than hang.
     if let Ok(mut shared) = SHARED.try_lock() {
-        if let Some((mut daemon, dir)) = shared.take() {
+        for (mut daemon, dir) in shared.drain(..) {
             daemon.kill();
             drop(dir);
         }

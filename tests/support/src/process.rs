@@ -15,6 +15,8 @@ pub struct InstanceConfig {
     /// The `transfer-service` binary: [`crate::service_binary!`].
     pub binary: PathBuf,
     pub uri: String,
+    /// `DEPLOYMENTS`, when set (then `uri` is not used).
+    pub deployments: Option<String>,
     pub database: String,
     /// `INSTANCE_ID`.
     pub name: String,
@@ -31,6 +33,7 @@ impl InstanceConfig {
         InstanceConfig {
             binary: binary.to_owned(),
             uri: uri.to_owned(),
+            deployments: None,
             database: database.to_owned(),
             name: name.to_owned(),
             crash_at: None,
@@ -145,6 +148,10 @@ impl Instance {
         if let Some(step) = &config.crash_at {
             command.env("CRASH_AT", step);
         }
+        match &config.deployments {
+            Some(deployments) => command.env("DEPLOYMENTS", deployments),
+            None => command.env_remove("DEPLOYMENTS"),
+        };
         command.envs(config.env.iter().cloned());
         // Owned at once, so that Drop kills and reaps it whatever happens next.
         Instance {
