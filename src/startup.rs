@@ -24,6 +24,9 @@ const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 const FIRST_PAUSE: Duration = Duration::from_millis(250);
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
+/// How often each deployment is pinged to learn whether it answers (with several).
+const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
 /// A bound, ready-to-run instance.
 pub struct Application {
     listener: TcpListener,
@@ -138,6 +141,11 @@ impl Application {
             cors_origins = self.settings.cors_allowed_origins.len(),
             "listening"
         );
+        let watcher = tokio::spawn({
+            let deployments = self.bank.deployments().clone();
+            let shutdown = shutdown.clone();
+            async move { deployments.watch(WATCH_INTERVAL, shutdown).await }
+        });
         let sweeper = tokio::spawn(crate::sweeper::run(
             self.bank.clone(),
             self.settings.sweep_interval,
@@ -159,6 +167,7 @@ impl Application {
             );
         }
         let _ = sweeper.await;
+        let _ = watcher.await;
         tracing::info!("stopped");
         Ok(())
     }

@@ -116,6 +116,7 @@ async fn sweep_log(
     store: &Store,
     shutdown: &CancellationToken,
 ) -> StoreResult<SweepReport> {
+    store.check_answering()?;
     let me = bank.owner();
     let lease_ms = bank.stale_after().as_millis() as i64;
     // By the database's clock; the claim re-checks it atomically.

@@ -643,7 +643,10 @@ impl Bank {
         let permit = self.admit()?;
         let fingerprint = new.fingerprint();
         let route = self.check_accounts(&new).await?;
+        // Both deployments must answer: refused at once, before anything is recorded,
+        // while either is known not to (the transfer would only wait for it).
         let log = self.deployments.of(&route.source)?;
+        self.deployments.of(&route.destination)?;
         let id = match &key {
             None => crate::store::new_transfer_id(),
             Some(key) => match self.take_key(log, key, &fingerprint).await? {

@@ -25,11 +25,15 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use mongodb::bson::{DateTime, doc};
+use tokio_util::sync::CancellationToken;
 
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
     Account, AccountId, Currency, DeploymentName, Transfer, TransferFilter, TransferId,
 };
+
+/// The longest a watch ping may take before its deployment counts as not answering.
+pub const WATCH_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The deployments, in the order `DEPLOYMENTS` lists them; never empty, names unique.
 #[derive(Clone, Debug)]
@@ -94,15 +98,49 @@ impl Deployments {
         self.stores.iter().find(|s| s.deployment() == name)
     }
 
-    /// The store of a deployment that a stored account or transfer names. A name no
-    /// longer configured is a misconfiguration (deployments keep their names): an error
-    /// for the log, 500 for the caller, and nothing is moved.
+    /// The store of a deployment that a stored account or transfer names, to write to
+    /// it: unavailable at once while it is known not to answer (see [`Deployments::watch`]).
+    /// A name no longer configured is a misconfiguration (deployments keep their names):
+    /// an error for the log, 500 for the caller, and nothing is moved.
     pub fn of(&self, name: &DeploymentName) -> StoreResult<&Store> {
-        self.get(name).ok_or_else(|| {
+        let store = self.get(name).ok_or_else(|| {
             StoreError::Other(
                 format!("deployment {name} is named in the data but not in DEPLOYMENTS").into(),
             )
-        })
+        })?;
+        store.check_answering()?;
+        Ok(store)
+    }
+
+    /// Pings every deployment every `every` until `shutdown`, and marks each answering or
+    /// not (a ping that fails or takes longer than [`WATCH_PING_LIMIT`]): while one is not,
+    /// what would touch it is refused at once (see [`Deployments::of`]), so that requests
+    /// waiting on its time-outs cannot take every admission permit and stop the transfers
+    /// between the others. With one deployment nothing is watched: there is nothing else
+    /// to keep going, and the database's own answer says the same a little later.
+    pub async fn watch(&self, every: std::time::Duration, shutdown: CancellationToken) {
+        if self.stores.len() < 2 {
+            return;
+        }
+        loop {
+            let pings = self.stores.iter().map(|s| async move {
+                let answered = tokio::time::timeout(WATCH_PING_LIMIT, s.ping()).await;
+                let answering = matches!(answered, Ok(Ok(())));
+                let was = s.set_answering(answering);
+                if was != answering {
+                    if answering {
+                        tracing::info!(deployment = %s.deployment(), "deployment answers again");
+                    } else {
+                        tracing::warn!(deployment = %s.deployment(), "deployment does not answer; refusing what touches it");
+                    }
+                }
+            });
+            futures::future::join_all(pings).await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
     }
 
     /// Asks every deployment with `query` at once; the first `Some` wins. `None` only
@@ -115,8 +153,10 @@ impl Deployments {
         if let [only] = &self.stores[..] {
             return query(only).await;
         }
-        let mut asked: FuturesUnordered<_> = self.stores.iter().map(query).collect();
-        let mut failure = None;
+        let (answering, silent): (Vec<&Store>, Vec<&Store>) =
+            self.stores.iter().partition(|s| s.is_answering());
+        let mut asked: FuturesUnordered<_> = answering.into_iter().map(query).collect();
+        let mut failure = silent.first().map(|s| s.check_answering().unwrap_err());
         while let Some(answer) = asked.next().await {
             match answer {
                 Ok(Some(found)) => return Ok(Some(found)),
@@ -144,13 +184,14 @@ impl Deployments {
         &self,
         accounts: [&AccountId; 2],
     ) -> StoreResult<[Option<(DeploymentName, Currency)>; 2]> {
-        let mut asked: FuturesUnordered<_> = self
-            .stores
-            .iter()
+        let (answering, silent): (Vec<&Store>, Vec<&Store>) =
+            self.stores.iter().partition(|s| s.is_answering());
+        let mut asked: FuturesUnordered<_> = answering
+            .into_iter()
             .map(|s| async move { (s.deployment(), s.currencies(accounts).await) })
             .collect();
         let mut found: [Option<(DeploymentName, Currency)>; 2] = [None, None];
-        let mut failure = None;
+        let mut failure = silent.first().map(|s| s.check_answering().unwrap_err());
         while let Some((here, answer)) = asked.next().await {
             match answer {
                 Ok(currencies) => {

@@ -189,6 +189,11 @@ pub struct Store {
     /// The instance this handle writes for; names its pause points in the tests
     /// (`failpoints`). Empty for a handle that belongs to no instance.
     actor: std::sync::Arc<str>,
+    /// False while [`Deployments::watch`] finds the deployment not answering: the service
+    /// then refuses at once what would touch it, instead of holding a request, an
+    /// admission permit and a connection for the driver's time-outs. Only a shortcut to
+    /// the answer the database would give: not sending a write is always safe.
+    answering: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Store {
@@ -251,6 +256,7 @@ impl Store {
             batches: batch::Batches::start(&db, group_commit_writes),
             clock: Default::default(),
             actor: "".into(),
+            answering: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             db,
         }
     }
@@ -279,6 +285,28 @@ impl Store {
 
     pub fn database(&self) -> &Database {
         &self.db
+    }
+
+    /// Whether the deployment answered the last time it was watched (see
+    /// [`Store::answering`]'s field); true when nothing watches it.
+    pub fn is_answering(&self) -> bool {
+        self.answering.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`StoreError::Unavailable`] at once while the deployment is known not to answer.
+    pub fn check_answering(&self) -> StoreResult<()> {
+        if self.is_answering() {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(
+                format!("deployment {} does not answer", self.deployment).into(),
+            ))
+        }
+    }
+
+    fn set_answering(&self, answering: bool) -> bool {
+        self.answering
+            .swap(answering, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// One round trip to the server; used by `/ready`.

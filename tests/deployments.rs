@@ -1,0 +1,756 @@
+//! Accounts on several deployments (`DEPLOYMENTS`), each a database server of its own:
+//! where accounts and transfers live, transfers across deployments and every answer they
+//! can get, reads that span the deployments, readiness, metrics and migrations, and an
+//! outage of one deployment under load.
+//!
+//! Invariants protected here: an account id exists on one deployment only; a transfer is
+//! logged on its source's deployment and nowhere else; money moves across deployments
+//! exactly as within one (the total over every deployment never changes, no marker is
+//! left); an outage of one deployment stops only the transfers that touch its accounts,
+//! and what it delayed finishes by itself once it is back.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{Daemon, TestApp, database_uris, fresh_database_name, spawn_app_with, values};
+use transfer_service::config::Deployment;
+use transfer_service::domain::{DeploymentName, TransferState};
+use transfer_service::store::Store;
+
+const NAMES: [&str; 3] = ["eu", "us", "cn"];
+
+/// Three deployments over `uris`, one database name on each.
+struct Books {
+    database: String,
+    uris: Vec<String>,
+    /// A store per deployment, in `NAMES` order.
+    stores: Vec<Store>,
+}
+
+impl Books {
+    async fn new(uris: Vec<String>) -> Books {
+        let database = fresh_database_name();
+        let mut stores = Vec::new();
+        for (name, uri) in NAMES.iter().zip(&uris) {
+            let name = DeploymentName::parse(name).unwrap();
+            stores.push(Store::connect_with(name, uri, &database, 2).await.unwrap());
+        }
+        Books {
+            database,
+            uris,
+            stores,
+        }
+    }
+
+    /// On the shared database servers of this test process.
+    async fn shared() -> Books {
+        Books::new(database_uris(3)).await
+    }
+
+    fn deployments(&self) -> Vec<Deployment> {
+        NAMES
+            .iter()
+            .zip(&self.uris)
+            .map(|(name, uri)| Deployment {
+                name: DeploymentName::parse(name).unwrap(),
+                uri: uri.clone(),
+            })
+            .collect()
+    }
+
+    /// An instance of the service over the three deployments.
+    async fn app(&self) -> TestApp {
+        let (deployments, database) = (self.deployments(), self.database.clone());
+        spawn_app_with(move |s| {
+            s.deployments = deployments;
+            s.database = database;
+        })
+        .await
+    }
+
+    fn store(&self, deployment: &str) -> &Store {
+        &self.stores[NAMES.iter().position(|n| *n == deployment).unwrap()]
+    }
+
+    /// The deployments that have account `id`.
+    async fn homes_of(&self, id: &str) -> Vec<&'static str> {
+        let mut homes = Vec::new();
+        for (name, store) in NAMES.iter().zip(&self.stores) {
+            if store.account(&values::account(id)).await.unwrap().is_some() {
+                homes.push(*name);
+            }
+        }
+        homes
+    }
+
+    /// The deployments whose log has transfer `id`.
+    async fn logs_of(&self, id: &str) -> Vec<&'static str> {
+        let mut logs = Vec::new();
+        for (name, store) in NAMES.iter().zip(&self.stores) {
+            if store
+                .transfer(values::transfer_id(id))
+                .await
+                .unwrap()
+                .is_some()
+            {
+                logs.push(*name);
+            }
+        }
+        logs
+    }
+
+    /// The balance of account `id`, wherever it lives.
+    async fn balance(&self, id: &str) -> i64 {
+        for store in &self.stores {
+            if let Some(a) = store.account(&values::account(id)).await.unwrap() {
+                return a.balance;
+            }
+        }
+        panic!("no account {id} anywhere")
+    }
+
+    /// Every balance on every deployment, and how many markers are left.
+    async fn totals(&self) -> (i64, usize) {
+        let (mut total, mut markers) = (0, 0);
+        for store in &self.stores {
+            for a in store.list_accounts(None, 10_000).await.unwrap() {
+                total += a.balance;
+                markers += a.pending_transactions.len();
+            }
+        }
+        (total, markers)
+    }
+}
+
+async fn open(app: &TestApp, id: &str, balance: i64, deployment: &str) {
+    let response = app
+        .post_json(
+            "/accounts",
+            json!({ "id": id, "balance": balance, "deployment": deployment }),
+        )
+        .await;
+    assert_eq!(
+        response.status(),
+        201,
+        "opening {id} on {deployment}: {}",
+        response.text().await.unwrap()
+    );
+}
+
+async fn status_and_json(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(app: &TestApp, path: &str) -> (u16, Value) {
+    status_and_json(app.get(path).await).await
+}
+
+async fn transfer(app: &TestApp, body: Value) -> (u16, Value) {
+    status_and_json(app.post_json("/transfers", body).await).await
+}
+
+#[tokio::test]
+async fn an_account_lives_on_the_deployment_named_at_opening_the_first_by_default() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "us-1", 100, "us").await;
+    open(&app, "cn-1", 100, "cn").await;
+    let response = app.post_json("/accounts", json!({ "id": "eu-1" })).await;
+    assert_eq!(response.status(), 201);
+
+    for (id, home) in [("us-1", "us"), ("cn-1", "cn"), ("eu-1", "eu")] {
+        assert_eq!(books.homes_of(id).await, [home], "{id}");
+        let (status, body) = get(&app, &format!("/accounts/{id}")).await;
+        assert_eq!((status, body["deployment"].as_str()), (200, Some(home)));
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_or_malformed_deployment_is_refused_and_nothing_is_opened() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    let (status, body) = status_and_json(
+        app.post_json("/accounts", json!({ "id": "x", "deployment": "mars" }))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["code"], "unknown_deployment");
+    assert_eq!(body["field"], "deployment");
+    let (status, body) = status_and_json(
+        app.post_json("/accounts", json!({ "id": "x", "deployment": "EU" }))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_field"))
+    );
+    assert_eq!(body["field"], "deployment");
+    assert!(books.homes_of("x").await.is_empty());
+    // Refused before the id was reserved: it can still be opened.
+    open(&app, "x", 0, "us").await;
+}
+
+#[tokio::test]
+async fn an_account_id_is_unique_across_deployments() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "alice", 100, "us").await;
+    for deployment in ["eu", "cn", "us"] {
+        let (status, body) = status_and_json(
+            app.post_json(
+                "/accounts",
+                json!({ "id": "alice", "deployment": deployment }),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (409, Some("account_exists")),
+            "{deployment}: {body}"
+        );
+    }
+    assert_eq!(books.homes_of("alice").await, ["us"]);
+    assert_eq!(books.balance("alice").await, 100);
+}
+
+/// Two instances open the same ids at the same moment, each on another deployment:
+/// exactly one opening of each id wins, and the account exists only where it won.
+#[tokio::test]
+async fn two_instances_opening_one_id_on_two_deployments_at_once_make_one_account() {
+    let books = Books::shared().await;
+    let (first, second) = (books.app().await, books.app().await);
+    let ids: Vec<String> = (0..20).map(|i| format!("racy-{i}")).collect();
+    let attempts = ids.iter().flat_map(|id| {
+        [(&first, id, "us"), (&second, id, "cn")].map(|(app, id, deployment)| async move {
+            let response = app
+                .post_json("/accounts", json!({ "id": id, "deployment": deployment }))
+                .await;
+            (id.clone(), deployment, response.status().as_u16())
+        })
+    });
+    let answers = futures::future::join_all(attempts).await;
+    for id in &ids {
+        let won: Vec<_> = answers
+            .iter()
+            .filter(|(i, _, status)| i == id && *status == 201)
+            .collect();
+        assert_eq!(won.len(), 1, "{id}: {answers:?}");
+        let lost = answers
+            .iter()
+            .find(|(i, _, status)| i == id && *status != 201)
+            .unwrap();
+        assert_eq!(lost.2, 409, "{lost:?}");
+        assert_eq!(books.homes_of(id).await, [won[0].1], "{id}");
+    }
+}
+
+/// An instance that died between reserving an id and writing its account leaves the id
+/// to that deployment: opening it there completes it, elsewhere it is taken.
+#[tokio::test]
+async fn an_id_reserved_by_an_opening_that_died_can_be_opened_on_its_deployment_only() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    let deployments = transfer_service::store::Deployments::new(books.stores.clone());
+    let reserved = deployments
+        .reserve_account_id(
+            &values::account("orphan"),
+            &DeploymentName::parse("cn").unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        reserved,
+        transfer_service::store::deployments::Reservation::Reserved
+    );
+    let (status, _) = status_and_json(
+        app.post_json("/accounts", json!({ "id": "orphan", "deployment": "us" }))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 409);
+    open(&app, "orphan", 5, "cn").await;
+    assert_eq!(books.homes_of("orphan").await, ["cn"]);
+}
+
+#[tokio::test]
+async fn a_transfer_across_deployments_moves_the_money_and_is_logged_with_its_source() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "alice", 1_000, "us").await;
+    open(&app, "bob", 0, "cn").await;
+    let (status, body) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "bob", "amount": 300 }),
+    )
+    .await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (201, Some("done")),
+        "{body}"
+    );
+    let id = body["id"].as_str().unwrap();
+    assert_eq!(books.logs_of(id).await, ["us"]);
+    let logged = books
+        .store("us")
+        .transfer(values::transfer_id(id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(logged.destination_deployment.as_str(), "cn");
+    assert_eq!(
+        (books.balance("alice").await, books.balance("bob").await),
+        (700, 300)
+    );
+    assert_eq!(books.totals().await, (1_000, 0));
+    let (status, read) = get(&app, &format!("/transfers/{id}")).await;
+    assert_eq!((status, read["state"].as_str()), (200, Some("done")));
+}
+
+#[tokio::test]
+async fn a_transfer_across_deployments_gets_every_answer_one_within_a_deployment_gets() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "alice", 500, "eu").await;
+    open(&app, "bob", 0, "us").await;
+    let response = app
+        .post_json(
+            "/accounts",
+            json!({ "id": "euro", "currency": "EUR", "deployment": "cn" }),
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+
+    // Insufficient funds: recorded on the source's log, canceled, nothing moved.
+    let (status, body) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "bob", "amount": 900 }),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("insufficient_funds")),
+        "{body}"
+    );
+    let canceled = body["transferId"].as_str().unwrap();
+    assert_eq!(books.logs_of(canceled).await, ["eu"]);
+    let (_, read) = get(&app, &format!("/transfers/{canceled}")).await;
+    assert_eq!(read["state"], "canceled");
+    assert_eq!(read["reason"], "insufficient_funds");
+
+    // Currency mismatch and an unknown account: refused before anything is recorded.
+    let (status, body) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "euro", "amount": 1 }),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("currency_mismatch"))
+    );
+    let (status, body) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "nobody", "amount": 1 }),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("unknown_account"))
+    );
+
+    // Idempotency: a replay answers the same transfer; the key with another body is
+    // refused.
+    let keyed = |amount: i64| {
+        app.http
+            .post(app.url("/transfers"))
+            .header("Idempotency-Key", "order-7")
+            .json(&json!({ "source": "alice", "destination": "bob", "amount": amount }))
+            .send()
+    };
+    let (status, first) = status_and_json(keyed(100).await.unwrap()).await;
+    assert_eq!(status, 201, "{first}");
+    let (status, again) = status_and_json(keyed(100).await.unwrap()).await;
+    assert_eq!((status, &again["id"]), (201, &first["id"]), "{again}");
+    let (status, reused) = status_and_json(keyed(101).await.unwrap()).await;
+    assert_eq!(
+        (status, reused["code"].as_str()),
+        (422, Some("idempotency_key_reused"))
+    );
+    assert_eq!(books.balance("bob").await, 100);
+
+    // Cancel of a done transfer: reversed by a transfer logged on the destination's.
+    let id = first["id"].as_str().unwrap();
+    let (status, reversed) = status_and_json(
+        app.post_json(&format!("/transfers/{id}/cancel"), json!({}))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 200, "{reversed}");
+    let reversal = reversed["reversedBy"].as_str().unwrap();
+    assert_eq!(books.logs_of(reversal).await, ["us"]);
+    assert_eq!(
+        (books.balance("alice").await, books.balance("bob").await),
+        (500, 0)
+    );
+    assert_eq!(books.totals().await, (500, 0));
+}
+
+#[tokio::test]
+async fn a_hold_across_deployments_reserves_and_is_captured_or_voided() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "alice", 1_000, "cn").await;
+    open(&app, "bob", 0, "eu").await;
+    let hold = |amount: i64| {
+        transfer(
+            &app,
+            json!({ "source": "alice", "destination": "bob", "amount": amount, "hold": {} }),
+        )
+    };
+    let (status, captured) = hold(400).await;
+    assert_eq!(
+        (status, captured["state"].as_str()),
+        (201, Some("held")),
+        "{captured}"
+    );
+    let (status, voided) = hold(300).await;
+    assert_eq!(status, 201, "{voided}");
+    let (_, alice) = get(&app, "/accounts/alice").await;
+    assert_eq!(
+        (
+            alice["pendingDebits"].as_i64(),
+            alice["availableBalance"].as_i64()
+        ),
+        (Some(700), Some(300))
+    );
+    let (_, bob) = get(&app, "/accounts/bob").await;
+    assert_eq!(bob["pendingCredits"].as_i64(), Some(700));
+
+    let id = captured["id"].as_str().unwrap();
+    let (status, done) = status_and_json(
+        app.post_json(
+            &format!("/transfers/{id}/capture"),
+            json!({ "amount": 250 }),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (status, done["state"].as_str()),
+        (200, Some("done")),
+        "{done}"
+    );
+    let id = voided["id"].as_str().unwrap();
+    let (status, canceled) = status_and_json(
+        app.post_json(&format!("/transfers/{id}/void"), json!({}))
+            .await,
+    )
+    .await;
+    assert_eq!((status, canceled["reason"].as_str()), (200, Some("voided")));
+    assert_eq!(
+        (books.balance("alice").await, books.balance("bob").await),
+        (750, 250)
+    );
+    for (who, deployment) in [("alice", "cn"), ("bob", "eu")] {
+        let a = books
+            .store(deployment)
+            .account(&values::account(who))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((a.pending_debits, a.pending_credits), (0, 0), "{who}");
+    }
+    assert_eq!(books.totals().await, (1_000, 0));
+}
+
+/// Follows `nextCursor` from `path` with pages of `limit`; every item's `key`.
+async fn walk(app: &TestApp, path: &str, limit: u32, key: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let mut url = format!("{path}{separator}limit={limit}");
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let (status, page) = get(app, &url).await;
+        assert_eq!(status, 200, "{url}: {page}");
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= limit as usize);
+        seen.extend(items.iter().map(|i| i[key].as_str().unwrap().to_owned()));
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return seen,
+        }
+    }
+}
+
+#[tokio::test]
+async fn listings_merge_every_deployment_and_their_pages_miss_and_repeat_nothing() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    let accounts = [
+        ("a1", "eu"),
+        ("b1", "us"),
+        ("c1", "cn"),
+        ("a2", "cn"),
+        ("b2", "eu"),
+        ("c2", "us"),
+    ];
+    for (id, deployment) in accounts {
+        open(&app, id, 1_000, deployment).await;
+    }
+    let mut made = Vec::new();
+    for (i, (source, destination)) in [
+        ("a1", "b1"),
+        ("b1", "c1"),
+        ("c1", "a1"),
+        ("a2", "b2"),
+        ("b2", "a1"),
+        ("c2", "c1"),
+        ("a1", "c2"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (status, body) = transfer(
+            &app,
+            json!({ "source": source, "destination": destination, "amount": 10 + i as i64 }),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        made.push(body["id"].as_str().unwrap().to_owned());
+    }
+    // Newest first, across the three logs, with pages smaller than each log.
+    let listed = walk(&app, "/transfers", 2, "id").await;
+    let mut newest_first = made.clone();
+    newest_first.reverse();
+    assert_eq!(listed, newest_first);
+    // Accounts in id order across the three deployments.
+    let ids = walk(&app, "/accounts", 4, "id").await;
+    assert_eq!(ids, ["a1", "a2", "b1", "b2", "c1", "c2"]);
+    // An account's history: transfers out (its own log) and in (other logs).
+    let history = walk(&app, "/accounts/a1/transfers", 1, "id").await;
+    let expected: Vec<String> = [6, 4, 2, 0].iter().map(|i| made[*i].clone()).collect();
+    assert_eq!(history, expected);
+}
+
+#[tokio::test]
+async fn every_deployment_is_migrated_and_its_database_commands_are_labelled_with_it() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "m", 1, "cn").await;
+    for store in &books.stores {
+        let recorded: Vec<String> = store
+            .database()
+            .collection::<mongodb::bson::Document>("migrations")
+            .distinct("_id", mongodb::bson::doc! {})
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|b| b.as_str().map(str::to_owned))
+            .collect();
+        assert!(
+            recorded.iter().any(|m| m == "0006_deployments"),
+            "{}: {recorded:?}",
+            store.deployment()
+        );
+    }
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    for name in NAMES {
+        assert!(
+            metrics.contains(&format!(
+                "db_operation_duration_seconds_count{{deployment=\"{name}\""
+            )),
+            "{name}: {metrics}"
+        );
+    }
+}
+
+/// Three deployments on daemons of this test's own, so that it can kill one.
+struct OwnDaemons {
+    daemons: Vec<Daemon>,
+    folders: Vec<tempfile::TempDir>,
+}
+
+impl OwnDaemons {
+    fn start() -> OwnDaemons {
+        let folders: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let daemons = folders
+            .iter()
+            .map(|f| Daemon::start(f.path().to_path_buf(), 0))
+            .collect();
+        OwnDaemons { daemons, folders }
+    }
+
+    fn uris(&self) -> Vec<String> {
+        self.daemons.iter().map(|d| d.uri.clone()).collect()
+    }
+}
+
+/// What the load saw, by the deployments its transfer touched.
+#[derive(Debug, Default)]
+struct Seen {
+    /// (touches the killed deployment, answered while it was down, status) per answer.
+    answers: Vec<(bool, bool, u16)>,
+    ids: HashSet<String>,
+}
+
+#[tokio::test]
+async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_after_it() {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    let accounts = [
+        ("eu-a", "eu"),
+        ("eu-b", "eu"),
+        ("us-a", "us"),
+        ("us-b", "us"),
+        ("cn-a", "cn"),
+        ("cn-b", "cn"),
+    ];
+    for (id, deployment) in accounts {
+        open(&app, id, 1_000_000, deployment).await;
+    }
+    let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+    let mut clients = Vec::new();
+    for client in 0..6 {
+        let (http, url) = (app.http.clone(), app.url("/transfers"));
+        let (down, stop, seen) = (down.clone(), stop.clone(), seen.clone());
+        clients.push(tokio::spawn(async move {
+            let mut n = client;
+            while !stop.is_cancelled() {
+                n += 7;
+                let (source, destination) = (accounts[n % 6].0, accounts[(n / 6 + n + 1) % 6].0);
+                if source == destination {
+                    continue;
+                }
+                let touches = source.starts_with("cn") || destination.starts_with("cn");
+                let during = down.load(std::sync::atomic::Ordering::SeqCst);
+                let answer = http
+                    .post(&url)
+                    .json(&json!({ "source": source, "destination": destination, "amount": 1 + n as i64 % 50 }))
+                    .send()
+                    .await;
+                let Ok(answer) = answer else { continue };
+                let status = answer.status().as_u16();
+                let body: Value = answer.json().await.unwrap_or(Value::Null);
+                let mut seen = seen.lock().unwrap();
+                seen.answers.push((touches, during, status));
+                if let Some(id) = body["id"].as_str().or(body["transferId"].as_str()) {
+                    seen.ids.insert(id.to_owned());
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // cn goes away: kill -9, and it stays down for a while.
+    let port = daemons.daemons[2].port;
+    daemons.daemons[2].kill();
+    down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, ready) = get(&app, "/ready").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["status"], "degraded");
+    assert_eq!(ready["unavailableDeployments"], json!(["cn"]));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    daemons.daemons[2] = Daemon::start(daemons.folders[2].path().to_path_buf(), port);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.cancel();
+    for c in clients {
+        c.await.unwrap();
+    }
+
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let elsewhere: Vec<u16> = seen
+        .answers
+        .iter()
+        .filter(|(touches, during, _)| !touches && *during)
+        .map(|a| a.2)
+        .collect();
+    assert!(
+        elsewhere.len() >= 10,
+        "too few transfers between eu and us while cn was down: {elsewhere:?}"
+    );
+    assert!(
+        elsewhere.iter().all(|s| *s == 201),
+        "a transfer between eu and us failed while cn was down: {elsewhere:?}"
+    );
+    let touched: Vec<u16> = seen
+        .answers
+        .iter()
+        .filter(|(touches, during, _)| *touches && *during)
+        .map(|a| a.2)
+        .collect();
+    assert!(
+        touched.iter().all(|s| [201, 503].contains(s)),
+        "a transfer touching cn got {touched:?}"
+    );
+    assert!(
+        touched.contains(&503),
+        "no transfer touching cn was refused: {touched:?}"
+    );
+    eprintln!(
+        "while cn was down: {} transfers between eu and us (all 201), {} touching cn ({} refused 503)",
+        elsewhere.len(),
+        touched.len(),
+        touched.iter().filter(|s| **s == 503).count()
+    );
+
+    // Once cn is back, everything it delayed finishes by itself.
+    let (status, ready) = get(&app, "/ready").await;
+    assert_eq!(
+        (status, ready["status"].as_str()),
+        (200, Some("ok")),
+        "{ready}"
+    );
+    let started = Instant::now();
+    loop {
+        let mut unfinished = Vec::new();
+        for store in &books.stores {
+            for t in store
+                .list_transfers(&Default::default(), 100_000)
+                .await
+                .unwrap()
+            {
+                if !t.state.is_terminal() {
+                    unfinished.push((t.id, t.state));
+                }
+            }
+        }
+        if unfinished.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "still unfinished after cn came back: {unfinished:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(books.totals().await, (6_000_000, 0));
+    // Every transfer a client was told about is logged exactly once, on its source's.
+    for id in &seen.ids {
+        let logs = books.logs_of(id).await;
+        assert_eq!(logs.len(), 1, "{id}: {logs:?}");
+    }
+    let done: usize = {
+        let mut n = 0;
+        for store in &books.stores {
+            n += store
+                .list_transfers(&Default::default(), 100_000)
+                .await
+                .unwrap()
+                .iter()
+                .filter(|t| t.state == TransferState::Done)
+                .count();
+        }
+        n
+    };
+    assert!(done > 0);
+}
