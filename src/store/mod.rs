@@ -47,6 +47,38 @@ pub mod testing {
         pull_markers, transition_all,
     };
     pub use super::documents::{AccountDoc, TransferDoc, object_id, transfer_id};
+
+    use mongodb::bson::Document;
+    use mongodb::event::command::CommandEvent;
+
+    /// Every command a store sent: its name and the command document.
+    pub type Recorded = std::sync::Arc<std::sync::Mutex<Vec<(String, Document)>>>;
+
+    /// [`super::Store::connect_with`], also recording every command it sends (for the
+    /// test of the query shapes a sharded cluster needs).
+    pub async fn connect_recording(
+        deployment: crate::domain::DeploymentName,
+        uri: &str,
+        database: &str,
+    ) -> super::StoreResult<(super::Store, Recorded)> {
+        let recorded = Recorded::default();
+        let sink = recorded.clone();
+        let handler = mongodb::event::EventHandler::callback(move |event| {
+            if let CommandEvent::Started(e) = event {
+                let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
+                sink.push((e.command_name.clone(), e.command.clone()));
+            }
+        });
+        let store = super::Store::connect_observed(
+            deployment,
+            uri,
+            database,
+            super::batch::DEFAULT_GROUP_COMMIT_WRITES,
+            Some(handler),
+        )
+        .await?;
+        Ok((store, recorded))
+    }
 }
 
 /// How long the driver looks for a usable server before an operation fails. Short, so
@@ -218,6 +250,18 @@ impl Store {
         database: &str,
         group_commit_writes: usize,
     ) -> StoreResult<Store> {
+        Store::connect_observed(deployment, uri, database, group_commit_writes, None).await
+    }
+
+    /// [`Store::connect_with`], with `observer` seeing every command instead of the
+    /// metrics' timer (a test hook).
+    async fn connect_observed(
+        deployment: DeploymentName,
+        uri: &str,
+        database: &str,
+        group_commit_writes: usize,
+        observer: Option<EventHandler<CommandEvent>>,
+    ) -> StoreResult<Store> {
         // The driver's message may quote the URI, which may carry a password: not echoed.
         let mut options = ClientOptions::parse(uri).await.map_err(|_| {
             StoreError::Other(format!("the URI of deployment {deployment} is not valid").into())
@@ -230,7 +274,8 @@ impl Store {
             .connect_timeout
             .get_or_insert(Duration::from_secs(3));
         options.max_pool_size.get_or_insert(MAX_POOL_SIZE);
-        options.command_event_handler = Some(command_timer(deployment.clone()));
+        options.command_event_handler =
+            Some(observer.unwrap_or_else(|| command_timer(deployment.clone())));
         let client = Client::with_options(options).map_err(StoreError::from)?;
         Ok(Store::new(
             deployment,

@@ -1,0 +1,204 @@
+//! The query shapes a sharded cluster needs (`docs/scaling.md`): every command of a
+//! transfer's hot path (its steps on the log and on the accounts, an idempotency lookup,
+//! opening an account) names its collection's shard key, `_id`, by equality or `$in`, so
+//! that a router sends it to the shards that own those documents instead of to every
+//! shard. The test records every command two deployments' stores send while a bank over
+//! them makes transfers (within and across deployments, keyed and replayed), holds that
+//! are captured and voided, a reversal, and a cancel's fences, and checks each one.
+
+#![cfg(feature = "failpoints")]
+
+use std::time::Duration;
+
+use mongodb::bson::{Bson, Document};
+use support::{database_uris, fresh_database_name, values};
+use transfer_service::domain::{Amount, Currency, DeploymentName, IdempotencyKey, OpeningBalance};
+use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer};
+use transfer_service::store::Deployments;
+use transfer_service::store::testing::{Recorded, connect_recording};
+
+/// Each collection the service writes, and its shard key (`docs/scaling.md`).
+const SHARD_KEYS: [(&str, &str); 4] = [
+    ("accounts", "_id"),
+    ("transactions", "_id"),
+    ("idempotencyKeys", "_id"),
+    ("accountDirectory", "_id"),
+];
+
+/// The filters (or, for an insert, the documents) of a command on one of our
+/// collections: the collection, and each filter.
+fn filters(name: &str, command: &Document) -> Option<(String, Vec<Document>)> {
+    let collection = command.get_str(name).ok()?.to_owned();
+    let docs = |field: &str, inner: Option<&str>| -> Vec<Document> {
+        command
+            .get_array(field)
+            .map(|list| {
+                list.iter()
+                    .filter_map(Bson::as_document)
+                    .filter_map(|d| match inner {
+                        Some(inner) => d.get_document(inner).ok().cloned(),
+                        None => Some(d.clone()),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let found = match name {
+        "find" => vec![command.get_document("filter").cloned().unwrap_or_default()],
+        "update" => docs("updates", Some("q")),
+        "delete" => docs("deletes", Some("q")),
+        "findAndModify" => vec![command.get_document("query").cloned().unwrap_or_default()],
+        "insert" => docs("documents", None),
+        "aggregate" | "count" | "distinct" => {
+            vec![command.get_document("query").cloned().unwrap_or_default()]
+        }
+        _ => return None,
+    };
+    Some((collection, found))
+}
+
+/// Whether `filter` names `key` by equality or by `$in`, so that a router can target it.
+fn targets(filter: &Document, key: &str) -> bool {
+    match filter.get(key) {
+        None => false,
+        Some(Bson::Document(condition)) => {
+            condition.keys().count() == 1 && condition.contains_key("$in")
+        }
+        Some(_) => true,
+    }
+}
+
+fn checked(recorded: &Recorded) -> (usize, Vec<String>) {
+    let recorded = recorded.lock().unwrap();
+    let mut count = 0;
+    let mut scattered = Vec::new();
+    for (name, command) in recorded.iter() {
+        let Some((collection, filters)) = filters(name, command) else {
+            continue;
+        };
+        let Some((_, key)) = SHARD_KEYS.iter().find(|(c, _)| *c == collection) else {
+            continue;
+        };
+        for filter in filters {
+            count += 1;
+            if !targets(&filter, key) {
+                scattered.push(format!("{name} on {collection}: {filter}"));
+            }
+        }
+    }
+    (count, scattered)
+}
+
+#[tokio::test]
+async fn every_hot_path_command_names_its_collections_shard_key() {
+    let uris = database_uris(2);
+    let database = fresh_database_name();
+    let mut stores = Vec::new();
+    let mut records = Vec::new();
+    for (name, uri) in ["eu", "us"].iter().zip(&uris) {
+        let (store, recorded) =
+            connect_recording(DeploymentName::parse(name).unwrap(), uri, &database)
+                .await
+                .unwrap();
+        store.migrate().await.unwrap();
+        recorded.lock().unwrap().clear();
+        stores.push(store);
+        records.push(recorded);
+    }
+    let bank = Bank::new(
+        Deployments::new(stores.clone()),
+        "shapes",
+        Duration::from_secs(10),
+    );
+    for (id, deployment) in [("a", "eu"), ("b", "us"), ("c", "eu")] {
+        bank.open_account(NewAccount {
+            id: Some(values::account(id)),
+            name: None,
+            balance: OpeningBalance::parse(10_000).unwrap(),
+            currency: Currency::usd(),
+            deployment: Some(DeploymentName::parse(deployment).unwrap()),
+        })
+        .await
+        .unwrap();
+    }
+    let new = |source: &str, destination: &str, amount: i64, hold: bool| NewTransfer {
+        source: values::account(source),
+        destination: values::account(destination),
+        amount: Amount::parse(amount).unwrap(),
+        reference: None,
+        hold: hold.then_some(Duration::from_secs(60)),
+    };
+    let key = IdempotencyKey::parse("shape-1").unwrap();
+    for _ in 0..2 {
+        let made = bank
+            .transfer(
+                new("a", "b", 100, false),
+                Some(key.clone()),
+                Completion::Wait,
+            )
+            .await
+            .unwrap();
+        assert_eq!(made.transfer.state.as_str(), "done");
+    }
+    bank.transfer(new("a", "c", 50, false), None, Completion::Wait)
+        .await
+        .unwrap();
+    let captured = bank
+        .transfer(new("a", "b", 300, true), None, Completion::Wait)
+        .await
+        .unwrap();
+    bank.capture(captured.transfer.id, Some(Amount::parse(200).unwrap()))
+        .await
+        .unwrap();
+    let voided = bank
+        .transfer(new("b", "a", 30, true), None, Completion::Wait)
+        .await
+        .unwrap();
+    bank.void(voided.transfer.id).await.unwrap();
+    let reversed = bank
+        .transfer(new("c", "b", 40, false), None, Completion::Wait)
+        .await
+        .unwrap();
+    let after = bank.cancel(reversed.transfer.id).await.unwrap();
+    assert!(after.reversed_by.is_some());
+    // A cancel's steps on a transfer it takes over: the mark, the fences, their removal.
+    let (eu, us) = (&stores[0], &stores[1]);
+    let unfinished = values::initial("c", "b", 1);
+    eu.insert_transfer(&unfinished).await.unwrap();
+    let id = unfinished.id;
+    let since = eu.mark_fenced(id).await.unwrap();
+    assert!(since.is_some());
+    let deadline = values::from_now(5_000);
+    eu.fence(&values::account("c"), id, true, deadline)
+        .await
+        .unwrap();
+    us.fence(&values::account("b"), id, false, deadline)
+        .await
+        .unwrap();
+    us.drop_fences([&values::account("b"), &values::account("b")], id)
+        .await
+        .unwrap();
+
+    let mut total = 0;
+    for (name, recorded) in ["eu", "us"].iter().zip(&records) {
+        let (count, scattered) = checked(recorded);
+        assert!(
+            scattered.is_empty(),
+            "commands on {name} that would go to every shard:\n{}",
+            scattered.join("\n")
+        );
+        total += count;
+    }
+    // A transfer alone is a dozen commands: the check looked at all of them.
+    assert!(total >= 60, "only {total} commands were checked");
+    eprintln!("{total} hot-path commands checked, each names its shard key");
+}
+
+#[test]
+fn a_filter_without_the_shard_key_or_with_a_range_on_it_is_not_targeted() {
+    use mongodb::bson::doc;
+    assert!(targets(&doc! { "_id": "alice", "state": "pending" }, "_id"));
+    assert!(targets(&doc! { "_id": { "$in": ["a", "b"] } }, "_id"));
+    assert!(!targets(&doc! { "source": "alice" }, "_id"));
+    assert!(!targets(&doc! { "_id": { "$lt": 5 } }, "_id"));
+}
