@@ -108,6 +108,12 @@ pub struct Args {
     #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value = "75000", value_parser = millis())]
     pub http_idle_timeout_ms: u64,
 
+    /// Milliseconds start-up waits for the deployments to answer and be migrated. Then,
+    /// if none did, the process exits (non-zero); if some did, it serves those and keeps
+    /// migrating the others in the background, refusing what touches them until they are.
+    #[arg(long, env = "STARTUP_PATIENCE_MS", default_value = "60000", value_parser = millis())]
+    pub startup_patience_ms: u64,
+
     /// Milliseconds a hold lasts when its request does not say (`"hold": {}`), 1000 to
     /// 2592000000 (30 days): uncaptured by then, it expires and its money is available
     /// again.
@@ -251,6 +257,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long a connection may be idle before the headers of its next request.
     pub http_idle_timeout: Duration,
+    /// How long start-up waits for the deployments (see `startup`).
+    pub startup_patience: Duration,
     /// How long a hold lasts when its request does not say.
     pub hold_expires: Duration,
     /// Two-phase commit or one native transaction per transfer.
@@ -641,6 +649,7 @@ impl Settings {
             max_transfers_in_flight: args.max_transfers_in_flight,
             max_connections: args.max_connections,
             http_idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
+            startup_patience: Duration::from_millis(args.startup_patience_ms),
             hold_expires: Duration::from_millis(args.hold_expires_ms),
             strategy: args.transfer_strategy,
             log_format: args.log_format,
@@ -691,6 +700,7 @@ mod tests {
         assert_eq!(s.max_transfers_in_flight, 512);
         assert_eq!(s.max_connections, 1024);
         assert_eq!(s.http_idle_timeout, Duration::from_millis(75_000));
+        assert_eq!(s.startup_patience, Duration::from_secs(60));
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
     }
 

@@ -17,10 +17,9 @@ use crate::store::{Deployments, Store, StoreError};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for in-flight transfers before giving them to the sweeper.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long start-up keeps trying a database that cannot be reached (not there yet, a
-/// failover, a dropped connection) before it gives up; the pause between attempts doubles
+/// Start-up keeps trying a database that cannot be reached (not there yet, a failover, a
+/// dropped connection) for `STARTUP_PATIENCE_MS`; the pause between attempts doubles
 /// from [`FIRST_PAUSE`] up to [`LONGEST_PAUSE`].
-const STARTUP_PATIENCE: Duration = Duration::from_secs(60);
 const FIRST_PAUSE: Duration = Duration::from_millis(250);
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
@@ -46,9 +45,9 @@ pub enum StartupError {
 }
 
 /// [`Store::migrate`], tried again while the database is unavailable, for at most
-/// [`STARTUP_PATIENCE`].
-async fn migrate_patiently(store: &Store) -> Result<Vec<String>, StoreError> {
-    let give_up = tokio::time::Instant::now() + STARTUP_PATIENCE;
+/// `patience`.
+async fn migrate_patiently(store: &Store, patience: Duration) -> Result<Vec<String>, StoreError> {
+    let give_up = tokio::time::Instant::now() + patience;
     let mut pause = FIRST_PAUSE;
     loop {
         match store.migrate().await {
@@ -62,11 +61,32 @@ async fn migrate_patiently(store: &Store) -> Result<Vec<String>, StoreError> {
     }
 }
 
+/// Migrates `store` once its deployment answers, however long that takes, then lets the
+/// service use it.
+async fn migrate_when_back(store: Store) {
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match store.migrate().await {
+            Ok(applied) => {
+                tracing::info!(deployment = %store.deployment(), ?applied, "deployment migrated; in use");
+                store.set_migrated(true);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(deployment = %store.deployment(), error = %crate::telemetry::Chain(&e), retry_in = ?pause, "deployment still not migrated");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(LONGEST_PAUSE);
+            }
+        }
+    }
+}
+
 impl Application {
     /// Connects, migrates and binds. An instance that has not migrated does not serve: a
-    /// database that cannot be reached is tried again for `STARTUP_PATIENCE` (every
+    /// database that cannot be reached is tried again for `STARTUP_PATIENCE_MS` (every
     /// migration command is idempotent), then start-up fails; any other error fails it at
-    /// once.
+    /// once. With several deployments, it fails only if none could be migrated; the
+    /// others are migrated in the background and refused until then.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
         let mut stores = Vec::with_capacity(settings.deployments.len());
         for d in &settings.deployments {
@@ -79,13 +99,33 @@ impl Application {
             .await?;
             stores.push(store);
         }
-        // Every deployment at once: each waits for its own database.
-        let migrated = futures::future::join_all(stores.iter().map(migrate_patiently)).await;
+        // Every deployment at once: each waits for its own database. One that is still
+        // unavailable then does not stop the others: it is migrated in the background,
+        // and refused until it is (an outage of one deployment stops only its transfers,
+        // also for an instance started during it).
+        let patience = settings.startup_patience;
+        let migrated =
+            futures::future::join_all(stores.iter().map(|s| migrate_patiently(s, patience))).await;
+        let mut later = Vec::new();
         for (store, applied) in stores.iter().zip(migrated) {
-            let applied = applied?;
-            if !applied.is_empty() {
-                tracing::info!(deployment = %store.deployment(), ?applied, "migrations applied");
+            match applied {
+                Ok(applied) if !applied.is_empty() => {
+                    tracing::info!(deployment = %store.deployment(), ?applied, "migrations applied");
+                }
+                Ok(_) => {}
+                Err(StoreError::Unavailable(why)) if stores.len() > 1 => {
+                    tracing::warn!(deployment = %store.deployment(), error = %why, "deployment unavailable at start-up; starting without it, migrating it when it answers");
+                    store.set_migrated(false);
+                    later.push(store.clone());
+                }
+                Err(e) => return Err(e.into()),
             }
+        }
+        if later.len() == stores.len() {
+            return Err(StoreError::Unavailable("no deployment could be migrated".into()).into());
+        }
+        for store in later {
+            tokio::spawn(migrate_when_back(store));
         }
         let deployments = Deployments::new(stores);
         let listener = TcpListener::bind(settings.bind_addr)

@@ -754,3 +754,93 @@ async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_aft
     };
     assert!(done > 0);
 }
+
+/// An instance started while one deployment is down serves the others at once, and takes
+/// the missing one in (migrations first) once it answers.
+#[tokio::test]
+async fn an_instance_started_while_a_deployment_is_down_serves_the_others_and_takes_it_in_later() {
+    let eu = database_uris(1).remove(0);
+    let port = support::process::free_port();
+    let folder = tempfile::tempdir().unwrap();
+    let us = format!("mongodb://127.0.0.1:{port}/?directConnection=true");
+    let database = fresh_database_name();
+    let deployments = vec![
+        Deployment {
+            name: DeploymentName::parse("eu").unwrap(),
+            uri: eu,
+        },
+        Deployment {
+            name: DeploymentName::parse("us").unwrap(),
+            uri: us.clone(),
+        },
+    ];
+    let app = spawn_app_with(move |s| {
+        s.deployments = deployments;
+        s.database = database;
+        s.startup_patience = Duration::from_millis(500);
+    })
+    .await;
+    let (status, ready) = get(&app, "/ready").await;
+    assert_eq!(
+        (status, ready["status"].as_str()),
+        (200, Some("degraded")),
+        "{ready}"
+    );
+    assert_eq!(ready["unavailableDeployments"], json!(["us"]));
+    open(&app, "here", 100, "eu").await;
+    open(&app, "there", 100, "eu").await;
+    let (status, body) = transfer(
+        &app,
+        json!({ "source": "here", "destination": "there", "amount": 10 }),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = status_and_json(
+        app.post_json("/accounts", json!({ "id": "far", "deployment": "us" }))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("database_unavailable")),
+        "{body}"
+    );
+
+    let _daemon = Daemon::start(folder.path().to_path_buf(), port);
+    let started = Instant::now();
+    loop {
+        let (status, ready) = get(&app, "/ready").await;
+        if status == 200 && ready["status"] == "ok" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "us never taken in: {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    open(&app, "far", 0, "us").await;
+    let (status, body) = transfer(
+        &app,
+        json!({ "source": "here", "destination": "far", "amount": 5 }),
+    )
+    .await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (201, Some("done")),
+        "{body}"
+    );
+    let store = Store::connect_with(DeploymentName::parse("us").unwrap(), &us, &app.database, 2)
+        .await
+        .unwrap();
+    let migrations = store
+        .database()
+        .collection::<mongodb::bson::Document>("migrations")
+        .count_documents(mongodb::bson::doc! {})
+        .await
+        .unwrap();
+    assert_eq!(
+        migrations as usize,
+        transfer_service::store::migrations::MIGRATIONS.len()
+    );
+}

@@ -433,7 +433,8 @@ impl Bank {
     pub async fn unavailable_deployments(&self) -> Vec<DeploymentName> {
         let pings = self.deployments.all().iter().map(|s| async move {
             match s.ping().await {
-                Ok(()) => None,
+                Ok(()) if s.is_migrated() => None,
+                Ok(()) => Some(s.deployment().clone()),
                 Err(e) => {
                     tracing::warn!(deployment = %s.deployment(), error = %Chain(&e), "deployment does not answer");
                     Some(s.deployment().clone())
@@ -460,6 +461,7 @@ impl Bank {
                 .ok_or_else(|| ServiceError::UnknownDeployment(name.clone()))?,
             None => self.deployments.first(),
         };
+        store.check_answering()?;
         let now = crate::domain::now();
         let account = Account {
             id,

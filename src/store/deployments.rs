@@ -251,6 +251,7 @@ impl Deployments {
         id: &AccountId,
         deployment: &DeploymentName,
     ) -> StoreResult<Reservation> {
+        self.first().check_answering()?;
         let directory = self.first().directory();
         let entry =
             doc! { "_id": id.as_str(), "deployment": deployment.as_str(), "at": DateTime::now() };

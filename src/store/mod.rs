@@ -226,6 +226,9 @@ pub struct Store {
     /// admission permit and a connection for the driver's time-outs. Only a shortcut to
     /// the answer the database would give: not sending a write is always safe.
     answering: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// False while the migrations of this deployment have not been applied (it did not
+    /// answer at start-up, see `startup`): refused like a deployment that does not answer.
+    migrated: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Store {
@@ -302,6 +305,7 @@ impl Store {
             clock: Default::default(),
             actor: "".into(),
             answering: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            migrated: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             db,
         }
     }
@@ -336,6 +340,18 @@ impl Store {
     /// [`Store::answering`]'s field); true when nothing watches it.
     pub fn is_answering(&self) -> bool {
         self.answering.load(std::sync::atomic::Ordering::Relaxed)
+            && self.migrated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether this deployment's migrations are applied (see `startup`).
+    pub fn is_migrated(&self) -> bool {
+        self.migrated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Marks this deployment's migrations applied or not (see [`Store::is_answering`]).
+    pub fn set_migrated(&self, migrated: bool) {
+        self.migrated
+            .store(migrated, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// [`StoreError::Unavailable`] at once while the deployment is known not to answer.

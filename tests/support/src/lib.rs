@@ -274,6 +274,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         max_transfers_in_flight: 512,
         max_connections: 1024,
         http_idle_timeout: Duration::from_secs(75),
+        startup_patience: Duration::from_secs(60),
         hold_expires: transfer_service::service::DEFAULT_HOLD_EXPIRY,
         strategy: transfer_service::service::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
