@@ -1,5 +1,5 @@
 //! The benchmark: `cargo run --release --example bench [-- --quick] [--out DIR]
-//! [--parts limit,twophase,native,seed,overload,holds]`.
+//! [--parts limit,twophase,native,seed,overload,holds,deployments]`.
 //!
 //! In one run, against one database server started for it (a SecantusDB daemon with
 //! `--sync-on-commit`, or the server of `MONGODB_URI`), it measures side by side:
@@ -16,11 +16,15 @@
 //!    synchronously or with `Prefer: respond-async` (goodput, answers, time until every
 //!    accepted transfer is terminal, peak RSS, money conserved);
 //! 7. holds: plain transfers, holds created and holds captured per second and their
-//!    latency, side by side at each concurrency (money conserved, no reservation left).
+//!    latency, side by side at each concurrency (money conserved, no reservation left);
+//! 8. deployments: transfers within one deployment and across two (a second SecantusDB
+//!    daemon), per second, their latency and the database commands each costs.
 //!
 //! It writes `results.json`, `results.md` and `plot.svg` into the results folder
 //! (default `results/<UTC timestamp>`) and prints the Markdown at the end.
 
+#[path = "bench/deployments.rs"]
+mod deployments;
 #[path = "bench/driver.rs"]
 mod driver;
 #[path = "bench/holds.rs"]
@@ -45,6 +49,7 @@ use std::time::Instant;
 use clap::{Parser, ValueEnum};
 use mongodb::bson::doc;
 
+use crate::deployments::DeploymentsPlan;
 use crate::holds::HoldsPlan;
 use crate::limit::LimitPlan;
 use crate::overload::OverloadPlan;
@@ -60,6 +65,7 @@ enum Part {
     Seed,
     Overload,
     Holds,
+    Deployments,
 }
 
 /// Measures the database's limit, the service's two strategies and the seed scenario.
@@ -77,7 +83,7 @@ struct Cli {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "limit,twophase,native,seed,overload,holds"
+        default_value = "limit,twophase,native,seed,overload,holds,deployments"
     )]
     parts: Vec<Part>,
     /// Client concurrencies of the closed-loop parts, comma-separated.
@@ -99,6 +105,7 @@ struct Plans {
     seed: SeedPlan,
     overload: OverloadPlan,
     holds: HoldsPlan,
+    deployments: DeploymentsPlan,
 }
 
 fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
@@ -156,6 +163,14 @@ fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
             opening_balance: 1_000_000_000_000,
             amount: 1,
             expires_in_ms: 3_600_000,
+        },
+        deployments: DeploymentsPlan {
+            concurrencies: if quick { vec![8] } else { vec![8, 32, 128] },
+            warmup_s: warmup,
+            window_s: window,
+            accounts_per_deployment: if quick { 50 } else { 500 },
+            opening_balance: 1_000_000_000_000,
+            amount: 1,
         },
     }
 }
@@ -247,7 +262,8 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         || wants(Part::Native)
         || wants(Part::Seed)
         || wants(Part::Overload)
-        || wants(Part::Holds);
+        || wants(Part::Holds)
+        || wants(Part::Deployments);
     let server_binary = if needs_server {
         let t = Instant::now();
         match tokio::task::spawn_blocking(procs::build_server)
@@ -410,6 +426,13 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         holds_result = Some(holds::run(ctx, &plans.holds).await);
         part_seconds.push(("holds".to_owned(), t.elapsed().as_secs_f64()));
     }
+    // Part 8.
+    let mut deployments_result = None;
+    if let (Some(ctx), true) = (&ctx, wants(Part::Deployments)) {
+        let t = Instant::now();
+        deployments_result = Some(deployments::run(ctx, &plans.deployments).await);
+        part_seconds.push(("deployments".to_owned(), t.elapsed().as_secs_f64()));
+    }
     let mut violations = overload_result
         .as_ref()
         .map_or_else(Vec::new, overload::OverloadResult::violations);
@@ -417,6 +440,11 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         holds_result
             .as_ref()
             .map_or_else(Vec::new, holds::HoldsResult::violations),
+    );
+    violations.extend(
+        deployments_result
+            .as_ref()
+            .map_or_else(Vec::new, deployments::DeploymentsResult::violations),
     );
 
     notes.push(
@@ -459,6 +487,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         seed_plan: plans.seed.clone(),
         overload: overload_result,
         holds: holds_result,
+        deployments: deployments_result,
         part_seconds,
         total_seconds: clock.elapsed().as_secs_f64(),
         notes,

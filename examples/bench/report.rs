@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::deployments::DeploymentsResult;
 use crate::holds::HoldsResult;
 use crate::limit::LimitResult;
 use crate::overload::{OverloadResult, answers_brief};
@@ -72,6 +73,7 @@ pub struct Results {
     pub overload: Option<OverloadResult>,
     /// Part 7, when it ran.
     pub holds: Option<HoldsResult>,
+    pub deployments: Option<DeploymentsResult>,
     /// Wall-clock seconds of each part in the order run (build, limit, two-phase, native;
     /// a strategy's time includes its seed scenario, which is also listed alone).
     pub part_seconds: Vec<(String, f64)>,
@@ -438,6 +440,9 @@ pub fn markdown(r: &Results) -> String {
     if let Some(h) = &r.holds {
         holds_section(&mut md, h);
     }
+    if let Some(d) = &r.deployments {
+        deployments_section(&mut md, d);
+    }
 
     // Failures.
     let mut failure_lines = Vec::new();
@@ -562,6 +567,53 @@ fn holds_section(md: &mut String, h: &HoldsResult) {
         md,
         "\nMoney {} before, {} after; pending debits {} and pending credits {} left (holds created but not captured in the window).\n",
         h.money_before, h.money_after, h.pending_debits_left, h.pending_credits_left
+    );
+}
+
+fn deployments_section(md: &mut String, d: &DeploymentsResult) {
+    let _ = writeln!(md, "## Deployments: transfers within one and across two\n");
+    if !d.available {
+        let reason = d.unavailable_reason.as_deref().unwrap_or("unknown");
+        let _ = writeln!(md, "Not measured: {reason}.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "One service over two deployments (`eu`: the run's database; `us`: a second SecantusDB daemon), half the accounts on each. At each concurrency, closed loop over random pairs: within `eu`, then across (one account on each, either way). Per second; latency in ms of the successful answers; database commands per transfer on each deployment, as the service counted them.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| c | within/s | p50 | p99 | commands eu + us | across/s | p50 | p99 | commands eu + us |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let cells = |l: &crate::deployments::DeploymentsLoad| {
+        let m = &l.measured;
+        let (p50, p99) = m
+            .latency
+            .as_ref()
+            .map_or((f64::NAN, f64::NAN), |x| (x.p50_ms, x.p99_ms));
+        format!(
+            "{} | {} | {} | {:.2} + {:.2}",
+            num(m.units_per_s),
+            num(p50),
+            num(p99),
+            l.commands_per_transfer[0],
+            l.commands_per_transfer[1]
+        )
+    };
+    for p in &d.points {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            p.concurrency,
+            cells(&p.within),
+            cells(&p.across)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nMoney {} before, {} after, over both deployments.\n",
+        d.money_before, d.money_after
     );
 }
 
