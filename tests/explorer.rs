@@ -34,6 +34,12 @@
 //!    sweeper), half hold scenarios (three actors drawn from {capture, void, expire,
 //!    cancel, sweeper} after a held prelude, or owner or recoverer and two of those).
 //!
+//! Every scenario runs in two layouts: both accounts on one deployment, and (prefix
+//! `across:`) b on a second deployment, a second database server, so that the credit,
+//! the destination's fence and a reversal's log are on another server than the
+//! transfer's log, each write checked by its own server's clock. The exhaustive
+//! scenarios are enumerated in both layouts; half the random ones are `across:`.
+//!
 //! Each schedule runs from scratch on fresh accounts, in one of `EXPLORE_WORKERS`
 //! databases (schedules of different workers run concurrently). After it, everything is
 //! let finish, a lease is let pass (by ageing the schedule's transfers, which is safe once
@@ -72,14 +78,14 @@ use mongodb::bson::{DateTime, Document, doc};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
-    Account, AccountId, Amount, CancelReason, Currency, OpeningBalance, Transfer, TransferFilter,
-    TransferId, TransferState,
+    Account, AccountId, Amount, CancelReason, Currency, DeploymentName, OpeningBalance, Transfer,
+    TransferFilter, TransferId, TransferState,
 };
 use transfer_service::failpoints::{self, Hook, HookFuture};
 use transfer_service::service::{
     Bank, Completion, HoldConflict, NewAccount, NewTransfer, ServiceError,
 };
-use transfer_service::store::Store;
+use transfer_service::store::{DEFAULT_GROUP_COMMIT_WRITES, Deployments, Store};
 
 /// The lease of every actor. Long, so that no lease lapses by itself while a schedule
 /// runs (which would make schedules depend on timing); the lapses the scenarios need are
@@ -159,6 +165,10 @@ enum Prelude {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Scenario {
+    /// b lives on a second deployment (a second database server), a on the first: the
+    /// transfer is logged with a, its credit (and a reversal's log) is on the other
+    /// server, each step checked by its own server's clock. Shown as the prefix `across:`.
+    across: bool,
     /// The owner creates a hold of AMOUNT (expiring in `HOLD_EXPIRY`) instead of a
     /// transfer. Shown as the prefix `hold:`.
     hold: bool,
@@ -168,6 +178,9 @@ struct Scenario {
 
 impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.across {
+            write!(f, "across:")?;
+        }
         if self.hold {
             write!(f, "hold:")?;
         }
@@ -185,6 +198,7 @@ impl fmt::Display for Scenario {
 impl Scenario {
     fn new(prelude: Prelude, actors: &[Kind]) -> Scenario {
         Scenario {
+            across: false,
             hold: false,
             prelude,
             actors: actors.to_vec(),
@@ -199,7 +213,19 @@ impl Scenario {
         }
     }
 
+    /// The same scenario with b on the second deployment.
+    fn across(self) -> Scenario {
+        Scenario {
+            across: true,
+            ..self
+        }
+    }
+
     fn parse(s: &str) -> Scenario {
+        let (across, s) = match s.strip_prefix("across:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
         let (hold, s) = match s.strip_prefix("hold:") {
             Some(rest) => (true, rest),
             None => (false, s),
@@ -223,6 +249,7 @@ impl Scenario {
             "held: is a prelude of hold scenarios only"
         );
         Scenario {
+            across,
             hold,
             prelude,
             actors: actors.split('+').map(Kind::parse).collect(),
@@ -354,11 +381,13 @@ impl Run {
     }
 }
 
-/// A worker: one database of its own, so that its sweeps see only its schedules.
+/// A worker: one database of its own on each of two servers (two deployments), so that
+/// its sweeps see only its schedules.
 struct Worker {
-    uri: String,
+    uris: [String; 2],
     index: usize,
-    store: Store,
+    /// The worker's database on each deployment; both banks and checks see both.
+    stores: [Store; 2],
     databases: usize,
     schedules: u64,
     all_points: bool,
@@ -366,25 +395,41 @@ struct Worker {
 
 static NEXT_DB: AtomicU64 = AtomicU64::new(0);
 
-async fn fresh_store(uri: &str) -> Store {
+/// A fresh database of the same name on each of the two servers.
+async fn fresh_stores(uris: &[String; 2]) -> [Store; 2] {
     let n = NEXT_DB.fetch_add(1, Ordering::Relaxed);
     let name = format!("explorer_{}_{n}", std::process::id());
-    let store = Store::connect(uri, &name).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
+    let mut stores = Vec::new();
+    for (deployment, uri) in DEPLOYMENTS.iter().zip(uris) {
+        let deployment = DeploymentName::parse(deployment).unwrap();
+        let store = Store::connect_with(deployment, uri, &name, DEFAULT_GROUP_COMMIT_WRITES)
+            .await
+            .expect("connect");
+        store.migrate().await.expect("migrate");
+        stores.push(store);
+    }
+    let [first, second]: [Store; 2] = match stores.try_into() {
+        Ok(both) => both,
+        Err(_) => unreachable!("one store per deployment"),
+    };
+    [first, second]
 }
+
+/// The two deployments' names: a lives on the first, b on the second in `across:`
+/// scenarios.
+const DEPLOYMENTS: [&str; 2] = ["one", "two"];
 
 fn account_id(s: &str) -> AccountId {
     AccountId::parse(s).unwrap()
 }
 
 impl Worker {
-    async fn new(uri: String, index: usize, all_points: bool) -> Worker {
-        let store = fresh_store(&uri).await;
+    async fn new(uris: [String; 2], index: usize, all_points: bool) -> Worker {
+        let stores = fresh_stores(&uris).await;
         Worker {
-            uri,
+            uris,
             index,
-            store,
+            stores,
             databases: 1,
             schedules: 0,
             all_points,
@@ -393,24 +438,27 @@ impl Worker {
 
     /// After a violation the database may hold leftovers that later sweeps would pick up.
     async fn new_database(&mut self) {
-        self.store = fresh_store(&self.uri).await;
+        self.stores = fresh_stores(&self.uris).await;
         self.databases += 1;
     }
 
     fn bank(&self, id: &str) -> Bank {
-        Bank::new(self.store.clone(), id.to_owned(), LEASE)
+        Bank::new(Deployments::new(self.stores.to_vec()), id.to_owned(), LEASE)
     }
 
+    /// Ages the transfers `filter` matches on each deployment, by its own clock.
     async fn age(&self, filter: Document) {
-        let now = self.store.server_time().await.expect("server time");
-        let past = now - chrono::TimeDelta::milliseconds(2 * LEASE.as_millis() as i64);
-        let past = DateTime::from_chrono(past);
-        self.store
-            .database()
-            .collection::<Document>("transactions")
-            .update_many(filter, doc! { "$set": { "lastModified": past } })
-            .await
-            .expect("age transfers");
+        for store in &self.stores {
+            let now = store.server_time().await.expect("server time");
+            let past = now - chrono::TimeDelta::milliseconds(2 * LEASE.as_millis() as i64);
+            let past = DateTime::from_chrono(past);
+            store
+                .database()
+                .collection::<Document>("transactions")
+                .update_many(filter.clone(), doc! { "$set": { "lastModified": past } })
+                .await
+                .expect("age transfers");
+        }
     }
 
     /// Every transfer touching either account, once each.
@@ -421,10 +469,12 @@ impl Worker {
                 account: Some(AccountId::parse(account).unwrap()),
                 ..TransferFilter::default()
             };
-            let listed = self.store.list_transfers(&filter, 10_000).await;
-            for t in listed.expect("read transfers") {
-                if found.iter().all(|f| f.id != t.id) {
-                    found.push(t);
+            for store in &self.stores {
+                let listed = store.list_transfers(&filter, 10_000).await;
+                for t in listed.expect("read transfers") {
+                    if found.iter().all(|f| f.id != t.id) {
+                        found.push(t);
+                    }
                 }
             }
         }
@@ -433,7 +483,12 @@ impl Worker {
 
     async fn account(&self, id: &str) -> Account {
         let id = AccountId::parse(id).unwrap();
-        self.store.account(&id).await.unwrap().expect("account")
+        for store in &self.stores {
+            if let Some(account) = store.account(&id).await.unwrap() {
+                return account;
+            }
+        }
+        panic!("no account {id}")
     }
 
     /// Runs one schedule of `scenario` with choices from `chooser`.
@@ -442,14 +497,17 @@ impl Worker {
         let tag = format!("w{}s{}", self.index, self.schedules);
         let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
         let setup = self.bank(&format!("{tag}-setup"));
-        for id in [&a, &b] {
+        for (id, deployment) in [
+            (&a, DEPLOYMENTS[0]),
+            (&b, DEPLOYMENTS[scenario.across as usize]),
+        ] {
             setup
                 .open_account(NewAccount {
                     id: Some(account_id(id)),
                     name: None,
                     balance: OpeningBalance::parse(OPENING).unwrap(),
                     currency: Currency::usd(),
-                    deployment: None,
+                    deployment: Some(DeploymentName::parse(deployment).unwrap()),
                 })
                 .await
                 .expect("open account");
@@ -1139,11 +1197,29 @@ struct CrashPoints {
     hold: usize,
 }
 
+/// The crash points of each layout: across two deployments an owner passes more (the
+/// pulls are one write per deployment).
+#[derive(Clone, Copy)]
+struct LayoutPoints {
+    within: CrashPoints,
+    across: CrashPoints,
+}
+
 /// The scenario of random seed `seed`: half of them (by a stream of their own, so that
 /// the transfer scenario of a seed is the one it always was) hold scenarios (see
 /// [`random_hold_scenario`]), the others: owner or a recoverer after a crash at a random
 /// point, a cancel, and a second cancel or a sweeper.
-fn random_scenario(seed: u64, points: CrashPoints) -> Scenario {
+fn random_scenario(seed: u64, points: LayoutPoints) -> Scenario {
+    // Half of them with b on the second deployment, by a stream of their own.
+    let mut a = seed ^ 0x0ACE_5D15_7A1C_E000;
+    if splitmix(&mut a) % 2 == 1 {
+        random_scenario_within(seed, points.across).across()
+    } else {
+        random_scenario_within(seed, points.within)
+    }
+}
+
+fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
     let mut h = seed ^ 0x401D_5EED_0BAD_CAFE;
     if splitmix(&mut h) % 2 == 1 {
         return random_hold_scenario(&mut h, points.hold);
@@ -1252,7 +1328,7 @@ async fn work(
     mut worker: Worker,
     jobs: Arc<Mutex<VecDeque<Job>>>,
     report: Arc<Mutex<Report>>,
-    crash_points: CrashPoints,
+    crash_points: LayoutPoints,
     dfs_limit: u64,
     preemption_bound: usize,
     verbose: bool,
@@ -1339,7 +1415,7 @@ async fn work(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explore_interleavings() {
     let started = Instant::now();
-    let uri = support::database_uri();
+    let uris: [String; 2] = support::database_uris(2).try_into().unwrap();
     let all_points = std::env::var("EXPLORE_POINTS").is_ok_and(|p| p == "all");
     let workers = env_usize("EXPLORE_WORKERS", 6).max(1);
     let random = env_usize("EXPLORE_SCHEDULES", 300) as u64;
@@ -1353,23 +1429,40 @@ async fn explore_interleavings() {
 
     // The points the owner passes running alone: the crash points, of a transfer and of
     // a hold.
-    let mut probe = Worker::new(uri.clone(), 0, all_points).await;
+    let mut probe = Worker::new(uris.clone(), 0, all_points).await;
     let mut points = Vec::new();
-    for hold in [false, true] {
-        let scenario = Scenario {
-            hold,
-            ..Scenario::new(Prelude::Crash(usize::MAX), &[Kind::Cancel])
-        };
-        let solo = probe.run(&scenario, &mut Chooser::Fixed(vec![])).await;
-        let n = solo.trace.len();
-        assert!(n > 5, "owner points: {:?}", solo.trace);
-        let what = if hold { "hold" } else { "transfer" };
-        println!("owner's points of a {what} ({n}): {}", solo.trace.join(" "));
-        points.push(n);
+    for across in [false, true] {
+        for hold in [false, true] {
+            let scenario = Scenario {
+                hold,
+                across,
+                ..Scenario::new(Prelude::Crash(usize::MAX), &[Kind::Cancel])
+            };
+            let solo = probe.run(&scenario, &mut Chooser::Fixed(vec![])).await;
+            let n = solo.trace.len();
+            assert!(n > 5, "owner points: {:?}", solo.trace);
+            let what = if hold { "hold" } else { "transfer" };
+            let layout = if across {
+                "across deployments"
+            } else {
+                "within one"
+            };
+            println!(
+                "owner's points of a {what}, {layout} ({n}): {}",
+                solo.trace.join(" ")
+            );
+            points.push(n);
+        }
     }
-    let crash_points = CrashPoints {
-        transfer: points[0],
-        hold: points[1],
+    let crash_points = LayoutPoints {
+        within: CrashPoints {
+            transfer: points[0],
+            hold: points[1],
+        },
+        across: CrashPoints {
+            transfer: points[2],
+            hold: points[3],
+        },
     };
 
     let mut jobs = VecDeque::new();
@@ -1387,41 +1480,31 @@ async fn explore_interleavings() {
         verbose = true;
     } else {
         use Kind::*;
-        jobs.push_back(Job::Exhaustive(Scenario::new(
-            Prelude::Nothing,
-            &[Owner, Cancel],
-        )));
-        for k in 0..crash_points.transfer {
-            jobs.push_back(Job::Exhaustive(Scenario::new(
-                Prelude::Crash(k),
-                &[Recoverer, Cancel],
-            )));
-        }
-        jobs.push_back(Job::Exhaustive(Scenario::new(
-            Prelude::Done,
-            &[Cancel, Cancel],
-        )));
-        // Holds: every pair of those that settle a held hold, two of a kind included.
-        let settlers = [Capture, Void, Expire, Cancel];
-        for (i, &first) in settlers.iter().enumerate() {
-            for &second in &settlers[i..] {
-                jobs.push_back(Job::Exhaustive(Scenario::hold(
-                    Prelude::Held,
-                    &[first, second],
-                )));
+        // Every exhaustive scenario in both layouts: within one deployment, and with b
+        // on the second.
+        for (across, points) in [(false, crash_points.within), (true, crash_points.across)] {
+            let mut add = |scenario: Scenario| {
+                let scenario = if across { scenario.across() } else { scenario };
+                jobs.push_back(Job::Exhaustive(scenario));
+            };
+            add(Scenario::new(Prelude::Nothing, &[Owner, Cancel]));
+            for k in 0..points.transfer {
+                add(Scenario::new(Prelude::Crash(k), &[Recoverer, Cancel]));
             }
-        }
-        for settler in settlers {
-            jobs.push_back(Job::Exhaustive(Scenario::hold(
-                Prelude::Nothing,
-                &[Owner, settler],
-            )));
-        }
-        for k in 0..crash_points.hold {
-            jobs.push_back(Job::Exhaustive(Scenario::hold(
-                Prelude::Crash(k),
-                &[Recoverer, Cancel],
-            )));
+            add(Scenario::new(Prelude::Done, &[Cancel, Cancel]));
+            // Holds: every pair of those that settle a held hold, two of a kind included.
+            let settlers = [Capture, Void, Expire, Cancel];
+            for (i, &first) in settlers.iter().enumerate() {
+                for &second in &settlers[i..] {
+                    add(Scenario::hold(Prelude::Held, &[first, second]));
+                }
+            }
+            for settler in settlers {
+                add(Scenario::hold(Prelude::Nothing, &[Owner, settler]));
+            }
+            for k in 0..points.hold {
+                add(Scenario::hold(Prelude::Crash(k), &[Recoverer, Cancel]));
+            }
         }
         let base = env_usize("EXPLORE_SEED_BASE", 1) as u64;
         for seed in base..base + random {
@@ -1440,7 +1523,7 @@ async fn explore_interleavings() {
         verbose,
     ))];
     for i in 1..workers {
-        let worker = Worker::new(uri.clone(), i, all_points).await;
+        let worker = Worker::new(uris.clone(), i, all_points).await;
         handles.push(tokio::spawn(work(
             worker,
             jobs.clone(),
