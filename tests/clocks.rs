@@ -1,6 +1,9 @@
 //! Instance clocks do not matter: leases are judged by the database's clock alone (see
 //! `src/store/clock.rs`), so an instance whose wall clock is wrong is neither stuck nor
-//! unsafe, and does not hold up anyone else.
+//! unsafe, and does not hold up anyone else. With several deployments, each has its own
+//! clock: a transfer's lease is judged by its log's, and its steps on another deployment
+//! carry the deadline over to that one's clock, so a deployment whose clock is off is
+//! neither stuck nor unsafe either (the last tests, with a daemon under libfaketime).
 //!
 //! Each skewed instance is a separate process of the service binary run under
 //! libfaketime (`LD_PRELOAD`, `FAKETIME=±Ns`), with its monotonic clock left alone; the
@@ -201,4 +204,86 @@ async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_tw
 #[tokio::test]
 async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken_over_in_time() {
     a_correct_instance_takes_over_in_time_from(30, "after_insert").await;
+}
+
+/// A deployment whose database clock is `offset_secs` off the real one (a daemon of this
+/// test, under libfaketime), beside the shared daemon with the real clock.
+async fn skewed_deployments(offset_secs: i64) -> (support::Daemon, tempfile::TempDir, String) {
+    let folder = tempfile::tempdir().unwrap();
+    let daemon =
+        support::Daemon::start_with_env(folder.path().to_path_buf(), 0, &faketime_env(offset_secs));
+    let deployments = format!("real={},skewed={}", database_uri(), daemon.uri);
+    (daemon, folder, deployments)
+}
+
+/// The skewed daemon's clock really is off, by `hello.localTime`.
+async fn assert_database_clock_offset(uri: &str, offset_secs: i64) {
+    let store = Store::connect(uri, "admin").await.unwrap();
+    let theirs = store.server_time().await.unwrap();
+    let off = (theirs - chrono::Utc::now()).num_seconds();
+    assert!(
+        (off - offset_secs).abs() <= 2,
+        "the database should be {offset_secs:+} s off, hello.localTime says {off:+} s"
+    );
+}
+
+/// Transfers both ways between a deployment with the real clock and one `offset_secs`
+/// off: each is logged on its source's deployment and judged by that clock, and its
+/// step on the other deployment must reach it before the deadline carried over to that
+/// clock. Done, without a refusal: a deadline not carried over would be refused at once
+/// by a clock running ahead (and let late steps in on one running behind).
+async fn transfers_both_ways_with_a_skewed_deployment(offset_secs: i64) {
+    let (daemon, _folder, deployments) = skewed_deployments(offset_secs).await;
+    assert_database_clock_offset(&daemon.uri, offset_secs).await;
+    let database = fresh_database_name();
+    let mut config = instance_config(&database, "across", 0);
+    config.deployments = Some(deployments);
+    config.stale_after_ms = 1500;
+    let instance = Instance::start(&config).await;
+    let http = reqwest::Client::new();
+    for (id, deployment) in [("here", "real"), ("there", "skewed")] {
+        let answer = http
+            .post(instance.url("/accounts"))
+            .json(&json!({ "id": id, "balance": 1000, "deployment": deployment }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 201, "open {id}");
+    }
+    for (source, destination) in [("here", "there"), ("there", "here"), ("here", "there")] {
+        let answer = http
+            .post(instance.url("/transfers"))
+            .json(&json!({ "source": source, "destination": destination, "amount": 100 }))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status();
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(
+            (status.as_u16(), body["state"].as_str()),
+            (201, Some("done")),
+            "{source} -> {destination} with the skewed clock {offset_secs:+} s: {body}"
+        );
+    }
+    let here = Store::connect(&database_uri(), &database).await.unwrap();
+    let there = Store::connect(&daemon.uri, &database).await.unwrap();
+    for (store, id, balance) in [(&here, "here", 900), (&there, "there", 1100)] {
+        let account = store
+            .account(&support::values::account(id))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(account.balance, balance, "{id}: {account:?}");
+        assert!(account.pending_transactions.is_empty(), "{account:?}");
+    }
+}
+
+#[tokio::test]
+async fn transfers_across_to_a_deployment_whose_clock_runs_30s_ahead_are_done() {
+    transfers_both_ways_with_a_skewed_deployment(30).await;
+}
+
+#[tokio::test]
+async fn transfers_across_to_a_deployment_whose_clock_runs_30s_behind_are_done() {
+    transfers_both_ways_with_a_skewed_deployment(-30).await;
 }

@@ -1370,3 +1370,87 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
         (50, vec![holds[1]])
     );
 }
+
+/// Two instances over two deployments: `real` (the shared daemon) and `behind`, a daemon
+/// of the test whose clock runs 30 s behind (libfaketime). Alice lives on `real`, Bob on
+/// `behind`.
+async fn two_instances_across_a_slow_clock(
+    stale_after: Duration,
+) -> (TestApp, TestApp, support::Daemon, tempfile::TempDir) {
+    let folder = tempfile::tempdir().unwrap();
+    let behind = support::Daemon::start_with_env(
+        folder.path().to_path_buf(),
+        0,
+        &support::process::faketime_env(-30),
+    );
+    let deployments = vec![
+        transfer_service::config::Deployment {
+            name: transfer_service::domain::DeploymentName::parse("real").unwrap(),
+            uri: support::database_uri(),
+        },
+        transfer_service::config::Deployment {
+            name: transfer_service::domain::DeploymentName::parse("behind").unwrap(),
+            uri: behind.uri.clone(),
+        },
+    ];
+    let first = {
+        let deployments = deployments.clone();
+        spawn_app_with(move |s| {
+            s.stale_after = stale_after;
+            s.deployments = deployments;
+        })
+        .await
+    };
+    let database = first.database.clone();
+    let second = spawn_app_with(move |s| {
+        s.stale_after = stale_after;
+        s.deployments = deployments;
+        s.database = database;
+    })
+    .await;
+    for (id, balance, deployment) in [("alice", 1000, "real"), ("bob", 0, "behind")] {
+        let response = first
+            .post_json(
+                "/accounts",
+                json!({ "id": id, "balance": balance, "deployment": deployment }),
+            )
+            .await;
+        assert_eq!(response.status(), 201);
+    }
+    (first, second, behind, folder)
+}
+
+/// The owner's credit, on a deployment whose clock runs 30 s behind the log's, is held
+/// on its way (paused right before it is sent, its deadline already set) until the
+/// owner's lease has lapsed and another instance has finished the transfer and pulled
+/// its markers. Sent then, it must be refused: its deadline was carried over to the
+/// slow clock. A deadline taken from the log's clock as it is would still be in that
+/// clock's future, and the credit would land a second time.
+#[tokio::test]
+async fn a_late_credit_to_a_deployment_whose_clock_runs_behind_is_refused() {
+    let (owner, other, behind, _folder) =
+        two_instances_across_a_slow_clock(Duration::from_millis(1000)).await;
+    let mut paused = failpoints::pause(&owner.instance_id, "before_credit");
+    let (request, id) = start_transfer(&owner, 300).await;
+    paused.reached().await;
+
+    wait_for(&other, id, Duration::from_secs(10), |t| {
+        t.state == TransferState::Done
+    })
+    .await;
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+
+    let bob_store = transfer_service::store::Store::connect(&behind.uri, &owner.database)
+        .await
+        .unwrap();
+    let bob = bob_store.account(&account("bob")).await.unwrap().unwrap();
+    assert_eq!(
+        (bob.balance, bob.pending_transactions.len()),
+        (300, 0),
+        "{bob:?}"
+    );
+    assert_eq!(owner.balance("alice").await, 700);
+    assert_eq!(owner.accounts_with_pending().await, Vec::<String>::new());
+}

@@ -111,8 +111,14 @@ pub struct Daemon {
 impl Daemon {
     /// Starts a daemon on `port` (0: any free port) with its data in `storage`.
     pub fn start(storage: PathBuf, port: u16) -> Daemon {
+        Daemon::start_with_env(storage, port, &[])
+    }
+
+    /// [`Daemon::start`] with more environment variables (libfaketime's, say).
+    pub fn start_with_env(storage: PathBuf, port: u16, env: &[(String, String)]) -> Daemon {
         use std::os::unix::process::CommandExt;
         let mut command = Command::new(secantusd_binary());
+        command.envs(env.iter().cloned());
         command
             .args([
                 "--host",
