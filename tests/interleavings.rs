@@ -1454,3 +1454,73 @@ async fn a_late_credit_to_a_deployment_whose_clock_runs_behind_is_refused() {
     assert_eq!(owner.balance("alice").await, 700);
     assert_eq!(owner.accounts_with_pending().await, Vec::<String>::new());
 }
+
+/// Starts a keyed transfer of `amount` from alice to bob on `app` in a task: the status
+/// and the body.
+fn spawn_keyed_transfer(
+    app: &TestApp,
+    key: &str,
+    amount: i64,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (http, url, key) = (app.http.clone(), app.url("/transfers"), key.to_owned());
+    tokio::spawn(async move {
+        let response = http
+            .post(url)
+            .header("Idempotency-Key", key)
+            .json(&json!({ "source": "alice", "destination": "bob", "amount": amount }))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    })
+}
+
+/// A request took its idempotency key and stopped before recording its transfer (a slow
+/// instance, or one about to die). Its retry on another instance finds the key taken for
+/// the same request but no transfer: it records the transfer under the id the key names
+/// and runs it. When the first request goes on, its insert loses on that `_id` and it
+/// answers the same transfer: one transfer, money moved once.
+#[tokio::test]
+async fn a_retry_completes_a_key_whose_request_stopped_before_recording_and_both_answer_one_transfer()
+ {
+    let (first, second) = two_instances(Duration::from_millis(1000)).await;
+    open_alice_and_bob(&first).await;
+    let mut paused = failpoints::pause(&first.instance_id, "after_take_key");
+    let slow = spawn_keyed_transfer(&first, "order-1", 300);
+    paused.reached().await;
+    assert!(
+        first
+            .store
+            .list_transfers(&Default::default(), 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing recorded yet"
+    );
+
+    let (status, retried) = spawn_keyed_transfer(&second, "order-1", 300).await.unwrap();
+    assert_eq!(
+        (status, retried["state"].as_str()),
+        (201, Some("done")),
+        "{retried}"
+    );
+    // The same key with another request is still refused.
+    let (status, reused) = spawn_keyed_transfer(&second, "order-1", 301).await.unwrap();
+    assert_eq!(
+        (status, reused["code"].as_str()),
+        (422, Some("idempotency_key_reused"))
+    );
+
+    paused.resume();
+    let (status, answered) = slow.await.unwrap();
+    assert_eq!(status, 201, "{answered}");
+    assert_eq!(answered["id"], retried["id"]);
+    let all = first
+        .store
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_balances_and_no_markers(&first, 700, 300).await;
+}

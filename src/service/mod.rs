@@ -652,7 +652,11 @@ impl Bank {
         let id = match &key {
             None => crate::store::new_transfer_id(),
             Some(key) => match self.take_key(log, key, &fingerprint).await? {
-                Taken::New(id) | Taken::Unrecorded(id) => id,
+                Taken::New(id) => {
+                    failpoint!(self, "after_take_key");
+                    id
+                }
+                Taken::Unrecorded(id) => id,
                 Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
             },
         };
@@ -793,23 +797,18 @@ impl Bank {
         key: &IdempotencyKey,
         fingerprint: &str,
     ) -> ServiceResult<Taken> {
-        let taken = match log.idempotency_record(key).await? {
-            Some(record) => record,
-            None => {
-                let record = KeyRecord {
-                    transfer: crate::store::new_transfer_id(),
-                    request_hash: Some(fingerprint.to_owned()),
-                };
-                match log.take_idempotency_key(key, &record).await {
-                    Ok(()) => return Ok(Taken::New(record.transfer)),
-                    Err(StoreError::DuplicateKey(_)) => {
-                        log.idempotency_record(key).await?.ok_or_else(|| {
-                            StoreError::Other("idempotency key taken but not found".into())
-                        })?
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
+        // Taken first, read only if someone had it: a new key costs one write.
+        let record = KeyRecord {
+            transfer: crate::store::new_transfer_id(),
+            request_hash: Some(fingerprint.to_owned()),
+        };
+        let taken = match log.take_idempotency_key(key, &record).await {
+            Ok(()) => return Ok(Taken::New(record.transfer)),
+            Err(StoreError::DuplicateKey(_)) => log
+                .idempotency_record(key)
+                .await?
+                .ok_or_else(|| StoreError::Other("idempotency key taken but not found".into()))?,
+            Err(e) => return Err(e.into()),
         };
         if taken.request_hash.as_deref() != Some(fingerprint) {
             return Err(ServiceError::IdempotencyKeyReused);
