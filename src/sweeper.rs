@@ -138,6 +138,12 @@ async fn sweep_log(
         if bank.is_driving(candidate.id) {
             continue;
         }
+        // Its other account's deployment does not answer (or is not migrated yet) for
+        // this instance: claiming it would only renew a lease it cannot use, and keep an
+        // instance that can from taking it.
+        if bank.on(&candidate, Side::Destination).is_err() {
+            continue;
+        }
         let permit = bank.admit_waiting().await;
         let claimed = match store.claim(me, &candidate, stale_before).await {
             Ok(Some(claimed)) => claimed,

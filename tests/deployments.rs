@@ -844,3 +844,57 @@ async fn an_instance_started_while_a_deployment_is_down_serves_the_others_and_ta
         transfer_service::store::migrations::MIGRATIONS.len()
     );
 }
+
+/// An account a version before the directory opened on the first deployment after the
+/// directory's migration ran (a rolling upgrade) has no directory entry: the same id is
+/// still refused on another deployment.
+#[tokio::test]
+async fn an_account_opened_by_an_older_version_cannot_be_opened_again_on_another_deployment() {
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "carol", 500, "eu").await;
+    // What an older version leaves: the account, and no directory entry.
+    books
+        .store("eu")
+        .database()
+        .collection::<mongodb::bson::Document>("accountDirectory")
+        .delete_one(mongodb::bson::doc! { "_id": "carol" })
+        .await
+        .unwrap();
+    let (status, body) = status_and_json(
+        app.post_json("/accounts", json!({ "id": "carol", "deployment": "us" }))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("account_exists")),
+        "{body}"
+    );
+    assert_eq!(books.homes_of("carol").await, ["eu"]);
+}
+
+/// While one deployment is down and the watch knows it, `/ready` and the listings answer
+/// at once instead of after the driver's time-out (3 s), so a readiness probe with a
+/// short time-out (Kubernetes': 1 s) does not take every instance out.
+#[tokio::test]
+async fn with_a_deployment_known_down_ready_and_listings_answer_without_waiting_for_it() {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    open(&app, "x", 5, "eu").await;
+    daemons.daemons[1].kill();
+    // The watch marks it within a ping's limit (2 s) and an interval (0.5 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for path in ["/ready", "/accounts", "/transfers"] {
+        let asked = Instant::now();
+        let (status, body) = get(&app, path).await;
+        let took = asked.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "{path} answered {status} after {took:?}: {body}"
+        );
+        let expected = if path == "/ready" { 200 } else { 503 };
+        assert_eq!(status, expected, "{path}: {body}");
+    }
+}

@@ -4,8 +4,11 @@
 //! (both accounts on `eu`), then transfers across (one account on each, either way). The
 //! database commands each kind costs come from the service's own
 //! `db_operation_duration_seconds` counts, per deployment, before and after each load:
-//! the extra round trips of a transfer across. The books are read on both deployments at
-//! the end: every balance conserved.
+//! the extra round trips of a transfer across. Last, the second daemon is killed and the
+//! transfers within `eu` are measured again at the highest concurrency: an outage of
+//! one deployment should leave the others at their usual speed. The books are read on
+//! `eu` before and after that, and on both deployments before the kill: every balance
+//! conserved.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +53,9 @@ pub struct DeploymentsResult {
     pub available: bool,
     pub unavailable_reason: Option<String>,
     pub points: Vec<DeploymentsPoint>,
+    /// Transfers within `eu` at the highest concurrency while `us` is down, with the
+    /// same load measured while it was up.
+    pub within_while_us_down: Option<DeploymentsLoad>,
     pub money_before: i64,
     pub money_after: i64,
     pub seconds: f64,
@@ -186,6 +192,7 @@ pub async fn run(ctx: &Context, plan: &DeploymentsPlan) -> DeploymentsResult {
         available: false,
         unavailable_reason: None,
         points: Vec::new(),
+        within_while_us_down: None,
         money_before: 0,
         money_after: 0,
         seconds: 0.0,
@@ -276,8 +283,41 @@ pub async fn run(ctx: &Context, plan: &DeploymentsPlan) -> DeploymentsResult {
         });
     }
     result.money_after = money(&uris, &database).await;
+    // us goes away; the service's watch notices within a ping's time limit.
+    if let Some(&c) = plan.concurrencies.last() {
+        drop(second);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let eu = Arc::clone(&ids[0]);
+        let before = money(&[uris[0].clone(), uris[0].clone()], &database).await / 2;
+        let down = load(ctx, &server.base, c, plan, move || {
+            let mut rng = rand::rng();
+            let a = rng.random_range(0..eu.len());
+            let mut b = rng.random_range(0..eu.len() - 1);
+            if b >= a {
+                b += 1;
+            }
+            (eu[a].clone(), eu[b].clone())
+        })
+        .await;
+        let after = money(&[uris[0].clone(), uris[0].clone()], &database).await / 2;
+        if before != after {
+            result.money_after = result.money_before + (after - before);
+        }
+        eprintln!(
+            "[deployments] c={c:<3} within eu while us is down {:>7.1}/s p50 {:>5.1} p99 {:>6.1} ms",
+            down.measured.units_per_s,
+            down.measured
+                .latency
+                .as_ref()
+                .map_or(f64::NAN, |x| x.p50_ms),
+            down.measured
+                .latency
+                .as_ref()
+                .map_or(f64::NAN, |x| x.p99_ms),
+        );
+        result.within_while_us_down = Some(down);
+    }
     drop(server);
-    drop(second);
     result.seconds = started.elapsed().as_secs_f64();
     result
 }

@@ -610,9 +610,30 @@ fn deployments_section(md: &mut String, d: &DeploymentsResult) {
             cells(&p.across)
         );
     }
+    if let (Some(down), Some(last)) = (&d.within_while_us_down, d.points.last()) {
+        let _ = writeln!(
+            md,
+            "\nThen `us` was killed: transfers within `eu` at c={}: {} while `us` was down, against {} while it was up (p99 {} ms against {} ms); {} of them failed.",
+            last.concurrency,
+            num(down.measured.units_per_s),
+            num(last.within.measured.units_per_s),
+            num(down
+                .measured
+                .latency
+                .as_ref()
+                .map_or(f64::NAN, |x| x.p99_ms)),
+            num(last
+                .within
+                .measured
+                .latency
+                .as_ref()
+                .map_or(f64::NAN, |x| x.p99_ms)),
+            down.measured.failures.total
+        );
+    }
     let _ = writeln!(
         md,
-        "\nMoney {} before, {} after, over both deployments.\n",
+        "\nMoney {} before, {} after, over both deployments (the transfers within `eu` while `us` was down counted on `eu`).\n",
         d.money_before, d.money_after
     );
 }

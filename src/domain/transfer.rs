@@ -76,6 +76,10 @@ impl Transfer {
     ) -> Transfer {
         let now = now();
         Transfer {
+            // Not stamped yet: no lease. The store stamps a transfer with the database's
+            // clock when it records it (the caller takes that stamp); a copy that missed
+            // it has a lease that ended long ago, so its steps are refused, never late.
+            last_modified: Timestamp::UNIX_EPOCH,
             id,
             source,
             destination,
@@ -85,7 +89,6 @@ impl Transfer {
             currency,
             state: TransferState::Initial,
             hold: None,
-            last_modified: now,
             created_at: now,
             owner: None,
             reason: None,
@@ -207,6 +210,22 @@ mod tests {
             hold: Some(Hold { amount, expires_at }),
             ..Transfer::initial(id, alice, bob, amount, Currency::usd())
         }
+    }
+
+    /// A transfer's lease starts when the database stamps it: before that, nothing an
+    /// instance's own clock says may extend it (an instance running ahead would send
+    /// steps with deadlines past the stored lease).
+    #[test]
+    fn a_transfer_not_yet_stamped_by_the_database_has_no_lease() {
+        let t = Transfer::initial(
+            TransferId::from_bytes([1; 12]),
+            AccountId::parse("a").unwrap(),
+            AccountId::parse("b").unwrap(),
+            Amount::parse(1).unwrap(),
+            Currency::usd(),
+        );
+        assert_eq!(t.last_modified, Timestamp::UNIX_EPOCH);
+        assert!(t.created_at > Timestamp::UNIX_EPOCH);
     }
 
     #[test]

@@ -164,7 +164,9 @@ impl Bank {
             let transfer = &transfer;
             async move {
                 let (store, account) = (self.on(transfer, side)?, self.account_of(transfer, side));
-                let deadline = log.deadline_on(deadline, store).await?;
+                let deadline = log
+                    .deadline_on(deadline, store, self.clock_allowance())
+                    .await?;
                 store
                     .fence(account, transfer.id, unless_applied, deadline)
                     .await
@@ -372,8 +374,11 @@ impl Bank {
             )
         };
         match log.insert_transfer(&reversal).await {
-            // Run from the stored state (`Bank::run` reads it again), stamp and all.
-            Ok(_) => Ok(reversal),
+            // Its lease starts at the stamp the database's clock gave it.
+            Ok(stamp) => Ok(Transfer {
+                last_modified: stamp,
+                ..reversal
+            }),
             // A concurrent cancel recorded it first.
             Err(StoreError::DuplicateKey(_)) => Ok(self.find_transfer(reversal_id).await?),
             Err(e) => Err(e.into()),

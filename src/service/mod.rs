@@ -34,6 +34,25 @@ use crate::store::native::AtomicOutcome;
 use crate::store::transfers::KeyRecord;
 use crate::store::{Deployments, Store, StoreError, StoreResult};
 
+/// Reads that follow a write another request made, whose answer (a duplicate key) came
+/// from the primary: with majority read concern they may not see it for a moment. Tried
+/// a few times before a "not there" is believed.
+async fn read_majority<T, F, Fut>(read: F) -> StoreResult<Option<T>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = StoreResult<Option<T>>>,
+{
+    const ATTEMPTS: u32 = 5;
+    const PAUSE: Duration = Duration::from_millis(20);
+    for _ in 1..ATTEMPTS {
+        if let Some(found) = read().await? {
+            return Ok(Some(found));
+        }
+        tokio::time::sleep(PAUSE).await;
+    }
+    read().await
+}
+
 /// What [`Bank::take_key`] found.
 enum Taken {
     /// The key is ours now, for a transfer of this id.
@@ -256,6 +275,9 @@ struct Route {
     currency: Currency,
 }
 
+/// With several deployments, how long `/ready` waits for each one's ping.
+const READY_PING_LIMIT: Duration = Duration::from_millis(900);
+
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
 pub const DEFAULT_HOLD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -431,12 +453,26 @@ impl Bank {
     /// One round trip to each deployment at once; `/ready` asks it. The names of those
     /// that did not answer (as unavailable, or at all within the driver's time-out).
     pub async fn unavailable_deployments(&self) -> Vec<DeploymentName> {
+        // One the watch found silent is not asked again, and the others are given less
+        // than a second: a readiness probe must answer within its own time-out (often
+        // 1 s), not the driver's. With one deployment, nothing is watched and its answer,
+        // however slow, is the answer (an instance that cannot reach it is not ready).
+        let limit = match self.deployments.all().len() {
+            1 => Duration::MAX,
+            _ => READY_PING_LIMIT,
+        };
         let pings = self.deployments.all().iter().map(|s| async move {
-            match s.ping().await {
-                Ok(()) if s.is_migrated() => None,
-                Ok(()) => Some(s.deployment().clone()),
-                Err(e) => {
+            if !s.is_answering() {
+                return Some(s.deployment().clone());
+            }
+            match tokio::time::timeout(limit, s.ping()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => {
                     tracing::warn!(deployment = %s.deployment(), error = %Chain(&e), "deployment does not answer");
+                    Some(s.deployment().clone())
+                }
+                Err(_) => {
+                    tracing::warn!(deployment = %s.deployment(), "deployment does not answer within the ping limit");
                     Some(s.deployment().clone())
                 }
             }
@@ -462,6 +498,14 @@ impl Bank {
             None => self.deployments.first(),
         };
         store.check_answering()?;
+        let exists = |id: &AccountId| ServiceError::AccountExists(id.to_string());
+        // An account a version before the directory opened (on its only deployment,
+        // now the first) has no entry there when it was opened after the directory's
+        // migration ran, during a rolling upgrade: look for it where it can be.
+        let first = self.deployments.first();
+        if first.deployment() != store.deployment() && first.account(&id).await?.is_some() {
+            return Err(exists(&id));
+        }
         let now = crate::domain::now();
         let account = Account {
             id,
@@ -477,21 +521,18 @@ impl Bank {
             updated_at: now,
         };
         // The id first, in the directory: unique across every deployment.
-        let exists = || ServiceError::AccountExists(account.id.to_string());
         match self
             .deployments
             .reserve_account_id(&account.id, &account.deployment)
             .await?
         {
             Reservation::Reserved => {}
-            Reservation::Taken => return Err(exists()),
+            Reservation::Taken => return Err(exists(&account.id)),
         }
         failpoint!(self, "after_reserve_account");
         match store.insert_account(&account).await {
             Ok(()) => Ok(account),
-            Err(StoreError::DuplicateKey(_)) => {
-                Err(ServiceError::AccountExists(account.id.to_string()))
-            }
+            Err(StoreError::DuplicateKey(_)) => Err(exists(&account.id)),
             Err(e) => Err(e.into()),
         }
     }
@@ -501,7 +542,10 @@ impl Bank {
     pub async fn account(&self, id: &AccountId) -> ServiceResult<Account> {
         let known = self.known_place(id);
         let found = match known.and_then(|(d, _)| self.deployments.get(&d)) {
-            Some(store) => store.account(id).await?,
+            Some(store) => {
+                store.check_answering()?;
+                store.account(id).await?
+            }
             None => self.deployments.find_account(id).await?,
         };
         let account = found.ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))?;
@@ -537,6 +581,7 @@ impl Bank {
         let asked = self.deployments.all().iter().map(|s| {
             let holding = &holding;
             async move {
+                s.check_answering()?;
                 let now = s.server_time_lower_bound().await?;
                 s.expired_holds_touching(holding, now).await
             }
@@ -603,7 +648,11 @@ impl Bank {
                     at
                 }
             };
-            shown.push(t.as_of(at));
+            let t = t.as_of(at);
+            // A hold listed as `held` may read as expired by now.
+            if filter.state.is_none_or(|state| state == t.state) {
+                shown.push(t);
+            }
         }
         Ok(shown)
     }
@@ -645,10 +694,7 @@ impl Bank {
         let permit = self.admit()?;
         let fingerprint = new.fingerprint();
         let route = self.check_accounts(&new).await?;
-        // Both deployments must answer: refused at once, before anything is recorded,
-        // while either is known not to (the transfer would only wait for it).
         let log = self.deployments.of(&route.source)?;
-        self.deployments.of(&route.destination)?;
         let id = match &key {
             None => crate::store::new_transfer_id(),
             Some(key) => match self.take_key(log, key, &fingerprint).await? {
@@ -660,6 +706,10 @@ impl Bank {
                 Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
             },
         };
+        // The destination's deployment must answer too: refused at once, before the
+        // transfer is recorded, while it is known not to (the transfer would only wait
+        // for it). A key taken meanwhile is completed by the request's retry.
+        self.deployments.of(&route.destination)?;
         let hold = match new.hold {
             // Expiry by the clock of the deployment that logs the hold, which judges it.
             Some(expires_in) => {
@@ -768,18 +818,25 @@ impl Bank {
         let taken = || StoreError::Other("idempotency key taken but no transfer carries it".into());
         let key = transfer.idempotency_key.as_ref().ok_or_else(taken)?;
         let log = self.log(transfer)?;
-        let existing = match log.idempotency_record(key).await? {
-            Some(record) => log.transfer(record.transfer).await?,
+        let record = read_majority(|| log.idempotency_record(key)).await?;
+        let existing = match &record {
+            Some(record) => read_majority(|| log.transfer(record.transfer)).await?,
             None => None,
         };
         let existing = match existing {
             Some(existing) => existing,
             // Recorded by a version before `idempotencyKeys` (its unique index on
-            // `transactions` refused this insert).
-            None => log
-                .transfer_by_idempotency_key(key)
-                .await?
-                .ok_or_else(taken)?,
+            // `transactions` refused this insert): the record, ours, names a transfer
+            // that will never exist; it is made to name the one that does.
+            None => {
+                let legacy = log
+                    .transfer_by_idempotency_key(key)
+                    .await?
+                    .ok_or_else(taken)?;
+                log.repair_idempotency_record(key, record.map(|r| r.transfer), &legacy)
+                    .await?;
+                legacy
+            }
         };
         self.replay(existing, fingerprint).await
     }
@@ -804,19 +861,31 @@ impl Bank {
         };
         let taken = match log.take_idempotency_key(key, &record).await {
             Ok(()) => return Ok(Taken::New(record.transfer)),
-            Err(StoreError::DuplicateKey(_)) => log
-                .idempotency_record(key)
+            Err(StoreError::DuplicateKey(_)) => read_majority(|| log.idempotency_record(key))
                 .await?
-                .ok_or_else(|| StoreError::Other("idempotency key taken but not found".into()))?,
+                .ok_or_else(|| {
+                    // Taken on the primary, not yet on the majority this read asks for.
+                    StoreError::Unavailable("idempotency key taken but not readable yet".into())
+                })?,
             Err(e) => return Err(e.into()),
         };
+        // The replay compares the request with the transfer's.
+        if let Some(existing) = read_majority(|| log.transfer(taken.transfer)).await? {
+            return Ok(Taken::Replay(Box::new(existing)));
+        }
+        // No transfer under the key's id. One recorded with this key by a version
+        // before `idempotencyKeys` may exist (a rolling upgrade): the record is made to
+        // name it, and it answers. Only here, off the hot path: on a sharded log this
+        // query goes to every shard.
+        if let Some(legacy) = log.transfer_by_idempotency_key(key).await? {
+            log.repair_idempotency_record(key, Some(taken.transfer), &legacy)
+                .await?;
+            return Ok(Taken::Replay(Box::new(legacy)));
+        }
         if taken.request_hash.as_deref() != Some(fingerprint) {
             return Err(ServiceError::IdempotencyKeyReused);
         }
-        Ok(match log.transfer(taken.transfer).await? {
-            Some(existing) => Taken::Replay(Box::new(existing)),
-            None => Taken::Unrecorded(taken.transfer),
-        })
+        Ok(Taken::Unrecorded(taken.transfer))
     }
 
     /// Checks what the stored accounts must agree to; returns where the transfer goes.

@@ -154,6 +154,13 @@ impl Bank {
         start + chrono::TimeDelta::milliseconds(lease_ms - lease_ms / 10)
     }
 
+    /// How far two deployments' clocks may jump against each other between two readings
+    /// and still keep a step from landing after the lease it was sent under (see
+    /// `Store::deadline_on`): a tenth of the lease.
+    pub(super) fn clock_allowance(&self) -> std::time::Duration {
+        self.stale_after / 10
+    }
+
     /// Step 2: `initial -> pending`, taking ownership.
     async fn start(&self, transfer: Transfer) -> StoreResult<Transfer> {
         self.advance(transfer, TransferEvent::Start, StepFields::default())
@@ -227,7 +234,9 @@ impl Bank {
             // By the log's clock, which judges the lease; the account's deployment checks
             // the step against its own clock (see `Store::deadline_on`).
             let deadline = self.lease_deadline(t);
-            let deadline_there = log.deadline_on(deadline, store).await?;
+            let deadline_there = log
+                .deadline_on(deadline, store, self.clock_allowance())
+                .await?;
             let (kind, amount) = match (leg, t.hold) {
                 (Leg::Debit, None) => (Forward::Debit, t.amount),
                 (Leg::Credit, None) => (Forward::Credit, t.amount),

@@ -168,15 +168,18 @@ impl Store {
             credits: change.credits,
             deadline: stored_time(deadline),
         };
-        let (applied, failed_before) = super::retried(|| async {
-            let answer = self.batches.account_changes.submit(change.clone()).await;
-            #[cfg(feature = "failpoints")]
-            if answer.is_ok() && crate::failpoints::reply_lost(self.instance_id()).await {
-                let lost = "failpoint: the reply was lost";
-                return Err(super::StoreError::Unavailable(lost.into()));
-            }
-            answer
-        })
+        let (applied, failed_before) = super::retried_while(
+            || self.is_answering(),
+            || async {
+                let answer = self.batches.account_changes.submit(change.clone()).await;
+                #[cfg(feature = "failpoints")]
+                if answer.is_ok() && crate::failpoints::reply_lost(self.instance_id()).await {
+                    let lost = "failpoint: the reply was lost";
+                    return Err(super::StoreError::Unavailable(lost.into()));
+                }
+                answer
+            },
+        )
         .await;
         Ok(ForwardStep {
             applied: applied?,

@@ -33,6 +33,10 @@ use mongodb::bson::DateTime;
 /// million, well under a millisecond).
 pub const MAX_READING_AGE: Duration = Duration::from_secs(5);
 
+/// A move of the server's clock between two readings beyond what elapsed here, in
+/// milliseconds, above which it is reported as a jump.
+pub const JUMP_MS: i64 = 50;
+
 /// The last reading of the server's clock.
 #[derive(Debug, Default)]
 pub struct ServerClock {
@@ -54,9 +58,27 @@ struct Reading {
 
 impl ServerClock {
     /// Records a reply that carried the server's time `server`, to a request sent at
-    /// `sent` and received at `arrived`.
-    pub fn observe(&self, server: DateTime, sent: Instant, arrived: Instant) {
+    /// `sent` and received at `arrived`. Returns by how many milliseconds the server's
+    /// clock jumped since the previous reading, when it moved more than [`JUMP_MS`]
+    /// beyond what the time elapsed here allows (a step of its clock, or a failover to a
+    /// member whose clock differs), for the caller to report.
+    pub fn observe(&self, server: DateTime, sent: Instant, arrived: Instant) -> Option<i64> {
         let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let jump = reading.and_then(|old| {
+            let since =
+                |from: Instant, to: Instant| to.saturating_duration_since(from).as_millis() as i64;
+            let earliest = old.server.timestamp_millis() + since(old.arrived, sent);
+            let latest = old.server.timestamp_millis() + since(old.sent, arrived);
+            let now = server.timestamp_millis();
+            let off = if now < earliest {
+                now - earliest
+            } else if now > latest {
+                now - latest
+            } else {
+                0
+            };
+            (off.abs() > JUMP_MS && old.arrived <= sent).then_some(off)
+        });
         // The newest reading wins: should the server's clock be set back, the bound
         // follows it at once instead of staying ahead of it.
         if reading.is_none_or(|old| old.arrived <= arrived) {
@@ -66,6 +88,7 @@ impl ServerClock {
                 arrived,
             });
         }
+        jump
     }
 
     /// A fresh enough reading, if there is one.
@@ -130,6 +153,24 @@ mod tests {
         let between = now - Duration::from_millis(5);
         clock.observe(DateTime::from_millis(3_000_000), between, between);
         assert!(clock.lower_bound().unwrap().timestamp_millis() < 1_100_000);
+    }
+
+    #[test]
+    fn a_clock_that_moved_more_than_the_time_elapsed_here_is_reported() {
+        let clock = ServerClock::default();
+        let start = Instant::now() - Duration::from_secs(2);
+        assert_eq!(
+            clock.observe(DateTime::from_millis(1_000_000), start, start),
+            None
+        );
+        let later = start + Duration::from_secs(1);
+        // One second later here, one second later there: no jump.
+        let said = clock.observe(DateTime::from_millis(1_001_000), later, later);
+        assert_eq!(said, None);
+        // Another second here, but three there: a jump of two seconds forward.
+        let again = later + Duration::from_secs(1);
+        let said = clock.observe(DateTime::from_millis(1_004_000), again, again);
+        assert_eq!(said, Some(2_000));
     }
 
     #[test]

@@ -143,6 +143,12 @@ impl Deployments {
         }
     }
 
+    /// Unavailable at once while a deployment is known not to answer: a listing needs
+    /// them all.
+    fn check_all_answering(&self) -> StoreResult<()> {
+        self.stores.iter().try_for_each(Store::check_answering)
+    }
+
     /// Asks every deployment with `query` at once; the first `Some` wins. `None` only
     /// when every deployment answered `None`; otherwise the error of one that failed.
     pub async fn first_found<'a, T, F, Fut>(&'a self, query: F) -> StoreResult<Option<T>>
@@ -219,6 +225,7 @@ impl Deployments {
         after: Option<&AccountId>,
         limit: u32,
     ) -> StoreResult<Vec<Account>> {
+        self.check_all_answering()?;
         let pages = futures::future::try_join_all(
             self.stores.iter().map(|s| s.list_accounts(after, limit)),
         )
@@ -232,6 +239,7 @@ impl Deployments {
         filter: &TransferFilter,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
+        self.check_all_answering()?;
         let pages = futures::future::try_join_all(
             self.stores.iter().map(|s| s.list_transfers(filter, limit)),
         )

@@ -392,7 +392,9 @@ impl Store {
             .get_datetime("localTime")
             .copied()
             .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}").into()))?;
-        self.clock.observe(time, sent, arrived);
+        if let Some(jump_ms) = self.clock.observe(time, sent, arrived) {
+            tracing::warn!(deployment = %self.deployment, jump_ms, "the database's clock jumped; steps across deployments tolerate jumps up to a tenth of a lease");
+        }
         Ok(time)
     }
 
@@ -432,16 +434,26 @@ impl Store {
     /// time reaches it before this deployment's clock reaches `deadline`. The time left
     /// is measured pessimistically (from an upper bound of this clock) and added to a
     /// lower bound of the other, so each side's uncertainty only makes it earlier. The
-    /// same deployment: `deadline` itself.
-    pub async fn deadline_on(&self, deadline: Timestamp, other: &Store) -> StoreResult<Timestamp> {
+    /// readings may be up to [`clock::MAX_READING_AGE`] old: should either clock be
+    /// stepped in between (NTP, a failover to a member whose clock differs), the two
+    /// would no longer agree as the readings say, so `allowance` more is taken off: it
+    /// is the relative jump of the two clocks this tolerates. The same deployment:
+    /// `deadline` itself (one clock judges both the lease and the step).
+    pub async fn deadline_on(
+        &self,
+        deadline: Timestamp,
+        other: &Store,
+        allowance: Duration,
+    ) -> StoreResult<Timestamp> {
         if other.deployment == self.deployment {
             return Ok(deadline);
         }
+        let allowance = chrono::TimeDelta::from_std(allowance).unwrap_or(chrono::TimeDelta::MAX);
         // The other's bound first: time passing between the two readings then only
         // shortens what is left.
         let there = other.stamp_time().await?.to_chrono();
         let here = self.upper_bound_time().await?.to_chrono();
-        Ok(there + (deadline - here))
+        Ok(there + (deadline - here) - allowance)
     }
 
     /// Applies the migrations in `migrations/` that this database has not recorded yet.
@@ -484,7 +496,20 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// connection fails it where the driver would have retried a single-document write. Only
 /// for writes that are safe to repeat whatever the first attempt did. Also says whether an
 /// attempt failed: that attempt's write may still reach the server later.
-pub(crate) async fn retried<T, F, Fut>(mut attempt: F) -> (StoreResult<T>, bool)
+pub(crate) async fn retried<T, F, Fut>(attempt: F) -> (StoreResult<T>, bool)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = StoreResult<T>>,
+{
+    retried_while(|| true, attempt).await
+}
+
+/// [`retried`], giving up early once `worth_it` says no more attempt is (the deployment
+/// was found not answering: each attempt would only wait for the driver's time-out).
+pub(crate) async fn retried_while<T, F, Fut>(
+    worth_it: impl Fn() -> bool,
+    mut attempt: F,
+) -> (StoreResult<T>, bool)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = StoreResult<T>>,
@@ -492,6 +517,9 @@ where
     let mut pause = RETRY_PAUSE;
     for tried in 1..WRITE_ATTEMPTS {
         match attempt().await {
+            Err(StoreError::Unavailable(cause)) if !worth_it() => {
+                return (Err(StoreError::Unavailable(cause)), true);
+            }
             Err(StoreError::Unavailable(cause)) => {
                 tracing::debug!(%cause, tried, "write failed; sending it again");
                 tokio::time::sleep(pause).await;

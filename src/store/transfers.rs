@@ -185,6 +185,35 @@ impl Store {
         Ok(())
     }
 
+    /// Makes the record of `key` name `actual`, a transfer recorded with the key by a
+    /// version before `idempotencyKeys`, where it names `stale` (a transfer that will
+    /// never exist: its insert was refused for the key), or where there is none.
+    pub async fn repair_idempotency_record(
+        &self,
+        key: &IdempotencyKey,
+        stale: Option<TransferId>,
+        actual: &Transfer,
+    ) -> StoreResult<()> {
+        let mut filter = doc! { "_id": key.as_str() };
+        if let Some(stale) = stale {
+            filter.insert("transfer", object_id(stale));
+        }
+        let mut set = doc! { "transfer": object_id(actual.id) };
+        match &actual.request_hash {
+            Some(hash) => set.insert("requestHash", hash),
+            None => set.insert("requestHash", Bson::Null),
+        };
+        self.keys
+            .update_one(
+                filter,
+                doc! { "$set": set, "$setOnInsert": { "at": DateTime::now() } },
+            )
+            .upsert(stale.is_none())
+            .await?;
+        tracing::warn!(key = key.as_str(), transfer_id = %actual.id, "idempotency key record repaired to name a transfer recorded before idempotencyKeys");
+        Ok(())
+    }
+
     async fn find_transfer(&self, filter: Document) -> StoreResult<Option<Transfer>> {
         let found = self
             .transactions

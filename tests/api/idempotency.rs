@@ -252,3 +252,104 @@ async fn the_same_key_on_two_different_accounts_pairs_is_still_one_key() {
     assert_eq!(app.balance("c").await, 100);
     assert_eq!(app.balance("d").await, 100);
 }
+
+/// What a version before `idempotencyKeys` leaves for a keyed transfer it records during
+/// a rolling upgrade, after migration 0006 copied the keys: the transfer carries
+/// `idempotencyKey` (its unique index decides), and `idempotencyKeys` has nothing.
+async fn as_if_recorded_by_an_older_version(app: &TestApp, key: &str) {
+    app.store
+        .database()
+        .collection::<mongodb::bson::Document>("idempotencyKeys")
+        .delete_one(mongodb::bson::doc! { "_id": key })
+        .await
+        .unwrap();
+}
+
+/// The step `docs/scaling.md` asks for before the old unique index is dropped, once
+/// every instance runs this version: copy the keys of the transfers recorded meanwhile.
+async fn copy_the_keys_again(app: &TestApp) {
+    app.store
+        .database()
+        .run_command(mongodb::bson::doc! {
+            "aggregate": "transactions",
+            "pipeline": [
+                { "$match": { "idempotencyKey": { "$type": "string" } } },
+                { "$project": { "_id": "$idempotencyKey", "transfer": "$_id", "requestHash": 1 } },
+                { "$merge": { "into": "idempotencyKeys", "on": "_id", "whenMatched": "keepExisting", "whenNotMatched": "insert" } }
+            ],
+            "cursor": {},
+        })
+        .await
+        .unwrap();
+}
+
+async fn drop_the_old_index(app: &TestApp) {
+    app.store
+        .database()
+        .run_command(
+            mongodb::bson::doc! { "dropIndexes": "transactions", "index": "idempotencyKey_unique" },
+        )
+        .await
+        .unwrap();
+}
+
+/// A retry of a key an older version recorded (only on the transfer) is answered with
+/// that transfer: while the old index is there, and after the keys are copied again and
+/// the index dropped, as for sharding.
+#[tokio::test]
+async fn a_retry_of_a_key_an_older_version_recorded_replays_before_and_after_the_index_goes() {
+    let app = spawn_app().await;
+    app.open_account("a", 1000).await;
+    app.open_account("b", 0).await;
+    let body = json!({ "source": "a", "destination": "b", "amount": 100 });
+    let first: Value = post_with_key(&app, "old-1", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    as_if_recorded_by_an_older_version(&app, "old-1").await;
+
+    let again = post_with_key(&app, "old-1", &body).await;
+    assert_eq!(replayed(&again).as_deref(), Some("true"));
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["id"], first["id"]);
+
+    copy_the_keys_again(&app).await;
+    drop_the_old_index(&app).await;
+    let third = post_with_key(&app, "old-1", &body).await;
+    assert_eq!(replayed(&third).as_deref(), Some("true"));
+    let third: Value = third.json().await.unwrap();
+    assert_eq!(third["id"], first["id"]);
+    assert_eq!((app.balance("a").await, app.balance("b").await), (900, 100));
+}
+
+/// A different request with a key an older version recorded is refused, and leaves the
+/// key naming that transfer: the original request's retry is still replayed.
+#[tokio::test]
+async fn a_refused_reuse_of_a_key_an_older_version_recorded_leaves_the_original_replayable() {
+    let app = spawn_app().await;
+    app.open_account("a", 1000).await;
+    app.open_account("b", 0).await;
+    let original = json!({ "source": "a", "destination": "b", "amount": 10 });
+    let first: Value = post_with_key(&app, "old-2", &original)
+        .await
+        .json()
+        .await
+        .unwrap();
+    as_if_recorded_by_an_older_version(&app, "old-2").await;
+    let other = json!({ "source": "a", "destination": "b", "amount": 20 });
+    assert_problem(
+        post_with_key(&app, "old-2", &other).await,
+        422,
+        "idempotency_key_reused",
+    )
+    .await;
+    let retry = post_with_key(&app, "old-2", &original).await;
+    assert_eq!(
+        (retry.status().as_u16(), replayed(&retry).as_deref()),
+        (201, Some("true"))
+    );
+    let retry: Value = retry.json().await.unwrap();
+    assert_eq!(retry["id"], first["id"]);
+    assert_eq!((app.balance("a").await, app.balance("b").await), (990, 10));
+}
