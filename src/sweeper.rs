@@ -259,21 +259,8 @@ pub async fn collect_fences(
         // Fences first, flag second: a crash in between leaves the flag, and the next
         // pass drops the (already gone) fences again.
         let dropped_here = async {
-            let (source, destination) = (
-                bank.on(&transfer, Side::Source)?,
-                bank.on(&transfer, Side::Destination)?,
-            );
-            if source.deployment() == destination.deployment() {
-                source
-                    .drop_fences([&transfer.source, &transfer.destination], transfer.id)
-                    .await?;
-            } else {
-                source
-                    .drop_fences([&transfer.source, &transfer.source], transfer.id)
-                    .await?;
-                destination
-                    .drop_fences([&transfer.destination, &transfer.destination], transfer.id)
-                    .await?;
+            for (on, accounts) in bank.by_deployment(&transfer)? {
+                on.drop_fences(accounts, transfer.id).await?;
             }
             store.unmark_fenced(transfer.id).await
         };

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::driver::{Measured, closed_loop};
 use crate::procs::{Daemon, Server, StartError, secantusd_binary};
-use crate::service::{Context, post_transfer, transfer_body};
+use crate::service::{Context, open_accounts_on, post_transfer, random_pair, transfer_body};
 
 /// What the deployments part measures.
 #[derive(Debug, Clone, Serialize)]
@@ -114,35 +114,6 @@ async fn money(uris: &[String; 2], database: &str) -> i64 {
     total
 }
 
-/// Opens `ids` on `deployment`, 16 at a time.
-async fn open(
-    http: &reqwest::Client,
-    base: &str,
-    ids: &[String],
-    deployment: &str,
-    balance: i64,
-) -> Result<(), String> {
-    use futures::StreamExt;
-    let url = format!("{base}/accounts");
-    let results: Vec<Result<(), String>> = futures::stream::iter(ids.iter().cloned())
-        .map(|id| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let body =
-                    serde_json::json!({ "id": id, "balance": balance, "deployment": deployment });
-                match http.post(&url).json(&body).send().await {
-                    Ok(r) if r.status() == 201 => Ok(()),
-                    Ok(r) => Err(format!("opening {id}: {}", r.status())),
-                    Err(e) => Err(format!("opening {id}: {e}")),
-                }
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    results.into_iter().collect()
-}
-
 /// One closed-loop load of transfers between pairs `pick` draws, with its command counts.
 async fn load(
     ctx: &Context,
@@ -232,7 +203,15 @@ pub async fn run(ctx: &Context, plan: &DeploymentsPlan) -> DeploymentsResult {
         )
     });
     for (name, ids) in NAMES.iter().zip(&ids) {
-        if let Err(e) = open(&ctx.http, &server.base, ids, name, plan.opening_balance).await {
+        let opened = open_accounts_on(
+            &ctx.http,
+            &server.base,
+            ids,
+            plan.opening_balance,
+            Some(name),
+        )
+        .await;
+        if let Err(e) = opened {
             result.unavailable_reason = Some(format!("could not open the accounts: {e}"));
             return result;
         }
@@ -242,13 +221,8 @@ pub async fn run(ctx: &Context, plan: &DeploymentsPlan) -> DeploymentsResult {
     for &c in &plan.concurrencies {
         let eu = Arc::clone(&ids[0]);
         let within = load(ctx, &server.base, c, plan, move || {
-            let mut rng = rand::rng();
-            let a = rng.random_range(0..eu.len());
-            let mut b = rng.random_range(0..eu.len() - 1);
-            if b >= a {
-                b += 1;
-            }
-            (eu[a].clone(), eu[b].clone())
+            let (a, b) = random_pair(&eu);
+            (a.to_owned(), b.to_owned())
         })
         .await;
         let (eu, us) = (Arc::clone(&ids[0]), Arc::clone(&ids[1]));
@@ -290,13 +264,8 @@ pub async fn run(ctx: &Context, plan: &DeploymentsPlan) -> DeploymentsResult {
         let eu = Arc::clone(&ids[0]);
         let before = money(&[uris[0].clone(), uris[0].clone()], &database).await / 2;
         let down = load(ctx, &server.base, c, plan, move || {
-            let mut rng = rand::rng();
-            let a = rng.random_range(0..eu.len());
-            let mut b = rng.random_range(0..eu.len() - 1);
-            if b >= a {
-                b += 1;
-            }
-            (eu[a].clone(), eu[b].clone())
+            let (a, b) = random_pair(&eu);
+            (a.to_owned(), b.to_owned())
         })
         .await;
         let after = money(&[uris[0].clone(), uris[0].clone()], &database).await / 2;

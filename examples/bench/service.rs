@@ -202,14 +202,30 @@ pub async fn open_accounts(
     ids: &[String],
     balance: i64,
 ) -> Result<(), String> {
+    open_accounts_on(http, base, ids, balance, None).await
+}
+
+/// [`open_accounts`] on `deployment` (the service's default when `None`).
+pub async fn open_accounts_on(
+    http: &reqwest::Client,
+    base: &str,
+    ids: &[String],
+    balance: i64,
+    deployment: Option<&str>,
+) -> Result<(), String> {
     let url = format!("{base}/accounts");
     let results: Vec<Result<(), String>> = futures::stream::iter(ids.iter().cloned())
         .map(|id| {
             let (http, url) = (http.clone(), url.clone());
             async move {
+                let mut body =
+                    serde_json::json!({ "id": id, "balance": balance, "currency": "USD" });
+                if let Some(deployment) = deployment {
+                    body["deployment"] = deployment.into();
+                }
                 let r = http
                     .post(&url)
-                    .json(&serde_json::json!({ "id": id, "balance": balance, "currency": "USD" }))
+                    .json(&body)
                     .send()
                     .await
                     .map_err(|e| format!("opening {id}: {e}"))?;

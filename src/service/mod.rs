@@ -428,6 +428,25 @@ impl Bank {
         })
     }
 
+    /// The deployments of `transfer`'s accounts, each with the accounts it keeps, for a
+    /// write on both accounts: one entry with both where one deployment keeps both (one
+    /// write serves them), else one per deployment, its one account named twice.
+    pub(crate) fn by_deployment<'t>(
+        &self,
+        transfer: &'t Transfer,
+    ) -> StoreResult<Vec<(&Store, [&'t AccountId; 2])>> {
+        let (source, destination) = (
+            self.on(transfer, Side::Source)?,
+            self.on(transfer, Side::Destination)?,
+        );
+        let (a, b) = (&transfer.source, &transfer.destination);
+        Ok(if source.deployment() == destination.deployment() {
+            vec![(source, [a, b])]
+        } else {
+            vec![(source, [a, a]), (destination, [b, b])]
+        })
+    }
+
     /// `transfer`'s account on `side`.
     pub(crate) fn account_of<'t>(&self, transfer: &'t Transfer, side: Side) -> &'t AccountId {
         match side {

@@ -325,21 +325,8 @@ impl Bank {
     async fn settle(&self, transfer: Transfer) -> StoreResult<Transfer> {
         // Both pulls in one write where one deployment has both accounts: each is
         // idempotent and neither depends on the other.
-        let (source, destination) = (
-            self.on(&transfer, Side::Source)?,
-            self.on(&transfer, Side::Destination)?,
-        );
-        if source.deployment() == destination.deployment() {
-            source
-                .pull_markers([&transfer.source, &transfer.destination], transfer.id)
-                .await?;
-        } else {
-            source
-                .pull_markers([&transfer.source, &transfer.source], transfer.id)
-                .await?;
-            destination
-                .pull_markers([&transfer.destination, &transfer.destination], transfer.id)
-                .await?;
+        for (store, accounts) in self.by_deployment(&transfer)? {
+            store.pull_markers(accounts, transfer.id).await?;
         }
         failpoint!(self, "after_pull");
         self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
