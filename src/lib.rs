@@ -11,7 +11,9 @@
 //! - [`service`]: what the API asks for, in domain terms; [`service::protocol`] is the
 //!   two-phase commit itself, one function per step.
 //! - [`store`]: the only module that speaks MongoDB or names BSON; one guarded write per
-//!   step; its stored documents never leave it (it converts them to domain types).
+//!   step; its stored documents never leave it (it converts them to domain types). One
+//!   [`store::Store`] per deployment; [`store::Deployments`] holds them all and reads
+//!   across them (`docs/scaling.md`: what lives where).
 //! - [`domain`]: newtypes that parse instead of validate, [`domain::Transfer`] and
 //!   [`domain::Account`], and the transfer state machine. No axum, no driver.
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
