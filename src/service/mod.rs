@@ -699,7 +699,7 @@ impl Bank {
     /// key with a different request is refused. Concurrent requests with one key make
     /// one transfer: the key is taken first, in `idempotencyKeys` on the deployment that
     /// logs the transfer, whose unique `_id` lets exactly one request take it (see
-    /// [`Bank::take_key`]).
+    /// `Bank::take_key`).
     ///
     /// A key is unique among the transfers logged on one deployment, that is among the
     /// transfers out of its accounts: the same key with a source account on another
