@@ -21,6 +21,10 @@
 //!   (cancel, take over) and then let the paused step go on: deterministic interleavings.
 //! - Lost reply: [`lose_reply`] makes the next debit or credit of an instance land but
 //!   report a failure, as a dropped connection would, so that it is sent again.
+//! - Recorded twice: [`record_twice`] makes the next transfer an instance records be
+//!   sent twice, as a driver's retry of an insert whose reply was lost would be on a
+//!   server that does not recognise the retry: the instance sees the second answer, a
+//!   duplicate key.
 //! - Scheduler: [`install_hook`] routes every point of one instance to a [`Hook`], which
 //!   decides when that instance may go on (`tests/explorer.rs` runs several instances
 //!   cooperatively, one at a time, in an order it chooses, to explore interleavings).
@@ -162,6 +166,33 @@ impl Paused {
 fn lost_replies() -> &'static Mutex<Vec<String>> {
     static LOST: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
     LOST.get_or_init(Default::default)
+}
+
+/// The instances whose next transfer insert is sent twice ([`record_twice`]).
+fn doubled_inserts() -> &'static Mutex<Vec<String>> {
+    static DOUBLED: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    DOUBLED.get_or_init(Default::default)
+}
+
+/// Makes the next transfer `instance` records be sent twice (see the module's doc).
+pub fn record_twice(instance: &str) {
+    doubled_inserts()
+        .lock()
+        .expect("doubled inserts")
+        .push(instance.to_owned());
+}
+
+/// Called by the store before it records a transfer: whether to send it twice (once per
+/// [`record_twice`]).
+pub fn recorded_twice(instance: &str) -> bool {
+    let mut doubled = doubled_inserts().lock().expect("doubled inserts");
+    match doubled.iter().position(|i| i == instance) {
+        Some(at) => {
+            doubled.remove(at);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Makes the next debit or credit of `instance` lose its reply once: the write lands,

@@ -1524,3 +1524,48 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_recording_and_both
     assert_eq!(all.len(), 1, "{all:?}");
     assert_balances_and_no_markers(&first, 700, 300).await;
 }
+
+/// A transfer's insert lands, its answer is lost, and the driver's retry of it is refused
+/// for the `_id` the first attempt took (a server that does not recognise the retry):
+/// the instance sees a duplicate key on its own new transfer. It is still this request's
+/// transfer: the instance drives it and answers it done, not replayed; with or without a
+/// key, and money moves once. (Seen in the bank test through a proxy resetting
+/// connections: before, a keyed request was answered as a replay of its own transfer,
+/// which then waited for a sweeper; one without a key answered 500.)
+#[tokio::test]
+async fn an_insert_refused_for_its_own_first_attempt_still_runs_its_transfer() {
+    let app = spawn_app_with(|_| {}).await;
+    open_alice_and_bob(&app).await;
+    failpoints::record_twice(&app.instance_id);
+    let (status, plain) = app.transfer("alice", "bob", 100).await;
+    assert_eq!(
+        (status, plain["state"].as_str()),
+        (201, Some("done")),
+        "{plain}"
+    );
+
+    failpoints::record_twice(&app.instance_id);
+    let keyed = app
+        .http
+        .post(app.url("/transfers"))
+        .header("Idempotency-Key", "twice-1")
+        .json(&json!({ "source": "alice", "destination": "bob", "amount": 50 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keyed.status(), 201);
+    assert!(
+        keyed.headers().get("idempotent-replayed").is_none(),
+        "answered as a replay of its own transfer"
+    );
+    let keyed: Value = keyed.json().await.unwrap();
+    assert_eq!(keyed["state"], "done", "{keyed}");
+
+    let stored = app
+        .store
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_balances_and_no_markers(&app, 850, 150).await;
+}

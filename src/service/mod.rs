@@ -764,8 +764,36 @@ impl Bank {
         let mut transfer = transfer;
         match log.insert_transfer(&transfer).await {
             Ok(stamp) => transfer.last_modified = stamp,
-            Err(StoreError::DuplicateKey(_)) if key.is_some() => {
-                return self.replay_by_key(&transfer, &fingerprint).await;
+            Err(StoreError::DuplicateKey(_)) => {
+                match read_majority(|| log.transfer(transfer.id)).await? {
+                    // This request's own transfer: its id is new, or the one its key
+                    // names. Its insert landed on an attempt whose answer was lost and
+                    // the retry was refused for it (a server that does not recognise a
+                    // driver's retry), or another request with its key recorded it.
+                    // Nobody drives it yet: this request does.
+                    Some(stored)
+                        if stored.state == TransferState::Initial && stored.owner.is_none() =>
+                    {
+                        transfer = stored;
+                    }
+                    // Already driven (by the other request with its key, or a sweeper).
+                    Some(stored) => {
+                        let transfer = self.wait_until_settled(stored, REPLAY_WAIT).await?;
+                        return Ok(TransferOutcome {
+                            transfer,
+                            replayed: key.is_some(),
+                        });
+                    }
+                    // The key is on an older transfer (a version before idempotencyKeys).
+                    None if key.is_some() => {
+                        return self.replay_by_key(&transfer, &fingerprint).await;
+                    }
+                    None => {
+                        let said =
+                            format!("transfer {}: a duplicate key, but no transfer", transfer.id);
+                        return Err(StoreError::Other(said.into()).into());
+                    }
+                }
             }
             Err(e) => return Err(e.into()),
         }

@@ -124,6 +124,10 @@ impl Store {
             ..TransferDoc::from(transfer)
         };
         failpoint!(self, "before_insert");
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::recorded_twice(self.instance_id()) {
+            let _ = self.batches.inserts.submit(stamped.clone()).await;
+        }
         self.batches.inserts.submit(stamped).await?;
         Ok(at.to_chrono())
     }
