@@ -7,16 +7,37 @@
 //! [`HOLD_EXPIRES_MS`]; after a random short delay each is captured in full, captured in
 //! part, voided, or left to expire (and now and then captured or voided after its
 //! expiry, or its request replayed), by requests to random live instances that are
-//! retried like the others. The instances do not have it easy either:
+//! retried like the others.
 //!
-//! - a bad network: the instances of the slots in [`PROXIED`] (the first) reach the
-//!   database through a TCP proxy on the loopback (`support::proxy`) that delays every
-//!   chunk it forwards, in either direction, by 0 to [`PROXY_DELAY_MAX_MS`] ms (uniformly),
-//!   or with a chance of [`PROXY_SLOW_CHANCE`] by up to [`PROXY_SLOW_DELAY_MAX_MS`] ms, and
-//!   resets each connection (an RST to both sides) with a chance of about
-//!   [`PROXY_RESETS_PER_SECOND`] in any second of its life; it holds at most
-//!   [`PROXY_MAX_CONNECTIONS`] at once and forwards across the database's restart (the
-//!   connections made while it is down are closed at once);
+//! It runs on two layouts of the accounts ([`Layout`]), with the same load, nemesis and
+//! checks:
+//!
+//! - on one deployment (`MONGODB_URI`): the nemesis restarts that database server, down
+//!   for a second;
+//! - across three (`DEPLOYMENTS=eu=...,us=...,cn=...`, three database servers): account
+//!   `i` lives on the `i % 3`th, so each hot account is on a deployment of its own and
+//!   about two transfers in three cross deployments (each logged on its source's), the
+//!   others staying within one. The nemesis restarts one deployment's server, chosen at
+//!   random, down for four seconds (longer than the driver's server selection time-out,
+//!   so that what touches it is refused meanwhile); meanwhile a probe client moves money
+//!   between the accounts of the two others ([`probe_while_down`]), and at least one
+//!   transfer between those (the probe's or another client's) must be made and answered
+//!   `done` while it is down.
+//!
+//! The test owns its database servers (SecantusDB daemons, each in a temporary folder of
+//! its own, restarted on the same port and folder); with `MONGODB_URI` set it uses the
+//! servers the test support names (`MONGODB_URIS` for the further deployments) and
+//! restarts none. The two tests take turns ([`ONE_BANK_AT_A_TIME`]). The instances do
+//! not have it easy either:
+//!
+//! - a bad network: the instances of the slots in [`PROXIED`] (the first) reach each
+//!   deployment's database server through a TCP proxy of its own on the loopback
+//!   (`support::proxy`) that delays every chunk it forwards, in either direction, by 0 to
+//!   [`PROXY_DELAY_MAX_MS`] ms (uniformly), or with a chance of [`PROXY_SLOW_CHANCE`] by up
+//!   to [`PROXY_SLOW_DELAY_MAX_MS`] ms, and resets each connection (an RST to both sides)
+//!   with a chance of about [`PROXY_RESETS_PER_SECOND`] in any second of its life; each
+//!   holds at most [`PROXY_MAX_CONNECTIONS`] at once and forwards across its server's
+//!   restart (the connections made while it is down are closed at once);
 //! - wrong clocks: each slot's instances run with their wall clock [`CLOCK_SKEWS`] seconds
 //!   off (+7 s and -7 s, several leases), under libfaketime, which must be installed (the
 //!   `faketime` apt package; `scripts/test.sh` installs it); the database and the test
@@ -30,8 +51,12 @@
 //!
 //! The proxied instance answers more 503s and loses more connections; those are retried
 //! or counted as unknown outcomes like the others. Then, once everything is quiet, it
-//! checks:
+//! reads every deployment (accounts, transfer log, idempotency keys) and checks, over all
+//! of them at once:
 //!
+//! - every account is stored once, on the deployment it was opened on; every transfer is
+//!   in one log only, its source account's deployment's, and names its destination's
+//!   deployment (transfer ids are unique across the logs);
 //! - the total balance is unchanged and no balance is negative;
 //! - every transfer is terminal (every hold captured, voided or expired: they all expire
 //!   within seconds) and no `pendingTransactions` entry is left;
@@ -39,13 +64,16 @@
 //!   `done` transfers out of it (a captured hold moved its captured `amount`), so no money
 //!   moved outside a finished transfer;
 //! - no account keeps `pendingDebits` or `pendingCredits`, and the two sums are equal;
-//! - during the run, every [`SAMPLE_EVERY_MS`] ms, every account read straight from the
-//!   store has a non-negative balance and pending sums, an available balance
+//! - during the run, every [`SAMPLE_EVERY_MS`] ms, every account read straight from its
+//!   deployment (each read on its own, so that one down leaves the others sampled) has a non-negative balance and pending sums, an available balance
 //!   (`balance - pendingDebits`) that is not negative, and `balance + pendingCredits` at
 //!   most 2^53-1 (the two sums are written in two account writes, so their equality is
 //!   only checked at the end);
-//! - no idempotency key was answered with two transfers or recorded twice, and every key
-//!   answered with a transfer is recorded on that very transfer;
+//! - no idempotency key was answered with two transfers or recorded twice in a log (a key
+//!   is unique per source deployment; as no client uses a key with two sources, none is
+//!   recorded in two logs either), every key answered with a transfer is recorded on that
+//!   very transfer in its source's log, and every recorded key is taken
+//!   (`idempotencyKeys`) in the same log for that transfer;
 //! - every transfer was asked for by a client (each request carries a unique `reference`)
 //!   and matches that request (a hold: `heldAmount` is the amount asked for, and its
 //!   `amount` is the held one, or once captured the captured one, at most the held one);
@@ -76,11 +104,16 @@
 //!   (captured with one amount, voided, expired or canceled);
 //! - only the problem codes this scenario can legitimately produce are answered (any
 //!   other 4xx or 5xx is a violation), and requests that never got a definitive answer are
-//!   counted and looked up at the end (their transfer, if recorded, must be terminal).
+//!   counted and looked up at the end (their transfer, if recorded, must be terminal);
+//! - while a database server was down (from its kill to its restart), no transfer request
+//!   touching its deployment was answered `done` unless as a replay (which reads only the
+//!   source's log), and, across three deployments, transfers between the two others
+//!   were.
 //!
-//! It runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did (holds by
-//! plan and by outcome among them), with the proxy's counts and the skews in its summary
-//! line.
+//! Each test runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did
+//! (holds by plan and by outcome among them, transfers by log and how many cross
+//! deployments, what was answered while a deployment was down), with the proxies' counts
+//! and the skews in its summary line.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -96,7 +129,8 @@ use support::proxy::{Faults, Proxy};
 use support::{Daemon, fresh_database_name};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
-    Account, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferId, TransferState,
+    Account, CancelReason, DeploymentName, MAX_MONEY, Timestamp, Transfer, TransferId,
+    TransferState,
 };
 use transfer_service::store::Store;
 
@@ -260,12 +294,16 @@ struct HeldHold {
 /// A definitive answer a client got, kept to be compared with the final state.
 #[derive(Debug)]
 enum Answer {
-    /// A transfer request answered 201, 202, 409 or 422, naming transfer `id`.
+    /// A transfer request answered 201, 202, 409 or 422, naming transfer `id`; `replayed`
+    /// when the answer said so; the attempt that got it was `sent` and `answered` then.
     Transfer {
         request: Request,
         status: u16,
         id: String,
         body: Value,
+        replayed: bool,
+        sent: Instant,
+        answered: Instant,
     },
     /// A cancel of transfer `id` answered 200 or 422.
     Cancel {
@@ -322,6 +360,9 @@ struct History {
     /// Captures and voids whose outcome the client never learned (every attempt lost its
     /// connection or was answered 503).
     settles_unknown: u64,
+    /// The requests (by reference) answered with what they must never be: their
+    /// transfers are shown at the end.
+    suspects: Vec<String>,
 }
 
 impl History {
@@ -401,6 +442,11 @@ async fn transfer(
             http_request = http_request.header("prefer", "respond-async");
         }
         sent = true;
+        let this = Attempt {
+            number: attempt,
+            sent_before,
+            sent: Instant::now(),
+        };
         let response = match http_request.send().await {
             Ok(r) => r,
             Err(_) => {
@@ -422,15 +468,7 @@ async fn transfer(
                 continue;
             }
         };
-        if record(
-            history,
-            request,
-            status,
-            replayed,
-            sent_before,
-            attempt,
-            &answer,
-        ) {
+        if record(history, request, &this, status, replayed, &answer) {
             return Some((status, answer));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -446,16 +484,24 @@ async fn transfer(
     None
 }
 
-/// Records one transfer answer; false when it asks for a retry (503).
+/// One attempt of a transfer request: its number (0 for the first), whether its
+/// idempotency key had been sent before, and when it left.
+struct Attempt {
+    number: usize,
+    sent_before: bool,
+    sent: Instant,
+}
+
+/// Records one transfer answer, got by `attempt`; false when it asks for a retry (503).
 fn record(
     history: &Mutex<History>,
     request: &Request,
+    attempt: &Attempt,
     status: u16,
     replayed: bool,
-    sent_before: bool,
-    attempt: usize,
     answer: &Value,
 ) -> bool {
+    let answered = Instant::now();
     let code = code_of(answer);
     let id = match status {
         201 | 202 => answer["id"].as_str(),
@@ -481,7 +527,7 @@ fn record(
             format!(" {code}")
         },
         if replayed { " replayed" } else { "" },
-        if attempt > 0 { " (retry)" } else { "" }
+        if attempt.number > 0 { " (retry)" } else { "" }
     ));
     if retryable(status, code) {
         return false;
@@ -504,13 +550,18 @@ fn record(
     };
     if !legitimate || id.is_none() {
         h.violations.push(format!(
-            "transfer {} answered {status}{}: {answer}",
+            "transfer {} answered {status}{} at {} (attempt {}, sent {:?} before): {answer}; \
+             request {request:?}",
             request.reference,
-            if replayed { " (replayed)" } else { "" }
+            if replayed { " (replayed)" } else { "" },
+            chrono::Utc::now(),
+            attempt.number,
+            answered - attempt.sent,
         ));
+        h.suspects.push(request.reference.clone());
         return true;
     }
-    if replayed && !sent_before {
+    if replayed && !attempt.sent_before {
         h.violations.push(format!(
             "transfer {} answered as a replay of a key never sent before: {answer}",
             request.reference
@@ -529,6 +580,9 @@ fn record(
         status,
         id,
         body: answer.clone(),
+        replayed,
+        sent: attempt.sent,
+        answered,
     });
     true
 }
@@ -874,6 +928,45 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
     }
 }
 
+/// While deployment `down` is down (until `stop`), one more client moves money between
+/// the accounts of the other deployments only (within one, or across the two), one keyed
+/// transfer after another, as any client would: the random clients soon all wait on a
+/// request that touches the deployment that is down (a keyed one is retried for as long
+/// as eight attempts of the driver's three-second server selection), so without it the
+/// transfers that go on meanwhile would be few, and now and then none.
+async fn probe_while_down(
+    layout: Layout,
+    down: usize,
+    bases: Bases,
+    history: Arc<Mutex<History>>,
+    stop: CancellationToken,
+) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let elsewhere: Vec<usize> = (0..ACCOUNTS).filter(|i| layout.home(*i) != down).collect();
+    let mut n = 0;
+    while !stop.is_cancelled() {
+        n += 1;
+        let request = {
+            let mut rng = rand::rng();
+            let mut pair = elsewhere.choose_multiple(&mut rng, 2);
+            let (source, destination) = (*pair.next().unwrap(), *pair.next().unwrap());
+            let reference = format!("probe-{down}-op-{n}");
+            Request {
+                key: Some(reference.clone()),
+                reference,
+                source: account(source),
+                destination: account(destination),
+                amount: rng.random_range(1..=100),
+                hold: None,
+            }
+        };
+        transfer(&http, &bases, &history, &request, false).await;
+    }
+}
+
 /// Right after the instance in slot `victim`, `owner`, was killed: cancels, on the
 /// surviving instances, the transfers it left unfinished (those it owned, and those
 /// recorded for the requests that were outstanding on it; holds it was reserving or
@@ -881,7 +974,7 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
 /// random moment within [`RECOVERY_CANCEL_WITHIN_MS`], some twice at once, so that the
 /// cancels race the sweepers taking the same transfers over.
 async fn cancel_recovering(
-    store: Store,
+    books: Books,
     bases: Bases,
     history: Arc<Mutex<History>>,
     victim: usize,
@@ -897,16 +990,8 @@ async fn cancel_recovering(
             { "reference": { "$in": references } },
         ],
     };
-    let found: Vec<Document> = match store
-        .database()
-        .collection::<Document>("transactions")
-        .find(filter)
-        .await
-    {
-        Ok(cursor) => cursor.try_collect().await.unwrap_or_default(),
-        // The database is restarting: no targets this time.
-        Err(_) => Vec::new(),
-    };
+    // In every log (a deployment restarting gives no targets this time).
+    let found = books.find_in_logs(filter).await;
     // (id, state) of each.
     let mut targets: Vec<(String, String)> = found
         .iter()
@@ -948,21 +1033,21 @@ async fn cancel_recovering(
     }
 }
 
-/// What every instance started in a slot shares: its database URI (the proxy's for a
-/// proxied slot) and its clock skew.
+/// What every instance started in a slot shares: where it reaches each deployment (the
+/// slot's proxies for a proxied slot) and its clock skew.
 struct Slots {
-    uris: Vec<String>,
+    layout: Layout,
+    /// Per slot, the URI of each deployment, in the layout's order.
+    uris: Vec<Vec<String>>,
     database: String,
 }
 
 impl Slots {
     fn config(&self, slot: usize, name: &str) -> InstanceConfig {
-        let mut config = InstanceConfig::new(
-            support::service_binary!(),
-            &self.uris[slot],
-            &self.database,
-            name,
-        );
+        let uris = &self.uris[slot];
+        let mut config =
+            InstanceConfig::new(support::service_binary!(), &uris[0], &self.database, name);
+        config.deployments = self.layout.deployments_variable(uris);
         config.stale_after_ms = STALE_AFTER_MS;
         config.sweep_interval_ms = SWEEP_INTERVAL_MS;
         config.env = faketime_env(CLOCK_SKEWS[slot]);
@@ -1048,14 +1133,208 @@ impl Checks {
     }
 }
 
-/// Everything stored, read at once.
-async fn snapshot(store: &Store) -> (Vec<Transfer>, Vec<Account>) {
-    let transfers = store
-        .list_transfers(&Default::default(), 1_000_000)
-        .await
-        .unwrap();
-    let accounts = store.list_accounts(None, 1000).await.unwrap();
-    (transfers, accounts)
+/// Where the accounts live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `MONGODB_URI` alone: every account on the one deployment, `default`.
+    OneDeployment,
+    /// `DEPLOYMENTS=eu=...,us=...,cn=...`, account `i` on the `i % 3`th: each hot account
+    /// on a deployment of its own, four accounts on each.
+    ThreeDeployments,
+}
+
+impl Layout {
+    /// The deployments' names, in the order `DEPLOYMENTS` lists them.
+    fn deployments(self) -> &'static [&'static str] {
+        match self {
+            Layout::OneDeployment => &["default"],
+            Layout::ThreeDeployments => &["eu", "us", "cn"],
+        }
+    }
+
+    /// The deployment (its index) that keeps account `i`.
+    fn home(self, i: usize) -> usize {
+        i % self.deployments().len()
+    }
+
+    /// The deployment that keeps the account of id `id` (`acct-NN`).
+    fn home_of(self, id: &str) -> &'static str {
+        let i: usize = id
+            .strip_prefix("acct-")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{id} is not an account of the bank test"));
+        self.deployments()[self.home(i)]
+    }
+
+    /// `DEPLOYMENTS` for `uris`, one per deployment; `None` with one deployment (then
+    /// `MONGODB_URI` names it).
+    fn deployments_variable(self, uris: &[String]) -> Option<String> {
+        (self != Layout::OneDeployment).then(|| {
+            self.deployments()
+                .iter()
+                .zip(uris)
+                .map(|(name, uri)| format!("{name}={uri}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+
+    /// How long the nemesis keeps a database server down: across three deployments, longer
+    /// than the driver's server selection time-out (3 s), so that the transfers touching
+    /// it are refused while the others go on.
+    fn down_for(self) -> Duration {
+        match self {
+            Layout::OneDeployment => Duration::from_millis(1000),
+            Layout::ThreeDeployments => Duration::from_millis(4000),
+        }
+    }
+}
+
+/// The database servers of a run, one per deployment of its layout: SecantusDB daemons of
+/// the test's own, each in a temporary folder of its own, which the nemesis may restart;
+/// or, with `MONGODB_URI` set, the servers the test support names (`MONGODB_URIS` for the
+/// further ones), left alone.
+struct Servers {
+    uris: Vec<String>,
+    /// The test's daemons and their folders; `None` with external servers.
+    daemons: Option<Vec<(Daemon, tempfile::TempDir)>>,
+}
+
+/// A deployment's database server down: which one, and when it surely was (from the
+/// moment its kill returned to the moment its restart began, by the test's clock).
+struct Outage {
+    deployment: &'static str,
+    from: Instant,
+    until: Instant,
+}
+
+impl Servers {
+    fn start(layout: Layout) -> Servers {
+        let n = layout.deployments().len();
+        let external = std::env::var("MONGODB_URI")
+            .ok()
+            .filter(|u| !u.trim().is_empty());
+        if external.is_some() {
+            return Servers {
+                uris: support::database_uris(n),
+                daemons: None,
+            };
+        }
+        let daemons: Vec<(Daemon, tempfile::TempDir)> = (0..n)
+            .map(|_| {
+                let storage = tempfile::tempdir().unwrap();
+                (Daemon::start(storage.path().to_path_buf(), 0), storage)
+            })
+            .collect();
+        Servers {
+            uris: daemons.iter().map(|(d, _)| d.uri.clone()).collect(),
+            daemons: Some(daemons),
+        }
+    }
+
+    /// Whether the test owns the servers (and so may restart them, and they keep its
+    /// clock).
+    fn owned(&self) -> bool {
+        self.daemons.is_some()
+    }
+
+    /// Kills the server of deployment `d` (kill -9); returns when it is dead.
+    fn kill(&mut self, d: usize) -> Instant {
+        let (daemon, _) = &mut self.daemons.as_mut().expect("servers of the test")[d];
+        daemon.kill();
+        Instant::now()
+    }
+
+    /// Starts the server of deployment `d` again, on its port and with its folder.
+    fn revive(&mut self, d: usize) {
+        let (daemon, storage) = &mut self.daemons.as_mut().expect("servers of the test")[d];
+        *daemon = Daemon::start(storage.path().to_path_buf(), daemon.port);
+    }
+}
+
+/// The test's own connections (direct, not proxied) to its database on every deployment,
+/// in the layout's order, to read what is stored.
+#[derive(Clone)]
+struct Books {
+    stores: Vec<Store>,
+}
+
+/// An idempotency key taken on a deployment (`idempotencyKeys`), for transfer `transfer`.
+struct KeyRecord {
+    deployment: String,
+    key: String,
+    transfer: Option<TransferId>,
+}
+
+impl Books {
+    async fn connect(layout: Layout, uris: &[String], database: &str) -> Books {
+        let mut stores = Vec::new();
+        for (name, uri) in layout.deployments().iter().zip(uris) {
+            let name = DeploymentName::parse(name).unwrap();
+            stores.push(Store::connect_with(name, uri, database, 2).await.unwrap());
+        }
+        Books { stores }
+    }
+
+    /// Everything stored: every log's transfers (each read from its log, so its
+    /// `source_deployment` names the log it is on) and every deployment's accounts.
+    async fn snapshot(&self) -> (Vec<Transfer>, Vec<Account>) {
+        let (mut transfers, mut accounts) = (Vec::new(), Vec::new());
+        for store in &self.stores {
+            transfers.extend(
+                store
+                    .list_transfers(&Default::default(), 1_000_000)
+                    .await
+                    .unwrap(),
+            );
+            accounts.extend(store.list_accounts(None, 1000).await.unwrap());
+        }
+        (transfers, accounts)
+    }
+
+    /// The transfer documents of every log matching `filter`; a deployment that does not
+    /// answer (restarting) gives none.
+    async fn find_in_logs(&self, filter: Document) -> Vec<Document> {
+        let mut found = Vec::new();
+        for store in &self.stores {
+            let cursor = store
+                .database()
+                .collection::<Document>("transactions")
+                .find(filter.clone())
+                .await;
+            if let Ok(cursor) = cursor {
+                found.extend(cursor.try_collect::<Vec<_>>().await.unwrap_or_default());
+            }
+        }
+        found
+    }
+
+    /// Every idempotency key taken, on every deployment.
+    async fn key_records(&self) -> Vec<KeyRecord> {
+        let mut records = Vec::new();
+        for store in &self.stores {
+            let found: Vec<Document> = store
+                .database()
+                .collection::<Document>("idempotencyKeys")
+                .find(doc! {})
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            records.extend(found.into_iter().map(|d| {
+                KeyRecord {
+                    deployment: store.deployment().to_string(),
+                    key: d.get_str("_id").unwrap_or_default().to_owned(),
+                    transfer: d
+                        .get_object_id("transfer")
+                        .ok()
+                        .and_then(|id| TransferId::parse(&id.to_hex()).ok()),
+                }
+            }));
+        }
+        records
+    }
 }
 
 /// What must be true once the sweepers have had a whole lease and a few passes after the
@@ -1097,9 +1376,11 @@ fn unsettled(transfers: &[Transfer], accounts: &[Account]) -> Vec<String> {
 /// and checks what must hold of each at every moment: the balance and the pending sums
 /// are not negative, the available balance is not negative, and every capture could land
 /// (`balance + pendingCredits <= MAX_MONEY`). The two sums are written by two account
-/// writes, so their equality is left to the end. Returns the checks, the number of
-/// complete samples and of failed reads (the database restarting).
-async fn sample_accounts(store: Store, stop: CancellationToken) -> (Checks, u64, u64) {
+/// writes, so their equality is left to the end. Each deployment is read on its own, so
+/// that one restarting leaves the others sampled. Returns the checks, the number of
+/// reads of a deployment's accounts that were complete and of those that failed (the
+/// database restarting).
+async fn sample_accounts(books: Books, stop: CancellationToken) -> (Checks, u64, u64) {
     let mut checks = Checks::default();
     let (mut samples, mut failed) = (0, 0);
     loop {
@@ -1107,15 +1388,19 @@ async fn sample_accounts(store: Store, stop: CancellationToken) -> (Checks, u64,
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_millis(SAMPLE_EVERY_MS)) => {}
         }
-        let read = tokio::time::timeout(Duration::from_secs(2), store.list_accounts(None, 1000));
-        let accounts = match read.await {
-            Ok(Ok(accounts)) => accounts,
-            _ => {
-                failed += 1;
-                continue;
+        let reads = books.stores.iter().map(|store| {
+            tokio::time::timeout(Duration::from_secs(2), store.list_accounts(None, 1000))
+        });
+        let mut accounts = Vec::new();
+        for read in futures::future::join_all(reads).await {
+            match read {
+                Ok(Ok(read)) => {
+                    samples += 1;
+                    accounts.extend(read);
+                }
+                _ => failed += 1,
             }
-        };
-        samples += 1;
+        }
         for a in &accounts {
             checks.check(
                 "sampled during the run: no negative balance or pending sum",
@@ -1169,6 +1454,7 @@ fn check_answer(
             status,
             id,
             body,
+            ..
         } => {
             let found = find(id);
             checks.check("answered transfer is stored", found.is_some(), || {
@@ -1471,6 +1757,7 @@ fn check_hold_winners(
                 status,
                 id,
                 body,
+                ..
             } => {
                 let claim = match (request.hold, *status) {
                     (None, _) => continue,
@@ -1609,247 +1896,68 @@ fn check_reversals(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restart() {
-    let seconds: u64 = std::env::var("BANK_TEST_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(30);
-    // Its own database server, so that the nemesis can restart it; with MONGODB_URI
-    // set, that server is used and left alone.
-    let storage = tempfile::tempdir().unwrap();
-    let external = std::env::var("MONGODB_URI")
-        .ok()
-        .filter(|u| !u.trim().is_empty());
-    let mut daemon = match external {
-        Some(_) => None,
-        None => Some(Daemon::start(storage.path().to_path_buf(), 0)),
-    };
-    let uri = external.unwrap_or_else(|| daemon.as_ref().unwrap().uri.clone());
-    let database = fresh_database_name();
-
-    // The faulty network, between the proxied slots and the database; it lives as long as
-    // the test (across restarts of the instances and of the database).
-    let faults = Faults {
-        delay_max: Duration::from_millis(PROXY_DELAY_MAX_MS),
-        slow_chance: PROXY_SLOW_CHANCE,
-        slow_delay_max: Duration::from_millis(PROXY_SLOW_DELAY_MAX_MS),
-        resets_per_second: PROXY_RESETS_PER_SECOND,
-        max_connections: PROXY_MAX_CONNECTIONS,
-    };
-    let mut proxies: Vec<(usize, Proxy)> = Vec::new();
-    let mut uris = Vec::new();
-    for (slot, proxied) in PROXIED.iter().enumerate() {
-        if *proxied {
-            let proxy = Proxy::start(upstream_of(&uri), faults).await;
-            uris.push(proxied_uri(&uri, proxy.addr));
-            proxies.push((slot, proxy));
-        } else {
-            uris.push(uri.clone());
-        }
+/// Where every stored thing is: each account once, on the deployment the layout puts it
+/// on; each transfer in one log only, its source's, naming its destination's deployment.
+fn check_placement(
+    layout: Layout,
+    transfers: &[Transfer],
+    accounts: &[Account],
+    checks: &mut Checks,
+) {
+    let mut stored: HashMap<&str, Vec<&str>> = HashMap::new();
+    for a in accounts {
+        stored
+            .entry(a.id.as_str())
+            .or_default()
+            .push(a.deployment.as_str());
     }
-    let slots = Slots {
-        uris,
-        database: database.clone(),
-    };
-    let skews: Vec<String> = CLOCK_SKEWS
-        .iter()
-        .enumerate()
-        .map(|(slot, skew)| format!("slot {slot} {skew:+} s"))
-        .collect();
-
-    let mut instances: Vec<Instance> = Vec::new();
-    for i in 0..INSTANCES {
-        instances.push(slots.start(i, &format!("bank-{i}")).await);
-    }
-    let http = reqwest::Client::new();
-    // Opened through an instance with a direct connection: no fault may refuse them.
-    let opener = PROXIED
-        .iter()
-        .position(|p| !p)
-        .expect("an unproxied instance");
     for i in 0..ACCOUNTS {
-        let r = http
-            .post(instances[opener].url("/accounts"))
-            .json(&json!({ "id": account(i), "balance": OPENING_BALANCE }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-    }
-    let bases: Bases = Arc::new(Mutex::new(
-        instances.iter().map(|i| Some(i.base.clone())).collect(),
-    ));
-    let history = Arc::new(Mutex::new(History::default()));
-    let store = Store::connect(&uri, &database).await.unwrap();
-    let sampling = CancellationToken::new();
-    let sampler = tokio::spawn(sample_accounts(store.clone(), sampling.clone()));
-    let stop = CancellationToken::new();
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|seed| tokio::spawn(client(seed, bases.clone(), history.clone(), stop.clone())))
-        .collect();
-
-    // The nemesis.
-    let mut recovery_cancels = Vec::new();
-    let started = Instant::now();
-    let run_for = Duration::from_secs(seconds);
-    let mut killed = 0;
-    let mut renamed = 0;
-    let mut database_restarts = 0;
-    let mut generation = 0;
-    while started.elapsed() < run_for {
-        let pause_ms = rand::rng().random_range(800..2000);
-        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-        if database_restarts == 0 && started.elapsed() >= run_for / 2 {
-            if let Some(d) = daemon.as_mut() {
-                let port = d.port;
-                d.kill();
-                tokio::time::sleep(Duration::from_millis(1000)).await;
-                *d = Daemon::start(storage.path().to_path_buf(), port);
-                database_restarts += 1;
-                println!("nemesis: database restarted");
-                continue;
-            }
-        }
-        let victim = rand::rng().random_range(0..INSTANCES);
-        bases.lock().unwrap()[victim] = None;
-        instances[victim].kill();
-        killed += 1;
-        // The requests outstanding on it have lost their answer; cancel what it left
-        // while the survivors' sweepers take it over.
-        let references: Vec<String> = history
-            .lock()
-            .unwrap()
-            .in_flight
-            .iter()
-            .filter(|(_, slot)| **slot == victim)
-            .map(|(reference, _)| reference.clone())
-            .collect();
-        recovery_cancels.push(tokio::spawn(cancel_recovering(
-            store.clone(),
-            bases.clone(),
-            history.clone(),
-            victim,
-            instances[victim].name.clone(),
-            references,
-        )));
-        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..800))).await;
-        // Half the time it comes back under its old name (and takes back its own
-        // transfers at once), half the time as a new instance.
-        generation += 1;
-        let name = if rand::rng().random_bool(0.5) {
-            format!("bank-{victim}")
-        } else {
-            renamed += 1;
-            format!("bank-{victim}-{generation}")
-        };
-        instances[victim] = slots.start(victim, &name).await;
-        bases.lock().unwrap()[victim] = Some(instances[victim].base.clone());
-    }
-    stop.cancel();
-    for c in clients {
-        c.await.unwrap();
-    }
-    for c in recovery_cancels {
-        c.await.unwrap();
-    }
-
-    // Quiescence: every transfer terminal (a lease, a few sweeps, and the backlog; every
-    // hold left held expires within seconds).
-    let load_stopped = Instant::now();
-    let quiet_deadline = load_stopped + Duration::from_secs(60);
-    loop {
-        let (transfers, _) = snapshot(&store).await;
-        if transfers.iter().all(|t| t.state.is_terminal()) {
-            break;
-        }
-        assert!(
-            Instant::now() < quiet_deadline,
-            "transfers still unfinished a minute after the load stopped"
+        let id = account(i);
+        let home = layout.home_of(&id);
+        let on = stored.get(id.as_str()).cloned().unwrap_or_default();
+        checks.check(
+            "every account is stored once, on the deployment it was opened on",
+            on == [home],
+            || format!("{id}, opened on {home}, is stored on {on:?}"),
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let terminal_after = load_stopped.elapsed();
-    // Then the housekeeping: within a whole lease and a few sweeps (with their jitter)
-    // the sweepers finish interrupted reversals and drop every fence. Bounded; what is
-    // left at the deadline is a violation below.
-    let settle_for = Duration::from_millis(STALE_AFTER_MS + 5 * SWEEP_INTERVAL_MS * 6 / 5)
-        + Duration::from_secs(1);
-    let settle_started = Instant::now();
-    let (transfers, accounts) = loop {
-        let (transfers, accounts) = snapshot(&store).await;
-        let left = unsettled(&transfers, &accounts);
-        if left.is_empty() || settle_started.elapsed() >= settle_for {
-            if !left.is_empty() {
-                println!(
-                    "still unsettled {:?} after the load stopped: {left:#?}",
-                    load_stopped.elapsed()
-                );
-            }
-            break (transfers, accounts);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let settled_after = settle_started.elapsed();
-    sampling.cancel();
-    let (sampled, samples, failed_samples) = sampler.await.unwrap();
-    let history = history.lock().unwrap();
+    let mut logs: HashMap<TransferId, Vec<&str>> = HashMap::new();
+    for t in transfers {
+        logs.entry(t.id)
+            .or_default()
+            .push(t.source_deployment.as_str());
+        checks.check(
+            "a transfer is logged on its source's deployment",
+            t.source_deployment.as_str() == layout.home_of(t.source.as_str()),
+            || {
+                format!(
+                    "{} from {} (on {}) is logged on {}",
+                    t.id,
+                    t.source,
+                    layout.home_of(t.source.as_str()),
+                    t.source_deployment
+                )
+            },
+        );
+        checks.check(
+            "a transfer names its destination's deployment",
+            t.destination_deployment.as_str() == layout.home_of(t.destination.as_str()),
+            || format!("{t:?}"),
+        );
+    }
+    for (id, on) in &logs {
+        checks.check(
+            "a transfer id is in one log only, once",
+            on.len() == 1,
+            || format!("{id} is logged on {on:?}"),
+        );
+    }
+}
 
-    // What happened.
-    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
-    let mut hold_outcomes: BTreeMap<String, u64> = BTreeMap::new();
-    for t in &transfers {
-        if let Some(hold) = t.hold {
-            let outcome = match (t.state, t.reason) {
-                (TransferState::Done, _) if t.amount == hold.amount => {
-                    "captured in full".to_owned()
-                }
-                (TransferState::Done, _) => "captured in part".to_owned(),
-                (state, Some(reason)) => format!("{state} ({reason})"),
-                (state, None) => state.to_string(),
-            };
-            *hold_outcomes.entry(outcome).or_default() += 1;
-            continue;
-        }
-        let outcome = match (t.state, t.reason, t.reverses) {
-            (TransferState::Done, _, Some(_)) => "done (reversal)".to_owned(),
-            (TransferState::Done, _, None) => "done".to_owned(),
-            (state, Some(reason), Some(_)) => format!("{state} ({reason}, reversal)"),
-            (state, Some(reason), None) => format!("{state} ({reason})"),
-            (state, None, _) => state.to_string(),
-        };
-        *outcomes.entry(outcome).or_default() += 1;
-    }
-    let hold_plans: BTreeMap<&str, u64> = history
-        .hold_plans
-        .iter()
-        .map(|(plan, n)| (plan.label(), *n))
-        .collect();
-    println!(
-        "bank test: {seconds} s of load, {CLIENTS} clients, {INSTANCES} instances; \
-         {killed} instances killed with SIGKILL and restarted ({renamed} under a new name), \
-         {database_restarts} database restart(s); every transfer terminal {terminal_after:?} \
-         after the load stopped, settled (reversals, fences) {settled_after:?} later"
-    );
-    println!("transfers (holds aside) by outcome: {outcomes:?}");
-    println!(
-        "holds: {} stored, by outcome {hold_outcomes:?}; holds answered held, by plan \
-         {hold_plans:?}; captures and voids with an unknown outcome: {}",
-        hold_outcomes.values().sum::<u64>(),
-        history.settles_unknown
-    );
-    println!("accounts sampled {samples} times during the run ({failed_samples} reads failed)");
-    println!("client answers: {:?}", history.answers);
-
-    // The checks.
-    let mut checks = Checks {
-        violations: history.violations.clone(),
-        ..Checks::default()
-    };
-    for (invariant, n) in sampled.counts {
-        *checks.counts.entry(invariant).or_default() += n;
-    }
-    checks.violations.extend(sampled.violations);
+/// The money: the total is unchanged; every balance is its opening balance plus the
+/// `done` transfers into it minus those out of it; no balance is negative; nothing is
+/// left pending, marked or fenced on any account.
+fn check_balances(transfers: &[Transfer], accounts: &[Account], checks: &mut Checks) {
     let total: i64 = accounts.iter().map(|a| a.balance).sum();
     checks.check(
         "total balance unchanged",
@@ -1864,7 +1972,7 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         *expected.get_mut(t.source.as_str()).unwrap() -= t.amount.minor_units();
         *expected.get_mut(t.destination.as_str()).unwrap() += t.amount.minor_units();
     }
-    for a in &accounts {
+    for a in accounts {
         checks.check("no negative balance", a.balance >= 0, || {
             format!("{} is negative: {}", a.id, a.balance)
         });
@@ -1910,7 +2018,17 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         pending_debits == pending_credits,
         || format!("pendingDebits sum to {pending_debits}, pendingCredits to {pending_credits}"),
     );
-    for t in &transfers {
+}
+
+/// Every transfer ended: terminal, a hold captured (at most what it held) or canceled,
+/// no `fenced` flag left; and every transfer answered `done` still is.
+fn check_ends(
+    transfers: &[Transfer],
+    by_id: &HashMap<TransferId, &Transfer>,
+    done: &HashSet<String>,
+    checks: &mut Checks,
+) {
+    for t in transfers {
         checks.check("every transfer terminal", t.state.is_terminal(), || {
             format!("{t:?} is not terminal")
         });
@@ -1931,8 +2049,7 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             || format!("{t:?} is still marked fenced"),
         );
     }
-    let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
-    for id in &history.done {
+    for id in done {
         let state = by_id.get(&id.parse().unwrap()).map(|t| t.state);
         checks.check(
             "answered done is still done",
@@ -1940,21 +2057,32 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             || format!("{id} was answered done and is now {state:?}"),
         );
     }
-    check_reversals(&transfers, &by_id, &mut checks);
-    // The database runs on this host (its clock is the test's) unless MONGODB_URI is set.
-    let same_clock = daemon.is_some();
-    for answer in &history.seen {
-        check_answer(answer, &by_id, same_clock, &mut checks);
-    }
-    check_hold_winners(&history.seen, &by_id, &mut checks);
+}
 
-    // Idempotency keys and references: one request, at most one transfer, the one
-    // answered.
-    let mut recorded_keys: HashMap<&str, Vec<&Transfer>> = HashMap::new();
+/// Idempotency keys and references: one request, at most one transfer, the one
+/// answered. A key is unique among the transfers of one log (its source's deployment),
+/// and taken there (`idempotencyKeys`) for that very transfer; as no client uses a key
+/// with two sources, no key is recorded in two logs either. Then the requests whose
+/// outcome the client never learned are looked up (by key in their source's log, or by
+/// reference): if recorded, each must have finished. Returns how many of those there
+/// were, by kind.
+fn check_requests(
+    layout: Layout,
+    transfers: &[Transfer],
+    by_id: &HashMap<TransferId, &Transfer>,
+    key_records: &[KeyRecord],
+    history: &History,
+    checks: &mut Checks,
+) -> BTreeMap<&'static str, u64> {
+    // By (log, key).
+    let mut recorded_keys: HashMap<(&str, &str), Vec<&Transfer>> = HashMap::new();
     let mut recorded_references: HashMap<&str, Vec<&Transfer>> = HashMap::new();
-    for t in &transfers {
+    for t in transfers {
         if let Some(key) = &t.idempotency_key {
-            recorded_keys.entry(key.as_str()).or_default().push(t);
+            recorded_keys
+                .entry((t.source_deployment.as_str(), key.as_str()))
+                .or_default()
+                .push(t);
         }
         if let Some(reference) = &t.reference {
             recorded_references
@@ -1977,26 +2105,72 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             );
         }
     }
+    let requests_by_key: HashMap<&str, &Request> = history
+        .requests
+        .values()
+        .filter_map(|r| r.key.as_deref().map(|k| (k, r)))
+        .collect();
     for (key, ids) in &history.keys {
         checks.check(
             "a key is answered with one transfer",
             ids.len() == 1,
             || format!("key {key} answered with {ids:?}"),
         );
-        let recorded: Vec<String> = recorded_keys
+        let log = requests_by_key
             .get(key.as_str())
+            .map(|r| layout.home_of(&r.source))
+            .unwrap_or_default();
+        let recorded: Vec<String> = recorded_keys
+            .get(&(log, key.as_str()))
             .map(|ts| ts.iter().map(|t| t.id.to_string()).collect())
             .unwrap_or_default();
         checks.check(
-            "a key answered with a transfer is recorded on it",
+            "a key answered with a transfer is recorded on it, in its source's log",
             ids.iter().all(|id| recorded == [id.clone()]),
-            || format!("key {key} answered with {ids:?} but recorded on {recorded:?}"),
+            || format!("key {key} answered with {ids:?} but recorded on {recorded:?} in {log}"),
         );
     }
-    for (key, ts) in &recorded_keys {
-        checks.check("a key is recorded once", ts.len() == 1, || {
-            format!("key {key} recorded {} times", ts.len())
+    let mut logs_of_key: HashMap<&str, Vec<&str>> = HashMap::new();
+    for ((log, key), ts) in &recorded_keys {
+        checks.check("a key is recorded once in a log", ts.len() == 1, || {
+            format!("key {key} recorded {} times in {log}", ts.len())
         });
+        logs_of_key.entry(key).or_default().push(log);
+        let taken: Vec<Option<TransferId>> = key_records
+            .iter()
+            .filter(|r| r.deployment == *log && r.key == *key)
+            .map(|r| r.transfer)
+            .collect();
+        checks.check(
+            "a recorded key is taken in its log, for its transfer",
+            ts.iter().all(|t| taken == [Some(t.id)]),
+            || format!("key {key} recorded in {log} on {ts:?} but taken there for {taken:?}"),
+        );
+    }
+    for (key, logs) in &logs_of_key {
+        checks.check(
+            "a key used with one source only is recorded in one log only",
+            logs.len() == 1,
+            || format!("key {key} recorded in {logs:?}"),
+        );
+    }
+    for record in key_records {
+        // A key taken for a transfer never recorded (its request died or was refused in
+        // between) names no stored transfer: that is allowed.
+        let Some(t) = record.transfer.and_then(|id| by_id.get(&id)) else {
+            continue;
+        };
+        checks.check(
+            "a key is taken for a transfer of its own log that carries it",
+            t.source_deployment.as_str() == record.deployment
+                && t.idempotency_key.as_ref().map(|k| k.as_str()) == Some(record.key.as_str()),
+            || {
+                format!(
+                    "key {} taken in {} for {t:?}",
+                    record.key, record.deployment
+                )
+            },
+        );
     }
     for (reference, ts) in &recorded_references {
         checks.check(
@@ -2009,12 +2183,10 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         );
     }
 
-    // Requests whose outcome the client never learned: found by key (or, without one,
-    // by reference); if recorded, it must have finished.
-    let mut unknown: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut unknown: BTreeMap<&'static str, u64> = BTreeMap::new();
     for request in &history.unanswered {
         let found = match &request.key {
-            Some(key) => recorded_keys.get(key.as_str()),
+            Some(key) => recorded_keys.get(&(layout.home_of(&request.source), key.as_str())),
             None => recorded_references.get(request.reference.as_str()),
         }
         .and_then(|ts| ts.first().copied());
@@ -2033,6 +2205,418 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
             );
         }
     }
+    unknown
+}
+
+/// What the clients were answered 201 while a deployment was down (sent after its kill,
+/// answered before its restart), between accounts of the other deployments.
+#[derive(Debug, Default)]
+struct WhileDown {
+    /// Transfers made and answered `done` then...
+    transfers: u64,
+    /// ...of which asked for by the probe ([`probe_while_down`]).
+    by_probe: u64,
+    /// Holds made and answered `held` then.
+    holds: u64,
+    /// Replays of a key, answered with what an earlier request made.
+    replays: u64,
+}
+
+/// Checks that nothing touching the deployment that was down was answered `done` while
+/// it was (a replay aside, which reads the source's log only: it may answer with a
+/// transfer finished before), and counts what the others got done meanwhile.
+fn check_outage(
+    layout: Layout,
+    outage: &Outage,
+    seen: &[Answer],
+    checks: &mut Checks,
+) -> WhileDown {
+    let mut while_down = WhileDown::default();
+    for answer in seen {
+        let Answer::Transfer {
+            request,
+            status: 201,
+            body,
+            replayed,
+            sent,
+            answered,
+            ..
+        } = answer
+        else {
+            continue;
+        };
+        if *sent < outage.from || *answered > outage.until {
+            continue;
+        }
+        let touches = [&request.source, &request.destination]
+            .iter()
+            .any(|a| layout.home_of(a) == outage.deployment);
+        if request.hold.is_none() && !replayed {
+            checks.check(
+                "nothing touching a deployment that is down is answered done (replays aside)",
+                !touches,
+                || {
+                    format!(
+                        "{request:?} answered 201 {body} while {} was down",
+                        outage.deployment
+                    )
+                },
+            );
+        }
+        if touches {
+            continue;
+        }
+        match (request.hold, replayed) {
+            (_, true) => while_down.replays += 1,
+            (None, false) => {
+                while_down.transfers += 1;
+                if request.reference.starts_with("probe-") {
+                    while_down.by_probe += 1;
+                }
+            }
+            (Some(_), false) => while_down.holds += 1,
+        }
+    }
+    while_down
+}
+
+/// One bank test at a time: each runs three instances, its database servers, a dozen
+/// clients and a proxy, about what two cores can take; two at once would mostly test the
+/// machine.
+static ONE_BANK_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restart() {
+    run_bank(Layout::OneDeployment).await;
+}
+
+/// The same across three deployments, each account on one of them, where one
+/// deployment's server is killed and restarted in the middle: meanwhile the transfers
+/// between the two others must go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bank_keeps_its_money_across_three_deployments_and_serves_two_while_the_third_restarts()
+{
+    run_bank(Layout::ThreeDeployments).await;
+}
+
+/// The scenario of the module doc, with the accounts on `layout`'s deployments.
+async fn run_bank(layout: Layout) {
+    let _alone = ONE_BANK_AT_A_TIME.lock().await;
+    let seconds: u64 = std::env::var("BANK_TEST_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    // Its own database servers, so that the nemesis can restart one; with MONGODB_URI
+    // set, the servers named there are used and left alone.
+    let mut servers = Servers::start(layout);
+    let database = fresh_database_name();
+
+    // The faulty network, between the proxied slots and every deployment (a proxy for
+    // each); it lives as long as the test (across restarts of the instances and of the
+    // database servers).
+    let faults = Faults {
+        delay_max: Duration::from_millis(PROXY_DELAY_MAX_MS),
+        slow_chance: PROXY_SLOW_CHANCE,
+        slow_delay_max: Duration::from_millis(PROXY_SLOW_DELAY_MAX_MS),
+        resets_per_second: PROXY_RESETS_PER_SECOND,
+        max_connections: PROXY_MAX_CONNECTIONS,
+    };
+    let mut proxies: Vec<(usize, &str, Proxy)> = Vec::new();
+    let mut uris = Vec::new();
+    for (slot, proxied) in PROXIED.iter().enumerate() {
+        let mut reach = Vec::new();
+        for (name, uri) in layout.deployments().iter().zip(&servers.uris) {
+            if *proxied {
+                let proxy = Proxy::start(upstream_of(uri), faults).await;
+                reach.push(proxied_uri(uri, proxy.addr));
+                proxies.push((slot, name, proxy));
+            } else {
+                reach.push(uri.clone());
+            }
+        }
+        uris.push(reach);
+    }
+    let slots = Slots {
+        layout,
+        uris,
+        database: database.clone(),
+    };
+    let skews: Vec<String> = CLOCK_SKEWS
+        .iter()
+        .enumerate()
+        .map(|(slot, skew)| format!("slot {slot} {skew:+} s"))
+        .collect();
+
+    let mut instances: Vec<Instance> = Vec::new();
+    for i in 0..INSTANCES {
+        instances.push(slots.start(i, &format!("bank-{i}")).await);
+    }
+    let http = reqwest::Client::new();
+    // Opened through an instance with a direct connection: no fault may refuse them.
+    let opener = PROXIED
+        .iter()
+        .position(|p| !p)
+        .expect("an unproxied instance");
+    for i in 0..ACCOUNTS {
+        let mut body = json!({ "id": account(i), "balance": OPENING_BALANCE });
+        if layout != Layout::OneDeployment {
+            body["deployment"] = json!(layout.deployments()[layout.home(i)]);
+        }
+        let r = http
+            .post(instances[opener].url("/accounts"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let bases: Bases = Arc::new(Mutex::new(
+        instances.iter().map(|i| Some(i.base.clone())).collect(),
+    ));
+    let history = Arc::new(Mutex::new(History::default()));
+    let books = Books::connect(layout, &servers.uris, &database).await;
+    let sampling = CancellationToken::new();
+    let sampler = tokio::spawn(sample_accounts(books.clone(), sampling.clone()));
+    let stop = CancellationToken::new();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|seed| tokio::spawn(client(seed, bases.clone(), history.clone(), stop.clone())))
+        .collect();
+
+    // The nemesis.
+    let mut recovery_cancels = Vec::new();
+    let started = Instant::now();
+    let run_for = Duration::from_secs(seconds);
+    let mut killed = 0;
+    let mut renamed = 0;
+    let mut outage: Option<Outage> = None;
+    let mut probes = Vec::new();
+    let mut generation = 0;
+    while started.elapsed() < run_for {
+        let pause_ms = rand::rng().random_range(800..2000);
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        if outage.is_none() && servers.owned() && started.elapsed() >= run_for / 2 {
+            // The one deployment's server, or one of the three, at random; across three,
+            // a probe moves money between the two others while it is down.
+            let d = rand::rng().random_range(0..layout.deployments().len());
+            let from = servers.kill(d);
+            let probing = stop.child_token();
+            if layout.deployments().len() > 1 {
+                probes.push(tokio::spawn(probe_while_down(
+                    layout,
+                    d,
+                    bases.clone(),
+                    history.clone(),
+                    probing.clone(),
+                )));
+            }
+            tokio::time::sleep(layout.down_for()).await;
+            probing.cancel();
+            let until = Instant::now();
+            servers.revive(d);
+            println!(
+                "nemesis: the database server of deployment {} restarted after {:?} down",
+                layout.deployments()[d],
+                until - from
+            );
+            outage = Some(Outage {
+                deployment: layout.deployments()[d],
+                from,
+                until,
+            });
+            continue;
+        }
+        let victim = rand::rng().random_range(0..INSTANCES);
+        bases.lock().unwrap()[victim] = None;
+        instances[victim].kill();
+        killed += 1;
+        // The requests outstanding on it have lost their answer; cancel what it left
+        // while the survivors' sweepers take it over.
+        let references: Vec<String> = history
+            .lock()
+            .unwrap()
+            .in_flight
+            .iter()
+            .filter(|(_, slot)| **slot == victim)
+            .map(|(reference, _)| reference.clone())
+            .collect();
+        recovery_cancels.push(tokio::spawn(cancel_recovering(
+            books.clone(),
+            bases.clone(),
+            history.clone(),
+            victim,
+            instances[victim].name.clone(),
+            references,
+        )));
+        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..800))).await;
+        // Half the time it comes back under its old name (and takes back its own
+        // transfers at once), half the time as a new instance.
+        generation += 1;
+        let name = if rand::rng().random_bool(0.5) {
+            format!("bank-{victim}")
+        } else {
+            renamed += 1;
+            format!("bank-{victim}-{generation}")
+        };
+        instances[victim] = slots.start(victim, &name).await;
+        bases.lock().unwrap()[victim] = Some(instances[victim].base.clone());
+    }
+    stop.cancel();
+    for c in clients {
+        c.await.unwrap();
+    }
+    for c in recovery_cancels.into_iter().chain(probes) {
+        c.await.unwrap();
+    }
+
+    // Quiescence: every transfer terminal (a lease, a few sweeps, and the backlog; every
+    // hold left held expires within seconds).
+    let load_stopped = Instant::now();
+    let quiet_deadline = load_stopped + Duration::from_secs(60);
+    loop {
+        let (transfers, _) = books.snapshot().await;
+        if transfers.iter().all(|t| t.state.is_terminal()) {
+            break;
+        }
+        assert!(
+            Instant::now() < quiet_deadline,
+            "transfers still unfinished a minute after the load stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let terminal_after = load_stopped.elapsed();
+    // Then the housekeeping: within a whole lease and a few sweeps (with their jitter)
+    // the sweepers finish interrupted reversals and drop every fence. Bounded; what is
+    // left at the deadline is a violation below.
+    let settle_for = Duration::from_millis(STALE_AFTER_MS + 5 * SWEEP_INTERVAL_MS * 6 / 5)
+        + Duration::from_secs(1);
+    let settle_started = Instant::now();
+    let (transfers, accounts) = loop {
+        let (transfers, accounts) = books.snapshot().await;
+        let left = unsettled(&transfers, &accounts);
+        if left.is_empty() || settle_started.elapsed() >= settle_for {
+            if !left.is_empty() {
+                println!(
+                    "still unsettled {:?} after the load stopped: {left:#?}",
+                    load_stopped.elapsed()
+                );
+            }
+            break (transfers, accounts);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let settled_after = settle_started.elapsed();
+    let key_records = books.key_records().await;
+    sampling.cancel();
+    let (sampled, samples, failed_samples) = sampler.await.unwrap();
+    let history = history.lock().unwrap();
+
+    // What happened.
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut hold_outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    for t in &transfers {
+        if let Some(hold) = t.hold {
+            let outcome = match (t.state, t.reason) {
+                (TransferState::Done, _) if t.amount == hold.amount => {
+                    "captured in full".to_owned()
+                }
+                (TransferState::Done, _) => "captured in part".to_owned(),
+                (state, Some(reason)) => format!("{state} ({reason})"),
+                (state, None) => state.to_string(),
+            };
+            *hold_outcomes.entry(outcome).or_default() += 1;
+            continue;
+        }
+        let outcome = match (t.state, t.reason, t.reverses) {
+            (TransferState::Done, _, Some(_)) => "done (reversal)".to_owned(),
+            (TransferState::Done, _, None) => "done".to_owned(),
+            (state, Some(reason), Some(_)) => format!("{state} ({reason}, reversal)"),
+            (state, Some(reason), None) => format!("{state} ({reason})"),
+            (state, None, _) => state.to_string(),
+        };
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    let hold_plans: BTreeMap<&str, u64> = history
+        .hold_plans
+        .iter()
+        .map(|(plan, n)| (plan.label(), *n))
+        .collect();
+    let restarts = match outage.as_ref().map(|o| o.deployment) {
+        Some(deployment) => format!("1 database server restart (deployment {deployment})"),
+        None => "no database server restart".to_owned(),
+    };
+    println!(
+        "bank test ({layout:?}, deployments {:?}): {seconds} s of load, {CLIENTS} clients, \
+         {INSTANCES} instances; {killed} instances killed with SIGKILL and restarted \
+         ({renamed} under a new name), {restarts}; every transfer terminal \
+         {terminal_after:?} after the load stopped, settled (reversals, fences) \
+         {settled_after:?} later",
+        layout.deployments()
+    );
+    println!("transfers (holds aside) by outcome: {outcomes:?}");
+    println!(
+        "holds: {} stored, by outcome {hold_outcomes:?}; holds answered held, by plan \
+         {hold_plans:?}; captures and voids with an unknown outcome: {}",
+        hold_outcomes.values().sum::<u64>(),
+        history.settles_unknown
+    );
+    let cross = transfers
+        .iter()
+        .filter(|t| t.source_deployment != t.destination_deployment)
+        .count();
+    let mut per_log: BTreeMap<&str, usize> = BTreeMap::new();
+    for t in &transfers {
+        *per_log.entry(t.source_deployment.as_str()).or_default() += 1;
+    }
+    println!(
+        "transfers by log {per_log:?}; {cross} of {} across two deployments",
+        transfers.len()
+    );
+    println!(
+        "accounts sampled {samples} times, a deployment at a time ({failed_samples} reads \
+         failed)"
+    );
+    println!("client answers: {:?}", history.answers);
+
+    // The checks.
+    let mut checks = Checks {
+        violations: history.violations.clone(),
+        ..Checks::default()
+    };
+    for (invariant, n) in sampled.counts {
+        *checks.counts.entry(invariant).or_default() += n;
+    }
+    checks.violations.extend(sampled.violations);
+    check_placement(layout, &transfers, &accounts, &mut checks);
+    check_balances(&transfers, &accounts, &mut checks);
+    // An id in two logs is a violation above (check_placement); here one copy stands.
+    let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
+    check_ends(&transfers, &by_id, &history.done, &mut checks);
+    check_reversals(&transfers, &by_id, &mut checks);
+    // The database servers run on this host (their clock is the test's) unless
+    // MONGODB_URI is set.
+    let same_clock = servers.owned();
+    for answer in &history.seen {
+        check_answer(answer, &by_id, same_clock, &mut checks);
+    }
+    check_hold_winners(&history.seen, &by_id, &mut checks);
+    let unknown = check_requests(
+        layout,
+        &transfers,
+        &by_id,
+        &key_records,
+        &history,
+        &mut checks,
+    );
+    let while_down = outage
+        .as_ref()
+        .map(|o| check_outage(layout, o, &history.seen, &mut checks));
+    for reference in &history.suspects {
+        let stored: Vec<&Transfer> = transfers
+            .iter()
+            .filter(|t| t.reference.as_ref().map(|r| r.as_str()) == Some(reference.as_str()))
+            .collect();
+        println!("request {reference}, answered wrongly, made {stored:#?}");
+    }
     println!(
         "requests without a definitive answer: {} ({unknown:?}); never sent: {}; cancels \
          with an unknown outcome: {}",
@@ -2040,6 +2624,16 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         history.unsent,
         history.cancels_unknown
     );
+    if let (Some(outage), Some(while_down), true) =
+        (&outage, &while_down, layout.deployments().len() > 1)
+    {
+        println!(
+            "while deployment {} was down ({:?}), answered 201 between the other \
+             deployments' accounts: {while_down:?}",
+            outage.deployment,
+            outage.until - outage.from
+        );
+    }
     println!(
         "{} transfers, {} answered done, {} idempotency keys, {} violations",
         transfers.len(),
@@ -2051,11 +2645,11 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
     let checked: u64 = checks.counts.values().sum();
     let faults: Vec<String> = proxies
         .iter()
-        .map(|(slot, proxy)| {
+        .map(|(slot, deployment, proxy)| {
             let c = proxy.counts();
             format!(
-                "proxy of slot {slot}: {} connections ({} refused), {} of {} chunks delayed \
-                 ({} slow), {} resets",
+                "proxy of slot {slot} to {deployment}: {} connections ({} refused), {} of {} \
+                 chunks delayed ({} slow), {} resets",
                 c.connections, c.refused, c.delayed, c.chunks, c.slow, c.resets
             )
         })
@@ -2088,6 +2682,20 @@ async fn the_bank_keeps_its_money_through_killed_instances_and_a_database_restar
         );
     }
     assert!(killed >= 3, "the nemesis killed too few instances");
+    if layout == Layout::ThreeDeployments {
+        assert!(
+            cross > 0 && cross < transfers.len(),
+            "the transfers should mostly cross deployments, and some stay within one: \
+             {cross} of {} cross",
+            transfers.len()
+        );
+        if let Some(while_down) = &while_down {
+            assert!(
+                while_down.transfers > 0,
+                "no transfer between the two other deployments was made while one was down"
+            );
+        }
+    }
     assert!(
         checks.violations.is_empty(),
         "violations: {:#?}",
