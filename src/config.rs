@@ -108,9 +108,10 @@ pub struct Args {
     #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value = "75000", value_parser = millis())]
     pub http_idle_timeout_ms: u64,
 
-    /// Milliseconds start-up waits for the deployments to answer and be migrated. Then,
-    /// if none did, the process exits (non-zero); if some did, it serves those and keeps
-    /// migrating the others in the background, refusing what touches them until they are.
+    /// Milliseconds start-up waits for the deployments to answer and be migrated. If none
+    /// did by then, the process exits (non-zero). With several, once one is migrated the
+    /// others are waited for 5 s more; then it serves those migrated and keeps migrating
+    /// the others in the background, refusing what touches them until they are.
     #[arg(long, env = "STARTUP_PATIENCE_MS", default_value = "60000", value_parser = millis())]
     pub startup_patience_ms: u64,
 

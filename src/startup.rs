@@ -61,6 +61,45 @@ async fn migrate_patiently(store: &Store, patience: Duration) -> Result<Vec<Stri
     }
 }
 
+/// How long start-up waits for the other deployments once one is migrated: an instance
+/// started during an outage of one deployment serves the others after this, not after
+/// the whole `STARTUP_PATIENCE_MS`.
+const OTHERS_GRACE: Duration = Duration::from_secs(5);
+
+/// Migrates every deployment at once, each tried again for up to `patience`; once one is
+/// migrated, the others are waited for [`OTHERS_GRACE`] more. Each deployment's outcome,
+/// in order; `None` for one still being tried when the grace ran out (its attempt is
+/// dropped: every migration command is idempotent).
+async fn migrate_at_start(
+    stores: &[Store],
+    patience: Duration,
+) -> Vec<Option<Result<Vec<String>, StoreError>>> {
+    use futures::StreamExt;
+    let mut pending: futures::stream::FuturesUnordered<_> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, s)| async move { (i, migrate_patiently(s, patience).await) })
+        .collect();
+    let mut outcomes: Vec<Option<Result<Vec<String>, StoreError>>> =
+        stores.iter().map(|_| None).collect();
+    let mut until: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match until {
+            None => pending.next().await,
+            Some(at) => match tokio::time::timeout_at(at, pending.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+        };
+        let Some((i, outcome)) = next else { break };
+        if outcome.is_ok() && until.is_none() {
+            until = Some(tokio::time::Instant::now() + OTHERS_GRACE);
+        }
+        outcomes[i] = Some(outcome);
+    }
+    outcomes
+}
+
 /// Migrates `store` once its deployment answers, however long that takes, then lets the
 /// service use it.
 async fn migrate_when_back(store: Store) {
@@ -103,11 +142,14 @@ impl Application {
         // unavailable then does not stop the others: it is migrated in the background,
         // and refused until it is (an outage of one deployment stops only its transfers,
         // also for an instance started during it).
-        let patience = settings.startup_patience;
-        let migrated =
-            futures::future::join_all(stores.iter().map(|s| migrate_patiently(s, patience))).await;
+        let migrated = migrate_at_start(&stores, settings.startup_patience).await;
         let mut later = Vec::new();
         for (store, applied) in stores.iter().zip(migrated) {
+            let applied = applied.unwrap_or_else(|| {
+                Err(StoreError::Unavailable(
+                    "not migrated within the grace after the first deployment".into(),
+                ))
+            });
             match applied {
                 Ok(applied) if !applied.is_empty() => {
                     tracing::info!(deployment = %store.deployment(), ?applied, "migrations applied");
