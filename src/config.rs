@@ -388,7 +388,7 @@ fn whole_number(range: RangeInclusive<u64>) -> Trimmed<RangedU64ValueParser<usiz
 
 /// How long a hold lasts, in milliseconds: one second to 30 days.
 fn hold_millis() -> Trimmed<RangedU64ValueParser<u64>> {
-    const MILLIS: RangeInclusive<u64> = 1_000..=2_592_000_000;
+    const MILLIS: RangeInclusive<u64> = crate::domain::HOLD_EXPIRY_MS;
     Trimmed {
         complaint: format!(
             "is not a whole number of milliseconds from {} to {}",

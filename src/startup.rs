@@ -103,22 +103,23 @@ async fn migrate_at_start(
 /// Migrates `store` once its deployment answers, however long that takes, then lets the
 /// service use it.
 async fn migrate_when_back(store: Store) {
-    let mut pause = FIRST_PAUSE;
     loop {
-        match store.migrate().await {
+        match migrate_patiently(&store, ONE_MINUTE).await {
             Ok(applied) => {
                 tracing::info!(deployment = %store.deployment(), ?applied, "deployment migrated; in use");
                 store.set_migrated(true);
                 return;
             }
             Err(e) => {
-                tracing::warn!(deployment = %store.deployment(), error = %crate::telemetry::Chain(&e), retry_in = ?pause, "deployment still not migrated");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(LONGEST_PAUSE);
+                tracing::warn!(deployment = %store.deployment(), error = %crate::telemetry::Chain(&e), "deployment still not migrated");
+                tokio::time::sleep(LONGEST_PAUSE).await;
             }
         }
     }
 }
+
+/// How long each round of [`migrate_when_back`] tries before it logs again.
+const ONE_MINUTE: Duration = Duration::from_secs(60);
 
 impl Application {
     /// Connects, migrates and binds. An instance that has not migrated does not serve: a

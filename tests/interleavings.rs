@@ -13,6 +13,7 @@ use support::values::{account, after, amount, from_now, initial};
 use support::{TestApp, spawn_app_with};
 use transfer_service::domain::{CancelReason, Transfer, TransferId, TransferState};
 use transfer_service::failpoints;
+use transfer_service::store::accounts::Forward;
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::object_id;
 use transfer_service::store::transfers::{Mover, StepFields};
@@ -1080,7 +1081,13 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
     // The first copy of the reservation, arriving now: it must not land.
     let late = app
         .store
-        .reserve_out(&account("alice"), id, amount(300), deadline)
+        .forward(
+            Forward::ReserveOut,
+            &account("alice"),
+            id,
+            amount(300),
+            deadline,
+        )
         .await
         .unwrap();
     assert!(

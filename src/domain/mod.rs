@@ -17,6 +17,6 @@ mod values;
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
 pub use transfer::{Account, Hold, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
-    AccountId, AccountName, Amount, Currency, DeploymentName, IdempotencyKey, MAX_MONEY,
-    OpeningBalance, ParseError, Reference, TransferId,
+    AccountId, AccountName, Amount, Currency, DeploymentName, HOLD_EXPIRY_MS, IdempotencyKey,
+    MAX_MONEY, OpeningBalance, ParseError, Reference, TransferId,
 };

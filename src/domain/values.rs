@@ -8,6 +8,10 @@ use std::fmt;
 /// exceeds it, so every number we hand to a frontend survives `JSON.parse`.
 pub const MAX_MONEY: i64 = 9_007_199_254_740_991;
 
+/// How long a hold may last, in milliseconds: from one second to 30 days, whether a
+/// request says it or `HOLD_EXPIRES_MS` does.
+pub const HOLD_EXPIRY_MS: std::ops::RangeInclusive<u64> = 1_000..=2_592_000_000;
+
 /// Why a value was refused; the message is meant for the client and names the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -19,8 +19,8 @@ use super::extract::{ApiJson, OptionalApiJson};
 use super::pagination::{Page, PageParams, page};
 use super::problem::{ApiError, Problem, field};
 use crate::domain::{
-    AccountId, Amount, CancelReason, IdempotencyKey, Reference, Transfer, TransferFilter,
-    TransferId, TransferState,
+    AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, Reference, Transfer,
+    TransferFilter, TransferId, TransferState,
 };
 use crate::service::{Completion, NewTransfer, TransferOutcome};
 
@@ -66,9 +66,6 @@ pub struct HoldRequest {
     #[schema(minimum = 1000, maximum = 2592000000_i64, nullable = false)]
     pub expires_in_ms: Option<i64>,
 }
-
-/// The shortest and longest hold, in milliseconds.
-pub const HOLD_EXPIRES_MS: std::ops::RangeInclusive<i64> = 1_000..=2_592_000_000;
 
 /// A request to capture a hold.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -288,18 +285,19 @@ fn hold_expiry(
     hold: &HoldRequest,
     default: std::time::Duration,
 ) -> Result<std::time::Duration, ApiError> {
-    match hold.expires_in_ms {
-        None => Ok(default),
-        Some(ms) if HOLD_EXPIRES_MS.contains(&ms) => Ok(std::time::Duration::from_millis(
-            u64::try_from(ms).expect("in range, so positive"),
-        )),
-        Some(_) => Err(ApiError::InvalidField {
+    let Some(ms) = hold.expires_in_ms else {
+        return Ok(default);
+    };
+    u64::try_from(ms)
+        .ok()
+        .filter(|ms| HOLD_EXPIRY_MS.contains(ms))
+        .map(std::time::Duration::from_millis)
+        .ok_or_else(|| ApiError::InvalidField {
             field: "hold.expiresInMs".into(),
             detail:
                 "hold.expiresInMs must be an integer number of milliseconds from 1000 to 2592000000"
                     .into(),
-        }),
-    }
+        })
 }
 
 fn wants_async(headers: &HeaderMap) -> bool {

@@ -1011,13 +1011,7 @@ impl Bank {
         let deadline = tokio::time::Instant::now() + limit;
         while !transfer.state.is_settled() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(REPLAY_POLL).await;
-            transfer = self
-                .log(&transfer)?
-                .transfer(transfer.id)
-                .await?
-                .ok_or_else(|| {
-                    StoreError::Other(format!("transfer {} vanished", transfer.id).into())
-                })?;
+            transfer = self.reload(&transfer).await?;
         }
         Ok(transfer)
     }

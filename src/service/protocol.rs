@@ -73,13 +73,6 @@ fn classify(
     }
 }
 
-/// Which account a forward step changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Leg {
-    Debit,
-    Credit,
-}
-
 /// What an account step concluded.
 enum StepResult {
     Applied,
@@ -173,17 +166,18 @@ impl Bank {
         mut transfer: Transfer,
         quiet: &mut Option<Timestamp>,
     ) -> StoreResult<Transfer> {
-        for leg in [Leg::Debit, Leg::Credit] {
-            match self.forward(&mut transfer, leg, quiet).await? {
+        // The debit (or reservation out) on the source, then the credit on the destination.
+        for side in [Side::Source, Side::Destination] {
+            match self.forward(&mut transfer, side, quiet).await? {
                 StepResult::Applied => {}
                 StepResult::LostLease => return self.reload(&transfer).await,
                 StepResult::RollBack(reason) => {
                     return self.begin_rollback(transfer, reason).await;
                 }
             }
-            match leg {
-                Leg::Debit => failpoint!(self, "after_debit"),
-                Leg::Credit => failpoint!(self, "after_credit"),
+            match side {
+                Side::Source => failpoint!(self, "after_debit"),
+                Side::Destination => failpoint!(self, "after_credit"),
             }
         }
         if transfer.hold.is_some() {
@@ -222,13 +216,10 @@ impl Bank {
     async fn forward(
         &self,
         t: &mut Transfer,
-        leg: Leg,
+        side: Side,
         quiet: &mut Option<Timestamp>,
     ) -> StoreResult<StepResult> {
-        let (side, account) = match leg {
-            Leg::Debit => (Side::Source, t.source.clone()),
-            Leg::Credit => (Side::Destination, t.destination.clone()),
-        };
+        let account = self.account_of(t, side).clone();
         let (log, store) = (self.log(t)?, self.on(t, side)?);
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
             // By the log's clock, which judges the lease; the account's deployment checks
@@ -237,11 +228,11 @@ impl Bank {
             let deadline_there = log
                 .deadline_on(deadline, store, self.clock_allowance())
                 .await?;
-            let (kind, amount) = match (leg, t.hold) {
-                (Leg::Debit, None) => (Forward::Debit, t.amount),
-                (Leg::Credit, None) => (Forward::Credit, t.amount),
-                (Leg::Debit, Some(h)) => (Forward::ReserveOut, h.amount),
-                (Leg::Credit, Some(h)) => (Forward::ReserveIn, h.amount),
+            let (kind, amount) = match (side, t.hold) {
+                (Side::Source, None) => (Forward::Debit, t.amount),
+                (Side::Destination, None) => (Forward::Credit, t.amount),
+                (Side::Source, Some(h)) => (Forward::ReserveOut, h.amount),
+                (Side::Destination, Some(h)) => (Forward::ReserveIn, h.amount),
             };
             let step = store
                 .forward(kind, &account, t.id, amount, deadline_there)
@@ -250,15 +241,15 @@ impl Bank {
             // lease deadline.
             *quiet = (*quiet).max(step.uncertain_until.map(|_| deadline));
             if step.applied {
-                tracing::debug!(transfer_id = %t.id, %account, ?leg, "account changed");
+                tracing::debug!(transfer_id = %t.id, %account, ?side, "account changed");
                 return Ok(StepResult::Applied);
             }
             let found = store.account(&account).await?;
             // The invariants the step's guard keeps (`store::guards`).
             let value = t.hold.map_or(t.amount, |h| h.amount).minor_units();
-            let fits = |a: &Account| match leg {
-                Leg::Debit => a.balance - a.pending_debits >= value,
-                Leg::Credit => a.balance + a.pending_credits <= MAX_MONEY - value,
+            let fits = |a: &Account| match side {
+                Side::Source => a.balance - a.pending_debits >= value,
+                Side::Destination => a.balance + a.pending_credits <= MAX_MONEY - value,
             };
             let reason = match classify(found, t, fits) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),
@@ -269,13 +260,13 @@ impl Bank {
                 // Holds past their expiry no longer reserve anything, even before a
                 // sweeper has released them: release them now and try again.
                 Refusal::Balance
-                    if leg == Leg::Debit && self.expire_holds_out_of(log, &account).await? =>
+                    if side == Side::Source && self.expire_holds_out_of(log, &account).await? =>
                 {
                     continue;
                 }
-                Refusal::Balance => match leg {
-                    Leg::Debit => CancelReason::InsufficientFunds,
-                    Leg::Credit => CancelReason::BalanceOverflow,
+                Refusal::Balance => match side {
+                    Side::Source => CancelReason::InsufficientFunds,
+                    Side::Destination => CancelReason::BalanceOverflow,
                 },
             };
             return Ok(StepResult::RollBack(reason));

@@ -104,19 +104,6 @@ impl Store {
             .await
     }
 
-    /// A hold's step 3 (see [`Forward::ReserveOut`]). `deadline` as for
-    /// [`Store::apply_debit`].
-    pub async fn reserve_out(
-        &self,
-        account: &AccountId,
-        tx: TransferId,
-        amount: Amount,
-        deadline: Timestamp,
-    ) -> StoreResult<ForwardStep> {
-        self.forward(Forward::ReserveOut, account, tx, amount, deadline)
-            .await
-    }
-
     /// Steps 3 and 4 of a transfer or a hold: `kind` of `amount` on `account`.
     pub async fn forward(
         &self,

@@ -149,6 +149,16 @@ impl Deployments {
         self.stores.iter().try_for_each(Store::check_answering)
     }
 
+    /// The deployments a read that does not know where to look asks (those answering),
+    /// and the error it ends with if it finds nothing there: what it looks for may be on
+    /// a deployment that does not answer.
+    fn to_ask(&self) -> (Vec<&Store>, Option<StoreError>) {
+        let (answering, silent): (Vec<&Store>, Vec<&Store>) =
+            self.stores.iter().partition(|s| s.is_answering());
+        let failure = silent.first().and_then(|s| s.check_answering().err());
+        (answering, failure)
+    }
+
     /// Asks every deployment with `query` at once; the first `Some` wins. `None` only
     /// when every deployment answered `None`; otherwise the error of one that failed.
     pub async fn first_found<'a, T, F, Fut>(&'a self, query: F) -> StoreResult<Option<T>>
@@ -159,10 +169,8 @@ impl Deployments {
         if let [only] = &self.stores[..] {
             return query(only).await;
         }
-        let (answering, silent): (Vec<&Store>, Vec<&Store>) =
-            self.stores.iter().partition(|s| s.is_answering());
+        let (answering, mut failure) = self.to_ask();
         let mut asked: FuturesUnordered<_> = answering.into_iter().map(query).collect();
-        let mut failure = silent.first().map(|s| s.check_answering().unwrap_err());
         while let Some(answer) = asked.next().await {
             match answer {
                 Ok(Some(found)) => return Ok(Some(found)),
@@ -190,14 +198,12 @@ impl Deployments {
         &self,
         accounts: [&AccountId; 2],
     ) -> StoreResult<[Option<(DeploymentName, Currency)>; 2]> {
-        let (answering, silent): (Vec<&Store>, Vec<&Store>) =
-            self.stores.iter().partition(|s| s.is_answering());
+        let (answering, mut failure) = self.to_ask();
         let mut asked: FuturesUnordered<_> = answering
             .into_iter()
             .map(|s| async move { (s.deployment(), s.currencies(accounts).await) })
             .collect();
         let mut found: [Option<(DeploymentName, Currency)>; 2] = [None, None];
-        let mut failure = silent.first().map(|s| s.check_answering().unwrap_err());
         while let Some((here, answer)) = asked.next().await {
             match answer {
                 Ok(currencies) => {

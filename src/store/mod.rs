@@ -408,23 +408,25 @@ impl Store {
     /// [`Store::server_time_lower_bound`] as stored: the time a write stamps (with
     /// `$max`, see [`guards::stamped`]) and the start of the lease it gives.
     async fn stamp_time(&self) -> StoreResult<mongodb::bson::DateTime> {
-        if let Some(bound) = self.clock.lower_bound() {
-            return Ok(bound);
-        }
-        self.read_server_time().await?;
-        self.clock
-            .lower_bound()
-            .ok_or_else(|| StoreError::Other("the server's clock reading is already stale".into()))
+        self.clock_bound(clock::ServerClock::lower_bound).await
     }
 
     /// A time the database's clock has certainly not passed yet (see [`clock`]).
     async fn upper_bound_time(&self) -> StoreResult<mongodb::bson::DateTime> {
-        if let Some(bound) = self.clock.upper_bound() {
+        self.clock_bound(clock::ServerClock::upper_bound).await
+    }
+
+    /// `bound` of the last reading of the database's clock, reading it again first when
+    /// the last one is too old.
+    async fn clock_bound(
+        &self,
+        bound: fn(&clock::ServerClock) -> Option<mongodb::bson::DateTime>,
+    ) -> StoreResult<mongodb::bson::DateTime> {
+        if let Some(bound) = bound(&self.clock) {
             return Ok(bound);
         }
         self.read_server_time().await?;
-        self.clock
-            .upper_bound()
+        bound(&self.clock)
             .ok_or_else(|| StoreError::Other("the server's clock reading is already stale".into()))
     }
 
