@@ -21,6 +21,11 @@
 //!   (cancel, take over) and then let the paused step go on: deterministic interleavings.
 //! - Lost reply: [`lose_reply`] makes the next debit or credit of an instance land but
 //!   report a failure, as a dropped connection would, so that it is sent again.
+//! - Held back: [`hold_back`] makes every debit, every credit, or every state change of
+//!   an owner (`before_debit`, `before_credit`, `before_transition`) of an instance fail
+//!   without being sent, as a partition would, until [`let_through`]: each attempt is
+//!   told it failed, so the step fails, and is kept; [`send_held`] sends what was kept,
+//!   as the late landings of requests stuck in the network.
 //! - Recorded twice: [`record_twice`] makes the next transfer an instance records be
 //!   sent twice, as a driver's retry of an insert whose reply was lost would be on a
 //!   server that does not recognise the retry: the instance sees the second answer, a
@@ -215,4 +220,72 @@ pub async fn reply_lost(instance: &str) -> bool {
         }
         None => false,
     }
+}
+
+/// The writes of each instance that [`hold_back`] holds back, by point.
+fn held_back_steps() -> &'static Mutex<Vec<(String, &'static str)>> {
+    static HELD: OnceLock<Mutex<Vec<(String, &'static str)>>> = OnceLock::new();
+    HELD.get_or_init(Default::default)
+}
+
+/// Makes every attempt of `step` (`before_debit` or `before_credit`, a hold's reservations
+/// included, or `before_transition`, an owner's state change) of `instance` fail without
+/// being sent, until [`let_through`].
+pub fn hold_back(instance: &str, step: &'static str) {
+    held_back_steps()
+        .lock()
+        .expect("held-back steps")
+        .push((instance.to_owned(), step));
+}
+
+/// Undoes [`hold_back`].
+pub fn let_through(instance: &str, step: &'static str) {
+    held_back_steps()
+        .lock()
+        .expect("held-back steps")
+        .retain(|(i, s)| (i.as_str(), *s) != (instance, step));
+}
+
+/// Called by the store before each attempt of a forward step or an owner's state change:
+/// whether to hold it back (then the store [`keep`]s it).
+pub fn held_back(instance: &str, step: &'static str) -> bool {
+    held_back_steps()
+        .lock()
+        .expect("held-back steps")
+        .iter()
+        .any(|(i, s)| (i.as_str(), *s) == (instance, step))
+}
+
+/// A write held back, to be sent by [`send_held`].
+pub type HeldWrite = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+fn kept_writes() -> &'static Mutex<Vec<(String, HeldWrite)>> {
+    static KEPT: OnceLock<Mutex<Vec<(String, HeldWrite)>>> = OnceLock::new();
+    KEPT.get_or_init(Default::default)
+}
+
+/// Keeps a write of `instance` that was held back (called by the store).
+pub fn keep(instance: &str, write: HeldWrite) {
+    kept_writes()
+        .lock()
+        .expect("kept writes")
+        .push((instance.to_owned(), write));
+}
+
+/// Sends the writes of `instance` held back so far, one after the other in the order
+/// they were attempted: they reach the server now. How many there were.
+pub async fn send_held(instance: &str) -> usize {
+    let writes: Vec<HeldWrite> = {
+        let mut kept = kept_writes().lock().expect("kept writes");
+        let (mine, others) = std::mem::take(&mut *kept)
+            .into_iter()
+            .partition(|(i, _)| i == instance);
+        *kept = others;
+        mine.into_iter().map(|(_, w)| w).collect()
+    };
+    let sent = writes.len();
+    for write in writes {
+        write.await;
+    }
+    sent
 }

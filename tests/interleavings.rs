@@ -1576,3 +1576,136 @@ async fn an_insert_refused_for_its_own_first_attempt_still_runs_its_transfer() {
     assert_eq!(stored.len(), 2, "{stored:?}");
     assert_balances_and_no_markers(&app, 850, 150).await;
 }
+
+/// Issue 17, item 1: one process, two runs. A cancel's reversal is recorded and its
+/// `step` (the debit of the original's destination, or the credit of its source) is held
+/// back in the network: every attempt fails unanswered, the run fails and the cancel
+/// answers 503. A second cancel on the same instance drives the reversal to `done`. The
+/// first copy of the step, reaching the server afterwards but before its deadline, must
+/// not land: the second run may pull the reversal's markers only once it cannot.
+async fn a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process(
+    step: &'static str,
+) {
+    let lease = Duration::from_millis(2000);
+    let app = spawn_app_with(|s| s.stale_after = lease).await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 500).await;
+    let (request, id) = start_transfer(&app, 300).await;
+    let (status, body) = request.await.unwrap();
+    assert_eq!((status, &body["state"]), (201, &json!("done")), "{body}");
+
+    failpoints::hold_back(&app.instance_id, step);
+    let (status, body) = cancel_answer(&app, id).await;
+    assert_eq!(status, 503, "{body}");
+    let reversal = transfer(&app, id).await.reversed_by.expect("a reversal");
+    let stuck = transfer(&app, reversal).await;
+    assert_eq!(stuck.state, TransferState::Pending, "{stuck:?}");
+    failpoints::let_through(&app.instance_id, step);
+
+    let original = cancel(&app, id).await;
+    assert_eq!(original["reversedBy"], json!(reversal.to_string()));
+    assert_eq!(transfer(&app, reversal).await.state, TransferState::Done);
+    assert_balances_and_no_markers(&app, 1000, 500).await;
+
+    // The held-back copies reach the server now.
+    assert!(failpoints::send_held(&app.instance_id).await > 0);
+    assert_balances_and_no_markers(&app, 1000, 500).await;
+}
+
+#[tokio::test]
+async fn a_late_credit_of_a_first_run_never_lands_after_a_second_run_in_the_same_process() {
+    a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process("before_credit")
+        .await;
+}
+
+#[tokio::test]
+async fn a_late_debit_of_a_first_run_never_lands_after_a_second_run_in_the_same_process() {
+    a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process("before_debit")
+        .await;
+}
+
+/// Issue 17, item 1, for state changes: the owner's debit is refused for funds and its
+/// `pending -> canceling` is held back in the network, so the run fails. The money
+/// arrives; the sweeper of the same process (the same owner) claims the transfer a lease
+/// later and runs it. The first run's `pending -> canceling`, reaching the server late,
+/// must not land in the middle of that second run: after its credit it would roll back
+/// money the destination may have spent. The second run sends the unanswered state change
+/// again first, so the first run's decision stands and the late copy finds the state
+/// moved on.
+#[tokio::test]
+async fn a_late_state_change_of_a_first_run_never_lands_after_a_second_run_in_the_same_process() {
+    let lease = Duration::from_millis(1000);
+    let app = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_millis(100);
+    })
+    .await;
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    app.open_account("carol", 0).await;
+    let mut after_pending = failpoints::pause(&app.instance_id, "after_pending");
+    let (request, id) = start_transfer(&app, 300).await;
+    after_pending.reached().await;
+    failpoints::hold_back(&app.instance_id, "before_transition");
+    after_pending.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    failpoints::let_through(&app.instance_id, "before_transition");
+    let stuck = transfer(&app, id).await;
+    assert_eq!(stuck.state, TransferState::Pending, "{stuck:?}");
+
+    // The money arrives; the transfer is left for the sweeper of this same process.
+    app.store
+        .database()
+        .collection::<mongodb::bson::Document>("accounts")
+        .update_one(
+            mongodb::bson::doc! { "_id": "alice" },
+            mongodb::bson::doc! { "$inc": { "balance": 300_i64 } },
+        )
+        .await
+        .unwrap();
+    let mut after_credit = failpoints::pause(&app.instance_id, "after_credit");
+    age(&app, id, lease * 2).await;
+    // Sends the first run's held-back `pending -> canceling`: whether it landed.
+    let late = || async {
+        assert!(failpoints::send_held(&app.instance_id).await > 0);
+        let t = transfer(&app, id).await;
+        t.state == TransferState::Canceling && t.last_modified > stuck.last_modified
+    };
+    let ended = wait_for(&app, id, Duration::from_secs(10), |t| t.state.is_terminal());
+    let landed = tokio::select! {
+        _ = after_credit.reached() => {
+            // The second run credited bob: the late copy arrives, and bob spends.
+            let landed = late().await;
+            let spent = app
+                .http
+                .post(app.url("/transfers"))
+                .json(&json!({ "source": "bob", "destination": "carol", "amount": 300 }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(spent.status(), 201);
+            after_credit.resume();
+            landed
+        }
+        t = ended => {
+            assert_eq!(t.state, TransferState::Canceled, "{t:?}");
+            late().await
+        }
+    };
+    assert!(
+        !landed,
+        "the first run's late pending -> canceling landed in the middle of a second run"
+    );
+    let t = wait_for(&app, id, Duration::from_secs(10), |t| t.state.is_terminal()).await;
+    let balances = (
+        app.balance("alice").await,
+        app.balance("bob").await,
+        app.balance("carol").await,
+    );
+    assert!(
+        balances.0 >= 0 && balances.1 >= 0 && balances.2 >= 0,
+        "{balances:?} {t:?}"
+    );
+    assert_eq!(balances.0 + balances.1 + balances.2, 400, "{balances:?}");
+}

@@ -12,6 +12,7 @@
 mod cancel;
 mod holds;
 pub mod protocol;
+mod unanswered;
 
 pub use holds::HoldConflict;
 
@@ -241,6 +242,10 @@ pub struct Bank {
     /// apply the transfer twice; so within a process one task at a time drives a transfer.
     driving:
         Arc<std::sync::Mutex<std::collections::HashMap<TransferId, Arc<tokio::sync::Mutex<()>>>>>,
+    /// The writes of this process whose reply was lost and that may still land: every
+    /// later run of their transfer respects them (see [`unanswered`]); the drive lock
+    /// alone would let a second run pull the markers under a late step of the first.
+    unanswered: Arc<unanswered::Unanswered>,
     /// The lease an instance holds on a transfer it works on, renewed by every state
     /// change; once it lapses (STALE_AFTER_MS) another instance may take over.
     stale_after: Duration,
@@ -306,6 +311,7 @@ impl Bank {
             instance_id,
             background: TaskTracker::new(),
             driving: Arc::default(),
+            unanswered: Arc::new(unanswered::Unanswered::new(stale_after)),
             stale_after,
             strategy: Strategy::TwoPhase,
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,

@@ -26,6 +26,7 @@
 //! guarantees it when a client cancels).
 
 use super::Bank;
+use super::unanswered::StateChange;
 use crate::domain::{
     Account, AccountId, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent,
     TransferState,
@@ -98,8 +99,7 @@ impl Bank {
         if transfer.state != TransferState::Initial {
             transfer = self.reload(&transfer).await?;
         }
-        // Until when a forward step of ours that failed without an answer may still land.
-        let mut quiet = None;
+        transfer = self.send_unanswered_state_change(transfer).await?;
         loop {
             if !self.may_drive(&transfer) {
                 // Another instance owns it now (it took it over, or a cancel did).
@@ -107,13 +107,13 @@ impl Bank {
             }
             transfer = match transfer.state {
                 TransferState::Initial => self.start(transfer).await?,
-                TransferState::Pending => self.apply(transfer, &mut quiet).await?,
+                TransferState::Pending => self.apply(transfer).await?,
                 TransferState::Applied => {
-                    self.wait_until_quiet(&transfer, quiet).await?;
+                    self.wait_until_quiet(&transfer).await?;
                     self.settle(transfer).await?
                 }
                 TransferState::Canceling => {
-                    self.wait_until_quiet(&transfer, quiet).await?;
+                    self.wait_until_quiet(&transfer).await?;
                     self.roll_back(transfer).await?
                 }
                 TransferState::Capturing => self.capture_steps(transfer).await?,
@@ -160,15 +160,31 @@ impl Bank {
             .await
     }
 
+    /// Sends again the state change of `transfer` that a run of this process sent without
+    /// an answer (see [`super::unanswered`]), if the transfer is still where that run
+    /// left it, so that the decision stands and the late copy is refused; then carries on
+    /// from the stored state.
+    async fn send_unanswered_state_change(&self, transfer: Transfer) -> StoreResult<Transfer> {
+        let Some(change) = self.unanswered.state_change(transfer.id) else {
+            return Ok(transfer);
+        };
+        if transfer.state != change.from || !self.may_drive(&transfer) {
+            // It moved on, or another instance claimed it (which changed `application`):
+            // the late copy will be refused by its own guards.
+            self.unanswered.answered(transfer.id, change);
+            return Ok(transfer);
+        }
+        tracing::info!(transfer_id = %transfer.id, from = %change.from, event = ?change.event, "sending again a state change whose answer was lost");
+        let transfer = self.advance(transfer, change.event, change.fields).await?;
+        self.unanswered.answered(transfer.id, change);
+        Ok(transfer)
+    }
+
     /// Steps 3 to 5: debit, credit, `pending -> applied`.
-    async fn apply(
-        &self,
-        mut transfer: Transfer,
-        quiet: &mut Option<Timestamp>,
-    ) -> StoreResult<Transfer> {
+    async fn apply(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
         // The debit (or reservation out) on the source, then the credit on the destination.
         for side in [Side::Source, Side::Destination] {
-            match self.forward(&mut transfer, side, quiet).await? {
+            match self.forward(&mut transfer, side).await? {
                 StepResult::Applied => {}
                 StepResult::LostLease => return self.reload(&transfer).await,
                 StepResult::RollBack(reason) => {
@@ -183,7 +199,7 @@ impl Bank {
         if transfer.hold.is_some() {
             // No copy of a reservation may land after `held`: whoever settles the hold
             // moves it by the state guard alone (see `Mover::Settler`).
-            self.wait_until_quiet(&transfer, *quiet).await?;
+            self.wait_until_quiet(&transfer).await?;
             return self
                 .advance(transfer, TransferEvent::Hold, StepFields::default())
                 .await;
@@ -210,15 +226,10 @@ impl Bank {
     }
 
     /// Step 3 (debit: take the amount from the source) or 4 (credit: give it to the
-    /// destination), unless already done; for a hold, the reservations instead. A step
-    /// sent again after a failed attempt leaves in `quiet` the deadline until which that
-    /// attempt may still land.
-    async fn forward(
-        &self,
-        t: &mut Transfer,
-        side: Side,
-        quiet: &mut Option<Timestamp>,
-    ) -> StoreResult<StepResult> {
+    /// destination), unless already done; for a hold, the reservations instead. An
+    /// attempt that failed without an answer leaves in [`Bank::unanswered`] the deadline
+    /// until which it may still land, whether the step then succeeded or failed.
+    async fn forward(&self, t: &mut Transfer, side: Side) -> StoreResult<StepResult> {
         let account = self.account_of(t, side).clone();
         let (log, store) = (self.log(t)?, self.on(t, side)?);
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
@@ -234,12 +245,21 @@ impl Bank {
                 (Side::Source, Some(h)) => (Forward::ReserveOut, h.amount),
                 (Side::Destination, Some(h)) => (Forward::ReserveIn, h.amount),
             };
-            let step = store
-                .forward(kind, &account, t.id, amount, deadline_there)
-                .await?;
             // A copy that may still land does so before the log's clock reaches the
             // lease deadline.
-            *quiet = (*quiet).max(step.uncertain_until.map(|_| deadline));
+            let step = match store
+                .forward(kind, &account, t.id, amount, deadline_there)
+                .await
+            {
+                Ok(step) => step,
+                Err(e) => {
+                    self.unanswered.note_late(t.id, deadline);
+                    return Err(e);
+                }
+            };
+            if step.uncertain_until.is_some() {
+                self.unanswered.note_late(t.id, deadline);
+            }
             if step.applied {
                 tracing::debug!(transfer_id = %t.id, %account, ?side, "account changed");
                 return Ok(StepResult::Applied);
@@ -291,20 +311,20 @@ impl Bank {
         Ok(expired)
     }
 
-    /// Waits until no copy of a forward step sent earlier can land any more (see
-    /// [`Bank::forward`]): before a marker is pulled or undone, a late copy would find
-    /// nothing to stop it. Waits at most 0.9 of a lease, only after a failed attempt.
-    /// `quiet` is by the clock of `transfer`'s log.
-    async fn wait_until_quiet(
-        &self,
-        transfer: &Transfer,
-        quiet: Option<Timestamp>,
-    ) -> StoreResult<()> {
-        let Some(until) = quiet else { return Ok(()) };
+    /// Waits until no copy of a forward step this process sent earlier, in this run or
+    /// another, can land any more (see [`Bank::forward`]): before a marker is pulled or
+    /// undone, a late copy would find nothing to stop it. Waits at most 0.9 of a lease,
+    /// only after an attempt that failed without an answer. By the clock of
+    /// `transfer`'s log.
+    async fn wait_until_quiet(&self, transfer: &Transfer) -> StoreResult<()> {
+        let Some(until) = self.unanswered.late_until(transfer.id) else {
+            return Ok(());
+        };
         let log = self.log(transfer)?;
         loop {
             let now = log.server_time_lower_bound().await?;
             if now > until {
+                self.unanswered.passed(transfer.id, until);
                 return Ok(());
             }
             let left = (until - now).to_std().unwrap_or_default();
@@ -430,10 +450,22 @@ impl Bank {
     ) -> StoreResult<Transfer> {
         let from = transfer.state;
         let to = next_state(&transfer, event);
-        let won = self
+        let won = match self
             .log(&transfer)?
             .change_state(transfer.id, from, to, Mover::Owner(self.owner()), fields)
-            .await?;
+            .await
+        {
+            Ok(won) => won,
+            Err(e) => {
+                let change = StateChange {
+                    from,
+                    event,
+                    fields,
+                };
+                self.unanswered.note_state_change(transfer.id, change);
+                return Err(e);
+            }
+        };
         let Some(now) = won else {
             return self.reload(&transfer).await;
         };

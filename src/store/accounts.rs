@@ -115,17 +115,20 @@ impl Store {
     ) -> StoreResult<ForwardStep> {
         let value = amount.minor_units();
         let mut change = Change::default();
-        match kind {
-            Forward::Debit | Forward::ReserveOut => failpoint!(self, "before_debit"),
-            Forward::Credit | Forward::ReserveIn => failpoint!(self, "before_credit"),
-        }
+        let point = match kind {
+            Forward::Debit | Forward::ReserveOut => "before_debit",
+            Forward::Credit | Forward::ReserveIn => "before_credit",
+        };
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::hit(point, self.instance_id()).await;
         match kind {
             Forward::Debit => change.balance = -value,
             Forward::Credit => change.balance = value,
             Forward::ReserveOut => change.debits = value,
             Forward::ReserveIn => change.credits = value,
         }
-        self.change_account(account, tx, change, deadline).await
+        self.change_account(account, tx, change, deadline, point)
+            .await
     }
 
     /// The guarded forward write behind steps 3 and 4, group-committed with the
@@ -146,7 +149,9 @@ impl Store {
         tx: TransferId,
         change: Change,
         deadline: Timestamp,
+        point: &'static str,
     ) -> StoreResult<ForwardStep> {
+        let _ = point; // named for the fault injection of the tests only
         let change = AccountChange {
             account: account.to_string(),
             tx: object_id(tx),
@@ -158,6 +163,14 @@ impl Store {
         let (applied, failed_before) = super::retried_while(
             || self.is_answering(),
             || async {
+                #[cfg(feature = "failpoints")]
+                {
+                    let (batches, change) = (self.batches.clone(), change.clone());
+                    let copy = async move {
+                        let _ = batches.account_changes.submit(change).await;
+                    };
+                    self.hold_back(point, copy)?;
+                }
                 let answer = self.batches.account_changes.submit(change.clone()).await;
                 #[cfg(feature = "failpoints")]
                 if answer.is_ok() && crate::failpoints::reply_lost(self.instance_id()).await {

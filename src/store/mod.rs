@@ -493,6 +493,26 @@ pub fn majority_journaled() -> WriteConcern {
 const WRITE_ATTEMPTS: u32 = 3;
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+#[cfg(feature = "failpoints")]
+impl Store {
+    /// Fault injection (`failpoints::hold_back`): when `point` of this handle's instance
+    /// is held back, `write` is kept to be sent later, as a request stuck in the network
+    /// would be, and the attempt fails unanswered.
+    fn hold_back(
+        &self,
+        point: &'static str,
+        write: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> StoreResult<()> {
+        if !crate::failpoints::held_back(self.instance_id(), point) {
+            return Ok(());
+        }
+        crate::failpoints::keep(self.instance_id(), Box::pin(write));
+        Err(StoreError::Unavailable(
+            "failpoint: the request was held back".into(),
+        ))
+    }
+}
+
 /// Runs `attempt` again while it fails with [`StoreError::Unavailable`], a few times:
 /// `updateMany` is not a retryable write on a replica set, so a step-down or a dropped
 /// connection fails it where the driver would have retried a single-document write. Only

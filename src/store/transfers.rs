@@ -491,6 +491,14 @@ impl Store {
                         to,
                         at: lease_start,
                     };
+                    #[cfg(feature = "failpoints")]
+                    {
+                        let (batches, change) = (self.batches.clone(), change.clone());
+                        let copy = async move {
+                            let _ = batches.transitions.submit(change).await;
+                        };
+                        self.hold_back("before_transition", copy)?;
+                    }
                     let won = self.batches.transitions.submit(change).await?;
                     return Ok(won.map(DateTime::to_chrono));
                 }
@@ -525,10 +533,17 @@ impl Store {
         };
         let mut set = doc! { "state": to.as_str(), "application": owner };
         set.extend(step_fields(fields));
-        let result = self
-            .transactions
-            .update_one(filter, stamped(set, lease_start))
-            .await?;
+        let update = stamped(set, lease_start);
+        #[cfg(feature = "failpoints")]
+        if matches!(by, Mover::Owner(_)) {
+            let (transactions, filter, update) =
+                (self.transactions.clone(), filter.clone(), update.clone());
+            let copy = async move {
+                let _ = transactions.update_one(filter, update).await;
+            };
+            self.hold_back("before_transition", copy)?;
+        }
+        let result = self.transactions.update_one(filter, update).await?;
         Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
     }
 }
