@@ -30,6 +30,9 @@
 //!   sent twice, as a driver's retry of an insert whose reply was lost would be on a
 //!   server that does not recognise the retry: the instance sees the second answer, a
 //!   duplicate key.
+//! - Clocks: [`set_clocks`] makes the next settling writes of a hold (capture, void,
+//!   expiry) of an instance judge it by the given times, one per write, instead of the
+//!   server's `$$NOW`: a clock that goes backwards between two commands.
 //! - Scheduler: [`install_hook`] routes every point of one instance to a [`Hook`], which
 //!   decides when that instance may go on (`tests/explorer.rs` runs several instances
 //!   cooperatively, one at a time, in an order it chooses, to explore interleavings).
@@ -288,4 +291,31 @@ pub async fn send_held(instance: &str) -> usize {
         write.await;
     }
     sent
+}
+
+fn clocks()
+-> &'static Mutex<HashMap<String, std::collections::VecDeque<chrono::DateTime<chrono::Utc>>>> {
+    static CLOCKS: OnceLock<
+        Mutex<HashMap<String, std::collections::VecDeque<chrono::DateTime<chrono::Utc>>>>,
+    > = OnceLock::new();
+    CLOCKS.get_or_init(Default::default)
+}
+
+/// Makes the next settling writes of a hold by `instance` take these times for the
+/// server's clock, one per write, in order; then `$$NOW` again.
+pub fn set_clocks(instance: &str, times: impl IntoIterator<Item = chrono::DateTime<chrono::Utc>>) {
+    clocks()
+        .lock()
+        .expect("clocks")
+        .insert(instance.to_owned(), times.into_iter().collect());
+}
+
+/// Called by the store for each settling write: the time it must take for the server's
+/// clock, if a test set one.
+pub fn next_clock(instance: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    clocks()
+        .lock()
+        .expect("clocks")
+        .get_mut(instance)?
+        .pop_front()
 }

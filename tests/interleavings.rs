@@ -1709,3 +1709,88 @@ async fn a_late_state_change_of_a_first_run_never_lands_after_a_second_run_in_th
     );
     assert_eq!(balances.0 + balances.1 + balances.2, 400, "{balances:?}");
 }
+
+/// A hold of 300 from alice to bob, `held`: its id and expiry.
+async fn held_hold(app: &TestApp) -> (TransferId, chrono::DateTime<chrono::Utc>) {
+    let (status, body) = spawn_hold(app, 300).await.unwrap();
+    assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
+    let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
+    let expires_at = transfer(app, id).await.hold.expect("a hold").expires_at;
+    (id, expires_at)
+}
+
+/// `POST /transfers/{id}/{action}` on `app`: the status and the body.
+async fn hold_answer(app: &TestApp, id: TransferId, action: &str) -> (u16, Value) {
+    let response = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/{action}")))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+/// Issue 17, item 3: the database's clock may go backwards between two commands (two
+/// routers, a failover). A void whose first write reads the clock past the hold's expiry
+/// and whose second reads it before: before, neither settled, the void answered 200 with
+/// the hold still `held`, and a capture then won too. A void is now one write that cannot
+/// lose to the clock: both answers agree with the stored state.
+#[tokio::test]
+async fn a_void_settles_the_hold_even_when_the_clock_goes_backwards_and_a_capture_then_conflicts() {
+    let app = spawn_app_with(|_| {}).await;
+    open_alice_and_bob(&app).await;
+    let (id, expires_at) = held_hold(&app).await;
+    let second = chrono::TimeDelta::seconds(1);
+    failpoints::set_clocks(&app.instance_id, [expires_at + second, expires_at - second]);
+
+    let (void_status, void) = hold_answer(&app, id, "void").await;
+    let (capture_status, capture) = hold_answer(&app, id, "capture").await;
+    let stored = transfer(&app, id).await;
+    assert_eq!(
+        (void_status, &void["state"]),
+        (200, &json!("canceled")),
+        "{void}"
+    );
+    assert_eq!(
+        void["reason"],
+        json!("expired"),
+        "the void's write saw the hold expired"
+    );
+    assert_eq!(capture_status, 409, "{capture}");
+    assert_eq!(capture["code"], json!("hold_expired"), "{capture}");
+    assert_eq!(
+        (stored.state, stored.reason),
+        (TransferState::Canceled, Some(CancelReason::Expired))
+    );
+    assert_balances_and_no_markers(&app, 1000, 0).await;
+}
+
+/// The same for a capture: its write reads the clock past the expiry, then the clock goes
+/// back before it. Before, the capture answered `hold_expired` while the hold was still
+/// `held`, and a void then won: the capture's answer named an end the hold never had.
+/// Now a capture that lost to the clock expires the hold before answering so; here the
+/// expiry's write reads the earlier clock and does not, so the capture tries again, and
+/// wins.
+#[tokio::test]
+async fn a_capture_answers_hold_expired_only_when_the_hold_is_stored_expired() {
+    let app = spawn_app_with(|_| {}).await;
+    open_alice_and_bob(&app).await;
+    let (id, expires_at) = held_hold(&app).await;
+    let second = chrono::TimeDelta::seconds(1);
+    failpoints::set_clocks(&app.instance_id, [expires_at + second, expires_at - second]);
+
+    let (capture_status, capture) = hold_answer(&app, id, "capture").await;
+    let (void_status, void) = hold_answer(&app, id, "void").await;
+    let stored = transfer(&app, id).await;
+    assert_eq!(
+        (capture_status, &capture["state"]),
+        (200, &json!("done")),
+        "{capture}"
+    );
+    assert_eq!(void_status, 409, "{void}");
+    assert_eq!(void["code"], json!("hold_already_captured"), "{void}");
+    assert_eq!(stored.state, TransferState::Done);
+    assert_balances_and_no_markers(&app, 700, 300).await;
+}

@@ -2,15 +2,19 @@
 //!
 //! A `held` hold is settled by one guarded write that anyone may make
 //! (`Mover::Settler`): `held -> capturing` (a capture, before `expiresAt` by the
-//! database's clock) or `held -> canceling` (a void before `expiresAt`, an expiry from
-//! then on). Of captures, voids, expiries and cancels racing for one hold, exactly one
-//! wins that write; the others read what won and answer it: the same result again when
-//! they asked for the same thing, a conflict otherwise.
+//! database's clock) or `held -> canceling` (a void, recorded `voided` before `expiresAt`
+//! and `expired` from then on; an expiry, from then on). Of captures, voids, expiries and
+//! cancels racing for one hold, exactly one wins that write; the others read what won
+//! and answer it: the same result again when they asked for the same thing, a conflict
+//! otherwise. Every answer rests on the stored state, never on the clock of one command
+//! compared with another's: the database's clock may go backwards between two commands
+//! (two routers, a failover), so a void is one write that cannot lose to the clock, and a
+//! capture that lost to it expires the hold before it answers `hold_expired`.
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
-use crate::store::StoreResult;
-use crate::store::transfers::{Mover, StepFields};
+use crate::store::transfers::{Mover, Settle, StepFields};
+use crate::store::{StoreError, StoreResult};
 
 /// Why a capture or a void cannot be made: the hold has gone another way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +66,7 @@ impl Bank {
             ..StepFields::default()
         };
         if !self
-            .settle_hold(&hold, TransferEvent::Void, true, fields)
+            .settle_hold(&hold, TransferEvent::Void, Settle::Expire, fields)
             .await?
         {
             return Ok(false);
@@ -100,20 +104,22 @@ impl Bank {
                         ..StepFields::default()
                     };
                     if self
-                        .settle_hold(&transfer, TransferEvent::Capture, false, fields)
+                        .settle_hold(&transfer, TransferEvent::Capture, Settle::Capture, fields)
                         .await?
                     {
                         self.run(transfer).await?
                     } else {
                         let now = self.reload(&transfer).await?;
                         if now.state == TransferState::Held {
-                            // Still held, so the capture lost to the clock, not to a rival.
-                            return Err(ServiceError::Hold {
-                                conflict: HoldConflict::Expired,
-                                hold: id,
-                            });
+                            // Still held, so the capture lost to the clock, not to a rival:
+                            // the hold has expired. It is expired here, so that the answer
+                            // is the stored state's; if the clock now says otherwise (it
+                            // went backwards), the next round captures again.
+                            self.expire(now).await?;
+                            self.reload(&transfer).await?
+                        } else {
+                            now
                         }
-                        now
                     }
                 }
                 TransferState::Capturing | TransferState::Done => {
@@ -137,7 +143,12 @@ impl Bank {
                 }
             };
         }
-        Ok(transfer)
+        // Only a hold that kept moving (or a clock that kept jumping) under the capture
+        // gets here: its answer would not be the stored state's.
+        Err(StoreError::Unavailable(
+            format!("capture of hold {id}: the hold kept moving under it").into(),
+        )
+        .into())
     }
 
     async fn void_admitted(&self, id: TransferId) -> ServiceResult<Transfer> {
@@ -167,32 +178,24 @@ impl Bank {
         }
     }
 
-    /// Voids a `held` hold (reason `voided`, or `expired` once past its `expiresAt`) and
-    /// releases it; if a capture won meanwhile, answers [`HoldConflict::AlreadyCaptured`].
+    /// Voids a `held` hold (reason `voided`, or `expired` once past its `expiresAt`, as
+    /// the write that settles it finds the clock) and releases it; if a capture won
+    /// meanwhile, answers [`HoldConflict::AlreadyCaptured`].
     pub(super) async fn void_held(&self, transfer: Transfer) -> ServiceResult<Transfer> {
         let id = transfer.id;
-        let mut transfer = transfer;
-        for expired in [false, true] {
-            let reason = if expired {
-                CancelReason::Expired
-            } else {
-                CancelReason::Voided
-            };
-            let fields = StepFields {
-                reason: Some(reason),
-                ..StepFields::default()
-            };
-            if self
-                .settle_hold(&transfer, TransferEvent::Void, expired, fields)
-                .await?
-            {
-                return Ok(self.run(transfer).await?);
-            }
-            transfer = self.reload(&transfer).await?;
-            if transfer.state != TransferState::Held {
-                break;
-            }
+        if self
+            .settle_hold(
+                &transfer,
+                TransferEvent::Void,
+                Settle::Void,
+                StepFields::default(),
+            )
+            .await?
+        {
+            return Ok(self.run(transfer).await?);
         }
+        // A void loses only to another settler: the hold is no longer `held`.
+        let transfer = self.reload(&transfer).await?;
         match transfer.state {
             TransferState::Capturing | TransferState::Done => Err(ServiceError::Hold {
                 conflict: HoldConflict::AlreadyCaptured,
@@ -202,19 +205,19 @@ impl Bank {
         }
     }
 
-    /// Takes `event` from `held` as whoever settles the hold ([`Mover::Settler`]),
-    /// before its expiry or, with `expired`, from then on. Whether this call made it.
+    /// Takes `event` from `held` as whoever settles the hold ([`Mover::Settler`]), as
+    /// `by` lets it by the database's clock. Whether this call made it.
     async fn settle_hold(
         &self,
         transfer: &Transfer,
         event: TransferEvent,
-        expired: bool,
+        by: Settle,
         fields: StepFields,
     ) -> StoreResult<bool> {
         let to = super::protocol::next_state(transfer, event);
         let by = Mover::Settler {
             owner: self.owner(),
-            expired,
+            by,
         };
         let moved = self
             .log(transfer)?

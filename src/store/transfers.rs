@@ -59,8 +59,9 @@ fn finished_states() -> Vec<&'static str> {
 /// - anyone, by [`Mover::Settler`], from `held` only (a capture, a void, an expiry): the
 ///   owner recorded `held` only once no copy of its reservations could land any more,
 ///   and sends nothing after it, so no write of an earlier actor is in flight. The state
-///   guard makes exactly one of them win; the server's clock separates a capture or void
-///   (before `expiresAt`) from an expiry (from `expiresAt` on).
+///   guard makes exactly one of them win; the server's clock, read where the write lands,
+///   lets a capture through only before `expiresAt` and an expiry only from then on, and
+///   decides whether a void is recorded `voided` or `expired` ([`Settle`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Mover<'a> {
     /// The owner (for an `initial` transfer: the instance that recorded it, or nobody yet).
@@ -70,9 +71,23 @@ pub enum Mover<'a> {
         owner: &'a str,
         fenced: Option<Fenced>,
     },
-    /// Whoever settles a `held` hold, becoming its owner: before its expiry (a capture or
-    /// a void), or once it has expired.
-    Settler { owner: &'a str, expired: bool },
+    /// Whoever settles a `held` hold, becoming its owner, as `by` says.
+    Settler { owner: &'a str, by: Settle },
+}
+
+/// How a `held` hold is settled, each decided by the server's clock where the write lands
+/// (`$$NOW`), in one write: of two commands, the second may read an earlier clock than
+/// the first (two routers of a sharded cluster, a failover to a primary whose clock is
+/// behind), so no answer may rest on a pair of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// `held -> capturing`, only before `expiresAt`.
+    Capture,
+    /// `held -> canceling`, whenever: reason `voided` before `expiresAt`, `expired` from
+    /// then on. Never loses to the clock.
+    Void,
+    /// `held -> canceling` with reason `expired`, only from `expiresAt` on.
+    Expire,
 }
 
 /// Proof that both accounts of a transfer refuse its forward steps (see
@@ -516,7 +531,7 @@ impl Store {
                 failpoint!(self, "before_force");
                 (owner, doc! { "_id": id, "state": from.as_str() })
             }
-            Mover::Settler { owner, expired } => {
+            Mover::Settler { owner, by } => {
                 assert_eq!(
                     from,
                     TransferState::Held,
@@ -526,7 +541,7 @@ impl Store {
                 let filter = doc! { "_id": id, "state": from.as_str() };
                 let mut set = doc! { "state": to.as_str(), "application": owner };
                 set.extend(step_fields(fields));
-                let update = settled_by_the_clock(set, expired, lease_start);
+                let update = settled_by_the_clock(set, by, self.settling_clock(), lease_start);
                 let result = self.transactions.update_one(filter, update).await?;
                 return Ok((result.modified_count == 1).then_some(lease_start.to_chrono()));
             }
@@ -563,22 +578,37 @@ fn step_fields(fields: StepFields) -> Document {
     set
 }
 
-/// The update of a settler's change (see [`Mover::Settler`]): `set` and the stamp, only
-/// if the hold's `expiresAt` is after the server's clock (`expired`: not after it), as an
-/// update pipeline that leaves the document unchanged otherwise, so that the write
-/// reports no change. The clock's test is made where the write lands (`$$NOW`), so a
-/// capture that reaches the server late is judged by the time it lands; it is in the
-/// pipeline rather than in the filter because SecantusDB scans the whole collection for
-/// a filter with `$expr` (5.6 ms against 0.6 ms at 20,000 transfers, measured), while
-/// the `_id` filter and the pipeline cost the same on MongoDB.
-fn settled_by_the_clock(set: Document, expired: bool, at: DateTime) -> Vec<Document> {
-    let expiry = if expired { "$lte" } else { "$gt" };
-    let decided = doc! { expiry: ["$expiresAt", "$$NOW"] };
+/// The update of a settler's change (see [`Mover::Settler`]): `set` and the stamp, as
+/// `by` decides by the server's clock `now` (`$$NOW`, one value for the whole command),
+/// as an update pipeline that leaves the document unchanged where it does not settle, so
+/// that the write reports no change; a void's reason is chosen there too. The clock's
+/// test is made where the write lands, so a capture that reaches the server late is
+/// judged by the time it lands; it is in the pipeline rather than in the filter because
+/// SecantusDB scans the whole collection for a filter with `$expr` (5.6 ms against 0.6 ms
+/// at 20,000 transfers, measured), while the `_id` filter and the pipeline cost the same
+/// on MongoDB.
+fn settled_by_the_clock(mut set: Document, by: Settle, now: Bson, at: DateTime) -> Vec<Document> {
+    let expired = doc! { "$lte": ["$expiresAt", now] };
+    let decided = match by {
+        Settle::Capture => doc! { "$not": [expired.clone()] },
+        Settle::Expire => expired.clone(),
+        Settle::Void => {
+            let (voided, expiry) = (CancelReason::Voided, CancelReason::Expired);
+            let reason = doc! { "$cond": [expired, expiry.as_str(), voided.as_str()] };
+            set.insert("reason", reason);
+            doc! { "$literal": true }
+        }
+    };
     let mut conditional: Document = set
         .into_iter()
         .map(|(field, value)| {
             let kept = Bson::String(format!("${field}"));
-            let value = doc! { "$cond": ["$_settles", { "$literal": value }, kept] };
+            // A computed value (the void's reason) is an expression; the others literals.
+            let value = match value {
+                Bson::Document(expression) => Bson::Document(expression),
+                literal => Bson::Document(doc! { "$literal": literal }),
+            };
+            let value = doc! { "$cond": ["$_settles", value, kept] };
             (field, Bson::Document(value))
         })
         .collect();
@@ -594,6 +624,16 @@ fn settled_by_the_clock(set: Document, expired: bool, at: DateTime) -> Vec<Docum
 }
 
 impl Store {
+    /// What a settler's write takes for the server's clock: `$$NOW`, where the write
+    /// lands; in the tests, the times set with `failpoints::set_clocks`, one per write.
+    fn settling_clock(&self) -> Bson {
+        #[cfg(feature = "failpoints")]
+        if let Some(at) = crate::failpoints::next_clock(self.instance_id()) {
+            return Bson::DateTime(DateTime::from_chrono(at));
+        }
+        Bson::String("$$NOW".into())
+    }
+
     /// Renews `owner`'s lease on a transfer still in `state`: a fresh `lastModified`.
     pub async fn renew_lease(
         &self,
