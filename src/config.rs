@@ -10,7 +10,7 @@
 //! carry their unit in the variable name (`_MS`) and become [`Duration`]s in
 //! [`Settings::from_args`], at the edge.
 
-use crate::domain::DeploymentName;
+use crate::domain::{ApiKeyId, DeploymentName};
 use crate::service::Strategy;
 use std::error::Error as _;
 use std::ffi::{OsStr, OsString};
@@ -179,15 +179,23 @@ pub enum Role {
 pub struct ApiKey {
     pub role: Role,
     pub sha256: [u8; 32],
+    /// Scopes the idempotency keys this API key sends; stored with them.
+    pub id: ApiKeyId,
 }
 
 impl ApiKey {
     pub fn new(role: Role, key: &str) -> ApiKey {
         use sha2::{Digest, Sha256};
-        ApiKey {
-            role,
-            sha256: Sha256::digest(key.as_bytes()).into(),
-        }
+        let sha256: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        // A digest of the digest under a label of its own, so that what is stored is
+        // not what authentication compares; 128 bits, so that two keys never share one.
+        let id = Sha256::new()
+            .chain_update(b"transfer-service api key id\0")
+            .chain_update(sha256)
+            .finalize();
+        let id = ApiKeyId::parse(&hex::encode(&id[..ApiKeyId::LEN / 2]))
+            .expect("16 bytes are 32 lowercase hexadecimal digits");
+        ApiKey { role, sha256, id }
     }
 }
 
@@ -196,6 +204,7 @@ impl std::fmt::Debug for ApiKey {
         f.debug_struct("ApiKey")
             .field("role", &self.role)
             .field("sha256", &"<redacted>")
+            .field("id", &self.id.as_str())
             .finish()
     }
 }
@@ -1002,6 +1011,19 @@ mod tests {
         );
         let debug = format!("{:?}", args(&["--api-keys", &format!("rw:{RW_KEY}")]));
         assert!(!debug.contains(RW_KEY), "{debug}");
+    }
+
+    /// An API key's id scopes the idempotency keys stored with it: a change of how it is
+    /// derived would make every retry of a request taken before it a new request.
+    #[test]
+    fn an_api_key_s_id_is_fixed_by_the_key_and_is_neither_the_key_nor_its_digest() {
+        let rw = ApiKey::new(Role::ReadWrite, RW_KEY);
+        assert_eq!(rw.id.as_str(), "159d9c9b27e891808bf706c97d704328");
+        // The role is no part of it: a key moved from ro to rw keeps its keys.
+        assert_eq!(ApiKey::new(Role::ReadOnly, RW_KEY).id, rw.id);
+        assert_ne!(ApiKey::new(Role::ReadWrite, RO_KEY).id, rw.id);
+        assert!(!hex::encode(rw.sha256).starts_with(rw.id.as_str()));
+        assert!(!format!("{rw:?}").contains(RW_KEY));
     }
 
     #[test]

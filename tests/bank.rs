@@ -2080,7 +2080,7 @@ fn check_requests(
     for t in transfers {
         if let Some(key) = &t.idempotency_key {
             recorded_keys
-                .entry((t.source_deployment.as_str(), key.as_str()))
+                .entry((t.source_deployment.as_str(), key.key.as_str()))
                 .or_default()
                 .push(t);
         }
@@ -2099,7 +2099,7 @@ fn check_requests(
                 "every transfer was asked for and matches its request",
                 request.is_some_and(|r| {
                     r.mismatch(t).is_none()
-                        && r.key.as_deref() == t.idempotency_key.as_ref().map(|k| k.as_str())
+                        && r.key.as_deref() == t.idempotency_key.as_ref().map(|k| k.key.as_str())
                 }),
                 || format!("{t:?} was asked for by {request:?}"),
             );
@@ -2163,7 +2163,8 @@ fn check_requests(
         checks.check(
             "a key is taken for a transfer of its own log that carries it",
             t.source_deployment.as_str() == record.deployment
-                && t.idempotency_key.as_ref().map(|k| k.as_str()) == Some(record.key.as_str()),
+                // No API keys here: every key is shared, stored as sent.
+                && t.idempotency_key.as_ref().map(|k| k.key.as_str()) == Some(record.key.as_str()),
             || {
                 format!(
                     "key {} taken in {} for {t:?}",

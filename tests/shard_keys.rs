@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use mongodb::bson::{Bson, Document};
 use support::{database_uris, fresh_database_name, values};
-use transfer_service::domain::{Amount, Currency, DeploymentName, IdempotencyKey, OpeningBalance};
+use transfer_service::domain::{
+    Amount, ApiKeyId, Currency, DeploymentName, IdempotencyKey, KeyScope, OpeningBalance, ScopedKey,
+};
 use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer};
 use transfer_service::store::Deployments;
 use transfer_service::store::testing::{Recorded, connect_recording};
@@ -128,17 +130,33 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         reference: None,
         hold: hold.then_some(Duration::from_secs(60)),
     };
-    let key = IdempotencyKey::parse("shape-1").unwrap();
-    for _ in 0..2 {
-        let made = bank
-            .transfer(
-                new("a", "b", 100, false),
-                Some(key.clone()),
-                Completion::Wait,
-            )
-            .await
-            .unwrap();
-        assert_eq!(made.transfer.state.as_str(), "done");
+    // Keyed: shared (no API keys); then of an API key, for the same request (it finds
+    // the shared key taken before and answers with its transfer) and for a new one.
+    let key = |raw: &str| IdempotencyKey::parse(raw).unwrap();
+    let api_key = KeyScope::ApiKey(ApiKeyId::parse(&"ab".repeat(16)).unwrap());
+    let keys = [
+        ScopedKey::shared(key("shape-1")),
+        ScopedKey {
+            scope: api_key.clone(),
+            key: key("shape-1"),
+        },
+        ScopedKey {
+            scope: api_key,
+            key: key("shape-2"),
+        },
+    ];
+    for key in keys {
+        for _ in 0..2 {
+            let made = bank
+                .transfer(
+                    new("a", "b", 100, false),
+                    Some(key.clone()),
+                    Completion::Wait,
+                )
+                .await
+                .unwrap();
+            assert_eq!(made.transfer.state.as_str(), "done");
+        }
     }
     bank.transfer(new("a", "c", 50, false), None, Completion::Wait)
         .await

@@ -5,6 +5,8 @@
 //! construction, so the layers above never re-check it:
 //! - [`AccountId`], [`Currency`], [`Amount`], [`OpeningBalance`], [`TransferId`],
 //!   [`IdempotencyKey`], [`Reference`] and [`AccountName`] are parsed once at the edge;
+//! - [`ScopedKey`] is an idempotency key in its [`KeyScope`]: shared, or the
+//!   [`ApiKeyId`] of the API key that sent it;
 //! - [`Transfer`] and [`Account`] are what the service reasons about, built from those
 //!   values; the store converts its documents to and from them;
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
@@ -17,6 +19,7 @@ mod values;
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
 pub use transfer::{Account, Hold, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
-    AccountId, AccountName, Amount, Currency, DeploymentName, HOLD_EXPIRY_MS, IdempotencyKey,
-    MAX_MONEY, OpeningBalance, ParseError, Reference, TransferId,
+    AccountId, AccountName, Amount, ApiKeyId, Currency, DeploymentName, HOLD_EXPIRY_MS,
+    IdempotencyKey, KeyScope, MAX_MONEY, OpeningBalance, ParseError, Reference, ScopedKey,
+    TransferId,
 };

@@ -3,8 +3,8 @@
 //! (`store::documents`); the HTTP layer builds its responses from them.
 
 use super::{
-    AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, IdempotencyKey,
-    Reference, TransferId, TransferState,
+    AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Reference, ScopedKey,
+    TransferId, TransferState,
 };
 
 /// A point in time. Every time that another instance compares with another is the
@@ -47,7 +47,8 @@ pub struct Transfer {
     /// Why it ended `canceled`.
     pub reason: Option<CancelReason>,
     pub reference: Option<Reference>,
-    pub idempotency_key: Option<IdempotencyKey>,
+    /// The idempotency key the transfer was requested with, in its scope.
+    pub idempotency_key: Option<ScopedKey>,
     /// A digest of the request that created the transfer, to tell a retry from a reuse of
     /// its idempotency key with another request.
     pub request_hash: Option<String>,

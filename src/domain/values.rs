@@ -194,6 +194,72 @@ impl IdempotencyKey {
     }
 }
 
+/// Which configured API key sent a request: 32 lowercase hexadecimal digits derived from
+/// the key (`config::ApiKey`), never the key itself, so that it may be stored and logged.
+/// A rotated key is another API key, with another id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ApiKeyId(String);
+
+impl ApiKeyId {
+    pub const LEN: usize = 32;
+
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        let lower_hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+        if raw.len() != Self::LEN || !raw.chars().all(lower_hex) {
+            return Err(refuse("must be 32 lowercase hexadecimal digits"));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ApiKeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whose idempotency keys a request's key is one of. Two requests are retries of one
+/// another only with the same key in the same scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyScope {
+    /// No `API_KEYS`: one scope for every caller, as every key was before keys were
+    /// scoped.
+    Shared,
+    /// The API key the request was authenticated with: no other API key can see or
+    /// block its keys.
+    ApiKey(ApiKeyId),
+}
+
+/// An idempotency key in its scope: what is unique, and what a retry is found by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScopedKey {
+    pub scope: KeyScope,
+    pub key: IdempotencyKey,
+}
+
+impl ScopedKey {
+    /// `key` in the shared scope (no `API_KEYS`).
+    pub fn shared(key: IdempotencyKey) -> ScopedKey {
+        ScopedKey {
+            scope: KeyScope::Shared,
+            key,
+        }
+    }
+
+    /// The same key in the shared scope, where a version that did not scope keys by API
+    /// key took it; `None` for a key that is shared already.
+    pub fn as_taken_before_scoping(&self) -> Option<ScopedKey> {
+        match self.scope {
+            KeyScope::Shared => None,
+            KeyScope::ApiKey(_) => Some(ScopedKey::shared(self.key.clone())),
+        }
+    }
+}
+
 /// The name of a MongoDB deployment the service keeps accounts on (`DEPLOYMENTS`): 1 to
 /// 32 characters from `a-z`, `0-9`, `_` and `-`. Accounts and transfer logs refer to it
 /// for ever, so a deployment keeps its name.
@@ -319,5 +385,13 @@ mod tests {
         assert!(IdempotencyKey::parse(&"k".repeat(256)).is_err());
         assert!(IdempotencyKey::parse("").is_err());
         assert!(IdempotencyKey::parse("has space").is_err());
+    }
+
+    #[test]
+    fn api_key_ids_are_32_lowercase_hex_digits() {
+        assert!(ApiKeyId::parse(&"0a".repeat(16)).is_ok());
+        for bad in ["", &"0a".repeat(15), &"0A".repeat(16), &"0g".repeat(16)] {
+            assert!(ApiKeyId::parse(bad).is_err(), "{bad:?} should be refused");
+        }
     }
 }

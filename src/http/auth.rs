@@ -8,6 +8,10 @@
 //! method (GET, HEAD, OPTIONS, TRACE) is 403 `forbidden`. Without `API_KEYS` the layer
 //! lets everything through and the header is ignored.
 //!
+//! The layer also says whose idempotency keys a request sends: it puts the request's
+//! [`KeyScope`] in its extensions, the id of the API key that authenticated it, or the
+//! shared scope without `API_KEYS`.
+//!
 //! The layer runs after routing, so it decides on the matched route template, never on
 //! the raw path: a path that only looks public (`/docs/../transfers`) matches no public
 //! route. A path that matches no route at all is 401 without a valid key and 404 with
@@ -32,7 +36,7 @@ use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-use subtle::{Choice, ConstantTimeEq};
+use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{
@@ -41,6 +45,7 @@ use utoipa::openapi::{
 
 use super::problem::ApiError;
 use crate::config::{ApiKey, Role};
+use crate::domain::KeyScope;
 
 /// The name of the security scheme in the OpenAPI document.
 pub const SCHEME: &str = "bearerAuth";
@@ -104,23 +109,22 @@ pub fn is_public(route: &str) -> bool {
         || route.starts_with("/docs/")
 }
 
-/// The role of the key presented, if it is one of `keys`. Compares the SHA-256 of the
+/// The configured key presented, if it is one of `keys`. Compares the SHA-256 of the
 /// presented key with every configured digest in constant time and visits all of them,
-/// so the time taken says nothing about which key, or how much of one, matched.
-pub fn authenticate(keys: &[ApiKey], presented: &str) -> Option<Role> {
+/// remembering the position of a match by a constant-time select, so the time taken says
+/// nothing about which key, or how much of one, matched. (`parse_api_keys` refuses a key
+/// listed twice: at most one matches.)
+pub fn authenticate<'k>(keys: &'k [ApiKey], presented: &str) -> Option<&'k ApiKey> {
     let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
     let mut matched = Choice::from(0);
-    let mut writer = Choice::from(0);
-    for key in keys {
+    let mut position = 0u64;
+    for (i, key) in (0u64..).zip(keys) {
         let same = key.sha256.ct_eq(&digest);
         matched |= same;
-        writer |= same & Choice::from(u8::from(key.role == Role::ReadWrite));
+        position.conditional_assign(&i, same);
     }
-    match (bool::from(matched), bool::from(writer)) {
-        (false, _) => None,
-        (true, true) => Some(Role::ReadWrite),
-        (true, false) => Some(Role::ReadOnly),
-    }
+    let position = usize::try_from(position).expect("a position in the list");
+    bool::from(matched).then(|| &keys[position])
 }
 
 /// The token of `Authorization: Bearer <token>`; the scheme is case-insensitive.
@@ -134,10 +138,11 @@ fn bearer_token(request: &Request) -> Option<&str> {
 /// The middleware; with no keys configured it lets everything through.
 pub async fn require_api_key(
     State(keys): State<Arc<[ApiKey]>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     if keys.is_empty() {
+        request.extensions_mut().insert(KeyScope::Shared);
         return next.run(request).await;
     }
     let route = request
@@ -151,15 +156,17 @@ pub async fn require_api_key(
         tracing::debug!("refused: no API key");
         return ApiError::Unauthorized.into_response();
     };
-    let Some(role) = authenticate(&keys, token) else {
+    let Some(key) = authenticate(&keys, token) else {
         tracing::info!("refused: unknown API key");
         return ApiError::Unauthorized.into_response();
     };
     // An unmatched path goes on to its 404 whatever the role.
-    if role == Role::ReadOnly && route.is_some() && !request.method().is_safe() {
+    if key.role == Role::ReadOnly && route.is_some() && !request.method().is_safe() {
         tracing::info!(method = %request.method(), "refused: read-only API key on a write");
         return ApiError::Forbidden.into_response();
     }
+    let scope = KeyScope::ApiKey(key.id.clone());
+    request.extensions_mut().insert(scope);
     next.run(request).await
 }
 
@@ -260,9 +267,13 @@ mod tests {
     }
 
     #[test]
-    fn a_configured_key_authenticates_with_its_role() {
-        assert_eq!(authenticate(&keys(), RW), Some(Role::ReadWrite));
-        assert_eq!(authenticate(&keys(), RO), Some(Role::ReadOnly));
+    fn a_configured_key_authenticates_as_itself_with_its_role() {
+        let keys = keys();
+        let rw = authenticate(&keys, RW).expect("the rw key");
+        let ro = authenticate(&keys, RO).expect("the ro key");
+        assert_eq!((rw, ro), (&keys[1], &keys[0]));
+        assert_eq!((rw.role, ro.role), (Role::ReadWrite, Role::ReadOnly));
+        assert_ne!(rw.id, ro.id);
     }
 
     #[test]

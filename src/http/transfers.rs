@@ -6,10 +6,10 @@
 //! canceled by request; 202 while it is still running (`Prefer: respond-async`, or a
 //! replay whose original has not finished).
 
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -19,8 +19,8 @@ use super::extract::{ApiJson, OptionalApiJson};
 use super::pagination::{Page, PageParams, page};
 use super::problem::{ApiError, Problem, field};
 use crate::domain::{
-    AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, Reference, Transfer,
-    TransferFilter, TransferId, TransferState,
+    AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, KeyScope, Reference,
+    ScopedKey, Transfer, TransferFilter, TransferId, TransferState,
 };
 use crate::service::{Completion, NewTransfer, TransferOutcome};
 
@@ -334,7 +334,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
     request_body = CreateTransferRequest,
     params(
         ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", example = "order-42",
-            description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money; the same key with another body is 422 `idempotency_key_reused`."),
+            description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money; the same key with another body is 422 `idempotency_key_reused`. With API keys, a key belongs to the API key that sent it: the same key from another API key is another request, so retry with the same API key."),
         ("Prefer" = Option<String>, Header, nullable = false, example = "respond-async",
             description = "RFC 7240 preferences; `respond-async` answers 202 at once while the transfer runs in the background. Others are ignored."),
     ),
@@ -360,6 +360,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
 )]
 pub async fn create_transfer(
     State(state): State<AppState>,
+    // Put there by `auth::require_api_key`: whose keys this request's key is among.
+    Extension(scope): Extension<KeyScope>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<CreateTransferRequest>,
 ) -> Result<Response, ApiError> {
@@ -377,7 +379,7 @@ pub async fn create_transfer(
             .map(|hold| hold_expiry(&hold, state.bank.default_hold_expiry()))
             .transpose()?,
     };
-    let key = idempotency_key(&headers)?;
+    let key = idempotency_key(&headers)?.map(|key| ScopedKey { scope, key });
     let background = wants_async(&headers);
     let completion = if background {
         Completion::Background

@@ -26,8 +26,8 @@ use crate::telemetry::Chain;
 
 use crate::domain::{
     Account, AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Hold,
-    IdempotencyKey, OpeningBalance, Reference, Timestamp, Transfer, TransferFilter, TransferId,
-    TransferState,
+    KeyScope, OpeningBalance, Reference, ScopedKey, Timestamp, Transfer, TransferFilter,
+    TransferId, TransferState,
 };
 use crate::store::accounts::Side;
 use crate::store::deployments::Reservation;
@@ -707,13 +707,14 @@ impl Bank {
     /// logs the transfer, whose unique `_id` lets exactly one request take it (see
     /// `Bank::take_key`).
     ///
-    /// A key is unique among the transfers logged on one deployment, that is among the
-    /// transfers out of its accounts: the same key with a source account on another
-    /// deployment is another request (see `docs/scaling.md`).
+    /// A key is unique within its scope (the API key that sent it, see [`KeyScope`]),
+    /// among the transfers logged on one deployment, that is among the transfers out of
+    /// its accounts: the same key from another API key, or with a source account on
+    /// another deployment, is another request (see `docs/scaling.md`).
     pub async fn transfer(
         &self,
         new: NewTransfer,
-        key: Option<IdempotencyKey>,
+        key: Option<ScopedKey>,
         completion: Completion,
     ) -> ServiceResult<TransferOutcome> {
         let permit = self.admit()?;
@@ -723,11 +724,7 @@ impl Bank {
         let id = match &key {
             None => crate::store::new_transfer_id(),
             Some(key) => match self.take_key(log, key, &fingerprint).await? {
-                Taken::New(id) => {
-                    failpoint!(self, "after_take_key");
-                    id
-                }
-                Taken::Unrecorded(id) => id,
+                Taken::New(id) | Taken::Unrecorded(id) => id,
                 Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
             },
         };
@@ -901,19 +898,37 @@ impl Bank {
     /// for the same request but with no transfer recorded yet (its request is between
     /// the two writes, or died there) is completed under the same id: the log's unique
     /// `_id` then lets exactly one of the two inserts win, and the loser replays.
+    ///
+    /// A key of an API key may have been taken before keys were scoped, as a shared key
+    /// ([`Bank::made_before_scoping`]): a retry of that request is answered with its
+    /// transfer, whichever way this request found its own key, and never records a new
+    /// one. Of two retries at once, the one that took the key may not have made its
+    /// record name the earlier transfer yet when the other reads it: the other then
+    /// finds a record naming nothing, and the earlier transfer decides for it too.
     async fn take_key(
         &self,
         log: &Store,
-        key: &IdempotencyKey,
+        key: &ScopedKey,
         fingerprint: &str,
     ) -> ServiceResult<Taken> {
-        // Taken first, read only if someone had it: a new key costs one write.
+        // Taken first, read only if someone had it: a new key costs one write (and, for a
+        // key of an API key, one read sent with it).
         let record = KeyRecord {
             transfer: crate::store::new_transfer_id(),
             request_hash: Some(fingerprint.to_owned()),
         };
-        let taken = match log.take_idempotency_key(key, &record).await {
-            Ok(()) => return Ok(Taken::New(record.transfer)),
+        let (took, earlier) = tokio::join!(
+            log.take_idempotency_key(key, &record),
+            self.made_before_scoping(log, key, fingerprint),
+        );
+        let taken = match took {
+            Ok(()) => {
+                failpoint!(self, "after_take_key");
+                return match earlier? {
+                    Some(earlier) => self.adopt(log, key, record.transfer, earlier).await,
+                    None => Ok(Taken::New(record.transfer)),
+                };
+            }
             Err(StoreError::DuplicateKey(_)) => read_majority(|| log.idempotency_record(key))
                 .await?
                 .ok_or_else(|| {
@@ -926,11 +941,18 @@ impl Bank {
         if let Some(existing) = read_majority(|| log.transfer(taken.transfer)).await? {
             return Ok(Taken::Replay(Box::new(existing)));
         }
-        // No transfer under the key's id. One recorded with this key by a version
-        // before `idempotencyKeys` may exist (a rolling upgrade): the record is made to
-        // name it, and it answers. Only here, off the hot path: on a sharded log this
-        // query goes to every shard.
-        if let Some(legacy) = log.transfer_by_idempotency_key(key).await? {
+        // No transfer under the key's id: the request that took it may be answering
+        // with one made before keys were scoped (above).
+        if let Some(earlier) = earlier? {
+            return self.adopt(log, key, taken.transfer, earlier).await;
+        }
+        // Or one recorded with this key by a version before `idempotencyKeys` may exist
+        // (a rolling upgrade): the record is made to name it, and it answers. Only here,
+        // off the hot path: on a sharded log this query goes to every shard. (No such
+        // version scoped keys: a key of an API key is looked for as it took it, above.)
+        if key.scope == KeyScope::Shared
+            && let Some(legacy) = log.transfer_by_idempotency_key(key).await?
+        {
             log.repair_idempotency_record(key, Some(taken.transfer), &legacy)
                 .await?;
             return Ok(Taken::Replay(Box::new(legacy)));
@@ -939,6 +961,53 @@ impl Bank {
             return Err(ServiceError::IdempotencyKeyReused);
         }
         Ok(Taken::Unrecorded(taken.transfer))
+    }
+
+    /// For a key of an API key: the transfer this very request made before keys were
+    /// scoped by API key, when the same key was taken in the shared scope (a version
+    /// that did not scope keys, or an instance without `API_KEYS`) for the same request
+    /// (its fingerprint). Such a transfer answers the request's retry.
+    ///
+    /// A shared key taken for another request is not this caller's concern: the
+    /// service cannot tell which API key took it (nothing recorded that), so it refuses
+    /// no one. A shared key whose request never recorded its transfer moved no money:
+    /// the retry makes it. One read by `_id` when no shared key was taken, the common
+    /// case; none for a shared key.
+    async fn made_before_scoping(
+        &self,
+        log: &Store,
+        key: &ScopedKey,
+        fingerprint: &str,
+    ) -> ServiceResult<Option<Transfer>> {
+        let Some(shared) = key.as_taken_before_scoping() else {
+            return Ok(None);
+        };
+        // Taken before this version ran, long majority-committed: one read decides.
+        let Some(record) = log.idempotency_record(&shared).await? else {
+            return Ok(None);
+        };
+        let earlier = match log.transfer(record.transfer).await? {
+            Some(earlier) => Some(earlier),
+            // Recorded by a version before `idempotencyKeys`, after migration 0006
+            // copied the keys: it carries the key itself.
+            None => log.transfer_by_idempotency_key(&shared).await?,
+        };
+        Ok(earlier.filter(|t| t.request_hash.as_deref() == Some(fingerprint)))
+    }
+
+    /// Makes the record of `key`, taken for transfer `taken` (never to be recorded now),
+    /// name `earlier`, the transfer the same request made before keys were scoped, so
+    /// that later retries find it directly; `earlier` answers.
+    async fn adopt(
+        &self,
+        log: &Store,
+        key: &ScopedKey,
+        taken: TransferId,
+        earlier: Transfer,
+    ) -> ServiceResult<Taken> {
+        log.repair_idempotency_record(key, Some(taken), &earlier)
+            .await?;
+        Ok(Taken::Replay(Box::new(earlier)))
     }
 
     /// Checks what the stored accounts must agree to; returns where the transfer goes.

@@ -1,7 +1,8 @@
 //! The stored shapes of `accounts` and `transactions`, named as in the MongoDB tutorial
 //! so that anyone who read it recognises them, and their conversions to and from the
-//! domain's [`Transfer`] and [`Account`]. These are storage types and never leave the
-//! store: the schema and the domain (and the API built on it) change independently.
+//! domain's [`Transfer`] and [`Account`]; and the stored form of an idempotency key in
+//! its scope ([`stored_key`]). These are storage types and never leave the store: the
+//! schema and the domain (and the API built on it) change independently.
 
 use mongodb::bson::DateTime;
 use mongodb::bson::oid::ObjectId;
@@ -9,9 +10,33 @@ use serde::{Deserialize, Serialize};
 
 use super::{StoreError, StoreResult};
 use crate::domain::{
-    Account, AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Hold,
-    IdempotencyKey, ParseError, Reference, Timestamp, Transfer, TransferId, TransferState,
+    Account, AccountId, AccountName, Amount, ApiKeyId, CancelReason, Currency, DeploymentName,
+    Hold, IdempotencyKey, KeyScope, ParseError, Reference, ScopedKey, Timestamp, Transfer,
+    TransferId, TransferState,
 };
+
+/// How an idempotency key is stored: the `_id` of its `idempotencyKeys` record and the
+/// `idempotencyKey` of its transfer. A shared key is stored as sent, as every key was
+/// before keys were scoped by API key (so nothing changes without `API_KEYS`); a key of
+/// an API key as `<api key id> <key>`. A key is visible ASCII and never holds a space,
+/// so the scoped form never equals a shared key, and splits back at its space.
+pub fn stored_key(key: &ScopedKey) -> String {
+    match &key.scope {
+        KeyScope::Shared => key.key.as_str().to_owned(),
+        KeyScope::ApiKey(id) => format!("{id} {}", key.key.as_str()),
+    }
+}
+
+/// The key a [`stored_key`] form stands for.
+pub fn scoped_key(stored: &str) -> Result<ScopedKey, ParseError> {
+    Ok(match stored.split_once(' ') {
+        None => ScopedKey::shared(IdempotencyKey::parse(stored)?),
+        Some((id, key)) => ScopedKey {
+            scope: KeyScope::ApiKey(ApiKeyId::parse(id)?),
+            key: IdempotencyKey::parse(key)?,
+        },
+    })
+}
 
 /// A document of `accounts`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -147,7 +172,7 @@ impl From<&Transfer> for TransferDoc {
             application: t.owner.clone(),
             reason: t.reason,
             reference: t.reference.as_ref().map(|r| r.as_str().to_owned()),
-            idempotency_key: t.idempotency_key.as_ref().map(|k| k.as_str().to_owned()),
+            idempotency_key: t.idempotency_key.as_ref().map(stored_key),
             request_hash: t.request_hash.clone(),
             reverses: t.reverses.map(object_id),
             reversed_by: t.reversed_by.map(object_id),
@@ -211,7 +236,7 @@ impl Stored for TransferDoc {
             idempotency_key: d
                 .idempotency_key
                 .as_deref()
-                .map(IdempotencyKey::parse)
+                .map(scoped_key)
                 .transpose()
                 .map_err(|e| bad("idempotencyKey", e))?,
             request_hash: d.request_hash,
@@ -304,7 +329,7 @@ mod tests {
         );
         transfer.owner = Some("instance/1".into());
         transfer.reference = Some(Reference::parse("invoice 7").unwrap());
-        transfer.idempotency_key = Some(IdempotencyKey::parse("k-1").unwrap());
+        transfer.idempotency_key = Some(ScopedKey::shared(IdempotencyKey::parse("k-1").unwrap()));
         transfer.reversed_by = Some(new_transfer_id());
         transfer.reason = Some(CancelReason::InsufficientFunds);
         transfer.fenced = true;
@@ -323,6 +348,32 @@ mod tests {
         let stored = TransferDoc::from(&across);
         assert_eq!(stored.destination_deployment.as_deref(), Some("default"));
         assert_eq!(stored.into_domain(&eu).unwrap(), across);
+    }
+
+    #[test]
+    fn a_key_is_stored_as_sent_when_shared_and_after_its_api_key_id_otherwise() {
+        let key = IdempotencyKey::parse("order:42/a").unwrap();
+        let shared = ScopedKey::shared(key.clone());
+        let id = ApiKeyId::parse(&"5e".repeat(16)).unwrap();
+        let scoped = ScopedKey {
+            scope: KeyScope::ApiKey(id),
+            key,
+        };
+        assert_eq!(stored_key(&shared), "order:42/a");
+        assert_eq!(
+            stored_key(&scoped),
+            format!("{} order:42/a", "5e".repeat(16))
+        );
+        for k in [shared, scoped] {
+            assert_eq!(scoped_key(&stored_key(&k)).unwrap(), k);
+        }
+        // A shared key may look like an id: only the space makes a form scoped.
+        let hex = "5e".repeat(16);
+        assert_eq!(
+            scoped_key(&hex).unwrap(),
+            ScopedKey::shared(IdempotencyKey::parse(&hex).unwrap())
+        );
+        assert!(scoped_key("not-an-id order-1").is_err());
     }
 
     #[test]

@@ -207,8 +207,8 @@ pub struct Store {
     db: Database,
     accounts: Collection<AccountDoc>,
     transactions: Collection<TransferDoc>,
-    /// `idempotencyKeys`: one document per key, `_id` the key, naming the transfer it
-    /// made. Its own `_id` makes a key unique, so the guarantee holds when `transactions`
+    /// `idempotencyKeys`: one document per key, `_id` the key in its scope
+    /// (`documents::stored_key`), naming the transfer it made. Its own `_id` makes a key unique, so the guarantee holds when `transactions`
     /// is sharded (a unique index there must start with the shard key).
     keys: Collection<Document>,
     /// `accountDirectory`: every account id and its deployment (see [`deployments`]);

@@ -12,12 +12,12 @@ use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::accounts::Fence;
 use super::batch::Transition;
-use super::documents::{Stored, domain, object_id, stored_time, transfer_id};
+use super::documents::{Stored, domain, object_id, stored_key, stored_time, transfer_id};
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreError, StoreResult, TransferDoc};
 use crate::domain::{
-    AccountId, Amount, CancelReason, IdempotencyKey, Timestamp, Transfer, TransferFilter,
-    TransferId, TransferState,
+    AccountId, Amount, CancelReason, ScopedKey, Timestamp, Transfer, TransferFilter, TransferId,
+    TransferState,
 };
 
 /// The states the sweeper looks for.
@@ -151,28 +151,30 @@ impl Store {
         self.find_transfer(doc! { "_id": object_id(id) }).await
     }
 
+    /// The transfer that carries idempotency key `key` (a transfer recorded by a version
+    /// before `idempotencyKeys` has no record). Not by `_id`: on a sharded log this
+    /// query goes to every shard, so it is only for rare paths.
     pub async fn transfer_by_idempotency_key(
         &self,
-        key: &IdempotencyKey,
+        key: &ScopedKey,
     ) -> StoreResult<Option<Transfer>> {
-        self.find_transfer(doc! { "idempotencyKey": key.as_str() })
+        self.find_transfer(doc! { "idempotencyKey": stored_key(key) })
             .await
     }
 
     /// The record of idempotency key `key` on this deployment: the transfer it made and
     /// the digest of the request that made it.
-    pub async fn idempotency_record(&self, key: &IdempotencyKey) -> StoreResult<Option<KeyRecord>> {
+    pub async fn idempotency_record(&self, key: &ScopedKey) -> StoreResult<Option<KeyRecord>> {
+        let id = stored_key(key);
         let found = self
             .keys
-            .find_one(doc! { "_id": key.as_str() })
+            .find_one(doc! { "_id": &id })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
         let Some(found) = found else {
             return Ok(None);
         };
-        let bad = |why: String| {
-            StoreError::Other(format!("idempotency key {}: {why}", key.as_str()).into())
-        };
+        let bad = |why: String| StoreError::Other(format!("idempotency key {id}: {why}").into());
         Ok(Some(KeyRecord {
             transfer: transfer_id(
                 found
@@ -188,11 +190,11 @@ impl Store {
     /// concurrent requests with one key gets it.
     pub async fn take_idempotency_key(
         &self,
-        key: &IdempotencyKey,
+        key: &ScopedKey,
         record: &KeyRecord,
     ) -> StoreResult<()> {
         let mut entry = doc! {
-            "_id": key.as_str(),
+            "_id": stored_key(key),
             "transfer": object_id(record.transfer),
             "at": DateTime::now(),
         };
@@ -204,16 +206,18 @@ impl Store {
         Ok(())
     }
 
-    /// Makes the record of `key` name `actual`, a transfer recorded with the key by a
-    /// version before `idempotencyKeys`, where it names `stale` (a transfer that will
-    /// never exist: its insert was refused for the key), or where there is none.
+    /// Makes the record of `key` name `actual`, a transfer recorded with the key earlier
+    /// (by a version before `idempotencyKeys`, or before keys were scoped by API key),
+    /// where it names `stale` (a transfer that will never be recorded: the request that
+    /// took the key answers with `actual` instead), or where there is none.
     pub async fn repair_idempotency_record(
         &self,
-        key: &IdempotencyKey,
+        key: &ScopedKey,
         stale: Option<TransferId>,
         actual: &Transfer,
     ) -> StoreResult<()> {
-        let mut filter = doc! { "_id": key.as_str() };
+        let id = stored_key(key);
+        let mut filter = doc! { "_id": &id };
         if let Some(stale) = stale {
             filter.insert("transfer", object_id(stale));
         }
@@ -229,7 +233,7 @@ impl Store {
             )
             .upsert(stale.is_none())
             .await?;
-        tracing::warn!(key = key.as_str(), transfer_id = %actual.id, "idempotency key record repaired to name a transfer recorded before idempotencyKeys");
+        tracing::info!(key = %id, transfer_id = %actual.id, "idempotency key record made to name the transfer recorded with the key earlier");
         Ok(())
     }
 

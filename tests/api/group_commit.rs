@@ -3,7 +3,7 @@
 //! have had. These call the batch writers directly with hand-made batches.
 
 use mongodb::bson::{DateTime, Document, doc};
-use transfer_service::domain::{IdempotencyKey, Transfer, TransferId, TransferState};
+use transfer_service::domain::{IdempotencyKey, ScopedKey, Transfer, TransferId, TransferState};
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::{
     AccountChange, Pull, TransferDoc, Transition, change_accounts, insert_transfers, object_id,
@@ -193,7 +193,7 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
 async fn a_taken_idempotency_key_fails_only_its_own_insert() {
     let app = spawn_app().await;
     let keyed = |key: &str| Transfer {
-        idempotency_key: Some(IdempotencyKey::parse(key).unwrap()),
+        idempotency_key: Some(ScopedKey::shared(IdempotencyKey::parse(key).unwrap())),
         ..initial("a", "b", 1)
     };
     let first = keyed("k1");
