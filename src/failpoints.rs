@@ -1,4 +1,6 @@
-//! Fault injection for the recovery tests, compiled only with the `failpoints` feature.
+//! Fault injection for the recovery tests, compiled only with the `failpoints` feature,
+//! which every test, example and bench build turns on (the package's dev-dependency on
+//! itself, Cargo.toml) and `cargo build` never does.
 //! Each step of the protocol calls [`hit`] right after it completes: `after_insert`,
 //! `after_pending`, `after_debit`, `after_credit`, `after_applied`, `after_pull` (both
 //! markers, one write), `after_canceling`, `after_undo_destination`, `after_undo_source`;

@@ -111,14 +111,12 @@ async fn an_instance_whose_clock_runs_five_seconds_behind_finishes_its_transfers
 
 /// How long a takeover may take once the crashed owner is gone: a lease, a few sweeps and
 /// slack for a loaded machine; far less than the skews below.
-#[cfg(feature = "failpoints")]
 const TAKEOVER_LIMIT: Duration = Duration::from_secs(8);
 
 /// An instance with its clock `offset_secs` off crashes at `step` during a transfer of 200
 /// from a (500) to b (0); an instance with a true clock must then finish it, `done`,
 /// within [`TAKEOVER_LIMIT`] of the crash, with a debited and b credited exactly once and
 /// no marker left.
-#[cfg(feature = "failpoints")]
 async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str) {
     const LEASE_MS: u64 = 1000;
     let amount = 200;
@@ -183,7 +181,6 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str
 
 /// Invariant: a crashed owner whose clock runs ahead holds its transfers no longer than a
 /// lease by the database's clock; its clock does not push the takeover 30 s out.
-#[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn an_instance_whose_clock_runs_ahead_does_not_delay_a_takeover() {
     a_correct_instance_takes_over_in_time_from(30, "after_debit").await;
@@ -191,7 +188,6 @@ async fn an_instance_whose_clock_runs_ahead_does_not_delay_a_takeover() {
 
 /// Invariant: a crashed owner whose clock runs far behind is taken over within a lease,
 /// and the takeover finishes what it left without debiting or crediting anyone twice.
-#[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_twice() {
     a_correct_instance_takes_over_in_time_from(-30, "after_credit").await;
@@ -200,7 +196,6 @@ async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_tw
 /// The same for a transfer the instance had only recorded when it crashed: the record's
 /// first stamp is the database's time too, not the instance's (found by cargo mutants:
 /// stamping the insert with the caller's clock survived the other tests).
-#[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken_over_in_time() {
     a_correct_instance_takes_over_in_time_from(30, "after_insert").await;

@@ -4,8 +4,6 @@
 //! on. The invariant every test ends on: money moved exactly once or not at all, never
 //! on one account only, and no `pendingTransactions` entry is left.
 
-#![cfg(feature = "failpoints")]
-
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
