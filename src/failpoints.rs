@@ -1,4 +1,6 @@
-//! Fault injection for the recovery tests, compiled only with the `failpoints` feature.
+//! Fault injection for the recovery tests, compiled only with the `failpoints` feature,
+//! which every test, example and bench build turns on (the package's dev-dependency on
+//! itself, Cargo.toml) and `cargo build` never does.
 //! Each step of the protocol calls [`hit`] right after it completes: `after_insert`,
 //! `after_pending`, `after_debit`, `after_credit`, `after_applied`, `after_pull` (both
 //! markers, one write), `after_canceling`, `after_undo_destination`, `after_undo_source`;
@@ -33,6 +35,10 @@
 //! - Clocks: [`set_clocks`] makes the next settling writes of a hold (capture, void,
 //!   expiry) of an instance judge it by the given times, one per write, instead of the
 //!   server's `$$NOW`: a clock that goes backwards between two commands.
+//! - Lagging reads: [`lag_reads`] makes the next reads of the transfer log by an
+//!   instance (a transfer or an idempotency key's record, by id) find nothing, as a read
+//!   with majority read concern does while what it looks for is on the primary but not
+//!   yet on a majority (a single-node server never lags so).
 //! - Scheduler: [`install_hook`] routes every point of one instance to a [`Hook`], which
 //!   decides when that instance may go on (`tests/explorer.rs` runs several instances
 //!   cooperatively, one at a time, in an order it chooses, to explore interleavings).
@@ -318,4 +324,33 @@ pub fn next_clock(instance: &str) -> Option<chrono::DateTime<chrono::Utc>> {
         .expect("clocks")
         .get_mut(instance)?
         .pop_front()
+}
+
+/// Instances whose next reads of the log find nothing, and how many ([`lag_reads`]).
+fn lagging_reads() -> &'static Mutex<HashMap<String, usize>> {
+    static LAGGING: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+    LAGGING.get_or_init(Default::default)
+}
+
+/// Makes the next `reads` reads of the transfer log by `instance` (a transfer or an
+/// idempotency key's record, by id) find nothing, as a majority read that lags behind
+/// the primary would (see the module's doc); 0 ends a lag armed before.
+pub fn lag_reads(instance: &str, reads: usize) {
+    lagging_reads()
+        .lock()
+        .expect("lagging reads")
+        .insert(instance.to_owned(), reads);
+}
+
+/// Called by the store before it reads the log by id: whether this read lags (once per
+/// read armed by [`lag_reads`]).
+pub fn read_lags(instance: &str) -> bool {
+    let mut lagging = lagging_reads().lock().expect("lagging reads");
+    match lagging.get_mut(instance) {
+        Some(left) if *left > 0 => {
+            *left -= 1;
+            true
+        }
+        _ => false,
+    }
 }

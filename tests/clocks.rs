@@ -3,7 +3,9 @@
 //! unsafe, and does not hold up anyone else. With several deployments, each has its own
 //! clock: a transfer's lease is judged by its log's, and its steps on another deployment
 //! carry the deadline over to that one's clock, so a deployment whose clock is off is
-//! neither stuck nor unsafe either (the last tests, with a daemon under libfaketime).
+//! neither stuck nor unsafe either (the last tests, with a daemon under libfaketime),
+//! nor is one whose clock is set back between two readings of it (the daemon's clock
+//! stepped while it runs, through libfaketime's `FAKETIME_TIMESTAMP_FILE`).
 //!
 //! Each skewed instance is a separate process of the service binary run under
 //! libfaketime (`LD_PRELOAD`, `FAKETIME=±Ns`), with its monotonic clock left alone; the
@@ -11,13 +13,16 @@
 //! `faketime` provides the library (`scripts/test.sh` installs it); without it these tests
 //! fail, they are never skipped.
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::process::{Instance, InstanceConfig, clock_offset, faketime_env};
+use support::process::{Instance, InstanceConfig, clock_offset, faketime_env, libfaketime};
+use support::values::{account, amount};
 use support::{database_uri, fresh_database_name};
-use transfer_service::domain::TransferState;
-use transfer_service::store::Store;
+use transfer_service::domain::{Account, Currency, DeploymentName, TransferState, now};
+use transfer_service::store::accounts::Forward;
+use transfer_service::store::{Store, new_transfer_id};
 
 /// An instance whose wall clock is `offset_secs` seconds off the real (and the
 /// database's) clock; 0 for a correct clock.
@@ -111,14 +116,12 @@ async fn an_instance_whose_clock_runs_five_seconds_behind_finishes_its_transfers
 
 /// How long a takeover may take once the crashed owner is gone: a lease, a few sweeps and
 /// slack for a loaded machine; far less than the skews below.
-#[cfg(feature = "failpoints")]
 const TAKEOVER_LIMIT: Duration = Duration::from_secs(8);
 
 /// An instance with its clock `offset_secs` off crashes at `step` during a transfer of 200
 /// from a (500) to b (0); an instance with a true clock must then finish it, `done`,
 /// within [`TAKEOVER_LIMIT`] of the crash, with a debited and b credited exactly once and
 /// no marker left.
-#[cfg(feature = "failpoints")]
 async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str) {
     const LEASE_MS: u64 = 1000;
     let amount = 200;
@@ -183,7 +186,6 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str
 
 /// Invariant: a crashed owner whose clock runs ahead holds its transfers no longer than a
 /// lease by the database's clock; its clock does not push the takeover 30 s out.
-#[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn an_instance_whose_clock_runs_ahead_does_not_delay_a_takeover() {
     a_correct_instance_takes_over_in_time_from(30, "after_debit").await;
@@ -191,7 +193,6 @@ async fn an_instance_whose_clock_runs_ahead_does_not_delay_a_takeover() {
 
 /// Invariant: a crashed owner whose clock runs far behind is taken over within a lease,
 /// and the takeover finishes what it left without debiting or crediting anyone twice.
-#[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_twice() {
     a_correct_instance_takes_over_in_time_from(-30, "after_credit").await;
@@ -200,7 +201,6 @@ async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_tw
 /// The same for a transfer the instance had only recorded when it crashed: the record's
 /// first stamp is the database's time too, not the instance's (found by cargo mutants:
 /// stamping the insert with the caller's clock survived the other tests).
-#[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken_over_in_time() {
     a_correct_instance_takes_over_in_time_from(30, "after_insert").await;
@@ -286,4 +286,122 @@ async fn transfers_across_to_a_deployment_whose_clock_runs_30s_ahead_are_done() 
 #[tokio::test]
 async fn transfers_across_to_a_deployment_whose_clock_runs_30s_behind_are_done() {
     transfers_both_ways_with_a_skewed_deployment(-30).await;
+}
+
+/// The environment that runs a daemon under libfaketime with its wall clock off by what
+/// `file` says (`+0s`, `-2s`), read again at every reading of the clock, so that a test
+/// can step the clock of a running daemon (as NTP, or a failover to a member whose clock
+/// differs, would); its monotonic clock left alone.
+fn steppable_clock_env(file: &Path) -> Vec<(String, String)> {
+    vec![
+        (
+            "LD_PRELOAD".to_owned(),
+            libfaketime().to_string_lossy().into_owned(),
+        ),
+        (
+            "FAKETIME_TIMESTAMP_FILE".to_owned(),
+            file.to_string_lossy().into_owned(),
+        ),
+        ("FAKETIME_NO_CACHE".to_owned(), "1".to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+    ]
+}
+
+/// Invariant: a step carried over to another deployment's clock (`Store::deadline_on`)
+/// does not land after the lease it was sent under has ended, even when that clock was
+/// set back after this process last read it (the reading is kept for up to
+/// `clock::MAX_READING_AGE`), as long as the jump is within the allowance: the carried
+/// deadline is taken that much earlier. Here the account's deployment, a daemon of this
+/// test, has its clock set back 2 s between the reading and the carry-over (allowance
+/// 3 s); a credit sent just after the lease ended, by the log's clock, must be refused.
+/// Carried over as the stale reading says, it would land for 2 s more.
+#[tokio::test]
+async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once_its_lease_ended() {
+    const SET_BACK_MS: i64 = 2_000;
+    let allowance = Duration::from_secs(3);
+    let folder = tempfile::tempdir().unwrap();
+    let offset_file = folder.path().join("faketime");
+    std::fs::write(&offset_file, "+0s").unwrap();
+    let storage = folder.path().join("data");
+    std::fs::create_dir(&storage).unwrap();
+    let daemon = support::Daemon::start_with_env(storage, 0, &steppable_clock_env(&offset_file));
+    let database = fresh_database_name();
+    let connect = |name: &str, uri: &str| {
+        let (name, uri, database) = (name.to_owned(), uri.to_owned(), database.clone());
+        async move {
+            Store::connect_with(DeploymentName::parse(&name).unwrap(), &uri, &database, 2)
+                .await
+                .unwrap()
+        }
+    };
+    let log = connect("real", &database_uri()).await;
+    let there = connect("stepped", &daemon.uri).await;
+    let bob = account("bob");
+    there
+        .insert_account(&Account {
+            id: bob.clone(),
+            deployment: there.deployment().clone(),
+            name: None,
+            balance: 0,
+            pending_debits: 0,
+            pending_credits: 0,
+            currency: Currency::usd(),
+            pending_transactions: Vec::new(),
+            fenced_transactions: Vec::new(),
+            created_at: now(),
+            updated_at: now(),
+        })
+        .await
+        .unwrap();
+
+    // Both clocks read: the readings the carry-over below goes by.
+    let started = Instant::now();
+    let at = log.server_time_lower_bound().await.unwrap();
+    log.deadline_on(at, &there, allowance).await.unwrap();
+    // The daemon's clock is set back; a handle of its own sees it, while `there` keeps
+    // its reading from before.
+    std::fs::write(&offset_file, format!("-{}s", SET_BACK_MS / 1000)).unwrap();
+    let watcher = Store::connect(&daemon.uri, "admin").await.unwrap();
+    loop {
+        let off = (watcher.server_time().await.unwrap() - chrono::Utc::now()).num_milliseconds();
+        if off <= -SET_BACK_MS + 500 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the daemon's clock was not set back: {off:+} ms off"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A lease that ends a second from now by the log's clock, carried over.
+    let deadline = log.server_time_lower_bound().await.unwrap() + chrono::TimeDelta::seconds(1);
+    let carried = log.deadline_on(deadline, &there, allowance).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the carry-over must go by the readings from before the step (fresh for 5 s)"
+    );
+    // The lease ends, by the log's clock.
+    while log.server_time().await.unwrap() <= deadline + chrono::TimeDelta::milliseconds(100) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let step = there
+        .forward(
+            Forward::Credit,
+            &bob,
+            new_transfer_id(),
+            amount(100),
+            carried,
+        )
+        .await
+        .unwrap();
+    let stored = there.account(&bob).await.unwrap().unwrap();
+    assert!(
+        !step.applied,
+        "a credit sent after its lease ended landed (lease until {deadline} on the log's \
+         clock, carried over as {carried}): {stored:?}"
+    );
+    assert_eq!(stored.balance, 0, "{stored:?}");
+    assert!(stored.pending_transactions.is_empty(), "{stored:?}");
 }

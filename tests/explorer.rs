@@ -66,8 +66,6 @@
 //! (default: none); `EXPLORE_SCHEDULES` the random ones (default 300); `EXPLORE_WORKERS`
 //! the concurrent databases (default 6); `EXPLORE_POINTS=all` parks after steps too.
 
-#![cfg(feature = "failpoints")]
-
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

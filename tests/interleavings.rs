@@ -4,8 +4,6 @@
 //! on. The invariant every test ends on: money moved exactly once or not at all, never
 //! on one account only, and no `pendingTransactions` entry is left.
 
-#![cfg(feature = "failpoints")]
-
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -1792,5 +1790,48 @@ async fn a_capture_answers_hold_expired_only_when_the_hold_is_stored_expired() {
     assert_eq!(void_status, 409, "{void}");
     assert_eq!(void["code"], json!("hold_already_captured"), "{void}");
     assert_eq!(stored.state, TransferState::Done);
+    assert_balances_and_no_markers(&app, 700, 300).await;
+}
+
+/// A request with a key already taken reads the key's record and its transfer with
+/// majority read concern, and on a replica set such a read may lag behind the primary
+/// that refused the key: it must not believe a "not there" at once. A lag of a few reads
+/// is retried through, and the retry is answered as the replay it is (not 503, not a
+/// second transfer); a lag that outlasts the retries is answered 503, retryable, with
+/// nothing moved twice. (The lag is a failpoint: a single-node server never lags.)
+#[tokio::test]
+async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_as_a_replay() {
+    let app = spawn_app_with(|_| {}).await;
+    open_alice_and_bob(&app).await;
+    let (status, first) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
+    assert_eq!(
+        (status, first["state"].as_str()),
+        (201, Some("done")),
+        "{first}"
+    );
+
+    failpoints::lag_reads(&app.instance_id, 2);
+    let (status, replayed) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
+    assert_eq!(
+        status, 201,
+        "a replay read through a lag of two reads: {replayed}"
+    );
+    assert_eq!(replayed["id"], first["id"], "{replayed}");
+
+    failpoints::lag_reads(&app.instance_id, 1_000);
+    let (status, unavailable) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
+    failpoints::lag_reads(&app.instance_id, 0);
+    assert_eq!(
+        (status, unavailable["code"].as_str()),
+        (503, Some("database_unavailable")),
+        "a record no read sees: {unavailable}"
+    );
+
+    let all = app
+        .store
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
     assert_balances_and_no_markers(&app, 700, 300).await;
 }

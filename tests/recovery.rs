@@ -8,8 +8,6 @@
 //! transfer is logged where the sweeper must look beyond the first deployment, and each
 //! side's steps go to their own server.
 
-#![cfg(feature = "failpoints")]
-
 use std::time::{Duration, Instant};
 
 use serde_json::json;

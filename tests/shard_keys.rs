@@ -6,8 +6,6 @@
 //! them makes transfers (within and across deployments, keyed and replayed), holds that
 //! are captured and voided, a reversal, and a cancel's fences, and checks each one.
 
-#![cfg(feature = "failpoints")]
-
 use std::time::Duration;
 
 use mongodb::bson::{Bson, Document};

@@ -148,6 +148,10 @@ impl Store {
     }
 
     pub async fn transfer(&self, id: TransferId) -> StoreResult<Option<Transfer>> {
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::read_lags(self.instance_id()) {
+            return Ok(None);
+        }
         self.find_transfer(doc! { "_id": object_id(id) }).await
     }
 
@@ -165,6 +169,10 @@ impl Store {
     /// The record of idempotency key `key` on this deployment: the transfer it made and
     /// the digest of the request that made it.
     pub async fn idempotency_record(&self, key: &ScopedKey) -> StoreResult<Option<KeyRecord>> {
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::read_lags(self.instance_id()) {
+            return Ok(None);
+        }
         let id = stored_key(key);
         let found = self
             .keys

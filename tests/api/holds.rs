@@ -509,3 +509,51 @@ async fn reads_show_an_expired_hold_as_expired_before_the_sweeper_comes() {
         .expect("the hold is in the history");
     assert_eq!(expired["reason"], "expired", "{expired}");
 }
+
+/// Invariant: `balance + pendingCredits` never passes `MAX_MONEY`, so that every hold
+/// into an account can be captured in full: money held for an account counts against
+/// its largest balance. With a hold of 100 into an account 100 short of the largest
+/// balance, a credit of 1 and another hold of 1 into it are refused as an overflow (the
+/// balance alone would still have room), and the hold is then captured in full.
+#[tokio::test]
+async fn money_held_for_an_account_counts_against_its_largest_balance() {
+    const MAX_MONEY: i64 = transfer_service::domain::MAX_MONEY;
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("full", MAX_MONEY - 100).await;
+    let (status, first) = hold(&app, "alice", "full", 100, json!({ "expiresInMs": 60_000 })).await;
+    assert_eq!(
+        (status, first["state"].as_str()),
+        (201, Some("held")),
+        "{first}"
+    );
+    assert_eq!(
+        amounts(&app, "full").await,
+        (MAX_MONEY - 100, MAX_MONEY - 100, 0, 100)
+    );
+
+    let credit = app
+        .post_json(
+            "/transfers",
+            json!({ "source": "alice", "destination": "full", "amount": 1 }),
+        )
+        .await;
+    assert_problem(credit, 422, "balance_overflow").await;
+    let (status, second) = hold(&app, "alice", "full", 1, json!({ "expiresInMs": 60_000 })).await;
+    assert_eq!(
+        (status, second["code"].as_str()),
+        (422, Some("balance_overflow")),
+        "{second}"
+    );
+    assert_eq!(
+        amounts(&app, "full").await,
+        (MAX_MONEY - 100, MAX_MONEY - 100, 0, 100)
+    );
+    assert_books(&app, &["alice", "full"], 1_000 + MAX_MONEY - 100).await;
+
+    let id = first["id"].as_str().unwrap();
+    let captured = ok_json(capture(&app, id, None).await).await;
+    assert_eq!(captured["state"], "done", "{captured}");
+    assert_eq!(amounts(&app, "full").await, (MAX_MONEY, MAX_MONEY, 0, 0));
+    assert_books(&app, &["alice", "full"], 1_000 + MAX_MONEY - 100).await;
+}

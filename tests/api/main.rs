@@ -5,7 +5,6 @@ mod cancel;
 mod concurrency;
 mod docs;
 mod errors;
-#[cfg(feature = "failpoints")]
 mod group_commit;
 mod holds;
 mod idempotency;

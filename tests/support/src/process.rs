@@ -20,7 +20,8 @@ pub struct InstanceConfig {
     pub database: String,
     /// `INSTANCE_ID`.
     pub name: String,
-    /// `CRASH_AT` (needs a build with the `failpoints` feature).
+    /// `CRASH_AT` (needs a build with the `failpoints` feature: every test build of the
+    /// binary has it, see Cargo.toml).
     pub crash_at: Option<String>,
     pub stale_after_ms: u64,
     pub sweep_interval_ms: u64,
