@@ -272,7 +272,16 @@ mod tests {
         let bob = account("bob", 0, 300, vec![expired.id]).without(std::slice::from_ref(&expired));
         assert_eq!(bob.pending_credits, 0);
         // Released already (no marker): its amount is not in the sums either.
-        let released = account("alice", 200, 0, Vec::new()).without(&[expired]);
+        let released = account("alice", 200, 0, Vec::new()).without(std::slice::from_ref(&expired));
         assert_eq!(released.pending_debits, 200);
+        // The marker leaves with the amount: the copy shows the hold released, and a hold
+        // listed twice is still taken off once.
+        let other = TransferId::from_bytes([8; 12]);
+        let twice =
+            account("alice", 500, 0, vec![other, expired.id]).without(&[expired.clone(), expired]);
+        assert_eq!(
+            (twice.pending_debits, twice.pending_transactions),
+            (200, vec![other])
+        );
     }
 }
