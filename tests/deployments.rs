@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::{Daemon, TestApp, database_uris, fresh_database_name, spawn_app_with, values};
-use transfer_service::config::Deployment;
-use transfer_service::domain::{DeploymentName, TransferState};
+use transfer_service::config::{Deployment, Settings};
+use transfer_service::domain::{DeploymentName, Transfer, TransferId, TransferState};
 use transfer_service::store::Store;
+use transfer_service::store::accounts::Forward;
+use transfer_service::store::transfers::Scan;
 
 const NAMES: [&str; 3] = ["eu", "us", "cn"];
 
@@ -61,10 +63,16 @@ impl Books {
 
     /// An instance of the service over the three deployments.
     async fn app(&self) -> TestApp {
+        self.app_with(|_| {}).await
+    }
+
+    /// [`Books::app`] with its settings adjusted by `adjust`.
+    async fn app_with(&self, adjust: impl FnOnce(&mut Settings)) -> TestApp {
         let (deployments, database) = (self.deployments(), self.database.clone());
         spawn_app_with(move |s| {
             s.deployments = deployments;
             s.database = database;
+            adjust(s);
         })
         .await
     }
@@ -903,5 +911,200 @@ async fn with_a_deployment_known_down_ready_and_listings_answer_without_waiting_
         );
         let expected = if path == "/ready" { 200 } else { 503 };
         assert_eq!(status, expected, "{path}: {body}");
+    }
+}
+
+/// Waits until the instance's watch finds `deployment` silent (its ping fails or takes
+/// longer than 2 s; one every 0.5 s) and `/ready` names it.
+async fn wait_until_known_down(app: &TestApp, deployment: &str) {
+    let started = Instant::now();
+    loop {
+        let (_, ready) = get(app, "/ready").await;
+        if ready["unavailableDeployments"] == json!([deployment]) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{deployment} never found down: {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sets `lastModified` of transfer `id` on `log` to `ago_ms` before `log`'s clock, as if
+/// its owner had been silent that long. Safe here: that owner is gone, nothing of it is in
+/// flight.
+async fn age_on(log: &Store, id: TransferId, ago_ms: i64) {
+    let now = log.server_time().await.unwrap();
+    let then = mongodb::bson::DateTime::from_chrono(values::after(now, -ago_ms));
+    log.database()
+        .collection::<mongodb::bson::Document>("transactions")
+        .update_one(
+            mongodb::bson::doc! { "_id": mongodb::bson::oid::ObjectId::from_bytes(id.bytes()) },
+            mongodb::bson::doc! { "$set": { "lastModified": then } },
+        )
+        .await
+        .unwrap();
+}
+
+/// What an instance killed in the middle of `transfer` leaves on `log`, the log of its
+/// source: the transfer `pending`, owned by the dead process, its lease lapsed `ago_ms`
+/// ago; with `debited`, the source's debit landed before the kill.
+async fn left_by_a_killed_instance(
+    log: &Store,
+    mut transfer: Transfer,
+    destination_deployment: &str,
+    debited: bool,
+    ago_ms: i64,
+) -> TransferId {
+    transfer.source_deployment = log.deployment().clone();
+    transfer.destination_deployment = DeploymentName::parse(destination_deployment).unwrap();
+    transfer.state = TransferState::Pending;
+    transfer.owner = Some("killed/00000000".into());
+    log.insert_transfer(&transfer).await.unwrap();
+    if debited {
+        let deadline = values::after(log.server_time().await.unwrap(), 10_000);
+        let step = log
+            .forward(
+                Forward::Debit,
+                &transfer.source,
+                transfer.id,
+                transfer.amount,
+                deadline,
+            )
+            .await
+            .unwrap();
+        assert!(step.applied);
+    }
+    age_on(log, transfer.id, ago_ms).await;
+    transfer.id
+}
+
+/// The sweeper never starves behind what it cannot drive: more than a page (100) of stale
+/// transfers to a deployment that is down, left older than a stale transfer between two
+/// that answer, do not keep the latter from being recovered while the outage lasts (it
+/// waited for the outage's end: the oldest page was all transfers to the silent one,
+/// skipped and never claimed, on every pass).
+#[tokio::test]
+async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_stale_ones_to_a_silent_one()
+ {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    open(&app, "eu-a", 1_000, "eu").await;
+    open(&app, "us-a", 0, "us").await;
+    open(&app, "cn-a", 0, "cn").await;
+    daemons.daemons[2].kill();
+    wait_until_known_down(&app, "cn").await;
+
+    let eu = books.store("eu");
+    // A burst to cn that cn's outage left unfinished, a minute ago: a page and a half.
+    let to_cn: Vec<_> = (0..150)
+        .map(|_| {
+            left_by_a_killed_instance(eu, values::initial("eu-a", "cn-a", 1), "cn", false, 60_000)
+        })
+        .collect();
+    futures::future::join_all(to_cn).await;
+    // Then an instance was killed right after debiting a transfer to us.
+    let to_us =
+        left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 5), "us", true, 30_000).await;
+
+    // The sweeper (every 0.1 s, leases of 1 s) takes it over within a few leases.
+    let started = Instant::now();
+    loop {
+        let (status, body) = get(&app, &format!("/transfers/{to_us}")).await;
+        assert_eq!(status, 200, "{body}");
+        if body["state"] == "done" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the transfer between eu and us is still {} while cn is down",
+            body["state"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(books.balance("us-a").await, 5);
+    assert_eq!(books.balance("eu-a").await, 995);
+    let waiting = eu
+        .list_transfers(&Default::default(), 1_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.state == TransferState::Pending)
+        .count();
+    assert_eq!(waiting, 150, "the transfers to cn wait for it");
+}
+
+/// The sweeper's scans page past what they skip: every stale transfer is returned once,
+/// in `lastModified` order, even where more than a page share one `lastModified` (a burst
+/// stamped in one millisecond); transfers into a deployment named unreachable are left
+/// out, those within the log's own deployment (no `destinationDeployment`) are not.
+#[tokio::test]
+async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out_unreachable_ones()
+{
+    let books = Books::shared().await;
+    let eu = books.store("eu");
+    let now = eu.server_time().await.unwrap();
+    // 250 at one instant, 30 a millisecond before and 30 after; 40 to cn among them.
+    let mut expected = Vec::new();
+    let mut to_cn = Vec::new();
+    for i in 0..310 {
+        let ago_ms = match i {
+            0..30 => 60_001,
+            30..280 => 60_000,
+            _ => 59_999,
+        };
+        let mut t = values::initial("eu-a", "other", 1);
+        t.source_deployment = eu.deployment().clone();
+        t.destination_deployment =
+            DeploymentName::parse(if i % 8 == 0 { "cn" } else { "eu" }).unwrap();
+        eu.insert_transfer(&t).await.unwrap();
+        let then = mongodb::bson::DateTime::from_chrono(values::after(now, -ago_ms));
+        eu.database()
+            .collection::<mongodb::bson::Document>("transactions")
+            .update_one(
+                mongodb::bson::doc! { "_id": mongodb::bson::oid::ObjectId::from_bytes(t.id.bytes()) },
+                mongodb::bson::doc! { "$set": { "lastModified": then } },
+            )
+            .await
+            .unwrap();
+        if i % 8 == 0 {
+            to_cn.push(t.id);
+        } else {
+            expected.push(t.id);
+        }
+    }
+    let cn = DeploymentName::parse("cn").unwrap();
+    for (unreachable, expected) in [
+        (vec![], [expected.clone(), to_cn].concat()),
+        (vec![cn], expected),
+    ] {
+        let mut scan = Scan::new(values::after(now, -1_000), unreachable.clone());
+        let mut seen: Vec<Transfer> = Vec::new();
+        let mut pages = 0;
+        loop {
+            let page = eu.unfinished(&scan, 100).await.unwrap();
+            scan.past(&page);
+            pages += 1;
+            let last = page.len() < 100;
+            seen.extend(page);
+            if last {
+                break;
+            }
+        }
+        assert!(
+            seen.windows(2)
+                .all(|w| w[0].last_modified <= w[1].last_modified),
+            "not in lastModified order"
+        );
+        let returned: HashSet<TransferId> = seen.iter().map(|t| t.id).collect();
+        let missing = expected.iter().filter(|id| !returned.contains(id)).count();
+        assert_eq!(
+            (seen.len(), returned.len(), missing),
+            (expected.len(), expected.len(), 0),
+            "returned, of them distinct, and missing (unreachable: {unreachable:?})"
+        );
+        assert_eq!(pages, expected.len() / 100 + 1);
     }
 }
