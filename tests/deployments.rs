@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::{Daemon, TestApp, database_uris, fresh_database_name, spawn_app_with, values};
 use transfer_service::config::{Deployment, Settings};
-use transfer_service::domain::{DeploymentName, Transfer, TransferId, TransferState};
+use transfer_service::domain::{
+    CancelReason, DeploymentName, Hold, Transfer, TransferId, TransferState,
+};
 use transfer_service::store::Store;
 use transfer_service::store::accounts::Forward;
 use transfer_service::store::transfers::Scan;
@@ -1034,6 +1036,213 @@ async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_
         .filter(|t| t.state == TransferState::Pending)
         .count();
     assert_eq!(waiting, 150, "the transfers to cn wait for it");
+}
+
+/// Reads call the money of a hold past its `expiresAt` available (`docs/holds.md`):
+/// here it must be spendable while the hold's release waits for the deployment of its
+/// destination, which is down. With `sweeping`, the sweeper expired the hold first
+/// (`held -> canceling`, reason `expired`), and its release stopped at the destination;
+/// without, the hold is still `held` and the debit expires it on the spot.
+async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(sweeping: bool) {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books
+        .app_with(|s| {
+            if !sweeping {
+                // One pass at start-up, none during the test.
+                s.sweep_interval = Duration::from_secs(3600);
+            }
+        })
+        .await;
+    open(&app, "alice", 100, "eu").await;
+    open(&app, "carol", 0, "eu").await;
+    open(&app, "bob", 0, "cn").await;
+    let (status, hold) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "bob", "amount": 100, "hold": { "expiresInMs": 2000 } }),
+    )
+    .await;
+    assert_eq!(
+        (status, hold["state"].as_str()),
+        (201, Some("held")),
+        "{hold}"
+    );
+    let hold = values::transfer_id(hold["id"].as_str().unwrap());
+    let port = daemons.daemons[2].port;
+    daemons.daemons[2].kill();
+    wait_until_known_down(&app, "cn").await;
+
+    // Past its expiry, and (with the sweeper) expired in the log.
+    let eu = books.store("eu");
+    let expected = if sweeping {
+        TransferState::Canceling
+    } else {
+        TransferState::Held
+    };
+    let started = Instant::now();
+    loop {
+        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let now = eu.server_time().await.unwrap();
+        let expires_at = stored.hold.unwrap().expires_at;
+        if stored.state == expected && now > values::after(expires_at, 500) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the hold is {} at {now}, expiring at {expires_at}",
+            stored.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if sweeping {
+        // The sweeper's release of the hold freed the source first, before it stopped at
+        // the destination.
+        let started = Instant::now();
+        while eu
+            .account(&values::account("alice"))
+            .await
+            .unwrap()
+            .unwrap()
+            .pending_debits
+            != 0
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the expired hold still reserves alice's money"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let (_, alice) = get(&app, "/accounts/alice").await;
+    assert_eq!(alice["availableBalance"].as_i64(), Some(100), "{alice}");
+
+    let (status, spent) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "carol", "amount": 100 }),
+    )
+    .await;
+    assert_eq!(
+        (status, spent["state"].as_str()),
+        (201, Some("done")),
+        "the money shown available was refused: {spent}"
+    );
+
+    // Once cn is back, the hold's release finishes and nothing is left reserved (by a
+    // sweeper: this instance's, or with it not sweeping, another's).
+    daemons.daemons[2] = Daemon::start(daemons.folders[2].path().to_path_buf(), port);
+    let _sweeping = match sweeping {
+        true => None,
+        false => Some(books.app().await),
+    };
+    let started = Instant::now();
+    loop {
+        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        if stored.state == TransferState::Canceled {
+            assert_eq!(stored.reason, Some(CancelReason::Expired));
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the hold is still {} after cn came back",
+            stored.state
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (who, deployment, balance) in [("alice", "eu", 0), ("carol", "eu", 100), ("bob", "cn", 0)] {
+        let a = books
+            .store(deployment)
+            .account(&values::account(who))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (a.balance, a.pending_debits, a.pending_credits),
+            (balance, 0, 0),
+            "{who}"
+        );
+        assert!(a.pending_transactions.is_empty(), "{who}: {a:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_money_of_a_hold_the_sweeper_expired_while_its_destination_is_down_is_spendable() {
+    the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(true).await;
+}
+
+#[tokio::test]
+async fn the_money_of_a_hold_expired_by_the_debit_while_its_destination_is_down_is_spendable() {
+    the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(false).await;
+}
+
+/// The instance that expired a hold was killed before it released anything, while the
+/// deployment of the hold's destination is down: nobody may drive the hold on (its lease
+/// is fresh, and the sweeper cannot reach the destination), yet reads call its money
+/// available, and a debit spends it: the source's release is guarded by the marker alone
+/// and no copy of a reservation is in flight after `held`, so the debit may make it.
+#[tokio::test]
+async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_while_its_destination_is_down()
+ {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    open(&app, "alice", 100, "eu").await;
+    open(&app, "carol", 0, "eu").await;
+    open(&app, "bob", 0, "cn").await;
+    let (eu, cn) = (books.store("eu"), books.store("cn"));
+    // What the killed expirer left: the hold `canceling` (expired), both reservations in
+    // place, its lease fresh.
+    let mut hold = values::initial("alice", "bob", 100);
+    hold.source_deployment = eu.deployment().clone();
+    hold.destination_deployment = cn.deployment().clone();
+    hold.hold = Some(Hold {
+        amount: values::amount(100),
+        expires_at: values::after(eu.server_time().await.unwrap(), 1_000),
+    });
+    let deadline = |now| values::after(now, 10_000);
+    for (store, account, kind) in [
+        (eu, "alice", Forward::ReserveOut),
+        (cn, "bob", Forward::ReserveIn),
+    ] {
+        let step = store
+            .forward(
+                kind,
+                &values::account(account),
+                hold.id,
+                values::amount(100),
+                deadline(store.server_time().await.unwrap()),
+            )
+            .await
+            .unwrap();
+        assert!(step.applied);
+    }
+    hold.state = TransferState::Canceling;
+    hold.reason = Some(CancelReason::Expired);
+    hold.owner = Some("killed/00000000".into());
+    daemons.daemons[2].kill();
+    wait_until_known_down(&app, "cn").await;
+    // Written last, so that its lease is still fresh when the debit comes.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    eu.insert_transfer(&hold).await.unwrap();
+
+    let (_, alice) = get(&app, "/accounts/alice").await;
+    assert_eq!(alice["availableBalance"].as_i64(), Some(100), "{alice}");
+    let (status, spent) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "carol", "amount": 100 }),
+    )
+    .await;
+    assert_eq!(
+        (status, spent["state"].as_str()),
+        (201, Some("done")),
+        "the money shown available was refused: {spent}"
+    );
+    let alice = eu
+        .account(&values::account("alice"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((alice.balance, alice.pending_debits), (0, 0));
+    assert!(alice.pending_transactions.is_empty(), "{alice:?}");
 }
 
 /// The sweeper's scans page past what they skip: every stale transfer is returned once,

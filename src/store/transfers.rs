@@ -33,6 +33,14 @@ fn unfinished_states() -> Vec<&'static str> {
     UNFINISHED.iter().map(|s| s.as_str()).collect()
 }
 
+/// The states of a hold that still reserves and that no capture has won: past its
+/// `expiresAt`, its reservations no longer count.
+fn uncaptured_states() -> Vec<&'static str> {
+    [TransferState::Held, TransferState::Canceling]
+        .map(TransferState::as_str)
+        .to_vec()
+}
+
 fn finished_states() -> Vec<&'static str> {
     TransferState::ALL
         .into_iter()
@@ -390,17 +398,29 @@ impl Store {
     /// Holds still `held` whose `expiresAt` is not after `now` (a time by the database's
     /// clock), soonest expired first.
     pub async fn expired_holds(&self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
-        self.holds_expired_by(None, now, limit).await
+        let filter = doc! {
+            "state": TransferState::Held.as_str(),
+            "expiresAt": { "$lte": stored_time(now) },
+        };
+        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
+            .await
     }
 
-    /// [`Store::expired_holds`] out of one account.
+    /// Holds out of `source` whose reservation reads no longer count (see
+    /// [`Store::expired_holds_touching`]), soonest expired first.
     pub async fn expired_holds_out_of(
         &self,
         source: &AccountId,
         now: Timestamp,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
-        self.holds_expired_by(Some(source), now, limit).await
+        let filter = doc! {
+            "state": { "$in": uncaptured_states() },
+            "expiresAt": { "$lte": stored_time(now) },
+            "source": source.as_str(),
+        };
+        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
+            .await
     }
 
     /// Holds touching any of `accounts` that are past their `expiresAt` at `now` and not
@@ -411,9 +431,8 @@ impl Store {
         now: Timestamp,
     ) -> StoreResult<Vec<Transfer>> {
         let ids: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
-        let states = [TransferState::Held, TransferState::Canceling].map(TransferState::as_str);
         let filter = doc! {
-            "state": { "$in": states.to_vec() },
+            "state": { "$in": uncaptured_states() },
             "expiresAt": { "$lte": stored_time(now) },
             "$or": [{ "source": { "$in": &ids } }, { "destination": { "$in": &ids } }],
         };
@@ -423,23 +442,6 @@ impl Store {
             .max_time(super::READ_TIME_LIMIT)
             .await?;
         domain(cursor.try_collect().await?, &self.deployment)
-    }
-
-    async fn holds_expired_by(
-        &self,
-        source: Option<&AccountId>,
-        now: Timestamp,
-        limit: u32,
-    ) -> StoreResult<Vec<Transfer>> {
-        let mut filter = doc! {
-            "state": TransferState::Held.as_str(),
-            "expiresAt": { "$lte": stored_time(now) },
-        };
-        if let Some(source) = source {
-            filter.insert("source", source.as_str());
-        }
-        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
-            .await
     }
 
     /// Forgets that a finished transfer's accounts are fenced, once the fences are gone.
