@@ -21,18 +21,19 @@
 //!   then their release), by the database's clock.
 //!
 //! [`run`] does one pass at once at start-up, then a pass every `SWEEP_INTERVAL_MS` with
-//! ±20% jitter so that instances started together do not sweep in lockstep. It stops
-//! between transfers when cancelled. A restarted instance has a new owner name (see
+//! ±20% jitter so that instances started together do not sweep in lockstep; each
+//! deployment's log on a loop of its own, so that a pass held up by one deployment never
+//! delays the others. It stops between transfers when cancelled. A restarted instance has a new owner name (see
 //! [`Bank::owner`]) and takes its old transfers back like any other instance, once their
 //! lease has lapsed: writes of the dead process may still be on their way until then.
 //!
 //! One transfer that fails (the database refused a step, say) is logged and left for the
 //! next pass; the pass goes on with the others and with its housekeeping.
 //!
-//! With several deployments, a pass sweeps every deployment's log at once, each by its
-//! own clock (a lease is judged by the clock of the deployment that logs the transfer).
-//! A deployment that does not answer is skipped until the next pass; the others are swept
-//! as usual.
+//! With several deployments, the sweeper sweeps every deployment's log at once, each by
+//! its own clock (a lease is judged by the clock of the deployment that logs the
+//! transfer) and on a loop of its own (see [`run`]). A deployment that does not answer is
+//! skipped until the next pass; the others are swept as usual.
 //!
 //! A pass never starves behind what it cannot act on. Its scans leave out the transfers
 //! into a deployment that does not answer, and page past what they skip for any other
@@ -345,11 +346,34 @@ async fn expire_holds(
     Ok(expired)
 }
 
-/// Runs passes until `shutdown` is cancelled.
+/// Runs passes until `shutdown` is cancelled: each deployment's log on a loop of its own,
+/// so that a pass held up by one deployment never holds up the others' next passes. A
+/// server that stops answering without closing its connections (frozen, cut off by a
+/// network partition) holds what was already sent to it until the driver gives up, about
+/// 10 s, before the watch finds it silent; one loop over every log waited for that pass
+/// before the next pass of any other, and an expired hold between two deployments that
+/// answer, or a transfer a killed instance left, waited with it.
 pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
+    let loops = bank
+        .deployments()
+        .all()
+        .iter()
+        .map(|log| sweep_log_until_cancelled(&bank, log, interval, &shutdown));
+    futures::future::join_all(loops).await;
+    tracing::info!("sweeper stopped");
+}
+
+/// Passes over `log` (one at once, then one every `interval` with jitter) until
+/// `shutdown` is cancelled.
+async fn sweep_log_until_cancelled(
+    bank: &Bank,
+    log: &Store,
+    interval: Duration,
+    shutdown: &CancellationToken,
+) {
     loop {
-        if let Err(e) = sweep_once(&bank, &shutdown).await {
-            tracing::warn!(error = %Chain(&e), "sweep failed; retrying at the next interval");
+        if let Err(e) = sweep_log(bank, log, shutdown).await {
+            tracing::warn!(deployment = %log.deployment(), error = %Chain(&e), "sweep of a deployment failed; retrying at the next interval");
         }
         let jitter = rand::rng().random_range(0.8..1.2);
         tokio::select! {
@@ -357,5 +381,4 @@ pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
             _ = tokio::time::sleep(interval.mul_f64(jitter)) => {}
         }
     }
-    tracing::info!("sweeper stopped");
 }

@@ -916,8 +916,8 @@ async fn with_a_deployment_known_down_ready_and_listings_answer_without_waiting_
     }
 }
 
-/// Waits until the instance's watch finds `deployment` silent (its ping fails or takes
-/// longer than 2 s; one every 0.5 s) and `/ready` names it.
+/// Waits until `/ready` names `deployment` among those that do not answer (its own ping
+/// failed, or the watch found it silent).
 async fn wait_until_known_down(app: &TestApp, deployment: &str) {
     let started = Instant::now();
     loop {
@@ -992,12 +992,13 @@ async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_
  {
     let mut daemons = OwnDaemons::start();
     let books = Books::new(daemons.uris()).await;
-    let app = books.app().await;
-    open(&app, "eu-a", 1_000, "eu").await;
-    open(&app, "us-a", 0, "us").await;
-    open(&app, "cn-a", 0, "cn").await;
+    {
+        let first = books.app().await;
+        open(&first, "eu-a", 1_000, "eu").await;
+        open(&first, "us-a", 0, "us").await;
+        open(&first, "cn-a", 0, "cn").await;
+    }
     daemons.daemons[2].kill();
-    wait_until_known_down(&app, "cn").await;
 
     let eu = books.store("eu");
     // A burst to cn that cn's outage left unfinished, a minute ago: a page and a half.
@@ -1010,6 +1011,10 @@ async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_
     // Then an instance was killed right after debiting a transfer to us.
     let to_us =
         left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 5), "us", true, 30_000).await;
+    // A fresh instance serves, cn down from its start: known down from the start (a
+    // running instance's watch may take a few seconds to find it silent, and meanwhile
+    // claim and start transfers to it).
+    let app = books.app().await;
 
     // The sweeper (every 0.1 s, leases of 1 s) takes it over within a few leases.
     let started = Instant::now();
@@ -1184,7 +1189,10 @@ async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_whil
  {
     let mut daemons = OwnDaemons::start();
     let books = Books::new(daemons.uris()).await;
-    let app = books.app().await;
+    // A lease far longer than the test: only the debit may release the hold's source.
+    let app = books
+        .app_with(|s| s.stale_after = Duration::from_secs(600))
+        .await;
     open(&app, "alice", 100, "eu").await;
     open(&app, "carol", 0, "eu").await;
     open(&app, "bob", 0, "cn").await;
@@ -1196,7 +1204,7 @@ async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_whil
     hold.destination_deployment = cn.deployment().clone();
     hold.hold = Some(Hold {
         amount: values::amount(100),
-        expires_at: values::after(eu.server_time().await.unwrap(), 1_000),
+        expires_at: values::after(eu.server_time().await.unwrap(), -1_000),
     });
     let deadline = |now| values::after(now, 10_000);
     for (store, account, kind) in [
@@ -1220,8 +1228,6 @@ async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_whil
     hold.owner = Some("killed/00000000".into());
     daemons.daemons[2].kill();
     wait_until_known_down(&app, "cn").await;
-    // Written last, so that its lease is still fresh when the debit comes.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
     eu.insert_transfer(&hold).await.unwrap();
 
     let (_, alice) = get(&app, "/accounts/alice").await;
@@ -1316,4 +1322,79 @@ async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out
         );
         assert_eq!(pages, expected.len() / 100 + 1);
     }
+}
+
+/// A deployment that stops answering without closing its connections (frozen: SIGSTOP,
+/// or cut off by a partition) holds what was sent to it until the driver gives up (about
+/// 10 s), before the watch finds it silent. That must not hold up the sweeping of the
+/// other logs: a hold from eu into cn that expires meanwhile is expired, and its money
+/// freed, at once (it waited for cn's pass to time out before, about 10 s after its
+/// expiry, since one pass covered every log).
+#[tokio::test]
+async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time_outs() {
+    let daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    open(&app, "alice", 100, "eu").await;
+    open(&app, "bob", 0, "cn").await;
+    let (status, hold) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "bob", "amount": 100, "hold": { "expiresInMs": 3000 } }),
+    )
+    .await;
+    assert_eq!(
+        (status, hold["state"].as_str()),
+        (201, Some("held")),
+        "{hold}"
+    );
+    let hold = values::transfer_id(hold["id"].as_str().unwrap());
+    let eu = books.store("eu");
+    let expires_at = eu
+        .transfer(hold)
+        .await
+        .unwrap()
+        .unwrap()
+        .hold
+        .unwrap()
+        .expires_at;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    daemons.daemons[2].signal(libc::SIGSTOP);
+    loop {
+        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let alice = eu
+            .account(&values::account("alice"))
+            .await
+            .unwrap()
+            .unwrap();
+        let late_ms = (eu.server_time().await.unwrap() - expires_at).num_milliseconds();
+        if stored.state == TransferState::Canceling && alice.pending_debits == 0 {
+            break;
+        }
+        assert!(
+            late_ms < 3_000,
+            "{late_ms} ms after its expiry the hold is {} and reserves {} of alice's",
+            stored.state,
+            alice.pending_debits
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Thawed, cn takes its release, and nothing is left reserved.
+    daemons.daemons[2].signal(libc::SIGCONT);
+    let started = Instant::now();
+    while eu.transfer(hold).await.unwrap().unwrap().state != TransferState::Canceled {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the hold never ended after cn was thawed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let bob = books
+        .store("cn")
+        .account(&values::account("bob"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((bob.balance, bob.pending_credits), (0, 0));
+    assert_eq!(books.totals().await, (100, 0));
 }
