@@ -23,9 +23,10 @@
 //! [`run`] does one pass at once at start-up, then a pass every `SWEEP_INTERVAL_MS` with
 //! ±20% jitter so that instances started together do not sweep in lockstep; each
 //! deployment's log on a loop of its own, so that a pass held up by one deployment never
-//! delays the others. It stops between transfers when cancelled. A restarted instance has a new owner name (see
-//! [`Bank::owner`]) and takes its old transfers back like any other instance, once their
-//! lease has lapsed: writes of the dead process may still be on their way until then.
+//! delays the others. It stops between transfers when cancelled. A restarted instance
+//! has a new owner name (see [`Bank::owner`]) and takes its old transfers back like any
+//! other instance, once their lease has lapsed: writes of the dead process may still be
+//! on their way until then.
 //!
 //! One transfer that fails (the database refused a step, say) is logged and left for the
 //! next pass; the pass goes on with the others and with its housekeeping.

@@ -83,8 +83,8 @@ impl Bank {
     ///
     /// Why anyone may release the source of a `canceling` hold: the release is guarded by
     /// the hold's marker on the account alone, so of everyone who makes it (its owner, a
-    /// recoverer, this call) exactly one lands, and none of a capture can race it
-    /// (`canceling` only ever goes to `canceled`). No copy of a reservation can land
+    /// recoverer, this call) exactly one lands, and no capture can race it (`canceling`
+    /// only ever goes to `canceled`). No copy of a reservation can land
     /// after it either: a hold that came from `held` (expired, voided) had none in flight
     /// any more (see `Mover::Settler`); one rolled back from `pending` by a cancel has both
     /// accounts fenced; one rolled back by its owner may still see its reservation land
