@@ -7,7 +7,7 @@
 //! for a hold, `after_debit` and `after_credit` follow its reservations, then
 //! `after_held`, `after_settle` (a capture, void or expiry won `held`),
 //! `after_capture_source`, `after_capture_destination`, and a void's releases are
-//! `after_undo_destination`, `after_undo_source`; `after_take_key` (an idempotency key
+//! `after_undo_source`, `after_undo_destination` (the source's first); `after_take_key` (an idempotency key
 //! taken, its transfer not recorded yet) and `after_reserve_account` (an account id
 //! reserved in the directory, the account not written yet). Each write of the store calls it right before the write is
 //! sent, so that a test can hold a write back and let it reach the server late:

@@ -21,18 +21,27 @@
 //!   then their release), by the database's clock.
 //!
 //! [`run`] does one pass at once at start-up, then a pass every `SWEEP_INTERVAL_MS` with
-//! ±20% jitter so that instances started together do not sweep in lockstep. It stops
-//! between transfers when cancelled. A restarted instance has a new owner name (see
-//! [`Bank::owner`]) and takes its old transfers back like any other instance, once their
-//! lease has lapsed: writes of the dead process may still be on their way until then.
+//! ±20% jitter so that instances started together do not sweep in lockstep; each
+//! deployment's log on a loop of its own, so that a pass held up by one deployment never
+//! delays the others. It stops between transfers when cancelled. A restarted instance
+//! has a new owner name (see [`Bank::owner`]) and takes its old transfers back like any
+//! other instance, once their lease has lapsed: writes of the dead process may still be
+//! on their way until then.
 //!
 //! One transfer that fails (the database refused a step, say) is logged and left for the
 //! next pass; the pass goes on with the others and with its housekeeping.
 //!
-//! With several deployments, a pass sweeps every deployment's log at once, each by its
-//! own clock (a lease is judged by the clock of the deployment that logs the transfer).
-//! A deployment that does not answer is skipped until the next pass; the others are swept
-//! as usual.
+//! With several deployments, the sweeper sweeps every deployment's log at once, each by
+//! its own clock (a lease is judged by the clock of the deployment that logs the
+//! transfer) and on a loop of its own (see [`run`]). A deployment that does not answer is
+//! skipped until the next pass; the others are swept as usual.
+//!
+//! A pass never starves behind what it cannot act on. Its scans leave out the transfers
+//! into a deployment that does not answer, and page past what they skip for any other
+//! reason (a transfer this process is driving, a claim that failed): left in, those would
+//! stay the oldest page on every pass and hide every later transfer, so that a transfer
+//! between two healthy deployments would wait for a third one's outage to end (see
+//! `store::transfers::Scan`). A pass claims at most `BATCH` transfers per log.
 
 use std::time::Duration;
 
@@ -42,10 +51,12 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::Timestamp;
 use crate::service::{Bank, ServiceError};
 use crate::store::accounts::Side;
+use crate::store::transfers::Scan;
 use crate::store::{Store, StoreResult};
 use crate::telemetry::Chain;
 
-/// Transfers claimed in one pass, at most.
+/// Transfers claimed in one pass of a log, at most; also the size of a page of its scans,
+/// and the most reversals finished and fenced transfers cleaned in one pass.
 pub const BATCH: u32 = 100;
 
 /// What one pass did.
@@ -122,60 +133,72 @@ async fn sweep_log(
     // By the database's clock; the claim re-checks it atomically.
     let now = store.server_time().await?;
     let stale_before = now - chrono::TimeDelta::milliseconds(lease_ms);
-    let found = store.unfinished(stale_before, BATCH).await?;
-    let mut report = SweepReport {
-        found: found.len(),
-        ..SweepReport::default()
-    };
+    // What touches a deployment that does not answer is left out of every scan: nothing
+    // can drive it now, and it would hide what comes after it (see `Scan`).
+    let scan = Scan::new(stale_before, bank.deployments().silent());
+    let mut report = SweepReport::default();
     // Each claimed transfer is driven in a task of its own, under the same admission
     // control as new transfers (waiting for a permit rather than being refused), so a
     // backlog is recovered as fast as the database allows, never faster than it admits.
     let mut runs = tokio::task::JoinSet::new();
-    for candidate in found {
-        if shutdown.is_cancelled() {
-            break;
-        }
-        if bank.is_driving(candidate.id) {
-            continue;
-        }
-        // Its other account's deployment does not answer (or is not migrated yet) for
-        // this instance: claiming it would only renew a lease it cannot use, and keep an
-        // instance that can from taking it.
-        if bank.on(&candidate, Side::Destination).is_err() {
-            continue;
-        }
-        let permit = bank.admit_waiting().await;
-        let claimed = match store.claim(me, &candidate, stale_before).await {
-            Ok(Some(claimed)) => claimed,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
+    let mut unfinished = scan.clone();
+    'pages: loop {
+        let page = store.unfinished(&unfinished, BATCH).await?;
+        unfinished.past(&page);
+        let last_page = page.len() < BATCH as usize;
+        report.found += page.len();
+        for candidate in page {
+            if shutdown.is_cancelled() || report.claimed == BATCH as usize {
+                break 'pages;
+            }
+            // Left to the task driving it: claiming it would renew the lease of a task
+            // that may be stuck. The next page goes past it, so that a page of them (a
+            // backlog stuck on a slow deployment) never hides the transfers behind it.
+            if bank.is_driving(candidate.id) {
                 continue;
             }
-        };
-        report.claimed += 1;
-        let bank = bank.clone();
-        runs.spawn(async move {
-            let _permit = permit;
-            let from = claimed.state;
-            let previous_owner = candidate.owner.unwrap_or_else(|| "-".into());
-            match bank.run(claimed).await {
-                Ok(finished) => {
-                    tracing::info!(
-                        transfer_id = %finished.id,
-                        from = %from,
-                        to = %finished.state,
-                        previous_owner = %previous_owner,
-                        "transfer recovered"
-                    );
-                    finished.state.is_terminal()
-                }
-                Err(e) => {
-                    tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "recovery interrupted; next pass");
-                    false
-                }
+            // Its other account's deployment stopped answering since the page was read
+            // (or is named in the data but not in `DEPLOYMENTS`): claiming it would only
+            // renew a lease it cannot use, and keep an instance that can from taking it.
+            if bank.on(&candidate, Side::Destination).is_err() {
+                continue;
             }
-        });
+            let permit = bank.admit_waiting().await;
+            let claimed = match store.claim(me, &candidate, stale_before).await {
+                Ok(Some(claimed)) => claimed,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
+                    continue;
+                }
+            };
+            report.claimed += 1;
+            let bank = bank.clone();
+            runs.spawn(async move {
+                let _permit = permit;
+                let from = claimed.state;
+                let previous_owner = candidate.owner.unwrap_or_else(|| "-".into());
+                match bank.run(claimed).await {
+                    Ok(finished) => {
+                        tracing::info!(
+                            transfer_id = %finished.id,
+                            from = %from,
+                            to = %finished.state,
+                            previous_owner = %previous_owner,
+                            "transfer recovered"
+                        );
+                        finished.state.is_terminal()
+                    }
+                    Err(e) => {
+                        tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "recovery interrupted; next pass");
+                        false
+                    }
+                }
+            });
+        }
+        if last_page {
+            break;
+        }
     }
     while let Some(ended) = runs.join_next().await {
         if ended.unwrap_or(false) {
@@ -184,11 +207,11 @@ async fn sweep_log(
         }
     }
     if !shutdown.is_cancelled() {
-        match finish_reversals(bank, store, stale_before, shutdown).await {
+        match finish_reversals(bank, store, scan.clone(), shutdown).await {
             Ok(n) => report.reversals_finished = n,
             Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
         }
-        match collect_fences(bank, store, stale_before, shutdown).await {
+        match collect_fences(bank, store, scan, shutdown).await {
             Ok(n) => report.fences_dropped = n,
             Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
         }
@@ -201,35 +224,44 @@ async fn sweep_log(
 }
 
 /// Finishes the reversals whose instance crashed after claiming them (`reversing` and
-/// not touched for a lease). Returns how many reached their end.
+/// not touched for a lease), at most `BATCH` a pass; pages past those it cannot finish now
+/// (another instance drives the compensation, or it failed). Returns how many reached
+/// their end.
 async fn finish_reversals(
     bank: &Bank,
     store: &Store,
-    stale_before: Timestamp,
+    mut scan: Scan,
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
     let mut finished = 0;
-    for original in store.unfinished_reversals(stale_before, BATCH).await? {
-        if shutdown.is_cancelled() {
-            break;
+    loop {
+        let page = store.unfinished_reversals(&scan, BATCH).await?;
+        scan.past(&page);
+        let last_page = page.len() < BATCH as usize;
+        for original in page {
+            if shutdown.is_cancelled() || finished == BATCH as usize {
+                return Ok(finished);
+            }
+            let id = original.id;
+            match bank.finish_reversal(original).await {
+                Ok(after) if !after.reversing => {
+                    finished += 1;
+                    tracing::info!(transfer_id = %id, reversed_by = ?after.reversed_by, "interrupted reversal finished");
+                }
+                Ok(_) => {} // another instance is driving the compensation
+                Err(ServiceError::Unavailable(e) | ServiceError::Internal(e)) => {
+                    tracing::warn!(transfer_id = %id, error = %Chain(&e), "finishing a reversal failed; next pass");
+                }
+                Err(refused) => {
+                    finished += 1;
+                    tracing::info!(transfer_id = %id, reason = %refused, "interrupted reversal refused; claim released");
+                }
+            }
         }
-        let id = original.id;
-        match bank.finish_reversal(original).await {
-            Ok(after) if !after.reversing => {
-                finished += 1;
-                tracing::info!(transfer_id = %id, reversed_by = ?after.reversed_by, "interrupted reversal finished");
-            }
-            Ok(_) => {} // another instance is driving the compensation
-            Err(ServiceError::Unavailable(e) | ServiceError::Internal(e)) => {
-                tracing::warn!(transfer_id = %id, error = %Chain(&e), "finishing a reversal failed; next pass");
-            }
-            Err(refused) => {
-                finished += 1;
-                tracing::info!(transfer_id = %id, reason = %refused, "interrupted reversal refused; claim released");
-            }
+        if last_page {
+            return Ok(finished);
         }
     }
-    Ok(finished)
 }
 
 /// Drops the account fences of transfers canceled while pending, once no forward step
@@ -242,40 +274,52 @@ async fn finish_reversals(
 /// lease. Once the database's clock is past its `lastModified` plus a whole lease, every
 /// late step is refused by its deadline, fence or no fence.
 ///
-/// `store` is the deployment that logs the transfers; `stale_before` is by its clock,
-/// which judged the fences' deadlines too (each account's deployment checked a deadline
-/// carried over to its own clock no later than this one, see `Store::deadline_on`).
+/// `store` is the deployment that logs the transfers; the scan's `stale_before` is by
+/// its clock, which judged the fences' deadlines too (each account's deployment checked a
+/// deadline carried over to its own clock no later than this one, see
+/// `Store::deadline_on`). At most `BATCH` a pass; pages past those that fail.
 pub async fn collect_fences(
     bank: &Bank,
     store: &Store,
-    stale_before: Timestamp,
+    mut scan: Scan,
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
     let mut dropped = 0;
-    for transfer in store.fenced_finished(stale_before, BATCH).await? {
-        if shutdown.is_cancelled() {
-            break;
+    loop {
+        let page = store.fenced_finished(&scan, BATCH).await?;
+        scan.past(&page);
+        let last_page = page.len() < BATCH as usize;
+        for transfer in page {
+            if shutdown.is_cancelled() || dropped == BATCH as usize {
+                return Ok(dropped);
+            }
+            // Fences first, flag second: a crash in between leaves the flag, and the next
+            // pass drops the (already gone) fences again.
+            let dropped_here = async {
+                for (on, accounts) in bank.by_deployment(&transfer)? {
+                    on.drop_fences(accounts, transfer.id).await?;
+                }
+                store.unmark_fenced(transfer.id).await
+            };
+            match dropped_here.await {
+                Ok(()) => dropped += 1,
+                Err(e) => {
+                    tracing::warn!(transfer_id = %transfer.id, error = %Chain(&e), "dropping fences failed; next pass");
+                }
+            }
         }
-        // Fences first, flag second: a crash in between leaves the flag, and the next
-        // pass drops the (already gone) fences again.
-        let dropped_here = async {
-            for (on, accounts) in bank.by_deployment(&transfer)? {
-                on.drop_fences(accounts, transfer.id).await?;
-            }
-            store.unmark_fenced(transfer.id).await
-        };
-        match dropped_here.await {
-            Ok(()) => dropped += 1,
-            Err(e) => {
-                tracing::warn!(transfer_id = %transfer.id, error = %Chain(&e), "dropping fences failed; next pass");
-            }
+        if last_page {
+            return Ok(dropped);
         }
     }
-    Ok(dropped)
 }
 
 /// Expires the holds found `held` past their `expiresAt` by the database's clock (`now`),
 /// each under admission control like a recovery. Returns how many this pass expired.
+///
+/// Needs no paging past what it skips: a hold it found leaves `held` (expired by this
+/// pass, or captured, voided or expired by someone else) unless the log's deployment
+/// itself fails, which ends the pass.
 async fn expire_holds(
     bank: &Bank,
     store: &Store,
@@ -303,11 +347,34 @@ async fn expire_holds(
     Ok(expired)
 }
 
-/// Runs passes until `shutdown` is cancelled.
+/// Runs passes until `shutdown` is cancelled: each deployment's log on a loop of its own,
+/// so that a pass held up by one deployment never holds up the others' next passes. A
+/// server that stops answering without closing its connections (frozen, cut off by a
+/// network partition) holds what was already sent to it until the driver gives up, about
+/// 10 s, before the watch finds it silent; one loop over every log waited for that pass
+/// before the next pass of any other, and an expired hold between two deployments that
+/// answer, or a transfer a killed instance left, waited with it.
 pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
+    let loops = bank
+        .deployments()
+        .all()
+        .iter()
+        .map(|log| sweep_log_until_cancelled(&bank, log, interval, &shutdown));
+    futures::future::join_all(loops).await;
+    tracing::info!("sweeper stopped");
+}
+
+/// Passes over `log` (one at once, then one every `interval` with jitter) until
+/// `shutdown` is cancelled.
+async fn sweep_log_until_cancelled(
+    bank: &Bank,
+    log: &Store,
+    interval: Duration,
+    shutdown: &CancellationToken,
+) {
     loop {
-        if let Err(e) = sweep_once(&bank, &shutdown).await {
-            tracing::warn!(error = %Chain(&e), "sweep failed; retrying at the next interval");
+        if let Err(e) = sweep_log(bank, log, shutdown).await {
+            tracing::warn!(deployment = %log.deployment(), error = %Chain(&e), "sweep of a deployment failed; retrying at the next interval");
         }
         let jitter = rand::rng().random_range(0.8..1.2);
         tokio::select! {
@@ -315,5 +382,4 @@ pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
             _ = tokio::time::sleep(interval.mul_f64(jitter)) => {}
         }
     }
-    tracing::info!("sweeper stopped");
 }

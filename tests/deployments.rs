@@ -14,9 +14,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::{Daemon, TestApp, database_uris, fresh_database_name, spawn_app_with, values};
-use transfer_service::config::Deployment;
-use transfer_service::domain::{DeploymentName, TransferState};
+use transfer_service::config::{Deployment, Settings};
+use transfer_service::domain::{
+    CancelReason, DeploymentName, Hold, Transfer, TransferId, TransferState,
+};
 use transfer_service::store::Store;
+use transfer_service::store::accounts::Forward;
+use transfer_service::store::transfers::Scan;
 
 const NAMES: [&str; 3] = ["eu", "us", "cn"];
 
@@ -61,10 +65,16 @@ impl Books {
 
     /// An instance of the service over the three deployments.
     async fn app(&self) -> TestApp {
+        self.app_with(|_| {}).await
+    }
+
+    /// [`Books::app`] with its settings adjusted by `adjust`.
+    async fn app_with(&self, adjust: impl FnOnce(&mut Settings)) -> TestApp {
         let (deployments, database) = (self.deployments(), self.database.clone());
         spawn_app_with(move |s| {
             s.deployments = deployments;
             s.database = database;
+            adjust(s);
         })
         .await
     }
@@ -904,4 +914,487 @@ async fn with_a_deployment_known_down_ready_and_listings_answer_without_waiting_
         let expected = if path == "/ready" { 200 } else { 503 };
         assert_eq!(status, expected, "{path}: {body}");
     }
+}
+
+/// Waits until `/ready` names `deployment` among those that do not answer (its own ping
+/// failed, or the watch found it silent).
+async fn wait_until_known_down(app: &TestApp, deployment: &str) {
+    let started = Instant::now();
+    loop {
+        let (_, ready) = get(app, "/ready").await;
+        if ready["unavailableDeployments"] == json!([deployment]) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{deployment} never found down: {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sets `lastModified` of transfer `id` on `log` to `ago_ms` before `log`'s clock, as if
+/// its owner had been silent that long. Safe here: that owner is gone, nothing of it is in
+/// flight.
+async fn age_on(log: &Store, id: TransferId, ago_ms: i64) {
+    let now = log.server_time().await.unwrap();
+    let then = mongodb::bson::DateTime::from_chrono(values::after(now, -ago_ms));
+    log.database()
+        .collection::<mongodb::bson::Document>("transactions")
+        .update_one(
+            mongodb::bson::doc! { "_id": mongodb::bson::oid::ObjectId::from_bytes(id.bytes()) },
+            mongodb::bson::doc! { "$set": { "lastModified": then } },
+        )
+        .await
+        .unwrap();
+}
+
+/// What an instance killed in the middle of `transfer` leaves on `log`, the log of its
+/// source: the transfer `pending`, owned by the dead process, its lease lapsed `ago_ms`
+/// ago; with `debited`, the source's debit landed before the kill.
+async fn left_by_a_killed_instance(
+    log: &Store,
+    mut transfer: Transfer,
+    destination_deployment: &str,
+    debited: bool,
+    ago_ms: i64,
+) -> TransferId {
+    transfer.source_deployment = log.deployment().clone();
+    transfer.destination_deployment = DeploymentName::parse(destination_deployment).unwrap();
+    transfer.state = TransferState::Pending;
+    transfer.owner = Some("killed/00000000".into());
+    log.insert_transfer(&transfer).await.unwrap();
+    if debited {
+        let deadline = values::after(log.server_time().await.unwrap(), 10_000);
+        let step = log
+            .forward(
+                Forward::Debit,
+                &transfer.source,
+                transfer.id,
+                transfer.amount,
+                deadline,
+            )
+            .await
+            .unwrap();
+        assert!(step.applied);
+    }
+    age_on(log, transfer.id, ago_ms).await;
+    transfer.id
+}
+
+/// The sweeper never starves behind what it cannot drive: more than a page (100) of stale
+/// transfers to a deployment that is down, left older than a stale transfer between two
+/// that answer, do not keep the latter from being recovered while the outage lasts (it
+/// waited for the outage's end: the oldest page was all transfers to the silent one,
+/// skipped and never claimed, on every pass).
+#[tokio::test]
+async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_stale_ones_to_a_silent_one()
+ {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    {
+        let first = books.app().await;
+        open(&first, "eu-a", 1_000, "eu").await;
+        open(&first, "us-a", 0, "us").await;
+        open(&first, "cn-a", 0, "cn").await;
+    }
+    daemons.daemons[2].kill();
+
+    let eu = books.store("eu");
+    // A burst to cn that cn's outage left unfinished, a minute ago: a page and a half.
+    let to_cn: Vec<_> = (0..150)
+        .map(|_| {
+            left_by_a_killed_instance(eu, values::initial("eu-a", "cn-a", 1), "cn", false, 60_000)
+        })
+        .collect();
+    futures::future::join_all(to_cn).await;
+    // Then an instance was killed right after debiting a transfer to us.
+    let to_us =
+        left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 5), "us", true, 30_000).await;
+    // A fresh instance serves, cn down from its start: known down from the start (a
+    // running instance's watch may take a few seconds to find it silent, and meanwhile
+    // claim and start transfers to it).
+    let app = books.app().await;
+
+    // The sweeper (every 0.1 s, leases of 1 s) takes it over within a few leases.
+    let started = Instant::now();
+    loop {
+        let (status, body) = get(&app, &format!("/transfers/{to_us}")).await;
+        assert_eq!(status, 200, "{body}");
+        if body["state"] == "done" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the transfer between eu and us is still {} while cn is down",
+            body["state"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(books.balance("us-a").await, 5);
+    assert_eq!(books.balance("eu-a").await, 995);
+    let waiting = eu
+        .list_transfers(&Default::default(), 1_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.state == TransferState::Pending)
+        .count();
+    assert_eq!(waiting, 150, "the transfers to cn wait for it");
+}
+
+/// Reads call the money of a hold past its `expiresAt` available (`docs/holds.md`):
+/// here it must be spendable while the hold's release waits for the deployment of its
+/// destination, which is down. With `sweeping`, the sweeper expired the hold first
+/// (`held -> canceling`, reason `expired`), and its release stopped at the destination;
+/// without, the hold is still `held` and the debit expires it on the spot.
+async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(sweeping: bool) {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books
+        .app_with(|s| {
+            if !sweeping {
+                // One pass at start-up, none during the test.
+                s.sweep_interval = Duration::from_secs(3600);
+            }
+        })
+        .await;
+    open(&app, "alice", 100, "eu").await;
+    open(&app, "carol", 0, "eu").await;
+    open(&app, "bob", 0, "cn").await;
+    let (status, hold) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "bob", "amount": 100, "hold": { "expiresInMs": 2000 } }),
+    )
+    .await;
+    assert_eq!(
+        (status, hold["state"].as_str()),
+        (201, Some("held")),
+        "{hold}"
+    );
+    let hold = values::transfer_id(hold["id"].as_str().unwrap());
+    let port = daemons.daemons[2].port;
+    daemons.daemons[2].kill();
+    wait_until_known_down(&app, "cn").await;
+
+    // Past its expiry, and (with the sweeper) expired in the log.
+    let eu = books.store("eu");
+    let expected = if sweeping {
+        TransferState::Canceling
+    } else {
+        TransferState::Held
+    };
+    let started = Instant::now();
+    loop {
+        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let now = eu.server_time().await.unwrap();
+        let expires_at = stored.hold.unwrap().expires_at;
+        if stored.state == expected && now > values::after(expires_at, 500) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the hold is {} at {now}, expiring at {expires_at}",
+            stored.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if sweeping {
+        // The sweeper's release of the hold freed the source first, before it stopped at
+        // the destination.
+        let started = Instant::now();
+        while eu
+            .account(&values::account("alice"))
+            .await
+            .unwrap()
+            .unwrap()
+            .pending_debits
+            != 0
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the expired hold still reserves alice's money"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let (_, alice) = get(&app, "/accounts/alice").await;
+    assert_eq!(alice["availableBalance"].as_i64(), Some(100), "{alice}");
+
+    let (status, spent) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "carol", "amount": 100 }),
+    )
+    .await;
+    assert_eq!(
+        (status, spent["state"].as_str()),
+        (201, Some("done")),
+        "the money shown available was refused: {spent}"
+    );
+
+    // Once cn is back, the hold's release finishes and nothing is left reserved (by a
+    // sweeper: this instance's, or with it not sweeping, another's).
+    daemons.daemons[2] = Daemon::start(daemons.folders[2].path().to_path_buf(), port);
+    let _sweeping = match sweeping {
+        true => None,
+        false => Some(books.app().await),
+    };
+    let started = Instant::now();
+    loop {
+        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        if stored.state == TransferState::Canceled {
+            assert_eq!(stored.reason, Some(CancelReason::Expired));
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the hold is still {} after cn came back",
+            stored.state
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (who, deployment, balance) in [("alice", "eu", 0), ("carol", "eu", 100), ("bob", "cn", 0)] {
+        let a = books
+            .store(deployment)
+            .account(&values::account(who))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (a.balance, a.pending_debits, a.pending_credits),
+            (balance, 0, 0),
+            "{who}"
+        );
+        assert!(a.pending_transactions.is_empty(), "{who}: {a:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_money_of_a_hold_the_sweeper_expired_while_its_destination_is_down_is_spendable() {
+    the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(true).await;
+}
+
+#[tokio::test]
+async fn the_money_of_a_hold_expired_by_the_debit_while_its_destination_is_down_is_spendable() {
+    the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(false).await;
+}
+
+/// The instance that expired a hold was killed before it released anything, while the
+/// deployment of the hold's destination is down: nobody may drive the hold on (its lease
+/// is fresh, and the sweeper cannot reach the destination), yet reads call its money
+/// available, and a debit spends it: the source's release is guarded by the marker alone
+/// and no copy of a reservation is in flight after `held`, so the debit may make it.
+#[tokio::test]
+async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_while_its_destination_is_down()
+ {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    // A lease far longer than the test: only the debit may release the hold's source.
+    let app = books
+        .app_with(|s| s.stale_after = Duration::from_secs(600))
+        .await;
+    open(&app, "alice", 100, "eu").await;
+    open(&app, "carol", 0, "eu").await;
+    open(&app, "bob", 0, "cn").await;
+    let (eu, cn) = (books.store("eu"), books.store("cn"));
+    // What the killed expirer left: the hold `canceling` (expired), both reservations in
+    // place, its lease fresh.
+    let mut hold = values::initial("alice", "bob", 100);
+    hold.source_deployment = eu.deployment().clone();
+    hold.destination_deployment = cn.deployment().clone();
+    hold.hold = Some(Hold {
+        amount: values::amount(100),
+        expires_at: values::after(eu.server_time().await.unwrap(), -1_000),
+    });
+    let deadline = |now| values::after(now, 10_000);
+    for (store, account, kind) in [
+        (eu, "alice", Forward::ReserveOut),
+        (cn, "bob", Forward::ReserveIn),
+    ] {
+        let step = store
+            .forward(
+                kind,
+                &values::account(account),
+                hold.id,
+                values::amount(100),
+                deadline(store.server_time().await.unwrap()),
+            )
+            .await
+            .unwrap();
+        assert!(step.applied);
+    }
+    hold.state = TransferState::Canceling;
+    hold.reason = Some(CancelReason::Expired);
+    hold.owner = Some("killed/00000000".into());
+    daemons.daemons[2].kill();
+    wait_until_known_down(&app, "cn").await;
+    eu.insert_transfer(&hold).await.unwrap();
+
+    let (_, alice) = get(&app, "/accounts/alice").await;
+    assert_eq!(alice["availableBalance"].as_i64(), Some(100), "{alice}");
+    let (status, spent) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "carol", "amount": 100 }),
+    )
+    .await;
+    assert_eq!(
+        (status, spent["state"].as_str()),
+        (201, Some("done")),
+        "the money shown available was refused: {spent}"
+    );
+    let alice = eu
+        .account(&values::account("alice"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((alice.balance, alice.pending_debits), (0, 0));
+    assert!(alice.pending_transactions.is_empty(), "{alice:?}");
+}
+
+/// The sweeper's scans page past what they skip: every stale transfer is returned once,
+/// in `lastModified` order, even where more than a page share one `lastModified` (a burst
+/// stamped in one millisecond); transfers into a deployment named unreachable are left
+/// out, those within the log's own deployment (no `destinationDeployment`) are not.
+#[tokio::test]
+async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out_unreachable_ones()
+{
+    let books = Books::shared().await;
+    let eu = books.store("eu");
+    let now = eu.server_time().await.unwrap();
+    // 250 at one instant, 30 a millisecond before and 30 after; 40 to cn among them.
+    let mut expected = Vec::new();
+    let mut to_cn = Vec::new();
+    for i in 0..310 {
+        let ago_ms = match i {
+            0..30 => 60_001,
+            30..280 => 60_000,
+            _ => 59_999,
+        };
+        let mut t = values::initial("eu-a", "other", 1);
+        t.source_deployment = eu.deployment().clone();
+        t.destination_deployment =
+            DeploymentName::parse(if i % 8 == 0 { "cn" } else { "eu" }).unwrap();
+        eu.insert_transfer(&t).await.unwrap();
+        let then = mongodb::bson::DateTime::from_chrono(values::after(now, -ago_ms));
+        eu.database()
+            .collection::<mongodb::bson::Document>("transactions")
+            .update_one(
+                mongodb::bson::doc! { "_id": mongodb::bson::oid::ObjectId::from_bytes(t.id.bytes()) },
+                mongodb::bson::doc! { "$set": { "lastModified": then } },
+            )
+            .await
+            .unwrap();
+        if i % 8 == 0 {
+            to_cn.push(t.id);
+        } else {
+            expected.push(t.id);
+        }
+    }
+    let cn = DeploymentName::parse("cn").unwrap();
+    for (unreachable, expected) in [
+        (vec![], [expected.clone(), to_cn].concat()),
+        (vec![cn], expected),
+    ] {
+        let mut scan = Scan::new(values::after(now, -1_000), unreachable.clone());
+        let mut seen: Vec<Transfer> = Vec::new();
+        let mut pages = 0;
+        loop {
+            let page = eu.unfinished(&scan, 100).await.unwrap();
+            scan.past(&page);
+            pages += 1;
+            let last = page.len() < 100;
+            seen.extend(page);
+            if last {
+                break;
+            }
+        }
+        assert!(
+            seen.windows(2)
+                .all(|w| w[0].last_modified <= w[1].last_modified),
+            "not in lastModified order"
+        );
+        let returned: HashSet<TransferId> = seen.iter().map(|t| t.id).collect();
+        let missing = expected.iter().filter(|id| !returned.contains(id)).count();
+        assert_eq!(
+            (seen.len(), returned.len(), missing),
+            (expected.len(), expected.len(), 0),
+            "returned, of them distinct, and missing (unreachable: {unreachable:?})"
+        );
+        assert_eq!(pages, expected.len() / 100 + 1);
+    }
+}
+
+/// A deployment that stops answering without closing its connections (frozen: SIGSTOP,
+/// or cut off by a partition) holds what was sent to it until the driver gives up (about
+/// 10 s), before the watch finds it silent. That must not hold up the sweeping of the
+/// other logs: a hold from eu into cn that expires meanwhile is expired, and its money
+/// freed, at once (it waited for cn's pass to time out before, about 10 s after its
+/// expiry, since one pass covered every log).
+#[tokio::test]
+async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time_outs() {
+    let daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    open(&app, "alice", 100, "eu").await;
+    open(&app, "bob", 0, "cn").await;
+    let (status, hold) = transfer(
+        &app,
+        json!({ "source": "alice", "destination": "bob", "amount": 100, "hold": { "expiresInMs": 3000 } }),
+    )
+    .await;
+    assert_eq!(
+        (status, hold["state"].as_str()),
+        (201, Some("held")),
+        "{hold}"
+    );
+    let hold = values::transfer_id(hold["id"].as_str().unwrap());
+    let eu = books.store("eu");
+    let expires_at = eu
+        .transfer(hold)
+        .await
+        .unwrap()
+        .unwrap()
+        .hold
+        .unwrap()
+        .expires_at;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    daemons.daemons[2].signal(libc::SIGSTOP);
+    loop {
+        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let alice = eu
+            .account(&values::account("alice"))
+            .await
+            .unwrap()
+            .unwrap();
+        let late_ms = (eu.server_time().await.unwrap() - expires_at).num_milliseconds();
+        if stored.state == TransferState::Canceling && alice.pending_debits == 0 {
+            break;
+        }
+        assert!(
+            late_ms < 3_000,
+            "{late_ms} ms after its expiry the hold is {} and reserves {} of alice's",
+            stored.state,
+            alice.pending_debits
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Thawed, cn takes its release, and nothing is left reserved.
+    daemons.daemons[2].signal(libc::SIGCONT);
+    let started = Instant::now();
+    while eu.transfer(hold).await.unwrap().unwrap().state != TransferState::Canceled {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the hold never ended after cn was thawed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let bob = books
+        .store("cn")
+        .account(&values::account("bob"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((bob.balance, bob.pending_credits), (0, 0));
+    assert_eq!(books.totals().await, (100, 0));
 }

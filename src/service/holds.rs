@@ -13,8 +13,10 @@
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
+use crate::store::accounts::Side;
 use crate::store::transfers::{Mover, Settle, StepFields};
 use crate::store::{StoreError, StoreResult};
+use crate::telemetry::Chain;
 
 /// Why a capture or a void cannot be made: the hold has gone another way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +76,65 @@ impl Bank {
         // Boxed: a debit's run expires holds through here, and runs them (recursion).
         let ended = Box::pin(self.run(hold)).await?;
         Ok(ended.state == TransferState::Canceled)
+    }
+
+    /// Frees what `hold`, past its `expiresAt` and still `held` or `canceling`, keeps
+    /// reserved on its source, for a debit that needs the money (reads already leave it
+    /// out: `Bank::as_of_now`). Expires it first if it is still `held`; then releases the
+    /// source's reservation without waiting for the destination's, whose deployment may
+    /// be down, nor for the hold's owner, who may be dead. Whether the source no longer
+    /// carries it (released by this call or by anyone before).
+    ///
+    /// Why anyone may release the source of a `canceling` hold: the release is guarded by
+    /// the hold's marker on the account alone, so of everyone who makes it (its owner, a
+    /// recoverer, this call) exactly one lands, and no capture can race it (`canceling`
+    /// only ever goes to `canceled`). No copy of a reservation can land
+    /// after it either: a hold that came from `held` (expired, voided) had none in flight
+    /// any more (see `Mover::Settler`); one rolled back from `pending` by a cancel has both
+    /// accounts fenced; one rolled back by its owner may still see its reservation land
+    /// again, but the owner (or, after its lease, a recoverer) releases it only once no
+    /// copy can land, and that later release takes it away again. Releasing a reservation
+    /// moves no money, so its order against the destination's does not matter.
+    pub(super) async fn free_expired_reservation(&self, hold: Transfer) -> StoreResult<bool> {
+        let mut hold = hold;
+        let mut expired_here = false;
+        if hold.state == TransferState::Held {
+            let fields = StepFields {
+                reason: Some(CancelReason::Expired),
+                ..StepFields::default()
+            };
+            expired_here = self
+                .settle_hold(&hold, TransferEvent::Void, Settle::Expire, fields)
+                .await?;
+            if !expired_here {
+                hold = self.reload(&hold).await?;
+            }
+        }
+        match hold.state {
+            TransferState::Held if expired_here => {}
+            TransferState::Canceling => {}
+            // Released already.
+            TransferState::Canceled => return Ok(true),
+            // Captured (the capture takes the reservation), or not expired after all.
+            _ => return Ok(false),
+        }
+        let held = hold
+            .hold
+            .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
+            .amount;
+        self.on(&hold, Side::Source)?
+            .release(&hold.source, hold.id, Side::Source, held)
+            .await?;
+        if expired_here {
+            tracing::info!(transfer_id = %hold.id, "hold expired before a debit that needed its money");
+            // The rest of its release, as its new owner: the destination's deployment may
+            // not answer, and then a sweeper finishes it once it does.
+            let id = hold.id;
+            if let Err(e) = Box::pin(self.run(hold)).await {
+                tracing::warn!(transfer_id = %id, error = %Chain(&e), "an expired hold's release is left for the sweeper");
+            }
+        }
+        Ok(true)
     }
 
     async fn capture_admitted(

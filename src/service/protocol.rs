@@ -28,8 +28,7 @@
 use super::Bank;
 use super::unanswered::StateChange;
 use crate::domain::{
-    Account, AccountId, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent,
-    TransferState,
+    Account, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent, TransferState,
 };
 use crate::store::accounts::{Forward, Side};
 use crate::store::transfers::{Mover, StepFields};
@@ -56,7 +55,7 @@ enum Refusal {
 }
 
 fn classify(
-    account: Option<Account>,
+    account: Option<&Account>,
     transfer: &Transfer,
     fits: impl Fn(&Account) -> bool,
 ) -> Refusal {
@@ -67,7 +66,7 @@ fn classify(
         Refusal::AlreadyApplied
     } else if account.fenced_transactions.contains(&transfer.id) {
         Refusal::Fenced
-    } else if !fits(&account) {
+    } else if !fits(account) {
         Refusal::Balance
     } else {
         Refusal::Retry
@@ -271,7 +270,7 @@ impl Bank {
                 Side::Source => a.balance - a.pending_debits >= value,
                 Side::Destination => a.balance + a.pending_credits <= MAX_MONEY - value,
             };
-            let reason = match classify(found, t, fits) {
+            let reason = match classify(found.as_ref(), t, fits) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),
                 Refusal::Retry if self.renew(t).await? => continue,
                 Refusal::Retry => return Ok(StepResult::LostLease),
@@ -280,7 +279,8 @@ impl Bank {
                 // Holds past their expiry no longer reserve anything, even before a
                 // sweeper has released them: release them now and try again.
                 Refusal::Balance
-                    if side == Side::Source && self.expire_holds_out_of(log, &account).await? =>
+                    if side == Side::Source
+                        && self.expire_holds_out_of(log, found.as_ref()).await? =>
                 {
                     continue;
                 }
@@ -294,21 +294,31 @@ impl Bank {
         Err(contended(t))
     }
 
-    /// Expires the holds out of `account` that are past their `expiresAt` by the
-    /// database's clock and still `held`, releasing each, as the sweeper would. Whether
-    /// this call expired any. The holds out of an account are logged on its deployment,
-    /// `log`.
-    async fn expire_holds_out_of(&self, log: &Store, account: &AccountId) -> StoreResult<bool> {
+    /// Frees the reservations that `account` (as read after a debit or reservation it
+    /// refused) still carries for holds past their `expiresAt` by the database's clock and
+    /// not captured: reads no longer count them, so neither may a spend. Expires those
+    /// still `held` and releases the source's reservation of each, as the sweeper would,
+    /// without waiting for their destinations (see `Bank::free_expired_reservation`).
+    /// Whether any was freed since that read: the step is worth trying again. The holds
+    /// out of an account are logged on its deployment, `log`.
+    async fn expire_holds_out_of(
+        &self,
+        log: &Store,
+        account: Option<&Account>,
+    ) -> StoreResult<bool> {
+        let Some(account) = account else {
+            return Ok(false);
+        };
         let now = log.server_time_lower_bound().await?;
-        let mut expired = false;
-        for hold in log.expired_holds_out_of(account, now, 100).await? {
-            let id = hold.id;
-            if self.expire(hold).await? {
-                tracing::info!(transfer_id = %id, "hold expired before a debit that needed its money");
-                expired = true;
+        let mut freed = false;
+        for hold in log.expired_holds_out_of(&account.id, now, 100).await? {
+            if account.pending_transactions.contains(&hold.id)
+                && self.free_expired_reservation(hold).await?
+            {
+                freed = true;
             }
         }
-        Ok(expired)
+        Ok(freed)
     }
 
     /// Waits until no copy of a forward step this process sent earlier, in this run or
@@ -395,17 +405,20 @@ impl Bank {
     }
 
     /// A void's (or a hold's rollback's) steps: release both reservations wherever they
-    /// were made, then `canceling -> canceled`.
+    /// were made, then `canceling -> canceled`. The source's first: it frees money the
+    /// account's owner may spend, and a reservation moves no money, so the order is free
+    /// (see `Bank::free_expired_reservation`); with the destination's deployment down,
+    /// the money is spendable at once rather than after its outage.
     async fn release(&self, transfer: Transfer, held: Amount) -> StoreResult<Transfer> {
         let id = transfer.id;
-        self.on(&transfer, Side::Destination)?
-            .release(&transfer.destination, id, Side::Destination, held)
-            .await?;
-        failpoint!(self, "after_undo_destination");
         self.on(&transfer, Side::Source)?
             .release(&transfer.source, id, Side::Source, held)
             .await?;
         failpoint!(self, "after_undo_source");
+        self.on(&transfer, Side::Destination)?
+            .release(&transfer.destination, id, Side::Destination, held)
+            .await?;
+        failpoint!(self, "after_undo_destination");
         self.advance(
             transfer,
             TransferEvent::FinishRollback,

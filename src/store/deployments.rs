@@ -143,6 +143,16 @@ impl Deployments {
         }
     }
 
+    /// The deployments known not to answer now, or not migrated yet: what touches them
+    /// is refused (see [`Deployments::of`]).
+    pub fn silent(&self) -> Vec<DeploymentName> {
+        self.stores
+            .iter()
+            .filter(|s| !s.is_answering())
+            .map(|s| s.deployment().clone())
+            .collect()
+    }
+
     /// Unavailable at once while a deployment is known not to answer: a listing needs
     /// them all.
     fn check_all_answering(&self) -> StoreResult<()> {

@@ -16,8 +16,8 @@ use super::documents::{Stored, domain, object_id, stored_key, stored_time, trans
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreError, StoreResult, TransferDoc};
 use crate::domain::{
-    AccountId, Amount, CancelReason, ScopedKey, Timestamp, Transfer, TransferFilter, TransferId,
-    TransferState,
+    AccountId, Amount, CancelReason, DeploymentName, ScopedKey, Timestamp, Transfer,
+    TransferFilter, TransferId, TransferState,
 };
 
 /// The states the sweeper looks for.
@@ -31,6 +31,14 @@ const UNFINISHED: [TransferState; 5] = [
 
 fn unfinished_states() -> Vec<&'static str> {
     UNFINISHED.iter().map(|s| s.as_str()).collect()
+}
+
+/// The states of a hold that still reserves and that no capture has won: past its
+/// `expiresAt`, its reservations no longer count.
+fn uncaptured_states() -> Vec<&'static str> {
+    [TransferState::Held, TransferState::Canceling]
+        .map(TransferState::as_str)
+        .to_vec()
 }
 
 fn finished_states() -> Vec<&'static str> {
@@ -122,6 +130,71 @@ pub struct StepFields {
     pub fenced: bool,
     /// The amount a capture takes (`held -> capturing`): the transfer's new `value`.
     pub captured: Option<Amount>,
+}
+
+/// One of the sweeper's scans of a log for stale transfers (unfinished ones, unfinished
+/// reversals, fenced finished ones), a page at a time, least recently modified first.
+///
+/// Two things keep a scan from starving behind what the sweeper cannot act on, which
+/// would otherwise stay the oldest page on every pass (and `BATCH` of them would hide
+/// every later one):
+/// - the query leaves out transfers whose destination lives on a deployment that does not
+///   answer (`destinationDeployment`; absent means the log's own deployment, which `$nin`
+///   keeps): nothing can drive them until it is back;
+/// - each page starts past the transfers the earlier pages returned, so that what is
+///   skipped for another reason (a transfer this process is driving, a race) is passed
+///   over. Transfers may share one `lastModified` (a burst stamped in one millisecond),
+///   so the position is the last time returned and the ids already returned at it.
+#[derive(Debug, Clone)]
+pub struct Scan {
+    /// Last modified before this, by the clock of the log's deployment: stale.
+    stale_before: Timestamp,
+    /// Deployments that do not answer: transfers into their accounts are left out.
+    unreachable: Vec<DeploymentName>,
+    /// The `lastModified` of the last transfer returned, once a page was read.
+    at: Option<Timestamp>,
+    /// The transfers already returned whose `lastModified` is `at`.
+    seen_at: Vec<TransferId>,
+}
+
+impl Scan {
+    /// A scan from the start of what was modified before `stale_before`, leaving out
+    /// what touches `unreachable`.
+    pub fn new(stale_before: Timestamp, unreachable: Vec<DeploymentName>) -> Scan {
+        Scan {
+            stale_before,
+            unreachable,
+            at: None,
+            seen_at: Vec::new(),
+        }
+    }
+
+    /// Moves past `page`, the last page this scan returned (in `lastModified` order).
+    pub fn past(&mut self, page: &[Transfer]) {
+        for t in page {
+            if self.at != Some(t.last_modified) {
+                self.at = Some(t.last_modified);
+                self.seen_at.clear();
+            }
+            self.seen_at.push(t.id);
+        }
+    }
+
+    /// `filter` narrowed to this scan's next page.
+    fn narrowed(&self, mut filter: Document) -> Document {
+        let mut last_modified = doc! { "$lt": stored_time(self.stale_before) };
+        if let Some(at) = self.at {
+            last_modified.insert("$gte", stored_time(at));
+            let seen: Vec<_> = self.seen_at.iter().map(|id| object_id(*id)).collect();
+            filter.insert("_id", doc! { "$nin": seen });
+        }
+        filter.insert("lastModified", last_modified);
+        if !self.unreachable.is_empty() {
+            let names: Vec<&str> = self.unreachable.iter().map(|d| d.as_str()).collect();
+            filter.insert("destinationDeployment", doc! { "$nin": names });
+        }
+        filter
+    }
 }
 
 impl Store {
@@ -313,15 +386,15 @@ impl Store {
         Ok(())
     }
 
-    /// Done transfers whose reversal was claimed before `stale_before` and has not
-    /// finished: its instance crashed between the claim and the end of the compensation.
+    /// Done transfers whose reversal was claimed before the scan's `stale_before` and has
+    /// not finished: its instance crashed between the claim and the end of the
+    /// compensation. The next page of `scan`.
     pub async fn unfinished_reversals(
         &self,
-        stale_before: Timestamp,
+        scan: &Scan,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
-        self.older_than(doc! { "reversing": true }, stale_before, limit)
-            .await
+        self.stale(doc! { "reversing": true }, scan, limit).await
     }
 
     /// Marks an unfinished transfer `fenced` before anyone fences its accounts, so that
@@ -343,34 +416,38 @@ impl Store {
     }
 
     /// Finished transfers whose account fences may still be in place, last modified
-    /// before `stale_before`.
-    pub async fn fenced_finished(
-        &self,
-        stale_before: Timestamp,
-        limit: u32,
-    ) -> StoreResult<Vec<Transfer>> {
-        self.older_than(
-            doc! { "fenced": true, "state": { "$in": finished_states() } },
-            stale_before,
-            limit,
-        )
-        .await
+    /// before the scan's `stale_before`. The next page of `scan`.
+    pub async fn fenced_finished(&self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
+        let filter = doc! { "fenced": true, "state": { "$in": finished_states() } };
+        self.stale(filter, scan, limit).await
     }
 
     /// Holds still `held` whose `expiresAt` is not after `now` (a time by the database's
     /// clock), soonest expired first.
     pub async fn expired_holds(&self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
-        self.holds_expired_by(None, now, limit).await
+        let filter = doc! {
+            "state": TransferState::Held.as_str(),
+            "expiresAt": { "$lte": stored_time(now) },
+        };
+        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
+            .await
     }
 
-    /// [`Store::expired_holds`] out of one account.
+    /// Holds out of `source` whose reservation reads no longer count (see
+    /// [`Store::expired_holds_touching`]), soonest expired first.
     pub async fn expired_holds_out_of(
         &self,
         source: &AccountId,
         now: Timestamp,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
-        self.holds_expired_by(Some(source), now, limit).await
+        let filter = doc! {
+            "state": { "$in": uncaptured_states() },
+            "expiresAt": { "$lte": stored_time(now) },
+            "source": source.as_str(),
+        };
+        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
+            .await
     }
 
     /// Holds touching any of `accounts` that are past their `expiresAt` at `now` and not
@@ -381,9 +458,8 @@ impl Store {
         now: Timestamp,
     ) -> StoreResult<Vec<Transfer>> {
         let ids: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
-        let states = [TransferState::Held, TransferState::Canceling].map(TransferState::as_str);
         let filter = doc! {
-            "state": { "$in": states.to_vec() },
+            "state": { "$in": uncaptured_states() },
             "expiresAt": { "$lte": stored_time(now) },
             "$or": [{ "source": { "$in": &ids } }, { "destination": { "$in": &ids } }],
         };
@@ -393,23 +469,6 @@ impl Store {
             .max_time(super::READ_TIME_LIMIT)
             .await?;
         domain(cursor.try_collect().await?, &self.deployment)
-    }
-
-    async fn holds_expired_by(
-        &self,
-        source: Option<&AccountId>,
-        now: Timestamp,
-        limit: u32,
-    ) -> StoreResult<Vec<Transfer>> {
-        let mut filter = doc! {
-            "state": TransferState::Held.as_str(),
-            "expiresAt": { "$lte": stored_time(now) },
-        };
-        if let Some(source) = source {
-            filter.insert("source", source.as_str());
-        }
-        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
-            .await
     }
 
     /// Forgets that a finished transfer's accounts are fenced, once the fences are gone.
@@ -423,20 +482,10 @@ impl Store {
         Ok(())
     }
 
-    /// Transfers matching `filter` last modified before `before`, oldest first.
-    async fn older_than(
-        &self,
-        mut filter: Document,
-        before: Timestamp,
-        limit: u32,
-    ) -> StoreResult<Vec<Transfer>> {
-        filter.insert("lastModified", doc! { "$lt": stored_time(before) });
-        self.oldest_first(filter, limit).await
-    }
-
-    /// At most `limit` transfers matching `filter`, least recently modified first.
-    async fn oldest_first(&self, filter: Document, limit: u32) -> StoreResult<Vec<Transfer>> {
-        self.find_sorted(filter, doc! { "lastModified": 1 }, limit)
+    /// The next page of `scan` (at most `limit` transfers matching `filter`), least
+    /// recently modified first.
+    async fn stale(&self, filter: Document, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
+        self.find_sorted(scan.narrowed(filter), doc! { "lastModified": 1 }, limit)
             .await
     }
 
@@ -691,19 +740,12 @@ impl Store {
         taken.map(|d| d.into_domain(&self.deployment)).transpose()
     }
 
-    /// Unfinished transfers last modified before `stale_before` (a time by the
-    /// database's clock, see [`Store::server_time`]), oldest first.
-    pub async fn unfinished(
-        &self,
-        stale_before: Timestamp,
-        limit: u32,
-    ) -> StoreResult<Vec<Transfer>> {
-        self.older_than(
-            doc! { "state": { "$in": unfinished_states() } },
-            stale_before,
-            limit,
-        )
-        .await
+    /// Unfinished transfers last modified before the scan's `stale_before` (a time by the
+    /// database's clock, see [`Store::server_time`]), oldest first. The next page of
+    /// `scan`.
+    pub async fn unfinished(&self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
+        let filter = doc! { "state": { "$in": unfinished_states() } };
+        self.stale(filter, scan, limit).await
     }
 
     /// Claims a transfer found by [`Store::unfinished`]: one guarded findAndModify that

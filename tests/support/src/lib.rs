@@ -166,6 +166,14 @@ impl Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Sends `signal` (libc::SIGSTOP freezes the daemon: its connections stay open and
+    /// nothing answers; libc::SIGCONT thaws it).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(rc, 0, "kill({signal})");
+    }
 }
 
 impl Drop for Daemon {
