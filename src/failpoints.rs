@@ -7,10 +7,15 @@
 //! for a hold, `after_debit` and `after_credit` follow its reservations, then
 //! `after_held`, `after_settle` (a capture, void or expiry won `held`),
 //! `after_capture_source`, `after_capture_destination`, and a void's releases are
-//! `after_undo_source`, `after_undo_destination` (the source's first); `after_take_key` (an idempotency key
-//! taken, its transfer not recorded yet) and `after_reserve_account` (an account id
-//! reserved in the directory, the account not written yet). Each write of the store calls it right before the write is
-//! sent, so that a test can hold a write back and let it reach the server late:
+//! `after_undo_source`, `after_undo_destination` (the source's first); `after_take_key` (an
+//! idempotency key taken, its transfer not recorded yet), `after_reserve_account` (an
+//! account id reserved in the directory, the account not written yet) and `after_drive`
+//! (a run let go of its transfer's drive lock: another task of the process may drive it
+//! now). A run that finds its transfer driven by another task of its process waits at
+//! `wait_drive`, and only under a [`Hook`] (see [`hooked`]): it tries the lock again each
+//! time it is let go, so that a scheduler sees it wait. Each write of the store calls it
+//! right before the write is sent, so that a test can hold a write back and let it reach
+//! the server late:
 //! `before_insert`, `before_transition`, `before_force`, `before_renew`, `before_claim`,
 //! `before_take_over`, `before_claim_reversal`, `before_mark_fenced`, `before_fence`,
 //! `before_debit`, `before_credit`, `before_pull`, `before_undo`, `before_settle`,
@@ -121,6 +126,18 @@ pub fn install_hook(instance: &str, hook: Arc<dyn Hook>) {
     {
         HOOKS_INSTALLED.fetch_add(1, Ordering::AcqRel);
     }
+}
+
+/// Whether a hook is installed for `instance`. A hook runs the instance as one sequence
+/// of points, so then the instance neither blocks where the hook cannot see it (a run
+/// waiting for another task of its process parks at `wait_drive` and tries again when
+/// let go) nor runs two parts of itself at once (a sweep does one thing at a time).
+pub fn hooked(instance: &str) -> bool {
+    HOOKS_INSTALLED.load(Ordering::Acquire) > 0
+        && hooks()
+            .lock()
+            .expect("failpoint hooks")
+            .contains_key(instance)
 }
 
 /// Removes the hook of `instance`: its points run on again.

@@ -95,15 +95,19 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
         .all()
         .iter()
         .map(|log| sweep_log(bank, log, shutdown));
+    let passes = if one_at_a_time(bank) {
+        let mut done = Vec::new();
+        for pass in passes {
+            done.push(pass.await);
+        }
+        done
+    } else {
+        futures::future::join_all(passes).await
+    };
     let mut report = SweepReport::default();
     let mut failure = None;
     let mut swept = false;
-    for (log, pass) in bank
-        .deployments()
-        .all()
-        .iter()
-        .zip(futures::future::join_all(passes).await)
-    {
+    for (log, pass) in bank.deployments().all().iter().zip(passes) {
         match pass {
             Ok(one) => {
                 report += one;
@@ -141,6 +145,7 @@ async fn sweep_log(
     // control as new transfers (waiting for a permit rather than being refused), so a
     // backlog is recovered as fast as the database allows, never faster than it admits.
     let mut runs = tokio::task::JoinSet::new();
+    let sequential = one_at_a_time(bank);
     let mut unfinished = scan.clone();
     'pages: loop {
         let page = store.unfinished(&unfinished, BATCH).await?;
@@ -195,16 +200,16 @@ async fn sweep_log(
                     }
                 }
             });
+            if sequential {
+                count_recovered(runs.join_next().await, &mut report);
+            }
         }
         if last_page {
             break;
         }
     }
     while let Some(ended) = runs.join_next().await {
-        if ended.unwrap_or(false) {
-            report.finished += 1;
-            crate::metrics::transfer_recovered();
-        }
+        count_recovered(Some(ended), &mut report);
     }
     if !shutdown.is_cancelled() {
         match finish_reversals(bank, store, scan.clone(), shutdown).await {
@@ -221,6 +226,28 @@ async fn sweep_log(
         }
     }
     Ok(report)
+}
+
+/// Counts a claimed transfer's run that `ended` (`true`: at its end) in `report`.
+fn count_recovered(ended: Option<Result<bool, tokio::task::JoinError>>, report: &mut SweepReport) {
+    if let Some(Ok(true)) = ended {
+        report.finished += 1;
+        crate::metrics::transfer_recovered();
+    }
+}
+
+/// Whether a pass does one thing at a time: the deployments one after the other, and
+/// each claimed transfer's run before the next claim. Only under a test's scheduler
+/// (`failpoints::hooked`), which runs each actor as one sequence of points and lets one
+/// point go at a time: two parts of one actor running at once would escape it.
+fn one_at_a_time(bank: &Bank) -> bool {
+    #[cfg(feature = "failpoints")]
+    return crate::failpoints::hooked(bank.instance_id());
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = bank;
+        false
+    }
 }
 
 /// Finishes the reversals whose instance crashed after claiming them (`reversing` and

@@ -20,6 +20,29 @@
 //! it comes before the hold is recorded. The prelude `held:` runs the hold to `held`
 //! first, as `done:` runs a transfer to `done`.
 //!
+//! Two tasks of one process (issue 17, item 1): in a scenario with the prefix `same:` the
+//! actors (and the owner of a `done:` or `held:` prelude) are `Bank::sibling`s of one
+//! process: they share its owner in `application`, its drive locks, its record of
+//! unanswered writes and its admission, and each names its points with an instance id of
+//! its own, so that the scheduler tells them apart. A run that finds its transfer driven
+//! by a sibling parks at `wait_drive` and is not ready (blocked) until an actor lets go of
+//! a drive lock (`after_drive`, told to the scheduler, never parked at); if only blocked
+//! actors are left, the schedule is a deadlock. One actor may have a step held back for
+//! the whole schedule (shown after its name, `cancel~credit`: its debits, credits or
+//! state changes as owner, `~debit`, `~credit`, `~transition`, see
+//! `failpoints::hold_back`): each attempt fails unanswered and is kept, so its run fails
+//! and it answers 503, which is right for it alone. The actor `net` sends what is held
+//! back when the scheduler lets it go: a late landing at a moment the schedule chooses.
+//! It waits until a write is held back (before that it would send nothing; it runs then
+//! only if nobody else can); whatever is still held when the actors are done is sent
+//! then, before the final sweep. The actor `lapse` waits (really: time passing is safe at
+//! any moment) until the lease of every unfinished transfer has lapsed and then sweeps:
+//! the process's own sweeper claiming back a transfer of its own. Under the scheduler a
+//! sweep does one thing at a time (deployments one after the other, each run before the
+//! next claim), so that no part of an actor runs unseen. `same:` scenarios use
+//! `SAME_LEASE`, shorter than `LEASE`, as most of their schedules wait most of a lease:
+//! a second run waits until a first run's unanswered step can no longer land.
+//!
 //! Exploration:
 //! 1. every ordering with at most `EXPLORE_PREEMPTIONS` preemptions (CHESS-style bound,
 //!    default 1; `all` for every ordering; depth-first over the decision tree) of the
@@ -28,11 +51,15 @@
 //!    and {cancel, cancel} of a done transfer; and for a hold: every pair of {capture,
 //!    void, expire, cancel} (two of a kind included) of a held hold, {owner creating it,
 //!    each of those four}, and {recoverer after a crash at point k of creating it,
-//!    cancel} for every point k;
-//! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors; by the seed, half of
-//!    them transfer scenarios (owner or recoverer, cancel, and a second cancel or a
-//!    sweeper), half hold scenarios (three actors drawn from {capture, void, expire,
-//!    cancel, sweeper} after a held prelude, or owner or recoverer and two of those).
+//!    cancel} for every point k; and of one process: {cancel with its reversal's credit
+//!    held back, cancel, net} and the same with the debit held back, of a done transfer,
+//!    and {owner with its credit held back, cancel or lapse, net};
+//! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors; by the seed, a quarter
+//!    of them `same:` scenarios (a cancel of a done transfer or an owner, with its debit,
+//!    credit or state change held back; a cancel or a lapse; net), and of the others half
+//!    transfer scenarios (owner or recoverer, cancel, and a second cancel or a sweeper),
+//!    half hold scenarios (three actors drawn from {capture, void, expire, cancel,
+//!    sweeper} after a held prelude, or owner or recoverer and two of those).
 //!
 //! Every scenario runs in two layouts: both accounts on one deployment, and (prefix
 //! `across:`) b on a second deployment, a second database server, so that the credit,
@@ -64,7 +91,9 @@
 //! `EXPLORE_PREEMPTIONS` bounds the preemptions of an exhaustive schedule (default 1;
 //! `all`: every ordering); `EXPLORE_DFS_LIMIT` the schedules per exhaustive scenario
 //! (default: none); `EXPLORE_SCHEDULES` the random ones (default 300); `EXPLORE_WORKERS`
-//! the concurrent databases (default 6); `EXPLORE_POINTS=all` parks after steps too.
+//! the concurrent databases (default 6); `EXPLORE_POINTS=all` parks after steps too;
+//! `EXPLORE_FILTER=<text>` runs only the scenarios (exhaustive, and random by their seed)
+//! whose name contains it, `same:` say.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -94,9 +123,24 @@ const AMOUNT: i64 = 300;
 /// How long a hold of a hold scenario lasts: far longer than a schedule, so that a hold
 /// only expires when a `Kind::Expire` actor makes it.
 const HOLD_EXPIRY: Duration = Duration::from_secs(60);
+/// The lease of the banks of a `same:` scenario. A second run of a transfer in the
+/// process whose first run's step failed without an answer waits until that step's
+/// deadline has passed (up to 0.9 of a lease), and a `lapse` actor waits a lease: real
+/// waits, in most of these schedules. Shorter than `LEASE` so that they cost less. Nothing
+/// of these scenarios takes a transfer over by a lapsed lease but a `lapse` actor, which
+/// waits for it; a deadline that passes while an actor is parked (a sibling waiting out
+/// a step makes it pass) only makes that actor renew its lease and try again.
+const SAME_LEASE: Duration = Duration::from_secs(1);
 /// How long one actor may run between two of its points before the schedule is
-/// declared stuck.
+/// declared stuck: far longer than the longest wait an actor makes without a point (a
+/// second run waiting out a first run's deadline, a `lapse`), a lease.
 const STEP_LIMIT: Duration = Duration::from_secs(30);
+/// The point where a run waits for its transfer's drive lock, held by another task of
+/// its process (`same:` scenarios): the actor is blocked, not ready, until an actor
+/// passes `after_drive` (lets go of a drive lock); then it tries again.
+const WAIT_DRIVE: &str = "wait_drive";
+/// The point a run passes once it has let go of its transfer's drive lock.
+const AFTER_DRIVE: &str = "after_drive";
 
 // ---------------------------------------------------------------------------------------
 // Scenarios
@@ -118,6 +162,14 @@ enum Kind {
     /// The clock reaches the hold's `expiresAt` (a raw write sets it into the past),
     /// then `sweep_once`, which expires it if it is still `held`.
     Expire,
+    /// Time passes until the lease of every unfinished transfer of the schedule has
+    /// lapsed by its log's clock (a real wait: safe at any moment, as time passing is),
+    /// then `sweep_once`, which claims them (in a `same:` scenario, under the process's
+    /// own owner) unless a task of its process is driving them.
+    Lapse,
+    /// The network: sends every write held back so far (see [`Held`]), which reaches the
+    /// server now, late.
+    Net,
 }
 
 impl Kind {
@@ -130,6 +182,8 @@ impl Kind {
             Kind::Capture => "capture",
             Kind::Void => "void",
             Kind::Expire => "expire",
+            Kind::Lapse => "lapse",
+            Kind::Net => "net",
         }
     }
 
@@ -142,7 +196,51 @@ impl Kind {
             "capture" => Kind::Capture,
             "void" => Kind::Void,
             "expire" => Kind::Expire,
+            "lapse" => Kind::Lapse,
+            "net" => Kind::Net,
             other => panic!("unknown actor {other}"),
+        }
+    }
+}
+
+/// A step of one actor held back in the network (`failpoints::hold_back`) for the whole
+/// schedule: every attempt of it fails without an answer, so its run fails (a cancel or a
+/// transfer answers 503), and is kept; the `net` actor, or the end of the actors, sends
+/// what was kept. Shown after the actor's name: `cancel~credit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Its debits (a hold's reservation out included).
+    Debit,
+    /// Its credits (a hold's reservation in included).
+    Credit,
+    /// Its state changes as the owner.
+    Transition,
+}
+
+impl Held {
+    fn name(self) -> &'static str {
+        match self {
+            Held::Debit => "debit",
+            Held::Credit => "credit",
+            Held::Transition => "transition",
+        }
+    }
+
+    fn parse(s: &str) -> Held {
+        match s {
+            "debit" => Held::Debit,
+            "credit" => Held::Credit,
+            "transition" => Held::Transition,
+            other => panic!("unknown held step {other}"),
+        }
+    }
+
+    /// The point `failpoints::hold_back` takes.
+    fn point(self) -> &'static str {
+        match self {
+            Held::Debit => "before_debit",
+            Held::Credit => "before_credit",
+            Held::Transition => "before_transition",
         }
     }
 }
@@ -167,17 +265,27 @@ struct Scenario {
     /// transfer is logged with a, its credit (and a reversal's log) is on the other
     /// server, each step checked by its own server's clock. Shown as the prefix `across:`.
     across: bool,
+    /// The actors, and the owner of a `done:` or `held:` prelude, are tasks of one
+    /// process (`Bank::sibling`): one owner in `application`, one set of drive locks, one
+    /// record of unanswered writes, one admission; each names its points with an instance
+    /// id of its own, so that the scheduler tells them apart. Shown as the prefix `same:`.
+    same: bool,
     /// The owner creates a hold of AMOUNT (expiring in `HOLD_EXPIRY`) instead of a
     /// transfer. Shown as the prefix `hold:`.
     hold: bool,
     prelude: Prelude,
     actors: Vec<Kind>,
+    /// The actor (by index) whose step is held back for the whole schedule, if any.
+    held: Option<(usize, Held)>,
 }
 
 impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.across {
             write!(f, "across:")?;
+        }
+        if self.same {
+            write!(f, "same:")?;
         }
         if self.hold {
             write!(f, "hold:")?;
@@ -188,7 +296,15 @@ impl fmt::Display for Scenario {
             Prelude::Done => write!(f, "done:")?,
             Prelude::Held => write!(f, "held:")?,
         }
-        let names: Vec<_> = self.actors.iter().map(|k| k.name()).collect();
+        let names: Vec<String> = self
+            .actors
+            .iter()
+            .enumerate()
+            .map(|(i, k)| match self.held {
+                Some((at, held)) if at == i => format!("{}~{}", k.name(), held.name()),
+                _ => k.name().to_string(),
+            })
+            .collect();
         write!(f, "{}", names.join("+"))
     }
 }
@@ -197,10 +313,28 @@ impl Scenario {
     fn new(prelude: Prelude, actors: &[Kind]) -> Scenario {
         Scenario {
             across: false,
+            same: false,
             hold: false,
             prelude,
             actors: actors.to_vec(),
+            held: None,
         }
+    }
+
+    /// A scenario whose actors are tasks of one process, the first of them with `held`
+    /// held back.
+    fn same(prelude: Prelude, actors: &[Kind], held: Held) -> Scenario {
+        Scenario {
+            same: true,
+            held: Some((0, held)),
+            ..Scenario::new(prelude, actors)
+        }
+    }
+
+    /// The lease of the scenario's banks: `SAME_LEASE` when the actors are one process,
+    /// else `LEASE`.
+    fn lease(&self) -> Duration {
+        if self.same { SAME_LEASE } else { LEASE }
     }
 
     /// A hold scenario.
@@ -221,6 +355,10 @@ impl Scenario {
 
     fn parse(s: &str) -> Scenario {
         let (across, s) = match s.strip_prefix("across:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (same, s) = match s.strip_prefix("same:") {
             Some(rest) => (true, rest),
             None => (false, s),
         };
@@ -246,11 +384,26 @@ impl Scenario {
             hold || prelude != Prelude::Held,
             "held: is a prelude of hold scenarios only"
         );
+        let mut held = None;
+        let mut kinds = Vec::new();
+        for (i, actor) in actors.split('+').enumerate() {
+            let (kind, step) = match actor.split_once('~') {
+                Some((kind, step)) => (kind, Some(Held::parse(step))),
+                None => (actor, None),
+            };
+            if let Some(step) = step {
+                assert!(held.is_none(), "one actor at most has a step held back");
+                held = Some((i, step));
+            }
+            kinds.push(Kind::parse(kind));
+        }
         Scenario {
             across,
+            same,
             hold,
             prelude,
-            actors: actors.split('+').map(Kind::parse).collect(),
+            actors: kinds,
+            held,
         }
     }
 }
@@ -260,6 +413,8 @@ impl Scenario {
 
 enum Event {
     Parked(usize, &'static str),
+    /// An actor let go of a drive lock: the actors blocked at `WAIT_DRIVE` may try again.
+    Released,
     Finished(usize),
 }
 
@@ -291,12 +446,19 @@ impl Scheduler {
 
 impl Hook for Scheduler {
     fn hit(&self, step: &'static str, instance: &str) -> HookFuture {
-        if !self.all_points && !step.starts_with("before_") {
-            return Box::pin(async {});
-        }
         let Some(&actor) = self.actors.get(instance) else {
             return Box::pin(async {});
         };
+        // Told, not parked at: the release is the last thing a run does, and neither a
+        // switch nor a crash there differs from one at the actor's next point.
+        if step == AFTER_DRIVE {
+            let _ = self.events.send(Event::Released);
+            return Box::pin(async {});
+        }
+        // A wait for a drive lock is always parked at: the actor cannot go on by itself.
+        if step != WAIT_DRIVE && !self.all_points && !step.starts_with("before_") {
+            return Box::pin(async {});
+        }
         self.park(actor, step)
     }
 }
@@ -337,6 +499,15 @@ enum Answer {
     /// How many holds the sweep after the expiry expired (and saw released).
     Expire(Result<usize, String>),
     Sweep(Result<(), String>),
+    /// How many held-back writes the network sent.
+    Net(usize),
+    /// An owner or a cancel answered that the database is unavailable (503): right for
+    /// the actor whose step is held back (`held`), whose run failed; for any other a
+    /// violation.
+    Unavailable {
+        held: bool,
+        error: String,
+    },
     Stuck,
 }
 
@@ -523,11 +694,23 @@ impl Worker {
             answers: Vec::new(),
             violations: Vec::new(),
         };
+        // In a `same:` scenario, the one process whose tasks the actors are.
+        let process = scenario.same.then(|| {
+            Bank::new(
+                Deployments::new(self.stores.to_vec()),
+                format!("{tag}-process"),
+                scenario.lease(),
+            )
+        });
+        let bank_of = |id: &str| match &process {
+            Some(process) => process.sibling(id),
+            None => self.bank(id),
+        };
 
         match scenario.prelude {
             Prelude::Nothing => {}
             Prelude::Done | Prelude::Held => {
-                let owner = self.bank(&format!("{tag}-owner0"));
+                let owner = bank_of(&format!("{tag}-owner0"));
                 let answer = owner
                     .transfer(new_transfer.clone(), None, Completion::Wait)
                     .await
@@ -555,6 +738,7 @@ impl Worker {
                 let mut reached = 0;
                 let crashed = loop {
                     match tokio::time::timeout(STEP_LIMIT, events.recv()).await {
+                        Ok(Some(Event::Released)) => {}
                         Ok(Some(Event::Parked(_, step))) => {
                             run.trace.push(format!("owner@{step}"));
                             if reached == k {
@@ -604,17 +788,29 @@ impl Worker {
             events: events_tx.clone(),
             resumes: Mutex::new(scenario.actors.iter().map(|_| None).collect()),
         });
+        // The held-back step: armed for the whole schedule, under its actor's own id.
+        let held = scenario
+            .held
+            .map(|(i, step)| (ids[i].clone(), step.point()));
+        if let Some((id, point)) = &held {
+            failpoints::hold_back(id, point);
+        }
         let mut tasks = Vec::new();
         for (i, (&kind, id)) in scenario.actors.iter().zip(&ids).enumerate() {
             failpoints::install_hook(id, sched.clone());
-            let bank = self.bank(id);
+            let bank = bank_of(id);
             let start = sched.park(i, "start");
             let events = events_tx.clone();
             let new = new_transfer.clone();
             let (a, b) = (a.clone(), b.clone());
+            let holder = held.as_ref().map(|(id, _)| id.clone());
+            let is_held = scenario.held.is_some_and(|(at, _)| at == i);
             tasks.push(tokio::spawn(async move {
                 start.await;
-                let answer = act(kind, &bank, new, &a, &b).await;
+                let mut answer = act(kind, &bank, new, &a, &b, holder.as_deref()).await;
+                if let Answer::Unavailable { held, .. } = &mut answer {
+                    *held = is_held;
+                }
                 let _ = events.send(Event::Finished(i));
                 answer
             }));
@@ -627,35 +823,63 @@ impl Worker {
             .map(|(i, k)| format!("{}{}", k.name(), i + 1))
             .collect();
         let mut parked: Vec<Option<&'static str>> = vec![None; scenario.actors.len()];
+        // Parked at `WAIT_DRIVE` since the last release of a drive lock: not ready.
+        let mut blocked = vec![false; scenario.actors.len()];
         let mut finished = vec![false; scenario.actors.len()];
         // Every actor parks at `start` first; then one runs at a time.
         let mut waiting_for = scenario.actors.len();
-        let mut stuck = false;
+        let mut stuck = None;
         let mut last: Option<usize> = None;
+        // Whether the held-back actor was let go from its held point, so that a write of
+        // it is held back: until then the network has nothing to send, and it runs only
+        // when nobody else can (where it runs makes no difference then).
+        let mut something_held = false;
         loop {
             while waiting_for > 0 {
                 match tokio::time::timeout(STEP_LIMIT, events.recv()).await {
                     Ok(Some(Event::Parked(i, step))) => {
                         parked[i] = Some(step);
+                        blocked[i] = step == WAIT_DRIVE;
                         waiting_for -= 1;
                     }
+                    Ok(Some(Event::Released)) => blocked.fill(false),
                     Ok(Some(Event::Finished(i))) => {
                         finished[i] = true;
                         waiting_for -= 1;
                     }
                     Ok(None) => break,
                     Err(_) => {
-                        stuck = true;
+                        let running: Vec<&String> = (0..names.len())
+                            .filter(|&i| parked[i].is_none() && !finished[i])
+                            .map(|i| &names[i])
+                            .collect();
+                        stuck = Some(format!(
+                            "stuck: {running:?} did not reach a point nor finish within {STEP_LIMIT:?}"
+                        ));
                         break;
                     }
                 }
             }
-            if stuck {
+            if stuck.is_some() {
                 break;
             }
-            let mut ready: Vec<usize> =
-                (0..parked.len()).filter(|&i| parked[i].is_some()).collect();
+            let mut ready: Vec<usize> = (0..parked.len())
+                .filter(|&i| parked[i].is_some() && !blocked[i])
+                .collect();
+            let is_net = |i: &usize| scenario.actors[*i] == Kind::Net;
+            if !something_held && !ready.iter().all(is_net) {
+                ready.retain(|i| !is_net(i));
+            }
             if ready.is_empty() {
+                let waiting: Vec<&String> = (0..names.len())
+                    .filter(|&i| blocked[i])
+                    .map(|i| &names[i])
+                    .collect();
+                if !waiting.is_empty() {
+                    stuck = Some(format!(
+                        "deadlock: {waiting:?} wait for a drive lock that no actor will let go of"
+                    ));
+                }
                 break;
             }
             // The default (choice 0) lets the actor that ran last go on.
@@ -677,6 +901,12 @@ impl Worker {
             let actor = ready[pick];
             last = Some(actor);
             let step = parked[actor].take().unwrap();
+            if scenario
+                .held
+                .is_some_and(|(i, h)| i == actor && h.point() == step)
+            {
+                something_held = true;
+            }
             run.trace.push(format!("{}@{step}", names[actor]));
             sched.resume(actor);
             waiting_for = 1;
@@ -684,14 +914,8 @@ impl Worker {
         for id in &ids {
             failpoints::remove_hook(id);
         }
-        if stuck {
-            let running: Vec<&String> = (0..names.len())
-                .filter(|&i| parked[i].is_none() && !finished[i])
-                .map(|i| &names[i])
-                .collect();
-            run.violations.push(format!(
-                "stuck: {running:?} did not reach a point nor finish within {STEP_LIMIT:?}"
-            ));
+        if let Some(stuck) = &stuck {
+            run.violations.push(stuck.clone());
             for t in &tasks {
                 t.abort();
             }
@@ -700,7 +924,17 @@ impl Worker {
             let answer = task.await.unwrap_or(Answer::Stuck);
             run.answers.push((kind, answer));
         }
-        if stuck {
+        // What is still held back reaches the server now, the latest a network delivers
+        // it: after every actor, before the final sweep.
+        if let Some((id, point)) = &held {
+            failpoints::let_through(id, point);
+            let sent = failpoints::send_held(id).await;
+            if sent > 0 {
+                run.trace
+                    .push(format!("net (after the actors) sent {sent}"));
+            }
+        }
+        if stuck.is_some() {
             return run;
         }
 
@@ -892,6 +1126,13 @@ impl Worker {
                 Answer::Expire(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
                 Answer::Sweep(Ok(())) => {}
                 Answer::Sweep(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
+                Answer::Net(_) => {}
+                // Its run failed: the transfer is left for a later run, whose end the
+                // checks above judge.
+                Answer::Unavailable { held: true, .. } => {}
+                Answer::Unavailable { held: false, error } => {
+                    v.push(format!("{} answered unavailable: {error}", kind.name()));
+                }
                 Answer::Stuck => v.push(format!("{} never answered", kind.name())),
             }
         }
@@ -1095,29 +1336,81 @@ async fn scenario_transfer(bank: &Bank, a: &str, b: &str) -> Result<Option<Trans
         .map_err(|e| format!("{e:?}"))
 }
 
-/// What one actor does.
-async fn act(kind: Kind, bank: &Bank, new: NewTransfer, a: &str, b: &str) -> Answer {
+/// Waits until the lease of every unfinished transfer touching a or b has lapsed by the
+/// clock of its log (each deployment logs those out of its accounts): time passing.
+async fn lease_lapsed(bank: &Bank, a: &str, b: &str) -> Result<(), String> {
+    let lease = chrono::TimeDelta::from_std(bank.stale_after()).expect("a lease in range");
+    loop {
+        let mut left = Duration::ZERO;
+        for log in bank.deployments().all() {
+            let now = log.server_time().await.map_err(|e| format!("{e:?}"))?;
+            for account in [a, b] {
+                let filter = TransferFilter {
+                    account: Some(AccountId::parse(account).unwrap()),
+                    ..TransferFilter::default()
+                };
+                let listed = log.list_transfers(&filter, 10_000).await;
+                for t in listed.map_err(|e| format!("{e:?}"))? {
+                    let ends = t.last_modified + lease;
+                    if !t.state.is_settled() && ends >= now {
+                        let until = (ends - now).to_std().unwrap_or_default();
+                        left = left.max(until + Duration::from_millis(1));
+                    }
+                }
+            }
+        }
+        if left.is_zero() {
+            return Ok(());
+        }
+        tokio::time::sleep(left).await;
+    }
+}
+
+/// What one actor does. `holder`: the actor whose held-back writes the network sends.
+async fn act(
+    kind: Kind,
+    bank: &Bank,
+    new: NewTransfer,
+    a: &str,
+    b: &str,
+    holder: Option<&str>,
+) -> Answer {
     let never = CancellationToken::new();
     let sweep = || transfer_service::sweeper::sweep_once(bank, &never);
+    // 503: whether that is right depends on the actor (see `Answer::Unavailable`).
+    let unavailable = |e: &ServiceError| {
+        matches!(e, ServiceError::Unavailable(_)).then(|| Answer::Unavailable {
+            held: false,
+            error: e.to_string(),
+        })
+    };
     match kind {
-        Kind::Owner => Answer::Owner(
-            bank.transfer(new, None, Completion::Wait)
-                .await
-                .map(|o| o.transfer)
-                .map_err(|e| format!("{e:?}")),
-        ),
+        Kind::Owner => match bank.transfer(new, None, Completion::Wait).await {
+            Ok(o) => Answer::Owner(Ok(o.transfer)),
+            Err(e) => unavailable(&e).unwrap_or(Answer::Owner(Err(format!("{e:?}")))),
+        },
         Kind::Recoverer | Kind::Sweeper => {
             Answer::Sweep(sweep().await.map(|_| ()).map_err(|e| format!("{e:?}")))
         }
-        Kind::Cancel => Answer::Cancel(match scenario_transfer(bank, a, b).await {
-            Err(e) => Err(e),
-            Ok(None) => Ok(None),
-            Ok(Some(t)) => bank
-                .cancel(t.id)
-                .await
-                .map(Some)
-                .map_err(|e| format!("{e:?}")),
-        }),
+        Kind::Cancel => match scenario_transfer(bank, a, b).await {
+            Err(e) => Answer::Cancel(Err(e)),
+            Ok(None) => Answer::Cancel(Ok(None)),
+            Ok(Some(t)) => match bank.cancel(t.id).await {
+                Ok(t) => Answer::Cancel(Ok(Some(t))),
+                Err(e) => unavailable(&e).unwrap_or(Answer::Cancel(Err(format!("{e:?}")))),
+            },
+        },
+        Kind::Lapse => {
+            let lapse = async {
+                lease_lapsed(bank, a, b).await?;
+                sweep().await.map_err(|e| format!("{e:?}"))
+            };
+            Answer::Sweep(lapse.await.map(|_| ()))
+        }
+        Kind::Net => match holder {
+            Some(holder) => Answer::Net(failpoints::send_held(holder).await),
+            None => Answer::Net(0),
+        },
         Kind::Capture | Kind::Void => {
             let answer = match scenario_transfer(bank, a, b).await {
                 Err(e) => Err(Refused::Other(e)),
@@ -1218,6 +1511,11 @@ fn random_scenario(seed: u64, points: LayoutPoints) -> Scenario {
 }
 
 fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
+    // A quarter of them `same:` scenarios, by a stream of their own.
+    let mut same = seed ^ 0x5A3E_0000_0DD5_EED5;
+    if splitmix(&mut same) % 4 == 0 {
+        return random_same_scenario(&mut same);
+    }
     let mut h = seed ^ 0x401D_5EED_0BAD_CAFE;
     if splitmix(&mut h) % 2 == 1 {
         return random_hold_scenario(&mut h, points.hold);
@@ -1243,6 +1541,22 @@ fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
     Scenario::new(prelude, &[head, Kind::Cancel, third])
 }
 
+/// A random `same:` scenario: two tasks of one process and the network. The first, whose
+/// debit, credit or state change is held back, is a cancel of a done transfer or the
+/// owner of a new one; the second a cancel or the process's sweeper once the lease lapsed.
+fn random_same_scenario(s: &mut u64) -> Scenario {
+    use Kind::*;
+    const HELD: [Held; 3] = [Held::Debit, Held::Credit, Held::Transition];
+    let (prelude, first) = if splitmix(s) % 2 == 0 {
+        (Prelude::Done, Cancel)
+    } else {
+        (Prelude::Nothing, Owner)
+    };
+    let second = if splitmix(s) % 2 == 0 { Cancel } else { Lapse };
+    let held = HELD[(splitmix(s) % HELD.len() as u64) as usize];
+    Scenario::same(prelude, &[first, second, Net], held)
+}
+
 /// A random hold scenario: after the hold is `held`, three actors drawn from capture,
 /// void, expire, cancel and sweeper (half of them); else the owner creating the hold, or
 /// a recoverer after the owner crashed at a random point of it, and two such actors.
@@ -1264,6 +1578,52 @@ fn random_hold_scenario(s: &mut u64, crash_points: usize) -> Scenario {
         actors.push(DRAWN[(splitmix(s) % DRAWN.len() as u64) as usize]);
     }
     Scenario::hold(prelude, &actors)
+}
+
+/// Every exhaustive scenario, in both layouts: within one deployment, and with b on the
+/// second.
+fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
+    use Kind::*;
+    let mut all = Vec::new();
+    for (across, points) in [(false, crash_points.within), (true, crash_points.across)] {
+        let mut add = |scenario: Scenario| {
+            all.push(if across { scenario.across() } else { scenario });
+        };
+        add(Scenario::new(Prelude::Nothing, &[Owner, Cancel]));
+        for k in 0..points.transfer {
+            add(Scenario::new(Prelude::Crash(k), &[Recoverer, Cancel]));
+        }
+        add(Scenario::new(Prelude::Done, &[Cancel, Cancel]));
+        // Holds: every pair of those that settle a held hold, two of a kind included.
+        let settlers = [Capture, Void, Expire, Cancel];
+        for (i, &first) in settlers.iter().enumerate() {
+            for &second in &settlers[i..] {
+                add(Scenario::hold(Prelude::Held, &[first, second]));
+            }
+        }
+        for settler in settlers {
+            add(Scenario::hold(Prelude::Nothing, &[Owner, settler]));
+        }
+        for k in 0..points.hold {
+            add(Scenario::hold(Prelude::Crash(k), &[Recoverer, Cancel]));
+        }
+        // Two tasks of one process, the first one's step held back so that its run
+        // fails, and the network sending the held-back copies when the schedule says: a
+        // second cancel driving the reversal whose debit or credit the first cancel could
+        // not get an answer for; a cancel, or the process's own sweeper once the lease
+        // lapsed, after the owner's credit.
+        for held in [Held::Credit, Held::Debit] {
+            add(Scenario::same(Prelude::Done, &[Cancel, Cancel, Net], held));
+        }
+        for second in [Cancel, Lapse] {
+            add(Scenario::same(
+                Prelude::Nothing,
+                &[Owner, second, Net],
+                Held::Credit,
+            ));
+        }
+    }
+    all
 }
 
 fn describe(scenario: &Scenario, run: &Run, seed: Option<u64>) -> String {
@@ -1318,6 +1678,8 @@ fn short(a: &Answer) -> String {
         | Answer::Void(Err(Refused::Other(e))) => e.clone(),
         Answer::Expire(Ok(n)) => format!("ok, expired {n}"),
         Answer::Sweep(Ok(())) => "ok".into(),
+        Answer::Net(n) => format!("sent {n} held back"),
+        Answer::Unavailable { error, .. } => format!("unavailable: {error}"),
         Answer::Stuck => "stuck".into(),
     }
 }
@@ -1410,6 +1772,30 @@ async fn work(
     }
 }
 
+/// A scenario's name is what `EXPLORE_REPLAY` takes: every scenario the explorer runs
+/// reads back as itself.
+#[test]
+fn every_scenario_reads_back_from_its_name() {
+    let points = CrashPoints {
+        transfer: 14,
+        hold: 10,
+    };
+    let points = LayoutPoints {
+        within: points,
+        across: points,
+    };
+    let random = (1..2_000).map(|seed| random_scenario(seed, points));
+    let all: Vec<Scenario> = exhaustive_scenarios(points)
+        .into_iter()
+        .chain(random)
+        .collect();
+    assert!(all.iter().any(|s| s.same && s.held.is_some()));
+    for scenario in all {
+        let name = scenario.to_string();
+        assert_eq!(Scenario::parse(&name), scenario, "{name}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explore_interleavings() {
     let started = Instant::now();
@@ -1477,36 +1863,18 @@ async fn explore_interleavings() {
         jobs.push_back(Job::Random(seed.parse().expect("EXPLORE_SEED")));
         verbose = true;
     } else {
-        use Kind::*;
-        // Every exhaustive scenario in both layouts: within one deployment, and with b
-        // on the second.
-        for (across, points) in [(false, crash_points.within), (true, crash_points.across)] {
-            let mut add = |scenario: Scenario| {
-                let scenario = if across { scenario.across() } else { scenario };
+        let filter = std::env::var("EXPLORE_FILTER").unwrap_or_default();
+        let wanted = |scenario: &Scenario| scenario.to_string().contains(&filter);
+        for scenario in exhaustive_scenarios(crash_points) {
+            if wanted(&scenario) {
                 jobs.push_back(Job::Exhaustive(scenario));
-            };
-            add(Scenario::new(Prelude::Nothing, &[Owner, Cancel]));
-            for k in 0..points.transfer {
-                add(Scenario::new(Prelude::Crash(k), &[Recoverer, Cancel]));
-            }
-            add(Scenario::new(Prelude::Done, &[Cancel, Cancel]));
-            // Holds: every pair of those that settle a held hold, two of a kind included.
-            let settlers = [Capture, Void, Expire, Cancel];
-            for (i, &first) in settlers.iter().enumerate() {
-                for &second in &settlers[i..] {
-                    add(Scenario::hold(Prelude::Held, &[first, second]));
-                }
-            }
-            for settler in settlers {
-                add(Scenario::hold(Prelude::Nothing, &[Owner, settler]));
-            }
-            for k in 0..points.hold {
-                add(Scenario::hold(Prelude::Crash(k), &[Recoverer, Cancel]));
             }
         }
         let base = env_usize("EXPLORE_SEED_BASE", 1) as u64;
         for seed in base..base + random {
-            jobs.push_back(Job::Random(seed));
+            if wanted(&random_scenario(seed, crash_points)) {
+                jobs.push_back(Job::Random(seed));
+            }
         }
     }
     let jobs = Arc::new(Mutex::new(jobs));

@@ -320,6 +320,22 @@ impl Bank {
         }
     }
 
+    /// Fault injection: another task of this same process, as the interleaving explorer
+    /// (`tests/explorer.rs`) runs two actors of one process. It shares everything the
+    /// process shares between its tasks (the owner written to `application`, the drive
+    /// locks, the record of unanswered writes, admission, the account cache, the
+    /// background tasks), but names its points, and its store handles' points, with
+    /// `instance_id`, so that a scheduler, a pause or a held-back step can tell it from
+    /// its siblings.
+    #[cfg(feature = "failpoints")]
+    pub fn sibling(&self, instance_id: &str) -> Bank {
+        Bank {
+            deployments: self.deployments.named(instance_id),
+            instance_id: instance_id.into(),
+            ..self.clone()
+        }
+    }
+
     pub fn with_strategy(self, strategy: Strategy) -> Bank {
         Bank { strategy, ..self }
     }

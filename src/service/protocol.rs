@@ -86,9 +86,37 @@ impl Bank {
     ///
     /// Returns early only on a database error; the transfer is then left where it is,
     /// every step so far durable, for a later call or the sweeper to resume.
-    pub async fn run(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
+    pub async fn run(&self, transfer: Transfer) -> StoreResult<Transfer> {
         let lock = self.drive_lock(transfer.id);
-        let _driving = lock.lock().await;
+        let driving = self.lock_drive(&lock).await;
+        let ended = self.drive(transfer).await;
+        drop(driving);
+        // Another task of this process may drive the transfer now.
+        failpoint!(self, "after_drive");
+        ended
+    }
+
+    /// Takes `lock`, the drive lock of a transfer (see [`Bank::drive_lock`]). Under a
+    /// test's scheduler (`failpoints::install_hook`), a run that finds it taken parks at
+    /// `wait_drive` and tries again each time it is let go, instead of blocking where the
+    /// scheduler cannot see it: the holder is another task of this process, which goes on
+    /// only when the scheduler lets it.
+    async fn lock_drive<'a>(
+        &self,
+        lock: &'a tokio::sync::Mutex<()>,
+    ) -> tokio::sync::MutexGuard<'a, ()> {
+        #[cfg(feature = "failpoints")]
+        while crate::failpoints::hooked(self.instance_id()) {
+            match lock.try_lock() {
+                Ok(driving) => return driving,
+                Err(_) => failpoint!(self, "wait_drive"),
+            }
+        }
+        lock.lock().await
+    }
+
+    /// The body of [`Bank::run`], under the transfer's drive lock.
+    async fn drive(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
         let _in_flight = crate::metrics::InFlightTransfer::enter();
         // The caller's copy may be stale (another task finished the transfer and pulled
         // its markers, so a re-run debit would apply again): start from the stored state.
