@@ -1043,6 +1043,21 @@ async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_
     assert_eq!(waiting, 150, "the transfers to cn wait for it");
 }
 
+/// A hold of 100 from alice to bob expiring in `expires_in_ms`, `held`: its id.
+async fn hold_from_alice_to_bob(app: &TestApp, expires_in_ms: u64) -> TransferId {
+    let (status, hold) = transfer(
+        app,
+        json!({ "source": "alice", "destination": "bob", "amount": 100, "hold": { "expiresInMs": expires_in_ms } }),
+    )
+    .await;
+    assert_eq!(
+        (status, hold["state"].as_str()),
+        (201, Some("held")),
+        "{hold}"
+    );
+    values::transfer_id(hold["id"].as_str().unwrap())
+}
+
 /// Reads call the money of a hold past its `expiresAt` available (`docs/holds.md`):
 /// here it must be spendable while the hold's release waits for the deployment of its
 /// destination, which is down. With `sweeping`, the sweeper expired the hold first
@@ -1062,17 +1077,7 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
     open(&app, "alice", 100, "eu").await;
     open(&app, "carol", 0, "eu").await;
     open(&app, "bob", 0, "cn").await;
-    let (status, hold) = transfer(
-        &app,
-        json!({ "source": "alice", "destination": "bob", "amount": 100, "hold": { "expiresInMs": 2000 } }),
-    )
-    .await;
-    assert_eq!(
-        (status, hold["state"].as_str()),
-        (201, Some("held")),
-        "{hold}"
-    );
-    let hold = values::transfer_id(hold["id"].as_str().unwrap());
+    let hold = hold_from_alice_to_bob(&app, 2000).await;
     let port = daemons.daemons[2].port;
     daemons.daemons[2].kill();
     wait_until_known_down(&app, "cn").await;
@@ -1337,17 +1342,7 @@ async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time
     let app = books.app().await;
     open(&app, "alice", 100, "eu").await;
     open(&app, "bob", 0, "cn").await;
-    let (status, hold) = transfer(
-        &app,
-        json!({ "source": "alice", "destination": "bob", "amount": 100, "hold": { "expiresInMs": 3000 } }),
-    )
-    .await;
-    assert_eq!(
-        (status, hold["state"].as_str()),
-        (201, Some("held")),
-        "{hold}"
-    );
-    let hold = values::transfer_id(hold["id"].as_str().unwrap());
+    let hold = hold_from_alice_to_bob(&app, 3000).await;
     let eu = books.store("eu");
     let expires_at = eu
         .transfer(hold)
