@@ -6,8 +6,9 @@
 //! `after_held`, `after_settle` (a capture, void or expiry won `held`),
 //! `after_capture_source`, `after_capture_destination`, and a void's releases are
 //! `after_undo_destination`, `after_undo_source`; `after_take_key` (an idempotency key
-//! taken, its transfer not recorded yet) and `after_reserve_account` (an account id
-//! reserved in the directory, the account not written yet). Each write of the store calls it right before the write is
+//! taken, its transfer not recorded yet), `after_reserve_account` (an account id
+//! reserved in the directory, the account not written yet) and `waiting_for_admission`
+//! (a request found every admission permit taken and is about to wait for one). Each write of the store calls it right before the write is
 //! sent, so that a test can hold a write back and let it reach the server late:
 //! `before_insert`, `before_transition`, `before_force`, `before_renew`, `before_claim`,
 //! `before_take_over`, `before_claim_reversal`, `before_mark_fenced`, `before_fence`,
