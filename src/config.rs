@@ -89,6 +89,21 @@ pub struct Args {
     )]
     pub max_transfers_in_flight: usize,
 
+    /// Milliseconds a new transfer or cancel beyond `MAX_TRANSFERS_IN_FLIGHT` waits for
+    /// one of them to finish before it is refused (0 to 10000; 0 refuses at once).
+    /// Requests wait in turn, at most one per connection (see `MAX_CONNECTIONS`), and
+    /// record nothing while they wait; a refusal after the wait is 503 `overloaded` with
+    /// `Retry-After`. The wait keeps clients that retry at once, whatever `Retry-After`
+    /// says, from turning into a storm of refusals that takes the CPU from the admitted
+    /// transfers.
+    #[arg(
+        long,
+        env = "ADMISSION_WAIT_MS",
+        default_value = "1000",
+        value_parser = millis_within(0..=10_000)
+    )]
+    pub admission_wait_ms: u64,
+
     /// Client connections served at once, at most (1 to 100000); a connection beyond it
     /// is answered 503 `overloaded` with `Retry-After` and closed at once, so a burst
     /// from many clients neither waits unanswered nor grows this process's memory.
@@ -263,6 +278,8 @@ pub struct Settings {
     pub group_commit_writes: usize,
     /// Transfers worked on at once, at most (admission control, see `service`).
     pub max_transfers_in_flight: usize,
+    /// How long a request beyond them waits for a permit before it is refused.
+    pub admission_wait: Duration,
     /// Client connections served at once, at most (see `http::connections`).
     pub max_connections: usize,
     /// How long a connection may be idle before the headers of its next request.
@@ -410,14 +427,18 @@ fn hold_millis() -> Trimmed<RangedU64ValueParser<u64>> {
 
 /// A duration in milliseconds, from 1 ms to one day.
 fn millis() -> Trimmed<RangedU64ValueParser<u64>> {
-    const MILLIS: RangeInclusive<u64> = 1..=86_400_000;
+    millis_within(1..=86_400_000)
+}
+
+/// A duration in milliseconds within `range`.
+fn millis_within(range: RangeInclusive<u64>) -> Trimmed<RangedU64ValueParser<u64>> {
     Trimmed {
         complaint: format!(
             "is not a whole number of milliseconds from {} to {}",
-            MILLIS.start(),
-            MILLIS.end()
+            range.start(),
+            range.end()
         ),
-        parser: clap::value_parser!(u64).range(MILLIS),
+        parser: clap::value_parser!(u64).range(range),
     }
 }
 
@@ -657,6 +678,7 @@ impl Settings {
             stale_after: Duration::from_millis(args.stale_after_ms),
             group_commit_writes: args.group_commit_writes,
             max_transfers_in_flight: args.max_transfers_in_flight,
+            admission_wait: Duration::from_millis(args.admission_wait_ms),
             max_connections: args.max_connections,
             http_idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
             startup_patience: Duration::from_millis(args.startup_patience_ms),
@@ -708,6 +730,7 @@ mod tests {
         assert_eq!(s.stale_after, Duration::from_millis(10_000));
         assert_eq!(s.group_commit_writes, 2);
         assert_eq!(s.max_transfers_in_flight, 512);
+        assert_eq!(s.admission_wait, Duration::from_millis(1000));
         assert_eq!(s.max_connections, 1024);
         assert_eq!(s.http_idle_timeout, Duration::from_millis(75_000));
         assert_eq!(s.startup_patience, Duration::from_secs(60));
@@ -840,6 +863,13 @@ mod tests {
                 100_000,
                 "is not a whole number from 1 to 100000",
             ),
+            (
+                "--admission-wait-ms",
+                "ADMISSION_WAIT_MS",
+                0,
+                10_000,
+                "is not a whole number of milliseconds from 0 to 10000",
+            ),
         ];
         for (flag, variable, min, max, complaint) in cases {
             for good in [min, max] {
@@ -849,7 +879,9 @@ mod tests {
                 );
             }
             let beyond = (max + 1).to_string();
-            for bad in ["0", beyond.as_str(), "-1", "", "1.5", "1e3"] {
+            let below = (min > 0).then(|| (min - 1).to_string());
+            let bad_values = [beyond.as_str(), "-1", "", "1.5", "1e3"];
+            for bad in below.as_deref().into_iter().chain(bad_values) {
                 let line = settings(&[&format!("{flag}={bad}")])
                     .unwrap_err()
                     .to_string();

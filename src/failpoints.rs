@@ -9,13 +9,14 @@
 //! `after_capture_source`, `after_capture_destination`, and a void's releases are
 //! `after_undo_source`, `after_undo_destination` (the source's first); `after_take_key` (an
 //! idempotency key taken, its transfer not recorded yet), `after_reserve_account` (an
-//! account id reserved in the directory, the account not written yet) and `after_drive`
-//! (a run let go of its transfer's drive lock: another task of the process may drive it
-//! now). A run that finds its transfer driven by another task of its process waits at
-//! `wait_drive`, and only under a [`Hook`] (see [`hooked`]): it tries the lock again each
-//! time it is let go, so that a scheduler sees it wait. Each write of the store calls it
-//! right before the write is sent, so that a test can hold a write back and let it reach
-//! the server late:
+//! account id reserved in the directory, the account not written yet),
+//! `waiting_for_admission` (a request found every admission permit taken and is about to
+//! wait for one) and `after_drive` (a run let go of its transfer's drive lock: another
+//! task of the process may drive it now). A run that finds its transfer driven by another
+//! task of its process waits at `wait_drive`, and only under a [`Hook`] (see [`hooked`]):
+//! it tries the lock again each time it is let go, so that a scheduler sees it wait. Each
+//! write of the store calls it right before the write is sent, so that a test can hold a
+//! write back and let it reach the server late:
 //! `before_insert`, `before_transition`, `before_force`, `before_renew`, `before_claim`,
 //! `before_take_over`, `before_claim_reversal`, `before_mark_fenced`, `before_fence`,
 //! `before_debit`, `before_credit`, `before_pull`, `before_undo`, `before_settle`,

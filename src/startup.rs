@@ -184,6 +184,7 @@ impl Application {
         )
         .with_strategy(settings.strategy)
         .with_max_in_flight(settings.max_transfers_in_flight)
+        .with_admission_wait(settings.admission_wait)
         .with_default_hold_expiry(settings.hold_expires);
         Ok(Application {
             listener,

@@ -589,13 +589,17 @@ async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() 
 }
 
 /// Admission control: with one transfer in flight allowed and one paused mid-way, the
-/// next transfer and a cancel are refused at once with 503 `overloaded` and
-/// `Retry-After`, nothing is recorded for them, and `/ready` says so; once the first
-/// one finishes, the instance admits again.
+/// next transfer and a cancel wait for the permit (`ADMISSION_WAIT_MS`) and, since it is
+/// not freed in time, are refused with 503 `overloaded` and `Retry-After`; nothing is
+/// recorded for them, and `/ready` says so. Once the first one finishes, the instance
+/// admits again.
 #[tokio::test]
-async fn beyond_its_limit_an_instance_refuses_new_work_at_once_and_records_nothing() {
+async fn beyond_its_limit_an_instance_refuses_new_work_after_the_admission_wait_and_records_nothing()
+ {
+    let wait = Duration::from_millis(300);
     let app = spawn_app_with(|s| {
         s.max_transfers_in_flight = 1;
+        s.admission_wait = wait;
         s.stale_after = Duration::from_secs(60);
     })
     .await;
@@ -604,12 +608,20 @@ async fn beyond_its_limit_an_instance_refuses_new_work_at_once_and_records_nothi
     let (request, id) = start_transfer(&app, 100).await;
     paused.reached().await;
 
+    // The permit stays taken until the test resumes the first transfer, after these
+    // answers: each is refused when its wait ends, or never answered.
+    let asked = Instant::now();
     let refused = app
         .post_json(
             "/transfers",
             json!({ "source": "alice", "destination": "bob", "amount": 1 }),
         )
         .await;
+    assert!(
+        asked.elapsed() >= wait,
+        "refused after {:?}, before its wait of {wait:?} ended",
+        asked.elapsed()
+    );
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
     let body: Value = refused.json().await.unwrap();
@@ -625,13 +637,19 @@ async fn beyond_its_limit_an_instance_refuses_new_work_at_once_and_records_nothi
     assert_eq!(ready.status(), 503);
     let body: Value = ready.json().await.unwrap();
     assert_eq!(body["code"], "overloaded", "{body}");
-    let cancel = app
-        .http
-        .post(app.url(&format!("/transfers/{id}/cancel")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(cancel.status(), 503);
+    let asked = Instant::now();
+    let (status, body) = cancel_answer(&app, id).await;
+    assert!(
+        asked.elapsed() >= wait,
+        "the cancel waited for a permit too"
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["code"], "overloaded", "{body}");
+    assert_eq!(
+        transfer(&app, id).await.state,
+        TransferState::Pending,
+        "the refused cancel changed nothing"
+    );
 
     paused.resume();
     let (status, body) = request.await.unwrap();
@@ -639,6 +657,53 @@ async fn beyond_its_limit_an_instance_refuses_new_work_at_once_and_records_nothi
     assert_eq!(app.get("/ready").await.status(), 200);
     assert_eq!(app.transfer("alice", "bob", 1).await.0, 201);
     assert_balances_and_no_markers(&app, 899, 101).await;
+}
+
+/// A request that finds every permit taken waits for one: the permit freed by a
+/// transfer finishing during its wait is its own, and it is answered 201 instead of 503.
+/// (Before `ADMISSION_WAIT_MS` it was refused at once.)
+#[tokio::test]
+async fn a_request_beyond_the_limit_takes_the_permit_freed_while_it_waits() {
+    let app = spawn_app_with(|s| {
+        s.max_transfers_in_flight = 1;
+        s.admission_wait = Duration::from_secs(10);
+        s.stale_after = Duration::from_secs(60);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    let mut first_paused = failpoints::pause(&app.instance_id, "after_pending");
+    let (first, _) = start_transfer(&app, 100).await;
+    first_paused.reached().await;
+
+    let mut waiting = failpoints::pause(&app.instance_id, "waiting_for_admission");
+    let second = app.http.post(app.url("/transfers")).json(&json!({
+        "source": "alice", "destination": "bob", "amount": 30
+    }));
+    let second = tokio::spawn(async move {
+        let response = second.send().await.expect("an answer");
+        let status = response.status().as_u16();
+        (
+            status,
+            response.json::<Value>().await.unwrap_or(Value::Null),
+        )
+    });
+    let mut second = std::pin::pin!(second);
+    tokio::select! {
+        () = waiting.reached() => {}
+        answer = &mut second => panic!("answered without waiting for a permit: {answer:?}"),
+    }
+    // It waits for the permit now; the first transfer finishes and frees it.
+    waiting.resume();
+    first_paused.resume();
+    let (status, body) = first.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = second.await.unwrap();
+    assert_eq!(
+        status, 201,
+        "the waiting request got the freed permit: {body}"
+    );
+    assert_eq!(body["state"], "done", "{body}");
+    assert_balances_and_no_markers(&app, 870, 130).await;
 }
 
 /// A transfer once admitted finishes even if its client hangs up halfway: the protocol

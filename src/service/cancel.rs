@@ -62,7 +62,7 @@ impl Bank {
         W: FnOnce(Bank) -> F,
         F: std::future::Future<Output = ServiceResult<Transfer>> + Send + 'static,
     {
-        let permit = self.admit()?;
+        let permit = self.admit().await?;
         let run = work(self.clone());
         let run = self
             .background_tasks()

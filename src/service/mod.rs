@@ -9,11 +9,14 @@
 //! - [`Bank::cancel`]: roll back a transfer that has not been applied, or reverse one
 //!   that has with a compensating transfer.
 
+mod admission;
 mod cancel;
 mod holds;
 pub mod protocol;
 mod unanswered;
 
+pub(crate) use admission::Admitted;
+pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
 pub use holds::HoldConflict;
 
 use std::sync::Arc;
@@ -253,13 +256,12 @@ pub struct Bank {
     strategy: Strategy,
     /// How long a hold lasts when its request does not say (`HOLD_EXPIRES_MS`).
     default_hold_expiry: Duration,
-    /// Admission control: one permit per transfer this process works on (a new one, a
-    /// cancel, a recovery), held until the protocol run ends. A request that finds none
-    /// is refused at once ([`ServiceError::Overloaded`]) and records nothing. This bounds
-    /// every queue behind it: each transfer has at most one write waiting in the group
-    /// commit, so a batch waits behind at most `permits / MAX_BATCH` others, milliseconds
-    /// against a lease of seconds, and a burst cannot push steps past their deadlines.
-    admission: Arc<tokio::sync::Semaphore>,
+    /// Admission control (see [`admission`]): one permit per transfer this process
+    /// works on (a new one, a cancel, a recovery), held until its run ends. A request
+    /// that finds none waits for one, at most `ADMISSION_WAIT_MS`, then is refused
+    /// ([`ServiceError::Overloaded`]), having recorded nothing. This bounds every queue
+    /// behind it, so that a burst cannot push steps past their deadlines.
+    admission: admission::Admission,
     /// The deployment and currency of every account this process has seen, by id.
     /// Neither ever changes and no account is ever deleted through the service, so a
     /// transfer between known accounts is validated and routed without a read. Should an
@@ -286,12 +288,6 @@ const READY_PING_LIMIT: Duration = Duration::from_millis(900);
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
 pub const DEFAULT_HOLD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Transfers in flight per process unless `MAX_TRANSFERS_IN_FLIGHT` says otherwise.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
-
-/// A permit of admission control, held for as long as a transfer is worked on.
-pub(crate) type Admitted = tokio::sync::OwnedSemaphorePermit;
-
 /// Accounts whose place [`Bank`] remembers, at most; the memory is simply emptied when
 /// full.
 const KNOWN_ACCOUNTS_MAX: usize = 100_000;
@@ -315,7 +311,7 @@ impl Bank {
             stale_after,
             strategy: Strategy::TwoPhase,
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,
-            admission: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
+            admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
             known: Arc::default(),
         }
     }
@@ -352,35 +348,46 @@ impl Bank {
         self.default_hold_expiry
     }
 
-    /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
+    /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`);
+    /// the wait is kept.
     pub fn with_max_in_flight(self, limit: usize) -> Bank {
         Bank {
-            admission: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
+            admission: admission::Admission::new(limit, self.admission.wait()),
             ..self
         }
     }
 
-    /// A permit to work on one more transfer now, or [`ServiceError::Overloaded`].
-    pub(super) fn admit(&self) -> ServiceResult<Admitted> {
-        self.admission
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ServiceError::Overloaded)
+    /// A request beyond the limit waits this long for a permit before it is refused
+    /// (`ADMISSION_WAIT_MS`); zero refuses it at once.
+    pub fn with_admission_wait(self, wait: Duration) -> Bank {
+        Bank {
+            admission: self.admission.clone().waiting(wait),
+            ..self
+        }
     }
 
-    /// A permit, waiting for one: the sweeper's way in, so that recoveries queue behind
-    /// new work instead of being refused (and new requests are refused while it waits).
-    pub(crate) async fn admit_waiting(&self) -> Admitted {
+    /// A permit to work on one more transfer: at once, or within the admission wait,
+    /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
+    pub(super) async fn admit(&self) -> ServiceResult<Admitted> {
+        if let Some(permit) = self.admission.now() {
+            return Ok(permit);
+        }
+        failpoint!(self, "waiting_for_admission");
         self.admission
-            .clone()
-            .acquire_owned()
+            .within_wait()
             .await
-            .expect("the admission semaphore is never closed")
+            .ok_or(ServiceError::Overloaded)
+    }
+
+    /// A permit, waiting for one as long as it takes: the sweeper's way in, so that
+    /// recoveries queue with new work (first come, first served) instead of being refused.
+    pub(crate) async fn admit_waiting(&self) -> Admitted {
+        self.admission.unbounded().await
     }
 
     /// Whether every permit is taken: `/ready` then says so.
     pub fn is_overloaded(&self) -> bool {
-        self.admission.available_permits() == 0
+        self.admission.is_full()
     }
 
     /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
@@ -733,7 +740,7 @@ impl Bank {
         key: Option<ScopedKey>,
         completion: Completion,
     ) -> ServiceResult<TransferOutcome> {
-        let permit = self.admit()?;
+        let permit = self.admit().await?;
         let fingerprint = new.fingerprint();
         let route = self.check_accounts(&new).await?;
         let log = self.deployments.of(&route.source)?;

@@ -286,6 +286,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         stale_after: Duration::from_millis(1000),
         group_commit_writes: transfer_service::store::DEFAULT_GROUP_COMMIT_WRITES,
         max_transfers_in_flight: 512,
+        admission_wait: transfer_service::service::DEFAULT_ADMISSION_WAIT,
         max_connections: 1024,
         http_idle_timeout: Duration::from_secs(75),
         startup_patience: Duration::from_secs(60),
