@@ -741,6 +741,19 @@ impl Bank {
         completion: Completion,
     ) -> ServiceResult<TransferOutcome> {
         let permit = self.admit().await?;
+        // Boxed, so that a request waiting for its permit holds only this small future,
+        // not the state of everything that follows (kilobytes, times every connection).
+        Box::pin(self.transfer_admitted(permit, new, key, completion)).await
+    }
+
+    /// [`Bank::transfer`] once admitted, holding `permit`.
+    async fn transfer_admitted(
+        &self,
+        permit: Admitted,
+        new: NewTransfer,
+        key: Option<IdempotencyKey>,
+        completion: Completion,
+    ) -> ServiceResult<TransferOutcome> {
         let fingerprint = new.fingerprint();
         let route = self.check_accounts(&new).await?;
         let log = self.deployments.of(&route.source)?;
