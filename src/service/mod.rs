@@ -751,7 +751,7 @@ impl Bank {
         &self,
         permit: Admitted,
         new: NewTransfer,
-        key: Option<IdempotencyKey>,
+        key: Option<ScopedKey>,
         completion: Completion,
     ) -> ServiceResult<TransferOutcome> {
         let fingerprint = new.fingerprint();
