@@ -1795,6 +1795,17 @@ async fn hold_answer(app: &TestApp, id: TransferId, action: &str) -> (u16, Value
     (status, response.json().await.unwrap())
 }
 
+/// A held hold on a fresh app whose next two settling writes read the clock a second
+/// past the hold's expiry, then a second before it: a clock going backwards.
+async fn held_hold_under_a_clock_going_back() -> (TestApp, TransferId) {
+    let app = spawn_app_with(|_| {}).await;
+    open_alice_and_bob(&app).await;
+    let (id, expires_at) = held_hold(&app).await;
+    let second = chrono::TimeDelta::seconds(1);
+    failpoints::set_clocks(&app.instance_id, [expires_at + second, expires_at - second]);
+    (app, id)
+}
+
 /// Issue 17, item 3: the database's clock may go backwards between two commands (two
 /// routers, a failover). A void whose first write reads the clock past the hold's expiry
 /// and whose second reads it before: before, neither settled, the void answered 200 with
@@ -1802,11 +1813,7 @@ async fn hold_answer(app: &TestApp, id: TransferId, action: &str) -> (u16, Value
 /// lose to the clock: both answers agree with the stored state.
 #[tokio::test]
 async fn a_void_settles_the_hold_even_when_the_clock_goes_backwards_and_a_capture_then_conflicts() {
-    let app = spawn_app_with(|_| {}).await;
-    open_alice_and_bob(&app).await;
-    let (id, expires_at) = held_hold(&app).await;
-    let second = chrono::TimeDelta::seconds(1);
-    failpoints::set_clocks(&app.instance_id, [expires_at + second, expires_at - second]);
+    let (app, id) = held_hold_under_a_clock_going_back().await;
 
     let (void_status, void) = hold_answer(&app, id, "void").await;
     let (capture_status, capture) = hold_answer(&app, id, "capture").await;
@@ -1838,11 +1845,7 @@ async fn a_void_settles_the_hold_even_when_the_clock_goes_backwards_and_a_captur
 /// wins.
 #[tokio::test]
 async fn a_capture_answers_hold_expired_only_when_the_hold_is_stored_expired() {
-    let app = spawn_app_with(|_| {}).await;
-    open_alice_and_bob(&app).await;
-    let (id, expires_at) = held_hold(&app).await;
-    let second = chrono::TimeDelta::seconds(1);
-    failpoints::set_clocks(&app.instance_id, [expires_at + second, expires_at - second]);
+    let (app, id) = held_hold_under_a_clock_going_back().await;
 
     let (capture_status, capture) = hold_answer(&app, id, "capture").await;
     let (void_status, void) = hold_answer(&app, id, "void").await;
