@@ -8,6 +8,10 @@
 //!   with idempotency keys: a replay returns the existing transfer, never a second one.
 //! - [`Bank::cancel`]: roll back a transfer that has not been applied, or reverse one
 //!   that has with a compensating transfer.
+//!
+//! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
+//! `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits its turn up to
+//! `ADMISSION_WAIT_MS`, then is refused), before anything is recorded.
 
 mod admission;
 mod cancel;
