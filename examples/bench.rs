@@ -1,5 +1,6 @@
 //! The benchmark: `cargo run --release --example bench [-- --quick] [--out DIR]
-//! [--parts limit,twophase,native,seed,overload,holds,deployments]`.
+//! [--parts limit,twophase,native,seed,overload,storm,holds,deployments]
+//! [--admission-wait-ms N]`.
 //!
 //! In one run, against one database server started for it (a SecantusDB daemon with
 //! `--sync-on-commit`, or the server of `MONGODB_URI`), it measures side by side:
@@ -14,7 +15,10 @@
 //! 5. the cost: the server's CPU seconds per thousand transfers and its peak RSS;
 //! 6. overload: two-phase offered 2 and 5 times its capacity, open loop, answering
 //!    synchronously or with `Prefer: respond-async` (goodput, answers, time until every
-//!    accepted transfer is terminal, peak RSS, money conserved);
+//!    accepted transfer is terminal, peak RSS, money conserved); and (`storm`) 1,000
+//!    connections that retry a refused transfer at once, ignoring `Retry-After`, beside
+//!    1,000 that honour it, each mode against its capacity at 64 connections (transfers
+//!    done per second, refusals per second, the service's CPU, peak RSS, drain);
 //! 7. holds: plain transfers, holds created and holds captured per second and their
 //!    latency, side by side at each concurrency (money conserved, no reservation left);
 //! 8. deployments: transfers within one deployment and across two (a second SecantusDB
@@ -41,6 +45,8 @@ mod report;
 mod service;
 #[path = "bench/stats.rs"]
 mod stats;
+#[path = "bench/storm.rs"]
+mod storm;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -56,6 +62,7 @@ use crate::overload::OverloadPlan;
 use crate::procs::{Daemon, project_root};
 use crate::report::{DatabaseInfo, Machine, PUBLISHED, Results};
 use crate::service::{ClosedPlan, Context, SeedPlan};
+use crate::storm::StormPlan;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Part {
@@ -64,6 +71,7 @@ enum Part {
     Native,
     Seed,
     Overload,
+    Storm,
     Holds,
     Deployments,
 }
@@ -83,9 +91,13 @@ struct Cli {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "limit,twophase,native,seed,overload,holds,deployments"
+        default_value = "limit,twophase,native,seed,overload,storm,holds,deployments"
     )]
     parts: Vec<Part>,
+    /// `ADMISSION_WAIT_MS` for the services of the overload and storm parts (unset: the
+    /// service's default); 0 refuses at once, as before the wait existed.
+    #[arg(long)]
+    admission_wait_ms: Option<u64>,
     /// Client concurrencies of the closed-loop parts, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
     concurrency: Vec<usize>,
@@ -104,11 +116,12 @@ struct Plans {
     closed: ClosedPlan,
     seed: SeedPlan,
     overload: OverloadPlan,
+    storm: StormPlan,
     holds: HoldsPlan,
     deployments: DeploymentsPlan,
 }
 
-fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
+fn plans(quick: bool, concurrencies: &[usize], admission_wait_ms: Option<u64>) -> Plans {
     let (warmup, window) = if quick { (0.5, 1.5) } else { (2.0, 10.0) };
     Plans {
         limit: LimitPlan {
@@ -148,11 +161,26 @@ fn plans(quick: bool, concurrencies: &[usize]) -> Plans {
             client_max_in_flight: 4096,
             max_transfers_in_flight: 512,
             stale_after_ms: 10_000,
+            admission_wait_ms,
             capacity_clients: 128,
             capacity_warmup_s: if quick { 0.5 } else { 2.0 },
             capacity_window_s: if quick { 1.5 } else { 5.0 },
             give_up_after_goal_s: if quick { 30.0 } else { 60.0 },
             goal_goodput_fraction: 0.8,
+            goal_peak_rss_mib: 64.0,
+        },
+        storm: StormPlan {
+            connections: 1000,
+            capacity_connections: 64,
+            burst_s: if quick { 2.0 } else { 10.0 },
+            accounts: 1000,
+            opening_balance: 1_000_000_000_000,
+            amount: 1,
+            max_transfers_in_flight: 512,
+            stale_after_ms: 10_000,
+            admission_wait_ms,
+            give_up_after_goal_s: if quick { 30.0 } else { 60.0 },
+            goal_done_fraction: 0.8,
             goal_peak_rss_mib: 64.0,
         },
         holds: HoldsPlan {
@@ -253,7 +281,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) -> ExitCode {
     let clock = Instant::now();
     let wants = |p: Part| cli.parts.contains(&p);
-    let plans = plans(cli.quick, &cli.concurrency);
+    let plans = plans(cli.quick, &cli.concurrency, cli.admission_wait_ms);
     let mut part_seconds: Vec<(String, f64)> = Vec::new();
     let mut notes = Vec::new();
     eprintln!("[bench] results go to {}", out.display());
@@ -262,6 +290,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         || wants(Part::Native)
         || wants(Part::Seed)
         || wants(Part::Overload)
+        || wants(Part::Storm)
         || wants(Part::Holds)
         || wants(Part::Deployments);
     let server_binary = if needs_server {
@@ -419,6 +448,13 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         overload_result = Some(overload::run(ctx, &plans.overload, measured).await);
         part_seconds.push(("overload".to_owned(), t.elapsed().as_secs_f64()));
     }
+    // Part 6b.
+    let mut storm_result = None;
+    if let (Some(ctx), true) = (&ctx, wants(Part::Storm)) {
+        let t = Instant::now();
+        storm_result = Some(storm::run(ctx, &plans.storm).await);
+        part_seconds.push(("storm".to_owned(), t.elapsed().as_secs_f64()));
+    }
     // Part 7.
     let mut holds_result = None;
     if let (Some(ctx), true) = (&ctx, wants(Part::Holds)) {
@@ -436,6 +472,11 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
     let mut violations = overload_result
         .as_ref()
         .map_or_else(Vec::new, overload::OverloadResult::violations);
+    violations.extend(
+        storm_result
+            .as_ref()
+            .map_or_else(Vec::new, storm::StormResult::violations),
+    );
     violations.extend(
         holds_result
             .as_ref()
@@ -486,6 +527,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         closed_plan: plans.closed.clone(),
         seed_plan: plans.seed.clone(),
         overload: overload_result,
+        storm: storm_result,
         holds: holds_result,
         deployments: deployments_result,
         part_seconds,

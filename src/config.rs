@@ -91,9 +91,9 @@ pub struct Args {
 
     /// Milliseconds a new transfer or cancel beyond `MAX_TRANSFERS_IN_FLIGHT` waits for
     /// one of them to finish before it is refused (0 to 10000; 0 refuses at once).
-    /// Requests wait in turn, at most one per connection (see `MAX_CONNECTIONS`), and
-    /// record nothing while they wait; a refusal after the wait is 503 `overloaded` with
-    /// `Retry-After`. The wait keeps clients that retry at once, whatever `Retry-After`
+    /// Requests wait in turn, at most one per connection, and only while the
+    /// connections are below `MAX_CONNECTIONS` (at it, they are refused at once); they
+    /// record nothing while they wait; a refusal is 503 `overloaded` with `Retry-After`. The wait keeps clients that retry at once, whatever `Retry-After`
     /// says, from turning into a storm of refusals that takes the CPU from the admitted
     /// transfers.
     #[arg(

@@ -30,6 +30,9 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 pub struct Application {
     listener: TcpListener,
     bank: Bank,
+    /// The connection places (`MAX_CONNECTIONS`): the server takes one per connection,
+    /// and admission control looks at how many are left.
+    places: std::sync::Arc<tokio::sync::Semaphore>,
     settings: Settings,
 }
 
@@ -177,6 +180,7 @@ impl Application {
                 addr: settings.bind_addr,
                 source,
             })?;
+        let places = http::connections::places(settings.max_connections);
         let bank = Bank::new(
             deployments,
             settings.instance_id.clone(),
@@ -185,10 +189,12 @@ impl Application {
         .with_strategy(settings.strategy)
         .with_max_in_flight(settings.max_transfers_in_flight)
         .with_admission_wait(settings.admission_wait)
+        .with_connection_places(places.clone())
         .with_default_hold_expiry(settings.hold_expires);
         Ok(Application {
             listener,
             bank,
+            places,
             settings,
         })
     }
@@ -236,7 +242,7 @@ impl Application {
             shutdown.clone(),
         ));
         let limits = http::connections::Limits {
-            max_connections: self.settings.max_connections,
+            places: self.places,
             idle_timeout: self.settings.http_idle_timeout,
         };
         http::connections::serve(self.listener, app, limits, shutdown.clone()).await?;

@@ -706,6 +706,56 @@ async fn a_request_beyond_the_limit_takes_the_permit_freed_while_it_waits() {
     assert_balances_and_no_markers(&app, 870, 130).await;
 }
 
+/// A request beyond the limit does not wait when the connections are at their bound
+/// (`MAX_CONNECTIONS`): held, it would keep its client from sending anything more on
+/// that connection, and every further request would need a new connection only to be
+/// refused at the connection level. It is refused at once instead, on its own kept-alive
+/// connection, and records nothing.
+#[tokio::test]
+async fn a_request_beyond_the_limit_is_refused_at_once_when_the_connections_are_at_their_bound() {
+    let app = spawn_app_with(|s| {
+        s.max_transfers_in_flight = 1;
+        // Two places: the paused transfer's connection and this request's.
+        s.max_connections = 2;
+        s.admission_wait = Duration::from_secs(10);
+        s.stale_after = Duration::from_secs(60);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
+    let (request, _) = start_transfer(&app, 100).await;
+    paused.reached().await;
+
+    // Far shorter than the wait: a request that waited would time out here.
+    let refused = app
+        .http
+        .post(app.url("/transfers"))
+        .timeout(Duration::from_secs(5))
+        .json(&json!({ "source": "alice", "destination": "bob", "amount": 1 }))
+        .send()
+        .await
+        .expect("refused at once, not after its wait");
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert!(
+        refused
+            .headers()
+            .get("connection")
+            .is_none_or(|c| c != "close"),
+        "refused by admission on its connection, not at the connection level: {:?}",
+        refused.headers()
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "overloaded", "{body}");
+    let recorded = app.store.list_transfers(&Default::default(), 10).await;
+    assert_eq!(recorded.unwrap().len(), 1, "the refused one left no record");
+
+    paused.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_balances_and_no_markers(&app, 900, 100).await;
+}
+
 /// A transfer once admitted finishes even if its client hangs up halfway: the protocol
 /// runs in a task of its own, not in the request's future.
 #[tokio::test]

@@ -32,7 +32,7 @@ use crate::service::{
 };
 
 /// The states a transfer is not finished in.
-const OPEN_STATES: [&str; 4] = ["initial", "pending", "applied", "canceling"];
+pub const OPEN_STATES: [&str; 4] = ["initial", "pending", "applied", "canceling"];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct OverloadPlan {
@@ -44,9 +44,11 @@ pub struct OverloadPlan {
     pub amount: i64,
     /// Requests the benchmark client keeps in flight at most; beyond, a send is dropped.
     pub client_max_in_flight: usize,
-    /// Given to each service (`MAX_TRANSFERS_IN_FLIGHT`, `STALE_AFTER_MS`).
+    /// Given to each service (`MAX_TRANSFERS_IN_FLIGHT`, `STALE_AFTER_MS`, and
+    /// `ADMISSION_WAIT_MS` when set; unset, the service's default).
     pub max_transfers_in_flight: usize,
     pub stale_after_ms: u64,
+    pub admission_wait_ms: Option<u64>,
     /// The capacity measurement, when the two-phase part did not run.
     pub capacity_clients: usize,
     pub capacity_warmup_s: f64,
@@ -219,18 +221,28 @@ fn scenario_name(multiple: f64, respond_async: bool) -> String {
     )
 }
 
-fn account_ids(n: usize) -> Vec<String> {
+pub fn account_ids(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("o-{i:05}")).collect()
 }
 
-fn server_env(plan: &OverloadPlan) -> [(&'static str, String); 2] {
-    [
+/// What each service of this part is started with: `MAX_TRANSFERS_IN_FLIGHT`,
+/// `STALE_AFTER_MS`, and `ADMISSION_WAIT_MS` when the benchmark was given one.
+pub fn server_env(
+    max_transfers_in_flight: usize,
+    stale_after_ms: u64,
+    admission_wait_ms: Option<u64>,
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![
         (
             "MAX_TRANSFERS_IN_FLIGHT",
-            plan.max_transfers_in_flight.to_string(),
+            max_transfers_in_flight.to_string(),
         ),
-        ("STALE_AFTER_MS", plan.stale_after_ms.to_string()),
-    ]
+        ("STALE_AFTER_MS", stale_after_ms.to_string()),
+    ];
+    if let Some(wait) = admission_wait_ms {
+        env.push(("ADMISSION_WAIT_MS", wait.to_string()));
+    }
+    env
 }
 
 async fn start_server(
@@ -239,13 +251,28 @@ async fn start_server(
     database: &str,
     log: &Path,
 ) -> Result<Server, String> {
+    let env = server_env(
+        plan.max_transfers_in_flight,
+        plan.stale_after_ms,
+        plan.admission_wait_ms,
+    );
+    start_two_phase(ctx, database, log, &env).await
+}
+
+/// A fresh two-phase service on `database`, logging to `log`.
+pub async fn start_two_phase(
+    ctx: &Context,
+    database: &str,
+    log: &Path,
+    env: &[(&'static str, String)],
+) -> Result<Server, String> {
     match Server::start(
         &ctx.server_binary,
         &ctx.uri,
         database,
         "two-phase",
         log,
-        &server_env(plan),
+        env,
     )
     .await
     {
@@ -258,7 +285,7 @@ async fn start_server(
 
 /// Inserts the accounts straight into the service's `accounts` collection (after its
 /// migrations ran), as the service itself stores them.
-async fn insert_accounts(
+pub async fn insert_accounts(
     mongo: &Client,
     database: &str,
     ids: &[String],
@@ -451,7 +478,7 @@ impl Tally {
 
 /// Balances summed and markers counted over every account: (money, accounts,
 /// accounts with a `pendingTransactions` marker).
-async fn money(db: &Database) -> mongodb::error::Result<(i64, u64, u64)> {
+pub async fn money(db: &Database) -> mongodb::error::Result<(i64, u64, u64)> {
     let mut cursor = db
         .collection::<Document>("accounts")
         .find(doc! {})
@@ -477,7 +504,7 @@ async fn money(db: &Database) -> mongodb::error::Result<(i64, u64, u64)> {
 }
 
 /// Transfers not finished yet.
-async fn open_transfers(db: &Database) -> mongodb::error::Result<u64> {
+pub async fn open_transfers(db: &Database) -> mongodb::error::Result<u64> {
     let mut cursor = db
         .collection::<Document>("transactions")
         .find(doc! { "state": { "$in": OPEN_STATES.to_vec() } })
@@ -491,7 +518,7 @@ async fn open_transfers(db: &Database) -> mongodb::error::Result<u64> {
 }
 
 /// Every transfer's id (hex) and end: `done`, `canceled (reason)`, or its open state.
-async fn transfer_states(db: &Database) -> mongodb::error::Result<HashMap<String, String>> {
+pub async fn transfer_states(db: &Database) -> mongodb::error::Result<HashMap<String, String>> {
     let mut cursor = db
         .collection::<Document>("transactions")
         .find(doc! {})

@@ -11,6 +11,7 @@ use crate::limit::LimitResult;
 use crate::overload::{OverloadResult, answers_brief};
 use crate::service::{ClosedPlan, Point, SeedPlan, StrategyResult};
 use crate::stats::Failures;
+use crate::storm::StormResult;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -71,6 +72,8 @@ pub struct Results {
     pub seed_plan: SeedPlan,
     /// Part 6, when it ran.
     pub overload: Option<OverloadResult>,
+    /// Part 6b, the retry storm, when it ran.
+    pub storm: Option<StormResult>,
     /// Part 7, when it ran.
     pub holds: Option<HoldsResult>,
     pub deployments: Option<DeploymentsResult>,
@@ -437,6 +440,9 @@ pub fn markdown(r: &Results) -> String {
     if let Some(o) = &r.overload {
         overload_section(&mut md, o);
     }
+    if let Some(s) = &r.storm {
+        storm_section(&mut md, s);
+    }
     if let Some(h) = &r.holds {
         holds_section(&mut md, h);
     }
@@ -748,6 +754,101 @@ fn overload_section(md: &mut String, o: &OverloadResult) {
     let violations = o.violations();
     if violations.is_empty() {
         if !o.scenarios.is_empty() {
+            let _ = writeln!(
+                md,
+                "No violation: in every scenario money was conserved, no account kept a pendingTransactions marker, every accepted transfer was in the database and terminal (every 201 `done`), and no refused request recorded a transfer.\n"
+            );
+        }
+    } else {
+        let _ = writeln!(md, "**VIOLATIONS:**\n");
+        for v in violations {
+            let _ = writeln!(md, "- **{v}**");
+        }
+        let _ = writeln!(md);
+    }
+}
+
+fn storm_section(md: &mut String, r: &StormResult) {
+    let plan = &r.plan;
+    let _ = writeln!(md, "## Overload: a retry storm, closed loop\n");
+    let _ = writeln!(
+        md,
+        "Each scenario: a fresh service (`MAX_TRANSFERS_IN_FLIGHT={}`, `STALE_AFTER_MS={}`, `ADMISSION_WAIT_MS={}`) and database, {} accounts, amount {}; each client, on its own keep-alive connection, sends `POST /transfers` between a random pair and, once answered, the next one, for {} s. A 503 `overloaded` is sent again: at once by the impatient clients (which ignore `Retry-After`, as naive retry loops and load tools do), after `Retry-After` by the polite ones. Capacity: the same client at {} connections, per mode. Done: transfers done per second of burst (sync: 201 answers received during the burst; respond-async: 202 answers received during the burst whose transfer ended `done`). Service CPU: its CPU seconds per second of burst (2 = both cores). Drain: from the burst's end until every request answered and no transfer was open. Goals (not asserted): done ≥ {:.0}% of the capacity of the same mode, drained within {} s (2 × STALE_AFTER_MS), peak RSS < {} MiB; ✓ met, ✗ missed.\n",
+        plan.max_transfers_in_flight,
+        plan.stale_after_ms,
+        plan.admission_wait_ms
+            .map_or("the default".to_owned(), |w| w.to_string()),
+        num(plan.accounts as f64),
+        plan.amount,
+        plan.burst_s,
+        plan.capacity_connections,
+        plan.goal_done_fraction * 100.0,
+        plan.drain_goal_s(),
+        plan.goal_peak_rss_mib,
+    );
+    let mark = |met: bool| if met { "✓" } else { "✗" };
+    if !r.scenarios.is_empty() {
+        let _ = writeln!(
+            md,
+            "| scenario | done /s | / capacity | refused /s | service CPU /s | drain s | peak RSS MiB | answers |\n|---|---:|---:|---:|---:|---:|---:|---|"
+        );
+        for s in &r.scenarios {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                s.name,
+                num(s.done_per_s),
+                s.done_over_capacity
+                    .map_or("(capacity)".into(), |c| format!(
+                        "{} {}",
+                        ratio(c, 1.0),
+                        s.goals.done_met.map_or("", mark)
+                    )),
+                num(s.refused_per_s),
+                s.server_cpu_per_s.map_or("–".into(), num),
+                s.drain_s.map_or(
+                    format!(
+                        "> {} ✗",
+                        num(plan.drain_goal_s() + plan.give_up_after_goal_s)
+                    ),
+                    |t| format!("{} {}", num(t), mark(s.goals.drain_met))
+                ),
+                s.peak_rss_mib.map_or("–".into(), |p| format!(
+                    "{} {}",
+                    num(p),
+                    s.goals.peak_rss_met.map_or("", mark)
+                )),
+                answers_brief(&s.answers).replace('|', "\\|"),
+            );
+        }
+        let _ = writeln!(md);
+        for s in &r.scenarios {
+            let _ = writeln!(
+                md,
+                "- {}: {} requests sent; last answer {} s after the burst; accepted {} ({}); recorded {} ({}); money {} before, {} after; {} accounts with pendingTransactions; {} `503 overloaded` without Retry-After; the benchmark's own CPU {} /s; server log: {} lines at warn or above.",
+                s.name,
+                num(s.sent as f64),
+                s.last_answer_after_s.map_or("–".into(), num),
+                num(s.accepted as f64),
+                answers_brief(&s.accepted_end_states),
+                num(s.recorded as f64),
+                answers_brief(&s.recorded_by_state),
+                s.money_before,
+                s.money_after,
+                s.accounts_with_pending,
+                s.overloaded_without_retry_after,
+                s.client_cpu_per_s.map_or("–".into(), num),
+                s.server_log_lines,
+            );
+        }
+        let _ = writeln!(md);
+    }
+    if let Some(e) = &r.error {
+        let _ = writeln!(md, "Storm part failed: {e}\n");
+    }
+    let violations = r.violations();
+    if violations.is_empty() {
+        if !r.scenarios.is_empty() {
             let _ = writeln!(
                 md,
                 "No violation: in every scenario money was conserved, no account kept a pendingTransactions marker, every accepted transfer was in the database and terminal (every 201 `done`), and no refused request recorded a transfer.\n"

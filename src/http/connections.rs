@@ -9,6 +9,11 @@
 //!   closed; at most [`REFUSING_AT_ONCE`] are being answered so at a time, and one beyond
 //!   those too is closed unanswered. Nothing waits unanswered in the kernel's accept
 //!   queue, which held clients until they timed out.
+//! - the places are shared with admission control ([`places`]): a request waits for a
+//!   transfer permit only while a place is free, so that once the bound is reached the
+//!   requests on the connections served are refused at once, and their connections can
+//!   carry the clients' next requests, rather than held while new connections are
+//!   refused here.
 //! - a connection must send each request's headers within `idle_timeout` of being
 //!   opened or answered: a quiet keep-alive connection is closed and gives its place
 //!   back, so clients that go quiet cannot lock the others out.
@@ -47,13 +52,19 @@ pub const REFUSED_ROUTE: &str = "(beyond MAX_CONNECTIONS)";
 const REFUSAL_TIME_LIMIT: Duration = Duration::from_secs(2);
 
 /// The bounds on client connections.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
-    /// Connections served at once.
-    pub max_connections: usize,
+    /// One permit per connection served at once (`MAX_CONNECTIONS`), from [`places`].
+    pub places: Arc<Semaphore>,
     /// Longest wait for a request's headers, from the connection's opening or its
     /// previous answer.
     pub idle_timeout: Duration,
+}
+
+/// The places of `max_connections` connections: one permit each, held while a
+/// connection is served.
+pub fn places(max_connections: usize) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(max_connections.max(1)))
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then stops accepting, lets
@@ -64,7 +75,7 @@ pub async fn serve(
     limits: Limits,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let places = limits.places;
     let refusing = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())

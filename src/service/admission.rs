@@ -15,6 +15,15 @@
 //!   (HTTP/1.1; hyper answers pipelined requests one after the other), so at most
 //!   `MAX_CONNECTIONS` requests wait, plus the sweeper, which waits for one permit at a
 //!   time. A client that hangs up drops its wait, and with it its place in the queue.
+//! - Waiting stops when the connections are at their bound. A waiting request holds its
+//!   connection; once every place under `MAX_CONNECTIONS` is taken, a client that
+//!   multiplexes requests over a pool (a gateway, a frontend server) can only open new
+//!   connections, to be refused at the connection level, a TCP connection each time (and
+//!   beyond 64 at once, not even answered). So a request waits only while a place is
+//!   free ([`Room`], shared by the HTTP layer); at the bound it is refused at once, on
+//!   its kept-alive connection, which its client can use again. Clients with one
+//!   connection each, however many retry at once, wait as long as they are within the
+//!   bound.
 //! - First come, first served: tokio's semaphore hands a freed permit to the oldest
 //!   waiter, and `try_acquire` does not overtake waiters, so the sweeper's recoveries
 //!   queue with new work instead of starving behind it.
@@ -46,6 +55,14 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 /// 503 the client can act on, in about a second.
 pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(1000);
 
+/// The connection places the HTTP layer has left: a request waits only while one is
+/// free.
+#[derive(Clone)]
+pub(crate) struct Room {
+    /// One permit per connection that may still be served (`MAX_CONNECTIONS` in all).
+    pub(crate) places: Arc<Semaphore>,
+}
+
 /// The permits, and how long a request may wait for one.
 #[derive(Clone)]
 pub(crate) struct Admission {
@@ -53,6 +70,9 @@ pub(crate) struct Admission {
     permits: Arc<Semaphore>,
     /// How long a request waits for a permit before it is refused; zero refuses at once.
     wait: Duration,
+    /// The connection places, when the HTTP layer shares them; without, a request
+    /// always may wait.
+    room: Option<Room>,
 }
 
 impl Admission {
@@ -60,6 +80,15 @@ impl Admission {
         Admission {
             permits: Arc::new(Semaphore::new(limit.max(1))),
             wait,
+            room: None,
+        }
+    }
+
+    /// `limit` permits instead, the rest unchanged.
+    pub(crate) fn limited(self, limit: usize) -> Admission {
+        Admission {
+            permits: Arc::new(Semaphore::new(limit.max(1))),
+            ..self
         }
     }
 
@@ -68,8 +97,12 @@ impl Admission {
         Admission { wait, ..self }
     }
 
-    pub(crate) fn wait(&self) -> Duration {
-        self.wait
+    /// The same permits, with requests waiting only while `room` has places left.
+    pub(crate) fn within(self, room: Room) -> Admission {
+        Admission {
+            room: Some(room),
+            ..self
+        }
     }
 
     /// A permit now, if one is free and nobody waits for it.
@@ -78,9 +111,13 @@ impl Admission {
     }
 
     /// A permit within the request's wait, in turn behind those waiting already; `None`
-    /// when the wait ran out first.
+    /// when the wait ran out first, or at once when every connection place is taken.
     pub(crate) async fn within_wait(&self) -> Option<Admitted> {
-        if self.wait.is_zero() {
+        let at_the_bound = self
+            .room
+            .as_ref()
+            .is_some_and(|room| room.places.available_permits() == 0);
+        if self.wait.is_zero() || at_the_bound {
             return None;
         }
         let permit = self.permits.clone().acquire_owned();

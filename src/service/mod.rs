@@ -8,6 +8,10 @@
 //!   with idempotency keys: a replay returns the existing transfer, never a second one.
 //! - [`Bank::cancel`]: roll back a transfer that has not been applied, or reverse one
 //!   that has with a compensating transfer.
+//!
+//! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
+//! `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits its turn up to
+//! `ADMISSION_WAIT_MS`, then is refused), before anything is recorded.
 
 mod admission;
 mod cancel;
@@ -348,11 +352,10 @@ impl Bank {
         self.default_hold_expiry
     }
 
-    /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`);
-    /// the wait is kept.
+    /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
     pub fn with_max_in_flight(self, limit: usize) -> Bank {
         Bank {
-            admission: admission::Admission::new(limit, self.admission.wait()),
+            admission: self.admission.clone().limited(limit),
             ..self
         }
     }
@@ -362,6 +365,16 @@ impl Bank {
     pub fn with_admission_wait(self, wait: Duration) -> Bank {
         Bank {
             admission: self.admission.clone().waiting(wait),
+            ..self
+        }
+    }
+
+    /// Requests wait for a permit only while one of the connection places `places`
+    /// (one per connection served, `MAX_CONNECTIONS` in all) is free: see [`admission`].
+    pub fn with_connection_places(self, places: Arc<tokio::sync::Semaphore>) -> Bank {
+        let room = admission::Room { places };
+        Bank {
+            admission: self.admission.clone().within(room),
             ..self
         }
     }
