@@ -692,8 +692,15 @@ async fn a_request_beyond_the_limit_takes_the_permit_freed_while_it_waits() {
         () = waiting.reached() => {}
         answer = &mut second => panic!("answered without waiting for a permit: {answer:?}"),
     }
-    // It waits for the permit now; the first transfer finishes and frees it.
+    // It waits for the permit now, as long as `ADMISSION_WAIT_MS` says: well past the
+    // default wait of 1 s, it is still unanswered.
     waiting.resume();
+    let early = tokio::time::timeout(Duration::from_secs(3), &mut second).await;
+    assert!(
+        early.is_err(),
+        "answered before its wait of 10 s ended: {early:?}"
+    );
+    // The first transfer finishes and frees the permit.
     first_paused.resume();
     let (status, body) = first.await.unwrap();
     assert_eq!(status, 201, "{body}");

@@ -313,6 +313,22 @@ async fn a_hold_outside_its_expiry_range_is_refused_and_an_empty_one_lasts_the_d
     );
 }
 
+/// `HOLD_EXPIRES_MS` sets the default: a hold whose request says nothing lasts that long.
+#[tokio::test]
+async fn a_hold_that_says_nothing_lasts_the_configured_default() {
+    let app = support::spawn_app_with(|s| s.hold_expires = Duration::from_secs(3_600)).await;
+    alice_and_bob(&app).await;
+    let (status, body) = hold(&app, "alice", "bob", 1, json!({})).await;
+    assert_eq!(status, 201, "{body}");
+    let expires: chrono::DateTime<chrono::Utc> =
+        body["expiresAt"].as_str().unwrap().parse().unwrap();
+    let left = expires - chrono::Utc::now();
+    assert!(
+        (3_500..=3_600).contains(&left.num_seconds()),
+        "HOLD_EXPIRES_MS=3600000 gives an hour: {left:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_hold_retried_with_its_idempotency_key_is_made_once() {
     let app = spawn_app().await;

@@ -47,6 +47,25 @@ async fn a_native_transfer_answers_201_done_and_moves_the_money() {
     assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
 }
 
+/// The setting takes effect: a native transfer never takes a two-phase step. A pause
+/// armed at the two-phase debit would stop a two-phase transfer there (and this request
+/// with it); the native one is answered without reaching it.
+#[tokio::test]
+async fn a_native_transfer_takes_no_two_phase_step() {
+    use transfer_service::failpoints;
+    let app = native_app().await;
+    app.open_account("alice", 1000).await;
+    app.open_account("bob", 0).await;
+    let mut paused = failpoints::pause(&app.instance_id, "after_debit");
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(20), app.transfer("alice", "bob", 250))
+            .await
+            .expect("answered: the transfer did not stop at the two-phase debit");
+    assert_eq!(status, 201, "{body}");
+    paused.resume();
+    assert_eq!(app.balance("bob").await, 250);
+}
+
 /// The answer is 422 `code` naming the transfer, which is recorded `canceled` for
 /// `reason`, as the two-phase path records it.
 async fn assert_recorded_canceled(
