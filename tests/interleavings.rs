@@ -1960,3 +1960,58 @@ async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_a
     assert_eq!(all.len(), 1, "{all:?}");
     assert_balances_and_no_markers(&app, 700, 300).await;
 }
+
+/// The sweeper leaves alone a transfer that a task of its own process is driving, however
+/// long past its lease that task takes. Claiming it would renew the lease of a task that
+/// may be stuck, keeping every other instance from taking the transfer over, and the
+/// claimed run would only queue on the drive lock behind the stuck task.
+#[tokio::test]
+async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
+    use transfer_service::service::{Bank, Completion, NewTransfer};
+    use transfer_service::sweeper::sweep_once;
+    let lease = Duration::from_millis(300);
+    let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
+    open_alice_and_bob(&app).await;
+    let bank = Bank::new(app.store.clone(), "driving-and-sweeping", lease);
+    let mut paused = failpoints::pause("driving-and-sweeping", "after_pending");
+    let run = {
+        let bank = bank.clone();
+        let new = NewTransfer {
+            source: account("alice"),
+            destination: account("bob"),
+            amount: amount(100),
+            reference: None,
+            hold: None,
+        };
+        tokio::spawn(async move { bank.transfer(new, None, Completion::Wait).await })
+    };
+    paused.reached().await;
+    let stored = app
+        .store
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    let id = stored[0].id;
+    age(&app, id, lease * 10).await;
+    let before = transfer(&app, id).await.last_modified;
+
+    let report = tokio::time::timeout(
+        Duration::from_secs(20),
+        sweep_once(&bank, &tokio_util::sync::CancellationToken::new()),
+    )
+    .await
+    .expect("the pass does not wait behind the stuck task")
+    .unwrap();
+    assert_eq!((report.found, report.claimed), (1, 0), "{report:?}");
+    assert_eq!(
+        transfer(&app, id).await.last_modified,
+        before,
+        "the lease was not renewed"
+    );
+
+    paused.resume();
+    let outcome = run.await.unwrap().expect("the driving task finishes it");
+    assert_eq!(outcome.transfer.state, TransferState::Done);
+    assert_balances_and_no_markers(&app, 900, 100).await;
+}

@@ -1140,3 +1140,35 @@ impl Bank {
         Ok(transfer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The drive locks are as many as the transfers being driven: a lock that no task
+    /// holds or waits for is forgotten at the next lookup, so the map does not keep one
+    /// entry for every transfer the process ever ran.
+    #[tokio::test]
+    async fn a_drive_lock_nobody_holds_is_forgotten() {
+        // The client connects lazily: nothing here reaches a server.
+        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
+            .await
+            .unwrap();
+        let bank = Bank::new(store, "unit", Duration::from_secs(1));
+        let (done, driven) = (
+            crate::store::new_transfer_id(),
+            crate::store::new_transfer_id(),
+        );
+        drop(bank.drive_lock(done));
+        let lock = bank.drive_lock(driven);
+        let _guard = lock.lock().await;
+        assert!(bank.is_driving(driven));
+        assert!(!bank.is_driving(done));
+        let map = bank.driving.lock().unwrap();
+        assert_eq!(
+            map.keys().collect::<Vec<_>>(),
+            [&driven],
+            "only the lock in use"
+        );
+    }
+}
