@@ -573,3 +573,54 @@ async fn money_held_for_an_account_counts_against_its_largest_balance() {
     assert_eq!(amounts(&app, "full").await, (MAX_MONEY, MAX_MONEY, 0, 0));
     assert_books(&app, &["alice", "full"], 1_000 + MAX_MONEY - 100).await;
 }
+
+/// Reading an account that reserves nothing asks nothing of the log: only an account
+/// with pending sums can be carrying an expired hold, so only then are the holds looked
+/// up (and the database's clock read). One read, not three, for most accounts.
+#[tokio::test]
+async fn reading_an_account_that_reserves_nothing_reads_only_the_account() {
+    use transfer_service::domain::DeploymentName;
+    use transfer_service::service::Bank;
+    use transfer_service::store::testing::connect_recording;
+    let app = spawn_app().await;
+    alice_and_bob(&app).await;
+    let (status, body) = hold(&app, "alice", "bob", 300, json!({ "expiresInMs": 60_000 })).await;
+    assert_eq!(status, 201, "{body}");
+    let (store, recorded) = connect_recording(
+        DeploymentName::default(),
+        &support::database_uri(),
+        &app.database,
+    )
+    .await
+    .unwrap();
+    let bank = Bank::new(store, "reader", Duration::from_secs(10));
+    let commands = |id: &str| {
+        let bank = bank.clone();
+        let recorded = recorded.clone();
+        let id = support::values::account(id);
+        async move {
+            recorded.lock().unwrap().clear();
+            bank.account(&id).await.unwrap();
+            let sent = recorded.lock().unwrap().clone();
+            sent.into_iter()
+                .map(|(name, command)| match command.get_str(&name) {
+                    Ok(collection) => format!("{name} {collection}"),
+                    Err(_) => name,
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let carol = app
+        .post_json("/accounts", json!({ "id": "carol", "balance": 5 }))
+        .await;
+    assert_eq!(carol.status(), 201);
+    assert_eq!(commands("carol").await, ["find accounts"]);
+    // Alice and Bob carry the hold: the log is asked which of their holds expired.
+    for holding in ["alice", "bob"] {
+        let sent = commands(holding).await;
+        assert!(
+            sent.iter().any(|c| c.ends_with("transactions")),
+            "{holding}: {sent:?}"
+        );
+    }
+}
