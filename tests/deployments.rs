@@ -668,7 +668,11 @@ async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_aft
     assert_eq!(status, 200, "{ready}");
     assert_eq!(ready["status"], "degraded");
     assert_eq!(ready["unavailableDeployments"], json!(["cn"]));
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Long enough that the requests caught by the kill (each waits out the driver's
+    // server selection, up to 3 s, before the watch marks cn down and refuses the rest
+    // at once) leave the clients several seconds of transfers elsewhere: with 5 s, a
+    // machine whose disk flushes slowly saw none in some runs.
+    tokio::time::sleep(Duration::from_secs(10)).await;
     down.store(false, std::sync::atomic::Ordering::SeqCst);
     daemons.daemons[2] = Daemon::start(daemons.folders[2].path().to_path_buf(), port);
     tokio::time::sleep(Duration::from_secs(2)).await;
