@@ -582,4 +582,58 @@ mod tests {
         let err = StoreError::from(Error::from(ErrorKind::InsertMany(failure)));
         assert!(matches!(err, StoreError::DuplicateKey(_)), "{err:?}");
     }
+
+    /// What each driver error becomes, and so what HTTP answers: a duplicate key is a
+    /// replay, "not now" (failover, shutdown, a write concern not met) is 503 and retried,
+    /// anything else is a 500. SecantusDB, one node, never returns the failover or
+    /// write-concern errors, so the mapping is checked here on the driver's own types.
+    #[test]
+    fn each_driver_error_maps_to_what_the_caller_can_do_about_it() {
+        fn write_error(code: i32) -> Error {
+            let e: mongodb::error::WriteError =
+                mongodb::bson::from_document(doc! { "code": code, "errmsg": "refused" })
+                    .expect("a write error");
+            Error::from(ErrorKind::Write(WriteFailure::WriteError(e)))
+        }
+        fn write_concern_error(code: i32) -> Error {
+            let e: mongodb::error::WriteConcernError =
+                mongodb::bson::from_document(doc! { "code": code, "errmsg": "not acknowledged" })
+                    .expect("a write concern error");
+            Error::from(ErrorKind::Write(WriteFailure::WriteConcernError(e)))
+        }
+        fn command_error(code: i32) -> Error {
+            let e: mongodb::error::CommandError =
+                mongodb::bson::from_document(doc! { "code": code, "errmsg": "refused" })
+                    .expect("a command error");
+            Error::from(ErrorKind::Command(e))
+        }
+        fn kind(err: Error) -> &'static str {
+            match StoreError::from(err) {
+                StoreError::Unavailable(_) => "unavailable",
+                StoreError::DuplicateKey(_) => "duplicate key",
+                StoreError::Other(_) => "other",
+            }
+        }
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let cases = [
+            (write_error(11000), "duplicate key"),
+            (write_error(10107), "unavailable"), // a stepped-down primary
+            (write_error(11600), "unavailable"), // interrupted by a shutdown
+            (write_error(121), "other"),         // a validator refused it
+            (write_concern_error(64), "unavailable"), // not acknowledged in time
+            (command_error(11000), "duplicate key"),
+            (command_error(189), "unavailable"), // a stepped-down primary
+            (command_error(50), "unavailable"),  // a time-out
+            (command_error(2), "other"),         // a bad value
+            (
+                Error::from(ErrorKind::Io(std::sync::Arc::new(reset))),
+                "unavailable",
+            ),
+            (Error::from(ErrorKind::Shutdown), "unavailable"),
+        ];
+        for (err, expected) in cases {
+            let what = err.to_string();
+            assert_eq!(kind(err), expected, "{what}");
+        }
+    }
 }
