@@ -1582,13 +1582,13 @@ async fn a_late_credit_to_a_deployment_whose_clock_runs_behind_is_refused() {
     assert_eq!(owner.accounts_with_pending().await, Vec::<String>::new());
 }
 
-/// Starts a keyed transfer of `amount` from alice to bob on `app` in a task: the status
-/// and the body.
+/// Starts a keyed transfer of `amount` from alice to bob on `app` in a task: the status,
+/// the body, and whether it was answered as a replay (`Idempotent-Replayed`).
 fn spawn_keyed_transfer(
     app: &TestApp,
     key: &str,
     amount: i64,
-) -> tokio::task::JoinHandle<(u16, Value)> {
+) -> tokio::task::JoinHandle<(u16, Value, bool)> {
     let (http, url, key) = (app.http.clone(), app.url("/transfers"), key.to_owned());
     tokio::spawn(async move {
         let response = http
@@ -1599,7 +1599,8 @@ fn spawn_keyed_transfer(
             .await
             .unwrap();
         let status = response.status().as_u16();
-        (status, response.json().await.unwrap())
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        (status, response.json().await.unwrap(), replayed)
     })
 }
 
@@ -1626,23 +1627,28 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_recording_and_both
         "nothing recorded yet"
     );
 
-    let (status, retried) = spawn_keyed_transfer(&second, "order-1", 300).await.unwrap();
+    let (status, retried, _) = spawn_keyed_transfer(&second, "order-1", 300).await.unwrap();
     assert_eq!(
         (status, retried["state"].as_str()),
         (201, Some("done")),
         "{retried}"
     );
     // The same key with another request is still refused.
-    let (status, reused) = spawn_keyed_transfer(&second, "order-1", 301).await.unwrap();
+    let (status, reused, _) = spawn_keyed_transfer(&second, "order-1", 301).await.unwrap();
     assert_eq!(
         (status, reused["code"].as_str()),
         (422, Some("idempotency_key_reused"))
     );
 
     paused.resume();
-    let (status, answered) = slow.await.unwrap();
+    let (status, answered, replayed) = slow.await.unwrap();
     assert_eq!(status, 201, "{answered}");
     assert_eq!(answered["id"], retried["id"]);
+    // It found the transfer already driven: it waited for it and did not drive it again.
+    assert!(
+        replayed,
+        "the slow request drove a transfer its retry had finished"
+    );
     let all = first
         .store
         .list_transfers(&Default::default(), 10)
@@ -1650,6 +1656,85 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_recording_and_both
         .unwrap();
     assert_eq!(all.len(), 1, "{all:?}");
     assert_balances_and_no_markers(&first, 700, 300).await;
+}
+
+/// `TRANSFER_STRATEGY=native`, two instances on one database.
+async fn two_native_instances() -> (TestApp, TestApp) {
+    use transfer_service::service::Strategy;
+    let first = spawn_app_with(|s| s.strategy = Strategy::Native).await;
+    let database = first.database.clone();
+    let second = spawn_app_with(move |s| {
+        s.strategy = Strategy::Native;
+        s.database = database;
+    })
+    .await;
+    (first, second)
+}
+
+/// The native strategy, the same race: a request takes its key and stops before its
+/// transaction; its retry on another instance makes the transfer. The first request's
+/// transaction then meets the transfer's `_id` (a duplicate key): it answers the retry's
+/// transfer as a replay, and the money moves once (before the replay, a 500).
+#[tokio::test]
+async fn a_native_request_whose_retry_made_its_transfer_meanwhile_answers_that_transfer() {
+    let (first, second) = two_native_instances().await;
+    open_alice_and_bob(&first).await;
+    let mut paused = failpoints::pause(&first.instance_id, "after_take_key");
+    let slow = spawn_keyed_transfer(&first, "native-1", 300);
+    paused.reached().await;
+    let (status, retried, _) = spawn_keyed_transfer(&second, "native-1", 300)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, retried["state"].as_str()),
+        (201, Some("done")),
+        "{retried}"
+    );
+
+    paused.resume();
+    let (status, answered, replayed) = slow.await.unwrap();
+    assert_eq!(status, 201, "{answered}");
+    assert_eq!(answered["id"], retried["id"]);
+    assert!(replayed, "{answered}");
+    let all = first.store.list_transfers(&Default::default(), 10).await;
+    assert_eq!(all.unwrap().len(), 1);
+    assert_balances_and_no_markers(&first, 700, 300).await;
+}
+
+/// The native strategy, a refused transfer: both requests with one key find the funds
+/// short, and each records the transfer `canceled`. The one that records it second meets
+/// the first's record (a duplicate key) and answers it: the same 422 naming the same
+/// transfer (before, a 500).
+#[tokio::test]
+async fn a_native_request_refused_for_funds_whose_retry_recorded_the_refusal_answers_it() {
+    let (first, second) = two_native_instances().await;
+    open_alice_and_bob(&first).await;
+    // The first request's transaction is refused; it stops before recording that.
+    let mut paused = failpoints::pause(&first.instance_id, "before_insert");
+    let slow = spawn_keyed_transfer(&first, "native-2", 5_000);
+    paused.reached().await;
+    let (status, refused, _) = spawn_keyed_transfer(&second, "native-2", 5_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (422, Some("insufficient_funds")),
+        "{refused}"
+    );
+
+    paused.resume();
+    let (status, answered, _) = slow.await.unwrap();
+    assert_eq!(
+        (status, answered["code"].as_str()),
+        (422, Some("insufficient_funds")),
+        "{answered}"
+    );
+    assert_eq!(answered["transferId"], refused["transferId"]);
+    let all = first.store.list_transfers(&Default::default(), 10).await;
+    let all = all.unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].state, TransferState::Canceled);
+    assert_balances_and_no_markers(&first, 1000, 0).await;
 }
 
 /// A transfer's insert lands, its answer is lost, and the driver's retry of it is refused
@@ -1928,7 +2013,7 @@ async fn a_capture_answers_hold_expired_only_when_the_hold_is_stored_expired() {
 async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_as_a_replay() {
     let app = spawn_app_with(|_| {}).await;
     open_alice_and_bob(&app).await;
-    let (status, first) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
+    let (status, first, _) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
     assert_eq!(
         (status, first["state"].as_str()),
         (201, Some("done")),
@@ -1936,7 +2021,7 @@ async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_a
     );
 
     failpoints::lag_reads(&app.instance_id, 2);
-    let (status, replayed) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
+    let (status, replayed, _) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
     assert_eq!(
         status, 201,
         "a replay read through a lag of two reads: {replayed}"
@@ -1944,7 +2029,7 @@ async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_a
     assert_eq!(replayed["id"], first["id"], "{replayed}");
 
     failpoints::lag_reads(&app.instance_id, 1_000);
-    let (status, unavailable) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
+    let (status, unavailable, _) = spawn_keyed_transfer(&app, "lagging-1", 300).await.unwrap();
     failpoints::lag_reads(&app.instance_id, 0);
     assert_eq!(
         (status, unavailable["code"].as_str()),

@@ -80,6 +80,10 @@ async fn assert_recorded_canceled(
     let stored = stored.expect("the refused transfer is recorded");
     assert_eq!(stored.state, TransferState::Canceled);
     assert_eq!(stored.reason, Some(reason));
+    // Recorded by the instance that refused it (`application`), as the two-phase path
+    // records it.
+    let owner = stored.owner.as_deref().unwrap_or_default();
+    assert!(owner.starts_with(&app.instance_id), "recorded by {owner:?}");
 }
 
 #[tokio::test]
