@@ -1100,13 +1100,20 @@ impl Bank {
         let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
         let destination = destination
             .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
+        self.remember([
+            (new.source.clone(), source.clone()),
+            (new.destination.clone(), destination.clone()),
+        ]);
+        Ok((source, destination))
+    }
+
+    /// Remembers where two accounts live; at most [`KNOWN_ACCOUNTS_MAX`] are remembered.
+    fn remember(&self, places: [(AccountId, Placed); 2]) {
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if known.len() + 2 > KNOWN_ACCOUNTS_MAX {
+        if known.len() + places.len() > KNOWN_ACCOUNTS_MAX {
             known.clear();
         }
-        known.insert(new.source.clone(), source.clone());
-        known.insert(new.destination.clone(), destination.clone());
-        Ok((source, destination))
+        known.extend(places);
     }
 
     async fn replay(
@@ -1170,5 +1177,29 @@ mod tests {
             [&driven],
             "only the lock in use"
         );
+    }
+
+    /// The places of accounts are remembered up to [`KNOWN_ACCOUNTS_MAX`] and no
+    /// further: the memory fills to the bound, and is emptied when it would pass it.
+    #[tokio::test]
+    async fn the_places_of_accounts_are_remembered_up_to_the_bound() {
+        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
+            .await
+            .unwrap();
+        let bank = Bank::new(store, "unit", Duration::from_secs(1));
+        let place = |i: usize| {
+            let id = AccountId::parse(&format!("a{i}")).unwrap();
+            let at = (DeploymentName::parse("main").unwrap(), Currency::usd());
+            (id, at)
+        };
+        let known = || bank.known.lock().unwrap().len();
+        bank.known
+            .lock()
+            .unwrap()
+            .extend((0..KNOWN_ACCOUNTS_MAX - 2).map(place));
+        bank.remember([place(KNOWN_ACCOUNTS_MAX - 2), place(KNOWN_ACCOUNTS_MAX - 1)]);
+        assert_eq!(known(), KNOWN_ACCOUNTS_MAX, "filled to the bound");
+        bank.remember([place(KNOWN_ACCOUNTS_MAX), place(KNOWN_ACCOUNTS_MAX + 1)]);
+        assert_eq!(known(), 2, "emptied rather than passing the bound");
     }
 }
