@@ -1397,3 +1397,76 @@ async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time
     assert_eq!((bob.balance, bob.pending_credits), (0, 0));
     assert_eq!(books.totals().await, (100, 0));
 }
+
+/// A pass pages past what it skips, to the last page. The skipped here are more than a
+/// page (100) of stale transfers into a deployment the instance does not have (named in
+/// the data but not in `DEPLOYMENTS`); the same skip happens to transfers the process is
+/// driving and to those whose destination stopped answering since the page was read.
+/// Behind them, a stale transfer between two deployments it has is recovered by one pass
+/// (a pass that stopped at the first full page left it for ever).
+#[tokio::test]
+async fn one_pass_pages_past_a_full_page_it_skips_to_the_transfer_behind() {
+    use transfer_service::service::Bank;
+    use transfer_service::store::Deployments;
+    let books = Books::shared().await;
+    {
+        let app = books.app().await;
+        open(&app, "eu-a", 1_000, "eu").await;
+        open(&app, "us-a", 0, "us").await;
+        open(&app, "cn-a", 0, "cn").await;
+    }
+    let eu = books.store("eu");
+    let to_cn: Vec<_> = (0..120)
+        .map(|_| {
+            left_by_a_killed_instance(eu, values::initial("eu-a", "cn-a", 1), "cn", false, 60_000)
+        })
+        .collect();
+    futures::future::join_all(to_cn).await;
+    let to_us =
+        left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 5), "us", true, 30_000).await;
+
+    let without_cn = Deployments::new(vec![eu.clone(), books.store("us").clone()]);
+    let bank = Bank::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
+    let never = tokio_util::sync::CancellationToken::new();
+    let report = transfer_service::sweeper::sweep_once(&bank, &never)
+        .await
+        .unwrap();
+    assert_eq!((report.found, report.claimed, report.finished), (121, 1, 1));
+    let recovered = eu.transfer(to_us).await.unwrap().unwrap();
+    assert_eq!(recovered.state, TransferState::Done);
+    assert_eq!(books.balance("us-a").await, 5);
+}
+
+/// One sweep over every deployment (`sweeper::sweep_once`) fails only when every
+/// deployment's pass failed: with one deployment down it reports what it did on the
+/// others; with all of them down it fails.
+#[tokio::test]
+async fn one_sweep_fails_only_when_every_deployment_fails() {
+    use transfer_service::service::Bank;
+    use transfer_service::store::Deployments;
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    {
+        let app = books.app().await;
+        open(&app, "eu-a", 1_000, "eu").await;
+        open(&app, "us-a", 0, "us").await;
+    }
+    let eu = books.store("eu");
+    left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 5), "us", true, 30_000).await;
+    let bank = Bank::new(
+        Deployments::new(books.stores.clone()),
+        "sweeper-under-test",
+        Duration::from_secs(1),
+    );
+    let never = tokio_util::sync::CancellationToken::new();
+
+    daemons.daemons[2].kill();
+    let report = transfer_service::sweeper::sweep_once(&bank, &never).await;
+    let report = report.expect("eu and us were swept");
+    assert_eq!((report.found, report.finished), (1, 1));
+
+    daemons.daemons[0].kill();
+    daemons.daemons[1].kill();
+    let failed = transfer_service::sweeper::sweep_once(&bank, &never).await;
+    assert!(failed.is_err(), "no deployment answered: {failed:?}");
+}
