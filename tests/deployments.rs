@@ -1470,3 +1470,43 @@ async fn one_sweep_fails_only_when_every_deployment_fails() {
     let failed = transfer_service::sweeper::sweep_once(&bank, &never).await;
     assert!(failed.is_err(), "no deployment answered: {failed:?}");
 }
+
+/// A pass claims at most a batch (100) of a log's stale transfers, the next pass takes
+/// the rest; and a pass asked to stop claims nothing more.
+#[tokio::test]
+async fn one_pass_claims_at_most_a_batch_and_none_once_stopped() {
+    use transfer_service::service::Bank;
+    use transfer_service::store::Deployments;
+    let books = Books::shared().await;
+    {
+        let app = books.app().await;
+        open(&app, "eu-a", 1_000, "eu").await;
+        open(&app, "us-a", 0, "us").await;
+    }
+    let eu = books.store("eu");
+    let left: Vec<_> = (0..120)
+        .map(|_| {
+            left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 1), "us", false, 30_000)
+        })
+        .collect();
+    futures::future::join_all(left).await;
+    let bank = Bank::new(
+        Deployments::new(books.stores.clone()),
+        "sweeper-under-test",
+        Duration::from_secs(1),
+    );
+    let sweep_once = transfer_service::sweeper::sweep_once;
+
+    let stopped = tokio_util::sync::CancellationToken::new();
+    stopped.cancel();
+    let report = sweep_once(&bank, &stopped).await.unwrap();
+    assert_eq!(report.claimed, 0, "{report:?}");
+
+    let never = tokio_util::sync::CancellationToken::new();
+    let first = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!((first.claimed, first.finished), (100, 100), "{first:?}");
+    let second = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!((second.claimed, second.finished), (20, 20), "{second:?}");
+    assert_eq!(books.balance("us-a").await, 120);
+    assert_eq!(books.balance("eu-a").await, 880);
+}
