@@ -1510,3 +1510,119 @@ async fn one_pass_claims_at_most_a_batch_and_none_once_stopped() {
     assert_eq!(books.balance("us-a").await, 120);
     assert_eq!(books.balance("eu-a").await, 880);
 }
+
+/// What an instance killed in the middle of reversing `transfer` leaves on `log`: the
+/// transfer `done`, its reversal claimed (`reversing`) and never run, `ago_ms` ago.
+async fn reversal_left_by_a_killed_instance(
+    log: &Store,
+    mut transfer: Transfer,
+    destination_deployment: &str,
+    ago_ms: i64,
+) -> TransferId {
+    transfer.source_deployment = log.deployment().clone();
+    transfer.destination_deployment = DeploymentName::parse(destination_deployment).unwrap();
+    transfer.state = TransferState::Done;
+    transfer.owner = Some("killed/00000000".into());
+    log.insert_transfer(&transfer).await.unwrap();
+    let claimed = log
+        .claim_reversal(transfer.id, transfer_service::store::new_transfer_id())
+        .await
+        .unwrap();
+    assert!(claimed);
+    age_on(log, transfer.id, ago_ms).await;
+    transfer.id
+}
+
+/// Interrupted reversals, as stale transfers: a pass pages past a full page of those it
+/// cannot finish (into a deployment the instance does not have) to the one behind, and
+/// finishes at most a batch (100) of them, the next pass the rest.
+#[tokio::test]
+async fn one_pass_finishes_interrupted_reversals_past_a_page_it_cannot_and_at_most_a_batch() {
+    use transfer_service::service::Bank;
+    use transfer_service::store::Deployments;
+    let books = Books::shared().await;
+    {
+        let app = books.app().await;
+        open(&app, "eu-a", 1_000, "eu").await;
+        open(&app, "us-a", 1_000, "us").await;
+        open(&app, "cn-a", 1_000, "cn").await;
+    }
+    let eu = books.store("eu");
+    let to_cn: Vec<_> = (0..110)
+        .map(|_| {
+            let done = values::initial("eu-a", "cn-a", 1);
+            reversal_left_by_a_killed_instance(eu, done, "cn", 60_000)
+        })
+        .collect();
+    futures::future::join_all(to_cn).await;
+    let to_us: Vec<_> = (0..120)
+        .map(|_| {
+            let done = values::initial("eu-a", "us-a", 1);
+            reversal_left_by_a_killed_instance(eu, done, "us", 30_000)
+        })
+        .collect();
+    futures::future::join_all(to_us).await;
+
+    let without_cn = Deployments::new(vec![eu.clone(), books.store("us").clone()]);
+    let bank = Bank::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
+    let never = tokio_util::sync::CancellationToken::new();
+    let sweep_once = transfer_service::sweeper::sweep_once;
+    let first = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!(first.reversals_finished, 100, "{first:?}");
+    let second = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!(second.reversals_finished, 20, "{second:?}");
+    assert_eq!(books.balance("eu-a").await, 1_120);
+    assert_eq!(books.balance("us-a").await, 880);
+}
+
+/// A pass drives the transfers it claimed at once, not one after the other: one stuck in
+/// its run (here paused after its credit) does not hold up the others of the pass.
+#[tokio::test]
+async fn one_pass_drives_its_claimed_transfers_at_once() {
+    use transfer_service::failpoints;
+    use transfer_service::service::Bank;
+    use transfer_service::store::Deployments;
+    let books = Books::shared().await;
+    {
+        let app = books.app().await;
+        open(&app, "eu-a", 1_000, "eu").await;
+        open(&app, "us-a", 0, "us").await;
+    }
+    let eu = books.store("eu");
+    let mut left = Vec::new();
+    for _ in 0..2 {
+        let transfer = values::initial("eu-a", "us-a", 5);
+        left.push(left_by_a_killed_instance(eu, transfer, "us", true, 30_000).await);
+    }
+    let bank = Bank::new(
+        Deployments::new(books.stores.clone()),
+        "sweeper-under-test",
+        Duration::from_secs(1),
+    );
+    let mut paused = failpoints::pause("sweeper-under-test", "after_credit");
+    let pass = tokio::spawn(async move {
+        let never = tokio_util::sync::CancellationToken::new();
+        transfer_service::sweeper::sweep_once(&bank, &never).await
+    });
+    paused.reached().await;
+
+    let started = Instant::now();
+    loop {
+        let mut states = Vec::new();
+        for id in &left {
+            states.push(eu.transfer(*id).await.unwrap().unwrap().state);
+        }
+        if states.contains(&TransferState::Done) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the other transfer waits for the paused one: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    paused.resume();
+    let report = pass.await.unwrap().unwrap();
+    assert_eq!((report.claimed, report.finished), (2, 2), "{report:?}");
+    assert_eq!(books.balance("us-a").await, 10);
+}
