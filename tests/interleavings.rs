@@ -1498,6 +1498,59 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     );
 }
 
+/// An interrupted reversal whose compensation another instance is driving (its lease
+/// fresh) is left to that instance, and a pass does not count it as finished.
+#[tokio::test]
+async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and_does_not_count_it()
+{
+    use transfer_service::service::Bank;
+    use transfer_service::sweeper::sweep_once;
+    let lease = Duration::from_secs(60);
+    let app = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_secs(3600);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    let (status, body) = app.transfer("alice", "bob", 200).await;
+    assert_eq!(status, 201, "{body}");
+    let original: TransferId = body["id"].as_str().unwrap().parse().unwrap();
+    let compensation = new_transfer_id();
+    assert!(
+        app.store
+            .claim_reversal(original, compensation)
+            .await
+            .unwrap()
+    );
+    age(&app, original, lease * 2).await;
+    // Its compensation, recorded and taken forward a moment ago by a live instance.
+    let mut driven = initial("bob", "alice", 200);
+    driven.id = compensation;
+    app.store.insert_transfer(&driven).await.unwrap();
+    let moved = app
+        .store
+        .change_state(
+            compensation,
+            TransferState::Initial,
+            TransferState::Pending,
+            Mover::Owner("alive/1"),
+            StepFields::default(),
+        )
+        .await
+        .unwrap();
+    assert!(moved.is_some());
+
+    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let never = tokio_util::sync::CancellationToken::new();
+    let report = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!(report.reversals_finished, 0, "{report:?}");
+    assert!(transfer(&app, original).await.reversing);
+    assert_eq!(
+        transfer(&app, compensation).await.state,
+        TransferState::Pending
+    );
+}
+
 /// Two instances over two deployments: `real` (the shared daemon) and `behind`, a daemon
 /// of the test whose clock runs 30 s behind (libfaketime). Alice lives on `real`, Bob on
 /// `behind`.
