@@ -1498,6 +1498,46 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     );
 }
 
+/// An interrupted reversal whose compensation is refused (the destination spent the
+/// money meanwhile) reaches its end too: the claim is released, so that a later cancel
+/// may try again, and the pass counts it.
+#[tokio::test]
+async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_and_counts_it() {
+    use transfer_service::service::Bank;
+    use transfer_service::sweeper::sweep_once;
+    let lease = Duration::from_secs(60);
+    let app = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_secs(3600);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    app.open_account("carol", 0).await;
+    let (status, body) = app.transfer("alice", "bob", 200).await;
+    assert_eq!(status, 201, "{body}");
+    let original: TransferId = body["id"].as_str().unwrap().parse().unwrap();
+    assert!(
+        app.store
+            .claim_reversal(original, new_transfer_id())
+            .await
+            .unwrap()
+    );
+    let (status, body) = app.transfer("bob", "carol", 200).await;
+    assert_eq!(status, 201, "{body}");
+    age(&app, original, lease * 2).await;
+
+    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let never = tokio_util::sync::CancellationToken::new();
+    let report = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!(report.reversals_finished, 1, "{report:?}");
+    let released = transfer(&app, original).await;
+    assert!(
+        !released.reversing && released.reversed_by.is_none(),
+        "{released:?}"
+    );
+    assert_balances_and_no_markers(&app, 800, 0).await;
+}
+
 /// An interrupted reversal whose compensation another instance is driving (its lease
 /// fresh) is left to that instance, and a pass does not count it as finished.
 #[tokio::test]
