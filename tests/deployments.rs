@@ -1626,3 +1626,53 @@ async fn one_pass_drives_its_claimed_transfers_at_once() {
     assert_eq!((report.claimed, report.finished), (2, 2), "{report:?}");
     assert_eq!(books.balance("us-a").await, 10);
 }
+
+/// A transfer an instance killed long ago canceled while pending, on `log`: `canceled`,
+/// still marked `fenced` (its accounts' fences not dropped yet), `ago_ms` ago.
+async fn fenced_left_by_a_killed_instance(
+    log: &Store,
+    mut transfer: Transfer,
+    destination_deployment: &str,
+    ago_ms: i64,
+) -> TransferId {
+    transfer.source_deployment = log.deployment().clone();
+    transfer.destination_deployment = DeploymentName::parse(destination_deployment).unwrap();
+    transfer.state = TransferState::Canceled;
+    transfer.reason = Some(transfer_service::domain::CancelReason::CanceledByRequest);
+    transfer.owner = Some("killed/00000000".into());
+    transfer.fenced = true;
+    log.insert_transfer(&transfer).await.unwrap();
+    age_on(log, transfer.id, ago_ms).await;
+    transfer.id
+}
+
+/// Canceled transfers whose fences are left, as stale transfers: a pass pages past a full
+/// page of those it cannot clean (their accounts on a deployment the instance does not
+/// have) to those behind, and cleans at most a batch (100), the next pass the rest.
+#[tokio::test]
+async fn one_pass_drops_fences_past_a_page_it_cannot_and_at_most_a_batch() {
+    use transfer_service::service::Bank;
+    use transfer_service::store::Deployments;
+    let books = Books::shared().await;
+    let eu = books.store("eu");
+    let to_cn: Vec<_> = (0..110)
+        .map(|_| fenced_left_by_a_killed_instance(eu, values::initial("a", "c", 1), "cn", 60_000))
+        .collect();
+    futures::future::join_all(to_cn).await;
+    let to_us: Vec<_> = (0..120)
+        .map(|_| fenced_left_by_a_killed_instance(eu, values::initial("a", "u", 1), "us", 30_000))
+        .collect();
+    let to_us = futures::future::join_all(to_us).await;
+
+    let without_cn = Deployments::new(vec![eu.clone(), books.store("us").clone()]);
+    let bank = Bank::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
+    let never = tokio_util::sync::CancellationToken::new();
+    let sweep_once = transfer_service::sweeper::sweep_once;
+    let first = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!(first.fences_dropped, 100, "{first:?}");
+    let second = sweep_once(&bank, &never).await.unwrap();
+    assert_eq!(second.fences_dropped, 20, "{second:?}");
+    for id in to_us {
+        assert!(!eu.transfer(id).await.unwrap().unwrap().fenced);
+    }
+}
