@@ -659,6 +659,30 @@ async fn beyond_its_limit_an_instance_refuses_new_work_after_the_admission_wait_
     assert_balances_and_no_markers(&app, 899, 101).await;
 }
 
+/// `ADMISSION_WAIT_MS=0`: a request beyond the limit is refused without waiting, and one
+/// within it is admitted (a free permit is taken at once, whatever the wait).
+#[tokio::test]
+async fn with_no_admission_wait_a_free_permit_admits_and_none_refuses() {
+    let app = spawn_app_with(|s| {
+        s.max_transfers_in_flight = 1;
+        s.admission_wait = Duration::ZERO;
+        s.stale_after = Duration::from_secs(60);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    let (status, body) = app.transfer("alice", "bob", 10).await;
+    assert_eq!(status, 201, "{body}");
+
+    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
+    let (request, _) = start_transfer(&app, 100).await;
+    paused.reached().await;
+    let (status, body) = app.transfer("alice", "bob", 1).await;
+    assert_eq!((status, body["code"].as_str()), (503, Some("overloaded")));
+    paused.resume();
+    assert_eq!(request.await.unwrap().0, 201);
+    assert_balances_and_no_markers(&app, 890, 110).await;
+}
+
 /// A request that finds every permit taken waits for one: the permit freed by a
 /// transfer finishing during its wait is its own, and it is answered 201 instead of 503.
 /// (Before `ADMISSION_WAIT_MS` it was refused at once.)
