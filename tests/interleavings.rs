@@ -1340,6 +1340,45 @@ async fn a_slow_void_of_a_hold_being_reserved_never_reverses_a_capture_that_won(
     assert_balances_and_no_markers(&owner, 700, 300).await;
 }
 
+/// A cancel of a held hold that a capture beats (the capture settles the hold between
+/// the cancel's read and its void) does what a cancel of a captured hold does: it
+/// reverses the capture once done. (A void in its place answers
+/// `hold_already_captured`.)
+#[tokio::test]
+async fn a_cancel_that_a_capture_beats_to_a_held_hold_reverses_the_capture() {
+    let (owner, other) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&owner).await;
+    let (status, body) = spawn_hold(&owner, 300).await.unwrap();
+    assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
+    let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
+    let mut slow_cancel = failpoints::pause(&other.instance_id, "before_settle");
+    let cancel = {
+        let other_url = other.url(&format!("/transfers/{id}/cancel"));
+        let http = other.http.clone();
+        tokio::spawn(async move {
+            let response = http.post(other_url).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        })
+    };
+    slow_cancel.reached().await;
+    let captured = owner
+        .http
+        .post(owner.url(&format!("/transfers/{id}/capture")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(captured.status(), 200);
+
+    slow_cancel.resume();
+    let (status, body) = cancel.await.unwrap();
+    assert!(status < 300, "{status}: {body}");
+    let hold = transfer(&owner, id).await;
+    assert_eq!(hold.state, TransferState::Done);
+    assert!(hold.reversed_by.is_some() && !hold.reversing, "{hold:?}");
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
 /// Two processes under one `INSTANCE_ID` (a restart while the old process still has a
 /// write on its way, or a misconfiguration) never share a lease: each writes its own
 /// incarnation into `application`. The second one takes the first one's transfer over
