@@ -2080,6 +2080,84 @@ async fn held_hold(app: &TestApp) -> (TransferId, chrono::DateTime<chrono::Utc>)
     (id, expires_at)
 }
 
+/// A hold of 300 from alice to bob that expires in `ms`, `held`: its id and expiry.
+async fn short_hold(app: &TestApp, ms: u64) -> (TransferId, chrono::DateTime<chrono::Utc>) {
+    let body = json!({ "source": "alice", "destination": "bob", "amount": 300, "hold": { "expiresInMs": ms } });
+    let response = app.post_json("/transfers", body).await;
+    assert_eq!(response.status(), 201);
+    let body: Value = response.json().await.unwrap();
+    let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
+    let expires_at = transfer(app, id).await.hold.expect("a hold").expires_at;
+    (id, expires_at)
+}
+
+/// A debit that needs the money of a hold past its `expiresAt` expires the hold first;
+/// when the expiry loses because the settling write reads the database's clock before
+/// `expiresAt` (a clock that went backwards), the hold is not expired: it keeps its
+/// reservation, and the debit is refused for funds.
+#[tokio::test]
+async fn a_debit_does_not_free_a_hold_the_database_clock_says_has_not_expired() {
+    let app = spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3600)).await;
+    open_alice_and_bob(&app).await;
+    let (id, expires_at) = short_hold(&app, 1000).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let second = chrono::TimeDelta::seconds(1);
+    failpoints::set_clocks(&app.instance_id, [expires_at - second]);
+
+    let (status, body) = app.transfer("alice", "bob", 1000).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("insufficient_funds")),
+        "{body}"
+    );
+    let hold = transfer(&app, id).await;
+    assert_eq!(hold.state, TransferState::Held);
+    let alice = app.store.account(&account("alice")).await.unwrap().unwrap();
+    assert_eq!((alice.balance, alice.pending_debits), (1000, 300));
+}
+
+/// A debit that needs the money of an expired hold, whose expiry loses to another
+/// instance's (here a sweeper that expired and released it while the debit's settling
+/// write was on its way), reads the hold again: released, so the money is free, and the
+/// debit is done.
+#[tokio::test]
+async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and_is_done() {
+    use transfer_service::service::Bank;
+    use transfer_service::sweeper::sweep_once;
+    let app = spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3600)).await;
+    open_alice_and_bob(&app).await;
+    let (id, _) = short_hold(&app, 1000).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let mut slow_expiry = failpoints::pause(&app.instance_id, "before_settle");
+    let debit = {
+        let (http, url) = (app.http.clone(), app.url("/transfers"));
+        tokio::spawn(async move {
+            let body = json!({ "source": "alice", "destination": "bob", "amount": 1000 });
+            let response = http.post(url).json(&body).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        })
+    };
+    slow_expiry.reached().await;
+    let sweeper = Bank::new(
+        app.store.clone(),
+        "sweeper-under-test",
+        Duration::from_secs(60),
+    );
+    let report = sweep_once(&sweeper, &tokio_util::sync::CancellationToken::new()).await;
+    assert_eq!(report.unwrap().holds_expired, 1);
+    assert_eq!(transfer(&app, id).await.state, TransferState::Canceled);
+
+    slow_expiry.resume();
+    let (status, body) = debit.await.unwrap();
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (201, Some("done")),
+        "{body}"
+    );
+    assert_balances_and_no_markers(&app, 0, 1000).await;
+}
+
 /// `POST /transfers/{id}/{action}` on `app`: the status and the body.
 async fn hold_answer(app: &TestApp, id: TransferId, action: &str) -> (u16, Value) {
     let response = app
