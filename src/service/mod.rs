@@ -1179,6 +1179,28 @@ mod tests {
         );
     }
 
+    /// A sibling (the explorer's second actor of one process) names its points, and its
+    /// store handles' points, after itself, so that a pause or a scheduler can tell its
+    /// writes from its parent's; and it shares its parent's owner.
+    #[cfg(feature = "failpoints")]
+    #[tokio::test]
+    async fn a_sibling_names_its_points_and_its_stores_points_after_itself() {
+        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
+            .await
+            .unwrap();
+        let bank = Bank::new(store, "unit", Duration::from_secs(1));
+        let sibling = bank.sibling("unit-2");
+        assert_eq!(sibling.instance_id(), "unit-2");
+        let names: Vec<_> = sibling
+            .deployments()
+            .all()
+            .iter()
+            .map(|s| s.instance_id())
+            .collect();
+        assert_eq!(names, ["unit-2"]);
+        assert_eq!(sibling.owner(), bank.owner());
+    }
+
     /// The places of accounts are remembered up to [`KNOWN_ACCOUNTS_MAX`] and no
     /// further: the memory fills to the bound, and is emptied when it would pass it.
     #[tokio::test]
