@@ -2158,6 +2158,36 @@ async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and
     assert_balances_and_no_markers(&app, 0, 1000).await;
 }
 
+/// A run's `pending -> applied` fails without an answer (held back), then reaches the
+/// server late and lands. The next run of the same process (its sweeper, a lease later)
+/// finds the transfer already past the change it meant to send again: it takes the
+/// change as made and finishes the transfer.
+#[tokio::test]
+async fn a_state_change_that_landed_late_is_taken_as_made_by_the_next_run_of_its_process() {
+    let lease = Duration::from_millis(1000);
+    let app = spawn_app_with(|s| {
+        s.stale_after = lease;
+        s.sweep_interval = Duration::from_millis(100);
+    })
+    .await;
+    open_alice_and_bob(&app).await;
+    let mut after_credit = failpoints::pause(&app.instance_id, "after_credit");
+    let (request, id) = start_transfer(&app, 300).await;
+    after_credit.reached().await;
+    failpoints::hold_back(&app.instance_id, "before_transition");
+    after_credit.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    failpoints::let_through(&app.instance_id, "before_transition");
+    assert!(failpoints::send_held(&app.instance_id).await > 0);
+    assert_eq!(transfer(&app, id).await.state, TransferState::Applied);
+
+    age(&app, id, lease * 2).await;
+    let t = wait_for(&app, id, Duration::from_secs(10), |t| t.state.is_terminal()).await;
+    assert_eq!(t.state, TransferState::Done, "{t:?}");
+    assert_balances_and_no_markers(&app, 700, 300).await;
+}
+
 /// `POST /transfers/{id}/{action}` on `app`: the status and the body.
 async fn hold_answer(app: &TestApp, id: TransferId, action: &str) -> (u16, Value) {
     let response = app

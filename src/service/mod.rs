@@ -1201,6 +1201,20 @@ mod tests {
         assert_eq!(sibling.owner(), bank.owner());
     }
 
+    /// A step carried over to another deployment's clock takes off a tenth of the lease
+    /// for a jump of either clock between two readings (`Store::deadline_on`, whose own
+    /// test steps a clock back within the allowance): with none, a clock stepped back
+    /// would let a step land after its lease. The allowance is what the protocol and a
+    /// cancel's fences pass.
+    #[tokio::test]
+    async fn the_allowance_for_a_clock_jump_is_a_tenth_of_the_lease() {
+        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
+            .await
+            .unwrap();
+        let bank = Bank::new(store, "unit", Duration::from_secs(2));
+        assert_eq!(bank.clock_allowance(), Duration::from_millis(200));
+    }
+
     /// The places of accounts are remembered up to [`KNOWN_ACCOUNTS_MAX`] and no
     /// further: the memory fills to the bound, and is emptied when it would pass it.
     #[tokio::test]
