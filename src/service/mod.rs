@@ -1152,16 +1152,21 @@ impl Bank {
 mod tests {
     use super::*;
 
+    /// A bank whose store points at a port nothing listens on: the client connects
+    /// lazily, so nothing here reaches a server.
+    async fn offline_bank(stale_after: Duration) -> Bank {
+        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
+            .await
+            .unwrap();
+        Bank::new(store, "unit", stale_after)
+    }
+
     /// The drive locks are as many as the transfers being driven: a lock that no task
     /// holds or waits for is forgotten at the next lookup, so the map does not keep one
     /// entry for every transfer the process ever ran.
     #[tokio::test]
     async fn a_drive_lock_nobody_holds_is_forgotten() {
-        // The client connects lazily: nothing here reaches a server.
-        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
-            .await
-            .unwrap();
-        let bank = Bank::new(store, "unit", Duration::from_secs(1));
+        let bank = offline_bank(Duration::from_secs(1)).await;
         let (done, driven) = (
             crate::store::new_transfer_id(),
             crate::store::new_transfer_id(),
@@ -1185,10 +1190,7 @@ mod tests {
     #[cfg(feature = "failpoints")]
     #[tokio::test]
     async fn a_sibling_names_its_points_and_its_stores_points_after_itself() {
-        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
-            .await
-            .unwrap();
-        let bank = Bank::new(store, "unit", Duration::from_secs(1));
+        let bank = offline_bank(Duration::from_secs(1)).await;
         let sibling = bank.sibling("unit-2");
         assert_eq!(sibling.instance_id(), "unit-2");
         let names: Vec<_> = sibling
@@ -1208,10 +1210,7 @@ mod tests {
     /// cancel's fences pass.
     #[tokio::test]
     async fn the_allowance_for_a_clock_jump_is_a_tenth_of_the_lease() {
-        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
-            .await
-            .unwrap();
-        let bank = Bank::new(store, "unit", Duration::from_secs(2));
+        let bank = offline_bank(Duration::from_secs(2)).await;
         assert_eq!(bank.clock_allowance(), Duration::from_millis(200));
     }
 
@@ -1219,10 +1218,7 @@ mod tests {
     /// further: the memory fills to the bound, and is emptied when it would pass it.
     #[tokio::test]
     async fn the_places_of_accounts_are_remembered_up_to_the_bound() {
-        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
-            .await
-            .unwrap();
-        let bank = Bank::new(store, "unit", Duration::from_secs(1));
+        let bank = offline_bank(Duration::from_secs(1)).await;
         let place = |i: usize| {
             let id = AccountId::parse(&format!("a{i}")).unwrap();
             let at = (DeploymentName::parse("main").unwrap(), Currency::usd());
