@@ -413,6 +413,13 @@ hold_crash_test!(
     "after_credit",
     HoldStep::Create
 );
+// Crashed between recording `held` and answering: nothing is left to finish; the hold
+// stands with both reservations, for its creator's retry to find.
+hold_crash_test!(
+    a_hold_crashed_after_held_stays_reserved,
+    "after_held",
+    HoldStep::Create
+);
 hold_crash_test!(
     a_capture_crashed_after_winning_the_hold_is_finished,
     "after_settle",

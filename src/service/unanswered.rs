@@ -61,13 +61,20 @@ pub(super) struct Unanswered {
     entries: Mutex<HashMap<TransferId, Entry>>,
     /// The lease: a step's deadline is never more than 0.9 of it after the step is sent.
     lease: Duration,
+    /// Unanswered state changes kept at most ([`MAX_STATE_CHANGES`]).
+    max_state_changes: usize,
 }
 
 impl Unanswered {
     pub fn new(lease: Duration) -> Unanswered {
+        Unanswered::bounded(lease, MAX_STATE_CHANGES)
+    }
+
+    fn bounded(lease: Duration, max_state_changes: usize) -> Unanswered {
         Unanswered {
             entries: Mutex::default(),
             lease,
+            max_state_changes,
         }
     }
 
@@ -110,7 +117,7 @@ impl Unanswered {
             .values()
             .filter(|e| e.state_change.is_some())
             .count();
-        if kept >= MAX_STATE_CHANGES
+        if kept >= self.max_state_changes
             && let Some(oldest) = entries
                 .iter()
                 .filter_map(|(id, e)| e.state_change.map(|(_, at)| (*id, at)))
@@ -152,5 +159,138 @@ impl Unanswered {
             }
             e.late.is_some() || e.state_change.is_some()
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> TransferId {
+        TransferId::from_bytes([n; 12])
+    }
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_timestamp(1_800_000_000 + second, 0).expect("in range")
+    }
+
+    fn change(event: TransferEvent) -> StateChange {
+        StateChange {
+            from: TransferState::Pending,
+            event,
+            fields: StepFields::default(),
+        }
+    }
+
+    #[test]
+    fn a_deadline_is_forgotten_once_the_clock_has_reached_it_not_before() {
+        let unanswered = Unanswered::new(Duration::from_secs(60));
+        unanswered.note_late(id(1), at(10));
+        unanswered.passed(id(1), at(9));
+        assert_eq!(unanswered.late_until(id(1)), Some(at(10)));
+        unanswered.passed(id(1), at(10));
+        assert_eq!(unanswered.late_until(id(1)), None);
+        assert!(
+            unanswered.entries().is_empty(),
+            "nothing left of the transfer"
+        );
+    }
+
+    /// A run waiting for the first deadline must not forget one noted meanwhile by
+    /// another run of the transfer: a copy of that step may land after the first.
+    #[test]
+    fn the_latest_deadline_stands_and_passing_an_earlier_one_keeps_it() {
+        let unanswered = Unanswered::new(Duration::from_secs(60));
+        unanswered.note_late(id(1), at(10));
+        unanswered.note_late(id(1), at(5));
+        assert_eq!(unanswered.late_until(id(1)), Some(at(10)));
+        unanswered.note_late(id(1), at(20));
+        unanswered.passed(id(1), at(10));
+        assert_eq!(unanswered.late_until(id(1)), Some(at(20)));
+        assert_eq!(unanswered.late_until(id(2)), None, "another transfer's own");
+    }
+
+    #[test]
+    fn a_state_change_is_kept_until_that_very_change_is_answered() {
+        let unanswered = Unanswered::new(Duration::from_secs(60));
+        let rollback = change(TransferEvent::BeginRollback);
+        unanswered.note_state_change(id(1), rollback);
+        assert_eq!(unanswered.state_change(id(1)), Some(rollback));
+        unanswered.answered(id(1), change(TransferEvent::MarkApplied));
+        assert_eq!(unanswered.state_change(id(1)), Some(rollback));
+        unanswered.answered(id(2), rollback);
+        assert_eq!(unanswered.state_change(id(1)), Some(rollback));
+        unanswered.answered(id(1), rollback);
+        assert_eq!(unanswered.state_change(id(1)), None);
+        assert!(
+            unanswered.entries().is_empty(),
+            "nothing left of the transfer"
+        );
+    }
+
+    #[test]
+    fn a_deadline_and_a_state_change_of_one_transfer_are_forgotten_each_on_its_own() {
+        let unanswered = Unanswered::new(Duration::from_secs(60));
+        let applied = change(TransferEvent::MarkApplied);
+        unanswered.note_late(id(1), at(10));
+        unanswered.note_state_change(id(1), applied);
+        unanswered.answered(id(1), applied);
+        assert_eq!(unanswered.late_until(id(1)), Some(at(10)));
+        unanswered.note_state_change(id(1), applied);
+        unanswered.passed(id(1), at(10));
+        assert_eq!(unanswered.state_change(id(1)), Some(applied));
+        assert_eq!(unanswered.late_until(id(1)), None);
+    }
+
+    #[test]
+    fn past_the_bound_only_the_oldest_state_change_is_forgotten() {
+        let unanswered = Unanswered::bounded(Duration::from_secs(60), 3);
+        let applied = change(TransferEvent::MarkApplied);
+        for n in 1..=3 {
+            unanswered.note_state_change(id(n), applied);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for n in 1..=3 {
+            assert_eq!(
+                unanswered.state_change(id(n)),
+                Some(applied),
+                "below the bound"
+            );
+        }
+        unanswered.note_state_change(id(4), applied);
+        assert_eq!(unanswered.state_change(id(1)), None, "the oldest");
+        for n in 2..=4 {
+            assert_eq!(unanswered.state_change(id(n)), Some(applied));
+        }
+    }
+
+    /// By the instance's clock, not the log's: two leases after it was noted, a step's
+    /// deadline (at most 0.9 of a lease after it was sent) has passed by any clock.
+    #[test]
+    fn a_deadline_is_forgotten_two_leases_after_it_was_noted_not_one() {
+        let lease = Duration::from_secs(1);
+        let unanswered = Unanswered::new(lease);
+        let applied = change(TransferEvent::MarkApplied);
+        unanswered.note_late(id(1), at(10));
+        unanswered.note_late(id(2), at(10));
+        unanswered.note_state_change(id(2), applied);
+        std::thread::sleep(lease * 3 / 2);
+        unanswered.note_late(id(3), at(10));
+        assert_eq!(
+            unanswered.late_until(id(1)),
+            Some(at(10)),
+            "one and a half leases"
+        );
+        std::thread::sleep(lease);
+        unanswered.note_late(id(3), at(10));
+        assert_eq!(unanswered.late_until(id(1)), None, "two and a half leases");
+        assert_eq!(unanswered.late_until(id(2)), None);
+        assert_eq!(
+            unanswered.state_change(id(2)),
+            Some(applied),
+            "kept on its own"
+        );
+        assert_eq!(unanswered.late_until(id(3)), Some(at(10)));
+        assert_eq!(unanswered.entries().len(), 2, "the first transfer is gone");
     }
 }
