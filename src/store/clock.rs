@@ -174,6 +174,60 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_set_back_is_reported_as_a_jump_back() {
+        let clock = ServerClock::default();
+        let start = Instant::now() - Duration::from_secs(2);
+        clock.observe(DateTime::from_millis(1_000_000), start, start);
+        // One second later here, and the server says one second earlier: two back.
+        let later = start + Duration::from_secs(1);
+        let said = clock.observe(DateTime::from_millis(999_000), later, later);
+        assert_eq!(said, Some(-2_000));
+    }
+
+    /// The server read its clock somewhere within each round trip: a new reading may
+    /// fall anywhere between the earliest and the latest times the two round trips
+    /// allow, and only a move more than [`JUMP_MS`] beyond them is a jump.
+    #[test]
+    fn only_a_move_beyond_both_round_trips_and_the_allowance_is_a_jump() {
+        let start = Instant::now() - Duration::from_secs(2);
+        let ms = Duration::from_millis;
+        // The first request took 100 ms, so did the second, sent 900 ms after the first
+        // reply: the server's clock moved by 900 to 1,100 ms in between.
+        let judged = |server: i64| {
+            let clock = ServerClock::default();
+            clock.observe(DateTime::from_millis(1_000_000), start, start + ms(100));
+            clock.observe(
+                DateTime::from_millis(server),
+                start + ms(1_000),
+                start + ms(1_100),
+            )
+        };
+        for server in [1_000_850, 1_000_900, 1_001_000, 1_001_100, 1_001_150] {
+            assert_eq!(judged(server), None, "{server}");
+        }
+        assert_eq!(judged(1_000_849), Some(-51));
+        assert_eq!(judged(1_001_151), Some(51));
+        assert_eq!(judged(1_005_100), Some(4_000));
+    }
+
+    /// Requests in flight at once (a ping and a write, say) may be answered in any
+    /// order: a reply to a request sent before the last reply arrived is not compared
+    /// with it.
+    #[test]
+    fn replies_to_requests_in_flight_together_are_not_compared() {
+        let clock = ServerClock::default();
+        let start = Instant::now() - Duration::from_secs(2);
+        let ms = Duration::from_millis;
+        clock.observe(DateTime::from_millis(1_000_000), start, start + ms(1_000));
+        let said = clock.observe(
+            DateTime::from_millis(5_000_000),
+            start + ms(500),
+            start + ms(1_500),
+        );
+        assert_eq!(said, None);
+    }
+
+    #[test]
     fn a_stale_reading_gives_no_bound() {
         let clock = ServerClock::default();
         let long_ago = Instant::now() - MAX_READING_AGE - Duration::from_secs(1);
