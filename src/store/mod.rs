@@ -636,4 +636,117 @@ mod tests {
             assert_eq!(kind(err), expected, "{what}");
         }
     }
+
+    /// Sends a test write with `retried_while`: it fails unavailable `failures` times,
+    /// then succeeds with the number of its attempt. Returns the outcome, whether an
+    /// attempt failed, the attempts made and the time they took.
+    async fn send(failures: u32, worth_it: bool) -> (StoreResult<u32>, bool, u32, Duration) {
+        use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+        let tried = AtomicU32::new(0);
+        let started = std::time::Instant::now();
+        let (outcome, failed) = retried_while(
+            || worth_it,
+            || async {
+                let attempt = tried.fetch_add(1, Relaxed) + 1;
+                if attempt <= failures {
+                    Err(StoreError::Unavailable("no answer".into()))
+                } else {
+                    Ok(attempt)
+                }
+            },
+        )
+        .await;
+        (outcome, failed, tried.load(Relaxed), started.elapsed())
+    }
+
+    #[tokio::test]
+    async fn a_write_is_sent_again_while_unavailable_three_times_at_most_pausing_longer_each_time()
+    {
+        let (outcome, failed, tried, _) = send(0, true).await;
+        assert_eq!((outcome.unwrap(), failed, tried), (1, false, 1), "at once");
+        let (outcome, failed, tried, _) = send(1, true).await;
+        assert_eq!(
+            (outcome.unwrap(), failed, tried),
+            (2, true, 2),
+            "the second time"
+        );
+        let (outcome, failed, tried, took) = send(2, true).await;
+        assert_eq!(
+            (outcome.unwrap(), failed, tried),
+            (3, true, 3),
+            "the third time"
+        );
+        assert!(took >= RETRY_PAUSE * 3, "50 ms, then 100 ms: {took:?}");
+        let (outcome, failed, tried, _) = send(5, true).await;
+        assert!(
+            matches!(outcome, Err(StoreError::Unavailable(_))),
+            "{outcome:?}"
+        );
+        assert_eq!((failed, tried), (true, WRITE_ATTEMPTS));
+    }
+
+    #[tokio::test]
+    async fn a_write_is_not_sent_again_once_another_attempt_is_not_worth_it() {
+        let (outcome, failed, tried, _) = send(5, false).await;
+        assert!(
+            matches!(outcome, Err(StoreError::Unavailable(_))),
+            "{outcome:?}"
+        );
+        assert_eq!((failed, tried), (true, 1));
+        let (outcome, failed, tried, _) = send(0, false).await;
+        assert_eq!((outcome.unwrap(), failed, tried), (1, false, 1));
+    }
+
+    #[tokio::test]
+    async fn only_an_unavailable_write_is_sent_again() {
+        let tried = std::sync::atomic::AtomicU32::new(0);
+        let (outcome, failed) = retried(|| async {
+            tried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err::<(), _>(StoreError::DuplicateKey("taken".into()))
+        })
+        .await;
+        assert!(
+            matches!(outcome, Err(StoreError::DuplicateKey(_))),
+            "{outcome:?}"
+        );
+        assert_eq!((failed, tried.into_inner()), (false, 1));
+    }
+
+    /// One node (SecantusDB) acknowledges any write concern the same way: only this
+    /// says what a replica set is asked for.
+    #[tokio::test]
+    async fn every_write_and_read_of_a_store_waits_for_a_majority() {
+        let concern = majority_journaled();
+        assert_eq!(concern.w, Some(Acknowledgment::Majority));
+        assert_eq!(concern.journal, Some(true));
+        assert_eq!(concern.w_timeout, Some(WRITE_CONCERN_TIMEOUT));
+        let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
+            .await
+            .unwrap();
+        for (name, write, read) in [
+            (
+                "accounts",
+                store.accounts.write_concern(),
+                store.accounts.read_concern(),
+            ),
+            (
+                "transactions",
+                store.transactions.write_concern(),
+                store.transactions.read_concern(),
+            ),
+            (
+                "keys",
+                store.keys.write_concern(),
+                store.keys.read_concern(),
+            ),
+            (
+                "directory",
+                store.directory.write_concern(),
+                store.directory.read_concern(),
+            ),
+        ] {
+            assert_eq!(write, Some(&concern), "{name}");
+            assert_eq!(read, Some(&ReadConcern::majority()), "{name}");
+        }
+    }
 }
