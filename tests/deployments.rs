@@ -920,6 +920,36 @@ async fn with_a_deployment_known_down_ready_and_listings_answer_without_waiting_
     }
 }
 
+/// The watch runs from two deployments on: with two, one down must not hold up the
+/// other's requests behind its time-outs (with one there is nothing else to keep going).
+#[tokio::test]
+async fn with_two_deployments_the_watch_finds_the_one_that_stops_answering() {
+    use transfer_service::store::Deployments;
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let two = Deployments::new(books.stores[..2].to_vec());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let watching = tokio::spawn({
+        let (two, stop) = (two.clone(), stop.clone());
+        async move { two.watch(Duration::from_millis(200), stop).await }
+    });
+    daemons.daemons[1].kill();
+    let started = Instant::now();
+    loop {
+        let silent: Vec<String> = two.silent().iter().map(|d| d.to_string()).collect();
+        if silent == ["us"] {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the watch never found us down: {silent:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    watching.await.unwrap();
+}
+
 /// Waits until `/ready` names `deployment` among those that do not answer (its own ping
 /// failed, or the watch found it silent).
 async fn wait_until_known_down(app: &TestApp, deployment: &str) {
