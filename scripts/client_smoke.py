@@ -36,7 +36,7 @@ from transfer_service_client.types import Response
 
 
 class Mismatch(Exception):
-    """The service answered otherwise than the document and the README promise."""
+    """The service answered otherwise than the document and docs/api.md promise."""
 
 
 def expect(condition: bool, what: str) -> None:

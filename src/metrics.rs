@@ -304,7 +304,7 @@ pub fn render() -> String {
     let mut text = installed().handle.render();
     // The exporter lists a family once it has a series. Those still without one (no
     // request answered yet, say) are listed by their HELP and TYPE alone, so that every
-    // family is there from the first scrape, as the README's table promises.
+    // family is there from the first scrape, as docs/operations.md's table promises.
     for (name, kind, help) in FAMILIES {
         if !text.contains(&format!("# TYPE {name} ")) {
             text.push_str(&format!(

@@ -263,7 +263,7 @@ async fn insert_seed_accounts(
     Ok(())
 }
 
-/// An account as the service stores it (the README's schema: `balance` an Int64, no
+/// An account as the service stores it (docs/protocol.md's schema: `balance` an Int64, no
 /// pending transfers), for inserting many at once.
 pub fn account_document(id: &str, balance: i64, now: DateTime) -> Document {
     doc! {

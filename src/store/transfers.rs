@@ -50,7 +50,7 @@ fn finished_states() -> Vec<&'static str> {
 }
 
 /// Who may move a transfer on, and why that is safe: **the rule**, kept in this one place
-/// (the README's "The rules: leases, fences and the clock" says it for users).
+/// (docs/protocol.md, "The rules: leases, fences and the clock", says it for users).
 ///
 /// A transfer's owner may still have forward steps (debits, credits) on their way to the
 /// server, sent before a pause, over a slow link or before a failover; each carries the

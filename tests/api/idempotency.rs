@@ -513,7 +513,7 @@ async fn a_key_one_api_key_used_blocks_no_other_api_key_and_is_still_refused_to_
 /// Rewrites what a keyed request stored into the form a version before keys were
 /// scoped left: the record `{_id: <key as sent>, transfer, requestHash, at}` and the
 /// key as sent on the transfer (`idempotencyKey`). The transfer is replaced whole rather
-/// than `$set`, since SecantusDB's unique index would keep the old value (README).
+/// than `$set`, since SecantusDB's unique index would keep the old value (docs/secantusdb.md).
 async fn as_taken_before_keys_were_scoped(app: &TestApp, transfer: &str, key: &str) {
     use mongodb::bson::{DateTime, Document, doc, oid::ObjectId};
     let database = app.store.database();
