@@ -9,7 +9,8 @@
 //! | `transfers_total` | counter | `state` (`done`, `canceled`), `reason` (`none` for done) |
 //! | `transfers_in_flight` | gauge | |
 //! | `sweeper_recoveries_total` | counter | |
-//! | `db_operation_duration_seconds` | histogram | `command`, `outcome` (`ok`, `error`) |
+//! | `db_operation_duration_seconds` | histogram | `deployment`, `command`, `outcome` (`ok`, `error`) |
+//! | `holds_total` | counter | `outcome` (`captured`, `voided`, `expired`, `refused`) |
 //!
 //! Invariant: every label value comes from a bounded set, whatever clients send, so the
 //! number of series stays bounded. A route is the matched route template
