@@ -20,6 +20,8 @@
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
 //!   instance left behind, with the same step functions.
 //! - [`telemetry`]: log set-up.
+//! - [`error_chain`]: [`error_chain::Chain`], an error and its sources on one line for a
+//!   log field; a leaf every layer logs with, naming no module of the crate.
 //! - [`metrics`]: the Prometheus counters and histograms behind `GET /metrics`.
 //!
 //! Imports go downwards: http -> service -> store -> domain (the sweeper calls the
@@ -40,6 +42,7 @@ macro_rules! failpoint {
 
 pub mod config;
 pub mod domain;
+pub mod error_chain;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod http;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use tokio_util::sync::CancellationToken;
 use transfer_service::config::Settings;
+use transfer_service::error_chain::Chain;
 use transfer_service::startup::Application;
 use transfer_service::telemetry;
 
@@ -49,7 +50,7 @@ async fn serve() -> ExitCode {
     let app = match Application::build(settings).await {
         Ok(app) => app,
         Err(e) => {
-            tracing::error!(error = %telemetry::Chain(&e), "cannot start");
+            tracing::error!(error = %Chain(&e), "cannot start");
             return ExitCode::FAILURE;
         }
     };

@@ -114,7 +114,7 @@ async fn migrate_when_back(store: Store) {
                 return;
             }
             Err(e) => {
-                tracing::warn!(deployment = %store.deployment(), error = %crate::telemetry::Chain(&e), "deployment still not migrated");
+                tracing::warn!(deployment = %store.deployment(), error = %crate::error_chain::Chain(&e), "deployment still not migrated");
                 tokio::time::sleep(LONGEST_PAUSE).await;
             }
         }

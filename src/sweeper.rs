@@ -49,11 +49,11 @@ use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::Timestamp;
+use crate::error_chain::Chain;
 use crate::service::{Bank, ServiceError};
 use crate::store::accounts::Side;
 use crate::store::transfers::Scan;
 use crate::store::{Store, StoreResult};
-use crate::telemetry::Chain;
 
 /// Transfers claimed in one pass of a log, at most; also the size of a page of its scans,
 /// and the most reversals finished and fenced transfers cleaned in one pass.

@@ -13,23 +13,6 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFormat;
 
-/// An error and its sources on one line (`a: b: c`), for a log field
-/// (`error = %Chain(&e)`): an error's own message says what failed (a store error says
-/// only its kind) and its sources say why, but the JSON format writes only the message.
-pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            write!(f, ": {cause}")?;
-            source = cause.source();
-        }
-        Ok(())
-    }
-}
-
 /// Installs the global subscriber, writing to stdout. Call once, from `main`.
 pub fn init(format: LogFormat, filter: &str) {
     subscriber(format, filter, std::io::stdout).init();
@@ -132,16 +115,5 @@ mod tests {
         assert_eq!(nested["spans"][0]["name"], "request");
         assert_eq!(nested["spans"][0]["request_id"], "req-42");
         assert_eq!(nested["spans"][1]["name"], "step");
-    }
-
-    /// A store error's log line names its kind and its cause.
-    #[test]
-    fn a_chain_shows_the_error_and_every_source() {
-        let err = crate::store::StoreError::Unavailable("no primary".into());
-        let service = crate::service::ServiceError::from(err);
-        assert_eq!(
-            Chain(&service).to_string(),
-            "the database is unavailable: no primary"
-        );
     }
 }

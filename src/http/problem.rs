@@ -10,8 +10,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::domain::CancelReason;
+use crate::error_chain::Chain;
 use crate::service::{HoldConflict, ServiceError};
-use crate::telemetry::Chain;
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, ToSchema)]

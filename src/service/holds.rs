@@ -13,10 +13,10 @@
 
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
+use crate::error_chain::Chain;
 use crate::store::accounts::Side;
 use crate::store::transfers::{Mover, Settle, StepFields};
 use crate::store::{StoreError, StoreResult};
-use crate::telemetry::Chain;
 
 /// Why a capture or a void cannot be made: the hold has gone another way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

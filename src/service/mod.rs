@@ -29,13 +29,12 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
-use crate::telemetry::Chain;
-
 use crate::domain::{
     Account, AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Hold,
     KeyScope, OpeningBalance, Reference, ScopedKey, Timestamp, Transfer, TransferFilter,
     TransferId, TransferState,
 };
+use crate::error_chain::Chain;
 use crate::store::accounts::Side;
 use crate::store::deployments::Reservation;
 use crate::store::native::AtomicOutcome;
@@ -1233,5 +1232,16 @@ mod tests {
         assert_eq!(known(), KNOWN_ACCOUNTS_MAX, "filled to the bound");
         bank.remember([place(KNOWN_ACCOUNTS_MAX), place(KNOWN_ACCOUNTS_MAX + 1)]);
         assert_eq!(known(), 2, "emptied rather than passing the bound");
+    }
+
+    /// A store error's log line names its kind and its cause.
+    #[test]
+    fn a_chain_shows_the_error_and_every_source() {
+        let err = StoreError::Unavailable("no primary".into());
+        let service = ServiceError::from(err);
+        assert_eq!(
+            Chain(&service).to_string(),
+            "the database is unavailable: no primary"
+        );
     }
 }

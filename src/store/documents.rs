@@ -391,7 +391,7 @@ mod tests {
         };
         let err = corrupt.into_domain(&DeploymentName::default()).unwrap_err();
         assert!(matches!(err, StoreError::Other(_)), "{err:?}");
-        let said = crate::telemetry::Chain(&err).to_string();
+        let said = crate::error_chain::Chain(&err).to_string();
         assert!(said.contains("stored value is not valid"), "{said}");
     }
 }
