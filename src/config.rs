@@ -10,8 +10,7 @@
 //! carry their unit in the variable name (`_MS`) and become [`Duration`]s in
 //! [`Settings::from_args`], at the edge.
 
-use crate::domain::{ApiKeyId, DeploymentName};
-use crate::service::Strategy;
+use crate::domain::{ApiKeyId, DeploymentName, Strategy};
 use std::error::Error as _;
 use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
@@ -232,7 +231,7 @@ pub enum LogFormat {
 }
 
 /// The spellings `TRANSFER_STRATEGY` accepts. Written here rather than derived in
-/// `service`, which knows nothing of flags and variables.
+/// `domain`, which knows nothing of flags and variables.
 impl ValueEnum for Strategy {
     fn value_variants<'a>() -> &'a [Strategy] {
         &[Strategy::TwoPhase, Strategy::Native]

@@ -16,7 +16,9 @@
 //!   [`store::Store`] per deployment; [`store::Deployments`] holds them all and reads
 //!   across them (`docs/scaling.md`: what lives where).
 //! - [`domain`]: newtypes that parse instead of validate, [`domain::Transfer`] and
-//!   [`domain::Account`], and the transfer state machine. No axum, no driver.
+//!   [`domain::Account`], the transfer state machine, and [`domain::Strategy`] (how a
+//!   transfer is carried out: two-phase commit or one native transaction). No axum, no
+//!   driver.
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
 //!   instance left behind, with the same step functions.
 //! - [`telemetry`]: log set-up.

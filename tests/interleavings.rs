@@ -1816,7 +1816,7 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_recording_and_both
 
 /// `TRANSFER_STRATEGY=native`, two instances on one database.
 async fn two_native_instances() -> (TestApp, TestApp) {
-    use transfer_service::service::Strategy;
+    use transfer_service::domain::Strategy;
     let first = spawn_app_with(|s| s.strategy = Strategy::Native).await;
     let database = first.database.clone();
     let second = spawn_app_with(move |s| {

@@ -9,6 +9,8 @@
 //!   [`ApiKeyId`] of the API key that sent it;
 //! - [`Transfer`] and [`Account`] are what the service reasons about, built from those
 //!   values; the store converts its documents to and from them;
+//! - [`Strategy`] is how a transfer is carried out (`TRANSFER_STRATEGY`): the two-phase
+//!   commit or one native transaction;
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
 //!   with its transitions as an explicit function ([`TransferState::transition`]).
 
@@ -17,7 +19,7 @@ mod transfer;
 mod values;
 
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
-pub use transfer::{Account, Hold, Timestamp, Transfer, TransferFilter, now};
+pub use transfer::{Account, Hold, Strategy, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
     AccountId, AccountName, Amount, ApiKeyId, Currency, DeploymentName, HOLD_EXPIRY_MS,
     IdempotencyKey, KeyScope, MAX_MONEY, OpeningBalance, ParseError, Reference, ScopedKey,

@@ -19,6 +19,19 @@ pub fn now() -> Timestamp {
     chrono::Utc::now().trunc_subsecs(3)
 }
 
+/// How a transfer is carried out (`TRANSFER_STRATEGY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// The tutorial's two-phase commit: guarded single-document writes, recoverable at
+    /// every step.
+    #[default]
+    TwoPhase,
+    /// One MongoDB multi-document transaction per transfer (`store::native`), for
+    /// comparison. It writes the same documents; `Prefer: respond-async` is ignored (the
+    /// transaction is the whole transfer), and cancels reverse with two-phase transfers.
+    Native,
+}
+
 /// One transfer and where it is in the two-phase commit: a line of the transfer log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transfer {

@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::domain::{
     Account, AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Hold,
-    KeyScope, OpeningBalance, Reference, ScopedKey, Timestamp, Transfer, TransferFilter,
+    KeyScope, OpeningBalance, Reference, ScopedKey, Strategy, Timestamp, Transfer, TransferFilter,
     TransferId, TransferState,
 };
 use crate::error_chain::Chain;
@@ -130,19 +130,6 @@ impl NewTransfer {
         }
         hex::encode(hash.finalize())
     }
-}
-
-/// How a transfer is carried out (`TRANSFER_STRATEGY`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Strategy {
-    /// The tutorial's two-phase commit: guarded single-document writes, recoverable at
-    /// every step.
-    #[default]
-    TwoPhase,
-    /// One MongoDB multi-document transaction per transfer (`store::native`), for
-    /// comparison. It writes the same documents; `Prefer: respond-async` is ignored (the
-    /// transaction is the whole transfer), and cancels reverse with two-phase transfers.
-    Native,
 }
 
 /// Whether the caller waits for the protocol to finish.

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
-use transfer_service::domain::{CancelReason, TransferState};
-use transfer_service::service::Strategy;
+use transfer_service::domain::{CancelReason, Strategy, TransferState};
 use transfer_service::store::StoreError;
 use transfer_service::store::native::AtomicOutcome;
 
