@@ -27,8 +27,10 @@
 //! - [`metrics`]: the Prometheus counters and histograms behind `GET /metrics`.
 //!
 //! Imports go downwards: http -> service -> store -> domain (the sweeper calls the
-//! service and reads the store); `tests/architecture.rs` checks it on the source. Who
-//! may move a transfer is decided in one place, `store::transfers::Mover`.
+//! service and reads the store; config and telemetry, at the composition edge with
+//! `main` and `startup`, name none of the layers), and no module imports itself through
+//! others; `tests/architecture.rs` checks both on the source. Who may move a transfer is
+//! decided in one place, `store::transfers::Mover`.
 //! `docs/architecture.md` draws how a request, a recovery and a cancel flow through
 //! these modules.
 

@@ -1,9 +1,14 @@
 //! The import rule of the crate map (`src/lib.rs`), checked on the source: imports go
 //! http -> service -> store -> domain, the domain names no framework and no driver,
 //! metrics, called from every layer, names none of them, and `store` is the only module
-//! that names the driver or BSON. A module that starts naming what it may not fails
-//! here, with the file and line.
+//! that names the driver or BSON. `config` and `telemetry`, at the composition edge, name
+//! none of the layers built from them, and `error_chain`, which every layer logs with,
+//! names no module at all. A module that starts naming what it may not fails here, with
+//! the file and line. Above all the rules, the modules import one another without a
+//! cycle: the graph of every `crate::` path in `src/` is checked whole, and a cycle fails
+//! spelled out (`a -> b -> a`) with the line behind each edge.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// (a file or folder under `src/`, the words its code may not contain)
@@ -44,6 +49,36 @@ const RULES: &[(&str, &[&str])] = &[
         "http",
         &["mongodb::", "bson", "crate::store", "crate::sweeper"],
     ),
+    // `config` and `telemetry` sit at the composition edge: `main` reads the settings and
+    // sets up the logs before anything else exists, and `startup` builds the layers from
+    // the settings. So they name none of the layers built from them (a setting is a value
+    // of the domain, or of their own, never a type of the layer that uses it); the one
+    // way back would close a cycle through `startup`, as `config` -> `service::Strategy`
+    // did. `telemetry` takes its format from `config`, so `config` does not name it.
+    (
+        "config.rs",
+        &[
+            "crate::startup",
+            "crate::http",
+            "crate::service",
+            "crate::store",
+            "crate::sweeper",
+            "crate::telemetry",
+        ],
+    ),
+    (
+        "telemetry.rs",
+        &[
+            "crate::startup",
+            "crate::http",
+            "crate::service",
+            "crate::store",
+            "crate::sweeper",
+        ],
+    ),
+    // Every layer logs its errors with `Chain`: whatever it named, every layer would name
+    // through it.
+    ("error_chain.rs", &["crate::"]),
 ];
 
 /// Outside `store`, nothing names the driver or BSON (the composition root, `startup.rs`,
@@ -101,4 +136,281 @@ fn each_module_names_only_the_layers_below_it() {
             }
         }
     }
+}
+
+/// No module of `src/` imports itself through others. Every `crate::` path in a file
+/// counts (in `use` groups, in code, in `#[cfg(test)]` code, which the test build
+/// compiles into the same crate, and in comments, whose doc links name modules too). A
+/// folder module (`src/store/` and its files) is one node, each other file of `src/` is
+/// one (`lib.rs` too, for the `$crate::` paths of its macros); `main.rs` is the binary,
+/// another crate, which names the library as `transfer_service::`. `super::` paths are
+/// not read: inside a folder they stay in its node, and as the code stands no top-level
+/// module names the root or a sibling through them.
+#[test]
+fn the_modules_import_one_another_without_a_cycle() {
+    let graph = import_graph();
+    // The crate map's downward edges are found, so a parser that finds nothing cannot pass.
+    for (from, to) in [
+        ("http", "service"),
+        ("service", "store"),
+        ("store", "domain"),
+        ("startup", "config"),
+        ("telemetry", "config"),
+    ] {
+        assert!(
+            graph[from].contains_key(to),
+            "no edge {from} -> {to}: {graph:#?}"
+        );
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        let because: Vec<String> = cycle
+            .windows(2)
+            .map(|pair| {
+                format!(
+                    "  {} -> {}: {}",
+                    pair[0], pair[1], graph[&pair[0]][&pair[1]]
+                )
+            })
+            .collect();
+        panic!(
+            "import cycle: {}\n{}",
+            cycle.join(" -> "),
+            because.join("\n")
+        );
+    }
+}
+
+/// `use crate::{a, b::{c, d}}` names `a` and `b`; so does every other spelling of a
+/// `crate::` path, and nothing else does.
+#[test]
+fn the_import_parser_finds_the_module_of_every_crate_path() {
+    let text = "use crate::{a, b::{c, d}};
+use crate::{
+    self,
+    e::F as G,
+    f::*, // g::H
+};
+let x = crate::h::now();
+$crate::i::hit($step);
+pub(crate) fn j() {}
+use my_crate::k;
+use crate ::l;
+use crate::{m::{n, o::{p}}, q};";
+    assert_eq!(
+        crate_paths(text),
+        [
+            (1, "a".to_string()),
+            (1, "b".into()),
+            (4, "e".into()),
+            (5, "f".into()),
+            (7, "h".into()),
+            (8, "i".into()),
+            (11, "l".into()),
+            (12, "m".into()),
+            (12, "q".into()),
+        ]
+    );
+}
+
+/// A cycle is found and spelled from where the search entered it back to there; a graph
+/// that only goes down has none.
+#[test]
+fn a_cycle_is_found_and_spelled_out() {
+    let graph = |edges: &[(&str, &str)]| {
+        let mut graph: Graph = BTreeMap::new();
+        for (from, to) in edges {
+            graph.entry(to.to_string()).or_default();
+            graph
+                .entry(from.to_string())
+                .or_default()
+                .insert(to.to_string(), String::new());
+        }
+        graph
+    };
+    let down = graph(&[("a", "b"), ("a", "c"), ("b", "c")]);
+    assert_eq!(find_cycle(&down), None);
+    let around = graph(&[("a", "b"), ("b", "c"), ("c", "d"), ("d", "b")]);
+    assert_eq!(
+        find_cycle(&around).unwrap().join(" -> "),
+        "b -> c -> d -> b"
+    );
+}
+
+/// Each node and the nodes it names, each with the first place (`src/file.rs:line`)
+/// that names it.
+type Graph = BTreeMap<String, BTreeMap<String, String>>;
+
+/// The import graph of `src/`.
+fn import_graph() -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut files: Vec<(String, PathBuf)> = rust_files(&src)
+        .into_iter()
+        .filter(|f| f != &src.join("main.rs"))
+        .map(|f| (node_of(&src, &f), f))
+        .collect();
+    files.sort();
+    let mut graph: Graph = files
+        .iter()
+        .map(|(node, _)| (node.clone(), BTreeMap::new()))
+        .collect();
+    for (node, file) in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let shown = file.strip_prefix(root).unwrap().display().to_string();
+        for (line, named) in crate_paths(&text) {
+            assert!(
+                graph.contains_key(&named),
+                "{shown}:{line} names crate::{named}, which is no module of src/: the graph cannot place it"
+            );
+            if named != *node {
+                graph
+                    .get_mut(node)
+                    .unwrap()
+                    .entry(named)
+                    .or_insert_with(|| format!("{shown}:{line}"));
+            }
+        }
+    }
+    graph
+}
+
+/// `src/store/batch.rs` is `store`, `src/config.rs` is `config`.
+fn node_of(src: &Path, file: &Path) -> String {
+    let relative = file.strip_prefix(src).unwrap();
+    let mut parts = relative.iter();
+    let first = Path::new(parts.next().unwrap());
+    match parts.next() {
+        Some(_) => first.to_str().unwrap().to_owned(),
+        None => first.file_stem().unwrap().to_str().unwrap().to_owned(),
+    }
+}
+
+/// The first cycle a depth-first search meets, as its nodes from the first back to it
+/// (`[a, b, a]`); `None` if the graph has none.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    /// Nodes on the path from the search's start (open) or wholly searched (done).
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+
+    fn visit<'g>(
+        node: &'g str,
+        graph: &'g Graph,
+        marks: &mut BTreeMap<&'g str, Mark>,
+        path: &mut Vec<&'g str>,
+    ) -> Option<Vec<String>> {
+        marks.insert(node, Mark::Open);
+        path.push(node);
+        for next in graph[node].keys() {
+            match marks.get(next.as_str()) {
+                Some(Mark::Open) => {
+                    let start = path.iter().position(|n| n == next).unwrap();
+                    let mut cycle: Vec<String> =
+                        path[start..].iter().map(|n| n.to_string()).collect();
+                    cycle.push(next.clone());
+                    return Some(cycle);
+                }
+                Some(Mark::Done) => {}
+                None => {
+                    if let Some(cycle) = visit(next, graph, marks, path) {
+                        return Some(cycle);
+                    }
+                }
+            }
+        }
+        path.pop();
+        marks.insert(node, Mark::Done);
+        None
+    }
+
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if !marks.contains_key(node.as_str()) {
+            let found = visit(node, graph, &mut marks, &mut Vec::new());
+            if found.is_some() {
+                return found;
+            }
+        }
+    }
+    None
+}
+
+/// The module each `crate::` path of `text` names (its first segment; every head of a
+/// `use crate::{...}` group), with the line it is on. `$crate::` counts, `pub(crate)`
+/// and `my_crate::` do not.
+fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let line_of = |at: usize| text[..at].matches('\n').count() + 1;
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices("crate") {
+        let after = at + "crate".len();
+        if text[..at].ends_with(is_word) || text[after..].starts_with(is_word) {
+            continue;
+        }
+        let rest = text[after..].trim_start();
+        let Some(rest) = rest.strip_prefix("::") else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let offset = text.len() - rest.len();
+        if let Some(group) = rest.strip_prefix('{') {
+            let offset = offset + 1;
+            for (at, name) in group_heads(group) {
+                found.push((line_of(offset + at), name.to_owned()));
+            }
+        } else if let Some(name) = identifier(rest) {
+            found.push((line_of(offset), name.to_owned()));
+        }
+    }
+    found
+}
+
+/// The first segment of each item of a `{...}` group, from just after its `{`, with its
+/// offset: `a, b::{c, d}}` gives `a` and `b`. `self` names the group's parent, not a module.
+fn group_heads(group: &str) -> Vec<(usize, &str)> {
+    let mut heads = Vec::new();
+    let mut depth = 1;
+    let mut item_starts = true;
+    // Where the name just read ends.
+    let mut read_to = 0;
+    for (at, c) in group.char_indices() {
+        if at < read_to || c.is_whitespace() {
+            continue;
+        }
+        if depth == 1
+            && item_starts
+            && let Some(name) = identifier(&group[at..])
+        {
+            if name != "self" {
+                heads.push((at, name));
+            }
+            item_starts = false;
+            read_to = at + name.len();
+            continue;
+        }
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 1 => break,
+            '}' => depth -= 1,
+            ',' if depth == 1 => {
+                item_starts = true;
+                continue;
+            }
+            _ => {}
+        }
+        item_starts = false;
+    }
+    heads
+}
+
+/// The identifier `text` starts with, if it starts with one.
+fn identifier(text: &str) -> Option<&str> {
+    let end = text
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(text.len());
+    let name = &text[..end];
+    name.starts_with(|c: char| c.is_alphabetic() || c == '_')
+        .then_some(name)
 }
