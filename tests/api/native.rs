@@ -38,6 +38,15 @@ async fn a_native_transfer_answers_201_done_and_moves_the_money() {
         .unwrap()
         .unwrap();
     assert_eq!(stored.state, TransferState::Done);
+    // Stamped by the database's clock when it was made, as a two-phase transfer is
+    // (not left at the epoch an unrecorded transfer carries).
+    let stamped_after_creation = stored.last_modified - stored.created_at;
+    assert!(
+        stamped_after_creation.num_seconds().abs() < 60,
+        "created {}, last modified {}",
+        stored.created_at,
+        stored.last_modified
+    );
     let owner = stored.owner.as_deref().unwrap_or_default();
     assert!(
         owner.starts_with(&format!("{}/", app.instance_id)),
