@@ -77,6 +77,14 @@ async fn migrations_run_but_not_recorded_are_run_again_over_what_they_made() {
         .unwrap();
     assert_eq!(store.migrate().await.unwrap(), every_name());
     assert_eq!(recorded(&store).await, every_name());
+    // The driver's timing of each command, failed ones (the creates, this time) too.
+    let metrics = transfer_service::metrics::render();
+    for series in [
+        r#"db_operation_duration_seconds_count{deployment="default",command="create",outcome="error"}"#,
+        r#"db_operation_duration_seconds_count{deployment="default",command="insert",outcome="ok"}"#,
+    ] {
+        assert!(metrics.contains(series), "no {series} in\n{metrics}");
+    }
 }
 
 /// A command that fails stops the migration: the error reaches start-up, and the
