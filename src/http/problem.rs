@@ -380,3 +380,96 @@ impl From<ServiceError> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AccountId, TransferId};
+
+    const ID: &str = "65a1b2c3d4e5f60718293a4b";
+
+    /// The body of the answer to a cancel whose reversal `reason` refused at bob, with
+    /// or without a recorded compensating transfer.
+    fn refused_reversal(reason: CancelReason, attempt: Option<&str>) -> (u16, String) {
+        let error = ApiError::from(ServiceError::ReversalRefused {
+            reason,
+            account: AccountId::parse("bob").unwrap(),
+            attempt: attempt.map(|id| TransferId::parse(id).unwrap()),
+        });
+        (
+            error.status().as_u16(),
+            serde_json::to_string(&error.to_problem()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_refused_reversal_answers_as_its_reason_says_byte_for_byte() {
+        let cases = [
+            (
+                CancelReason::InsufficientFunds,
+                Some(ID),
+                422,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                CancelReason::InsufficientFunds,
+                None,
+                422,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds"}"#,
+            ),
+            (
+                CancelReason::BalanceOverflow,
+                Some(ID),
+                422,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                CancelReason::BalanceOverflow,
+                None,
+                422,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":""}"#,
+            ),
+            (
+                CancelReason::AccountNotFound,
+                Some(ID),
+                422,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                CancelReason::AccountNotFound,
+                None,
+                422,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account"}"#,
+            ),
+        ];
+        for (reason, attempt, status, body) in cases {
+            assert_eq!(
+                refused_reversal(reason, attempt),
+                (status, body.to_owned()),
+                "{reason:?} {attempt:?}"
+            );
+        }
+        for reason in [
+            CancelReason::CanceledByRequest,
+            CancelReason::Voided,
+            CancelReason::Expired,
+        ] {
+            assert_eq!(
+                refused_reversal(reason, Some(ID)),
+                (
+                    409,
+                    r#"{"type":"urn:transfer-service:problem:transfer_canceled","title":"Transfer canceled","status":409,"detail":"the compensating transfer was itself canceled by request; nothing was changed","code":"transfer_canceled","transferId":"65a1b2c3d4e5f60718293a4b"}"#.to_owned()
+                ),
+                "{reason:?}"
+            );
+            assert_eq!(
+                refused_reversal(reason, None),
+                (
+                    409,
+                    r#"{"type":"urn:transfer-service:problem:transfer_canceled","title":"Transfer canceled","status":409,"detail":"the compensating transfer was itself canceled by request; nothing was changed","code":"transfer_canceled","transferId":""}"#.to_owned()
+                ),
+                "{reason:?}"
+            );
+        }
+    }
+}

@@ -570,6 +570,84 @@ pub async fn void_transfer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Currency;
+
+    const ID: &str = "65a1b2c3d4e5f60718293a4b";
+
+    /// The answer to a request whose transfer (alice to bob, 5000) ended canceled for
+    /// `reason`: status, `Location`, `Idempotent-Replayed`, and the body as sent.
+    async fn canceled_answer(
+        reason: Option<CancelReason>,
+        replayed: bool,
+    ) -> (u16, String, Option<String>, String) {
+        let mut transfer = Transfer::initial(
+            TransferId::parse(ID).unwrap(),
+            AccountId::parse("alice").unwrap(),
+            AccountId::parse("bob").unwrap(),
+            Amount::parse(5000).unwrap(),
+            Currency::usd(),
+        );
+        transfer.state = TransferState::Canceled;
+        transfer.reason = reason;
+        let response = outcome_response(TransferOutcome { transfer, replayed });
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(
+            header("content-type").as_deref(),
+            Some("application/problem+json")
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (
+            status,
+            header("location").unwrap_or_default(),
+            header("idempotent-replayed"),
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_canceled_transfer_answers_as_its_reason_says_byte_for_byte() {
+        let location = format!("/transfers/{ID}");
+        let by_request = r#"{"type":"urn:transfer-service:problem:transfer_canceled","title":"Transfer canceled","status":409,"detail":"this transfer was canceled before it completed","code":"transfer_canceled","transferId":"65a1b2c3d4e5f60718293a4b"}"#;
+        let cases = [
+            (
+                Some(CancelReason::InsufficientFunds),
+                422,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account alice cannot fund 5000; the transfer was recorded and canceled","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                Some(CancelReason::BalanceOverflow),
+                422,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                Some(CancelReason::AccountNotFound),
+                422,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"an account of this transfer no longer exists; the transfer was canceled","code":"unknown_account","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (Some(CancelReason::CanceledByRequest), 409, by_request),
+            (Some(CancelReason::Voided), 409, by_request),
+            (Some(CancelReason::Expired), 409, by_request),
+            (None, 409, by_request),
+        ];
+        for (reason, status, body) in cases {
+            assert_eq!(
+                canceled_answer(reason, false).await,
+                (status, location.clone(), None, body.to_owned()),
+                "{reason:?}"
+            );
+        }
+        assert_eq!(
+            canceled_answer(Some(CancelReason::InsufficientFunds), true)
+                .await
+                .2
+                .as_deref(),
+            Some("true")
+        );
+    }
 
     #[test]
     fn prefer_respond_async_is_recognised_among_other_preferences() {
