@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::CancelReason;
+use crate::domain::{AccountId, CancelReason, Transfer, TransferId};
 use crate::error_chain::Chain;
 use crate::service::{HoldConflict, ServiceError};
 
@@ -273,6 +273,78 @@ pub fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Res
     })
 }
 
+/// A transfer that ended `canceled`, as an answer reports it: which one decides how the
+/// answer words the [`CancelReason`] and which transfer its `transferId` names.
+#[derive(Debug, Clone, Copy)]
+pub enum Canceled<'a> {
+    /// The transfer the request asked for: it was recorded, then canceled.
+    Transfer(&'a Transfer),
+    /// The compensating transfer of a cancel, refused at `account` (the original
+    /// destination for a lack of funds, the original source otherwise); `attempt` is its
+    /// id when it was recorded. Nothing changed.
+    Reversal {
+        account: &'a AccountId,
+        attempt: Option<TransferId>,
+    },
+}
+
+impl ApiError {
+    /// The answer to a transfer that ended canceled for `reason`, the one mapping of a
+    /// [`CancelReason`] to an answer: a business refusal is 422 (`insufficient_funds`,
+    /// `balance_overflow`, `unknown_account`), anything else (a cancel by request, and for
+    /// holds a void or an expiry; or no recorded reason) is 409 `transfer_canceled`.
+    pub fn canceled(reason: Option<CancelReason>, canceled: Canceled<'_>) -> ApiError {
+        let transfer_id = match canceled {
+            Canceled::Transfer(transfer) => Some(transfer.id.to_string()),
+            Canceled::Reversal { attempt, .. } => attempt.map(|id| id.to_string()),
+        };
+        match reason {
+            Some(CancelReason::InsufficientFunds) => ApiError::InsufficientFunds {
+                detail: match canceled {
+                    Canceled::Transfer(transfer) => format!(
+                        "account {} cannot fund {}; the transfer was recorded and canceled",
+                        transfer.source,
+                        transfer.amount.minor_units()
+                    ),
+                    Canceled::Reversal { account, .. } => format!(
+                        "account {account} cannot fund the compensating transfer; nothing was changed"
+                    ),
+                },
+                transfer_id,
+            },
+            Some(CancelReason::BalanceOverflow) => ApiError::BalanceOverflow {
+                transfer_id: transfer_id.unwrap_or_default(),
+            },
+            Some(CancelReason::AccountNotFound) => ApiError::UnknownAccount {
+                detail: match canceled {
+                    Canceled::Transfer(_) => {
+                        "an account of this transfer no longer exists; the transfer was canceled"
+                            .into()
+                    }
+                    Canceled::Reversal { account, .. } => format!(
+                        "account {account} no longer exists; the compensating transfer was canceled and nothing was changed"
+                    ),
+                },
+                transfer_id,
+            },
+            // A compensating transfer is never a hold, so never voided or expired; said
+            // as canceled by request all the same.
+            Some(CancelReason::CanceledByRequest | CancelReason::Voided | CancelReason::Expired)
+            | None => ApiError::TransferCanceled {
+                transfer_id: transfer_id.unwrap_or_default(),
+                detail: match canceled {
+                    Canceled::Transfer(_) => {
+                        "this transfer was canceled before it completed".into()
+                    }
+                    Canceled::Reversal { .. } => {
+                        "the compensating transfer was itself canceled by request; nothing was changed".into()
+                    }
+                },
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.to_problem();
@@ -340,34 +412,13 @@ impl From<ServiceError> for ApiError {
                 reason,
                 account,
                 attempt,
-            } => {
-                let transfer_id = attempt.map(|id| id.to_string());
-                match reason {
-                    CancelReason::InsufficientFunds => ApiError::InsufficientFunds {
-                        detail: format!(
-                            "account {account} cannot fund the compensating transfer; nothing was changed"
-                        ),
-                        transfer_id,
-                    },
-                    CancelReason::BalanceOverflow => ApiError::BalanceOverflow {
-                        transfer_id: transfer_id.unwrap_or_default(),
-                    },
-                    CancelReason::AccountNotFound => ApiError::UnknownAccount {
-                        detail: format!(
-                            "account {account} no longer exists; the compensating transfer was canceled and nothing was changed"
-                        ),
-                        transfer_id,
-                    },
-                    // A compensating transfer is never a hold, so never voided or
-                    // expired; said as canceled all the same.
-                    CancelReason::CanceledByRequest
-                    | CancelReason::Voided
-                    | CancelReason::Expired => ApiError::TransferCanceled {
-                        transfer_id: transfer_id.unwrap_or_default(),
-                        detail: "the compensating transfer was itself canceled by request; nothing was changed".into(),
-                    },
-                }
-            }
+            } => ApiError::canceled(
+                Some(reason),
+                Canceled::Reversal {
+                    account: &account,
+                    attempt,
+                },
+            ),
             ServiceError::Overloaded => ApiError::Overloaded,
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");

@@ -17,7 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::extract::{ApiJson, OptionalApiJson};
 use super::pagination::{Page, PageParams, page};
-use super::problem::{ApiError, Problem, field};
+use super::problem::{ApiError, Canceled, Problem, field};
 use crate::domain::{
     AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, KeyScope, Reference,
     ScopedKey, Transfer, TransferFilter, TransferId, TransferState,
@@ -243,32 +243,7 @@ fn outcome_response(outcome: TransferOutcome) -> Response {
             (StatusCode::CREATED, Json(TransferResponse::from(transfer))).into_response()
         }
         (TransferState::Canceled, reason) => {
-            let transfer_id = id.to_string();
-            match reason {
-                Some(CancelReason::InsufficientFunds) => ApiError::InsufficientFunds {
-                    detail: format!(
-                        "account {} cannot fund {}; the transfer was recorded and canceled",
-                        transfer.source,
-                        transfer.amount.minor_units()
-                    ),
-                    transfer_id: Some(transfer_id),
-                },
-                Some(CancelReason::BalanceOverflow) => ApiError::BalanceOverflow { transfer_id },
-                Some(CancelReason::AccountNotFound) => ApiError::UnknownAccount {
-                    detail:
-                        "an account of this transfer no longer exists; the transfer was canceled"
-                            .into(),
-                    transfer_id: Some(transfer_id),
-                },
-                Some(
-                    CancelReason::CanceledByRequest | CancelReason::Voided | CancelReason::Expired,
-                )
-                | None => ApiError::TransferCanceled {
-                    transfer_id,
-                    detail: "this transfer was canceled before it completed".into(),
-                },
-            }
-            .into_response()
+            ApiError::canceled(reason, Canceled::Transfer(&transfer)).into_response()
         }
         _ => (StatusCode::ACCEPTED, Json(TransferResponse::from(transfer))).into_response(),
     };
