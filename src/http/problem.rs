@@ -13,6 +13,9 @@ use crate::domain::{AccountId, CancelReason, Transfer, TransferId};
 use crate::error_chain::Chain;
 use crate::service::{HoldConflict, ServiceError};
 
+/// The media type of every error answer, and of its documentation.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -350,10 +353,9 @@ impl IntoResponse for ApiError {
         let problem = self.to_problem();
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (self.status(), body).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if self == ApiError::Overloaded {
             // RFC 9110: when to come back. A transfer takes milliseconds; one second
             // lets the burst drain without making clients wait long.
