@@ -11,7 +11,11 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::extract::ApiJson;
 use super::pagination::{Page, PageParams, page};
-use super::problem::{ApiError, Problem, field};
+use super::problem::{ApiError, field};
+use super::responses::{
+    AccountExists, AccountNotFound, AccountRefused, InvalidParameter, MalformedJson,
+    PayloadTooLarge, Unavailable, UnsupportedMediaType,
+};
 use super::transfers::{TransferPage, TransferResponse};
 use crate::domain::{Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance};
 use crate::service::NewAccount;
@@ -131,18 +135,21 @@ pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
 }
 
 /// Open an account.
+///
+/// It needs two deployments to answer: the first, which keeps the directory of account
+/// ids, and the account's own; while either does not, the answer is 503.
 #[utoipa::path(
     post, path = "/accounts", tag = "accounts",
     request_body = CreateAccountRequest,
     responses(
         (status = 201, description = "The account was opened.", body = AccountResponse,
             headers(("Location" = String, description = "The URL of the new account: /accounts/{id}."))),
-        (status = 400, description = "`malformed_json`: the body is not JSON.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`account_exists`: an account with this id exists.", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not sent as application/json.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field`: a field is invalid; `field` names it. `unknown_deployment`: no deployment has that name.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later (opening an account needs the first deployment, which keeps the directory of account ids, and the account's own).", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedJson),
+        (status = 409, response = AccountExists),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = AccountRefused),
+        (status = 503, response = Unavailable),
     )
 )]
 pub async fn create_account(
@@ -189,8 +196,8 @@ pub async fn create_account(
     params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice")),
     responses(
         (status = 200, description = "The account.", body = AccountResponse),
-        (status = 404, description = "`account_not_found`: no such account.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, response = AccountNotFound),
+        (status = 503, response = Unavailable),
     )
 )]
 pub async fn get_account(
@@ -207,8 +214,8 @@ pub async fn get_account(
     params(PageParams),
     responses(
         (status = 200, description = "A page of accounts.", body = AccountPage),
-        (status = 400, description = "`invalid_parameter`: a query parameter is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = InvalidParameter),
+        (status = 503, response = Unavailable),
     )
 )]
 pub async fn list_accounts(
@@ -248,9 +255,9 @@ pub async fn list_accounts(
     params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice"), PageParams),
     responses(
         (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
-        (status = 400, description = "`invalid_parameter`: a query parameter is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`account_not_found`: no such account.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = InvalidParameter),
+        (status = 404, response = AccountNotFound),
+        (status = 503, response = Unavailable),
     )
 )]
 pub async fn list_account_transfers(

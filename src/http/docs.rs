@@ -2,7 +2,9 @@
 //! that utoipa's attributes cannot express, and Swagger UI, which shows that document at
 //! `/docs` from files compiled into the binary (no CDN: it works offline).
 //!
-//! [`complete`] keeps these promises of the document, in one place:
+//! [`complete`] keeps these promises of the document, in one place, for every response,
+//! whether a route states it or refers to a shared one under `components.responses`
+//! (see [`super::responses`]):
 //! - every response declares `x-request-id`, which every answer carries;
 //! - a response header declared `Option<String>` in `headers(...)` may be absent, one
 //!   declared `String` is always sent (`required: true`, which utoipa 6 cannot set);
@@ -17,7 +19,7 @@ use utoipa::openapi::schema::{Object, SchemaFormat, SchemaType, Type};
 use utoipa::openapi::{Header, OpenApi, Ref, RefOr, Response, Schema};
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
-use super::problem::{ApiError, field};
+use super::problem::{ApiError, PROBLEM_JSON, field};
 use crate::domain::Amount;
 use crate::service::{HoldConflict, ServiceError};
 
@@ -26,7 +28,6 @@ pub const DOCS_PATH: &str = "/docs";
 /// Where the document is served, and what Swagger UI loads.
 pub const OPENAPI_PATH: &str = "/openapi.json";
 
-const PROBLEM_JSON: &str = "application/problem+json";
 const REQUEST_ID: &str = "x-request-id";
 /// The name of the shared `x-request-id` header under `components.headers`.
 const REQUEST_ID_COMPONENT: &str = "RequestId";
@@ -41,34 +42,44 @@ pub fn swagger_ui(doc: OpenApi) -> SwaggerUi {
 
 /// Adds to `doc` what the attributes cannot say (see the module documentation).
 pub fn complete(doc: &mut OpenApi) {
-    doc.components
-        .get_or_insert_with(Default::default)
-        .headers
-        .insert(
-            REQUEST_ID_COMPONENT.to_owned(),
-            RefOr::T(request_id_header()),
-        );
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.headers.insert(
+        REQUEST_ID_COMPONENT.to_owned(),
+        RefOr::T(request_id_header()),
+    );
+    for response in components.responses.values_mut() {
+        if let RefOr::T(response) = response {
+            finish_response(None, response);
+        }
+    }
     for item in doc.paths.paths.values_mut() {
         for operation in operations(item) {
             for (status, response) in operation.responses.responses.iter_mut() {
+                // A reference to a shared response: finished above, where it is.
                 let RefOr::T(response) = response else {
                     continue;
                 };
-                for (name, header) in response.headers.iter_mut() {
-                    if let RefOr::T(header) = header {
-                        finish_header(name, header);
-                    }
-                }
-                response.headers.insert(
-                    REQUEST_ID.to_owned(),
-                    RefOr::Ref(Ref::new(format!(
-                        "#/components/headers/{REQUEST_ID_COMPONENT}"
-                    ))),
-                );
-                add_problem_examples(status, response);
+                finish_response(Some(status), response);
             }
         }
     }
+}
+
+/// Finishes one response: its headers, `x-request-id`, and the examples of its problem
+/// codes. `status` is `None` for a shared response, which has no status of its own.
+fn finish_response(status: Option<&str>, response: &mut Response) {
+    for (name, header) in response.headers.iter_mut() {
+        if let RefOr::T(header) = header {
+            finish_header(name, header);
+        }
+    }
+    response.headers.insert(
+        REQUEST_ID.to_owned(),
+        RefOr::Ref(Ref::new(format!(
+            "#/components/headers/{REQUEST_ID_COMPONENT}"
+        ))),
+    );
+    add_problem_examples(status, response);
 }
 
 fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
@@ -141,7 +152,7 @@ fn mark_required(header: &mut Header) {
         .insert("required".to_owned(), Value::Bool(true));
 }
 
-fn add_problem_examples(status: &str, response: &mut Response) {
+fn add_problem_examples(status: Option<&str>, response: &mut Response) {
     let codes = named_codes(&response.description);
     let Some(RefOr::T(content)) = response.content.get_mut(PROBLEM_JSON) else {
         return;
@@ -150,8 +161,9 @@ fn add_problem_examples(status: &str, response: &mut Response) {
         let Some(error) = sample(code) else {
             continue;
         };
-        // A code of another status is a mistake in the description, which a test catches.
-        if error.status().as_str() != status {
+        // A code of another status is a mistake in the description, which a test catches
+        // (for a shared response, on each route that refers to it).
+        if status.is_some_and(|status| error.status().as_str() != status) {
             continue;
         }
         let problem = error.to_problem();
@@ -271,9 +283,15 @@ mod tests {
         "hold_pending",
     ];
 
-    /// `(operation, status, response)` for every response of the served document.
+    /// `(operation, status, response)` for every response of the served document, a
+    /// reference to a shared response replaced by the response it names.
     fn responses() -> Vec<(String, String, Response)> {
         let mut doc = crate::http::openapi();
+        let shared = doc
+            .components
+            .as_ref()
+            .map(|components| components.responses.clone())
+            .unwrap_or_default();
         let mut all = Vec::new();
         for (path, item) in doc.paths.paths.iter_mut() {
             for operation in operations(item) {
@@ -282,8 +300,21 @@ mod tests {
                     operation.operation_id.clone().unwrap_or_default()
                 );
                 for (status, response) in &operation.responses.responses {
-                    let RefOr::T(response) = response else {
-                        panic!("{name} {status} is a reference");
+                    let response = match response {
+                        RefOr::T(response) => response,
+                        RefOr::Ref(reference) => {
+                            let shared = reference
+                                .ref_location
+                                .strip_prefix("#/components/responses/")
+                                .and_then(|key| shared.get(key));
+                            match shared {
+                                Some(RefOr::T(response)) => response,
+                                _ => panic!(
+                                    "{name} {status} refers to {}, which the document does not have",
+                                    reference.ref_location
+                                ),
+                            }
+                        }
                     };
                     all.push((name.clone(), status.clone(), response.clone()));
                 }
@@ -291,6 +322,20 @@ mod tests {
         }
         assert!(all.len() > 20, "{} responses", all.len());
         all
+    }
+
+    #[test]
+    fn every_shared_response_is_used_by_a_route() {
+        let doc = serde_json::to_value(crate::http::openapi()).unwrap();
+        let text = doc["paths"].to_string();
+        let shared = doc["components"]["responses"].as_object().unwrap();
+        assert!(!shared.is_empty());
+        for key in shared.keys() {
+            assert!(
+                text.contains(&format!("\"#/components/responses/{key}\"")),
+                "no route refers to the shared response {key}"
+            );
+        }
     }
 
     #[test]
@@ -357,7 +402,11 @@ mod tests {
             done["Idempotent-Replayed"]["schema"],
             json!({"type": "string", "enum": ["true"]})
         );
-        let refused = &responses["422"]["headers"];
+        assert_eq!(
+            responses["422"]["$ref"],
+            "#/components/responses/TransferRefused"
+        );
+        let refused = &doc["components"]["responses"]["TransferRefused"]["headers"];
         assert_eq!(refused["Location"].get("required"), None, "{refused}");
         assert_eq!(refused["Location"]["schema"]["type"], "string", "{refused}");
         assert_eq!(

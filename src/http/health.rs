@@ -6,7 +6,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
+use super::responses::NotReady;
 
 /// The answer of the health and readiness checks.
 #[derive(Debug, Serialize, ToSchema)]
@@ -43,7 +44,7 @@ pub async fn health() -> Json<Status> {
     get, path = "/ready", tag = "operations",
     responses(
         (status = 200, description = "`ok`: every deployment answers; `degraded`: the ones in `unavailableDeployments` do not, and only transfers touching their accounts are refused. The instance can serve.", body = Status),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: no deployment answers (`detail` names them); `overloaded`: the instance has as many transfers in flight as it admits. Send no traffic here for now.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, response = NotReady),
     )
 )]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {

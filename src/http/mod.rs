@@ -13,6 +13,7 @@ pub mod health;
 pub mod metrics;
 pub mod pagination;
 pub mod problem;
+pub mod responses;
 pub mod transfers;
 
 use std::time::Duration;
@@ -31,7 +32,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::service::Bank;
-pub use problem::{ApiError, Problem};
+pub use problem::{ApiError, PROBLEM_JSON, Problem};
 
 /// The largest request body accepted. A transfer request is well under 1 KiB.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -55,7 +56,31 @@ pub struct AppState {
         (name = "transfers", description = "Move money, read and cancel transfers."),
         (name = "operations", description = "Health and readiness."),
     ),
-    components(schemas(Problem))
+    components(
+        schemas(Problem),
+        // Every shared error answer a route refers to (see `responses`).
+        responses(
+            responses::MalformedJson,
+            responses::InvalidParameter,
+            responses::AccountNotFound,
+            responses::TransferNotFound,
+            responses::AccountExists,
+            responses::TransferCanceled,
+            responses::ReversalCanceled,
+            responses::CaptureRefused,
+            responses::VoidRefused,
+            responses::PayloadTooLarge,
+            responses::UnsupportedMediaType,
+            responses::AccountRefused,
+            responses::TransferRefused,
+            responses::ReversalRefused,
+            responses::InvalidCaptureAmount,
+            responses::Unavailable,
+            responses::UnavailableOrOverloaded,
+            responses::TransferUnavailable,
+            responses::NotReady,
+        )
+    )
 )]
 pub struct ApiDoc;
 
@@ -158,7 +183,7 @@ async fn problem_for_bare_errors(request: Request, next: axum::middleware::Next)
     let is_problem = response
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
     if is_problem {
         return response;
     }

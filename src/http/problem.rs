@@ -9,9 +9,12 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::CancelReason;
+use crate::domain::{AccountId, CancelReason, Transfer, TransferId};
 use crate::error_chain::Chain;
 use crate::service::{HoldConflict, ServiceError};
+
+/// The media type of every error answer, and of its documentation.
+pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -273,15 +276,86 @@ pub fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Res
     })
 }
 
+/// A transfer that ended `canceled`, as an answer reports it: which one decides how the
+/// answer words the [`CancelReason`] and which transfer its `transferId` names.
+#[derive(Debug, Clone, Copy)]
+pub enum Canceled<'a> {
+    /// The transfer the request asked for: it was recorded, then canceled.
+    Transfer(&'a Transfer),
+    /// The compensating transfer of a cancel, refused at `account` (the original
+    /// destination for a lack of funds, the original source otherwise); `attempt` is its
+    /// id when it was recorded. Nothing changed.
+    Reversal {
+        account: &'a AccountId,
+        attempt: Option<TransferId>,
+    },
+}
+
+impl ApiError {
+    /// The answer to a transfer that ended canceled for `reason`, the one mapping of a
+    /// [`CancelReason`] to an answer: a business refusal is 422 (`insufficient_funds`,
+    /// `balance_overflow`, `unknown_account`), anything else (a cancel by request, and for
+    /// holds a void or an expiry; or no recorded reason) is 409 `transfer_canceled`.
+    pub fn canceled(reason: Option<CancelReason>, canceled: Canceled<'_>) -> ApiError {
+        let transfer_id = match canceled {
+            Canceled::Transfer(transfer) => Some(transfer.id.to_string()),
+            Canceled::Reversal { attempt, .. } => attempt.map(|id| id.to_string()),
+        };
+        match reason {
+            Some(CancelReason::InsufficientFunds) => ApiError::InsufficientFunds {
+                detail: match canceled {
+                    Canceled::Transfer(transfer) => format!(
+                        "account {} cannot fund {}; the transfer was recorded and canceled",
+                        transfer.source,
+                        transfer.amount.minor_units()
+                    ),
+                    Canceled::Reversal { account, .. } => format!(
+                        "account {account} cannot fund the compensating transfer; nothing was changed"
+                    ),
+                },
+                transfer_id,
+            },
+            Some(CancelReason::BalanceOverflow) => ApiError::BalanceOverflow {
+                transfer_id: transfer_id.unwrap_or_default(),
+            },
+            Some(CancelReason::AccountNotFound) => ApiError::UnknownAccount {
+                detail: match canceled {
+                    Canceled::Transfer(_) => {
+                        "an account of this transfer no longer exists; the transfer was canceled"
+                            .into()
+                    }
+                    Canceled::Reversal { account, .. } => format!(
+                        "account {account} no longer exists; the compensating transfer was canceled and nothing was changed"
+                    ),
+                },
+                transfer_id,
+            },
+            // A compensating transfer is never a hold, so never voided or expired; said
+            // as canceled by request all the same.
+            Some(CancelReason::CanceledByRequest | CancelReason::Voided | CancelReason::Expired)
+            | None => ApiError::TransferCanceled {
+                transfer_id: transfer_id.unwrap_or_default(),
+                detail: match canceled {
+                    Canceled::Transfer(_) => {
+                        "this transfer was canceled before it completed".into()
+                    }
+                    Canceled::Reversal { .. } => {
+                        "the compensating transfer was itself canceled by request; nothing was changed".into()
+                    }
+                },
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.to_problem();
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (self.status(), body).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if self == ApiError::Overloaded {
             // RFC 9110: when to come back. A transfer takes milliseconds; one second
             // lets the burst drain without making clients wait long.
@@ -340,34 +414,13 @@ impl From<ServiceError> for ApiError {
                 reason,
                 account,
                 attempt,
-            } => {
-                let transfer_id = attempt.map(|id| id.to_string());
-                match reason {
-                    CancelReason::InsufficientFunds => ApiError::InsufficientFunds {
-                        detail: format!(
-                            "account {account} cannot fund the compensating transfer; nothing was changed"
-                        ),
-                        transfer_id,
-                    },
-                    CancelReason::BalanceOverflow => ApiError::BalanceOverflow {
-                        transfer_id: transfer_id.unwrap_or_default(),
-                    },
-                    CancelReason::AccountNotFound => ApiError::UnknownAccount {
-                        detail: format!(
-                            "account {account} no longer exists; the compensating transfer was canceled and nothing was changed"
-                        ),
-                        transfer_id,
-                    },
-                    // A compensating transfer is never a hold, so never voided or
-                    // expired; said as canceled all the same.
-                    CancelReason::CanceledByRequest
-                    | CancelReason::Voided
-                    | CancelReason::Expired => ApiError::TransferCanceled {
-                        transfer_id: transfer_id.unwrap_or_default(),
-                        detail: "the compensating transfer was itself canceled by request; nothing was changed".into(),
-                    },
-                }
-            }
+            } => ApiError::canceled(
+                Some(reason),
+                Canceled::Reversal {
+                    account: &account,
+                    attempt,
+                },
+            ),
             ServiceError::Overloaded => ApiError::Overloaded,
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");
@@ -377,6 +430,99 @@ impl From<ServiceError> for ApiError {
                 tracing::error!(cause = %Chain(&e), "internal error");
                 ApiError::Internal
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{AccountId, TransferId};
+
+    const ID: &str = "65a1b2c3d4e5f60718293a4b";
+
+    /// The body of the answer to a cancel whose reversal `reason` refused at bob, with
+    /// or without a recorded compensating transfer.
+    fn refused_reversal(reason: CancelReason, attempt: Option<&str>) -> (u16, String) {
+        let error = ApiError::from(ServiceError::ReversalRefused {
+            reason,
+            account: AccountId::parse("bob").unwrap(),
+            attempt: attempt.map(|id| TransferId::parse(id).unwrap()),
+        });
+        (
+            error.status().as_u16(),
+            serde_json::to_string(&error.to_problem()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_refused_reversal_answers_as_its_reason_says_byte_for_byte() {
+        let cases = [
+            (
+                CancelReason::InsufficientFunds,
+                Some(ID),
+                422,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                CancelReason::InsufficientFunds,
+                None,
+                422,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds"}"#,
+            ),
+            (
+                CancelReason::BalanceOverflow,
+                Some(ID),
+                422,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                CancelReason::BalanceOverflow,
+                None,
+                422,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":""}"#,
+            ),
+            (
+                CancelReason::AccountNotFound,
+                Some(ID),
+                422,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                CancelReason::AccountNotFound,
+                None,
+                422,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account"}"#,
+            ),
+        ];
+        for (reason, attempt, status, body) in cases {
+            assert_eq!(
+                refused_reversal(reason, attempt),
+                (status, body.to_owned()),
+                "{reason:?} {attempt:?}"
+            );
+        }
+        for reason in [
+            CancelReason::CanceledByRequest,
+            CancelReason::Voided,
+            CancelReason::Expired,
+        ] {
+            assert_eq!(
+                refused_reversal(reason, Some(ID)),
+                (
+                    409,
+                    r#"{"type":"urn:transfer-service:problem:transfer_canceled","title":"Transfer canceled","status":409,"detail":"the compensating transfer was itself canceled by request; nothing was changed","code":"transfer_canceled","transferId":"65a1b2c3d4e5f60718293a4b"}"#.to_owned()
+                ),
+                "{reason:?}"
+            );
+            assert_eq!(
+                refused_reversal(reason, None),
+                (
+                    409,
+                    r#"{"type":"urn:transfer-service:problem:transfer_canceled","title":"Transfer canceled","status":409,"detail":"the compensating transfer was itself canceled by request; nothing was changed","code":"transfer_canceled","transferId":""}"#.to_owned()
+                ),
+                "{reason:?}"
+            );
         }
     }
 }

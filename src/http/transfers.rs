@@ -17,7 +17,12 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::extract::{ApiJson, OptionalApiJson};
 use super::pagination::{Page, PageParams, page};
-use super::problem::{ApiError, Problem, field};
+use super::problem::{ApiError, Canceled, field};
+use super::responses::{
+    CaptureRefused, InvalidCaptureAmount, InvalidParameter, MalformedJson, PayloadTooLarge,
+    ReversalCanceled, ReversalRefused, TransferCanceled, TransferNotFound, TransferRefused,
+    TransferUnavailable, Unavailable, UnavailableOrOverloaded, UnsupportedMediaType, VoidRefused,
+};
 use crate::domain::{
     AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, KeyScope, Reference,
     ScopedKey, Transfer, TransferFilter, TransferId, TransferState,
@@ -243,32 +248,7 @@ fn outcome_response(outcome: TransferOutcome) -> Response {
             (StatusCode::CREATED, Json(TransferResponse::from(transfer))).into_response()
         }
         (TransferState::Canceled, reason) => {
-            let transfer_id = id.to_string();
-            match reason {
-                Some(CancelReason::InsufficientFunds) => ApiError::InsufficientFunds {
-                    detail: format!(
-                        "account {} cannot fund {}; the transfer was recorded and canceled",
-                        transfer.source,
-                        transfer.amount.minor_units()
-                    ),
-                    transfer_id: Some(transfer_id),
-                },
-                Some(CancelReason::BalanceOverflow) => ApiError::BalanceOverflow { transfer_id },
-                Some(CancelReason::AccountNotFound) => ApiError::UnknownAccount {
-                    detail:
-                        "an account of this transfer no longer exists; the transfer was canceled"
-                            .into(),
-                    transfer_id: Some(transfer_id),
-                },
-                Some(
-                    CancelReason::CanceledByRequest | CancelReason::Voided | CancelReason::Expired,
-                )
-                | None => ApiError::TransferCanceled {
-                    transfer_id,
-                    detail: "this transfer was canceled before it completed".into(),
-                },
-            }
-            .into_response()
+            ApiError::canceled(reason, Canceled::Transfer(&transfer)).into_response()
         }
         _ => (StatusCode::ACCEPTED, Json(TransferResponse::from(transfer))).into_response(),
     };
@@ -346,16 +326,12 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
             ("Location" = String, description = "The URL of the transfer: /transfers/{id}."),
             ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."),
             ("Preference-Applied" = Option<String>, description = "`respond-async` when that preference was honoured."))),
-        (status = 400, description = "`malformed_json`: the body is not JSON.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`transfer_canceled`: a retry with the same Idempotency-Key, of a transfer that was canceled by request before it completed; `transferId` names it.", body = Problem, content_type = "application/problem+json", headers(
-            ("Location" = String, description = "The URL of the transfer: /transfers/{id}."),
-            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."))),
-        (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: the body is not sent as application/json.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Refused, nothing recorded: `invalid_field` (`field` names it), `invalid_header`, `unknown_account`, `same_account`, `currency_mismatch`, `idempotency_key_reused`. Or recorded and canceled, with `transferId` and a Location: `insufficient_funds`, `balance_overflow`, or `unknown_account` when an account vanished meanwhile.", body = Problem, content_type = "application/problem+json", headers(
-            ("Location" = Option<String>, description = "The URL of the transfer, when one was recorded: /transfers/{id}."),
-            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."))),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key. `overloaded` (with `Retry-After`): nothing was recorded; retry after that many seconds.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedJson),
+        (status = 409, response = TransferCanceled),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = TransferRefused),
+        (status = 503, response = TransferUnavailable),
     )
 )]
 pub async fn create_transfer(
@@ -407,8 +383,8 @@ pub async fn create_transfer(
     params(("id" = String, Path, description = "The transfer id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
     responses(
         (status = 200, description = "The transfer.", body = TransferResponse),
-        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, response = TransferNotFound),
+        (status = 503, response = Unavailable),
     )
 )]
 pub async fn get_transfer(
@@ -425,8 +401,8 @@ pub async fn get_transfer(
     params(TransferQuery, PageParams),
     responses(
         (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
-        (status = 400, description = "`invalid_parameter`: a query parameter is invalid; `field` names it.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable` or `request_timeout`: try again later.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = InvalidParameter),
+        (status = 503, response = Unavailable),
     )
 )]
 pub async fn list_transfers(
@@ -489,10 +465,10 @@ pub async fn list_transfers(
     responses(
         (status = 200, description = "The transfer, now `canceled`, or `done` with `reversedBy` (its reversal is done).", body = TransferResponse),
         (status = 202, description = "The transfer, `done` with `reversedBy`: its reversal is under way on another instance and may still be refused; cancel again or read `reversedBy` later.", body = TransferResponse),
-        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`transfer_canceled`: the compensating transfer (`transferId`) was itself canceled by request; nothing changed.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The reversal was refused and nothing changed: `insufficient_funds` (the destination cannot fund it), `balance_overflow` (it would take the source past the largest balance) or `unknown_account` (the source no longer exists); `transferId` names the compensating transfer when one was recorded.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): cancelling again is safe.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, response = TransferNotFound),
+        (status = 409, response = ReversalCanceled),
+        (status = 422, response = ReversalRefused),
+        (status = 503, response = UnavailableOrOverloaded),
     )
 )]
 pub async fn cancel_transfer(
@@ -521,12 +497,12 @@ pub async fn cancel_transfer(
     request_body(content = Option<CaptureRequest>, description = "Optional: the amount to capture."),
     responses(
         (status = 200, description = "The hold, `done`: `amount` is the captured amount, `heldAmount` what was held.", body = TransferResponse),
-        (status = 400, description = "`malformed_json`: the body is not JSON.", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`not_a_hold`; `hold_already_captured` (with another amount); `hold_voided`; `hold_expired`; `hold_pending` (still being reserved: retry shortly). `transferId` names the hold.", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`: a body not sent as application/json.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_field`: `amount` is not an integer from 1 to the held amount.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): capturing again with the same amount is safe.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedJson),
+        (status = 404, response = TransferNotFound),
+        (status = 409, response = CaptureRefused),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = InvalidCaptureAmount),
+        (status = 503, response = UnavailableOrOverloaded),
     )
 )]
 pub async fn capture_transfer(
@@ -553,9 +529,9 @@ pub async fn capture_transfer(
     params(("id" = String, Path, description = "The hold's id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
     responses(
         (status = 200, description = "The hold, `canceled` with reason `voided` (or `expired`).", body = TransferResponse),
-        (status = 404, description = "`transfer_not_found`: no such transfer.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`not_a_hold`; `hold_already_captured`. `transferId` names the hold.", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): voiding again is safe.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, response = TransferNotFound),
+        (status = 409, response = VoidRefused),
+        (status = 503, response = UnavailableOrOverloaded),
     )
 )]
 pub async fn void_transfer(
@@ -570,6 +546,84 @@ pub async fn void_transfer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Currency;
+
+    const ID: &str = "65a1b2c3d4e5f60718293a4b";
+
+    /// The answer to a request whose transfer (alice to bob, 5000) ended canceled for
+    /// `reason`: status, `Location`, `Idempotent-Replayed`, and the body as sent.
+    async fn canceled_answer(
+        reason: Option<CancelReason>,
+        replayed: bool,
+    ) -> (u16, String, Option<String>, String) {
+        let mut transfer = Transfer::initial(
+            TransferId::parse(ID).unwrap(),
+            AccountId::parse("alice").unwrap(),
+            AccountId::parse("bob").unwrap(),
+            Amount::parse(5000).unwrap(),
+            Currency::usd(),
+        );
+        transfer.state = TransferState::Canceled;
+        transfer.reason = reason;
+        let response = outcome_response(TransferOutcome { transfer, replayed });
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(
+            header("content-type").as_deref(),
+            Some("application/problem+json")
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (
+            status,
+            header("location").unwrap_or_default(),
+            header("idempotent-replayed"),
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_canceled_transfer_answers_as_its_reason_says_byte_for_byte() {
+        let location = format!("/transfers/{ID}");
+        let by_request = r#"{"type":"urn:transfer-service:problem:transfer_canceled","title":"Transfer canceled","status":409,"detail":"this transfer was canceled before it completed","code":"transfer_canceled","transferId":"65a1b2c3d4e5f60718293a4b"}"#;
+        let cases = [
+            (
+                Some(CancelReason::InsufficientFunds),
+                422,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account alice cannot fund 5000; the transfer was recorded and canceled","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                Some(CancelReason::BalanceOverflow),
+                422,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (
+                Some(CancelReason::AccountNotFound),
+                422,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"an account of this transfer no longer exists; the transfer was canceled","code":"unknown_account","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+            ),
+            (Some(CancelReason::CanceledByRequest), 409, by_request),
+            (Some(CancelReason::Voided), 409, by_request),
+            (Some(CancelReason::Expired), 409, by_request),
+            (None, 409, by_request),
+        ];
+        for (reason, status, body) in cases {
+            assert_eq!(
+                canceled_answer(reason, false).await,
+                (status, location.clone(), None, body.to_owned()),
+                "{reason:?}"
+            );
+        }
+        assert_eq!(
+            canceled_answer(Some(CancelReason::InsufficientFunds), true)
+                .await
+                .2
+                .as_deref(),
+            Some("true")
+        );
+    }
 
     #[test]
     fn prefer_respond_async_is_recognised_among_other_preferences() {
