@@ -343,11 +343,6 @@ impl Store {
             && self.migrated.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Whether this deployment's migrations are applied (see `startup`).
-    pub fn is_migrated(&self) -> bool {
-        self.migrated.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     /// Marks this deployment's migrations applied or not (see [`Store::is_answering`]).
     pub fn set_migrated(&self, migrated: bool) {
         self.migrated
@@ -581,6 +576,27 @@ mod tests {
         .expect("an insertMany failure");
         let err = StoreError::from(Error::from(ErrorKind::InsertMany(failure)));
         assert!(matches!(err, StoreError::DuplicateKey(_)), "{err:?}");
+    }
+
+    /// A batched insert refused for anything else as well (a document the validator
+    /// refuses, code 121) is not a duplicate key: the caller must not take it for a
+    /// replay of an idempotency key. Nor is a failure that names no error at all.
+    #[test]
+    fn a_batched_insert_refused_for_other_reasons_too_is_no_duplicate_key() {
+        for errors in [
+            vec![doc! { "index": 0, "code": 121, "errmsg": "Document failed validation" }],
+            vec![
+                doc! { "index": 0, "code": 11000, "errmsg": "E11000 duplicate key" },
+                doc! { "index": 1, "code": 121, "errmsg": "Document failed validation" },
+            ],
+            vec![],
+        ] {
+            let failure: InsertManyError =
+                mongodb::bson::from_document(doc! { "writeErrors": errors.clone() })
+                    .expect("an insertMany failure");
+            let err = StoreError::from(Error::from(ErrorKind::InsertMany(failure)));
+            assert!(matches!(err, StoreError::Other(_)), "{errors:?}: {err:?}");
+        }
     }
 
     /// What each driver error becomes, and so what HTTP answers: a duplicate key is a
