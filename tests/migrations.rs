@@ -2,6 +2,7 @@
 //! each applied once and recorded; a run that died before recording is taken up again;
 //! a failure or a changed file stops start-up and records nothing it did not finish.
 
+use mongodb::Collection;
 use mongodb::bson::{Document, doc};
 use support::{database_uri, fresh_database_name};
 use transfer_service::store::Store;
@@ -20,18 +21,26 @@ fn every_name() -> Vec<String> {
         .collect()
 }
 
-async fn recorded(store: &Store) -> Vec<String> {
-    let mut names: Vec<String> = store
-        .database()
-        .collection::<Document>("migrations")
-        .distinct("_id", doc! {})
+/// The records of the applied migrations.
+fn records(store: &Store) -> Collection<Document> {
+    store.database().collection("migrations")
+}
+
+/// The distinct values of `field` among the records, in order.
+async fn recorded_values(store: &Store, field: &str) -> Vec<String> {
+    let mut values: Vec<String> = records(store)
+        .distinct(field, doc! {})
         .await
         .unwrap()
         .into_iter()
         .filter_map(|b| b.as_str().map(str::to_owned))
         .collect();
-    names.sort();
-    names
+    values.sort();
+    values
+}
+
+async fn recorded(store: &Store) -> Vec<String> {
+    recorded_values(store, "_id").await
 }
 
 #[tokio::test]
@@ -41,24 +50,13 @@ async fn each_migration_is_applied_once_and_recorded() {
     assert_eq!(recorded(&store).await, every_name());
     assert_eq!(store.migrate().await.unwrap(), Vec::<String>::new());
     // Each record carries its file's SHA-256, which tells every file apart.
-    let mut sums: Vec<String> = Vec::new();
-    let mut records = store
-        .database()
-        .collection::<Document>("migrations")
-        .find(doc! {})
-        .await
-        .unwrap();
-    while records.advance().await.unwrap() {
-        let record = records.deserialize_current().unwrap();
-        let sum = record.get_str("checksum").unwrap().to_owned();
+    let sums = recorded_values(&store, "checksum").await;
+    for sum in &sums {
         assert!(
             sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()),
-            "{record}"
+            "{sum}"
         );
-        sums.push(sum);
     }
-    sums.sort();
-    sums.dedup();
     assert_eq!(sums.len(), MIGRATIONS.len(), "one checksum per file");
 }
 
@@ -69,12 +67,7 @@ async fn each_migration_is_applied_once_and_recorded() {
 async fn migrations_run_but_not_recorded_are_run_again_over_what_they_made() {
     let store = fresh_store().await;
     store.migrate().await.unwrap();
-    store
-        .database()
-        .collection::<Document>("migrations")
-        .delete_many(doc! {})
-        .await
-        .unwrap();
+    records(&store).delete_many(doc! {}).await.unwrap();
     assert_eq!(store.migrate().await.unwrap(), every_name());
     assert_eq!(recorded(&store).await, every_name());
     // The driver's timing of each command, failed ones (the creates, this time) too.
@@ -117,9 +110,7 @@ async fn a_migration_whose_command_fails_is_not_recorded_and_fails_the_start() {
 async fn a_recorded_migration_whose_file_changed_is_refused() {
     let store = fresh_store().await;
     store.migrate().await.unwrap();
-    store
-        .database()
-        .collection::<Document>("migrations")
+    records(&store)
         .update_one(
             doc! { "_id": "0003_housekeeping" },
             doc! { "$set": { "checksum": "0".repeat(64) } },

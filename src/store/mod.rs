@@ -739,27 +739,16 @@ mod tests {
         let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
             .await
             .unwrap();
-        for (name, write, read) in [
-            (
-                "accounts",
-                store.accounts.write_concern(),
-                store.accounts.read_concern(),
-            ),
-            (
-                "transactions",
-                store.transactions.write_concern(),
-                store.transactions.read_concern(),
-            ),
-            (
-                "keys",
-                store.keys.write_concern(),
-                store.keys.read_concern(),
-            ),
-            (
-                "directory",
-                store.directory.write_concern(),
-                store.directory.read_concern(),
-            ),
+        fn concerns<T: Send + Sync>(
+            collection: &Collection<T>,
+        ) -> (Option<&WriteConcern>, Option<&ReadConcern>) {
+            (collection.write_concern(), collection.read_concern())
+        }
+        for (name, (write, read)) in [
+            ("accounts", concerns(&store.accounts)),
+            ("transactions", concerns(&store.transactions)),
+            ("keys", concerns(&store.keys)),
+            ("directory", concerns(&store.directory)),
         ] {
             assert_eq!(write, Some(&concern), "{name}");
             assert_eq!(read, Some(&ReadConcern::majority()), "{name}");
