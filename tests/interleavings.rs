@@ -11,7 +11,7 @@ use support::values::{account, after, amount, from_now, initial};
 use support::{TestApp, spawn_app_with};
 use transfer_service::domain::{CancelReason, Transfer, TransferId, TransferState};
 use transfer_service::failpoints;
-use transfer_service::store::accounts::Forward;
+use transfer_service::store::accounts::{Fence, Forward};
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::object_id;
 use transfer_service::store::transfers::{Mover, StepFields};
@@ -1156,6 +1156,49 @@ async fn a_cancels_destination_fence_arriving_too_late_is_tried_again_not_taken_
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["code"], "transfer_canceled");
     assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
+/// What a fence answers, account by account: placed while its deadline holds; past it,
+/// too late, whether or not the transfer is applied there (only a fence asked to stand
+/// back from an applied transfer answers `Applied`); missing for no account. A fence
+/// past its deadline taken for `Applied` would leave the cancel without its proof. Found
+/// by cargo mutants (accounts.rs: `unless_applied && ...` made `||`).
+#[tokio::test]
+async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() {
+    let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(3600)).await;
+    open_alice_and_bob(&app).await;
+    let mut debited = failpoints::pause(&app.instance_id, "after_debit");
+    let (request, id) = start_transfer(&app, 300).await;
+    debited.reached().await;
+    // Alice's account holds the transfer's marker, Bob's does not.
+    let now = transfer(&app, id).await.last_modified;
+    let (past, future) = (after(now, -60_000), after(now, 60_000));
+    let fence = |name: &'static str, unless_applied: bool, deadline| {
+        let store = app.store.clone();
+        async move {
+            store
+                .fence(&account(name), id, unless_applied, deadline)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(fence("alice", false, past).await, Fence::TooLate);
+    assert_eq!(fence("bob", false, past).await, Fence::TooLate);
+    assert_eq!(fence("bob", true, past).await, Fence::TooLate);
+    assert_eq!(fence("alice", true, past).await, Fence::Applied);
+    assert_eq!(fence("alice", true, future).await, Fence::Applied);
+    assert_eq!(fence("nobody", false, future).await, Fence::Missing);
+    assert_eq!(fence("nobody", true, past).await, Fence::Missing);
+    assert_eq!(fence("bob", true, future).await, Fence::Placed);
+    assert_eq!(fence("alice", false, future).await, Fence::Placed);
+
+    // Both fenced: the owner's credit is refused, and it rolls the transfer back.
+    debited.resume();
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "transfer_canceled");
+    assert_eq!(transfer(&app, id).await.state, TransferState::Canceled);
+    assert_balances_and_no_markers(&app, 1000, 0).await;
 }
 
 /// A debit whose reply is lost (a dropped connection, a failover) is sent again; the

@@ -777,3 +777,31 @@ impl Store {
         claimed.map(|d| d.into_domain(&self.deployment)).transpose()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The proof is made only when both accounts refuse: one fence that found the
+    /// transfer applied (not placed) proves nothing about that account.
+    #[test]
+    fn only_two_refusing_accounts_make_a_fence_proof() {
+        let refusing = [Fence::Placed, Fence::Missing];
+        for destination in refusing {
+            for source in refusing {
+                assert!(Fenced::both(destination, source).is_some());
+            }
+        }
+        for open in [Fence::Applied, Fence::TooLate] {
+            for other in [
+                Fence::Placed,
+                Fence::Missing,
+                Fence::Applied,
+                Fence::TooLate,
+            ] {
+                assert!(Fenced::both(open, other).is_none(), "{open:?}, {other:?}");
+                assert!(Fenced::both(other, open).is_none(), "{other:?}, {open:?}");
+            }
+        }
+    }
+}

@@ -374,6 +374,36 @@ async fn the_request_id_is_answered_and_carried_by_the_logs_of_the_request() {
     assert_eq!(reached, ["pending", "applied", "done"], "{}", logs.text());
 }
 
+/// A transfer refused for its funds is rolled back, which finds nothing to undo on the
+/// destination: no error is logged (the "invariant broken" error is kept for a credit
+/// found there, and an alert on it must not fire on every refusal). Found by cargo
+/// mutants: the settling write's answer made its opposite went unnoticed.
+#[tokio::test]
+async fn a_transfer_refused_for_its_funds_logs_no_error() {
+    let (logs, _guard) = CapturedLogs::start();
+    let app = spawn_app().await;
+    app.open_account("alice", 100).await;
+    app.open_account("bob", 0).await;
+    let response = app
+        .http
+        .post(app.url("/transfers"))
+        .json(&serde_json::json!({ "source": "alice", "destination": "bob", "amount": 250 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    let lines = logs.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "transfer state changed" && l["to"] == "canceled"),
+        "the refusal is rolled back: {}",
+        logs.text()
+    );
+    let errors: Vec<&Value> = lines.iter().filter(|l| l["level"] == "ERROR").collect();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
 #[test]
 fn metrics_are_documented_as_plain_text_in_the_operations_tag() {
     let doc = serde_json::to_value(transfer_service::http::openapi()).unwrap();
