@@ -25,6 +25,8 @@
 //! - [`error_chain`]: [`error_chain::Chain`], an error and its sources on one line for a
 //!   log field; a leaf every layer logs with, naming no module of the crate.
 //! - [`metrics`]: the Prometheus counters and histograms behind `GET /metrics`.
+//! - [`retry`]: the retry policies, named (a resent write, start-up, a majority read,
+//!   polling); a leaf like `error_chain`.
 //!
 //! Imports go downwards: http -> service -> store -> domain (the sweeper calls the
 //! service and reads the store; config and telemetry, at the composition edge with
@@ -51,6 +53,7 @@ pub mod error_chain;
 pub mod failpoints;
 pub mod http;
 pub mod metrics;
+pub mod retry;
 pub mod service;
 pub mod startup;
 pub mod store;

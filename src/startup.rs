@@ -4,11 +4,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use backon::Retryable;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::http::{self, AppState};
+use crate::retry;
 use crate::service::Bank;
 use crate::store::{Deployments, Store, StoreError};
 
@@ -17,11 +19,6 @@ use crate::store::{Deployments, Store, StoreError};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for in-flight transfers before giving them to the sweeper.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// Start-up keeps trying a database that cannot be reached (not there yet, a failover, a
-/// dropped connection) for `STARTUP_PATIENCE_MS`; the pause between attempts doubles
-/// from [`FIRST_PAUSE`] up to [`LONGEST_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(250);
-const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
 /// How often each deployment is pinged to learn whether it answers (with several).
 const WATCH_INTERVAL: Duration = Duration::from_millis(500);
@@ -47,21 +44,18 @@ pub enum StartupError {
     Database(#[from] StoreError),
 }
 
-/// [`Store::migrate`], tried again while the database is unavailable, for at most
-/// `patience`.
+/// [`Store::migrate`], tried again while the database is unavailable (policy
+/// [`retry::start_up`]), for at most `patience`.
 async fn migrate_patiently(store: &Store, patience: Duration) -> Result<Vec<String>, StoreError> {
     let give_up = tokio::time::Instant::now() + patience;
-    let mut pause = FIRST_PAUSE;
-    loop {
-        match store.migrate().await {
-            Err(StoreError::Unavailable(why)) if tokio::time::Instant::now() + pause < give_up => {
-                tracing::warn!(error = %why, retry_in = ?pause, "database unavailable at start-up");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(LONGEST_PAUSE);
-            }
-            outcome => return outcome,
-        }
-    }
+    (|| store.migrate())
+        .retry(retry::start_up())
+        .when(|e| matches!(e, StoreError::Unavailable(_)))
+        .adjust(|_, pause| pause.filter(|&p| tokio::time::Instant::now() + p < give_up))
+        .notify(|why, pause| {
+            tracing::warn!(error = %why, retry_in = ?pause, "database unavailable at start-up");
+        })
+        .await
 }
 
 /// How long start-up waits for the other deployments once one is migrated: an instance
@@ -115,7 +109,7 @@ async fn migrate_when_back(store: Store) {
             }
             Err(e) => {
                 tracing::warn!(deployment = %store.deployment(), error = %crate::error_chain::Chain(&e), "deployment still not migrated");
-                tokio::time::sleep(LONGEST_PAUSE).await;
+                tokio::time::sleep(retry::STARTUP_LONGEST_PAUSE).await;
             }
         }
     }

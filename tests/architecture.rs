@@ -2,11 +2,11 @@
 //! http -> service -> store -> domain, the domain names no framework and no driver,
 //! metrics, called from every layer, names none of them, and `store` is the only module
 //! that names the driver or BSON. `config` and `telemetry`, at the composition edge, name
-//! none of the layers built from them, and `error_chain`, which every layer logs with,
-//! names no module at all. A module that starts naming what it may not fails here, with
-//! the file and line. Above all the rules, the modules import one another without a
-//! cycle: the graph of every `crate::` path in `src/` is checked whole, and a cycle fails
-//! spelled out (`a -> b -> a`) with the line behind each edge.
+//! none of the layers built from them, and `error_chain` and `retry`, which every layer
+//! logs and retries with, name no module at all. A module that starts naming what it may
+//! not fails here, with the file and line. Above all the rules, the modules import one
+//! another without a cycle: the graph of every `crate::` path in `src/` is checked whole,
+//! and a cycle fails spelled out (`a -> b -> a`) with the line behind each edge.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -79,6 +79,8 @@ const RULES: &[(&str, &[&str])] = &[
     // Every layer logs its errors with `Chain`: whatever it named, every layer would name
     // through it.
     ("error_chain.rs", &["crate::"]),
+    // Every layer retries with the named policies: the same.
+    ("retry.rs", &["crate::"]),
 ];
 
 /// Outside `store`, nothing names the driver or BSON (the composition root, `startup.rs`,

@@ -30,7 +30,10 @@ use mongodb::event::command::CommandEvent;
 use mongodb::options::{Acknowledgment, ClientOptions, DatabaseOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database};
 
+use backon::Retryable;
+
 use crate::domain::{DeploymentName, Timestamp};
+use crate::retry;
 
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
 pub use deployments::Deployments;
@@ -482,12 +485,6 @@ pub fn majority_journaled() -> WriteConcern {
         .build()
 }
 
-/// Attempts of a write that is safe to repeat, and the pause before the second (doubled
-/// each time): enough to ride out a replica-set election's first moments, short enough
-/// to stay far inside a lease.
-const WRITE_ATTEMPTS: u32 = 3;
-const RETRY_PAUSE: Duration = Duration::from_millis(50);
-
 #[cfg(feature = "failpoints")]
 impl Store {
     /// Fault injection (`failpoints::hold_back`): when `point` of this handle's instance
@@ -531,21 +528,23 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = StoreResult<T>>,
 {
-    let mut pause = RETRY_PAUSE;
-    for tried in 1..WRITE_ATTEMPTS {
-        match attempt().await {
-            Err(StoreError::Unavailable(cause)) if !worth_it() => {
-                return (Err(StoreError::Unavailable(cause)), true);
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let failed = &AtomicBool::new(false);
+    let outcome = (|| {
+        let sent = attempt();
+        async move {
+            let outcome = sent.await;
+            if matches!(outcome, Err(StoreError::Unavailable(_))) {
+                failed.store(true, Relaxed);
             }
-            Err(StoreError::Unavailable(cause)) => {
-                tracing::debug!(%cause, tried, "write failed; sending it again");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-            }
-            done => return (done, tried > 1),
+            outcome
         }
-    }
-    (attempt().await, true)
+    })
+    .retry(retry::resent_write())
+    .when(|e| matches!(e, StoreError::Unavailable(_)) && worth_it())
+    .notify(|cause, pause| tracing::debug!(%cause, ?pause, "write failed; sending it again"))
+    .await;
+    (outcome, failed.load(Relaxed))
 }
 
 #[cfg(test)]
@@ -692,13 +691,16 @@ mod tests {
             (3, true, 3),
             "the third time"
         );
-        assert!(took >= RETRY_PAUSE * 3, "50 ms, then 100 ms: {took:?}");
+        assert!(
+            took >= Duration::from_millis(150),
+            "50 ms, then 100 ms: {took:?}"
+        );
         let (outcome, failed, tried, _) = send(5, true).await;
         assert!(
             matches!(outcome, Err(StoreError::Unavailable(_))),
             "{outcome:?}"
         );
-        assert_eq!((failed, tried), (true, WRITE_ATTEMPTS));
+        assert_eq!((failed, tried as usize), (true, retry::WRITE_ATTEMPTS));
     }
 
     #[tokio::test]
