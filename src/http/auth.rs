@@ -39,9 +39,7 @@ use sha2::{Digest, Sha256};
 use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{
-    Content, ContentBuilder, HeaderBuilder, Ref, RefOr, Response as ApiResponse, ResponseBuilder,
-};
+use utoipa::openapi::{Ref, RefOr};
 
 use super::problem::ApiError;
 use crate::config::{ApiKey, Role};
@@ -173,7 +171,7 @@ pub async fn require_api_key(
 /// Describes the keys in the OpenAPI document: the `bearerAuth` scheme; on every
 /// operation that is not public a security requirement that makes the key optional
 /// (`[{"bearerAuth": []}, {}]`, since a server may run without keys), a 401 response,
-/// and a 403 on writes; on the public ones an explicit `security: []`, which says "no
+/// and a 403 on writes (the shared `Unauthorized` and `Forbidden` of `responses.rs`); on the public ones an explicit `security: []`, which says "no
 /// key" rather than leaving it unsaid. Runs on the assembled document, once every route is in it, and
 /// before `docs::complete`, which decorates these responses like every other one.
 pub struct SecurityDoc;
@@ -214,42 +212,19 @@ impl utoipa::Modify for SecurityDoc {
                     SecurityRequirement::default(),
                 ]);
                 let responses = &mut operation.responses.responses;
-                responses.insert("401".to_owned(), RefOr::T(unauthorized_response()));
+                responses.insert(
+                    "401".to_owned(),
+                    RefOr::Ref(Ref::from_response_name("Unauthorized")),
+                );
                 if writes {
-                    responses.insert("403".to_owned(), RefOr::T(forbidden_response()));
+                    responses.insert(
+                        "403".to_owned(),
+                        RefOr::Ref(Ref::from_response_name("Forbidden")),
+                    );
                 }
             }
         }
     }
-}
-
-fn problem_content() -> Content {
-    ContentBuilder::new()
-        .schema(Some(Ref::from_schema_name("Problem")))
-        .build()
-}
-
-fn unauthorized_response() -> ApiResponse {
-    ResponseBuilder::new()
-        .description(
-            "`unauthorized`: no API key, or not a valid one (only when the server is \
-             configured with API keys).",
-        )
-        .header(
-            "WWW-Authenticate",
-            HeaderBuilder::new()
-                .description(Some("The scheme to authenticate with: `Bearer`."))
-                .build(),
-        )
-        .content("application/problem+json", problem_content())
-        .build()
-}
-
-fn forbidden_response() -> ApiResponse {
-    ResponseBuilder::new()
-        .description("`forbidden`: a read-only API key on a write.")
-        .content("application/problem+json", problem_content())
-        .build()
 }
 
 #[cfg(test)]

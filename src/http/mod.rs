@@ -62,6 +62,8 @@ pub struct AppState {
         responses(
             responses::MalformedJson,
             responses::InvalidParameter,
+            responses::Unauthorized,
+            responses::Forbidden,
             responses::AccountNotFound,
             responses::TransferNotFound,
             responses::AccountExists,

@@ -33,6 +33,23 @@ pub struct MalformedJson(pub Problem);
 )]
 pub struct InvalidParameter(pub Problem);
 
+// 401, 403: added to every operation that is not public by `auth::SecurityDoc`.
+
+#[derive(ToResponse)]
+#[response(
+    description = "`unauthorized`: no API key, or not a valid one (only when the server is configured with API keys).",
+    content_type = PROBLEM_JSON,
+    headers(("WWW-Authenticate" = String, description = "The scheme to authenticate with: `Bearer`."))
+)]
+pub struct Unauthorized(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "`forbidden`: a read-only API key on a write.",
+    content_type = PROBLEM_JSON
+)]
+pub struct Forbidden(pub Problem);
+
 // 404
 
 #[derive(ToResponse)]

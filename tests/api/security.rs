@@ -293,6 +293,20 @@ async fn a_key_never_appears_in_a_log_line_or_a_response() {
 fn the_document_declares_the_optional_bearer_scheme_and_its_refusals() {
     let doc = serde_json::to_value(transfer_service::http::openapi()).unwrap();
     let scheme = &doc["components"]["securitySchemes"]["bearerAuth"];
+    // The refusals, shared by every operation that needs a key.
+    let shared = &doc["components"]["responses"];
+    for name in ["Unauthorized", "Forbidden"] {
+        assert!(
+            shared[name]["content"]["application/problem+json"].is_object(),
+            "{name}: {}",
+            shared[name]
+        );
+    }
+    assert!(
+        shared["Unauthorized"]["headers"]["WWW-Authenticate"].is_object(),
+        "{}",
+        shared["Unauthorized"]
+    );
     assert_eq!(scheme["type"], "http", "{scheme}");
     assert_eq!(scheme["scheme"], "bearer", "{scheme}");
     let paths = doc["paths"].as_object().unwrap();
@@ -309,13 +323,13 @@ fn the_document_declares_the_optional_bearer_scheme_and_its_refusals() {
                 json!([{ "bearerAuth": [] }, {}]),
                 "{method} {path}"
             );
-            assert!(
-                responses["401"]["content"]["application/problem+json"].is_object(),
+            assert_eq!(
+                responses["401"]["$ref"], "#/components/responses/Unauthorized",
                 "{method} {path}"
             );
             assert_eq!(
-                responses.get("403").is_some(),
-                method == "post",
+                responses.get("403").map(|r| &r["$ref"]),
+                (method == "post").then_some(&json!("#/components/responses/Forbidden")),
                 "{method} {path}"
             );
         }
