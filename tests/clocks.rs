@@ -206,6 +206,29 @@ async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken
     a_correct_instance_takes_over_in_time_from(30, "after_insert").await;
 }
 
+/// A recorded transfer's `lastModified` is the database's time, whatever the caller's
+/// copy says (a new transfer's says the epoch): every instance judges from it when the
+/// transfer is stale. Found by cargo mutants: the stamp left out of the insert went
+/// unnoticed (a transfer then looks abandoned the moment it is recorded).
+#[tokio::test]
+async fn a_recorded_transfer_is_stamped_by_the_database_whatever_its_copy_says() {
+    let app = support::spawn_app().await;
+    let transfer = support::values::initial("alice", "bob", 100);
+    assert_eq!(transfer.last_modified, chrono::DateTime::UNIX_EPOCH);
+    let before = app.store.server_time_lower_bound().await.unwrap();
+    let stamp = app.store.insert_transfer(&transfer).await.unwrap();
+    let after = app.store.server_time().await.unwrap();
+    let stored = app.store.transfer(transfer.id).await.unwrap().unwrap();
+    assert_eq!(stored.last_modified, stamp);
+    // Lower bounds from two readings need not be ordered to the millisecond: a second's
+    // margin either side still tells the database's time from anything else.
+    let margin = chrono::TimeDelta::seconds(1);
+    assert!(
+        before - margin <= stamp && stamp <= after + margin,
+        "stamped {stamp}, the database's clock read {before} before and {after} after"
+    );
+}
+
 /// A deployment whose database clock is `offset_secs` off the real one (a daemon of this
 /// test, under libfaketime), beside the shared daemon with the real clock.
 async fn skewed_deployments(offset_secs: i64) -> (support::Daemon, tempfile::TempDir, String) {
