@@ -46,19 +46,14 @@ async fn start_transfer(
         let status = response.status().as_u16();
         (status, response.json().await.expect("json"))
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let listed = app
-            .store
-            .list_transfers(&Default::default(), 10)
-            .await
-            .unwrap();
-        if let Some(t) = listed.first() {
-            return (task, t.id);
-        }
-        assert!(Instant::now() < deadline, "the transfer was never recorded");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(10));
+    let what = "the transfer was never recorded";
+    let id = support::eventually(what, within, every, async || {
+        let listed = app.store.list_transfers(&Default::default(), 10).await;
+        listed.unwrap().first().map(|t| t.id)
+    })
+    .await;
+    (task, id)
 }
 
 /// A hold of `amount` from alice to bob (default expiry) requested from `app` in a task
@@ -126,18 +121,12 @@ async fn wait_for(
     limit: Duration,
     done: impl Fn(&Transfer) -> bool,
 ) -> Transfer {
-    let deadline = Instant::now() + limit;
-    loop {
+    support::poll_until(limit, Duration::from_millis(25), async || {
         let t = transfer(app, id).await;
-        if done(&t) {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "transfer not as expected within {limit:?}: {t:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        if done(&t) { Ok(t) } else { Err(t) }
+    })
+    .await
+    .unwrap_or_else(|t| panic!("transfer not as expected within {limit:?}: {t:?}"))
 }
 
 async fn open_alice_and_bob(app: &TestApp) {
@@ -995,8 +984,7 @@ async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_r
 /// Waits (at most `limit`) until no account keeps a fence and no transfer is flagged
 /// `fenced`: the sweeper has collected every fence.
 async fn assert_fences_collected(app: &TestApp, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
+    support::poll_until(limit, Duration::from_millis(50), async || {
         let accounts = app.store.list_accounts(None, 100).await.unwrap();
         let fenced: Vec<_> = accounts
             .iter()
@@ -1010,14 +998,15 @@ async fn assert_fences_collected(app: &TestApp, limit: Duration) {
             .unwrap();
         let flagged = transfers.iter().filter(|t| t.fenced).count();
         if fenced.is_empty() && flagged == 0 {
-            return;
+            Ok(())
+        } else {
+            Err((fenced, flagged))
         }
-        assert!(
-            Instant::now() < deadline,
-            "fences left after {limit:?}: {fenced:?}, {flagged} transfers flagged"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|(fenced, flagged)| {
+        panic!("fences left after {limit:?}: {fenced:?}, {flagged} transfers flagged")
+    });
 }
 
 /// Fence leak 1: a cancel fences both accounts (the credit had landed), then loses the
