@@ -165,18 +165,19 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str
     config.stale_after_ms = LEASE_MS;
     config.sweep_interval_ms = 100;
     let _rescuer = Instance::start(&config).await;
-    let transfer = loop {
+    // The limit counts from the crash, the rescuer's start included.
+    let left = TAKEOVER_LIMIT.saturating_sub(crashed.elapsed());
+    let transfer = support::poll_until(left, Duration::from_millis(50), async || {
         let t = store.transfer(id).await.unwrap().unwrap();
-        if t.state.is_terminal() {
-            break t;
-        }
-        assert!(
-            crashed.elapsed() < TAKEOVER_LIMIT,
+        if t.state.is_terminal() { Ok(t) } else { Err(t) }
+    })
+    .await
+    .unwrap_or_else(|t| {
+        panic!(
             "a transfer left at {step} by an instance {offset_secs:+} s off was not taken over \
              within {TAKEOVER_LIMIT:?}: {t:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        )
+    });
     assert_eq!(transfer.state, TransferState::Done, "{transfer:?}");
     let owner = transfer.owner.as_deref().unwrap_or_default();
     assert!(owner.starts_with("rescuer/"), "finished by {owner}");
@@ -385,17 +386,18 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
     // its reading from before.
     std::fs::write(&offset_file, format!("-{}s", SET_BACK_MS / 1000)).unwrap();
     let watcher = Store::connect(&daemon.uri, "admin").await.unwrap();
-    loop {
+    // Within 2 s of the readings above.
+    let left = Duration::from_secs(2).saturating_sub(started.elapsed());
+    support::poll_until(left, Duration::from_millis(20), async || {
         let off = (watcher.server_time().await.unwrap() - chrono::Utc::now()).num_milliseconds();
         if off <= -SET_BACK_MS + 500 {
-            break;
+            Ok(())
+        } else {
+            Err(off)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "the daemon's clock was not set back: {off:+} ms off"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|off| panic!("the daemon's clock was not set back: {off:+} ms off"));
 
     // A lease that ends a second from now by the log's clock, carried over.
     let deadline = log.server_time_lower_bound().await.unwrap() + chrono::TimeDelta::seconds(1);

@@ -724,8 +724,8 @@ async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_aft
         (200, Some("ok")),
         "{ready}"
     );
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(200));
+    support::poll_until(within, every, async || {
         let mut unfinished = Vec::new();
         for store in &books.stores {
             for t in store
@@ -739,14 +739,13 @@ async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_aft
             }
         }
         if unfinished.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(unfinished)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "still unfinished after cn came back: {unfinished:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|unfinished| panic!("still unfinished after cn came back: {unfinished:?}"));
     assert_eq!(books.totals().await, (6_000_000, 0));
     // Every transfer a client was told about is logged exactly once, on its source's.
     for id in &seen.ids {
@@ -828,18 +827,17 @@ async fn an_instance_started_while_a_deployment_is_down_serves_the_others_and_ta
     );
 
     let _daemon = Daemon::start(folder.path().to_path_buf(), port);
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(200));
+    support::poll_until(within, every, async || {
         let (status, ready) = get(&app, "/ready").await;
         if status == 200 && ready["status"] == "ok" {
-            break;
+            Ok(())
+        } else {
+            Err(ready)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "us never taken in: {ready}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|ready| panic!("us never taken in: {ready}"));
     open(&app, "far", 0, "us").await;
     let (status, body) = transfer(
         &app,
@@ -934,18 +932,17 @@ async fn with_two_deployments_the_watch_finds_the_one_that_stops_answering() {
         async move { two.watch(Duration::from_millis(200), stop).await }
     });
     daemons.daemons[1].kill();
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(20), Duration::from_millis(100));
+    support::poll_until(within, every, async || {
         let silent: Vec<String> = two.silent().iter().map(|d| d.to_string()).collect();
         if silent == ["us"] {
-            break;
+            Ok(())
+        } else {
+            Err(silent)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the watch never found us down: {silent:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|silent| panic!("the watch never found us down: {silent:?}"));
     stop.cancel();
     watching.await.unwrap();
 }
@@ -953,18 +950,17 @@ async fn with_two_deployments_the_watch_finds_the_one_that_stops_answering() {
 /// Waits until `/ready` names `deployment` among those that do not answer (its own ping
 /// failed, or the watch found it silent).
 async fn wait_until_known_down(app: &TestApp, deployment: &str) {
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(20), Duration::from_millis(100));
+    support::poll_until(within, every, async || {
         let (_, ready) = get(app, "/ready").await;
         if ready["unavailableDeployments"] == json!([deployment]) {
-            return;
+            Ok(())
+        } else {
+            Err(ready)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{deployment} never found down: {ready}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|ready| panic!("{deployment} never found down: {ready}"));
 }
 
 /// Sets `lastModified` of transfer `id` on `log` to `ago_ms` before `log`'s clock, as if
@@ -1051,20 +1047,23 @@ async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_
     let app = books.app().await;
 
     // The sweeper (every 0.1 s, leases of 1 s) takes it over within a few leases.
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(100));
+    support::poll_until(within, every, async || {
         let (status, body) = get(&app, &format!("/transfers/{to_us}")).await;
         assert_eq!(status, 200, "{body}");
         if body["state"] == "done" {
-            break;
+            Ok(())
+        } else {
+            Err(body)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
+    })
+    .await
+    .unwrap_or_else(|body| {
+        panic!(
             "the transfer between eu and us is still {} while cn is down",
             body["state"]
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        )
+    });
     assert_eq!(books.balance("us-a").await, 5);
     assert_eq!(books.balance("eu-a").await, 995);
     let waiting = eu
@@ -1123,39 +1122,31 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
     } else {
         TransferState::Held
     };
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(15), Duration::from_millis(100));
+    support::poll_until(within, every, async || {
         let stored = eu.transfer(hold).await.unwrap().unwrap();
         let now = eu.server_time().await.unwrap();
         let expires_at = stored.hold.unwrap().expires_at;
         if stored.state == expected && now > values::after(expires_at, 500) {
-            break;
+            Ok(())
+        } else {
+            Err((stored.state, now, expires_at))
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "the hold is {} at {now}, expiring at {expires_at}",
-            stored.state
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|(state, now, expires_at)| {
+        panic!("the hold is {state} at {now}, expiring at {expires_at}")
+    });
     if sweeping {
         // The sweeper's release of the hold freed the source first, before it stopped at
         // the destination.
-        let started = Instant::now();
-        while eu
-            .account(&values::account("alice"))
-            .await
-            .unwrap()
-            .unwrap()
-            .pending_debits
-            != 0
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "the expired hold still reserves alice's money"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let (within, every) = (Duration::from_secs(5), Duration::from_millis(100));
+        let what = "the expired hold still reserves alice's money";
+        support::eventually(what, within, every, async || {
+            let alice = eu.account(&values::account("alice")).await.unwrap();
+            (alice.unwrap().pending_debits == 0).then_some(())
+        })
+        .await;
     }
     let (_, alice) = get(&app, "/accounts/alice").await;
     assert_eq!(alice["availableBalance"].as_i64(), Some(100), "{alice}");
@@ -1178,20 +1169,18 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
         true => None,
         false => Some(books.app().await),
     };
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(200));
+    let stored = support::poll_until(within, every, async || {
         let stored = eu.transfer(hold).await.unwrap().unwrap();
         if stored.state == TransferState::Canceled {
-            assert_eq!(stored.reason, Some(CancelReason::Expired));
-            break;
+            Ok(stored)
+        } else {
+            Err(stored.state)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the hold is still {} after cn came back",
-            stored.state
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|state| panic!("the hold is still {state} after cn came back"));
+    assert_eq!(stored.reason, Some(CancelReason::Expired));
     for (who, deployment, balance) in [("alice", "eu", 0), ("carol", "eu", 100), ("bob", "cn", 0)] {
         let a = books
             .store(deployment)
@@ -1410,14 +1399,13 @@ async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time
 
     // Thawed, cn takes its release, and nothing is left reserved.
     daemons.daemons[2].signal(libc::SIGCONT);
-    let started = Instant::now();
-    while eu.transfer(hold).await.unwrap().unwrap().state != TransferState::Canceled {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the hold never ended after cn was thawed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(200));
+    let what = "the hold never ended after cn was thawed";
+    support::eventually(what, within, every, async || {
+        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        (stored.state == TransferState::Canceled).then_some(())
+    })
+    .await;
     let bob = books
         .store("cn")
         .account(&values::account("bob"))
@@ -1636,21 +1624,20 @@ async fn one_pass_drives_its_claimed_transfers_at_once() {
     });
     paused.reached().await;
 
-    let started = Instant::now();
-    loop {
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(50));
+    support::poll_until(within, every, async || {
         let mut states = Vec::new();
         for id in &left {
             states.push(eu.transfer(*id).await.unwrap().unwrap().state);
         }
         if states.contains(&TransferState::Done) {
-            break;
+            Ok(())
+        } else {
+            Err(states)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the other transfer waits for the paused one: {states:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|states| panic!("the other transfer waits for the paused one: {states:?}"));
     paused.resume();
     let report = pass.await.unwrap().unwrap();
     assert_eq!((report.claimed, report.finished), (2, 2), "{report:?}");

@@ -3,6 +3,9 @@
 //! takeover by another instance, a crash between two writes), then the paused step goes
 //! on. The invariant every test ends on: money moved exactly once or not at all, never
 //! on one account only, and no `pendingTransactions` entry is left.
+//!
+//! Most cases have one request stopped at one step: they go through [`race`], and read
+//! as the step, what happens meanwhile, and what the request answers once it goes on.
 
 use std::time::{Duration, Instant};
 
@@ -46,19 +49,14 @@ async fn start_transfer(
         let status = response.status().as_u16();
         (status, response.json().await.expect("json"))
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let listed = app
-            .store
-            .list_transfers(&Default::default(), 10)
-            .await
-            .unwrap();
-        if let Some(t) = listed.first() {
-            return (task, t.id);
-        }
-        assert!(Instant::now() < deadline, "the transfer was never recorded");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(10));
+    let what = "the transfer was never recorded";
+    let id = support::eventually(what, within, every, async || {
+        let listed = app.store.list_transfers(&Default::default(), 10).await;
+        listed.unwrap().first().map(|t| t.id)
+    })
+    .await;
+    (task, id)
 }
 
 /// A hold of `amount` from alice to bob (default expiry) requested from `app` in a task
@@ -126,18 +124,12 @@ async fn wait_for(
     limit: Duration,
     done: impl Fn(&Transfer) -> bool,
 ) -> Transfer {
-    let deadline = Instant::now() + limit;
-    loop {
+    support::poll_until(limit, Duration::from_millis(25), async || {
         let t = transfer(app, id).await;
-        if done(&t) {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "transfer not as expected within {limit:?}: {t:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        if done(&t) { Ok(t) } else { Err(t) }
+    })
+    .await
+    .unwrap_or_else(|t| panic!("transfer not as expected within {limit:?}: {t:?}"))
 }
 
 async fn open_alice_and_bob(app: &TestApp) {
@@ -151,25 +143,118 @@ async fn assert_balances_and_no_markers(app: &TestApp, alice: i64, bob: i64) {
     assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
 }
 
+/// The request a [`race`] stops: each a `POST`.
+#[derive(Debug, Clone, Copy)]
+enum Post {
+    /// A transfer of this amount from alice to bob ([`start_transfer`]).
+    Transfer(i64),
+    /// A hold of this amount from alice to bob ([`spawn_hold`]).
+    Hold(i64),
+    /// A cancel of this transfer ([`spawn_cancel`]).
+    Cancel(TransferId),
+}
+
+/// What the stopped request of a [`race`] answers once it goes on.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    /// This status.
+    Status(u16),
+    /// This status, and the transfer in this `state`.
+    State(u16, &'static str),
+    /// This status, with this problem `code`.
+    Code(u16, &'static str),
+    /// An answer, whatever it says: the case looks at what the race left behind instead.
+    Any,
+}
+
+/// The shape most cases here share: `request` is sent to `on` with a pause armed right
+/// at `step`; once it stops there, `meanwhile` acts (a cancel, a takeover by another
+/// instance, a write held back) with the transfer's id; then the request goes on. What
+/// it answered is checked by [`Raced::answers`].
+async fn race<M>(
+    on: &TestApp,
+    request: Post,
+    step: &'static str,
+    meanwhile: impl AsyncFnOnce(TransferId) -> M,
+) -> Raced<M> {
+    let mut paused = failpoints::pause(&on.instance_id, step);
+    let (answer, id) = match request {
+        Post::Transfer(amount) => {
+            let (answer, id) = start_transfer(on, amount).await;
+            paused.reached().await;
+            (answer, id)
+        }
+        Post::Hold(amount) => {
+            let answer = spawn_hold(on, amount);
+            paused.reached().await;
+            let listed = on.store.list_transfers(&Default::default(), 1).await;
+            (answer, listed.unwrap()[0].id)
+        }
+        Post::Cancel(id) => {
+            let answer = spawn_cancel(on, id);
+            paused.reached().await;
+            (answer, id)
+        }
+    };
+    let meanwhile = meanwhile(id).await;
+    paused.resume();
+    let (status, body) = answer.await.unwrap();
+    Raced {
+        id,
+        status,
+        body,
+        meanwhile,
+    }
+}
+
+/// How a [`race`] ended, until its answer is checked.
+#[must_use = "check the answer with `answers`"]
+struct Raced<M> {
+    id: TransferId,
+    status: u16,
+    body: Value,
+    /// What the race's `meanwhile` returned.
+    meanwhile: M,
+}
+
+impl<M> Raced<M> {
+    /// Asserts that the stopped request answered `expected`; the transfer's id and what
+    /// `meanwhile` returned, for the checks that follow.
+    fn answers(self, expected: Answer) -> (TransferId, M) {
+        let (status, body) = (self.status, &self.body);
+        match expected {
+            Answer::Status(want) => assert_eq!(status, want, "{body}"),
+            Answer::State(want, state) => {
+                assert_eq!((status, &body["state"]), (want, &json!(state)), "{body}");
+            }
+            Answer::Code(want, code) => {
+                assert_eq!(
+                    (status, body["code"].as_str()),
+                    (want, Some(code)),
+                    "{body}"
+                );
+            }
+            Answer::Any => {}
+        }
+        (self.id, self.meanwhile)
+    }
+}
+
 #[tokio::test]
 async fn a_cancel_between_debit_and_credit_rolls_back_and_the_paused_credit_never_lands() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let mut paused = failpoints::pause(&owner.instance_id, "after_debit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    paused.reached().await;
-    assert_eq!(owner.balance("alice").await, 700, "the debit landed");
+    let (id, _) = race(&owner, Post::Transfer(300), "after_debit", async |id| {
+        assert_eq!(owner.balance("alice").await, 700, "the debit landed");
 
-    let canceled = cancel(&other, id).await;
-    assert_eq!(canceled["state"], "canceled");
-    assert_eq!(canceled["reason"], "canceled_by_request");
-    assert_balances_and_no_markers(&owner, 1000, 0).await;
-
+        let canceled = cancel(&other, id).await;
+        assert_eq!(canceled["state"], "canceled");
+        assert_eq!(canceled["reason"], "canceled_by_request");
+        assert_balances_and_no_markers(&owner, 1000, 0).await;
+    })
+    .await
     // The owner resumes with its credit: the fence on bob refuses it.
-    paused.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(body["code"], "transfer_canceled");
+    .answers(Answer::Code(409, "transfer_canceled"));
     let t = transfer(&owner, id).await;
     assert_eq!(t.state, TransferState::Canceled);
     assert_eq!(t.reason, Some(CancelReason::CanceledByRequest));
@@ -180,23 +265,19 @@ async fn a_cancel_between_debit_and_credit_rolls_back_and_the_paused_credit_neve
 async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let mut paused = failpoints::pause(&owner.instance_id, "after_credit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    paused.reached().await;
-    assert_eq!(owner.balance("bob").await, 300, "the credit landed");
+    let (id, reversal_id) = race(&owner, Post::Transfer(300), "after_credit", async |id| {
+        assert_eq!(owner.balance("bob").await, 300, "the credit landed");
 
-    let original = cancel(&other, id).await;
-    assert_eq!(original["state"], "done", "{original}");
-    let reversal_id = original["reversedBy"]
-        .as_str()
-        .expect("reversedBy")
-        .to_owned();
-
+        let original = cancel(&other, id).await;
+        assert_eq!(original["state"], "done", "{original}");
+        original["reversedBy"]
+            .as_str()
+            .expect("reversedBy")
+            .to_owned()
+    })
+    .await
     // The owner resumes with `pending -> applied`: it lost the transfer and stops.
-    paused.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
-    assert_eq!(body["state"], "done");
+    .answers(Answer::State(201, "done"));
 
     let reversal = transfer(&owner, reversal_id.parse().unwrap()).await;
     assert_eq!(reversal.state, TransferState::Done);
@@ -221,24 +302,20 @@ async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once(
 async fn an_owner_paused_past_its_lease_is_taken_over_and_its_late_debit_is_refused() {
     let (owner, other) = two_instances(Duration::from_millis(1000)).await;
     open_alice_and_bob(&owner).await;
-    let mut paused = failpoints::pause(&owner.instance_id, "after_pending");
-    let (request, id) = start_transfer(&owner, 300).await;
-    paused.reached().await;
-
-    let t = wait_for(&other, id, Duration::from_secs(10), |t| {
-        t.state == TransferState::Done
+    race(&owner, Post::Transfer(300), "after_pending", async |id| {
+        let t = wait_for(&other, id, Duration::from_secs(10), |t| {
+            t.state == TransferState::Done
+        })
+        .await;
+        let taken_by = t.owner.as_deref().unwrap_or_default();
+        assert!(
+            taken_by.starts_with(&format!("{}/", other.instance_id)),
+            "{taken_by}"
+        );
+        assert_balances_and_no_markers(&owner, 700, 300).await;
     })
-    .await;
-    let taken_by = t.owner.as_deref().unwrap_or_default();
-    assert!(
-        taken_by.starts_with(&format!("{}/", other.instance_id)),
-        "{taken_by}"
-    );
-    assert_balances_and_no_markers(&owner, 700, 300).await;
-
-    paused.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    .await
+    .answers(Answer::Status(201));
     assert_balances_and_no_markers(&owner, 700, 300).await;
 }
 
@@ -249,19 +326,15 @@ async fn an_owner_paused_past_its_lease_is_taken_over_and_its_late_debit_is_refu
 async fn an_owner_paused_after_its_debit_past_its_lease_cannot_credit_a_second_time() {
     let (owner, other) = two_instances(Duration::from_millis(1000)).await;
     open_alice_and_bob(&owner).await;
-    let mut paused = failpoints::pause(&owner.instance_id, "after_debit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    paused.reached().await;
-
-    wait_for(&other, id, Duration::from_secs(10), |t| {
-        t.state == TransferState::Done
+    race(&owner, Post::Transfer(300), "after_debit", async |id| {
+        wait_for(&other, id, Duration::from_secs(10), |t| {
+            t.state == TransferState::Done
+        })
+        .await;
+        assert_balances_and_no_markers(&owner, 700, 300).await;
     })
-    .await;
-    assert_balances_and_no_markers(&owner, 700, 300).await;
-
-    paused.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    .await
+    .answers(Answer::Status(201));
     assert_balances_and_no_markers(&owner, 700, 300).await;
 }
 
@@ -272,14 +345,14 @@ async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
     let stale = Duration::from_millis(3000);
     let (owner, other) = two_instances(stale).await;
     open_alice_and_bob(&owner).await;
-    let mut paused = failpoints::pause(&owner.instance_id, "after_debit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    paused.reached().await;
-    let leased = transfer(&owner, id).await;
+    let (id, leased) = race(&owner, Post::Transfer(300), "after_debit", async |id| {
+        let leased = transfer(&owner, id).await;
 
-    cancel(&other, id).await;
-    paused.resume();
-    request.await.unwrap();
+        cancel(&other, id).await;
+        leased
+    })
+    .await
+    .answers(Answer::Any);
     let canceled = transfer(&owner, id).await;
     assert!(canceled.fenced);
     for name in ["alice", "bob"] {
@@ -497,20 +570,19 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     assert_eq!(status, 201, "{body}");
     let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
 
-    let mut paused = failpoints::pause(&first.instance_id, "after_pending");
-    let first_cancel = spawn_cancel(&first, id);
-    paused.reached().await;
-    let reversal_id = transfer(&first, id).await.reversed_by.expect("claimed");
+    let (_, reversal_id) = race(&first, Post::Cancel(id), "after_pending", async |id| {
+        let reversal_id = transfer(&first, id).await.reversed_by.expect("claimed");
 
-    // The compensation stays paused past the second cancel's wait: it answers that the
-    // reversal is under way (202), not that it is made.
-    let (status, answer) = cancel_answer(&second, id).await;
-    assert_eq!(status, 202, "{answer}");
-    assert_eq!(answer["reversedBy"], reversal_id.to_string(), "{answer}");
-    assert_eq!(transfer(&first, id).await.reversed_by, Some(reversal_id));
-
-    paused.resume();
-    assert_eq!(first_cancel.await.unwrap().0, 200);
+        // The compensation stays paused past the second cancel's wait: it answers that the
+        // reversal is under way (202), not that it is made.
+        let (status, answer) = cancel_answer(&second, id).await;
+        assert_eq!(status, 202, "{answer}");
+        assert_eq!(answer["reversedBy"], reversal_id.to_string(), "{answer}");
+        assert_eq!(transfer(&first, id).await.reversed_by, Some(reversal_id));
+        reversal_id
+    })
+    .await
+    .answers(Answer::Status(200));
     let again = cancel(&second, id).await;
     assert_eq!(again["reversedBy"], reversal_id.to_string());
     assert_eq!(
@@ -604,56 +676,52 @@ async fn beyond_its_limit_an_instance_refuses_new_work_after_the_admission_wait_
     })
     .await;
     open_alice_and_bob(&app).await;
-    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
-    let (request, id) = start_transfer(&app, 100).await;
-    paused.reached().await;
+    race(&app, Post::Transfer(100), "after_pending", async |id| {
+        // The permit stays taken until the test resumes the first transfer, after these
+        // answers: each is refused when its wait ends, or never answered.
+        let asked = Instant::now();
+        let refused = app
+            .post_json(
+                "/transfers",
+                json!({ "source": "alice", "destination": "bob", "amount": 1 }),
+            )
+            .await;
+        assert!(
+            asked.elapsed() >= wait,
+            "refused after {:?}, before its wait of {wait:?} ended",
+            asked.elapsed()
+        );
+        assert_eq!(refused.status(), 503);
+        assert_eq!(refused.headers()["retry-after"], "1");
+        let body: Value = refused.json().await.unwrap();
+        assert_eq!(body["code"], "overloaded", "{body}");
+        let recorded = app.store.list_transfers(&Default::default(), 10).await;
+        assert_eq!(
+            recorded.unwrap().len(),
+            1,
+            "the refused transfer left no record"
+        );
 
-    // The permit stays taken until the test resumes the first transfer, after these
-    // answers: each is refused when its wait ends, or never answered.
-    let asked = Instant::now();
-    let refused = app
-        .post_json(
-            "/transfers",
-            json!({ "source": "alice", "destination": "bob", "amount": 1 }),
-        )
-        .await;
-    assert!(
-        asked.elapsed() >= wait,
-        "refused after {:?}, before its wait of {wait:?} ended",
-        asked.elapsed()
-    );
-    assert_eq!(refused.status(), 503);
-    assert_eq!(refused.headers()["retry-after"], "1");
-    let body: Value = refused.json().await.unwrap();
-    assert_eq!(body["code"], "overloaded", "{body}");
-    let recorded = app.store.list_transfers(&Default::default(), 10).await;
-    assert_eq!(
-        recorded.unwrap().len(),
-        1,
-        "the refused transfer left no record"
-    );
-
-    let ready = app.get("/ready").await;
-    assert_eq!(ready.status(), 503);
-    let body: Value = ready.json().await.unwrap();
-    assert_eq!(body["code"], "overloaded", "{body}");
-    let asked = Instant::now();
-    let (status, body) = cancel_answer(&app, id).await;
-    assert!(
-        asked.elapsed() >= wait,
-        "the cancel waited for a permit too"
-    );
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["code"], "overloaded", "{body}");
-    assert_eq!(
-        transfer(&app, id).await.state,
-        TransferState::Pending,
-        "the refused cancel changed nothing"
-    );
-
-    paused.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
+        let ready = app.get("/ready").await;
+        assert_eq!(ready.status(), 503);
+        let body: Value = ready.json().await.unwrap();
+        assert_eq!(body["code"], "overloaded", "{body}");
+        let asked = Instant::now();
+        let (status, body) = cancel_answer(&app, id).await;
+        assert!(
+            asked.elapsed() >= wait,
+            "the cancel waited for a permit too"
+        );
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["code"], "overloaded", "{body}");
+        assert_eq!(
+            transfer(&app, id).await.state,
+            TransferState::Pending,
+            "the refused cancel changed nothing"
+        );
+    })
+    .await
+    .answers(Answer::Status(201));
     assert_eq!(app.get("/ready").await.status(), 200);
     assert_eq!(app.transfer("alice", "bob", 1).await.0, 201);
     assert_balances_and_no_markers(&app, 899, 101).await;
@@ -673,13 +741,12 @@ async fn with_no_admission_wait_a_free_permit_admits_and_none_refuses() {
     let (status, body) = app.transfer("alice", "bob", 10).await;
     assert_eq!(status, 201, "{body}");
 
-    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
-    let (request, _) = start_transfer(&app, 100).await;
-    paused.reached().await;
-    let (status, body) = app.transfer("alice", "bob", 1).await;
-    assert_eq!((status, body["code"].as_str()), (503, Some("overloaded")));
-    paused.resume();
-    assert_eq!(request.await.unwrap().0, 201);
+    race(&app, Post::Transfer(100), "after_pending", async |_| {
+        let (status, body) = app.transfer("alice", "bob", 1).await;
+        assert_eq!((status, body["code"].as_str()), (503, Some("overloaded")));
+    })
+    .await
+    .answers(Answer::Status(201));
     assert_balances_and_no_markers(&app, 890, 110).await;
 }
 
@@ -753,37 +820,33 @@ async fn a_request_beyond_the_limit_is_refused_at_once_when_the_connections_are_
     })
     .await;
     open_alice_and_bob(&app).await;
-    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
-    let (request, _) = start_transfer(&app, 100).await;
-    paused.reached().await;
-
-    // Far shorter than the wait: a request that waited would time out here.
-    let refused = app
-        .http
-        .post(app.url("/transfers"))
-        .timeout(Duration::from_secs(5))
-        .json(&json!({ "source": "alice", "destination": "bob", "amount": 1 }))
-        .send()
-        .await
-        .expect("refused at once, not after its wait");
-    assert_eq!(refused.status(), 503);
-    assert_eq!(refused.headers()["retry-after"], "1");
-    assert!(
-        refused
-            .headers()
-            .get("connection")
-            .is_none_or(|c| c != "close"),
-        "refused by admission on its connection, not at the connection level: {:?}",
-        refused.headers()
-    );
-    let body: Value = refused.json().await.unwrap();
-    assert_eq!(body["code"], "overloaded", "{body}");
-    let recorded = app.store.list_transfers(&Default::default(), 10).await;
-    assert_eq!(recorded.unwrap().len(), 1, "the refused one left no record");
-
-    paused.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    race(&app, Post::Transfer(100), "after_pending", async |_| {
+        // Far shorter than the wait: a request that waited would time out here.
+        let refused = app
+            .http
+            .post(app.url("/transfers"))
+            .timeout(Duration::from_secs(5))
+            .json(&json!({ "source": "alice", "destination": "bob", "amount": 1 }))
+            .send()
+            .await
+            .expect("refused at once, not after its wait");
+        assert_eq!(refused.status(), 503);
+        assert_eq!(refused.headers()["retry-after"], "1");
+        assert!(
+            refused
+                .headers()
+                .get("connection")
+                .is_none_or(|c| c != "close"),
+            "refused by admission on its connection, not at the connection level: {:?}",
+            refused.headers()
+        );
+        let body: Value = refused.json().await.unwrap();
+        assert_eq!(body["code"], "overloaded", "{body}");
+        let recorded = app.store.list_transfers(&Default::default(), 10).await;
+        assert_eq!(recorded.unwrap().len(), 1, "the refused one left no record");
+    })
+    .await
+    .answers(Answer::Status(201));
     assert_balances_and_no_markers(&app, 900, 100).await;
 }
 
@@ -995,8 +1058,7 @@ async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_r
 /// Waits (at most `limit`) until no account keeps a fence and no transfer is flagged
 /// `fenced`: the sweeper has collected every fence.
 async fn assert_fences_collected(app: &TestApp, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
+    support::poll_until(limit, Duration::from_millis(50), async || {
         let accounts = app.store.list_accounts(None, 100).await.unwrap();
         let fenced: Vec<_> = accounts
             .iter()
@@ -1010,14 +1072,15 @@ async fn assert_fences_collected(app: &TestApp, limit: Duration) {
             .unwrap();
         let flagged = transfers.iter().filter(|t| t.fenced).count();
         if fenced.is_empty() && flagged == 0 {
-            return;
+            Ok(())
+        } else {
+            Err((fenced, flagged))
         }
-        assert!(
-            Instant::now() < deadline,
-            "fences left after {limit:?}: {fenced:?}, {flagged} transfers flagged"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|(fenced, flagged)| {
+        panic!("fences left after {limit:?}: {fenced:?}, {flagged} transfers flagged")
+    });
 }
 
 /// Fence leak 1: a cancel fences both accounts (the credit had landed), then loses the
@@ -1028,16 +1091,16 @@ async fn fences_of_a_cancel_that_lost_to_the_owner_completing_are_collected() {
     let lease = Duration::from_millis(1000);
     let (owner, other) = two_instances(lease).await;
     open_alice_and_bob(&owner).await;
-    let mut credited = failpoints::pause(&owner.instance_id, "after_credit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    credited.reached().await;
-
-    let mut cancel_forcing = failpoints::pause(&other.instance_id, "before_force");
-    let canceling = spawn_cancel(&other, id);
-    cancel_forcing.reached().await; // both accounts fenced, `pending -> applied` not sent
-    credited.resume(); // the owner completes first
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    let (id, (mut cancel_forcing, canceling)) =
+        race(&owner, Post::Transfer(300), "after_credit", async |id| {
+            let mut cancel_forcing = failpoints::pause(&other.instance_id, "before_force");
+            let canceling = spawn_cancel(&other, id);
+            cancel_forcing.reached().await; // both accounts fenced, `pending -> applied` not sent
+            (cancel_forcing, canceling)
+        })
+        .await
+        // The owner completes first.
+        .answers(Answer::Status(201));
     cancel_forcing.resume();
     assert_eq!(canceling.await.unwrap().0, 200);
 
@@ -1056,27 +1119,26 @@ async fn fences_of_a_cancel_overtaken_by_the_owners_own_rollback_are_collected()
     let lease = Duration::from_millis(1000);
     let (owner, other) = two_instances(lease).await;
     open_alice_and_bob(&owner).await;
-    let mut debiting = failpoints::pause(&owner.instance_id, "before_debit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    debiting.reached().await;
-    // Alice spends her money meanwhile: the owner's debit will be refused.
-    owner.open_account("carol", 0).await;
-    let (status, body) = other.transfer("alice", "carol", 1000).await;
-    assert_eq!(status, 201, "{body}");
+    let (id, (mut second_fence, canceling)) =
+        race(&owner, Post::Transfer(300), "before_debit", async |id| {
+            // Alice spends her money meanwhile: the owner's debit will be refused.
+            owner.open_account("carol", 0).await;
+            let (status, body) = other.transfer("alice", "carol", 1000).await;
+            assert_eq!(status, 201, "{body}");
 
-    // The cancel fences bob, then stops before fencing alice.
-    let mut first_fence = failpoints::pause(&other.instance_id, "before_fence");
-    let canceling = spawn_cancel(&other, id);
-    first_fence.reached().await;
-    let mut second_fence = failpoints::pause(&other.instance_id, "before_fence");
-    first_fence.resume();
-    second_fence.reached().await;
-    let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
-    assert_eq!(bob.fenced_transactions, vec![id], "bob is fenced");
-    debiting.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 422, "{body}");
-    assert_eq!(body["code"], "insufficient_funds");
+            // The cancel fences bob, then stops before fencing alice.
+            let mut first_fence = failpoints::pause(&other.instance_id, "before_fence");
+            let canceling = spawn_cancel(&other, id);
+            first_fence.reached().await;
+            let mut second_fence = failpoints::pause(&other.instance_id, "before_fence");
+            first_fence.resume();
+            second_fence.reached().await;
+            let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+            assert_eq!(bob.fenced_transactions, vec![id], "bob is fenced");
+            (second_fence, canceling)
+        })
+        .await
+        .answers(Answer::Code(422, "insufficient_funds"));
     second_fence.resume();
     assert_eq!(canceling.await.unwrap().0, 200);
 
@@ -1135,26 +1197,21 @@ async fn a_cancels_destination_fence_arriving_too_late_is_tried_again_not_taken_
     .await;
     let other = instance_on(&owner.database, lease, never).await;
     open_alice_and_bob(&owner).await;
-    let mut debited = failpoints::pause(&owner.instance_id, "after_debit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    debited.reached().await;
-
-    // The cancel marks the transfer; its first fence (the destination's) is held back
-    // past the deadline, 0.9 lease after the mark.
-    let mut late_fence = failpoints::pause(&other.instance_id, "before_fence");
-    let canceling = spawn_cancel(&other, id);
-    late_fence.reached().await;
-    tokio::time::sleep(lease + lease / 2).await;
-    late_fence.resume();
-    let (status, body) = canceling.await.unwrap();
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["state"], "canceled", "{body}");
-    assert_balances_and_no_markers(&owner, 1000, 0).await;
-
-    debited.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(body["code"], "transfer_canceled");
+    race(&owner, Post::Transfer(300), "after_debit", async |id| {
+        // The cancel marks the transfer; its first fence (the destination's) is held back
+        // past the deadline, 0.9 lease after the mark.
+        let mut late_fence = failpoints::pause(&other.instance_id, "before_fence");
+        let canceling = spawn_cancel(&other, id);
+        late_fence.reached().await;
+        tokio::time::sleep(lease + lease / 2).await;
+        late_fence.resume();
+        let (status, body) = canceling.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["state"], "canceled", "{body}");
+        assert_balances_and_no_markers(&owner, 1000, 0).await;
+    })
+    .await
+    .answers(Answer::Code(409, "transfer_canceled"));
     assert_balances_and_no_markers(&owner, 1000, 0).await;
 }
 
@@ -1167,36 +1224,32 @@ async fn a_cancels_destination_fence_arriving_too_late_is_tried_again_not_taken_
 async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() {
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(3600)).await;
     open_alice_and_bob(&app).await;
-    let mut debited = failpoints::pause(&app.instance_id, "after_debit");
-    let (request, id) = start_transfer(&app, 300).await;
-    debited.reached().await;
-    // Alice's account holds the transfer's marker, Bob's does not.
-    let now = transfer(&app, id).await.last_modified;
-    let (past, future) = (after(now, -60_000), after(now, 60_000));
-    let fence = |name: &'static str, unless_applied: bool, deadline| {
-        let store = app.store.clone();
-        async move {
-            store
-                .fence(&account(name), id, unless_applied, deadline)
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(fence("alice", false, past).await, Fence::TooLate);
-    assert_eq!(fence("bob", false, past).await, Fence::TooLate);
-    assert_eq!(fence("bob", true, past).await, Fence::TooLate);
-    assert_eq!(fence("alice", true, past).await, Fence::Applied);
-    assert_eq!(fence("alice", true, future).await, Fence::Applied);
-    assert_eq!(fence("nobody", false, future).await, Fence::Missing);
-    assert_eq!(fence("nobody", true, past).await, Fence::Missing);
-    assert_eq!(fence("bob", true, future).await, Fence::Placed);
-    assert_eq!(fence("alice", false, future).await, Fence::Placed);
-
+    let (id, _) = race(&app, Post::Transfer(300), "after_debit", async |id| {
+        // Alice's account holds the transfer's marker, Bob's does not.
+        let now = transfer(&app, id).await.last_modified;
+        let (past, future) = (after(now, -60_000), after(now, 60_000));
+        let fence = |name: &'static str, unless_applied: bool, deadline| {
+            let store = app.store.clone();
+            async move {
+                store
+                    .fence(&account(name), id, unless_applied, deadline)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(fence("alice", false, past).await, Fence::TooLate);
+        assert_eq!(fence("bob", false, past).await, Fence::TooLate);
+        assert_eq!(fence("bob", true, past).await, Fence::TooLate);
+        assert_eq!(fence("alice", true, past).await, Fence::Applied);
+        assert_eq!(fence("alice", true, future).await, Fence::Applied);
+        assert_eq!(fence("nobody", false, future).await, Fence::Missing);
+        assert_eq!(fence("nobody", true, past).await, Fence::Missing);
+        assert_eq!(fence("bob", true, future).await, Fence::Placed);
+        assert_eq!(fence("alice", false, future).await, Fence::Placed);
+    })
+    .await
     // Both fenced: the owner's credit is refused, and it rolls the transfer back.
-    debited.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(body["code"], "transfer_canceled");
+    .answers(Answer::Code(409, "transfer_canceled"));
     assert_eq!(transfer(&app, id).await.state, TransferState::Canceled);
     assert_balances_and_no_markers(&app, 1000, 0).await;
 }
@@ -1210,16 +1263,14 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     let lease = Duration::from_millis(2000);
     let app = spawn_app_with(|s| s.stale_after = lease).await;
     open_alice_and_bob(&app).await;
-    let mut before_debit = failpoints::pause(&app.instance_id, "before_debit");
-    let (request, id) = start_transfer(&app, 300).await;
-    before_debit.reached().await;
-    let leased = transfer(&app, id).await.last_modified;
-    let deadline = after(leased, 1800);
-    failpoints::lose_reply(&app.instance_id);
-    before_debit.resume();
-
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    let (id, deadline) = race(&app, Post::Transfer(300), "before_debit", async |id| {
+        let leased = transfer(&app, id).await.last_modified;
+        let deadline = after(leased, 1800);
+        failpoints::lose_reply(&app.instance_id);
+        deadline
+    })
+    .await
+    .answers(Answer::Status(201));
     assert_balances_and_no_markers(&app, 700, 300).await;
     // The first copy of the debit, arriving now: it must not land.
     let late = app
@@ -1243,21 +1294,14 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
     let lease = Duration::from_millis(2000);
     let app = spawn_app_with(|s| s.stale_after = lease).await;
     open_alice_and_bob(&app).await;
-    let mut before_reserve = failpoints::pause(&app.instance_id, "before_debit");
-    let request = spawn_hold(&app, 300);
-    before_reserve.reached().await;
-    let listed = app
-        .store
-        .list_transfers(&Default::default(), 1)
-        .await
-        .unwrap();
-    let id = listed[0].id;
-    let deadline = after(transfer(&app, id).await.last_modified, 1800);
-    failpoints::lose_reply(&app.instance_id);
-    before_reserve.resume();
-
-    let (status, body) = request.await.unwrap();
-    assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
+    // A hold reserves the source's money in its debit step.
+    let (id, deadline) = race(&app, Post::Hold(300), "before_debit", async |id| {
+        let deadline = after(transfer(&app, id).await.last_modified, 1800);
+        failpoints::lose_reply(&app.instance_id);
+        deadline
+    })
+    .await
+    .answers(Answer::State(201, "held"));
     let voided = app
         .http
         .post(app.url(&format!("/transfers/{id}/void")))
@@ -1295,28 +1339,19 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
 async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destination() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let mut paused = failpoints::pause(&owner.instance_id, "after_credit");
-    let request = spawn_hold(&owner, 300);
-    paused.reached().await;
-    let id = owner
-        .store
-        .list_transfers(&Default::default(), 1)
-        .await
-        .unwrap()[0]
-        .id;
-    let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
-    assert_eq!(
-        bob.pending_credits, 300,
-        "the destination's reservation landed"
-    );
-
-    let canceled = cancel(&other, id).await;
-    paused.resume();
-    let (status, body) = request.await.unwrap();
+    let (_, canceled) = race(&owner, Post::Hold(300), "after_credit", async |id| {
+        let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+        assert_eq!(
+            bob.pending_credits, 300,
+            "the destination's reservation landed"
+        );
+        cancel(&other, id).await
+    })
+    .await
+    .answers(Answer::Status(409));
 
     assert_eq!(canceled["state"], "canceled", "{canceled}");
     assert_eq!(canceled["reason"], "canceled_by_request");
-    assert_eq!(status, 409, "{body}");
     for name in ["alice", "bob"] {
         let a = owner.store.account(&account(name)).await.unwrap().unwrap();
         assert_eq!(
@@ -1339,29 +1374,22 @@ async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destinat
 async fn a_slow_void_of_a_hold_being_reserved_never_reverses_a_capture_that_won() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let mut reserving = failpoints::pause(&owner.instance_id, "after_credit");
-    let request = spawn_hold(&owner, 300);
-    reserving.reached().await;
-    let id = owner
-        .store
-        .list_transfers(&Default::default(), 1)
-        .await
-        .unwrap()[0]
-        .id;
-    let mut slow_void = failpoints::pause(&other.instance_id, "before_mark_fenced");
-    let (http, url) = (
-        other.http.clone(),
-        other.url(&format!("/transfers/{id}/void")),
-    );
-    let void = tokio::spawn(async move {
-        let response = http.post(url).send().await.unwrap();
-        let status = response.status().as_u16();
-        (status, response.json::<Value>().await.unwrap())
-    });
-    slow_void.reached().await;
-    reserving.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
+    let (id, (mut slow_void, void)) = race(&owner, Post::Hold(300), "after_credit", async |id| {
+        let mut slow_void = failpoints::pause(&other.instance_id, "before_mark_fenced");
+        let (http, url) = (
+            other.http.clone(),
+            other.url(&format!("/transfers/{id}/void")),
+        );
+        let void = tokio::spawn(async move {
+            let response = http.post(url).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        });
+        slow_void.reached().await;
+        (slow_void, void)
+    })
+    .await
+    .answers(Answer::State(201, "held"));
     let captured = owner
         .http
         .post(owner.url(&format!("/transfers/{id}/capture")))
@@ -1756,17 +1784,14 @@ async fn two_instances_across_a_slow_clock(
 async fn a_late_credit_to_a_deployment_whose_clock_runs_behind_is_refused() {
     let (owner, other, behind, _folder) =
         two_instances_across_a_slow_clock(Duration::from_millis(1000)).await;
-    let mut paused = failpoints::pause(&owner.instance_id, "before_credit");
-    let (request, id) = start_transfer(&owner, 300).await;
-    paused.reached().await;
-
-    wait_for(&other, id, Duration::from_secs(10), |t| {
-        t.state == TransferState::Done
+    race(&owner, Post::Transfer(300), "before_credit", async |id| {
+        wait_for(&other, id, Duration::from_secs(10), |t| {
+            t.state == TransferState::Done
+        })
+        .await;
     })
-    .await;
-    paused.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    .await
+    .answers(Answer::Status(201));
 
     let bob_store = transfer_service::store::Store::connect(&behind.uri, &owner.database)
         .await
@@ -2047,13 +2072,11 @@ async fn a_late_state_change_of_a_first_run_never_lands_after_a_second_run_in_th
     app.open_account("alice", 100).await;
     app.open_account("bob", 0).await;
     app.open_account("carol", 0).await;
-    let mut after_pending = failpoints::pause(&app.instance_id, "after_pending");
-    let (request, id) = start_transfer(&app, 300).await;
-    after_pending.reached().await;
-    failpoints::hold_back(&app.instance_id, "before_transition");
-    after_pending.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 503, "{body}");
+    let (id, _) = race(&app, Post::Transfer(300), "after_pending", async |_| {
+        failpoints::hold_back(&app.instance_id, "before_transition");
+    })
+    .await
+    .answers(Answer::Status(503));
     failpoints::let_through(&app.instance_id, "before_transition");
     let stuck = transfer(&app, id).await;
     assert_eq!(stuck.state, TransferState::Pending, "{stuck:?}");
@@ -2214,13 +2237,11 @@ async fn a_state_change_that_landed_late_is_taken_as_made_by_the_next_run_of_its
     })
     .await;
     open_alice_and_bob(&app).await;
-    let mut after_credit = failpoints::pause(&app.instance_id, "after_credit");
-    let (request, id) = start_transfer(&app, 300).await;
-    after_credit.reached().await;
-    failpoints::hold_back(&app.instance_id, "before_transition");
-    after_credit.resume();
-    let (status, body) = request.await.unwrap();
-    assert_eq!(status, 503, "{body}");
+    let (id, _) = race(&app, Post::Transfer(300), "after_credit", async |_| {
+        failpoints::hold_back(&app.instance_id, "before_transition");
+    })
+    .await
+    .answers(Answer::Status(503));
     failpoints::let_through(&app.instance_id, "before_transition");
     assert!(failpoints::send_held(&app.instance_id).await > 0);
     assert_eq!(transfer(&app, id).await.state, TransferState::Applied);

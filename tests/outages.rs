@@ -74,17 +74,12 @@ async fn signal_drains_in_flight_transfers_and_exits_0(signal: i32) {
     }
     // Signal as soon as some are recorded: those are in flight for sure.
     let store = Store::connect(&database_uri(), &database).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store
-        .list_transfers(&Default::default(), 100)
-        .await
-        .unwrap()
-        .len()
-        < 10
-    {
-        assert!(Instant::now() < deadline, "no transfer was recorded");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(2));
+    support::eventually("no transfer was recorded", within, every, async || {
+        let recorded = store.list_transfers(&Default::default(), 100).await;
+        (recorded.unwrap().len() >= 10).then_some(())
+    })
+    .await;
     instance.signal(signal);
     let status = instance
         .wait_exit(Duration::from_secs(20))
@@ -187,14 +182,12 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
     // Back, on the same port and data.
     let port = daemon.port;
     let _restarted = Daemon::start(storage.path().to_path_buf(), port);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while app.get("/ready").await.status() != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "not ready after the database returned"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (within, every) = (Duration::from_secs(30), Duration::from_millis(100));
+    let what = "not ready after the database returned";
+    support::eventually(what, within, every, async || {
+        (app.get("/ready").await.status() == 200).then_some(())
+    })
+    .await;
     stop.cancel();
     let mut statuses = Vec::new();
     for worker in load {
@@ -209,19 +202,19 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
     assert_eq!(status, 201, "transfers work again");
 
     // Whatever the outage interrupted, the sweeper finishes (lease 1 s, sweep 100 ms).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let (within, every) = (Duration::from_secs(20), Duration::from_millis(100));
+    support::eventually("transfers left unfinished", within, every, async || {
         let transfers = app
             .store
             .list_transfers(&Default::default(), 10_000)
             .await
             .unwrap();
-        if transfers.iter().all(|t| t.state.is_terminal()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "transfers left unfinished");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        transfers
+            .iter()
+            .all(|t| t.state.is_terminal())
+            .then_some(())
+    })
+    .await;
     assert_settled(&app.store, 6_000).await;
 }
 
@@ -339,15 +332,17 @@ async fn beyond_the_connection_bound_a_new_client_is_answered_503_at_once() {
     drop(held);
     // One client from here on: its one connection is the only place.
     let client = fresh();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(50));
+    support::poll_until(within, every, async || {
         let r = client.get(app.url("/health")).send().await.unwrap();
         if r.status() == 200 {
-            break;
+            Ok(())
+        } else {
+            Err(r.status())
         }
-        assert!(Instant::now() < deadline, "no place freed: {}", r.status());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|status| panic!("no place freed: {status}"));
     // Counted, under a route label of their own.
     let metrics = client
         .get(app.url("/metrics"))
@@ -438,26 +433,26 @@ async fn a_burst_beyond_the_limit_is_refused_after_the_admission_wait_and_everyt
     assert!(accepted > 0, "nothing was admitted");
 
     let limit = burst + 2 * lease + Duration::from_secs(5);
-    let settling = Instant::now();
-    loop {
+    let what = format!(
+        "accepted transfers still unfinished after the burst ({accepted} accepted, {refused} refused)"
+    );
+    support::eventually(&what, limit, Duration::from_millis(100), async || {
         let transfers = app
             .store
             .list_transfers(&Default::default(), 10_000)
             .await
             .unwrap();
+        // Checked at every look, not only at the end.
         assert_eq!(
             transfers.len(),
             accepted,
             "every accepted one recorded, no other"
         );
-        if transfers.iter().all(|t| t.state.is_terminal()) {
-            break;
-        }
-        assert!(
-            settling.elapsed() < limit,
-            "accepted transfers still unfinished {limit:?} after the burst ({accepted} accepted, {refused} refused)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        transfers
+            .iter()
+            .all(|t| t.state.is_terminal())
+            .then_some(())
+    })
+    .await;
     assert_settled(&app.store, 1_000_000 * accounts as i64).await;
 }

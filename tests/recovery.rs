@@ -132,18 +132,14 @@ async fn crash_and_recover(layout: Layout, step: &str, amount: i64) -> String {
     let _rescuer = books.start_instance("rescuer", None).await;
     let limit =
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
-    let transfer = loop {
+    // The limit counts from before the rescuer's start.
+    let left = limit.saturating_sub(started.elapsed());
+    let transfer = support::poll_until(left, Duration::from_millis(50), async || {
         let t = store.transfer(id).await.unwrap().unwrap();
-        if t.state.is_terminal() {
-            break t;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "not recovered within {limit:?}: {:?}",
-            t.state
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        if t.state.is_terminal() { Ok(t) } else { Err(t) }
+    })
+    .await
+    .unwrap_or_else(|t| panic!("not recovered within {limit:?}: {:?}", t.state));
     let owner = transfer.owner.as_deref().unwrap_or_default();
     assert!(owner.starts_with("rescuer/"), "{owner}");
 
@@ -333,17 +329,14 @@ async fn crash_hold_and_recover(layout: Layout, step: &str, what: HoldStep) {
     let _rescuer = books.start_instance("rescuer", None).await;
     let limit =
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
-    let ended = loop {
+    // The limit counts from before the rescuer's start.
+    let left = limit.saturating_sub(started.elapsed());
+    let ended = support::poll_until(left, Duration::from_millis(50), async || {
         let t = store.transfer(id).await.unwrap().unwrap();
-        if t.state.is_settled() {
-            break t;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "not recovered within {limit:?}: {t:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        if t.state.is_settled() { Ok(t) } else { Err(t) }
+    })
+    .await
+    .unwrap_or_else(|t| panic!("not recovered within {limit:?}: {t:?}"));
     use transfer_service::domain::{CancelReason, TransferState};
     let a = account_amounts(&books.a, "a").await;
     let b = account_amounts(&books.b, "b").await;

@@ -437,18 +437,17 @@ async fn a_hold_left_past_its_expiry_is_expired_by_the_sweeper() {
 
     // As stored, not as read: a read shows it expired from `expiresAt` on anyway.
     let stored_id = support::values::transfer_id(id);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(100));
+    support::poll_until(within, every, async || {
         let stored = app.store.transfer(stored_id).await.unwrap().unwrap();
         if stored.state == transfer_service::domain::TransferState::Canceled {
-            break;
+            Ok(())
+        } else {
+            Err(stored)
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not expired: {stored:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|stored| panic!("not expired: {stored:?}"));
 
     let (_, ended) = get_json(&app, &format!("/transfers/{id}")).await;
     assert_eq!(ended["reason"], "expired", "{ended}");

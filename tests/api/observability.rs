@@ -436,18 +436,18 @@ async fn a_transfer_run_in_the_background_logs_in_the_span_of_its_request() {
     assert_eq!(response.status(), 202);
     let body: Value = response.json().await.unwrap();
     let transfer_id = body["id"].as_str().expect("a transfer id").to_owned();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    let within = std::time::Duration::from_secs(10);
+    let every = std::time::Duration::from_millis(20);
+    support::poll_until(within, every, async || {
         let (_, transfer) = crate::get_json(&app, &format!("/transfers/{transfer_id}")).await;
         if transfer["state"] == "done" {
-            break;
+            Ok(())
+        } else {
+            Err(transfer)
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never done: {transfer}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|transfer| panic!("never done: {transfer}"));
 
     let lines = logs.lines();
     assert!(

@@ -5,7 +5,7 @@
 //! is left with a pending marker; a refusal that recorded a transfer names it
 //! (`transferId`) and the record says why it was canceled.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -391,16 +391,18 @@ async fn a_reference_over_140_characters_is_refused_naming_reference() {
 
 /// Polls `GET path` until the transfer is terminal; panics after 10 s.
 async fn poll_until_terminal(app: &TestApp, path: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let (within, every) = (Duration::from_secs(10), Duration::from_millis(20));
+    support::poll_until(within, every, async || {
         let (status, body) = get_json(app, path).await;
         assert_eq!(status, 200, "{body}");
         if body["state"] == "done" || body["state"] == "canceled" {
-            return body;
+            Ok(body)
+        } else {
+            Err(body)
         }
-        assert!(Instant::now() < deadline, "never finished: {body}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|body| panic!("never finished: {body}"))
 }
 
 #[tokio::test]

@@ -12,9 +12,15 @@
 //! The daemon is started from a thread that lives as long as the test process and asks
 //! the kernel to kill it when that thread goes, so no daemon outlives the tests; its
 //! folder goes at exit too.
+//!
+//! Tests wait for what they cannot be told about through [`eventually`] and
+//! [`poll_until`] ([`poll`]).
 
+pub mod poll;
 pub mod process;
 pub mod proxy;
+
+pub use poll::{eventually, poll_until};
 
 /// The `transfer-service` binary cargo built for the calling integration test, as a
 /// `&Path` (see [`process`]).

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How a process instance is started.
 #[derive(Debug, Clone)]
@@ -166,22 +166,19 @@ impl Instance {
     /// has exited.
     pub async fn wait_ready(&mut self, limit: Duration) {
         let http = reqwest::Client::new();
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
+        let what = format!("instance {} did not become ready", self.name);
+        let every = Duration::from_millis(50);
+        crate::eventually(&what, limit, every, async || {
             if let Some(status) = self.child.try_wait().expect("poll the instance") {
                 panic!(
                     "instance {} exited before it was ready: {status}",
                     self.name
                 );
             }
-            if let Ok(r) = http.get(format!("{}/ready", self.base)).send().await {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("instance {} did not become ready", self.name);
+            let ready = http.get(format!("{}/ready", self.base)).send().await;
+            ready.is_ok_and(|r| r.status() == 200).then_some(())
+        })
+        .await;
     }
 
     /// Whether the process is still running.
@@ -208,16 +205,12 @@ impl Instance {
 
     /// Waits for the process to exit, at most `limit`; None if it is still running.
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let every = Duration::from_millis(20);
+        crate::poll_until(limit, every, async || {
+            self.child.try_wait().expect("try_wait").ok_or(())
+        })
+        .await
+        .ok()
     }
 }
 
