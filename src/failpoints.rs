@@ -46,7 +46,7 @@
 //!   with majority read concern does while what it looks for is on the primary but not
 //!   yet on a majority (a single-node server never lags so).
 //! - Scheduler: [`install_hook`] routes every point of one instance to a [`Hook`], which
-//!   decides when that instance may go on (`tests/explorer.rs` runs several instances
+//!   decides when that instance may go on (`tests/explorer/` runs several instances
 //!   cooperatively, one at a time, in an order it chooses, to explore interleavings).
 
 use std::collections::HashMap;

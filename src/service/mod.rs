@@ -307,7 +307,7 @@ impl Bank {
     }
 
     /// Fault injection: another task of this same process, as the interleaving explorer
-    /// (`tests/explorer.rs`) runs two actors of one process. It shares everything the
+    /// (`tests/explorer/`) runs two actors of one process. It shares everything the
     /// process shares between its tasks (the owner written to `application`, the drive
     /// locks, the record of unanswered writes, admission, the account cache, the
     /// background tasks), but names its points, and its store handles' points, with

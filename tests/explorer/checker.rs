@@ -1,0 +1,528 @@
+//! The checker: what each actor got back ([`Answer`]), the record of a schedule
+//! ([`Run`]), the invariants checked at its end ([`check`]), and how a violating
+//! schedule is told ([`describe`]).
+//!
+//! After a schedule everything is let finish, a lease is let pass (by ageing the
+//! schedule's transfers, which is safe once no actor is left, so no write is in flight)
+//! and a sweep runs; then the invariants are checked: conservation, balances from the log
+//! (a done hold moved its captured amount), no fences, at most one reversal, and answers
+//! that agree with the final state. For a transfer scenario also: no markers, every
+//! transfer terminal. For a hold scenario instead: `pendingDebits` and `pendingCredits` of
+//! each account are the held amounts of the holds still `held` out of and into it, its
+//! markers exactly theirs, its available balance not negative, every other transfer
+//! terminal; at most one hold, whose end is one a scenario's actor may have made (a
+//! capture for `done`, and of all of it; an expiry for `expired`; a void or a cancel for
+//! `voided` and `canceled_by_request`; only a cancel reverses a captured hold); a capture
+//! answered with the hold means `done` with that amount, a void answered with it means
+//! `canceled`, `AlreadyCaptured` means `done`, `Voided` means `canceled` voided or by
+//! request, `Expired` means `canceled` expired, and an expiry whose sweep expired a hold
+//! means `canceled` expired. A hold left `held` is voided after the check, so that no
+//! later schedule of the worker sees it expire.
+
+use std::collections::HashMap;
+
+use transfer_service::domain::{
+    Account, AccountId, CancelReason, Transfer, TransferId, TransferState,
+};
+use transfer_service::service::{HoldConflict, ServiceError};
+
+use crate::scenario::Scenario;
+use crate::workload::{Kind, OPENING};
+
+/// What an actor got back.
+#[derive(Debug)]
+pub enum Answer {
+    Owner(Result<Transfer, String>),
+    /// `None`: nothing recorded yet to cancel (so also for `Capture` and `Void`).
+    Cancel(Result<Option<Transfer>, String>),
+    Capture(Result<Option<Transfer>, Refused>),
+    Void(Result<Option<Transfer>, Refused>),
+    /// How many holds the sweep after the expiry expired (and saw released).
+    Expire(Result<usize, String>),
+    Sweep(Result<(), String>),
+    /// How many held-back writes the network sent.
+    Net(usize),
+    /// An owner or a cancel answered that the database is unavailable (503): right for
+    /// the actor whose step is held back (`held`), whose run failed; for any other a
+    /// violation.
+    Unavailable {
+        held: bool,
+        error: String,
+    },
+    Stuck,
+}
+
+/// Why a capture or a void was refused.
+#[derive(Debug)]
+pub enum Refused {
+    Conflict(HoldConflict, TransferId),
+    Other(String),
+}
+
+impl From<ServiceError> for Refused {
+    fn from(e: ServiceError) -> Refused {
+        match e {
+            ServiceError::Hold { conflict, hold } => Refused::Conflict(conflict, hold),
+            other => Refused::Other(format!("{other:?}")),
+        }
+    }
+}
+
+/// One schedule's run.
+#[derive(Default)]
+pub struct Run {
+    /// (options, chosen, preemptive) at each real decision (two or more actors ready).
+    /// Option 0 is the actor that ran last when it is still ready (`preemptive`: any
+    /// other choice preempts it), then the others by index.
+    pub decisions: Vec<(usize, usize, bool)>,
+    /// `actor@point` in the order the actors were let go from those points.
+    pub trace: Vec<String>,
+    pub answers: Vec<(Kind, Answer)>,
+    pub violations: Vec<String>,
+}
+
+impl Run {
+    fn choices(&self) -> String {
+        let c: Vec<String> = self
+            .decisions
+            .iter()
+            .map(|(_, c, _)| c.to_string())
+            .collect();
+        c.join(",")
+    }
+}
+
+/// Checks the end of a schedule of `scenario`, its two accounts and every transfer
+/// touching them, against what its actors got back; what is wrong goes to `run`.
+pub fn check(scenario: &Scenario, accounts: &[Account; 2], transfers: &[Transfer], run: &mut Run) {
+    let v = &mut run.violations;
+    check_accounts(scenario, accounts, transfers, v);
+    let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
+    check_transfers(transfers, v);
+    if scenario.hold {
+        check_winner(scenario, transfers, v);
+    }
+    for (kind, answer) in &run.answers {
+        check_answer(*kind, answer, transfers, &by_id, v);
+    }
+}
+
+/// Conservation; each balance from the log; a hold scenario's reservations and markers
+/// ([`check_reservations`]), else no markers; no fences.
+fn check_accounts(
+    scenario: &Scenario,
+    accounts: &[Account; 2],
+    transfers: &[Transfer],
+    v: &mut Vec<String>,
+) {
+    let total: i64 = accounts.iter().map(|x| x.balance).sum();
+    if total != 2 * OPENING {
+        v.push(format!("total {total} != {}", 2 * OPENING));
+    }
+    for acc in accounts {
+        // A done hold moved its `amount`: the captured one.
+        let mut expected = OPENING;
+        for t in transfers.iter().filter(|t| t.state == TransferState::Done) {
+            if t.source == acc.id {
+                expected -= t.amount.minor_units();
+            }
+            if t.destination == acc.id {
+                expected += t.amount.minor_units();
+            }
+        }
+        if acc.balance != expected {
+            v.push(format!(
+                "{}: balance {} != opening + done transfers {expected}",
+                acc.id, acc.balance
+            ));
+        }
+        if scenario.hold {
+            check_reservations(acc, transfers, v);
+        } else if !acc.pending_transactions.is_empty() {
+            v.push(format!(
+                "{}: pendingTransactions left {:?}",
+                acc.id, acc.pending_transactions
+            ));
+        }
+        if !acc.fenced_transactions.is_empty() {
+            v.push(format!(
+                "{}: fencedTransactions left {:?}",
+                acc.id, acc.fenced_transactions
+            ));
+        }
+    }
+}
+
+/// Every transfer terminal (a hold may wait `held`), none left fenced or reversing, at
+/// most one done reversal of each, and a done reversal is its original's `reversedBy`
+/// and mirrors it.
+fn check_transfers(transfers: &[Transfer], v: &mut Vec<String>) {
+    for t in transfers {
+        // A hold may stay `held`, waiting for its client: nobody won it.
+        let waiting = t.hold.is_some() && t.state == TransferState::Held;
+        if !t.state.is_terminal() && !waiting {
+            v.push(format!("transfer {} left {}", t.id, t.state));
+        }
+        if t.fenced {
+            v.push(format!("transfer {} left fenced", t.id));
+        }
+        if t.reversing {
+            v.push(format!("transfer {} left reversing", t.id));
+        }
+        if t.reverses.is_some() {
+            continue;
+        }
+        let reversals: Vec<&Transfer> = transfers
+            .iter()
+            .filter(|r| r.reverses == Some(t.id) && r.state == TransferState::Done)
+            .collect();
+        if reversals.len() > 1 {
+            v.push(format!(
+                "transfer {} reversed {} times",
+                t.id,
+                reversals.len()
+            ));
+        }
+        if let Some(r) = reversals.first() {
+            if t.state != TransferState::Done || t.reversed_by != Some(r.id) {
+                v.push(format!(
+                    "reversal {} done but original {} is {} with reversedBy {:?}",
+                    r.id, t.id, t.state, t.reversed_by
+                ));
+            }
+            if r.source != t.destination || r.destination != t.source || r.amount != t.amount {
+                v.push(format!("reversal {} does not mirror {}", r.id, t.id));
+            }
+        }
+    }
+}
+
+/// What an actor of kind `kind` got back agrees with the end.
+fn check_answer(
+    kind: Kind,
+    answer: &Answer,
+    transfers: &[Transfer],
+    by_id: &HashMap<TransferId, &Transfer>,
+    v: &mut Vec<String>,
+) {
+    let state_of = |id: TransferId| by_id.get(&id).map(|t| t.state);
+    match answer {
+        Answer::Owner(Ok(t)) => {
+            let now = state_of(t.id);
+            if t.state.is_terminal() && now != Some(t.state) {
+                v.push(format!(
+                    "{} answered {} but it is {now:?}",
+                    kind.name(),
+                    t.state
+                ));
+            }
+        }
+        Answer::Owner(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
+        Answer::Cancel(Ok(None)) => {} // nothing recorded yet to cancel
+        Answer::Cancel(Ok(Some(t))) => check_cancel_answer(t, by_id, v),
+        Answer::Cancel(Err(e)) => v.push(format!("cancel failed: {e}")),
+        Answer::Capture(answer) | Answer::Void(answer) => {
+            check_hold_answer(kind, answer, by_id, v);
+        }
+        Answer::Expire(Ok(expired)) => {
+            let hold = transfers.iter().find(|t| t.hold.is_some());
+            let ended = hold.map(|h| (h.state, h.reason));
+            let expected = (TransferState::Canceled, Some(CancelReason::Expired));
+            if *expired > 0 && ended != Some(expected) {
+                v.push(format!(
+                    "{} expired {expired} holds but the hold ended {ended:?}",
+                    kind.name()
+                ));
+            }
+        }
+        Answer::Expire(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
+        Answer::Sweep(Ok(())) => {}
+        Answer::Sweep(Err(e)) => v.push(format!("{} failed: {e}", kind.name())),
+        Answer::Net(_) => {}
+        // Its run failed: the transfer is left for a later run, whose end the
+        // checks above judge.
+        Answer::Unavailable { held: true, .. } => {}
+        Answer::Unavailable { held: false, error } => {
+            v.push(format!("{} answered unavailable: {error}", kind.name()));
+        }
+        Answer::Stuck => v.push(format!("{} never answered", kind.name())),
+    }
+}
+
+/// A cancel answered with the transfer `t`: `canceled` if it ends so, `done` only with a
+/// `reversedBy` that is done and that the original names.
+fn check_cancel_answer(t: &Transfer, by_id: &HashMap<TransferId, &Transfer>, v: &mut Vec<String>) {
+    let state_of = |id: TransferId| by_id.get(&id).map(|t| t.state);
+    match t.state {
+        TransferState::Canceled => {
+            if state_of(t.id) != Some(TransferState::Canceled) {
+                v.push(format!(
+                    "cancel answered canceled but it is {:?}",
+                    state_of(t.id)
+                ));
+            }
+        }
+        TransferState::Done => match t.reversed_by {
+            Some(r) => {
+                if state_of(r) != Some(TransferState::Done) {
+                    v.push(format!(
+                        "cancel answered done reversed by {r}, which is {:?}",
+                        state_of(r)
+                    ));
+                }
+                if by_id.get(&t.id).and_then(|o| o.reversed_by) != Some(r) {
+                    v.push(format!(
+                        "cancel answered reversed by {r}, the original says {:?}",
+                        by_id.get(&t.id).and_then(|o| o.reversed_by)
+                    ));
+                }
+            }
+            None => v.push("cancel answered done without reversedBy".into()),
+        },
+        other => v.push(format!("cancel answered {other}")),
+    }
+}
+
+/// A hold scenario's account: its reservations and markers are exactly those of the
+/// holds still `held` (every other transfer has settled), and its available balance is
+/// not negative.
+fn check_reservations(acc: &Account, transfers: &[Transfer], v: &mut Vec<String>) {
+    let held: Vec<&Transfer> = transfers
+        .iter()
+        .filter(|t| t.state == TransferState::Held)
+        .collect();
+    let sum = |side: fn(&Transfer) -> &AccountId| -> i64 {
+        held.iter()
+            .filter(|t| side(t) == &acc.id)
+            .filter_map(|t| t.hold.map(|h| h.amount.minor_units()))
+            .sum()
+    };
+    let debits = sum(|t| &t.source);
+    let credits = sum(|t| &t.destination);
+    if acc.pending_debits != debits {
+        v.push(format!(
+            "{}: pendingDebits {} != held holds out of it {debits}",
+            acc.id, acc.pending_debits
+        ));
+    }
+    if acc.pending_credits != credits {
+        v.push(format!(
+            "{}: pendingCredits {} != held holds into it {credits}",
+            acc.id, acc.pending_credits
+        ));
+    }
+    if acc.available_balance() < 0 {
+        v.push(format!(
+            "{}: available balance {} (balance {}, pendingDebits {})",
+            acc.id,
+            acc.available_balance(),
+            acc.balance,
+            acc.pending_debits
+        ));
+    }
+    let mut markers = acc.pending_transactions.clone();
+    markers.sort();
+    let mut expected: Vec<TransferId> = held
+        .iter()
+        .filter(|t| t.source == acc.id || t.destination == acc.id)
+        .map(|t| t.id)
+        .collect();
+    expected.sort();
+    if markers != expected {
+        v.push(format!(
+            "{}: pendingTransactions {markers:?} != the held holds touching it {expected:?}",
+            acc.id
+        ));
+    }
+}
+
+/// A hold scenario has at most one hold, and who won it (what it ended as) is one of the
+/// scenario's actors that may: a capture for `done`, an expiry for `expired`, a void or a
+/// cancel for `voided` and `canceled_by_request`; only a cancel reverses a captured hold.
+fn check_winner(scenario: &Scenario, transfers: &[Transfer], v: &mut Vec<String>) {
+    let holds: Vec<&Transfer> = transfers.iter().filter(|t| t.hold.is_some()).collect();
+    if holds.len() > 1 {
+        v.push(format!("{} holds recorded, not one", holds.len()));
+    }
+    let Some(h) = holds.first() else { return };
+    let has = |kinds: &[Kind]| scenario.actors.iter().any(|k| kinds.contains(k));
+    let held = h.hold.map(|x| x.amount);
+    if let Some(r) = h.reversed_by {
+        if !has(&[Kind::Cancel]) {
+            v.push(format!(
+                "hold {} captured and then reversed by {r}, but {scenario} has no cancel",
+                h.id
+            ));
+        }
+    }
+    let may = match (h.state, h.reason) {
+        (TransferState::Done, _) => {
+            if Some(h.amount) != held {
+                v.push(format!(
+                    "hold {} captured {} of {held:?}, not all of it",
+                    h.id,
+                    h.amount.minor_units()
+                ));
+            }
+            has(&[Kind::Capture])
+        }
+        (TransferState::Canceled, Some(CancelReason::Expired)) => has(&[Kind::Expire]),
+        (TransferState::Canceled, Some(CancelReason::Voided | CancelReason::CanceledByRequest)) => {
+            has(&[Kind::Void, Kind::Cancel])
+        }
+        (TransferState::Canceled, reason) => {
+            v.push(format!("hold {} canceled for {reason:?}", h.id));
+            true
+        }
+        _ => true, // still held (nobody won), or left unfinished (said above)
+    };
+    if !may {
+        v.push(format!(
+            "hold {} ended {} ({:?}) but no actor of {scenario} may have made that",
+            h.id, h.state, h.reason
+        ));
+    }
+}
+
+/// A capture's or a void's answer agrees with how the hold ended: a capture answered with
+/// the hold means `done` with that amount, a void answered with it means `canceled`; a
+/// conflict names what won (`AlreadyCaptured`: `done`, reversed or not; `Voided`:
+/// `canceled` voided or by request; `Expired`: `canceled` expired; `Pending`: nothing
+/// was done).
+fn check_hold_answer(
+    kind: Kind,
+    answer: &Result<Option<Transfer>, Refused>,
+    by_id: &HashMap<TransferId, &Transfer>,
+    v: &mut Vec<String>,
+) {
+    let name = kind.name();
+    let ended = |id: &TransferId| by_id.get(id).map(|t| (t.state, t.reason, t.amount));
+    match answer {
+        Ok(None) => {} // nothing recorded yet
+        Ok(Some(t)) => {
+            let Some((state, reason, amount)) = ended(&t.id) else {
+                v.push(format!("{name} answered {}, which is not recorded", t.id));
+                return;
+            };
+            let agrees = match kind {
+                Kind::Capture => {
+                    state == TransferState::Done
+                        && amount == t.amount
+                        && matches!(t.state, TransferState::Capturing | TransferState::Done)
+                }
+                _ => {
+                    state == TransferState::Canceled
+                        && matches!(t.state, TransferState::Canceling | TransferState::Canceled)
+                        && (t.state != TransferState::Canceled || t.reason == reason)
+                }
+            };
+            if !agrees {
+                let reversed = |r: Option<TransferId>| {
+                    r.map(|r| format!(", reversed by {r}")).unwrap_or_default()
+                };
+                let now = by_id.get(&t.id).and_then(|h| h.reversed_by);
+                v.push(format!(
+                    "{name} answered {} {} ({:?}, amount {}{}) but the hold ended {state} ({reason:?}, amount {}{})",
+                    t.id,
+                    t.state,
+                    t.reason,
+                    t.amount.minor_units(),
+                    reversed(t.reversed_by),
+                    amount.minor_units(),
+                    reversed(now),
+                ));
+            }
+        }
+        Err(Refused::Conflict(conflict, id)) => {
+            let Some((state, reason, _)) = ended(id) else {
+                v.push(format!(
+                    "{name} answered {conflict:?} for {id}, not recorded"
+                ));
+                return;
+            };
+            if !conflict_agrees(*conflict, state, reason) {
+                v.push(format!(
+                    "{name} answered {conflict:?} but the hold ended {state} ({reason:?})"
+                ));
+            }
+        }
+        Err(Refused::Other(e)) => v.push(format!("{name} failed: {e}")),
+    }
+}
+
+/// Whether a hold that ended `state` (`reason`) is what a capture or a void refused with
+/// `conflict` says won it.
+fn conflict_agrees(
+    conflict: HoldConflict,
+    state: TransferState,
+    reason: Option<CancelReason>,
+) -> bool {
+    let canceled = |reasons: &[CancelReason]| {
+        state == TransferState::Canceled && reason.is_some_and(|r| reasons.contains(&r))
+    };
+    match conflict {
+        HoldConflict::AlreadyCaptured => state == TransferState::Done,
+        HoldConflict::Voided => canceled(&[CancelReason::Voided, CancelReason::CanceledByRequest]),
+        HoldConflict::Expired => canceled(&[CancelReason::Expired]),
+        HoldConflict::Pending => true,
+        HoldConflict::NotAHold => false,
+    }
+}
+
+pub fn describe(scenario: &Scenario, run: &Run, seed: Option<u64>) -> String {
+    let seed = seed
+        .map(|s| format!("EXPLORE_SEED={s} "))
+        .unwrap_or_default();
+    format!(
+        "{seed}EXPLORE_REPLAY='{scenario}/{}'\n    trace: {}\n    answers: {:?}\n    violations:\n      - {}",
+        run.choices(),
+        run.trace.join(" -> "),
+        run.answers
+            .iter()
+            .map(|(k, a)| format!("{}: {}", k.name(), short(a)))
+            .collect::<Vec<_>>(),
+        run.violations.join("\n      - ")
+    )
+}
+
+fn short(a: &Answer) -> String {
+    let t = |t: &Transfer| {
+        format!(
+            "{} {}{}",
+            t.id,
+            t.state,
+            t.reversed_by
+                .map(|r| format!(" reversedBy {r}"))
+                .unwrap_or_default()
+        )
+    };
+    let t = |x: &Transfer| match (x.state, x.reason) {
+        (TransferState::Canceled, Some(reason)) => format!("{} ({reason})", t(x)),
+        (TransferState::Done, _) if x.hold.is_some() => {
+            format!("{} (captured {})", t(x), x.amount.minor_units())
+        }
+        _ => t(x),
+    };
+    match a {
+        Answer::Owner(Ok(x)) | Answer::Cancel(Ok(Some(x))) => t(x),
+        Answer::Capture(Ok(Some(x))) | Answer::Void(Ok(Some(x))) => t(x),
+        Answer::Cancel(Ok(None)) | Answer::Capture(Ok(None)) | Answer::Void(Ok(None)) => {
+            "nothing recorded yet".into()
+        }
+        Answer::Capture(Err(Refused::Conflict(c, _)))
+        | Answer::Void(Err(Refused::Conflict(c, _))) => {
+            format!("{c:?}")
+        }
+        Answer::Owner(Err(e))
+        | Answer::Cancel(Err(e))
+        | Answer::Sweep(Err(e))
+        | Answer::Expire(Err(e))
+        | Answer::Capture(Err(Refused::Other(e)))
+        | Answer::Void(Err(Refused::Other(e))) => e.clone(),
+        Answer::Expire(Ok(n)) => format!("ok, expired {n}"),
+        Answer::Sweep(Ok(())) => "ok".into(),
+        Answer::Net(n) => format!("sent {n} held back"),
+        Answer::Unavailable { error, .. } => format!("unavailable: {error}"),
+        Answer::Stuck => "stuck".into(),
+    }
+}

@@ -1,0 +1,332 @@
+//! Scenarios: which actors a schedule runs, after which prelude, in which layout, with
+//! which step held back; each named so that `EXPLORE_REPLAY` reads it back
+//! ([`Scenario::parse`]), and drawn by seed ([`random_scenario`]) or enumerated
+//! ([`exhaustive_scenarios`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::nemesis::{Held, splitmix};
+use crate::workload::Kind;
+
+/// The lease of every actor. Long, so that no lease lapses by itself while a schedule
+/// runs (which would make schedules depend on timing); the lapses the scenarios need are
+/// made by ageing `lastModified` when no write can be in flight.
+pub const LEASE: Duration = Duration::from_secs(5);
+/// The lease of the banks of a `same:` scenario. A second run of a transfer in the
+/// process whose first run's step failed without an answer waits until that step's
+/// deadline has passed (up to 0.9 of a lease), and a `lapse` actor waits a lease: real
+/// waits, in most of these schedules. Shorter than `LEASE` so that they cost less. Nothing
+/// of these scenarios takes a transfer over by a lapsed lease but a `lapse` actor, which
+/// waits for it; a deadline that passes while an actor is parked (a sibling waiting out
+/// a step makes it pass) only makes that actor renew its lease and try again.
+const SAME_LEASE: Duration = Duration::from_secs(1);
+
+/// What happens before the actors run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prelude {
+    Nothing,
+    /// The owner runs alone until its k-th point (counting every point, from 0), then
+    /// crashes there (its future is dropped: the write it was about to send never is),
+    /// and its transfer is aged past its lease.
+    Crash(usize),
+    /// The owner runs the transfer alone to `done`.
+    Done,
+    /// The owner runs the hold alone to `held` (hold scenarios only).
+    Held,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scenario {
+    /// b lives on a second deployment (a second database server), a on the first: the
+    /// transfer is logged with a, its credit (and a reversal's log) is on the other
+    /// server, each step checked by its own server's clock. Shown as the prefix `across:`.
+    pub across: bool,
+    /// The actors, and the owner of a `done:` or `held:` prelude, are tasks of one
+    /// process (`Bank::sibling`): one owner in `application`, one set of drive locks, one
+    /// record of unanswered writes, one admission; each names its points with an instance
+    /// id of its own, so that the scheduler tells them apart. Shown as the prefix `same:`.
+    pub same: bool,
+    /// The owner creates a hold of AMOUNT (expiring in `HOLD_EXPIRY`) instead of a
+    /// transfer. Shown as the prefix `hold:`.
+    pub hold: bool,
+    pub prelude: Prelude,
+    pub actors: Vec<Kind>,
+    /// The actor (by index) whose step is held back for the whole schedule, if any.
+    pub held: Option<(usize, Held)>,
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.across {
+            write!(f, "across:")?;
+        }
+        if self.same {
+            write!(f, "same:")?;
+        }
+        if self.hold {
+            write!(f, "hold:")?;
+        }
+        match self.prelude {
+            Prelude::Nothing => {}
+            Prelude::Crash(k) => write!(f, "crash{k}:")?,
+            Prelude::Done => write!(f, "done:")?,
+            Prelude::Held => write!(f, "held:")?,
+        }
+        let names: Vec<String> = self
+            .actors
+            .iter()
+            .enumerate()
+            .map(|(i, k)| match self.held {
+                Some((at, held)) if at == i => format!("{}~{}", k.name(), held.name()),
+                _ => k.name().to_string(),
+            })
+            .collect();
+        write!(f, "{}", names.join("+"))
+    }
+}
+
+impl Scenario {
+    pub fn new(prelude: Prelude, actors: &[Kind]) -> Scenario {
+        Scenario {
+            across: false,
+            same: false,
+            hold: false,
+            prelude,
+            actors: actors.to_vec(),
+            held: None,
+        }
+    }
+
+    /// A scenario whose actors are tasks of one process, the first of them with `held`
+    /// held back.
+    pub fn same(prelude: Prelude, actors: &[Kind], held: Held) -> Scenario {
+        Scenario {
+            same: true,
+            held: Some((0, held)),
+            ..Scenario::new(prelude, actors)
+        }
+    }
+
+    /// The lease of the scenario's banks: `SAME_LEASE` when the actors are one process,
+    /// else `LEASE`.
+    pub fn lease(&self) -> Duration {
+        if self.same { SAME_LEASE } else { LEASE }
+    }
+
+    /// A hold scenario.
+    pub fn hold(prelude: Prelude, actors: &[Kind]) -> Scenario {
+        Scenario {
+            hold: true,
+            ..Scenario::new(prelude, actors)
+        }
+    }
+
+    /// The same scenario with b on the second deployment.
+    pub fn across(self) -> Scenario {
+        Scenario {
+            across: true,
+            ..self
+        }
+    }
+
+    pub fn parse(s: &str) -> Scenario {
+        let (across, s) = match s.strip_prefix("across:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (same, s) = match s.strip_prefix("same:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (hold, s) = match s.strip_prefix("hold:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (prelude, actors) = match s.split_once(':') {
+            Some(("done", rest)) => (Prelude::Done, rest),
+            Some(("held", rest)) => (Prelude::Held, rest),
+            Some((crash, rest)) => (
+                Prelude::Crash(
+                    crash
+                        .strip_prefix("crash")
+                        .and_then(|k| k.parse().ok())
+                        .expect("crash<k>"),
+                ),
+                rest,
+            ),
+            None => (Prelude::Nothing, s),
+        };
+        assert!(
+            hold || prelude != Prelude::Held,
+            "held: is a prelude of hold scenarios only"
+        );
+        let mut held = None;
+        let mut kinds = Vec::new();
+        for (i, actor) in actors.split('+').enumerate() {
+            let (kind, step) = match actor.split_once('~') {
+                Some((kind, step)) => (kind, Some(Held::parse(step))),
+                None => (actor, None),
+            };
+            if let Some(step) = step {
+                assert!(held.is_none(), "one actor at most has a step held back");
+                held = Some((i, step));
+            }
+            kinds.push(Kind::parse(kind));
+        }
+        Scenario {
+            across,
+            same,
+            hold,
+            prelude,
+            actors: kinds,
+            held,
+        }
+    }
+}
+
+/// How many points the owner passes running alone (every point, not only writes): the
+/// crash points of a transfer and of a hold.
+#[derive(Clone, Copy)]
+pub struct CrashPoints {
+    pub transfer: usize,
+    pub hold: usize,
+}
+
+/// The crash points of each layout: across two deployments an owner passes more (the
+/// pulls are one write per deployment).
+#[derive(Clone, Copy)]
+pub struct LayoutPoints {
+    pub within: CrashPoints,
+    pub across: CrashPoints,
+}
+
+/// The scenario of random seed `seed`: half of them (by a stream of their own, so that
+/// the transfer scenario of a seed is the one it always was) hold scenarios (see
+/// [`random_hold_scenario`]), the others: owner or a recoverer after a crash at a random
+/// point, a cancel, and a second cancel or a sweeper.
+pub fn random_scenario(seed: u64, points: LayoutPoints) -> Scenario {
+    // Half of them with b on the second deployment, by a stream of their own.
+    let mut a = seed ^ 0x0ACE_5D15_7A1C_E000;
+    if splitmix(&mut a) % 2 == 1 {
+        random_scenario_within(seed, points.across).across()
+    } else {
+        random_scenario_within(seed, points.within)
+    }
+}
+
+fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
+    // A quarter of them `same:` scenarios, by a stream of their own.
+    let mut same = seed ^ 0x5A3E_0000_0DD5_EED5;
+    if splitmix(&mut same) % 4 == 0 {
+        return random_same_scenario(&mut same);
+    }
+    let mut h = seed ^ 0x401D_5EED_0BAD_CAFE;
+    if splitmix(&mut h) % 2 == 1 {
+        return random_hold_scenario(&mut h, points.hold);
+    }
+    let crash_points = points.transfer;
+    let mut s = seed ^ 0xA5A5_5A5A_1234_5678;
+    let first = splitmix(&mut s);
+    let prelude = if first % 2 == 0 {
+        Prelude::Nothing
+    } else {
+        Prelude::Crash((splitmix(&mut s) % crash_points as u64) as usize)
+    };
+    let head = if prelude == Prelude::Nothing {
+        Kind::Owner
+    } else {
+        Kind::Recoverer
+    };
+    let third = if splitmix(&mut s) % 2 == 0 {
+        Kind::Cancel
+    } else {
+        Kind::Sweeper
+    };
+    Scenario::new(prelude, &[head, Kind::Cancel, third])
+}
+
+/// A random `same:` scenario: two tasks of one process and the network. The first, whose
+/// debit, credit or state change is held back, is a cancel of a done transfer or the
+/// owner of a new one; the second a cancel or the process's sweeper once the lease lapsed.
+fn random_same_scenario(s: &mut u64) -> Scenario {
+    use Kind::*;
+    const HELD: [Held; 3] = [Held::Debit, Held::Credit, Held::Transition];
+    let (prelude, first) = if splitmix(s) % 2 == 0 {
+        (Prelude::Done, Cancel)
+    } else {
+        (Prelude::Nothing, Owner)
+    };
+    let second = if splitmix(s) % 2 == 0 { Cancel } else { Lapse };
+    let held = HELD[(splitmix(s) % HELD.len() as u64) as usize];
+    Scenario::same(prelude, &[first, second, Net], held)
+}
+
+/// A random hold scenario: after the hold is `held`, three actors drawn from capture,
+/// void, expire, cancel and sweeper (half of them); else the owner creating the hold, or
+/// a recoverer after the owner crashed at a random point of it, and two such actors.
+fn random_hold_scenario(s: &mut u64, crash_points: usize) -> Scenario {
+    use Kind::*;
+    const DRAWN: [Kind; 5] = [Capture, Void, Expire, Cancel, Sweeper];
+    let shape = splitmix(s) % 4;
+    let prelude = match shape {
+        0 | 1 => Prelude::Held,
+        2 => Prelude::Nothing,
+        _ => Prelude::Crash((splitmix(s) % crash_points as u64) as usize),
+    };
+    let mut actors = match prelude {
+        Prelude::Held => vec![],
+        Prelude::Nothing => vec![Owner],
+        _ => vec![Recoverer],
+    };
+    while actors.len() < 3 {
+        actors.push(DRAWN[(splitmix(s) % DRAWN.len() as u64) as usize]);
+    }
+    Scenario::hold(prelude, &actors)
+}
+
+/// Every exhaustive scenario, in both layouts: within one deployment, and with b on the
+/// second.
+pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
+    use Kind::*;
+    let mut all = Vec::new();
+    for (across, points) in [(false, crash_points.within), (true, crash_points.across)] {
+        let mut add = |scenario: Scenario| {
+            all.push(if across { scenario.across() } else { scenario });
+        };
+        add(Scenario::new(Prelude::Nothing, &[Owner, Cancel]));
+        for k in 0..points.transfer {
+            add(Scenario::new(Prelude::Crash(k), &[Recoverer, Cancel]));
+        }
+        add(Scenario::new(Prelude::Done, &[Cancel, Cancel]));
+        // Holds: every pair of those that settle a held hold, two of a kind included.
+        let settlers = [Capture, Void, Expire, Cancel];
+        for (i, &first) in settlers.iter().enumerate() {
+            for &second in &settlers[i..] {
+                add(Scenario::hold(Prelude::Held, &[first, second]));
+            }
+        }
+        for settler in settlers {
+            add(Scenario::hold(Prelude::Nothing, &[Owner, settler]));
+        }
+        for k in 0..points.hold {
+            add(Scenario::hold(Prelude::Crash(k), &[Recoverer, Cancel]));
+        }
+        // Two tasks of one process, the first one's step held back so that its run
+        // fails, and the network sending the held-back copies when the schedule says: a
+        // second cancel driving the reversal whose debit or credit the first cancel could
+        // not get an answer for; a cancel, or the process's own sweeper once the lease
+        // lapsed, after the owner's credit.
+        for held in [Held::Credit, Held::Debit] {
+            add(Scenario::same(Prelude::Done, &[Cancel, Cancel, Net], held));
+        }
+        for second in [Cancel, Lapse] {
+            add(Scenario::same(
+                Prelude::Nothing,
+                &[Owner, second, Net],
+                Held::Credit,
+            ));
+        }
+    }
+    all
+}

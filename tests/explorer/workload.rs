@@ -1,0 +1,283 @@
+//! The workload: the actors of a schedule and what each does ([`act`]), on two accounts
+//! a and b opened for the schedule ([`set_up`]).
+//!
+//! A scenario is a transfer scenario (the owner transfers [`AMOUNT`] from a to b) or a
+//! hold scenario (named with the prefix `hold:`: the owner creates a hold of [`AMOUNT`]
+//! from a to b, expiring in [`HOLD_EXPIRY`]). The actors of a hold scenario: `capture`
+//! captures all of the hold, `void` voids it, `expire` makes the clock reach its
+//! `expiresAt` (a raw write sets it into the past, safe at any moment as time passing is)
+//! and then sweeps, which expires it if still `held`; `cancel` cancels it (voids it if
+//! `held`, rolls it back if pending, reverses it once captured). Each of them answers
+//! "nothing recorded yet" when it comes before the hold is recorded. The prelude `held:`
+//! runs the hold to `held` first, as `done:` runs a transfer to `done`.
+//!
+//! Each actor is a `Bank` with its own instance id; in a `same:` scenario the actors (and
+//! the owner of a `done:` or `held:` prelude) are `Bank::sibling`s of one process: they
+//! share its owner in `application`, its drive locks, its record of unanswered writes and
+//! its admission, and each names its points with an instance id of its own, so that the
+//! scheduler tells them apart. The actor `lapse` waits (really: time passing is safe at
+//! any moment) until the lease of every unfinished transfer has lapsed and then sweeps:
+//! the process's own sweeper claiming back a transfer of its own. The actor `net` sends
+//! what is held back (see [`crate::nemesis`]).
+
+use std::time::Duration;
+
+use mongodb::bson::{DateTime, Document, doc};
+use tokio_util::sync::CancellationToken;
+use transfer_service::domain::{
+    AccountId, Amount, Currency, DeploymentName, OpeningBalance, Transfer, TransferFilter,
+};
+use transfer_service::failpoints;
+use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer, ServiceError};
+
+use crate::checker::{Answer, Refused};
+use crate::scenario::Scenario;
+use crate::worker::{DEPLOYMENTS, account_id};
+
+pub const OPENING: i64 = 1000;
+pub const AMOUNT: i64 = 300;
+/// How long a hold of a hold scenario lasts: far longer than a schedule, so that a hold
+/// only expires when a `Kind::Expire` actor makes it.
+const HOLD_EXPIRY: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `bank.transfer` of AMOUNT from a to b (a hold, in a hold scenario).
+    Owner,
+    /// `sweep_once` after the owner crashed.
+    Recoverer,
+    /// `bank.cancel` of the transfer (if recorded by then).
+    Cancel,
+    /// `sweep_once`: housekeeping.
+    Sweeper,
+    /// `bank.capture` of the whole hold (if recorded by then).
+    Capture,
+    /// `bank.void` of the hold (if recorded by then).
+    Void,
+    /// The clock reaches the hold's `expiresAt` (a raw write sets it into the past),
+    /// then `sweep_once`, which expires it if it is still `held`.
+    Expire,
+    /// Time passes until the lease of every unfinished transfer of the schedule has
+    /// lapsed by its log's clock (a real wait: safe at any moment, as time passing is),
+    /// then `sweep_once`, which claims them (in a `same:` scenario, under the process's
+    /// own owner) unless a task of its process is driving them.
+    Lapse,
+    /// The network: sends every write held back so far (see [`Held`]), which reaches the
+    /// server now, late.
+    Net,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Owner => "owner",
+            Kind::Recoverer => "recoverer",
+            Kind::Cancel => "cancel",
+            Kind::Sweeper => "sweeper",
+            Kind::Capture => "capture",
+            Kind::Void => "void",
+            Kind::Expire => "expire",
+            Kind::Lapse => "lapse",
+            Kind::Net => "net",
+        }
+    }
+
+    pub fn parse(s: &str) -> Kind {
+        match s {
+            "owner" => Kind::Owner,
+            "recoverer" => Kind::Recoverer,
+            "cancel" => Kind::Cancel,
+            "sweeper" => Kind::Sweeper,
+            "capture" => Kind::Capture,
+            "void" => Kind::Void,
+            "expire" => Kind::Expire,
+            "lapse" => Kind::Lapse,
+            "net" => Kind::Net,
+            other => panic!("unknown actor {other}"),
+        }
+    }
+}
+
+/// A schedule's two accounts, and what its owner asks for: a transfer (or a hold) of
+/// [`AMOUNT`] from a to b.
+pub struct Setup {
+    pub a: String,
+    pub b: String,
+    pub new_transfer: NewTransfer,
+}
+
+/// Opens the accounts of the schedule `tag` through `setup` with [`OPENING`] each: a on
+/// the first deployment, b on the second in an `across:` scenario.
+pub async fn set_up(setup: &Bank, tag: &str, scenario: &Scenario) -> Setup {
+    let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
+    for (id, deployment) in [
+        (&a, DEPLOYMENTS[0]),
+        (&b, DEPLOYMENTS[scenario.across as usize]),
+    ] {
+        setup
+            .open_account(NewAccount {
+                id: Some(account_id(id)),
+                name: None,
+                balance: OpeningBalance::parse(OPENING).unwrap(),
+                currency: Currency::usd(),
+                deployment: Some(DeploymentName::parse(deployment).unwrap()),
+            })
+            .await
+            .expect("open account");
+    }
+    let new_transfer = NewTransfer {
+        source: account_id(&a),
+        destination: account_id(&b),
+        amount: Amount::parse(AMOUNT).unwrap(),
+        reference: None,
+        hold: scenario.hold.then_some(HOLD_EXPIRY),
+    };
+    Setup { a, b, new_transfer }
+}
+
+/// The owner of a `done:` or `held:` prelude, alone: runs the transfer (or the hold) to
+/// its end.
+pub async fn run_alone(owner: &Bank, new_transfer: NewTransfer) -> Answer {
+    let answer = owner
+        .transfer(new_transfer, None, Completion::Wait)
+        .await
+        .map(|o| o.transfer)
+        .map_err(|e| format!("{e:?}"));
+    Answer::Owner(answer)
+}
+
+/// The scenario's transfer from a to b, if recorded yet (the oldest: a reversal goes the
+/// other way, and only the owner makes a transfer from a to b).
+async fn scenario_transfer(bank: &Bank, a: &str, b: &str) -> Result<Option<Transfer>, String> {
+    let filter = TransferFilter {
+        account: Some(AccountId::parse(a).unwrap()),
+        ..TransferFilter::default()
+    };
+    // Newest first: the last is the oldest.
+    bank.store()
+        .list_transfers(&filter, 10_000)
+        .await
+        .map(|all| {
+            all.into_iter()
+                .rfind(|t| t.source.as_str() == a && t.destination.as_str() == b)
+        })
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// Waits until the lease of every unfinished transfer touching a or b has lapsed by the
+/// clock of its log (each deployment logs those out of its accounts): time passing.
+async fn lease_lapsed(bank: &Bank, a: &str, b: &str) -> Result<(), String> {
+    let lease = chrono::TimeDelta::from_std(bank.stale_after()).expect("a lease in range");
+    loop {
+        let mut left = Duration::ZERO;
+        for log in bank.deployments().all() {
+            let now = log.server_time().await.map_err(|e| format!("{e:?}"))?;
+            for account in [a, b] {
+                let filter = TransferFilter {
+                    account: Some(AccountId::parse(account).unwrap()),
+                    ..TransferFilter::default()
+                };
+                let listed = log.list_transfers(&filter, 10_000).await;
+                for t in listed.map_err(|e| format!("{e:?}"))? {
+                    let ends = t.last_modified + lease;
+                    if !t.state.is_settled() && ends >= now {
+                        let until = (ends - now).to_std().unwrap_or_default();
+                        left = left.max(until + Duration::from_millis(1));
+                    }
+                }
+            }
+        }
+        if left.is_zero() {
+            return Ok(());
+        }
+        tokio::time::sleep(left).await;
+    }
+}
+
+/// What one actor does. `holder`: the actor whose held-back writes the network sends.
+pub async fn act(
+    kind: Kind,
+    bank: &Bank,
+    new: NewTransfer,
+    a: &str,
+    b: &str,
+    holder: Option<&str>,
+) -> Answer {
+    let never = CancellationToken::new();
+    let sweep = || transfer_service::sweeper::sweep_once(bank, &never);
+    // 503: whether that is right depends on the actor (see `Answer::Unavailable`).
+    let unavailable = |e: &ServiceError| {
+        matches!(e, ServiceError::Unavailable(_)).then(|| Answer::Unavailable {
+            held: false,
+            error: e.to_string(),
+        })
+    };
+    match kind {
+        Kind::Owner => match bank.transfer(new, None, Completion::Wait).await {
+            Ok(o) => Answer::Owner(Ok(o.transfer)),
+            Err(e) => unavailable(&e).unwrap_or(Answer::Owner(Err(format!("{e:?}")))),
+        },
+        Kind::Recoverer | Kind::Sweeper => {
+            Answer::Sweep(sweep().await.map(|_| ()).map_err(|e| format!("{e:?}")))
+        }
+        Kind::Cancel => match scenario_transfer(bank, a, b).await {
+            Err(e) => Answer::Cancel(Err(e)),
+            Ok(None) => Answer::Cancel(Ok(None)),
+            Ok(Some(t)) => match bank.cancel(t.id).await {
+                Ok(t) => Answer::Cancel(Ok(Some(t))),
+                Err(e) => unavailable(&e).unwrap_or(Answer::Cancel(Err(format!("{e:?}")))),
+            },
+        },
+        Kind::Lapse => {
+            let lapse = async {
+                lease_lapsed(bank, a, b).await?;
+                sweep().await.map_err(|e| format!("{e:?}"))
+            };
+            Answer::Sweep(lapse.await.map(|_| ()))
+        }
+        Kind::Net => match holder {
+            Some(holder) => Answer::Net(failpoints::send_held(holder).await),
+            None => Answer::Net(0),
+        },
+        Kind::Capture => Answer::Capture(settle(kind, bank, a, b).await),
+        Kind::Void => Answer::Void(settle(kind, bank, a, b).await),
+        Kind::Expire => Answer::Expire(expire(bank, a, b).await),
+    }
+}
+
+/// A capture (`kind` [`Kind::Capture`]) or a void of the scenario's hold, if recorded
+/// yet.
+async fn settle(kind: Kind, bank: &Bank, a: &str, b: &str) -> Result<Option<Transfer>, Refused> {
+    match scenario_transfer(bank, a, b).await {
+        Err(e) => Err(Refused::Other(e)),
+        Ok(None) => Ok(None),
+        Ok(Some(t)) if kind == Kind::Capture => bank
+            .capture(t.id, None)
+            .await
+            .map(Some)
+            .map_err(Refused::from),
+        Ok(Some(t)) => bank.void(t.id).await.map(Some).map_err(Refused::from),
+    }
+}
+
+/// The clock reaches the `expiresAt` of the scenario's hold: safe at any moment, as time
+/// passing is; then a sweep, which expires it if it is still `held`. How many holds the
+/// sweep expired.
+async fn expire(bank: &Bank, a: &str, b: &str) -> Result<usize, String> {
+    let store = bank.store();
+    let now = store.server_time().await.map_err(|e| format!("{e:?}"))?;
+    let past = DateTime::from_chrono(now - chrono::TimeDelta::seconds(1));
+    store
+        .database()
+        .collection::<Document>("transactions")
+        .update_many(
+            doc! { "source": a, "destination": b, "expiresAt": { "$exists": true } },
+            doc! { "$set": { "expiresAt": past } },
+        )
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    transfer_service::sweeper::sweep_once(bank, &CancellationToken::new())
+        .await
+        .map(|r| r.holds_expired)
+        .map_err(|e| format!("{e:?}"))
+}
