@@ -1,6 +1,8 @@
 //! Admission control: how many transfers this process works on at once
 //! (`MAX_TRANSFERS_IN_FLIGHT`), and how long a request beyond them waits for a place
-//! before it is refused (`ADMISSION_WAIT_MS`).
+//! before it is refused (`ADMISSION_WAIT_MS`). [`Admission`] holds the permits;
+//! [`Bank::admit`] (a request's way in) and [`Bank::admit_waiting`] (the sweeper's) take
+//! them.
 //!
 //! Invariants it keeps:
 //! - Work in flight is bounded: one permit per transfer worked on (a new one, a cancel, a
@@ -39,6 +41,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{Bank, ServiceError, ServiceResult};
 
 /// A permit of admission control, held for as long as a transfer is worked on.
 pub(crate) type Admitted = OwnedSemaphorePermit;
@@ -140,5 +144,31 @@ impl Admission {
     /// Whether every permit is taken.
     pub(crate) fn is_full(&self) -> bool {
         self.permits.available_permits() == 0
+    }
+}
+
+impl Bank {
+    /// A permit to work on one more transfer: at once, or within the admission wait,
+    /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
+    pub(super) async fn admit(&self) -> ServiceResult<Admitted> {
+        if let Some(permit) = self.admission.now() {
+            return Ok(permit);
+        }
+        failpoint!(self, "waiting_for_admission");
+        self.admission
+            .within_wait()
+            .await
+            .ok_or(ServiceError::Overloaded)
+    }
+
+    /// A permit, waiting for one as long as it takes: the sweeper's way in, so that
+    /// recoveries queue with new work (first come, first served) instead of being refused.
+    pub(crate) async fn admit_waiting(&self) -> Admitted {
+        self.admission.unbounded().await
+    }
+
+    /// Whether every permit is taken: `/ready` then says so.
+    pub fn is_overloaded(&self) -> bool {
+        self.admission.is_full()
     }
 }

@@ -303,30 +303,6 @@ impl Bank {
         }
     }
 
-    /// A permit to work on one more transfer: at once, or within the admission wait,
-    /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
-    pub(super) async fn admit(&self) -> ServiceResult<Admitted> {
-        if let Some(permit) = self.admission.now() {
-            return Ok(permit);
-        }
-        failpoint!(self, "waiting_for_admission");
-        self.admission
-            .within_wait()
-            .await
-            .ok_or(ServiceError::Overloaded)
-    }
-
-    /// A permit, waiting for one as long as it takes: the sweeper's way in, so that
-    /// recoveries queue with new work (first come, first served) instead of being refused.
-    pub(crate) async fn admit_waiting(&self) -> Admitted {
-        self.admission.unbounded().await
-    }
-
-    /// Whether every permit is taken: `/ready` then says so.
-    pub fn is_overloaded(&self) -> bool {
-        self.admission.is_full()
-    }
-
     /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
     /// on even if the caller stops waiting (a client that hangs up, a request time-out),
     /// so admitted work always finishes or is left, every step durable, for the sweeper.
