@@ -18,6 +18,7 @@ mod cancel;
 mod error;
 mod holds;
 pub mod protocol;
+mod routing;
 mod unanswered;
 
 pub(crate) use admission::Admitted;
@@ -37,7 +38,6 @@ use crate::domain::{
     TransferId, TransferState,
 };
 use crate::error_chain::Chain;
-use crate::store::accounts::Side;
 use crate::store::deployments::Reservation;
 use crate::store::native::AtomicOutcome;
 use crate::store::transfers::KeyRecord;
@@ -355,46 +355,6 @@ impl Bank {
 
     pub fn deployments(&self) -> &Deployments {
         &self.deployments
-    }
-
-    /// The deployment that logs `transfer`: its source's.
-    pub(crate) fn log(&self, transfer: &Transfer) -> StoreResult<&Store> {
-        self.deployments.of(&transfer.source_deployment)
-    }
-
-    /// The deployment of `transfer`'s account on `side`.
-    pub(crate) fn on(&self, transfer: &Transfer, side: Side) -> StoreResult<&Store> {
-        self.deployments.of(match side {
-            Side::Source => &transfer.source_deployment,
-            Side::Destination => &transfer.destination_deployment,
-        })
-    }
-
-    /// The deployments of `transfer`'s accounts, each with the accounts it keeps, for a
-    /// write on both accounts: one entry with both where one deployment keeps both (one
-    /// write serves them), else one per deployment, its one account named twice.
-    pub(crate) fn by_deployment<'t>(
-        &self,
-        transfer: &'t Transfer,
-    ) -> StoreResult<Vec<(&Store, [&'t AccountId; 2])>> {
-        let (source, destination) = (
-            self.on(transfer, Side::Source)?,
-            self.on(transfer, Side::Destination)?,
-        );
-        let (a, b) = (&transfer.source, &transfer.destination);
-        Ok(if source.deployment() == destination.deployment() {
-            vec![(source, [a, b])]
-        } else {
-            vec![(source, [a, a]), (destination, [b, b])]
-        })
-    }
-
-    /// `transfer`'s account on `side`.
-    pub(crate) fn account_of<'t>(&self, transfer: &'t Transfer, side: Side) -> &'t AccountId {
-        match side {
-            Side::Source => &transfer.source,
-            Side::Destination => &transfer.destination,
-        }
     }
 
     pub fn instance_id(&self) -> &str {
