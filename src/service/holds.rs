@@ -11,6 +11,7 @@
 //! (two routers, a failover), so a void is one write that cannot lose to the clock, and a
 //! capture that lost to it expires the hold before it answers `hold_expired`.
 
+use super::idempotency::REPLAY_WAIT;
 use super::{Bank, ServiceError, ServiceResult};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
 use crate::error_chain::Chain;
@@ -191,7 +192,7 @@ impl Bank {
                         });
                     }
                     // The same capture again: its result, once its driver has made it.
-                    return self.wait_until_settled(transfer, super::REPLAY_WAIT).await;
+                    return self.wait_until_settled(transfer, REPLAY_WAIT).await;
                 }
                 TransferState::Canceling | TransferState::Canceled => {
                     return Err(ServiceError::Hold {
@@ -231,7 +232,7 @@ impl Bank {
                 hold: id,
             }),
             TransferState::Canceling | TransferState::Canceled => {
-                self.wait_until_settled(transfer, super::REPLAY_WAIT).await
+                self.wait_until_settled(transfer, REPLAY_WAIT).await
             }
             TransferState::Applied => {
                 panic!("bug: hold {id} is applied, a state only a transfer takes")
@@ -262,7 +263,7 @@ impl Bank {
                 conflict: HoldConflict::AlreadyCaptured,
                 hold: id,
             }),
-            _ => self.wait_until_settled(transfer, super::REPLAY_WAIT).await,
+            _ => self.wait_until_settled(transfer, REPLAY_WAIT).await,
         }
     }
 
