@@ -16,6 +16,7 @@
 mod accounts;
 mod admission;
 mod cancel;
+mod create;
 mod driving;
 mod error;
 mod holds;
@@ -30,9 +31,9 @@ mod unanswered;
 pub use accounts::NewAccount;
 pub(crate) use admission::Admitted;
 pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
+pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
 pub use holds::HoldConflict;
-use idempotency::{REPLAY_WAIT, Taken, read_majority};
 use placement::Placed;
 
 use std::sync::Arc;
@@ -40,51 +41,8 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::domain::{
-    AccountId, Amount, Hold, Reference, ScopedKey, Strategy, Transfer, TransferId, TransferState,
-};
-use crate::error_chain::Chain;
-use crate::store::native::AtomicOutcome;
-use crate::store::{Deployments, Store, StoreError, StoreResult};
-
-/// The end of a protocol run started with [`Bank::spawn_run`].
-async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
-    match run.await {
-        Ok(result) => Ok(result?),
-        // Only a panic gets here (runs are never aborted): a bug, said as one.
-        Err(e) => Err(StoreError::Other(format!("protocol run failed: {e}").into()).into()),
-    }
-}
-
-/// A transfer to make.
-#[derive(Debug, Clone)]
-pub struct NewTransfer {
-    pub source: AccountId,
-    pub destination: AccountId,
-    pub amount: Amount,
-    pub reference: Option<Reference>,
-    /// A hold instead of a transfer: reserve `amount` now, until this long from now,
-    /// for a capture or a void (`docs/holds.md`).
-    pub hold: Option<Duration>,
-}
-
-/// Whether the caller waits for the protocol to finish.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
-    /// Run the protocol to a terminal state before answering.
-    Wait,
-    /// Record the transfer, answer at once, and run the protocol in the background
-    /// (`Prefer: respond-async`).
-    Background,
-}
-
-/// The answer to a transfer request: the transfer as it stands, and whether it was made
-/// by an earlier request with the same idempotency key.
-#[derive(Debug, Clone)]
-pub struct TransferOutcome {
-    pub transfer: Transfer,
-    pub replayed: bool,
-}
+use crate::domain::{AccountId, Strategy, TransferId};
+use crate::store::{Deployments, Store};
 
 /// The bank: accounts, transfers, and the protocol that moves money between them.
 #[derive(Clone)]
@@ -219,31 +177,6 @@ impl Bank {
         }
     }
 
-    /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
-    /// on even if the caller stops waiting (a client that hangs up, a request time-out),
-    /// so admitted work always finishes or is left, every step durable, for the sweeper.
-    fn spawn_run(
-        &self,
-        transfer: Transfer,
-        permit: Admitted,
-    ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
-        let bank = self.clone();
-        let work = async move {
-            let _permit = permit;
-            let id = transfer.id;
-            let ended = bank.run(transfer).await;
-            if let Err(e) = &ended {
-                tracing::warn!(transfer_id = %id, error = %Chain(e), "transfer interrupted; the sweeper will finish it");
-            }
-            ended
-        };
-        // In the request's span, so its log lines carry the request id too.
-        self.background.spawn(tracing::Instrument::instrument(
-            work,
-            tracing::Span::current(),
-        ))
-    }
-
     pub fn stale_after(&self) -> Duration {
         self.stale_after
     }
@@ -269,180 +202,6 @@ impl Bank {
     /// The protocol runs and cancels in flight, so that shutdown can wait for them.
     pub fn background_tasks(&self) -> &TaskTracker {
         &self.background
-    }
-
-    /// Records a transfer and runs the two-phase commit.
-    ///
-    /// With an idempotency key, a request that repeats an earlier one answers with the
-    /// earlier transfer (waiting briefly for it to finish) and moves no money; the same
-    /// key with a different request is refused. Concurrent requests with one key make
-    /// one transfer: the key is taken first, in `idempotencyKeys` on the deployment that
-    /// logs the transfer, whose unique `_id` lets exactly one request take it (see
-    /// `Bank::take_key`).
-    ///
-    /// A key is unique within its scope (the API key that sent it, see [`KeyScope`]),
-    /// among the transfers logged on one deployment, that is among the transfers out of
-    /// its accounts: the same key from another API key, or with a source account on
-    /// another deployment, is another request (see `docs/scaling.md`).
-    pub async fn transfer(
-        &self,
-        new: NewTransfer,
-        key: Option<ScopedKey>,
-        completion: Completion,
-    ) -> ServiceResult<TransferOutcome> {
-        let permit = self.admit().await?;
-        // Boxed, so that a request waiting for its permit holds only this small future,
-        // not the state of everything that follows (kilobytes, times every connection).
-        Box::pin(self.transfer_admitted(permit, new, key, completion)).await
-    }
-
-    /// [`Bank::transfer`] once admitted, holding `permit`.
-    async fn transfer_admitted(
-        &self,
-        permit: Admitted,
-        new: NewTransfer,
-        key: Option<ScopedKey>,
-        completion: Completion,
-    ) -> ServiceResult<TransferOutcome> {
-        let fingerprint = new.fingerprint();
-        let route = self.check_accounts(&new).await?;
-        let log = self.deployments.of(&route.source)?;
-        let id = match &key {
-            None => crate::store::new_transfer_id(),
-            Some(key) => match self.take_key(log, key, &fingerprint).await? {
-                Taken::New(id) | Taken::Unrecorded(id) => id,
-                Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
-            },
-        };
-        // The destination's deployment must answer too: refused at once, before the
-        // transfer is recorded, while it is known not to (the transfer would only wait
-        // for it). A key taken meanwhile is completed by the request's retry.
-        self.deployments.of(&route.destination)?;
-        let hold = match new.hold {
-            // Expiry by the clock of the deployment that logs the hold, which judges it.
-            Some(expires_in) => {
-                let now = log.server_time_lower_bound().await?;
-                let expires_at = chrono::TimeDelta::from_std(expires_in)
-                    .ok()
-                    .and_then(|d| now.checked_add_signed(d))
-                    .unwrap_or_else(|| panic!("bug: a hold of {expires_in:?} passed validation"));
-                Some(Hold {
-                    amount: new.amount,
-                    expires_at,
-                })
-            }
-            None => None,
-        };
-        let transfer = Transfer {
-            hold,
-            reference: new.reference,
-            request_hash: key.as_ref().map(|_| fingerprint.clone()),
-            idempotency_key: key.clone(),
-            source_deployment: route.source.clone(),
-            destination_deployment: route.destination.clone(),
-            ..Transfer::initial(id, new.source, new.destination, new.amount, route.currency)
-        };
-        // A hold outlives any multi-document transaction, and no transaction spans two
-        // deployments: those are always two-phase.
-        if self.strategy == Strategy::Native
-            && transfer.hold.is_none()
-            && route.source == route.destination
-        {
-            return self.transfer_natively(log, transfer, &fingerprint).await;
-        }
-        let mut transfer = transfer;
-        match log.insert_transfer(&transfer).await {
-            Ok(stamp) => transfer.last_modified = stamp,
-            Err(StoreError::DuplicateKey(_)) => {
-                match read_majority(|| log.transfer(transfer.id)).await? {
-                    // This request's own transfer: its id is new, or the one its key
-                    // names. Its insert landed on an attempt whose answer was lost and
-                    // the retry was refused for it (a server that does not recognise a
-                    // driver's retry), or another request with its key recorded it.
-                    // Nobody drives it yet: this request does.
-                    Some(stored)
-                        if stored.state == TransferState::Initial && stored.owner.is_none() =>
-                    {
-                        transfer = stored;
-                    }
-                    // Already driven (by the other request with its key, or a sweeper).
-                    Some(stored) => {
-                        let transfer = self.wait_until_settled(stored, REPLAY_WAIT).await?;
-                        return Ok(TransferOutcome {
-                            transfer,
-                            replayed: key.is_some(),
-                        });
-                    }
-                    // The key is on an older transfer (a version before idempotencyKeys).
-                    None if key.is_some() => {
-                        return self.replay_by_key(&transfer, &fingerprint).await;
-                    }
-                    None => {
-                        let said =
-                            format!("transfer {}: a duplicate key, but no transfer", transfer.id);
-                        return Err(StoreError::Other(said.into()).into());
-                    }
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer recorded");
-        failpoint!(self, "after_insert");
-        let run = self.spawn_run(transfer.clone(), permit);
-        let transfer = match completion {
-            Completion::Wait => joined(run).await?,
-            // The run goes on by itself; its end is logged there.
-            Completion::Background => transfer,
-        };
-        Ok(TransferOutcome {
-            transfer,
-            replayed: false,
-        })
-    }
-
-    /// The native strategy: one transaction records the transfer `done` and moves the
-    /// money; if an account refuses, the transfer is recorded `canceled` with the reason
-    /// instead, so that the answer and the log are those of the two-phase path.
-    async fn transfer_natively(
-        &self,
-        log: &Store,
-        transfer: Transfer,
-        fingerprint: &str,
-    ) -> ServiceResult<TransferOutcome> {
-        let outcome = match log.transfer_atomically(&transfer, self.owner()).await {
-            Ok(outcome) => outcome,
-            Err(StoreError::DuplicateKey(_)) if transfer.idempotency_key.is_some() => {
-                return self.replay_by_key(&transfer, fingerprint).await;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let transfer = match outcome {
-            AtomicOutcome::Done(done) => *done,
-            AtomicOutcome::Refused(reason) => {
-                let canceled = Transfer {
-                    state: TransferState::Canceled,
-                    reason: Some(reason),
-                    owner: Some(self.owner().to_owned()),
-                    ..transfer
-                };
-                match log.insert_transfer(&canceled).await {
-                    Ok(stamp) => Transfer {
-                        last_modified: stamp,
-                        ..canceled
-                    },
-                    Err(StoreError::DuplicateKey(_)) if canceled.idempotency_key.is_some() => {
-                        return self.replay_by_key(&canceled, fingerprint).await;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        tracing::info!(transfer_id = %transfer.id, to = %transfer.state, reason = ?transfer.reason, "transfer made in one transaction");
-        crate::metrics::transfer_finished(transfer.state, transfer.reason);
-        Ok(TransferOutcome {
-            transfer,
-            replayed: false,
-        })
     }
 }
 
