@@ -1,7 +1,8 @@
 //! The service layer: what the HTTP handlers (and the recovery sweeper) ask for, in
 //! domain terms. It validates against the stored accounts, records transfers, runs the
-//! two-phase commit ([`protocol`]) and answers with the domain's [`Transfer`] and
-//! [`Account`], as stored.
+//! two-phase commit ([`protocol`]) and answers with the domain's
+//! [`Transfer`](crate::domain::Transfer) and [`Account`](crate::domain::Account), as
+//! stored.
 //!
 //! - [`Bank::open_account`], [`Bank::account`], [`Bank::accounts`]: the account book.
 //! - [`Bank::transfer`]: record a transfer and run it (or start it in the background),
@@ -12,6 +13,22 @@
 //! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
 //! `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits its turn up to
 //! `ADMISSION_WAIT_MS`, then is refused), before anything is recorded.
+//!
+//! This file holds [`Bank`] and its construction; each concern has a file of its own:
+//! - `error.rs`: [`ServiceError`], and the one mapping of a storage error onto it;
+//! - `admission.rs`: the permits of admission control, and the ways in;
+//! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
+//!   once and remembered;
+//! - `create.rs`: a new transfer, recorded and run; `idempotency.rs`: its idempotency
+//!   key, and replays;
+//! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
+//! - `protocol.rs`: the two-phase commit, one function per step; `driving.rs`: the drive
+//!   locks (one task per transfer in a process); `unanswered.rs`: what a run sent without
+//!   an answer, which every later run respects; `routing.rs`: the store each write of a
+//!   transfer goes to;
+//! - `cancel.rs`: cancels and reversals; `holds.rs`: capturing, voiding and expiring
+//!   holds;
+//! - `readiness.rs`: each deployment's ping, for `/ready`.
 
 mod accounts;
 mod admission;
@@ -235,16 +252,5 @@ mod tests {
             .collect();
         assert_eq!(names, ["unit-2"]);
         assert_eq!(sibling.owner(), bank.owner());
-    }
-
-    /// A step carried over to another deployment's clock takes off a tenth of the lease
-    /// for a jump of either clock between two readings (`Store::deadline_on`, whose own
-    /// test steps a clock back within the allowance): with none, a clock stepped back
-    /// would let a step land after its lease. The allowance is what the protocol and a
-    /// cancel's fences pass.
-    #[tokio::test]
-    async fn the_allowance_for_a_clock_jump_is_a_tenth_of_the_lease() {
-        let bank = offline_bank(Duration::from_secs(2)).await;
-        assert_eq!(bank.clock_allowance(), Duration::from_millis(200));
     }
 }

@@ -557,3 +557,21 @@ pub(super) fn next_state(transfer: &Transfer, event: TransferEvent) -> TransferS
         .transition(event)
         .unwrap_or_else(|e| panic!("bug: transfer {}: {e}", transfer.id))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::service::tests::offline_bank;
+
+    /// A step carried over to another deployment's clock takes off a tenth of the lease
+    /// for a jump of either clock between two readings (`Store::deadline_on`, whose own
+    /// test steps a clock back within the allowance): with none, a clock stepped back
+    /// would let a step land after its lease. The allowance is what the protocol and a
+    /// cancel's fences pass.
+    #[tokio::test]
+    async fn the_allowance_for_a_clock_jump_is_a_tenth_of_the_lease() {
+        let bank = offline_bank(Duration::from_secs(2)).await;
+        assert_eq!(bank.clock_allowance(), Duration::from_millis(200));
+    }
+}
