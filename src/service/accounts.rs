@@ -76,7 +76,7 @@ impl Bank {
     /// An account as it stands now: holds past their `expiresAt` no longer count in its
     /// pending sums, whether or not a sweeper has released them yet.
     pub async fn account(&self, id: &AccountId) -> ServiceResult<Account> {
-        let known = self.known_place(id);
+        let known = self.placements.get(id);
         let found = match known.and_then(|(d, _)| self.deployments.get(&d)) {
             Some(store) => {
                 store.check_answering()?;

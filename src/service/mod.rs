@@ -51,14 +51,14 @@ pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
 pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
 pub use holds::HoldConflict;
-use placement::Placed;
+use placement::Placements;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::domain::{AccountId, Strategy, TransferId};
+use crate::domain::{Strategy, TransferId};
 use crate::store::{Deployments, Store};
 
 /// The bank: accounts, transfers, and the protocol that moves money between them.
@@ -99,13 +99,10 @@ pub struct Bank {
     /// ([`ServiceError::Overloaded`]), having recorded nothing. This bounds every queue
     /// behind it, so that a burst cannot push steps past their deadlines.
     admission: admission::Admission,
-    /// The deployment and currency of every account this process has seen, by id.
-    /// Neither ever changes and no account is ever deleted through the service, so a
-    /// transfer between known accounts is validated and routed without a read. Should an
-    /// account vanish behind the service's back, the debit or credit finds it gone and
-    /// the transfer rolls back with `account_not_found`: the cache can make an answer less
-    /// precise, never move money wrongly.
-    known: Arc<std::sync::Mutex<std::collections::HashMap<AccountId, Placed>>>,
+    /// Where the accounts this process has seen live, and their currencies (see
+    /// [`Placements`]): a transfer between known accounts is validated and routed
+    /// without a read.
+    placements: Placements,
 }
 
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
@@ -131,7 +128,7 @@ impl Bank {
             strategy: Strategy::TwoPhase,
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,
             admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
-            known: Arc::default(),
+            placements: Placements::bounded(placement::KNOWN_ACCOUNTS_MAX),
         }
     }
 
