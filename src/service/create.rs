@@ -52,6 +52,26 @@ async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceR
     }
 }
 
+/// What recording a new transfer came to.
+enum Recorded {
+    /// The transfer as stored, which this request drives.
+    ToDrive(Transfer),
+    /// The answer: the transfer was recorded, and is driven, by another request with
+    /// the same key (or a sweeper), or made by an earlier version.
+    Answered(TransferOutcome),
+}
+
+/// A hold of `amount` that expires `expires_in` from now, by the clock of `log`: the
+/// deployment that logs the hold, which judges its expiry.
+async fn hold_expiring(log: &Store, amount: Amount, expires_in: Duration) -> StoreResult<Hold> {
+    let now = log.server_time_lower_bound().await?;
+    let expires_at = chrono::TimeDelta::from_std(expires_in)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or_else(|| panic!("bug: a hold of {expires_in:?} passed validation"));
+    Ok(Hold { amount, expires_at })
+}
+
 impl Bank {
     /// Records a transfer and runs the two-phase commit.
     ///
@@ -62,10 +82,11 @@ impl Bank {
     /// logs the transfer, whose unique `_id` lets exactly one request take it (see
     /// `Bank::take_key`).
     ///
-    /// A key is unique within its scope (the API key that sent it, see [`KeyScope`](crate::domain::KeyScope)),
-    /// among the transfers logged on one deployment, that is among the transfers out of
-    /// its accounts: the same key from another API key, or with a source account on
-    /// another deployment, is another request (see `docs/scaling.md`).
+    /// A key is unique within its scope (the API key that sent it, see
+    /// [`KeyScope`](crate::domain::KeyScope)), among the transfers logged on one
+    /// deployment, that is among the transfers out of its accounts: the same key from
+    /// another API key, or with a source account on another deployment, is another
+    /// request (see `docs/scaling.md`).
     pub async fn transfer(
         &self,
         new: NewTransfer,
@@ -101,18 +122,7 @@ impl Bank {
         // for it). A key taken meanwhile is completed by the request's retry.
         self.deployments.of(&route.destination)?;
         let hold = match new.hold {
-            // Expiry by the clock of the deployment that logs the hold, which judges it.
-            Some(expires_in) => {
-                let now = log.server_time_lower_bound().await?;
-                let expires_at = chrono::TimeDelta::from_std(expires_in)
-                    .ok()
-                    .and_then(|d| now.checked_add_signed(d))
-                    .unwrap_or_else(|| panic!("bug: a hold of {expires_in:?} passed validation"));
-                Some(Hold {
-                    amount: new.amount,
-                    expires_at,
-                })
-            }
+            Some(expires_in) => Some(hold_expiring(log, new.amount, expires_in).await?),
             None => None,
         };
         let transfer = Transfer {
@@ -132,42 +142,10 @@ impl Bank {
         {
             return self.transfer_natively(log, transfer, &fingerprint).await;
         }
-        let mut transfer = transfer;
-        match log.insert_transfer(&transfer).await {
-            Ok(stamp) => transfer.last_modified = stamp,
-            Err(StoreError::DuplicateKey(_)) => {
-                match read_majority(|| log.transfer(transfer.id)).await? {
-                    // This request's own transfer: its id is new, or the one its key
-                    // names. Its insert landed on an attempt whose answer was lost and
-                    // the retry was refused for it (a server that does not recognise a
-                    // driver's retry), or another request with its key recorded it.
-                    // Nobody drives it yet: this request does.
-                    Some(stored)
-                        if stored.state == TransferState::Initial && stored.owner.is_none() =>
-                    {
-                        transfer = stored;
-                    }
-                    // Already driven (by the other request with its key, or a sweeper).
-                    Some(stored) => {
-                        let transfer = self.wait_until_settled(stored, REPLAY_WAIT).await?;
-                        return Ok(TransferOutcome {
-                            transfer,
-                            replayed: key.is_some(),
-                        });
-                    }
-                    // The key is on an older transfer (a version before idempotencyKeys).
-                    None if key.is_some() => {
-                        return self.replay_by_key(&transfer, &fingerprint).await;
-                    }
-                    None => {
-                        let said =
-                            format!("transfer {}: a duplicate key, but no transfer", transfer.id);
-                        return Err(StoreError::Other(said.into()).into());
-                    }
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
+        let transfer = match self.record(log, transfer, &fingerprint).await? {
+            Recorded::ToDrive(transfer) => transfer,
+            Recorded::Answered(outcome) => return Ok(outcome),
+        };
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer recorded");
         failpoint!(self, "after_insert");
         let run = self.spawn_run(transfer.clone(), permit);
@@ -180,6 +158,63 @@ impl Bank {
             transfer,
             replayed: false,
         })
+    }
+
+    /// Step 1: records `transfer`, for this request to drive; or, where a transfer
+    /// already has its id or its key, answers with what is there.
+    async fn record(
+        &self,
+        log: &Store,
+        mut transfer: Transfer,
+        fingerprint: &str,
+    ) -> ServiceResult<Recorded> {
+        match log.insert_transfer(&transfer).await {
+            Ok(stamp) => {
+                transfer.last_modified = stamp;
+                Ok(Recorded::ToDrive(transfer))
+            }
+            Err(StoreError::DuplicateKey(_)) => {
+                self.recorded_already(log, transfer, fingerprint).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The insert of `transfer` met a duplicate key: what is recorded under its id, or
+    /// under its idempotency key.
+    async fn recorded_already(
+        &self,
+        log: &Store,
+        transfer: Transfer,
+        fingerprint: &str,
+    ) -> ServiceResult<Recorded> {
+        let keyed = transfer.idempotency_key.is_some();
+        match read_majority(|| log.transfer(transfer.id)).await? {
+            // This request's own transfer: its id is new, or the one its key
+            // names. Its insert landed on an attempt whose answer was lost and
+            // the retry was refused for it (a server that does not recognise a
+            // driver's retry), or another request with its key recorded it.
+            // Nobody drives it yet: this request does.
+            Some(stored) if stored.state == TransferState::Initial && stored.owner.is_none() => {
+                Ok(Recorded::ToDrive(stored))
+            }
+            // Already driven (by the other request with its key, or a sweeper).
+            Some(stored) => {
+                let transfer = self.wait_until_settled(stored, REPLAY_WAIT).await?;
+                Ok(Recorded::Answered(TransferOutcome {
+                    transfer,
+                    replayed: keyed,
+                }))
+            }
+            // The key is on an older transfer (a version before idempotencyKeys).
+            None if keyed => Ok(Recorded::Answered(
+                self.replay_by_key(&transfer, fingerprint).await?,
+            )),
+            None => {
+                let said = format!("transfer {}: a duplicate key, but no transfer", transfer.id);
+                Err(StoreError::Other(said.into()).into())
+            }
+        }
     }
 
     /// The native strategy: one transaction records the transfer `done` and moves the
