@@ -14,10 +14,10 @@
 //! released and the client is told, with nothing changed.
 
 use super::{Bank, HoldConflict, ServiceError, ServiceResult};
-use crate::domain::{CancelReason, Transfer, TransferEvent, TransferId, TransferState};
+use crate::domain::{CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState};
 use crate::store::accounts::{Fence, Side};
 use crate::store::transfers::{Fenced, Mover, StepFields};
-use crate::store::{StoreError, StoreResult};
+use crate::store::{Store, StoreError, StoreResult};
 
 /// How a cancel takes a transfer over once its accounts are fenced.
 enum Takeover {
@@ -160,28 +160,42 @@ impl Bank {
         };
         // By the log's clock; each account's deployment checks it by its own.
         let deadline = self.lease_deadline_from(since);
-        let fence = |side: Side, unless_applied: bool| {
-            let transfer = &transfer;
-            async move {
-                let (store, account) = (self.on(transfer, side)?, self.account_of(transfer, side));
-                let deadline = log
-                    .deadline_on(deadline, store, self.clock_allowance())
-                    .await?;
-                store
-                    .fence(account, transfer.id, unless_applied, deadline)
-                    .await
-            }
+        let Some((plan, destination_fence)) =
+            self.plan_takeover(log, &transfer, reason, deadline).await?
+        else {
+            return Ok(self.reload(&transfer).await?);
         };
-        let (source, destination) = (Side::Source, Side::Destination);
-        // What to do once both accounts are fenced, and the destination's fence if placed.
+        let Some(fenced) = self
+            .fence_both(log, &transfer, deadline, destination_fence)
+            .await?
+        else {
+            return Ok(self.reload(&transfer).await?);
+        };
+        self.execute_takeover(log, transfer, plan, fenced).await
+    }
+
+    /// What to do once both accounts are fenced, and the destination's fence if this
+    /// placed it: for a `pending` transfer, decided by fencing the destination first.
+    /// `None` when the transfer is past what a cancel takes over, or the fence reached
+    /// the server too late.
+    async fn plan_takeover(
+        &self,
+        log: &Store,
+        transfer: &Transfer,
+        reason: CancelReason,
+        deadline: Timestamp,
+    ) -> StoreResult<Option<(Takeover, Option<Fence>)>> {
         // A hold being reserved has no commit point yet (a reservation is not spendable),
         // so it always rolls back; a transfer's commit point is its credit.
         let unless_applied = transfer.hold.is_none();
-        let (plan, mut destination_fence) = match transfer.state {
+        Ok(Some(match transfer.state {
             // The commit point is the credit: fence the destination only if it has not
             // landed, in one write, which decides between rolling back and completing.
-            TransferState::Pending => match fence(destination, unless_applied).await? {
-                Fence::TooLate => return Ok(self.reload(&transfer).await?),
+            TransferState::Pending => match self
+                .fence(log, transfer, Side::Destination, unless_applied, deadline)
+                .await?
+            {
+                Fence::TooLate => return Ok(None),
                 placed @ (Fence::Placed | Fence::Missing) => {
                     let fields = StepFields {
                         reason: Some(reason),
@@ -204,28 +218,77 @@ impl Bank {
             TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
                 (Takeover::Claim, None)
             }
-            _ => return Ok(self.reload(&transfer).await?),
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Fences both accounts, each unconditionally, but the destination if `destination`
+    /// says its fence is placed already: both accounts refuse the transfer's forward
+    /// steps from here on, applied or not, so no late step can land once the markers are
+    /// pulled or undone. The proof of it, or `None` when a fence reached the server too
+    /// late.
+    async fn fence_both(
+        &self,
+        log: &Store,
+        transfer: &Transfer,
+        deadline: Timestamp,
+        destination: Option<Fence>,
+    ) -> StoreResult<Option<Fenced>> {
+        let destination = match destination {
+            Some(placed) => placed,
+            None => match self
+                .fence(log, transfer, Side::Destination, false, deadline)
+                .await?
+            {
+                Fence::TooLate => return Ok(None),
+                placed => placed,
+            },
         };
-        // Both accounts refuse the transfer's forward steps from here on, applied or not,
-        // so no late step can land once the markers are pulled or undone.
-        if destination_fence.is_none() {
-            match fence(destination, false).await? {
-                Fence::TooLate => return Ok(self.reload(&transfer).await?),
-                placed => destination_fence = Some(placed),
-            }
-        }
-        let source_fence = match fence(source, false).await? {
-            Fence::TooLate => return Ok(self.reload(&transfer).await?),
+        let source = match self
+            .fence(log, transfer, Side::Source, false, deadline)
+            .await?
+        {
+            Fence::TooLate => return Ok(None),
             placed => placed,
         };
-        let fenced = destination_fence
-            .and_then(|destination| Fenced::both(destination, source_fence))
-            .unwrap_or_else(|| {
-                panic!(
-                    "bug: transfer {}: an unconditional fence neither placed nor refused",
-                    transfer.id
-                )
-            });
+        let fenced = Fenced::both(destination, source).unwrap_or_else(|| {
+            panic!(
+                "bug: transfer {}: an unconditional fence neither placed nor refused",
+                transfer.id
+            )
+        });
+        Ok(Some(fenced))
+    }
+
+    /// Fences `transfer`'s account on `side` against its forward steps (with
+    /// `unless_applied`, only if the transfer is not applied to it), by `deadline` on the
+    /// clock of `log`, carried over to the account's deployment.
+    async fn fence(
+        &self,
+        log: &Store,
+        transfer: &Transfer,
+        side: Side,
+        unless_applied: bool,
+        deadline: Timestamp,
+    ) -> StoreResult<Fence> {
+        let (store, account) = (self.on(transfer, side)?, self.account_of(transfer, side));
+        let deadline = log
+            .deadline_on(deadline, store, self.clock_allowance())
+            .await?;
+        store
+            .fence(account, transfer.id, unless_applied, deadline)
+            .await
+    }
+
+    /// Carries out `plan`, with the proof that both accounts are fenced, and drives the
+    /// transfer to its end if the takeover won.
+    async fn execute_takeover(
+        &self,
+        log: &Store,
+        transfer: Transfer,
+        plan: Takeover,
+        fenced: Fenced,
+    ) -> ServiceResult<Transfer> {
         let taken = match plan {
             Takeover::Force(event, fields) => {
                 Some(self.force(&transfer, event, fields, Some(fenced)).await?)
