@@ -160,30 +160,7 @@ impl Bank {
                         hold: id,
                     });
                 }
-                TransferState::Held => {
-                    let fields = StepFields {
-                        captured: Some(wanted),
-                        ..StepFields::default()
-                    };
-                    if self
-                        .settle_hold(&transfer, TransferEvent::Capture, Settle::Capture, fields)
-                        .await?
-                    {
-                        self.run(transfer).await?
-                    } else {
-                        let now = self.reload(&transfer).await?;
-                        if now.state == TransferState::Held {
-                            // Still held, so the capture lost to the clock, not to a rival:
-                            // the hold has expired. It is expired here, so that the answer
-                            // is the stored state's; if the clock now says otherwise (it
-                            // went backwards), the next round captures again.
-                            self.expire(now).await?;
-                            self.reload(&transfer).await?
-                        } else {
-                            now
-                        }
-                    }
-                }
+                TransferState::Held => self.capture_held(transfer, wanted).await?,
                 TransferState::Capturing | TransferState::Done => {
                     if transfer.amount != wanted {
                         return Err(ServiceError::Hold {
@@ -211,6 +188,30 @@ impl Bank {
             format!("capture of hold {id}: the hold kept moving under it").into(),
         )
         .into())
+    }
+
+    /// One round of a capture of a `held` hold: `held -> capturing` for `wanted`, then
+    /// its run; or, if another actor or the clock won, the hold as it now stands.
+    async fn capture_held(&self, transfer: Transfer, wanted: Amount) -> StoreResult<Transfer> {
+        let fields = StepFields {
+            captured: Some(wanted),
+            ..StepFields::default()
+        };
+        if self
+            .settle_hold(&transfer, TransferEvent::Capture, Settle::Capture, fields)
+            .await?
+        {
+            return self.run(transfer).await;
+        }
+        let now = self.reload(&transfer).await?;
+        if now.state != TransferState::Held {
+            return Ok(now);
+        }
+        // Still held, so the capture lost to the clock, not to a rival: the hold has
+        // expired. It is expired here, so that the answer is the stored state's; if the
+        // clock now says otherwise (it went backwards), the next round captures again.
+        self.expire(now).await?;
+        self.reload(&transfer).await
     }
 
     async fn void_admitted(&self, id: TransferId) -> ServiceResult<Transfer> {
