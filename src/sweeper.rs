@@ -48,9 +48,9 @@ use std::time::Duration;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::Timestamp;
+use crate::domain::{Timestamp, Transfer};
 use crate::error_chain::Chain;
-use crate::service::{Bank, ServiceError};
+use crate::service::{Admitted, Bank, ServiceError};
 use crate::store::accounts::Side;
 use crate::store::transfers::Scan;
 use crate::store::{Store, StoreResult};
@@ -125,14 +125,14 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
     }
 }
 
-/// One pass over the transfers logged on `store`'s deployment.
+/// One pass over the transfers logged on `store`'s deployment: its stale transfers
+/// recovered, then its housekeeping.
 async fn sweep_log(
     bank: &Bank,
     store: &Store,
     shutdown: &CancellationToken,
 ) -> StoreResult<SweepReport> {
     store.check_answering()?;
-    let me = bank.owner();
     let lease_ms = bank.stale_after().as_millis() as i64;
     // By the database's clock; the claim re-checks it atomically.
     let now = store.server_time().await?;
@@ -140,13 +140,29 @@ async fn sweep_log(
     // What touches a deployment that does not answer is left out of every scan: nothing
     // can drive it now, and it would hide what comes after it (see `Scan`).
     let scan = Scan::new(stale_before, bank.deployments().silent());
+    let mut report = recover_stale(bank, store, scan.clone(), stale_before, shutdown).await?;
+    if !shutdown.is_cancelled() {
+        keep_house(bank, store, scan, now, shutdown, &mut report).await;
+    }
+    Ok(report)
+}
+
+/// Claims the unfinished transfers of `store`'s log whose owner's lease has lapsed (last
+/// modified before `stale_before`), at most `BATCH`, page after page of `unfinished`,
+/// and drives each to its end ([`recover`]); waits for those runs.
+async fn recover_stale(
+    bank: &Bank,
+    store: &Store,
+    mut unfinished: Scan,
+    stale_before: Timestamp,
+    shutdown: &CancellationToken,
+) -> StoreResult<SweepReport> {
     let mut report = SweepReport::default();
     // Each claimed transfer is driven in a task of its own, under the same admission
     // control as new transfers (waiting for a permit rather than being refused), so a
     // backlog is recovered as fast as the database allows, never faster than it admits.
     let mut runs = tokio::task::JoinSet::new();
     let sequential = one_at_a_time(bank);
-    let mut unfinished = scan.clone();
     'pages: loop {
         let page = store.unfinished(&unfinished, BATCH).await?;
         unfinished.past(&page);
@@ -156,50 +172,15 @@ async fn sweep_log(
             if shutdown.is_cancelled() || report.claimed == BATCH as usize {
                 break 'pages;
             }
-            // Left to the task driving it: claiming it would renew the lease of a task
-            // that may be stuck. The next page goes past it, so that a page of them (a
-            // backlog stuck on a slow deployment) never hides the transfers behind it.
-            if bank.is_driving(candidate.id) {
-                continue;
-            }
-            // Its other account's deployment stopped answering since the page was read
-            // (or is named in the data but not in `DEPLOYMENTS`): claiming it would only
-            // renew a lease it cannot use, and keep an instance that can from taking it.
-            if bank.on(&candidate, Side::Destination).is_err() {
+            if !may_claim(bank, &candidate) {
                 continue;
             }
             let permit = bank.admit_waiting().await;
-            let claimed = match store.claim(me, &candidate, stale_before).await {
-                Ok(Some(claimed)) => claimed,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
-                    continue;
-                }
+            let Some(claimed) = claim(bank, store, &candidate, stale_before).await else {
+                continue;
             };
             report.claimed += 1;
-            let bank = bank.clone();
-            runs.spawn(async move {
-                let _permit = permit;
-                let from = claimed.state;
-                let previous_owner = candidate.owner.unwrap_or_else(|| "-".into());
-                match bank.run(claimed).await {
-                    Ok(finished) => {
-                        tracing::info!(
-                            transfer_id = %finished.id,
-                            from = %from,
-                            to = %finished.state,
-                            previous_owner = %previous_owner,
-                            "transfer recovered"
-                        );
-                        finished.state.is_terminal()
-                    }
-                    Err(e) => {
-                        tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "recovery interrupted; next pass");
-                        false
-                    }
-                }
-            });
+            runs.spawn(recover(bank.clone(), claimed, candidate.owner, permit));
             if sequential {
                 count_recovered(runs.join_next().await, &mut report);
             }
@@ -211,21 +192,92 @@ async fn sweep_log(
     while let Some(ended) = runs.join_next().await {
         count_recovered(Some(ended), &mut report);
     }
-    if !shutdown.is_cancelled() {
-        match finish_reversals(bank, store, scan.clone(), shutdown).await {
-            Ok(n) => report.reversals_finished = n,
-            Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
-        }
-        match collect_fences(bank, store, scan, shutdown).await {
-            Ok(n) => report.fences_dropped = n,
-            Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
-        }
-        match expire_holds(bank, store, now, shutdown).await {
-            Ok(n) => report.holds_expired = n,
-            Err(e) => tracing::warn!(error = %Chain(&e), "expiring holds failed; next pass"),
+    Ok(report)
+}
+
+/// Whether a pass may claim `candidate`, found stale.
+fn may_claim(bank: &Bank, candidate: &Transfer) -> bool {
+    // Left to the task driving it: claiming it would renew the lease of a task
+    // that may be stuck. The next page goes past it, so that a page of them (a
+    // backlog stuck on a slow deployment) never hides the transfers behind it.
+    if bank.is_driving(candidate.id) {
+        return false;
+    }
+    // Its other account's deployment stopped answering since the page was read
+    // (or is named in the data but not in `DEPLOYMENTS`): claiming it would only
+    // renew a lease it cannot use, and keep an instance that can from taking it.
+    bank.on(candidate, Side::Destination).is_ok()
+}
+
+/// Claims `candidate` for this instance ([`Store::claim`]); `None` if someone touched it
+/// since it was read, or the claim failed (logged; the next pass tries again).
+async fn claim(
+    bank: &Bank,
+    store: &Store,
+    candidate: &Transfer,
+    stale_before: Timestamp,
+) -> Option<Transfer> {
+    match store.claim(bank.owner(), candidate, stale_before).await {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
+            None
         }
     }
-    Ok(report)
+}
+
+/// Drives `claimed`, a transfer claimed from `previous_owner`, holding `permit`; whether
+/// it reached its end.
+async fn recover(
+    bank: Bank,
+    claimed: Transfer,
+    previous_owner: Option<String>,
+    permit: Admitted,
+) -> bool {
+    let _permit = permit;
+    let (id, from) = (claimed.id, claimed.state);
+    let previous_owner = previous_owner.unwrap_or_else(|| "-".into());
+    match bank.run(claimed).await {
+        Ok(finished) => {
+            tracing::info!(
+                transfer_id = %finished.id,
+                from = %from,
+                to = %finished.state,
+                previous_owner = %previous_owner,
+                "transfer recovered"
+            );
+            finished.state.is_terminal()
+        }
+        Err(e) => {
+            tracing::warn!(transfer_id = %id, error = %Chain(&e), "recovery interrupted; next pass");
+            false
+        }
+    }
+}
+
+/// The housekeeping of a pass over `store`'s log: reversals a crash interrupted, the
+/// fences of finished transfers, holds past their expiry. Each that fails is logged and
+/// left for the next pass.
+async fn keep_house(
+    bank: &Bank,
+    store: &Store,
+    scan: Scan,
+    now: Timestamp,
+    shutdown: &CancellationToken,
+    report: &mut SweepReport,
+) {
+    match finish_reversals(bank, store, scan.clone(), shutdown).await {
+        Ok(n) => report.reversals_finished = n,
+        Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
+    }
+    match collect_fences(bank, store, scan, shutdown).await {
+        Ok(n) => report.fences_dropped = n,
+        Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
+    }
+    match expire_holds(bank, store, now, shutdown).await {
+        Ok(n) => report.holds_expired = n,
+        Err(e) => tracing::warn!(error = %Chain(&e), "expiring holds failed; next pass"),
+    }
 }
 
 /// Counts a claimed transfer's run that `ended` (`true`: at its end) in `report`.
