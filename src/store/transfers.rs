@@ -7,6 +7,7 @@
 //! carry a time at least as late as every earlier one.
 
 use futures::TryStreamExt;
+use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
@@ -567,16 +568,7 @@ impl Store {
                         to,
                         at: lease_start,
                     };
-                    #[cfg(feature = "failpoints")]
-                    {
-                        let (batches, change) = (self.batches.clone(), change.clone());
-                        let copy = async move {
-                            let _ = batches.transitions.submit(change).await;
-                        };
-                        self.hold_back("before_transition", copy)?;
-                    }
-                    let won = self.batches.transitions.submit(change).await?;
-                    return Ok(won.map(DateTime::to_chrono));
+                    return self.change_state_batched(change).await;
                 }
                 let guard = owned_by(owner, from);
                 (
@@ -599,12 +591,9 @@ impl Store {
                     "bug: transfer {id} settled from {from}, not held"
                 );
                 failpoint!(self, "before_settle");
-                let filter = doc! { "_id": id, "state": from.as_str() };
                 let mut set = doc! { "state": to.as_str(), "application": owner };
                 set.extend(step_fields(fields));
-                let update = settled_by_the_clock(set, by, self.settling_clock(), lease_start);
-                let result = self.transactions.update_one(filter, update).await?;
-                return Ok((result.modified_count == 1).then_some(lease_start.to_chrono()));
+                return self.settle_held(id, set, by, lease_start).await;
             }
         };
         let mut set = doc! { "state": to.as_str(), "application": owner };
@@ -619,6 +608,39 @@ impl Store {
             };
             self.hold_back("before_transition", copy)?;
         }
+        let result = self.transactions.update_one(filter, update).await?;
+        Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
+    }
+}
+
+impl Store {
+    /// An owner's state change that records nothing else, group-committed with those of
+    /// concurrent transfers (see `store::batch`). The new `lastModified` when it won.
+    async fn change_state_batched(&self, change: Transition) -> StoreResult<Option<Timestamp>> {
+        #[cfg(feature = "failpoints")]
+        {
+            let (batches, change) = (self.batches.clone(), change.clone());
+            let copy = async move {
+                let _ = batches.transitions.submit(change).await;
+            };
+            self.hold_back("before_transition", copy)?;
+        }
+        let won = self.batches.transitions.submit(change).await?;
+        Ok(won.map(DateTime::to_chrono))
+    }
+
+    /// A settler's change of held transfer `id` (see [`Mover::Settler`]): `set` as `by`
+    /// decides by the server's clock where the write lands, stamped `lease_start`. The new
+    /// `lastModified` when it won.
+    async fn settle_held(
+        &self,
+        id: ObjectId,
+        set: Document,
+        by: Settle,
+        lease_start: DateTime,
+    ) -> StoreResult<Option<Timestamp>> {
+        let filter = doc! { "_id": id, "state": TransferState::Held.as_str() };
+        let update = settled_by_the_clock(set, by, self.settling_clock(), lease_start);
         let result = self.transactions.update_one(filter, update).await?;
         Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
     }
