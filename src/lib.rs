@@ -34,13 +34,13 @@
 //! `docs/architecture.md` draws how a request, a recovery and a cancel flow through
 //! these modules.
 
-/// `failpoint!(bank, "step")`: with the `failpoints` feature, aborts the process after
+/// `failpoint!(service, "step")`: with the `failpoints` feature, aborts the process after
 /// `step` when `CRASH_AT=step`, or pauses it there for a test (see [`failpoints`]);
 /// without the feature, expands to nothing.
 macro_rules! failpoint {
-    ($bank:expr, $step:literal) => {{
+    ($service:expr, $step:literal) => {{
         #[cfg(feature = "failpoints")]
-        $crate::failpoints::hit($step, $bank.instance_id()).await;
+        $crate::failpoints::hit($step, $service.instance_id()).await;
     }};
 }
 

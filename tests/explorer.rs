@@ -2,7 +2,7 @@
 //! VOPR, against the real database.
 //!
 //! Several actors (a transfer's owner, a recoverer after a crash, cancels, a sweeper; for
-//! a hold also captures, voids and expiries), each a `Bank` with its own instance id, run
+//! a hold also captures, voids and expiries), each a `TransferService` with its own instance id, run
 //! cooperatively: a scheduler installed with `failpoints::install_hook` parks every actor
 //! at its points (right before each write is sent, `before_*`; with `EXPLORE_POINTS=all`
 //! after each protocol step too) and lets exactly one of them run at a time, choosing
@@ -21,7 +21,7 @@
 //! first, as `done:` runs a transfer to `done`.
 //!
 //! Two tasks of one process (issue 17, item 1): in a scenario with the prefix `same:` the
-//! actors (and the owner of a `done:` or `held:` prelude) are `Bank::sibling`s of one
+//! actors (and the owner of a `done:` or `held:` prelude) are `TransferService::sibling`s of one
 //! process: they share its owner in `application`, its drive locks, its record of
 //! unanswered writes and its admission, and each names its points with an instance id of
 //! its own, so that the scheduler tells them apart. A run that finds its transfer driven
@@ -110,7 +110,7 @@ use transfer_service::domain::{
 };
 use transfer_service::failpoints::{self, Hook, HookFuture};
 use transfer_service::service::{
-    Bank, Completion, HoldConflict, NewAccount, NewTransfer, ServiceError,
+    Completion, HoldConflict, NewAccount, NewTransfer, ServiceError, TransferService,
 };
 use transfer_service::store::{DEFAULT_GROUP_COMMIT_WRITES, Deployments, Store};
 
@@ -266,7 +266,7 @@ struct Scenario {
     /// server, each step checked by its own server's clock. Shown as the prefix `across:`.
     across: bool,
     /// The actors, and the owner of a `done:` or `held:` prelude, are tasks of one
-    /// process (`Bank::sibling`): one owner in `application`, one set of drive locks, one
+    /// process (`TransferService::sibling`): one owner in `application`, one set of drive locks, one
     /// record of unanswered writes, one admission; each names its points with an instance
     /// id of its own, so that the scheduler tells them apart. Shown as the prefix `same:`.
     same: bool,
@@ -611,8 +611,8 @@ impl Worker {
         self.databases += 1;
     }
 
-    fn bank(&self, id: &str) -> Bank {
-        Bank::new(Deployments::new(self.stores.to_vec()), id.to_owned(), LEASE)
+    fn bank(&self, id: &str) -> TransferService {
+        TransferService::new(Deployments::new(self.stores.to_vec()), id.to_owned(), LEASE)
     }
 
     /// Ages the transfers `filter` matches on each deployment, by its own clock.
@@ -696,7 +696,7 @@ impl Worker {
         };
         // In a `same:` scenario, the one process whose tasks the actors are.
         let process = scenario.same.then(|| {
-            Bank::new(
+            TransferService::new(
                 Deployments::new(self.stores.to_vec()),
                 format!("{tag}-process"),
                 scenario.lease(),
@@ -1320,7 +1320,11 @@ fn check_hold_answer(
 
 /// The scenario's transfer from a to b, if recorded yet (the oldest: a reversal goes the
 /// other way, and only the owner makes a transfer from a to b).
-async fn scenario_transfer(bank: &Bank, a: &str, b: &str) -> Result<Option<Transfer>, String> {
+async fn scenario_transfer(
+    bank: &TransferService,
+    a: &str,
+    b: &str,
+) -> Result<Option<Transfer>, String> {
     let filter = TransferFilter {
         account: Some(AccountId::parse(a).unwrap()),
         ..TransferFilter::default()
@@ -1338,7 +1342,7 @@ async fn scenario_transfer(bank: &Bank, a: &str, b: &str) -> Result<Option<Trans
 
 /// Waits until the lease of every unfinished transfer touching a or b has lapsed by the
 /// clock of its log (each deployment logs those out of its accounts): time passing.
-async fn lease_lapsed(bank: &Bank, a: &str, b: &str) -> Result<(), String> {
+async fn lease_lapsed(bank: &TransferService, a: &str, b: &str) -> Result<(), String> {
     let lease = chrono::TimeDelta::from_std(bank.stale_after()).expect("a lease in range");
     loop {
         let mut left = Duration::ZERO;
@@ -1369,7 +1373,7 @@ async fn lease_lapsed(bank: &Bank, a: &str, b: &str) -> Result<(), String> {
 /// What one actor does. `holder`: the actor whose held-back writes the network sends.
 async fn act(
     kind: Kind,
-    bank: &Bank,
+    bank: &TransferService,
     new: NewTransfer,
     a: &str,
     b: &str,

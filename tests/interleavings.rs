@@ -1488,7 +1488,7 @@ async fn age(app: &TestApp, id: TransferId, by: Duration) {
 /// nothing left to do.
 #[tokio::test]
 async fn one_sweep_finishes_what_was_left_and_reports_it() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::{SweepReport, sweep_once};
     let lease = Duration::from_secs(60);
     let app = spawn_app_with(|s| {
@@ -1566,7 +1566,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     }
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 
-    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
     let report = sweep_once(&bank, &never).await.unwrap();
     assert_eq!(
@@ -1609,7 +1609,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
 /// may try again, and the pass counts it.
 #[tokio::test]
 async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_and_counts_it() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::sweep_once;
     let lease = Duration::from_secs(60);
     let app = spawn_app_with(|s| {
@@ -1632,7 +1632,7 @@ async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_a
     assert_eq!(status, 201, "{body}");
     age(&app, original, lease * 2).await;
 
-    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
     let report = sweep_once(&bank, &never).await.unwrap();
     assert_eq!(report.reversals_finished, 1, "{report:?}");
@@ -1649,7 +1649,7 @@ async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_a
 #[tokio::test]
 async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and_does_not_count_it()
 {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::sweep_once;
     let lease = Duration::from_secs(60);
     let app = spawn_app_with(|s| {
@@ -1686,7 +1686,7 @@ async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and
         .unwrap();
     assert!(moved.is_some());
 
-    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
     let report = sweep_once(&bank, &never).await.unwrap();
     assert_eq!(report.reversals_finished, 0, "{report:?}");
@@ -2165,7 +2165,7 @@ async fn a_debit_does_not_free_a_hold_the_database_clock_says_has_not_expired() 
 /// debit is done.
 #[tokio::test]
 async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and_is_done() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::sweep_once;
     let app = spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3600)).await;
     open_alice_and_bob(&app).await;
@@ -2182,7 +2182,7 @@ async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and
         })
     };
     slow_expiry.reached().await;
-    let sweeper = Bank::new(
+    let sweeper = TransferService::new(
         app.store.clone(),
         "sweeper-under-test",
         Duration::from_secs(60),
@@ -2359,12 +2359,12 @@ async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_a
 /// claimed run would only queue on the drive lock behind the stuck task.
 #[tokio::test]
 async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
-    use transfer_service::service::{Bank, Completion, NewTransfer};
+    use transfer_service::service::{Completion, NewTransfer, TransferService};
     use transfer_service::sweeper::sweep_once;
     let lease = Duration::from_millis(300);
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
     open_alice_and_bob(&app).await;
-    let bank = Bank::new(app.store.clone(), "driving-and-sweeping", lease);
+    let bank = TransferService::new(app.store.clone(), "driving-and-sweeping", lease);
     let mut paused = failpoints::pause("driving-and-sweeping", "after_pending");
     let run = {
         let bank = bank.clone();

@@ -13,7 +13,7 @@ use support::{database_uris, fresh_database_name, values};
 use transfer_service::domain::{
     Amount, ApiKeyId, Currency, DeploymentName, IdempotencyKey, KeyScope, OpeningBalance, ScopedKey,
 };
-use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer};
+use transfer_service::service::{Completion, NewAccount, NewTransfer, TransferService};
 use transfer_service::store::Deployments;
 use transfer_service::store::testing::{Recorded, connect_recording};
 
@@ -105,7 +105,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         stores.push(store);
         records.push(recorded);
     }
-    let bank = Bank::new(
+    let bank = TransferService::new(
         Deployments::new(stores.clone()),
         "shapes",
         Duration::from_secs(10),

@@ -2,7 +2,7 @@
 //! deployment first), and reading accounts as they stand now, without the reservations
 //! of holds past their expiry.
 
-use super::{Bank, ServiceError, ServiceResult};
+use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance};
 use crate::error_chain::Chain;
 use crate::store::deployments::Reservation;
@@ -19,7 +19,7 @@ pub struct NewAccount {
     pub currency: Currency,
 }
 
-impl Bank {
+impl TransferService {
     pub async fn open_account(&self, new: NewAccount) -> ServiceResult<Account> {
         let id = match new.id {
             Some(id) => id,
@@ -88,7 +88,7 @@ impl Bank {
         Ok(self.as_of_now(vec![account]).await?.remove(0))
     }
 
-    /// Accounts in id order, as they stand now (see [`Bank::account`]).
+    /// Accounts in id order, as they stand now (see [`TransferService::account`]).
     pub async fn accounts(
         &self,
         after: Option<&AccountId>,

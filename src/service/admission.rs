@@ -1,8 +1,8 @@
 //! Admission control: how many transfers this process works on at once
-//! (`MAX_TRANSFERS_IN_FLIGHT`), and how long a request beyond them waits for a place
-//! before it is refused (`ADMISSION_WAIT_MS`). [`Admission`] holds the permits;
-//! [`Bank::admit`] (a request's way in) and [`Bank::admit_waiting`] (the sweeper's) take
-//! them.
+//! (`MAX_TRANSFERS_IN_FLIGHT`), and how long a request beyond them waits for a place before
+//! it is refused (`ADMISSION_WAIT_MS`). [`Admission`] holds the permits;
+//! [`TransferService::admit`] (a request's way in) and [`TransferService::admit_waiting`]
+//! (the sweeper's) take them.
 //!
 //! Invariants it keeps:
 //! - Work in flight is bounded: one permit per transfer worked on (a new one, a cancel, a
@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{Bank, ServiceError, ServiceResult};
+use super::{ServiceError, ServiceResult, TransferService};
 
 /// A permit of admission control, held for as long as a transfer is worked on.
 pub(crate) type Admitted = OwnedSemaphorePermit;
@@ -147,7 +147,7 @@ impl Admission {
     }
 }
 
-impl Bank {
+impl TransferService {
     /// A permit to work on one more transfer: at once, or within the admission wait,
     /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
     pub(super) async fn admit(&self) -> ServiceResult<Admitted> {

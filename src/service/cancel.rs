@@ -13,7 +13,7 @@
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
-use super::{Bank, HoldConflict, ServiceError, ServiceResult};
+use super::{HoldConflict, ServiceError, ServiceResult, TransferService};
 use crate::domain::{CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState};
 use crate::store::accounts::{Fence, Side};
 use crate::store::transfers::{Fenced, Mover, StepFields};
@@ -36,14 +36,15 @@ const CANCEL_ROUNDS: usize = 16;
 /// before answering that the reversal is still under way.
 const REVERSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-impl Bank {
+impl TransferService {
     /// Cancels a transfer; answers with the original transfer as it ends.
     ///
     /// Admitted like a new transfer (or refused with [`ServiceError::Overloaded`]), and
     /// run in a task of its own, so that a client hanging up does not stop it halfway.
     pub async fn cancel(&self, id: TransferId) -> ServiceResult<Transfer> {
-        self.admitted("cancel", id, |bank| async move {
-            bank.cancel_admitted(id, CancelReason::CanceledByRequest)
+        self.admitted("cancel", id, |service| async move {
+            service
+                .cancel_admitted(id, CancelReason::CanceledByRequest)
                 .await
         })
         .await
@@ -59,7 +60,7 @@ impl Bank {
         work: W,
     ) -> ServiceResult<Transfer>
     where
-        W: FnOnce(Bank) -> F,
+        W: FnOnce(TransferService) -> F,
         F: std::future::Future<Output = ServiceResult<Transfer>> + Send + 'static,
     {
         let permit = self.admit().await?;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::idempotency::{REPLAY_WAIT, Taken, read_majority};
-use super::{Admitted, Bank, ServiceResult};
+use super::{Admitted, ServiceResult, TransferService};
 use crate::domain::{
     AccountId, Amount, Hold, Reference, ScopedKey, Strategy, Transfer, TransferState,
 };
@@ -43,7 +43,7 @@ pub struct TransferOutcome {
     pub replayed: bool,
 }
 
-/// The end of a protocol run started with [`Bank::spawn_run`].
+/// The end of a protocol run started with [`TransferService::spawn_run`].
 async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
     match run.await {
         Ok(result) => Ok(result?),
@@ -72,7 +72,7 @@ async fn hold_expiring(log: &Store, amount: Amount, expires_in: Duration) -> Sto
     Ok(Hold { amount, expires_at })
 }
 
-impl Bank {
+impl TransferService {
     /// Records a transfer and runs the two-phase commit.
     ///
     /// With an idempotency key, a request that repeats an earlier one answers with the
@@ -80,7 +80,7 @@ impl Bank {
     /// key with a different request is refused. Concurrent requests with one key make
     /// one transfer: the key is taken first, in `idempotencyKeys` on the deployment that
     /// logs the transfer, whose unique `_id` lets exactly one request take it (see
-    /// `Bank::take_key`).
+    /// `TransferService::take_key`).
     ///
     /// A key is unique within its scope (the API key that sent it, see
     /// [`KeyScope`](crate::domain::KeyScope)), among the transfers logged on one
@@ -99,7 +99,7 @@ impl Bank {
         Box::pin(self.transfer_admitted(permit, new, key, completion)).await
     }
 
-    /// [`Bank::transfer`] once admitted, holding `permit`.
+    /// [`TransferService::transfer`] once admitted, holding `permit`.
     async fn transfer_admitted(
         &self,
         permit: Admitted,
@@ -270,11 +270,11 @@ impl Bank {
         transfer: Transfer,
         permit: Admitted,
     ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
-        let bank = self.clone();
+        let service = self.clone();
         let work = async move {
             let _permit = permit;
             let id = transfer.id;
-            let ended = bank.run(transfer).await;
+            let ended = service.run(transfer).await;
             if let Err(e) = &ended {
                 tracing::warn!(transfer_id = %id, error = %Chain(e), "transfer interrupted; the sweeper will finish it");
             }

@@ -1,14 +1,14 @@
-//! The drive locks: which transfers a task of this process is driving right now. Within
-//! a process one task at a time drives a transfer (two drivers under one owner would
-//! share a lease; see the `driving` field of [`Bank`]), and the sweeper leaves alone what
-//! a task of its own process drives.
+//! The drive locks: which transfers a task of this process is driving right now. Within a
+//! process one task at a time drives a transfer (two drivers under one owner would share a
+//! lease; see the `driving` field of [`TransferService`]), and the sweeper leaves alone
+//! what a task of its own process drives.
 
 use std::sync::Arc;
 
-use super::Bank;
+use super::TransferService;
 use crate::domain::TransferId;
 
-impl Bank {
+impl TransferService {
     /// The per-transfer lock that makes this process drive a transfer in one task only.
     pub(crate) fn drive_lock(&self, id: TransferId) -> Arc<tokio::sync::Mutex<()>> {
         let mut map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
@@ -30,24 +30,24 @@ impl Bank {
 mod tests {
     use std::time::Duration;
 
-    use crate::service::tests::offline_bank;
+    use crate::service::tests::offline_service;
 
     /// The drive locks are as many as the transfers being driven: a lock that no task
     /// holds or waits for is forgotten at the next lookup, so the map does not keep one
     /// entry for every transfer the process ever ran.
     #[tokio::test]
     async fn a_drive_lock_nobody_holds_is_forgotten() {
-        let bank = offline_bank(Duration::from_secs(1)).await;
+        let service = offline_service(Duration::from_secs(1)).await;
         let (done, driven) = (
             crate::store::new_transfer_id(),
             crate::store::new_transfer_id(),
         );
-        drop(bank.drive_lock(done));
-        let lock = bank.drive_lock(driven);
+        drop(service.drive_lock(done));
+        let lock = service.drive_lock(driven);
         let _guard = lock.lock().await;
-        assert!(bank.is_driving(driven));
-        assert!(!bank.is_driving(done));
-        let map = bank.driving.lock().unwrap();
+        assert!(service.is_driving(driven));
+        assert!(!service.is_driving(done));
+        let map = service.driving.lock().unwrap();
         assert_eq!(
             map.keys().collect::<Vec<_>>(),
             [&driven],

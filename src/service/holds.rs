@@ -12,7 +12,7 @@
 //! capture that lost to it expires the hold before it answers `hold_expired`.
 
 use super::idempotency::REPLAY_WAIT;
-use super::{Bank, ServiceError, ServiceResult};
+use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
 use crate::error_chain::Chain;
 use crate::store::accounts::Side;
@@ -38,13 +38,13 @@ pub enum HoldConflict {
 /// moved it.
 const ROUNDS: usize = 8;
 
-impl Bank {
+impl TransferService {
     /// Captures `amount` of hold `id` (all of it by default): it moves from the source
     /// to the destination and the rest of the reservation is released. Answers with the
     /// hold once `done`.
     pub async fn capture(&self, id: TransferId, amount: Option<Amount>) -> ServiceResult<Transfer> {
-        self.admitted("capture", id, |bank| async move {
-            bank.capture_admitted(id, amount).await
+        self.admitted("capture", id, |service| async move {
+            service.capture_admitted(id, amount).await
         })
         .await
     }
@@ -52,11 +52,9 @@ impl Bank {
     /// Voids hold `id`: the whole reservation is released. Answers with the hold once
     /// `canceled` (reason `voided`, or `expired` if it expired first).
     pub async fn void(&self, id: TransferId) -> ServiceResult<Transfer> {
-        self.admitted(
-            "void",
-            id,
-            |bank| async move { bank.void_admitted(id).await },
-        )
+        self.admitted("void", id, |service| async move {
+            service.void_admitted(id).await
+        })
         .await
     }
 
@@ -81,10 +79,10 @@ impl Bank {
 
     /// Frees what `hold`, past its `expiresAt` and still `held` or `canceling`, keeps
     /// reserved on its source, for a debit that needs the money (reads already leave it
-    /// out: `Bank::as_of_now`). Expires it first if it is still `held`; then releases the
-    /// source's reservation without waiting for the destination's, whose deployment may
-    /// be down, nor for the hold's owner, who may be dead. Whether the source no longer
-    /// carries it (released by this call or by anyone before).
+    /// out: `TransferService::as_of_now`). Expires it first if it is still `held`; then
+    /// releases the source's reservation without waiting for the destination's, whose
+    /// deployment may be down, nor for the hold's owner, who may be dead. Whether the
+    /// source no longer carries it (released by this call or by anyone before).
     ///
     /// Why anyone may release the source of a `canceling` hold: the release is guarded by
     /// the hold's marker on the account alone, so of everyone who makes it (its owner, a

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{Bank, NewTransfer, ServiceError, ServiceResult, TransferOutcome};
+use super::{NewTransfer, ServiceError, ServiceResult, TransferOutcome, TransferService};
 use crate::domain::{KeyScope, ScopedKey, Transfer, TransferId};
 use crate::store::transfers::KeyRecord;
 use crate::store::{Store, StoreError, StoreResult};
@@ -33,7 +33,7 @@ where
     read().await
 }
 
-/// What [`Bank::take_key`] found.
+/// What [`TransferService::take_key`] found.
 pub(super) enum Taken {
     /// The key is ours now, for a transfer of this id.
     New(TransferId),
@@ -72,7 +72,7 @@ impl NewTransfer {
     }
 }
 
-impl Bank {
+impl TransferService {
     /// Answers with the transfer that took `transfer`'s idempotency key first.
     pub(super) async fn replay_by_key(
         &self,
@@ -114,11 +114,11 @@ impl Bank {
     /// `_id` then lets exactly one of the two inserts win, and the loser replays.
     ///
     /// A key of an API key may have been taken before keys were scoped, as a shared key
-    /// ([`Bank::made_before_scoping`]): a retry of that request is answered with its
-    /// transfer, whichever way this request found its own key, and never records a new
-    /// one. Of two retries at once, the one that took the key may not have made its
-    /// record name the earlier transfer yet when the other reads it: the other then
-    /// finds a record naming nothing, and the earlier transfer decides for it too.
+    /// ([`TransferService::made_before_scoping`]): a retry of that request is answered with
+    /// its transfer, whichever way this request found its own key, and never records a new
+    /// one. Of two retries at once, the one that took the key may not have made its record
+    /// name the earlier transfer yet when the other reads it: the other then finds a record
+    /// naming nothing, and the earlier transfer decides for it too.
     pub(super) async fn take_key(
         &self,
         log: &Store,

@@ -4,17 +4,20 @@
 //! [`Transfer`](crate::domain::Transfer) and [`Account`](crate::domain::Account), as
 //! stored.
 //!
-//! - [`Bank::open_account`], [`Bank::account`], [`Bank::accounts`]: the account book.
-//! - [`Bank::transfer`]: record a transfer and run it (or start it in the background),
-//!   with idempotency keys: a replay returns the existing transfer, never a second one.
-//! - [`Bank::cancel`]: roll back a transfer that has not been applied, or reverse one
-//!   that has with a compensating transfer.
+//! - [`TransferService::open_account`], [`TransferService::account`],
+//!   [`TransferService::accounts`]: the account book.
+//! - [`TransferService::transfer`]: record a transfer and run it (or start it in the
+//!   background), with idempotency keys: a replay returns the existing transfer, never a
+//!   second one.
+//! - [`TransferService::cancel`]: roll back a transfer that has not been applied, or
+//!   reverse one that has with a compensating transfer.
 //!
 //! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
 //! `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits its turn up to
 //! `ADMISSION_WAIT_MS`, then is refused), before anything is recorded.
 //!
-//! This file holds [`Bank`] and its construction; each concern has a file of its own:
+//! This file holds [`TransferService`] and its construction; each concern has a file of its
+//! own:
 //! - `error.rs`: [`ServiceError`], and the one mapping of a storage error onto it;
 //! - `admission.rs`: the permits of admission control, and the ways in;
 //! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
@@ -61,9 +64,10 @@ use tokio_util::task::TaskTracker;
 use crate::domain::{Strategy, TransferId};
 use crate::store::{Deployments, Store};
 
-/// The bank: accounts, transfers, and the protocol that moves money between them.
+/// The transfer service: accounts, transfers, and the protocol that moves money between
+/// them.
 #[derive(Clone)]
-pub struct Bank {
+pub struct TransferService {
     /// Every deployment the accounts live on (`DEPLOYMENTS`); see `store::deployments`
     /// for what lives where.
     deployments: Deployments,
@@ -75,7 +79,7 @@ pub struct Bank {
     /// be on their way to the server (it waits for their lease like any other instance).
     owner: Arc<str>,
     /// Every protocol run and cancel (each in a task of its own, see
-    /// [`Bank::spawn_run`]); shutdown waits for them.
+    /// [`TransferService::spawn_run`]); shutdown waits for them.
     background: TaskTracker,
     /// Transfers this process is driving right now. Two drivers under one owner
     /// would share a lease, and a second driver's debit after the first one's pull would
@@ -108,16 +112,16 @@ pub struct Bank {
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
 pub const DEFAULT_HOLD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
-impl Bank {
-    /// A bank over one deployment (a [`Store`]) or several ([`Deployments`]).
+impl TransferService {
+    /// A service over one deployment (a [`Store`]) or several ([`Deployments`]).
     pub fn new(
         deployments: impl Into<Deployments>,
         instance_id: impl Into<Arc<str>>,
         stale_after: Duration,
-    ) -> Bank {
+    ) -> TransferService {
         let instance_id: Arc<str> = instance_id.into();
         let incarnation = format!("{:08x}", rand::random::<u32>());
-        Bank {
+        TransferService {
             deployments: deployments.into().named(&instance_id),
             owner: format!("{instance_id}/{incarnation}").into(),
             instance_id,
@@ -140,21 +144,21 @@ impl Bank {
     /// `instance_id`, so that a scheduler, a pause or a held-back step can tell it from
     /// its siblings.
     #[cfg(feature = "failpoints")]
-    pub fn sibling(&self, instance_id: &str) -> Bank {
-        Bank {
+    pub fn sibling(&self, instance_id: &str) -> TransferService {
+        TransferService {
             deployments: self.deployments.named(instance_id),
             instance_id: instance_id.into(),
             ..self.clone()
         }
     }
 
-    pub fn with_strategy(self, strategy: Strategy) -> Bank {
-        Bank { strategy, ..self }
+    pub fn with_strategy(self, strategy: Strategy) -> TransferService {
+        TransferService { strategy, ..self }
     }
 
     /// Holds whose request does not say last this long (`HOLD_EXPIRES_MS`).
-    pub fn with_default_hold_expiry(self, default_hold_expiry: Duration) -> Bank {
-        Bank {
+    pub fn with_default_hold_expiry(self, default_hold_expiry: Duration) -> TransferService {
+        TransferService {
             default_hold_expiry,
             ..self
         }
@@ -165,8 +169,8 @@ impl Bank {
     }
 
     /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
-    pub fn with_max_in_flight(self, limit: usize) -> Bank {
-        Bank {
+    pub fn with_max_in_flight(self, limit: usize) -> TransferService {
+        TransferService {
             admission: self.admission.clone().limited(limit),
             ..self
         }
@@ -174,8 +178,8 @@ impl Bank {
 
     /// A request beyond the limit waits this long for a permit before it is refused
     /// (`ADMISSION_WAIT_MS`); zero refuses it at once.
-    pub fn with_admission_wait(self, wait: Duration) -> Bank {
-        Bank {
+    pub fn with_admission_wait(self, wait: Duration) -> TransferService {
+        TransferService {
             admission: self.admission.clone().waiting(wait),
             ..self
         }
@@ -183,9 +187,9 @@ impl Bank {
 
     /// Requests wait for a permit only while one of the connection places `places`
     /// (one per connection served, `MAX_CONNECTIONS` in all) is free: see [`admission`].
-    pub fn with_connection_places(self, places: Arc<tokio::sync::Semaphore>) -> Bank {
+    pub fn with_connection_places(self, places: Arc<tokio::sync::Semaphore>) -> TransferService {
         let room = admission::Room { places };
-        Bank {
+        TransferService {
             admission: self.admission.clone().within(room),
             ..self
         }
@@ -208,7 +212,7 @@ impl Bank {
         &self.instance_id
     }
 
-    /// What this process writes to `application`: see [`Bank::owner`]'s field.
+    /// What this process writes to `application`: see [`TransferService::owner`]'s field.
     pub fn owner(&self) -> &str {
         &self.owner
     }
@@ -223,13 +227,13 @@ impl Bank {
 mod tests {
     use super::*;
 
-    /// A bank whose store points at a port nothing listens on: the client connects
+    /// A service whose store points at a port nothing listens on: the client connects
     /// lazily, so nothing here reaches a server.
-    pub(super) async fn offline_bank(stale_after: Duration) -> Bank {
+    pub(super) async fn offline_service(stale_after: Duration) -> TransferService {
         let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
             .await
             .unwrap();
-        Bank::new(store, "unit", stale_after)
+        TransferService::new(store, "unit", stale_after)
     }
 
     /// A sibling (the explorer's second actor of one process) names its points, and its
@@ -238,8 +242,8 @@ mod tests {
     #[cfg(feature = "failpoints")]
     #[tokio::test]
     async fn a_sibling_names_its_points_and_its_stores_points_after_itself() {
-        let bank = offline_bank(Duration::from_secs(1)).await;
-        let sibling = bank.sibling("unit-2");
+        let service = offline_service(Duration::from_secs(1)).await;
+        let sibling = service.sibling("unit-2");
         assert_eq!(sibling.instance_id(), "unit-2");
         let names: Vec<_> = sibling
             .deployments()
@@ -248,6 +252,6 @@ mod tests {
             .map(|s| s.instance_id())
             .collect();
         assert_eq!(names, ["unit-2"]);
-        assert_eq!(sibling.owner(), bank.owner());
+        assert_eq!(sibling.owner(), service.owner());
     }
 }

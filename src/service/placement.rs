@@ -7,7 +7,7 @@ use std::sync::Arc;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, UnitWeighter};
 
-use super::{Bank, NewTransfer, ServiceError, ServiceResult};
+use super::{NewTransfer, ServiceError, ServiceResult, TransferService};
 use crate::domain::{AccountId, Currency, DeploymentName};
 
 /// Where an account lives, and its currency.
@@ -21,7 +21,7 @@ pub(super) struct Route {
     pub(super) currency: Currency,
 }
 
-/// Accounts whose place [`Bank`] remembers, at most.
+/// Accounts whose place [`TransferService`] remembers, at most.
 pub(super) const KNOWN_ACCOUNTS_MAX: usize = 100_000;
 
 /// The shards of the cache behind [`Placements`], each behind a lock of its own, so that
@@ -86,7 +86,7 @@ impl Placements {
     }
 }
 
-impl Bank {
+impl TransferService {
     /// Checks what the stored accounts must agree to; returns where the transfer goes.
     pub(super) async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<Route> {
         if new.source == new.destination {

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use super::{Bank, ServiceError, ServiceResult};
+use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{AccountId, Timestamp, Transfer, TransferFilter, TransferId, TransferState};
 use crate::store::StoreResult;
 
 /// How often a transfer is read again while waiting for it to come to rest.
 const REPLAY_POLL: Duration = Duration::from_millis(20);
 
-impl Bank {
+impl TransferService {
     /// The server time of the deployment that logs `transfer`, to read it as of now.
     async fn now_for(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
         self.log(transfer)?.server_time_lower_bound().await

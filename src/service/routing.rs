@@ -2,12 +2,12 @@
 //! its source's deployment (`docs/scaling.md`), and each account step goes to the
 //! deployment that keeps that account.
 
-use super::Bank;
+use super::TransferService;
 use crate::domain::{AccountId, Transfer};
 use crate::store::accounts::Side;
 use crate::store::{Store, StoreResult};
 
-impl Bank {
+impl TransferService {
     /// The deployment that logs `transfer`: its source's.
     pub(crate) fn log(&self, transfer: &Transfer) -> StoreResult<&Store> {
         self.deployments.of(&transfer.source_deployment)
