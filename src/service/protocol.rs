@@ -137,7 +137,7 @@ impl TransferService {
                 TransferState::Pending => self.apply(transfer).await?,
                 TransferState::Applied => {
                     self.wait_until_quiet(&transfer).await?;
-                    self.settle(transfer).await?
+                    self.complete(transfer).await?
                 }
                 TransferState::Canceling => {
                     self.wait_until_quiet(&transfer).await?;
@@ -371,8 +371,9 @@ impl TransferService {
         }
     }
 
-    /// Steps 6 to 8: pull both markers, then `applied -> done`.
-    async fn settle(&self, transfer: Transfer) -> StoreResult<Transfer> {
+    /// Steps 6 to 8, which complete an applied transfer: pull both markers, then
+    /// `applied -> done`.
+    async fn complete(&self, transfer: Transfer) -> StoreResult<Transfer> {
         // Both pulls in one write where one deployment has both accounts: each is
         // idempotent and neither depends on the other.
         for (store, accounts) in self.by_deployment(&transfer)? {
