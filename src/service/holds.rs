@@ -1,7 +1,7 @@
 //! Capturing and voiding holds (`docs/holds.md`).
 //!
-//! A `held` hold is settled by one guarded write that anyone may make
-//! (`Mover::Settler`): `held -> capturing` (a capture, before `expiresAt` by the
+//! A `held` hold is resolved by one guarded write that anyone may make
+//! (`Mover::Resolver`): `held -> capturing` (a capture, before `expiresAt` by the
 //! database's clock) or `held -> canceling` (a void, recorded `voided` before `expiresAt`
 //! and `expired` from then on; an expiry, from then on). Of captures, voids, expiries and
 //! cancels racing for one hold, exactly one wins that write; the others read what won
@@ -16,7 +16,7 @@ use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
 use crate::error_chain::Chain;
 use crate::store::accounts::Side;
-use crate::store::transfers::{Mover, Settle, StepFields};
+use crate::store::transfers::{Mover, Resolution, StepFields};
 use crate::store::{StoreError, StoreResult};
 
 /// Why a capture or a void cannot be made: the hold has gone another way.
@@ -67,7 +67,7 @@ impl TransferService {
             ..StepFields::default()
         };
         if !self
-            .settle_hold(&hold, TransferEvent::Void, Settle::Expire, fields)
+            .resolve_hold(&hold, TransferEvent::Void, Resolution::Expire, fields)
             .await?
         {
             return Ok(false);
@@ -87,13 +87,13 @@ impl TransferService {
     /// Why anyone may release the source of a `canceling` hold: the release is guarded by
     /// the hold's marker on the account alone, so of everyone who makes it (its owner, a
     /// recoverer, this call) exactly one lands, and no capture can race it (`canceling`
-    /// only ever goes to `canceled`). No copy of a reservation can land
-    /// after it either: a hold that came from `held` (expired, voided) had none in flight
-    /// any more (see `Mover::Settler`); one rolled back from `pending` by a cancel has both
-    /// accounts fenced; one rolled back by its owner may still see its reservation land
-    /// again, but the owner (or, after its lease, a recoverer) releases it only once no
-    /// copy can land, and that later release takes it away again. Releasing a reservation
-    /// moves no money, so its order against the destination's does not matter.
+    /// only ever goes to `canceled`). No copy of a reservation can land after it either: a
+    /// hold that came from `held` (expired, voided) had none in flight any more (see
+    /// `Mover::Resolver`); one rolled back from `pending` by a cancel has both accounts
+    /// fenced; one rolled back by its owner may still see its reservation land again, but
+    /// the owner (or, after its lease, a recoverer) releases it only once no copy can land,
+    /// and that later release takes it away again. Releasing a reservation moves no money,
+    /// so its order against the destination's does not matter.
     pub(super) async fn free_expired_reservation(&self, hold: Transfer) -> StoreResult<bool> {
         let mut hold = hold;
         let mut expired_here = false;
@@ -103,7 +103,7 @@ impl TransferService {
                 ..StepFields::default()
             };
             expired_here = self
-                .settle_hold(&hold, TransferEvent::Void, Settle::Expire, fields)
+                .resolve_hold(&hold, TransferEvent::Void, Resolution::Expire, fields)
                 .await?;
             if !expired_here {
                 hold = self.reload(&hold).await?;
@@ -196,7 +196,12 @@ impl TransferService {
             ..StepFields::default()
         };
         if self
-            .settle_hold(&transfer, TransferEvent::Capture, Settle::Capture, fields)
+            .resolve_hold(
+                &transfer,
+                TransferEvent::Capture,
+                Resolution::Capture,
+                fields,
+            )
             .await?
         {
             return self.run(transfer).await;
@@ -240,22 +245,22 @@ impl TransferService {
     }
 
     /// Voids a `held` hold (reason `voided`, or `expired` once past its `expiresAt`, as
-    /// the write that settles it finds the clock) and releases it; if a capture won
+    /// the write that resolves it finds the clock) and releases it; if a capture won
     /// meanwhile, answers [`HoldConflict::AlreadyCaptured`].
     pub(super) async fn void_held(&self, transfer: Transfer) -> ServiceResult<Transfer> {
         let id = transfer.id;
         if self
-            .settle_hold(
+            .resolve_hold(
                 &transfer,
                 TransferEvent::Void,
-                Settle::Void,
+                Resolution::Void,
                 StepFields::default(),
             )
             .await?
         {
             return Ok(self.run(transfer).await?);
         }
-        // A void loses only to another settler: the hold is no longer `held`.
+        // A void loses only to another resolver: the hold is no longer `held`.
         let transfer = self.reload(&transfer).await?;
         match transfer.state {
             TransferState::Capturing | TransferState::Done => Err(ServiceError::Hold {
@@ -266,17 +271,17 @@ impl TransferService {
         }
     }
 
-    /// Takes `event` from `held` as whoever settles the hold ([`Mover::Settler`]), as
+    /// Takes `event` from `held` as whoever resolves the hold ([`Mover::Resolver`]), as
     /// `by` lets it by the database's clock. Whether this call made it.
-    async fn settle_hold(
+    async fn resolve_hold(
         &self,
         transfer: &Transfer,
         event: TransferEvent,
-        by: Settle,
+        by: Resolution,
         fields: StepFields,
     ) -> StoreResult<bool> {
         let to = super::protocol::next_state(transfer, event);
-        let by = Mover::Settler {
+        let by = Mover::Resolver {
             owner: self.owner(),
             by,
         };
@@ -285,7 +290,7 @@ impl TransferService {
             .change_state(transfer.id, TransferState::Held, to, by, fields)
             .await?;
         if moved.is_some() {
-            tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold settled");
+            tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold resolved");
             failpoint!(self, "after_settle");
         }
         Ok(moved.is_some())

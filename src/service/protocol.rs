@@ -224,8 +224,8 @@ impl TransferService {
             }
         }
         if transfer.hold.is_some() {
-            // No copy of a reservation may land after `held`: whoever settles the hold
-            // moves it by the state guard alone (see `Mover::Settler`).
+            // No copy of a reservation may land after `held`: whoever resolves the hold
+            // moves it by the state guard alone (see `Mover::Resolver`).
             self.wait_until_quiet(&transfer).await?;
             return self
                 .advance(transfer, TransferEvent::Hold, StepFields::default())
