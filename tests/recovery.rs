@@ -335,7 +335,7 @@ async fn crash_hold_and_recover(layout: Layout, step: &str, what: HoldStep) {
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
     let ended = loop {
         let t = store.transfer(id).await.unwrap().unwrap();
-        if t.state.is_settled() {
+        if t.state.is_at_rest() {
             break t;
         }
         assert!(

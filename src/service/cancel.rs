@@ -383,7 +383,7 @@ impl TransferService {
         let mut reversal = self.run(reversal).await?;
         if !reversal.state.is_terminal() {
             // Another instance drives the compensation: its outcome is the answer.
-            reversal = self.wait_until_settled(reversal, REVERSAL_WAIT).await?;
+            reversal = self.wait_until_at_rest(reversal, REVERSAL_WAIT).await?;
         }
         match reversal.state {
             TransferState::Done => {

@@ -200,7 +200,7 @@ impl TransferService {
             }
             // Already driven (by the other request with its key, or a sweeper).
             Some(stored) => {
-                let transfer = self.wait_until_settled(stored, REPLAY_WAIT).await?;
+                let transfer = self.wait_until_at_rest(stored, REPLAY_WAIT).await?;
                 Ok(Recorded::Answered(TransferOutcome {
                     transfer,
                     replayed: keyed,

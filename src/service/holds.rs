@@ -167,7 +167,7 @@ impl TransferService {
                         });
                     }
                     // The same capture again: its result, once its driver has made it.
-                    return self.wait_until_settled(transfer, REPLAY_WAIT).await;
+                    return self.wait_until_at_rest(transfer, REPLAY_WAIT).await;
                 }
                 TransferState::Canceling | TransferState::Canceled => {
                     return Err(ServiceError::Hold {
@@ -236,7 +236,7 @@ impl TransferService {
                 hold: id,
             }),
             TransferState::Canceling | TransferState::Canceled => {
-                self.wait_until_settled(transfer, REPLAY_WAIT).await
+                self.wait_until_at_rest(transfer, REPLAY_WAIT).await
             }
             TransferState::Applied => {
                 panic!("bug: hold {id} is applied, a state only a transfer takes")
@@ -267,7 +267,7 @@ impl TransferService {
                 conflict: HoldConflict::AlreadyCaptured,
                 hold: id,
             }),
-            _ => self.wait_until_settled(transfer, REPLAY_WAIT).await,
+            _ => self.wait_until_at_rest(transfer, REPLAY_WAIT).await,
         }
     }
 

@@ -232,7 +232,7 @@ impl TransferService {
         if existing.request_hash.as_deref() != Some(fingerprint) {
             return Err(ServiceError::IdempotencyKeyReused);
         }
-        let transfer = self.wait_until_settled(existing, REPLAY_WAIT).await?;
+        let transfer = self.wait_until_at_rest(existing, REPLAY_WAIT).await?;
         Ok(TransferOutcome {
             transfer,
             replayed: true,

@@ -81,16 +81,16 @@ impl TransferService {
         self.transfers(&filter, limit).await
     }
 
-    /// Re-reads a transfer until the protocol has nothing left to do for it (it is
-    /// terminal, or a hold is `held`, waiting for its client) or `limit` has passed. Does
-    /// not drive it: its owner (or, if the owner died, the sweeper) does.
-    pub(super) async fn wait_until_settled(
+    /// Re-reads a transfer until it is at rest, the protocol having nothing left to do for
+    /// it (it is terminal, or a hold is `held`, waiting for its client) or `limit` has
+    /// passed. Does not drive it: its owner (or, if the owner died, the sweeper) does.
+    pub(super) async fn wait_until_at_rest(
         &self,
         mut transfer: Transfer,
         limit: Duration,
     ) -> ServiceResult<Transfer> {
         let deadline = tokio::time::Instant::now() + limit;
-        while !transfer.state.is_settled() && tokio::time::Instant::now() < deadline {
+        while !transfer.state.is_at_rest() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(REPLAY_POLL).await;
             transfer = self.reload(&transfer).await?;
         }
