@@ -214,7 +214,7 @@ impl TransferService {
                     (Takeover::Force(TransferEvent::MarkApplied, fields), None)
                 }
             },
-            // Only pulls, undos, releases or a capture's settling writes remain, which no
+            // Only pulls, undos, releases or a capture's writes remain, which no
             // fence refuses.
             TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
                 (Takeover::Claim, None)

@@ -213,7 +213,7 @@ impl Store {
             balance: delta,
             ..Change::default()
         };
-        self.settle(account, tx, change).await
+        self.pull_marker_with(account, tx, change).await
     }
 
     /// A void's (or a hold's rollback's) release: give back what the hold reserved here,
@@ -237,7 +237,7 @@ impl Store {
                 ..Change::default()
             },
         };
-        self.settle(account, tx, change).await
+        self.pull_marker_with(account, tx, change).await
     }
 
     /// A capture's steps 6 and 7: move `captured` (out of the source, into the
@@ -266,13 +266,13 @@ impl Store {
                 credits: -held,
             },
         };
-        self.settle(account, tx, change).await
+        self.pull_marker_with(account, tx, change).await
     }
 
-    /// The settling write behind an undo, a release and a capture: add `change` and pull
-    /// the marker, only where `tx` is applied (its marker is there), so that a second
+    /// The write behind an undo, a release and a capture: pull the marker of `tx`, adding
+    /// `change`, only where `tx` is applied (its marker is there), so that a second
     /// landing finds nothing.
-    async fn settle(
+    async fn pull_marker_with(
         &self,
         account: &AccountId,
         tx: TransferId,
