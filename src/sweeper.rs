@@ -50,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Timestamp, Transfer};
 use crate::error_chain::Chain;
-use crate::service::{Admitted, ServiceError, TransferService};
+use crate::service::{AdmissionPermit, ServiceError, TransferService};
 use crate::store::accounts::Side;
 use crate::store::transfers::Scan;
 use crate::store::{Store, StoreResult};
@@ -235,7 +235,7 @@ async fn recover(
     service: TransferService,
     claimed: Transfer,
     previous_owner: Option<String>,
-    permit: Admitted,
+    permit: AdmissionPermit,
 ) -> bool {
     let _permit = permit;
     let (id, from) = (claimed.id, claimed.state);

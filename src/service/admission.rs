@@ -45,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::{ServiceError, ServiceResult, TransferService};
 
 /// A permit of admission control, held for as long as a transfer is worked on.
-pub(crate) type Admitted = OwnedSemaphorePermit;
+pub(crate) type AdmissionPermit = OwnedSemaphorePermit;
 
 /// Transfers in flight per process unless `MAX_TRANSFERS_IN_FLIGHT` says otherwise.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
@@ -110,13 +110,13 @@ impl Admission {
     }
 
     /// A permit now, if one is free and nobody waits for it.
-    pub(crate) fn now(&self) -> Option<Admitted> {
+    pub(crate) fn now(&self) -> Option<AdmissionPermit> {
         self.permits.clone().try_acquire_owned().ok()
     }
 
     /// A permit within the request's wait, in turn behind those waiting already; `None`
     /// when the wait ran out first, or at once when every connection place is taken.
-    pub(crate) async fn within_wait(&self) -> Option<Admitted> {
+    pub(crate) async fn within_wait(&self) -> Option<AdmissionPermit> {
         let at_the_bound = self
             .room
             .as_ref()
@@ -133,7 +133,7 @@ impl Admission {
 
     /// A permit, however long it takes: the sweeper's way in, so that recoveries queue
     /// with new work instead of being refused.
-    pub(crate) async fn unbounded(&self) -> Admitted {
+    pub(crate) async fn unbounded(&self) -> AdmissionPermit {
         self.permits
             .clone()
             .acquire_owned()
@@ -150,7 +150,7 @@ impl Admission {
 impl TransferService {
     /// A permit to work on one more transfer: at once, or within the admission wait,
     /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
-    pub(super) async fn admit(&self) -> ServiceResult<Admitted> {
+    pub(super) async fn admit(&self) -> ServiceResult<AdmissionPermit> {
         if let Some(permit) = self.admission.now() {
             return Ok(permit);
         }
@@ -163,7 +163,7 @@ impl TransferService {
 
     /// A permit, waiting for one as long as it takes: the sweeper's way in, so that
     /// recoveries queue with new work (first come, first served) instead of being refused.
-    pub(crate) async fn admit_waiting(&self) -> Admitted {
+    pub(crate) async fn admit_waiting(&self) -> AdmissionPermit {
         self.admission.unbounded().await
     }
 

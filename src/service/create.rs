@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::idempotency::{REPLAY_WAIT, Taken, read_majority};
-use super::{Admitted, ServiceResult, TransferService};
+use super::{AdmissionPermit, ServiceResult, TransferService};
 use crate::domain::{
     AccountId, Amount, Hold, Reference, ScopedKey, Strategy, Transfer, TransferState,
 };
@@ -102,7 +102,7 @@ impl TransferService {
     /// [`TransferService::transfer`] once admitted, holding `permit`.
     async fn transfer_admitted(
         &self,
-        permit: Admitted,
+        permit: AdmissionPermit,
         new: NewTransfer,
         key: Option<ScopedKey>,
         completion: Completion,
@@ -268,7 +268,7 @@ impl TransferService {
     fn spawn_run(
         &self,
         transfer: Transfer,
-        permit: Admitted,
+        permit: AdmissionPermit,
     ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
         let service = self.clone();
         let work = async move {

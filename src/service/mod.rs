@@ -49,7 +49,7 @@ mod routing;
 mod unanswered;
 
 pub use accounts::NewAccount;
-pub(crate) use admission::Admitted;
+pub(crate) use admission::AdmissionPermit;
 pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
 pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
