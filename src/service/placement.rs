@@ -11,7 +11,7 @@ use super::{NewTransfer, ServiceError, ServiceResult, TransferService};
 use crate::domain::{AccountId, Currency, DeploymentName};
 
 /// Where an account lives, and its currency.
-pub(super) type Placed = (DeploymentName, Currency);
+pub(super) type Placement = (DeploymentName, Currency);
 
 /// Where a new transfer goes: the deployments of its accounts, and its currency.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ pub(super) struct Placements {
     /// Shared by every clone of the service (a sibling too). Full, it makes room for a
     /// new place by forgetting one (S3-FIFO: first one seen once and not asked for
     /// since), so that the places in use stay.
-    cache: Arc<Cache<AccountId, Placed>>,
+    cache: Arc<Cache<AccountId, Placement>>,
 }
 
 impl Placements {
@@ -74,12 +74,12 @@ impl Placements {
     }
 
     /// Where account `id` lives and its currency, if remembered.
-    pub(super) fn get(&self, id: &AccountId) -> Option<Placed> {
+    pub(super) fn get(&self, id: &AccountId) -> Option<Placement> {
         self.cache.get(id)
     }
 
     /// Remembers where accounts live.
-    fn remember(&self, places: impl IntoIterator<Item = (AccountId, Placed)>) {
+    fn remember(&self, places: impl IntoIterator<Item = (AccountId, Placement)>) {
         for (id, place) in places {
             self.cache.insert(id, place);
         }
@@ -114,7 +114,7 @@ impl TransferService {
 
     /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
     /// deployment) and remembers where they are.
-    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placed, Placed)> {
+    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placement, Placement)> {
         let [source, destination] = self
             .deployments
             .locate([&new.source, &new.destination])
