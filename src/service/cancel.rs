@@ -153,7 +153,7 @@ impl TransferService {
         transfer: Transfer,
         reason: CancelReason,
     ) -> ServiceResult<Transfer> {
-        let log = self.log(&transfer)?;
+        let log = self.log_store(&transfer)?;
         // The mark comes first, so whoever finishes the transfer, the sweeper later finds
         // the fences and drops them; its stamp starts the window the fences must land in.
         let Some(since) = log.mark_fenced(transfer.id).await? else {
@@ -323,7 +323,7 @@ impl TransferService {
             fenced,
         };
         let moved = self
-            .log(transfer)?
+            .log_store(transfer)?
             .change_state(transfer.id, from, to, by, fields);
         if moved.await?.is_some() {
             let reason = fields.reason;
@@ -356,7 +356,7 @@ impl TransferService {
             }
             let claimed = crate::store::new_transfer_id();
             if self
-                .log(&original)?
+                .log_store(&original)?
                 .claim_reversal(original.id, claimed)
                 .await?
             {
@@ -387,13 +387,13 @@ impl TransferService {
         }
         match reversal.state {
             TransferState::Done => {
-                self.log(&original)?
+                self.log_store(&original)?
                     .reversal_finished(original.id, reversal_id)
                     .await?;
                 Ok(self.reload(&original).await?)
             }
             TransferState::Canceled => {
-                self.log(&original)?
+                self.log_store(&original)?
                     .release_reversal(original.id, reversal_id)
                     .await?;
                 let reason = reversal.reason.unwrap_or(CancelReason::InsufficientFunds);

@@ -286,7 +286,7 @@ impl TransferService {
             by,
         };
         let moved = self
-            .log(transfer)?
+            .log_store(transfer)?
             .change_state(transfer.id, TransferState::Held, to, by, fields)
             .await?;
         if moved.is_some() {

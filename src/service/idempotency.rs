@@ -81,7 +81,7 @@ impl TransferService {
     ) -> ServiceResult<TransferOutcome> {
         let taken = || StoreError::Other("idempotency key taken but no transfer carries it".into());
         let key = transfer.idempotency_key.as_ref().ok_or_else(taken)?;
-        let log = self.log(transfer)?;
+        let log = self.log_store(transfer)?;
         let record = read_majority(|| log.idempotency_record(key)).await?;
         let existing = match &record {
             Some(record) => read_majority(|| log.transfer(record.transfer)).await?,

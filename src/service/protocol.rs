@@ -240,7 +240,7 @@ impl TransferService {
     /// whether we still own the transfer.
     async fn renew(&self, t: &mut Transfer) -> StoreResult<bool> {
         match self
-            .log(t)?
+            .log_store(t)?
             .renew_lease(self.owner(), t.id, t.state)
             .await?
         {
@@ -258,7 +258,7 @@ impl TransferService {
     /// until which it may still land, whether the step then succeeded or failed.
     async fn forward(&self, t: &mut Transfer, side: Side) -> StoreResult<StepResult> {
         let account = self.account_of(t, side).clone();
-        let (log, store) = (self.log(t)?, self.on(t, side)?);
+        let (log, store) = (self.log_store(t)?, self.on(t, side)?);
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
             // By the log's clock, which judges the lease; the account's deployment checks
             // the step against its own clock (see `Store::deadline_on`).
@@ -359,7 +359,7 @@ impl TransferService {
         let Some(until) = self.unanswered.late_until(transfer.id) else {
             return Ok(());
         };
-        let log = self.log(transfer)?;
+        let log = self.log_store(transfer)?;
         loop {
             let now = log.server_time_lower_bound().await?;
             if now > until {
@@ -494,7 +494,7 @@ impl TransferService {
         let from = transfer.state;
         let to = next_state(&transfer, event);
         let won = match self
-            .log(&transfer)?
+            .log_store(&transfer)?
             .change_state(transfer.id, from, to, Mover::Owner(self.owner()), fields)
             .await
         {
@@ -534,7 +534,7 @@ impl TransferService {
     }
 
     pub(super) async fn reload(&self, transfer: &Transfer) -> StoreResult<Transfer> {
-        self.log(transfer)?
+        self.log_store(transfer)?
             .transfer(transfer.id)
             .await?
             .ok_or_else(|| StoreError::Other(format!("transfer {} vanished", transfer.id).into()))

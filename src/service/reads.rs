@@ -14,7 +14,7 @@ const REPLAY_POLL: Duration = Duration::from_millis(20);
 impl TransferService {
     /// The server time of the deployment that logs `transfer`, to read it as of now.
     async fn now_for(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
-        self.log(transfer)?.server_time_lower_bound().await
+        self.log_store(transfer)?.server_time_lower_bound().await
     }
 
     /// The stored transfer, for the protocol (no view applied).

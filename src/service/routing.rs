@@ -8,8 +8,8 @@ use crate::store::accounts::Side;
 use crate::store::{Store, StoreResult};
 
 impl TransferService {
-    /// The deployment that logs `transfer`: its source's.
-    pub(crate) fn log(&self, transfer: &Transfer) -> StoreResult<&Store> {
+    /// The store of the deployment that logs `transfer` (its transfer log): its source's.
+    pub(crate) fn log_store(&self, transfer: &Transfer) -> StoreResult<&Store> {
         self.deployments.of(&transfer.source_deployment)
     }
 
