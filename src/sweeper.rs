@@ -209,7 +209,7 @@ fn may_claim(service: &TransferService, candidate: &Transfer) -> bool {
     // Its other account's deployment stopped answering since the page was read
     // (or is named in the data but not in `DEPLOYMENTS`): claiming it would only
     // renew a lease it cannot use, and keep an instance that can from taking it.
-    service.on(candidate, Side::Destination).is_ok()
+    service.store_of(candidate, Side::Destination).is_ok()
 }
 
 /// Claims `candidate` for this instance ([`Store::claim`]); `None` if someone touched it

@@ -272,7 +272,10 @@ impl TransferService {
         unless_applied: bool,
         deadline: Timestamp,
     ) -> StoreResult<Fence> {
-        let (store, account) = (self.on(transfer, side)?, self.account_of(transfer, side));
+        let (store, account) = (
+            self.store_of(transfer, side)?,
+            self.account_of(transfer, side),
+        );
         let deadline = log
             .deadline_on(deadline, store, self.clock_allowance())
             .await?;
@@ -343,7 +346,7 @@ impl TransferService {
                 return self.finish_reversal(original).await;
             }
             let funds = self
-                .on(&original, Side::Destination)?
+                .store_of(&original, Side::Destination)?
                 .account(&original.destination)
                 .await?
                 .map_or(0, |a| a.available_balance());
@@ -421,7 +424,7 @@ impl TransferService {
         reversal_id: TransferId,
     ) -> ServiceResult<Transfer> {
         // Logged where its source, the original's destination, lives.
-        let log = self.on(original, Side::Destination)?;
+        let log = self.store_of(original, Side::Destination)?;
         if let Some(existing) = log.transfer(reversal_id).await? {
             return Ok(existing);
         }

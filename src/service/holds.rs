@@ -121,7 +121,7 @@ impl TransferService {
             .hold
             .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
             .amount;
-        self.on(&hold, Side::Source)?
+        self.store_of(&hold, Side::Source)?
             .release(&hold.source, hold.id, Side::Source, held)
             .await?;
         if expired_here {

@@ -258,7 +258,7 @@ impl TransferService {
     /// until which it may still land, whether the step then succeeded or failed.
     async fn forward(&self, t: &mut Transfer, side: Side) -> StoreResult<StepResult> {
         let account = self.account_of(t, side).clone();
-        let (log, store) = (self.log_store(t)?, self.on(t, side)?);
+        let (log, store) = (self.log_store(t)?, self.store_of(t, side)?);
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
             // By the log's clock, which judges the lease; the account's deployment checks
             // the step against its own clock (see `Store::deadline_on`).
@@ -411,7 +411,7 @@ impl TransferService {
         // afterwards. Kept so that a broken invariant still leaves the books balanced,
         // and said loudly.
         if self
-            .on(&transfer, Side::Destination)?
+            .store_of(&transfer, Side::Destination)?
             .undo_change(
                 &transfer.destination,
                 transfer.id,
@@ -422,7 +422,7 @@ impl TransferService {
             tracing::error!(transfer_id = %transfer.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
         }
         failpoint!(self, "after_undo_destination");
-        self.on(&transfer, Side::Source)?
+        self.store_of(&transfer, Side::Source)?
             .undo_change(&transfer.source, transfer.id, transfer.amount.minor_units())
             .await?;
         failpoint!(self, "after_undo_source");
@@ -441,11 +441,11 @@ impl TransferService {
     /// down, the money is spendable at once rather than after its outage.
     async fn release(&self, transfer: Transfer, held: Amount) -> StoreResult<Transfer> {
         let id = transfer.id;
-        self.on(&transfer, Side::Source)?
+        self.store_of(&transfer, Side::Source)?
             .release(&transfer.source, id, Side::Source, held)
             .await?;
         failpoint!(self, "after_undo_source");
-        self.on(&transfer, Side::Destination)?
+        self.store_of(&transfer, Side::Destination)?
             .release(&transfer.destination, id, Side::Destination, held)
             .await?;
         failpoint!(self, "after_undo_destination");
@@ -464,11 +464,11 @@ impl TransferService {
             .hold
             .unwrap_or_else(|| panic!("bug: transfer {} is capturing but no hold", transfer.id));
         let (id, captured) = (transfer.id, transfer.amount);
-        self.on(&transfer, Side::Source)?
+        self.store_of(&transfer, Side::Source)?
             .capture(&transfer.source, id, Side::Source, hold.amount, captured)
             .await?;
         failpoint!(self, "after_capture_source");
-        self.on(&transfer, Side::Destination)?
+        self.store_of(&transfer, Side::Destination)?
             .capture(
                 &transfer.destination,
                 id,

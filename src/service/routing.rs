@@ -13,8 +13,8 @@ impl TransferService {
         self.deployments.of(&transfer.source_deployment)
     }
 
-    /// The deployment of `transfer`'s account on `side`.
-    pub(crate) fn on(&self, transfer: &Transfer, side: Side) -> StoreResult<&Store> {
+    /// The store of the deployment that keeps `transfer`'s account on `side`.
+    pub(crate) fn store_of(&self, transfer: &Transfer, side: Side) -> StoreResult<&Store> {
         self.deployments.of(match side {
             Side::Source => &transfer.source_deployment,
             Side::Destination => &transfer.destination_deployment,
@@ -29,8 +29,8 @@ impl TransferService {
         transfer: &'t Transfer,
     ) -> StoreResult<Vec<(&Store, [&'t AccountId; 2])>> {
         let (source, destination) = (
-            self.on(transfer, Side::Source)?,
-            self.on(transfer, Side::Destination)?,
+            self.store_of(transfer, Side::Source)?,
+            self.store_of(transfer, Side::Destination)?,
         );
         let (a, b) = (&transfer.source, &transfer.destination);
         Ok(if source.deployment() == destination.deployment() {
