@@ -11,7 +11,7 @@ use support::values::{account, after, amount, from_now, initial};
 use support::{TestApp, spawn_app_with};
 use transfer_service::domain::{CancelReason, Transfer, TransferId, TransferState};
 use transfer_service::failpoints;
-use transfer_service::store::accounts::{Fence, Forward};
+use transfer_service::store::accounts::{Fence, FenceWhen, Forward};
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::object_id;
 use transfer_service::store::transfers::{Mover, StepFields};
@@ -1175,9 +1175,13 @@ async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() 
     let (past, future) = (after(now, -60_000), after(now, 60_000));
     let fence = |name: &'static str, unless_applied: bool, deadline| {
         let store = app.store.clone();
+        let when = match unless_applied {
+            true => FenceWhen::UnlessApplied,
+            false => FenceWhen::Always,
+        };
         async move {
             store
-                .fence(&account(name), id, unless_applied, deadline)
+                .fence(&account(name), id, when, deadline)
                 .await
                 .unwrap()
         }

@@ -15,7 +15,7 @@
 
 use super::{HoldConflict, ServiceError, ServiceResult, TransferService};
 use crate::domain::{CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState};
-use crate::store::accounts::{Fence, Side};
+use crate::store::accounts::{Fence, FenceWhen, Side};
 use crate::store::transfers::{Fenced, Mover, StepFields};
 use crate::store::{Store, StoreError, StoreResult};
 
@@ -188,12 +188,15 @@ impl TransferService {
     ) -> StoreResult<Option<(Takeover, Option<Fence>)>> {
         // A hold being reserved has no commit point yet (a reservation is not spendable),
         // so it always rolls back; a transfer's commit point is its credit.
-        let unless_applied = transfer.hold.is_none();
+        let when = match transfer.hold {
+            None => FenceWhen::UnlessApplied,
+            Some(_) => FenceWhen::Always,
+        };
         Ok(Some(match transfer.state {
             // The commit point is the credit: fence the destination only if it has not
             // landed, in one write, which decides between rolling back and completing.
             TransferState::Pending => match self
-                .fence(log, transfer, Side::Destination, unless_applied, deadline)
+                .fence(log, transfer, Side::Destination, when, deadline)
                 .await?
             {
                 Fence::TooLate => return Ok(None),
@@ -238,7 +241,13 @@ impl TransferService {
         let destination = match destination {
             Some(placed) => placed,
             None => match self
-                .fence(log, transfer, Side::Destination, false, deadline)
+                .fence(
+                    log,
+                    transfer,
+                    Side::Destination,
+                    FenceWhen::Always,
+                    deadline,
+                )
                 .await?
             {
                 Fence::TooLate => return Ok(None),
@@ -246,7 +255,7 @@ impl TransferService {
             },
         };
         let source = match self
-            .fence(log, transfer, Side::Source, false, deadline)
+            .fence(log, transfer, Side::Source, FenceWhen::Always, deadline)
             .await?
         {
             Fence::TooLate => return Ok(None),
@@ -261,15 +270,14 @@ impl TransferService {
         Ok(Some(fenced))
     }
 
-    /// Fences `transfer`'s account on `side` against its forward steps (with
-    /// `unless_applied`, only if the transfer is not applied to it), by `deadline` on the
-    /// clock of `log`, carried over to the account's deployment.
+    /// Fences `transfer`'s account on `side` against its forward steps (as `when` says),
+    /// by `deadline` on the clock of `log`, carried over to the account's deployment.
     async fn fence(
         &self,
         log: &Store,
         transfer: &Transfer,
         side: Side,
-        unless_applied: bool,
+        when: FenceWhen,
         deadline: Timestamp,
     ) -> StoreResult<Fence> {
         let (store, account) = (
@@ -279,9 +287,7 @@ impl TransferService {
         let deadline = log
             .deadline_on(deadline, store, self.clock_allowance())
             .await?;
-        store
-            .fence(account, transfer.id, unless_applied, deadline)
-            .await
+        store.fence(account, transfer.id, when, deadline).await
     }
 
     /// Carries out `plan`, with the proof that both accounts are fenced, and drives the
