@@ -31,6 +31,7 @@ use mongodb::options::{Acknowledgment, ClientOptions, DatabaseOptions, ReadConce
 use mongodb::{Client, Collection, Database};
 
 use crate::domain::{DeploymentName, Timestamp};
+use crate::metrics::DbOutcome;
 
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
 pub use deployments::Deployments;
@@ -464,10 +465,12 @@ impl Store {
 fn command_timer(deployment: DeploymentName) -> EventHandler<CommandEvent> {
     EventHandler::callback(move |event| match event {
         CommandEvent::Succeeded(e) => {
-            crate::metrics::db_operation(&deployment, &e.command_name, true, e.duration)
+            let outcome = DbOutcome::Succeeded;
+            crate::metrics::db_operation(&deployment, &e.command_name, outcome, e.duration)
         }
         CommandEvent::Failed(e) => {
-            crate::metrics::db_operation(&deployment, &e.command_name, false, e.duration)
+            let outcome = DbOutcome::Failed;
+            crate::metrics::db_operation(&deployment, &e.command_name, outcome, e.duration)
         }
         _ => {}
     })
