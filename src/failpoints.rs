@@ -38,7 +38,7 @@
 //!   sent twice, as a driver's retry of an insert whose reply was lost would be on a
 //!   server that does not recognise the retry: the instance sees the second answer, a
 //!   duplicate key.
-//! - Clocks: [`set_clocks`] makes the next settling writes of a hold (capture, void,
+//! - Clocks: [`set_clocks`] makes the next resolving writes of a hold (capture, void,
 //!   expiry) of an instance judge it by the given times, one per write, instead of the
 //!   server's `$$NOW`: a clock that goes backwards between two commands.
 //! - Lagging reads: [`lag_reads`] makes the next reads of the transfer log by an
@@ -325,7 +325,7 @@ fn clocks()
     CLOCKS.get_or_init(Default::default)
 }
 
-/// Makes the next settling writes of a hold by `instance` take these times for the
+/// Makes the next resolving writes of a hold by `instance` take these times for the
 /// server's clock, one per write, in order; then `$$NOW` again.
 pub fn set_clocks(instance: &str, times: impl IntoIterator<Item = chrono::DateTime<chrono::Utc>>) {
     clocks()
@@ -334,7 +334,7 @@ pub fn set_clocks(instance: &str, times: impl IntoIterator<Item = chrono::DateTi
         .insert(instance.to_owned(), times.into_iter().collect());
 }
 
-/// Called by the store for each settling write: the time it must take for the server's
+/// Called by the store for each resolving write: the time it must take for the server's
 /// clock, if a test set one.
 pub fn next_clock(instance: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     clocks()

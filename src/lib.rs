@@ -8,9 +8,13 @@
 //!   and runs it until a shutdown token is cancelled.
 //! - [`http`]: axum routes, request/response types (built from domain types),
 //!   problem+json errors, OpenAPI.
-//! - [`service`]: what the API asks for, in domain terms; [`service::protocol`] is the
-//!   two-phase commit itself, one function per step; what a run sent without an answer
-//!   is kept for every later run of the transfer in the process (`service/unanswered.rs`).
+//! - [`service`]: what the API asks for, in domain terms, through
+//!   [`service::TransferService`] (`service/mod.rs`: the type and its construction, and
+//!   the list of the files beside it, one concern each: errors, admission, accounts and
+//!   where they live, a new transfer and its idempotency key, reads, cancels, holds,
+//!   routing, readiness). [`service::protocol`] is the two-phase commit itself, one
+//!   function per step; what a run sent without an answer is kept for every later run of
+//!   the transfer in the process (`service/unanswered.rs`).
 //! - [`store`]: the only module that speaks MongoDB or names BSON; one guarded write per
 //!   step; its stored documents never leave it (it converts them to domain types). One
 //!   [`store::Store`] per deployment; [`store::Deployments`] holds them all and reads
@@ -36,13 +40,13 @@
 //! `docs/architecture.md` draws how a request, a recovery and a cancel flow through
 //! these modules.
 
-/// `failpoint!(bank, "step")`: with the `failpoints` feature, aborts the process after
+/// `failpoint!(service, "step")`: with the `failpoints` feature, aborts the process after
 /// `step` when `CRASH_AT=step`, or pauses it there for a test (see [`failpoints`]);
 /// without the feature, expands to nothing.
 macro_rules! failpoint {
-    ($bank:expr, $step:literal) => {{
+    ($service:expr, $step:literal) => {{
         #[cfg(feature = "failpoints")]
-        $crate::failpoints::hit($step, $bank.instance_id()).await;
+        $crate::failpoints::hit($step, $service.instance_id()).await;
     }};
 }
 

@@ -281,16 +281,28 @@ impl Drop for InFlightTransfer {
     }
 }
 
+/// How a database command ended: the `outcome` label of `db_operation_duration_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbOutcome {
+    /// `ok`.
+    Succeeded,
+    /// `error`.
+    Failed,
+}
+
 /// Records one database command on `deployment`, as the driver timed it (round trip
 /// included).
 pub fn db_operation(
     deployment: &DeploymentName,
     command: &str,
-    succeeded: bool,
+    outcome: DbOutcome,
     elapsed: Duration,
 ) {
     installed();
-    let outcome = if succeeded { "ok" } else { "error" };
+    let outcome = match outcome {
+        DbOutcome::Succeeded => "ok",
+        DbOutcome::Failed => "error",
+    };
     histogram!(
         DB_DURATION,
         "deployment" => deployment.to_string(),
@@ -418,8 +430,9 @@ mod tests {
     fn a_database_command_lands_in_the_database_buckets() {
         // A command name of this test's own, so no other test adds to its series.
         let here = DeploymentName::parse("probe").unwrap();
-        db_operation(&here, "bucketProbe", true, Duration::from_micros(62_500));
-        db_operation(&here, "bucketProbe", true, Duration::from_secs(7));
+        let ok = DbOutcome::Succeeded;
+        db_operation(&here, "bucketProbe", ok, Duration::from_micros(62_500));
+        db_operation(&here, "bucketProbe", ok, Duration::from_secs(7));
         let text = render();
         let labels = "deployment=\"probe\",command=\"bucketProbe\",outcome=\"ok\"";
         assert_eq!(

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::http::{self, AppState};
 use crate::retry;
-use crate::service::Bank;
+use crate::service::TransferService;
 use crate::store::{Deployments, Store, StoreError};
 
 /// Longest a request may take before it is answered 503. A transfer takes milliseconds;
@@ -26,7 +26,7 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 /// A bound, ready-to-run instance.
 pub struct Application {
     listener: TcpListener,
-    bank: Bank,
+    service: TransferService,
     /// The connection places (`MAX_CONNECTIONS`): the server takes one per connection,
     /// and admission control looks at how many are left.
     places: std::sync::Arc<tokio::sync::Semaphore>,
@@ -175,7 +175,7 @@ impl Application {
                 source,
             })?;
         let places = http::connections::places(settings.max_connections);
-        let bank = Bank::new(
+        let service = TransferService::new(
             deployments,
             settings.instance_id.clone(),
             settings.stale_after,
@@ -187,7 +187,7 @@ impl Application {
         .with_default_hold_expiry(settings.hold_expires);
         Ok(Application {
             listener,
-            bank,
+            service,
             places,
             settings,
         })
@@ -203,15 +203,15 @@ impl Application {
             .expect("a bound listener has an address")
     }
 
-    pub fn bank(&self) -> &Bank {
-        &self.bank
+    pub fn service(&self) -> &TransferService {
+        &self.service
     }
 
     /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight
     /// requests and background transfers finish (bounded), and returns.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let state = AppState {
-            bank: self.bank.clone(),
+            service: self.service.clone(),
         };
         let access = http::auth::Access {
             api_keys: self.settings.api_keys.clone(),
@@ -226,12 +226,12 @@ impl Application {
             "listening"
         );
         let watcher = tokio::spawn({
-            let deployments = self.bank.deployments().clone();
+            let deployments = self.service.deployments().clone();
             let shutdown = shutdown.clone();
             async move { deployments.watch(WATCH_INTERVAL, shutdown).await }
         });
         let sweeper = tokio::spawn(crate::sweeper::run(
-            self.bank.clone(),
+            self.service.clone(),
             self.settings.sweep_interval,
             shutdown.clone(),
         ));
@@ -240,7 +240,7 @@ impl Application {
             idle_timeout: self.settings.http_idle_timeout,
         };
         http::connections::serve(self.listener, app, limits, shutdown.clone()).await?;
-        let background = self.bank.background_tasks();
+        let background = self.service.background_tasks();
         background.close();
         if tokio::time::timeout(DRAIN_TIMEOUT, background.wait())
             .await

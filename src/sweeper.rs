@@ -1,12 +1,12 @@
 //! The recovery sweeper: finishes or rolls back what a crashed (or stuck) instance left
 //! behind.
 //!
-//! [`sweep_once`] is one pass: find unfinished transfers whose owner's lease has lapsed
-//! (no state change for `STALE_AFTER_MS` by the database's clock), claim each with one
-//! guarded findAndModify, and drive it with the same step functions as a fresh transfer
-//! ([`Bank::run`]): `initial` and `pending` go forward (a `pending` one whose debit or
-//! credit is now refused rolls back with the reason), `applied` finishes its pulls,
-//! `canceling` finishes its undo. Batches are bounded.
+//! [`sweep_once`] is one pass: find unfinished transfers whose owner's lease has lapsed (no
+//! state change for `STALE_AFTER_MS` by the database's clock), claim each with one guarded
+//! findAndModify, and drive it with the same step functions as a fresh transfer
+//! ([`TransferService::run`]): `initial` and `pending` go forward (a `pending` one whose
+//! debit or credit is now refused rolls back with the reason), `applied` finishes its
+//! pulls, `canceling` finishes its undo. Batches are bounded.
 //!
 //! A stale `initial` transfer is processed, not canceled: it was durably recorded with
 //! the client's intent, a `Prefer: respond-async` client was told it would run, and a
@@ -23,9 +23,9 @@
 //! [`run`] does one pass at once at start-up, then a pass every `SWEEP_INTERVAL_MS` with
 //! ±20% jitter so that instances started together do not sweep in lockstep; each
 //! deployment's log on a loop of its own, so that a pass held up by one deployment never
-//! delays the others. It stops between transfers when cancelled. A restarted instance
-//! has a new owner name (see [`Bank::owner`]) and takes its old transfers back like any
-//! other instance, once their lease has lapsed: writes of the dead process may still be
+//! delays the others. It stops between transfers when cancelled. A restarted instance has a
+//! new owner name (see [`TransferService::owner`]) and takes its old transfers back like
+//! any other instance, once their lease has lapsed: writes of the dead process may still be
 //! on their way until then.
 //!
 //! One transfer that fails (the database refused a step, say) is logged and left for the
@@ -48,9 +48,9 @@ use std::time::Duration;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::Timestamp;
+use crate::domain::{Timestamp, Transfer};
 use crate::error_chain::Chain;
-use crate::service::{Bank, ServiceError};
+use crate::service::{AdmissionPermit, ServiceError, TransferService};
 use crate::store::accounts::Side;
 use crate::store::transfers::Scan;
 use crate::store::{Store, StoreResult};
@@ -89,13 +89,16 @@ impl std::ops::AddAssign for SweepReport {
 
 /// One pass of the sweeper over every deployment's log at once. Stops early, between
 /// transfers, when `shutdown` is cancelled. Fails only if every deployment's pass failed.
-pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResult<SweepReport> {
-    let passes = bank
+pub async fn sweep_once(
+    service: &TransferService,
+    shutdown: &CancellationToken,
+) -> StoreResult<SweepReport> {
+    let passes = service
         .deployments()
         .all()
         .iter()
-        .map(|log| sweep_log(bank, log, shutdown));
-    let passes = if one_at_a_time(bank) {
+        .map(|log| sweep_log(service, log, shutdown));
+    let passes = if one_at_a_time(service) {
         let mut done = Vec::new();
         for pass in passes {
             done.push(pass.await);
@@ -107,7 +110,7 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
     let mut report = SweepReport::default();
     let mut failure = None;
     let mut swept = false;
-    for (log, pass) in bank.deployments().all().iter().zip(passes) {
+    for (log, pass) in service.deployments().all().iter().zip(passes) {
         match pass {
             Ok(one) => {
                 report += one;
@@ -125,28 +128,44 @@ pub async fn sweep_once(bank: &Bank, shutdown: &CancellationToken) -> StoreResul
     }
 }
 
-/// One pass over the transfers logged on `store`'s deployment.
+/// One pass over the transfers logged on `store`'s deployment: its stale transfers
+/// recovered, then its housekeeping.
 async fn sweep_log(
-    bank: &Bank,
+    service: &TransferService,
     store: &Store,
     shutdown: &CancellationToken,
 ) -> StoreResult<SweepReport> {
     store.check_answering()?;
-    let me = bank.owner();
-    let lease_ms = bank.stale_after().as_millis() as i64;
+    let lease_ms = service.stale_after().as_millis() as i64;
     // By the database's clock; the claim re-checks it atomically.
     let now = store.server_time().await?;
     let stale_before = now - chrono::TimeDelta::milliseconds(lease_ms);
     // What touches a deployment that does not answer is left out of every scan: nothing
     // can drive it now, and it would hide what comes after it (see `Scan`).
-    let scan = Scan::new(stale_before, bank.deployments().silent());
+    let scan = Scan::new(stale_before, service.deployments().silent());
+    let mut report = recover_stale(service, store, scan.clone(), stale_before, shutdown).await?;
+    if !shutdown.is_cancelled() {
+        keep_house(service, store, scan, now, shutdown, &mut report).await;
+    }
+    Ok(report)
+}
+
+/// Claims the unfinished transfers of `store`'s log whose owner's lease has lapsed (last
+/// modified before `stale_before`), at most `BATCH`, page after page of `unfinished`,
+/// and drives each to its end ([`recover`]); waits for those runs.
+async fn recover_stale(
+    service: &TransferService,
+    store: &Store,
+    mut unfinished: Scan,
+    stale_before: Timestamp,
+    shutdown: &CancellationToken,
+) -> StoreResult<SweepReport> {
     let mut report = SweepReport::default();
     // Each claimed transfer is driven in a task of its own, under the same admission
     // control as new transfers (waiting for a permit rather than being refused), so a
     // backlog is recovered as fast as the database allows, never faster than it admits.
     let mut runs = tokio::task::JoinSet::new();
-    let sequential = one_at_a_time(bank);
-    let mut unfinished = scan.clone();
+    let sequential = one_at_a_time(service);
     'pages: loop {
         let page = store.unfinished(&unfinished, BATCH).await?;
         unfinished.past(&page);
@@ -156,50 +175,15 @@ async fn sweep_log(
             if shutdown.is_cancelled() || report.claimed == BATCH as usize {
                 break 'pages;
             }
-            // Left to the task driving it: claiming it would renew the lease of a task
-            // that may be stuck. The next page goes past it, so that a page of them (a
-            // backlog stuck on a slow deployment) never hides the transfers behind it.
-            if bank.is_driving(candidate.id) {
+            if !may_claim(service, &candidate) {
                 continue;
             }
-            // Its other account's deployment stopped answering since the page was read
-            // (or is named in the data but not in `DEPLOYMENTS`): claiming it would only
-            // renew a lease it cannot use, and keep an instance that can from taking it.
-            if bank.on(&candidate, Side::Destination).is_err() {
+            let permit = service.admit_waiting().await;
+            let Some(claimed) = claim(service, store, &candidate, stale_before).await else {
                 continue;
-            }
-            let permit = bank.admit_waiting().await;
-            let claimed = match store.claim(me, &candidate, stale_before).await {
-                Ok(Some(claimed)) => claimed,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
-                    continue;
-                }
             };
             report.claimed += 1;
-            let bank = bank.clone();
-            runs.spawn(async move {
-                let _permit = permit;
-                let from = claimed.state;
-                let previous_owner = candidate.owner.unwrap_or_else(|| "-".into());
-                match bank.run(claimed).await {
-                    Ok(finished) => {
-                        tracing::info!(
-                            transfer_id = %finished.id,
-                            from = %from,
-                            to = %finished.state,
-                            previous_owner = %previous_owner,
-                            "transfer recovered"
-                        );
-                        finished.state.is_terminal()
-                    }
-                    Err(e) => {
-                        tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "recovery interrupted; next pass");
-                        false
-                    }
-                }
-            });
+            runs.spawn(recover(service.clone(), claimed, candidate.owner, permit));
             if sequential {
                 count_recovered(runs.join_next().await, &mut report);
             }
@@ -211,21 +195,92 @@ async fn sweep_log(
     while let Some(ended) = runs.join_next().await {
         count_recovered(Some(ended), &mut report);
     }
-    if !shutdown.is_cancelled() {
-        match finish_reversals(bank, store, scan.clone(), shutdown).await {
-            Ok(n) => report.reversals_finished = n,
-            Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
-        }
-        match collect_fences(bank, store, scan, shutdown).await {
-            Ok(n) => report.fences_dropped = n,
-            Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
-        }
-        match expire_holds(bank, store, now, shutdown).await {
-            Ok(n) => report.holds_expired = n,
-            Err(e) => tracing::warn!(error = %Chain(&e), "expiring holds failed; next pass"),
+    Ok(report)
+}
+
+/// Whether a pass may claim `candidate`, found stale.
+fn may_claim(service: &TransferService, candidate: &Transfer) -> bool {
+    // Left to the task driving it: claiming it would renew the lease of a task
+    // that may be stuck. The next page goes past it, so that a page of them (a
+    // backlog stuck on a slow deployment) never hides the transfers behind it.
+    if service.is_driving(candidate.id) {
+        return false;
+    }
+    // Its other account's deployment stopped answering since the page was read
+    // (or is named in the data but not in `DEPLOYMENTS`): claiming it would only
+    // renew a lease it cannot use, and keep an instance that can from taking it.
+    service.store_of(candidate, Side::Destination).is_ok()
+}
+
+/// Claims `candidate` for this instance ([`Store::claim`]); `None` if someone touched it
+/// since it was read, or the claim failed (logged; the next pass tries again).
+async fn claim(
+    service: &TransferService,
+    store: &Store,
+    candidate: &Transfer,
+    stale_before: Timestamp,
+) -> Option<Transfer> {
+    match store.claim(service.owner(), candidate, stale_before).await {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
+            None
         }
     }
-    Ok(report)
+}
+
+/// Drives `claimed`, a transfer claimed from `previous_owner`, holding `permit`; whether
+/// it reached its end.
+async fn recover(
+    service: TransferService,
+    claimed: Transfer,
+    previous_owner: Option<String>,
+    permit: AdmissionPermit,
+) -> bool {
+    let _permit = permit;
+    let (id, from) = (claimed.id, claimed.state);
+    let previous_owner = previous_owner.unwrap_or_else(|| "-".into());
+    match service.run(claimed).await {
+        Ok(finished) => {
+            tracing::info!(
+                transfer_id = %finished.id,
+                from = %from,
+                to = %finished.state,
+                previous_owner = %previous_owner,
+                "transfer recovered"
+            );
+            finished.state.is_terminal()
+        }
+        Err(e) => {
+            tracing::warn!(transfer_id = %id, error = %Chain(&e), "recovery interrupted; next pass");
+            false
+        }
+    }
+}
+
+/// The housekeeping of a pass over `store`'s log: reversals a crash interrupted, the
+/// fences of finished transfers, holds past their expiry. Each that fails is logged and
+/// left for the next pass.
+async fn keep_house(
+    service: &TransferService,
+    store: &Store,
+    scan: Scan,
+    now: Timestamp,
+    shutdown: &CancellationToken,
+    report: &mut SweepReport,
+) {
+    match finish_reversals(service, store, scan.clone(), shutdown).await {
+        Ok(n) => report.reversals_finished = n,
+        Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
+    }
+    match collect_fences(service, store, scan, shutdown).await {
+        Ok(n) => report.fences_dropped = n,
+        Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
+    }
+    match expire_holds(service, store, now, shutdown).await {
+        Ok(n) => report.holds_expired = n,
+        Err(e) => tracing::warn!(error = %Chain(&e), "expiring holds failed; next pass"),
+    }
 }
 
 /// Counts a claimed transfer's run that `ended` (`true`: at its end) in `report`.
@@ -240,12 +295,12 @@ fn count_recovered(ended: Option<Result<bool, tokio::task::JoinError>>, report: 
 /// each claimed transfer's run before the next claim. Only under a test's scheduler
 /// (`failpoints::hooked`), which runs each actor as one sequence of points and lets one
 /// point go at a time: two parts of one actor running at once would escape it.
-fn one_at_a_time(bank: &Bank) -> bool {
+fn one_at_a_time(service: &TransferService) -> bool {
     #[cfg(feature = "failpoints")]
-    return crate::failpoints::hooked(bank.instance_id());
+    return crate::failpoints::hooked(service.instance_id());
     #[cfg(not(feature = "failpoints"))]
     {
-        let _ = bank;
+        let _ = service;
         false
     }
 }
@@ -255,7 +310,7 @@ fn one_at_a_time(bank: &Bank) -> bool {
 /// (another instance drives the compensation, or it failed). Returns how many reached
 /// their end.
 async fn finish_reversals(
-    bank: &Bank,
+    service: &TransferService,
     store: &Store,
     mut scan: Scan,
     shutdown: &CancellationToken,
@@ -270,7 +325,7 @@ async fn finish_reversals(
                 return Ok(finished);
             }
             let id = original.id;
-            match bank.finish_reversal(original).await {
+            match service.finish_reversal(original).await {
                 Ok(after) if !after.reversing => {
                     finished += 1;
                     tracing::info!(transfer_id = %id, reversed_by = ?after.reversed_by, "interrupted reversal finished");
@@ -306,7 +361,7 @@ async fn finish_reversals(
 /// deadline carried over to its own clock no later than this one, see
 /// `Store::deadline_on`). At most `BATCH` a pass; pages past those that fail.
 pub async fn collect_fences(
-    bank: &Bank,
+    service: &TransferService,
     store: &Store,
     mut scan: Scan,
     shutdown: &CancellationToken,
@@ -323,7 +378,7 @@ pub async fn collect_fences(
             // Fences first, flag second: a crash in between leaves the flag, and the next
             // pass drops the (already gone) fences again.
             let dropped_here = async {
-                for (on, accounts) in bank.by_deployment(&transfer)? {
+                for (on, accounts) in service.by_deployment(&transfer)? {
                     on.drop_fences(accounts, transfer.id).await?;
                 }
                 store.unmark_fenced(transfer.id).await
@@ -348,7 +403,7 @@ pub async fn collect_fences(
 /// pass, or captured, voided or expired by someone else) unless the log's deployment
 /// itself fails, which ends the pass.
 async fn expire_holds(
-    bank: &Bank,
+    service: &TransferService,
     store: &Store,
     now: Timestamp,
     shutdown: &CancellationToken,
@@ -359,8 +414,8 @@ async fn expire_holds(
             break;
         }
         let id = hold.id;
-        let _permit = bank.admit_waiting().await;
-        match bank.expire(hold).await {
+        let _permit = service.admit_waiting().await;
+        match service.expire(hold).await {
             Ok(true) => {
                 expired += 1;
                 tracing::info!(transfer_id = %id, "hold expired");
@@ -381,12 +436,12 @@ async fn expire_holds(
 /// 10 s, before the watch finds it silent; one loop over every log waited for that pass
 /// before the next pass of any other, and an expired hold between two deployments that
 /// answer, or a transfer a killed instance left, waited with it.
-pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
-    let loops = bank
+pub async fn run(service: TransferService, interval: Duration, shutdown: CancellationToken) {
+    let loops = service
         .deployments()
         .all()
         .iter()
-        .map(|log| sweep_log_until_cancelled(&bank, log, interval, &shutdown));
+        .map(|log| sweep_log_until_cancelled(&service, log, interval, &shutdown));
     futures::future::join_all(loops).await;
     tracing::info!("sweeper stopped");
 }
@@ -394,13 +449,13 @@ pub async fn run(bank: Bank, interval: Duration, shutdown: CancellationToken) {
 /// Passes over `log` (one at once, then one every `interval` with jitter) until
 /// `shutdown` is cancelled.
 async fn sweep_log_until_cancelled(
-    bank: &Bank,
+    service: &TransferService,
     log: &Store,
     interval: Duration,
     shutdown: &CancellationToken,
 ) {
     loop {
-        if let Err(e) = sweep_log(bank, log, shutdown).await {
+        if let Err(e) = sweep_log(service, log, shutdown).await {
             tracing::warn!(deployment = %log.deployment(), error = %Chain(&e), "sweep of a deployment failed; retrying at the next interval");
         }
         let jitter = rand::rng().random_range(0.8..1.2);

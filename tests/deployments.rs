@@ -1424,7 +1424,7 @@ async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time
 /// (a pass that stopped at the first full page left it for ever).
 #[tokio::test]
 async fn one_pass_pages_past_a_full_page_it_skips_to_the_transfer_behind() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::store::Deployments;
     let books = Books::shared().await;
     {
@@ -1444,7 +1444,7 @@ async fn one_pass_pages_past_a_full_page_it_skips_to_the_transfer_behind() {
         left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 5), "us", true, 30_000).await;
 
     let without_cn = Deployments::new(vec![eu.clone(), books.store("us").clone()]);
-    let bank = Bank::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
+    let bank = TransferService::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
     let never = tokio_util::sync::CancellationToken::new();
     let report = transfer_service::sweeper::sweep_once(&bank, &never)
         .await
@@ -1460,7 +1460,7 @@ async fn one_pass_pages_past_a_full_page_it_skips_to_the_transfer_behind() {
 /// others; with all of them down it fails.
 #[tokio::test]
 async fn one_sweep_fails_only_when_every_deployment_fails() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::store::Deployments;
     let mut daemons = OwnDaemons::start();
     let books = Books::new(daemons.uris()).await;
@@ -1471,7 +1471,7 @@ async fn one_sweep_fails_only_when_every_deployment_fails() {
     }
     let eu = books.store("eu");
     left_by_a_killed_instance(eu, values::initial("eu-a", "us-a", 5), "us", true, 30_000).await;
-    let bank = Bank::new(
+    let bank = TransferService::new(
         Deployments::new(books.stores.clone()),
         "sweeper-under-test",
         Duration::from_secs(1),
@@ -1493,7 +1493,7 @@ async fn one_sweep_fails_only_when_every_deployment_fails() {
 /// the rest; and a pass asked to stop claims nothing more.
 #[tokio::test]
 async fn one_pass_claims_at_most_a_batch_and_none_once_stopped() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::store::Deployments;
     let books = Books::shared().await;
     {
@@ -1508,7 +1508,7 @@ async fn one_pass_claims_at_most_a_batch_and_none_once_stopped() {
         })
         .collect();
     futures::future::join_all(left).await;
-    let bank = Bank::new(
+    let bank = TransferService::new(
         Deployments::new(books.stores.clone()),
         "sweeper-under-test",
         Duration::from_secs(1),
@@ -1556,7 +1556,7 @@ async fn reversal_left_by_a_killed_instance(
 /// finishes at most a batch (100) of them, the next pass the rest.
 #[tokio::test]
 async fn one_pass_finishes_interrupted_reversals_past_a_page_it_cannot_and_at_most_a_batch() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::store::Deployments;
     let books = Books::shared().await;
     {
@@ -1582,7 +1582,7 @@ async fn one_pass_finishes_interrupted_reversals_past_a_page_it_cannot_and_at_mo
     futures::future::join_all(to_us).await;
 
     let without_cn = Deployments::new(vec![eu.clone(), books.store("us").clone()]);
-    let bank = Bank::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
+    let bank = TransferService::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
     let never = tokio_util::sync::CancellationToken::new();
     let sweep_once = transfer_service::sweeper::sweep_once;
     let first = sweep_once(&bank, &never).await.unwrap();
@@ -1598,7 +1598,7 @@ async fn one_pass_finishes_interrupted_reversals_past_a_page_it_cannot_and_at_mo
 #[tokio::test]
 async fn one_pass_drives_its_claimed_transfers_at_once() {
     use transfer_service::failpoints;
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::store::Deployments;
     let books = Books::shared().await;
     {
@@ -1612,7 +1612,7 @@ async fn one_pass_drives_its_claimed_transfers_at_once() {
         let transfer = values::initial("eu-a", "us-a", 5);
         left.push(left_by_a_killed_instance(eu, transfer, "us", true, 30_000).await);
     }
-    let bank = Bank::new(
+    let bank = TransferService::new(
         Deployments::new(books.stores.clone()),
         "sweeper-under-test",
         Duration::from_secs(1),
@@ -1668,7 +1668,7 @@ async fn fenced_left_by_a_killed_instance(
 /// have) to those behind, and cleans at most a batch (100), the next pass the rest.
 #[tokio::test]
 async fn one_pass_drops_fences_past_a_page_it_cannot_and_at_most_a_batch() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::store::Deployments;
     let books = Books::shared().await;
     let eu = books.store("eu");
@@ -1682,7 +1682,7 @@ async fn one_pass_drops_fences_past_a_page_it_cannot_and_at_most_a_batch() {
     let to_us = futures::future::join_all(to_us).await;
 
     let without_cn = Deployments::new(vec![eu.clone(), books.store("us").clone()]);
-    let bank = Bank::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
+    let bank = TransferService::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
     let never = tokio_util::sync::CancellationToken::new();
     let sweep_once = transfer_service::sweeper::sweep_once;
     let first = sweep_once(&bank, &never).await.unwrap();

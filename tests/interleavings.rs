@@ -14,7 +14,7 @@ use support::values::{account, after, amount, from_now, initial};
 use support::{TestApp, spawn_app_with};
 use transfer_service::domain::{CancelReason, Transfer, TransferId, TransferState};
 use transfer_service::failpoints;
-use transfer_service::store::accounts::{Fence, Forward};
+use transfer_service::store::accounts::{Fence, FenceWhen, Forward};
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::object_id;
 use transfer_service::store::transfers::{Mover, StepFields};
@@ -1228,24 +1228,25 @@ async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() 
         // Alice's account holds the transfer's marker, Bob's does not.
         let now = transfer(&app, id).await.last_modified;
         let (past, future) = (after(now, -60_000), after(now, 60_000));
-        let fence = |name: &'static str, unless_applied: bool, deadline| {
+        use FenceWhen::{Always, UnlessApplied};
+        let fence = |name: &'static str, when: FenceWhen, deadline| {
             let store = app.store.clone();
             async move {
                 store
-                    .fence(&account(name), id, unless_applied, deadline)
+                    .fence(&account(name), id, when, deadline)
                     .await
                     .unwrap()
             }
         };
-        assert_eq!(fence("alice", false, past).await, Fence::TooLate);
-        assert_eq!(fence("bob", false, past).await, Fence::TooLate);
-        assert_eq!(fence("bob", true, past).await, Fence::TooLate);
-        assert_eq!(fence("alice", true, past).await, Fence::Applied);
-        assert_eq!(fence("alice", true, future).await, Fence::Applied);
-        assert_eq!(fence("nobody", false, future).await, Fence::Missing);
-        assert_eq!(fence("nobody", true, past).await, Fence::Missing);
-        assert_eq!(fence("bob", true, future).await, Fence::Placed);
-        assert_eq!(fence("alice", false, future).await, Fence::Placed);
+        assert_eq!(fence("alice", Always, past).await, Fence::TooLate);
+        assert_eq!(fence("bob", Always, past).await, Fence::TooLate);
+        assert_eq!(fence("bob", UnlessApplied, past).await, Fence::TooLate);
+        assert_eq!(fence("alice", UnlessApplied, past).await, Fence::Applied);
+        assert_eq!(fence("alice", UnlessApplied, future).await, Fence::Applied);
+        assert_eq!(fence("nobody", Always, future).await, Fence::Missing);
+        assert_eq!(fence("nobody", UnlessApplied, past).await, Fence::Missing);
+        assert_eq!(fence("bob", UnlessApplied, future).await, Fence::Placed);
+        assert_eq!(fence("alice", Always, future).await, Fence::Placed);
     })
     .await
     // Both fenced: the owner's credit is refused, and it rolls the transfer back.
@@ -1516,7 +1517,7 @@ async fn age(app: &TestApp, id: TransferId, by: Duration) {
 /// nothing left to do.
 #[tokio::test]
 async fn one_sweep_finishes_what_was_left_and_reports_it() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::{SweepReport, sweep_once};
     let lease = Duration::from_secs(60);
     let app = spawn_app_with(|s| {
@@ -1594,7 +1595,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     }
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 
-    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
     let report = sweep_once(&bank, &never).await.unwrap();
     assert_eq!(
@@ -1637,7 +1638,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
 /// may try again, and the pass counts it.
 #[tokio::test]
 async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_and_counts_it() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::sweep_once;
     let lease = Duration::from_secs(60);
     let app = spawn_app_with(|s| {
@@ -1660,7 +1661,7 @@ async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_a
     assert_eq!(status, 201, "{body}");
     age(&app, original, lease * 2).await;
 
-    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
     let report = sweep_once(&bank, &never).await.unwrap();
     assert_eq!(report.reversals_finished, 1, "{report:?}");
@@ -1677,7 +1678,7 @@ async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_a
 #[tokio::test]
 async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and_does_not_count_it()
 {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::sweep_once;
     let lease = Duration::from_secs(60);
     let app = spawn_app_with(|s| {
@@ -1714,7 +1715,7 @@ async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and
         .unwrap();
     assert!(moved.is_some());
 
-    let bank = Bank::new(app.store.clone(), "sweeper-under-test", lease);
+    let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
     let report = sweep_once(&bank, &never).await.unwrap();
     assert_eq!(report.reversals_finished, 0, "{report:?}");
@@ -2188,7 +2189,7 @@ async fn a_debit_does_not_free_a_hold_the_database_clock_says_has_not_expired() 
 /// debit is done.
 #[tokio::test]
 async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and_is_done() {
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::sweeper::sweep_once;
     let app = spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3600)).await;
     open_alice_and_bob(&app).await;
@@ -2205,7 +2206,7 @@ async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and
         })
     };
     slow_expiry.reached().await;
-    let sweeper = Bank::new(
+    let sweeper = TransferService::new(
         app.store.clone(),
         "sweeper-under-test",
         Duration::from_secs(60),
@@ -2380,12 +2381,12 @@ async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_a
 /// claimed run would only queue on the drive lock behind the stuck task.
 #[tokio::test]
 async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
-    use transfer_service::service::{Bank, Completion, NewTransfer};
+    use transfer_service::service::{Completion, NewTransfer, TransferService};
     use transfer_service::sweeper::sweep_once;
     let lease = Duration::from_millis(300);
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
     open_alice_and_bob(&app).await;
-    let bank = Bank::new(app.store.clone(), "driving-and-sweeping", lease);
+    let bank = TransferService::new(app.store.clone(), "driving-and-sweeping", lease);
     let mut paused = failpoints::pause("driving-and-sweeping", "after_pending");
     let run = {
         let bank = bank.clone();

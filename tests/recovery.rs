@@ -333,7 +333,7 @@ async fn crash_hold_and_recover(layout: Layout, step: &str, what: HoldStep) {
     let left = limit.saturating_sub(started.elapsed());
     let ended = support::poll_until(left, Duration::from_millis(50), async || {
         let t = store.transfer(id).await.unwrap().unwrap();
-        if t.state.is_settled() { Ok(t) } else { Err(t) }
+        if t.state.is_at_rest() { Ok(t) } else { Err(t) }
     })
     .await
     .unwrap_or_else(|t| panic!("not recovered within {limit:?}: {t:?}"));

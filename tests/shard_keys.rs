@@ -13,8 +13,9 @@ use support::{database_uris, fresh_database_name, values};
 use transfer_service::domain::{
     Amount, ApiKeyId, Currency, DeploymentName, IdempotencyKey, KeyScope, OpeningBalance, ScopedKey,
 };
-use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer};
+use transfer_service::service::{Completion, NewAccount, NewTransfer, TransferService};
 use transfer_service::store::Deployments;
+use transfer_service::store::accounts::FenceWhen;
 use transfer_service::store::testing::{Recorded, connect_recording};
 
 /// Each collection the service writes, and its shard key (`docs/scaling.md`).
@@ -105,7 +106,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         stores.push(store);
         records.push(recorded);
     }
-    let bank = Bank::new(
+    let bank = TransferService::new(
         Deployments::new(stores.clone()),
         "shapes",
         Duration::from_secs(10),
@@ -185,10 +186,15 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     let since = eu.mark_fenced(id).await.unwrap();
     assert!(since.is_some());
     let deadline = values::from_now(5_000);
-    eu.fence(&values::account("c"), id, true, deadline)
-        .await
-        .unwrap();
-    us.fence(&values::account("b"), id, false, deadline)
+    eu.fence(
+        &values::account("c"),
+        id,
+        FenceWhen::UnlessApplied,
+        deadline,
+    )
+    .await
+    .unwrap();
+    us.fence(&values::account("b"), id, FenceWhen::Always, deadline)
         .await
         .unwrap();
     us.drop_fences([&values::account("b"), &values::account("b")], id)

@@ -119,9 +119,9 @@ impl TransferState {
         matches!(self, TransferState::Done | TransferState::Canceled)
     }
 
-    /// Nothing is left for the protocol to do: terminal, or a hold `held` until its
-    /// client captures or voids it (or it expires).
-    pub fn is_settled(self) -> bool {
+    /// At rest: nothing is left for the protocol to do, the transfer is terminal, or a
+    /// hold `held` until its client captures or voids it (or it expires).
+    pub fn is_at_rest(self) -> bool {
         self.is_terminal() || self == TransferState::Held
     }
 

@@ -142,7 +142,7 @@ pub struct Hold {
 }
 
 /// An account: its balance in minor units, and the transfers the protocol has applied
-/// to it but not settled yet.
+/// to it whose markers are still there (not yet pulled, undone, released or captured).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Account {
     pub id: AccountId,

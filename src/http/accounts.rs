@@ -178,7 +178,7 @@ pub async fn create_account(
             .map(|raw| field("deployment", DeploymentName::parse(raw)))
             .transpose()?,
     };
-    let account = state.bank.open_account(new).await?;
+    let account = state.service.open_account(new).await?;
     let mut headers = HeaderMap::new();
     if let Ok(location) = HeaderValue::from_str(&format!("/accounts/{}", account.id)) {
         headers.insert(header::LOCATION, location);
@@ -205,7 +205,7 @@ pub async fn get_account(
     Path(id): Path<String>,
 ) -> Result<Json<AccountResponse>, ApiError> {
     let id = path_account(&id)?;
-    Ok(Json(state.bank.account(&id).await?.into()))
+    Ok(Json(state.service.account(&id).await?.into()))
 }
 
 /// List accounts in id order.
@@ -234,7 +234,7 @@ pub async fn list_accounts(
             detail: "cursor is not one this listing handed out".into(),
         })?;
     let fetched = state
-        .bank
+        .service
         .accounts(after.as_ref(), request.limit + 1)
         .await?;
     Ok(Json(
@@ -270,7 +270,7 @@ pub async fn list_account_transfers(
     let request = params.parse("transfers")?;
     let before = super::transfers::cursor_id(request.after.as_deref())?;
     let fetched = state
-        .bank
+        .service
         .account_transfers(&id, before, request.limit + 1)
         .await?;
     Ok(Json(

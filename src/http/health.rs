@@ -48,12 +48,12 @@ pub async fn health() -> Json<Status> {
     )
 )]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {
-    if state.bank.is_overloaded() {
+    if state.service.is_overloaded() {
         return Err(ApiError::Overloaded);
     }
-    let down = state.bank.unavailable_deployments().await;
+    let down = state.service.unavailable_deployments().await;
     let names: Vec<String> = down.iter().map(ToString::to_string).collect();
-    if down.len() == state.bank.deployments().all().len() {
+    if down.len() == state.service.deployments().all().len() {
         return Err(ApiError::DeploymentsUnavailable(names));
     }
     Ok(Json(Status {

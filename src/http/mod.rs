@@ -2,7 +2,7 @@
 //! documents), the problem+json error type, and the OpenAPI document.
 //!
 //! Handlers only translate: they parse the request into domain values, call the
-//! [`Bank`], and turn the answer (or the [`ApiError`]) into a response.
+//! [`TransferService`], and turn the answer (or the [`ApiError`]) into a response.
 
 pub mod accounts;
 pub mod auth;
@@ -31,7 +31,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::service::Bank;
+use crate::service::TransferService;
 pub use problem::{ApiError, PROBLEM_JSON, Problem};
 
 /// The largest request body accepted. A transfer request is well under 1 KiB.
@@ -40,7 +40,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// What every handler gets.
 #[derive(Clone)]
 pub struct AppState {
-    pub bank: Bank,
+    pub service: TransferService,
 }
 
 #[derive(OpenApi)]

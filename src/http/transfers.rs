@@ -352,7 +352,7 @@ pub async fn create_transfer(
             .transpose()?,
         hold: body
             .hold
-            .map(|hold| hold_expiry(&hold, state.bank.default_hold_expiry()))
+            .map(|hold| hold_expiry(&hold, state.service.default_hold_expiry()))
             .transpose()?,
     };
     let key = idempotency_key(&headers)?.map(|key| ScopedKey { scope, key });
@@ -363,7 +363,7 @@ pub async fn create_transfer(
         Completion::Wait
     };
     let outcome = state
-        .bank
+        .service
         .transfer(new, key, completion)
         .await
         .map_err(ApiError::naming_accounts_of_a_request)?;
@@ -392,7 +392,7 @@ pub async fn get_transfer(
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    Ok(Json(state.bank.read_transfer(id).await?.into()))
+    Ok(Json(state.service.read_transfer(id).await?.into()))
 }
 
 /// List transfers, newest first.
@@ -439,7 +439,7 @@ pub async fn list_transfers(
         before: cursor_id(request.after.as_deref())?,
         ..TransferFilter::default()
     };
-    let fetched = state.bank.transfers(&filter, request.limit + 1).await?;
+    let fetched = state.service.transfers(&filter, request.limit + 1).await?;
     Ok(Json(
         page(
             fetched,
@@ -476,7 +476,7 @@ pub async fn cancel_transfer(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<TransferResponse>), ApiError> {
     let id = path_transfer(&id)?;
-    let transfer = state.bank.cancel(id).await?;
+    let transfer = state.service.cancel(id).await?;
     // `reversing` stays set until the compensating transfer is done.
     let status = if transfer.reversing {
         StatusCode::ACCEPTED
@@ -515,7 +515,7 @@ pub async fn capture_transfer(
         .amount
         .map(|raw| field("amount", Amount::parse(raw)))
         .transpose()?;
-    let transfer = state.bank.capture(id, amount).await?;
+    let transfer = state.service.capture(id, amount).await?;
     Ok(Json(transfer.into()))
 }
 
@@ -539,7 +539,7 @@ pub async fn void_transfer(
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    let transfer = state.bank.void(id).await?;
+    let transfer = state.service.void(id).await?;
     Ok(Json(transfer.into()))
 }
 

@@ -1,6 +1,8 @@
 //! Admission control: how many transfers this process works on at once
-//! (`MAX_TRANSFERS_IN_FLIGHT`), and how long a request beyond them waits for a place
-//! before it is refused (`ADMISSION_WAIT_MS`).
+//! (`MAX_TRANSFERS_IN_FLIGHT`), and how long a request beyond them waits for a place before
+//! it is refused (`ADMISSION_WAIT_MS`). [`Admission`] holds the permits;
+//! [`TransferService::admit`] (a request's way in) and [`TransferService::admit_waiting`]
+//! (the sweeper's) take them.
 //!
 //! Invariants it keeps:
 //! - Work in flight is bounded: one permit per transfer worked on (a new one, a cancel, a
@@ -40,8 +42,10 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::{ServiceError, ServiceResult, TransferService};
+
 /// A permit of admission control, held for as long as a transfer is worked on.
-pub(crate) type Admitted = OwnedSemaphorePermit;
+pub(crate) type AdmissionPermit = OwnedSemaphorePermit;
 
 /// Transfers in flight per process unless `MAX_TRANSFERS_IN_FLIGHT` says otherwise.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
@@ -106,13 +110,13 @@ impl Admission {
     }
 
     /// A permit now, if one is free and nobody waits for it.
-    pub(crate) fn now(&self) -> Option<Admitted> {
+    pub(crate) fn now(&self) -> Option<AdmissionPermit> {
         self.permits.clone().try_acquire_owned().ok()
     }
 
     /// A permit within the request's wait, in turn behind those waiting already; `None`
     /// when the wait ran out first, or at once when every connection place is taken.
-    pub(crate) async fn within_wait(&self) -> Option<Admitted> {
+    pub(crate) async fn within_wait(&self) -> Option<AdmissionPermit> {
         let at_the_bound = self
             .room
             .as_ref()
@@ -129,7 +133,7 @@ impl Admission {
 
     /// A permit, however long it takes: the sweeper's way in, so that recoveries queue
     /// with new work instead of being refused.
-    pub(crate) async fn unbounded(&self) -> Admitted {
+    pub(crate) async fn unbounded(&self) -> AdmissionPermit {
         self.permits
             .clone()
             .acquire_owned()
@@ -140,5 +144,31 @@ impl Admission {
     /// Whether every permit is taken.
     pub(crate) fn is_full(&self) -> bool {
         self.permits.available_permits() == 0
+    }
+}
+
+impl TransferService {
+    /// A permit to work on one more transfer: at once, or within the admission wait,
+    /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
+    pub(super) async fn admit(&self) -> ServiceResult<AdmissionPermit> {
+        if let Some(permit) = self.admission.now() {
+            return Ok(permit);
+        }
+        failpoint!(self, "waiting_for_admission");
+        self.admission
+            .within_wait()
+            .await
+            .ok_or(ServiceError::Overloaded)
+    }
+
+    /// A permit, waiting for one as long as it takes: the sweeper's way in, so that
+    /// recoveries queue with new work (first come, first served) instead of being refused.
+    pub(crate) async fn admit_waiting(&self) -> AdmissionPermit {
+        self.admission.unbounded().await
+    }
+
+    /// Whether every permit is taken: `/ready` then says so.
+    pub fn is_overloaded(&self) -> bool {
+        self.admission.is_full()
     }
 }

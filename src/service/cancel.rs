@@ -13,11 +13,11 @@
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
-use super::{Bank, HoldConflict, ServiceError, ServiceResult};
-use crate::domain::{CancelReason, Transfer, TransferEvent, TransferId, TransferState};
-use crate::store::accounts::{Fence, Side};
+use super::{HoldConflict, ServiceError, ServiceResult, TransferService};
+use crate::domain::{CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState};
+use crate::store::accounts::{Fence, FenceWhen, Side};
 use crate::store::transfers::{Fenced, Mover, StepFields};
-use crate::store::{StoreError, StoreResult};
+use crate::store::{Store, StoreError, StoreResult};
 
 /// How a cancel takes a transfer over once its accounts are fenced.
 enum Takeover {
@@ -36,14 +36,15 @@ const CANCEL_ROUNDS: usize = 16;
 /// before answering that the reversal is still under way.
 const REVERSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-impl Bank {
+impl TransferService {
     /// Cancels a transfer; answers with the original transfer as it ends.
     ///
     /// Admitted like a new transfer (or refused with [`ServiceError::Overloaded`]), and
     /// run in a task of its own, so that a client hanging up does not stop it halfway.
     pub async fn cancel(&self, id: TransferId) -> ServiceResult<Transfer> {
-        self.admitted("cancel", id, |bank| async move {
-            bank.cancel_admitted(id, CancelReason::CanceledByRequest)
+        self.admitted("cancel", id, |service| async move {
+            service
+                .cancel_admitted(id, CancelReason::CanceledByRequest)
                 .await
         })
         .await
@@ -59,7 +60,7 @@ impl Bank {
         work: W,
     ) -> ServiceResult<Transfer>
     where
-        W: FnOnce(Bank) -> F,
+        W: FnOnce(TransferService) -> F,
         F: std::future::Future<Output = ServiceResult<Transfer>> + Send + 'static,
     {
         let permit = self.admit().await?;
@@ -152,7 +153,7 @@ impl Bank {
         transfer: Transfer,
         reason: CancelReason,
     ) -> ServiceResult<Transfer> {
-        let log = self.log(&transfer)?;
+        let log = self.log_store(&transfer)?;
         // The mark comes first, so whoever finishes the transfer, the sweeper later finds
         // the fences and drops them; its stamp starts the window the fences must land in.
         let Some(since) = log.mark_fenced(transfer.id).await? else {
@@ -160,28 +161,45 @@ impl Bank {
         };
         // By the log's clock; each account's deployment checks it by its own.
         let deadline = self.lease_deadline_from(since);
-        let fence = |side: Side, unless_applied: bool| {
-            let transfer = &transfer;
-            async move {
-                let (store, account) = (self.on(transfer, side)?, self.account_of(transfer, side));
-                let deadline = log
-                    .deadline_on(deadline, store, self.clock_allowance())
-                    .await?;
-                store
-                    .fence(account, transfer.id, unless_applied, deadline)
-                    .await
-            }
+        let Some((plan, destination_fence)) =
+            self.plan_takeover(log, &transfer, reason, deadline).await?
+        else {
+            return Ok(self.reload(&transfer).await?);
         };
-        let (source, destination) = (Side::Source, Side::Destination);
-        // What to do once both accounts are fenced, and the destination's fence if placed.
+        let Some(fenced) = self
+            .fence_both(log, &transfer, deadline, destination_fence)
+            .await?
+        else {
+            return Ok(self.reload(&transfer).await?);
+        };
+        self.execute_takeover(log, transfer, plan, fenced).await
+    }
+
+    /// What to do once both accounts are fenced, and the destination's fence if this
+    /// placed it: for a `pending` transfer, decided by fencing the destination first.
+    /// `None` when the transfer is past what a cancel takes over, or the fence reached
+    /// the server too late.
+    async fn plan_takeover(
+        &self,
+        log: &Store,
+        transfer: &Transfer,
+        reason: CancelReason,
+        deadline: Timestamp,
+    ) -> StoreResult<Option<(Takeover, Option<Fence>)>> {
         // A hold being reserved has no commit point yet (a reservation is not spendable),
         // so it always rolls back; a transfer's commit point is its credit.
-        let unless_applied = transfer.hold.is_none();
-        let (plan, mut destination_fence) = match transfer.state {
+        let when = match transfer.hold {
+            None => FenceWhen::UnlessApplied,
+            Some(_) => FenceWhen::Always,
+        };
+        Ok(Some(match transfer.state {
             // The commit point is the credit: fence the destination only if it has not
             // landed, in one write, which decides between rolling back and completing.
-            TransferState::Pending => match fence(destination, unless_applied).await? {
-                Fence::TooLate => return Ok(self.reload(&transfer).await?),
+            TransferState::Pending => match self
+                .fence(log, transfer, Side::Destination, when, deadline)
+                .await?
+            {
+                Fence::TooLate => return Ok(None),
                 placed @ (Fence::Placed | Fence::Missing) => {
                     let fields = StepFields {
                         reason: Some(reason),
@@ -199,33 +217,88 @@ impl Bank {
                     (Takeover::Force(TransferEvent::MarkApplied, fields), None)
                 }
             },
-            // Only pulls, undos, releases or a capture's settling writes remain, which no
+            // Only pulls, undos, releases or a capture's writes remain, which no
             // fence refuses.
             TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
                 (Takeover::Claim, None)
             }
-            _ => return Ok(self.reload(&transfer).await?),
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Fences both accounts, each unconditionally, but the destination if `destination`
+    /// says its fence is placed already: both accounts refuse the transfer's forward
+    /// steps from here on, applied or not, so no late step can land once the markers are
+    /// pulled or undone. The proof of it, or `None` when a fence reached the server too
+    /// late.
+    async fn fence_both(
+        &self,
+        log: &Store,
+        transfer: &Transfer,
+        deadline: Timestamp,
+        destination: Option<Fence>,
+    ) -> StoreResult<Option<Fenced>> {
+        let destination = match destination {
+            Some(placed) => placed,
+            None => match self
+                .fence(
+                    log,
+                    transfer,
+                    Side::Destination,
+                    FenceWhen::Always,
+                    deadline,
+                )
+                .await?
+            {
+                Fence::TooLate => return Ok(None),
+                placed => placed,
+            },
         };
-        // Both accounts refuse the transfer's forward steps from here on, applied or not,
-        // so no late step can land once the markers are pulled or undone.
-        if destination_fence.is_none() {
-            match fence(destination, false).await? {
-                Fence::TooLate => return Ok(self.reload(&transfer).await?),
-                placed => destination_fence = Some(placed),
-            }
-        }
-        let source_fence = match fence(source, false).await? {
-            Fence::TooLate => return Ok(self.reload(&transfer).await?),
+        let source = match self
+            .fence(log, transfer, Side::Source, FenceWhen::Always, deadline)
+            .await?
+        {
+            Fence::TooLate => return Ok(None),
             placed => placed,
         };
-        let fenced = destination_fence
-            .and_then(|destination| Fenced::both(destination, source_fence))
-            .unwrap_or_else(|| {
-                panic!(
-                    "bug: transfer {}: an unconditional fence neither placed nor refused",
-                    transfer.id
-                )
-            });
+        let fenced = Fenced::both(destination, source).unwrap_or_else(|| {
+            panic!(
+                "bug: transfer {}: an unconditional fence neither placed nor refused",
+                transfer.id
+            )
+        });
+        Ok(Some(fenced))
+    }
+
+    /// Fences `transfer`'s account on `side` against its forward steps (as `when` says),
+    /// by `deadline` on the clock of `log`, carried over to the account's deployment.
+    async fn fence(
+        &self,
+        log: &Store,
+        transfer: &Transfer,
+        side: Side,
+        when: FenceWhen,
+        deadline: Timestamp,
+    ) -> StoreResult<Fence> {
+        let (store, account) = (
+            self.store_of(transfer, side)?,
+            self.account_of(transfer, side),
+        );
+        let deadline = log
+            .deadline_on(deadline, store, self.clock_allowance())
+            .await?;
+        store.fence(account, transfer.id, when, deadline).await
+    }
+
+    /// Carries out `plan`, with the proof that both accounts are fenced, and drives the
+    /// transfer to its end if the takeover won.
+    async fn execute_takeover(
+        &self,
+        log: &Store,
+        transfer: Transfer,
+        plan: Takeover,
+        fenced: Fenced,
+    ) -> ServiceResult<Transfer> {
         let taken = match plan {
             Takeover::Force(event, fields) => {
                 Some(self.force(&transfer, event, fields, Some(fenced)).await?)
@@ -259,7 +332,7 @@ impl Bank {
             fenced,
         };
         let moved = self
-            .log(transfer)?
+            .log_store(transfer)?
             .change_state(transfer.id, from, to, by, fields);
         if moved.await?.is_some() {
             let reason = fields.reason;
@@ -279,7 +352,7 @@ impl Bank {
                 return self.finish_reversal(original).await;
             }
             let funds = self
-                .on(&original, Side::Destination)?
+                .store_of(&original, Side::Destination)?
                 .account(&original.destination)
                 .await?
                 .map_or(0, |a| a.available_balance());
@@ -292,7 +365,7 @@ impl Bank {
             }
             let claimed = crate::store::new_transfer_id();
             if self
-                .log(&original)?
+                .log_store(&original)?
                 .claim_reversal(original.id, claimed)
                 .await?
             {
@@ -319,17 +392,17 @@ impl Bank {
         let mut reversal = self.run(reversal).await?;
         if !reversal.state.is_terminal() {
             // Another instance drives the compensation: its outcome is the answer.
-            reversal = self.wait_until_settled(reversal, REVERSAL_WAIT).await?;
+            reversal = self.wait_until_at_rest(reversal, REVERSAL_WAIT).await?;
         }
         match reversal.state {
             TransferState::Done => {
-                self.log(&original)?
+                self.log_store(&original)?
                     .reversal_finished(original.id, reversal_id)
                     .await?;
                 Ok(self.reload(&original).await?)
             }
             TransferState::Canceled => {
-                self.log(&original)?
+                self.log_store(&original)?
                     .release_reversal(original.id, reversal_id)
                     .await?;
                 let reason = reversal.reason.unwrap_or(CancelReason::InsufficientFunds);
@@ -357,7 +430,7 @@ impl Bank {
         reversal_id: TransferId,
     ) -> ServiceResult<Transfer> {
         // Logged where its source, the original's destination, lives.
-        let log = self.on(original, Side::Destination)?;
+        let log = self.store_of(original, Side::Destination)?;
         if let Some(existing) = log.transfer(reversal_id).await? {
             return Ok(existing);
         }

@@ -1,7 +1,7 @@
 //! Capturing and voiding holds (`docs/holds.md`).
 //!
-//! A `held` hold is settled by one guarded write that anyone may make
-//! (`Mover::Settler`): `held -> capturing` (a capture, before `expiresAt` by the
+//! A `held` hold is resolved by one guarded write that anyone may make
+//! (`Mover::Resolver`): `held -> capturing` (a capture, before `expiresAt` by the
 //! database's clock) or `held -> canceling` (a void, recorded `voided` before `expiresAt`
 //! and `expired` from then on; an expiry, from then on). Of captures, voids, expiries and
 //! cancels racing for one hold, exactly one wins that write; the others read what won
@@ -11,11 +11,12 @@
 //! (two routers, a failover), so a void is one write that cannot lose to the clock, and a
 //! capture that lost to it expires the hold before it answers `hold_expired`.
 
-use super::{Bank, ServiceError, ServiceResult};
+use super::idempotency::REPLAY_WAIT;
+use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
 use crate::error_chain::Chain;
 use crate::store::accounts::Side;
-use crate::store::transfers::{Mover, Settle, StepFields};
+use crate::store::transfers::{Mover, Resolution, StepFields};
 use crate::store::{StoreError, StoreResult};
 
 /// Why a capture or a void cannot be made: the hold has gone another way.
@@ -37,13 +38,13 @@ pub enum HoldConflict {
 /// moved it.
 const ROUNDS: usize = 8;
 
-impl Bank {
+impl TransferService {
     /// Captures `amount` of hold `id` (all of it by default): it moves from the source
     /// to the destination and the rest of the reservation is released. Answers with the
     /// hold once `done`.
     pub async fn capture(&self, id: TransferId, amount: Option<Amount>) -> ServiceResult<Transfer> {
-        self.admitted("capture", id, |bank| async move {
-            bank.capture_admitted(id, amount).await
+        self.admitted("capture", id, |service| async move {
+            service.capture_admitted(id, amount).await
         })
         .await
     }
@@ -51,11 +52,9 @@ impl Bank {
     /// Voids hold `id`: the whole reservation is released. Answers with the hold once
     /// `canceled` (reason `voided`, or `expired` if it expired first).
     pub async fn void(&self, id: TransferId) -> ServiceResult<Transfer> {
-        self.admitted(
-            "void",
-            id,
-            |bank| async move { bank.void_admitted(id).await },
-        )
+        self.admitted("void", id, |service| async move {
+            service.void_admitted(id).await
+        })
         .await
     }
 
@@ -68,7 +67,7 @@ impl Bank {
             ..StepFields::default()
         };
         if !self
-            .settle_hold(&hold, TransferEvent::Void, Settle::Expire, fields)
+            .resolve_hold(&hold, TransferEvent::Void, Resolution::Expire, fields)
             .await?
         {
             return Ok(false);
@@ -80,21 +79,21 @@ impl Bank {
 
     /// Frees what `hold`, past its `expiresAt` and still `held` or `canceling`, keeps
     /// reserved on its source, for a debit that needs the money (reads already leave it
-    /// out: `Bank::as_of_now`). Expires it first if it is still `held`; then releases the
-    /// source's reservation without waiting for the destination's, whose deployment may
-    /// be down, nor for the hold's owner, who may be dead. Whether the source no longer
-    /// carries it (released by this call or by anyone before).
+    /// out: `TransferService::as_of_now`). Expires it first if it is still `held`; then
+    /// releases the source's reservation without waiting for the destination's, whose
+    /// deployment may be down, nor for the hold's owner, who may be dead. Whether the
+    /// source no longer carries it (released by this call or by anyone before).
     ///
     /// Why anyone may release the source of a `canceling` hold: the release is guarded by
     /// the hold's marker on the account alone, so of everyone who makes it (its owner, a
     /// recoverer, this call) exactly one lands, and no capture can race it (`canceling`
-    /// only ever goes to `canceled`). No copy of a reservation can land
-    /// after it either: a hold that came from `held` (expired, voided) had none in flight
-    /// any more (see `Mover::Settler`); one rolled back from `pending` by a cancel has both
-    /// accounts fenced; one rolled back by its owner may still see its reservation land
-    /// again, but the owner (or, after its lease, a recoverer) releases it only once no
-    /// copy can land, and that later release takes it away again. Releasing a reservation
-    /// moves no money, so its order against the destination's does not matter.
+    /// only ever goes to `canceled`). No copy of a reservation can land after it either: a
+    /// hold that came from `held` (expired, voided) had none in flight any more (see
+    /// `Mover::Resolver`); one rolled back from `pending` by a cancel has both accounts
+    /// fenced; one rolled back by its owner may still see its reservation land again, but
+    /// the owner (or, after its lease, a recoverer) releases it only once no copy can land,
+    /// and that later release takes it away again. Releasing a reservation moves no money,
+    /// so its order against the destination's does not matter.
     pub(super) async fn free_expired_reservation(&self, hold: Transfer) -> StoreResult<bool> {
         let mut hold = hold;
         let mut expired_here = false;
@@ -104,7 +103,7 @@ impl Bank {
                 ..StepFields::default()
             };
             expired_here = self
-                .settle_hold(&hold, TransferEvent::Void, Settle::Expire, fields)
+                .resolve_hold(&hold, TransferEvent::Void, Resolution::Expire, fields)
                 .await?;
             if !expired_here {
                 hold = self.reload(&hold).await?;
@@ -122,7 +121,7 @@ impl Bank {
             .hold
             .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
             .amount;
-        self.on(&hold, Side::Source)?
+        self.store_of(&hold, Side::Source)?
             .release(&hold.source, hold.id, Side::Source, held)
             .await?;
         if expired_here {
@@ -159,30 +158,7 @@ impl Bank {
                         hold: id,
                     });
                 }
-                TransferState::Held => {
-                    let fields = StepFields {
-                        captured: Some(wanted),
-                        ..StepFields::default()
-                    };
-                    if self
-                        .settle_hold(&transfer, TransferEvent::Capture, Settle::Capture, fields)
-                        .await?
-                    {
-                        self.run(transfer).await?
-                    } else {
-                        let now = self.reload(&transfer).await?;
-                        if now.state == TransferState::Held {
-                            // Still held, so the capture lost to the clock, not to a rival:
-                            // the hold has expired. It is expired here, so that the answer
-                            // is the stored state's; if the clock now says otherwise (it
-                            // went backwards), the next round captures again.
-                            self.expire(now).await?;
-                            self.reload(&transfer).await?
-                        } else {
-                            now
-                        }
-                    }
-                }
+                TransferState::Held => self.capture_held(transfer, wanted).await?,
                 TransferState::Capturing | TransferState::Done => {
                     if transfer.amount != wanted {
                         return Err(ServiceError::Hold {
@@ -191,7 +167,7 @@ impl Bank {
                         });
                     }
                     // The same capture again: its result, once its driver has made it.
-                    return self.wait_until_settled(transfer, super::REPLAY_WAIT).await;
+                    return self.wait_until_at_rest(transfer, REPLAY_WAIT).await;
                 }
                 TransferState::Canceling | TransferState::Canceled => {
                     return Err(ServiceError::Hold {
@@ -210,6 +186,35 @@ impl Bank {
             format!("capture of hold {id}: the hold kept moving under it").into(),
         )
         .into())
+    }
+
+    /// One round of a capture of a `held` hold: `held -> capturing` for `wanted`, then
+    /// its run; or, if another actor or the clock won, the hold as it now stands.
+    async fn capture_held(&self, transfer: Transfer, wanted: Amount) -> StoreResult<Transfer> {
+        let fields = StepFields {
+            captured: Some(wanted),
+            ..StepFields::default()
+        };
+        if self
+            .resolve_hold(
+                &transfer,
+                TransferEvent::Capture,
+                Resolution::Capture,
+                fields,
+            )
+            .await?
+        {
+            return self.run(transfer).await;
+        }
+        let now = self.reload(&transfer).await?;
+        if now.state != TransferState::Held {
+            return Ok(now);
+        }
+        // Still held, so the capture lost to the clock, not to a rival: the hold has
+        // expired. It is expired here, so that the answer is the stored state's; if the
+        // clock now says otherwise (it went backwards), the next round captures again.
+        self.expire(now).await?;
+        self.reload(&transfer).await
     }
 
     async fn void_admitted(&self, id: TransferId) -> ServiceResult<Transfer> {
@@ -231,7 +236,7 @@ impl Bank {
                 hold: id,
             }),
             TransferState::Canceling | TransferState::Canceled => {
-                self.wait_until_settled(transfer, super::REPLAY_WAIT).await
+                self.wait_until_at_rest(transfer, REPLAY_WAIT).await
             }
             TransferState::Applied => {
                 panic!("bug: hold {id} is applied, a state only a transfer takes")
@@ -240,52 +245,52 @@ impl Bank {
     }
 
     /// Voids a `held` hold (reason `voided`, or `expired` once past its `expiresAt`, as
-    /// the write that settles it finds the clock) and releases it; if a capture won
+    /// the write that resolves it finds the clock) and releases it; if a capture won
     /// meanwhile, answers [`HoldConflict::AlreadyCaptured`].
     pub(super) async fn void_held(&self, transfer: Transfer) -> ServiceResult<Transfer> {
         let id = transfer.id;
         if self
-            .settle_hold(
+            .resolve_hold(
                 &transfer,
                 TransferEvent::Void,
-                Settle::Void,
+                Resolution::Void,
                 StepFields::default(),
             )
             .await?
         {
             return Ok(self.run(transfer).await?);
         }
-        // A void loses only to another settler: the hold is no longer `held`.
+        // A void loses only to another resolver: the hold is no longer `held`.
         let transfer = self.reload(&transfer).await?;
         match transfer.state {
             TransferState::Capturing | TransferState::Done => Err(ServiceError::Hold {
                 conflict: HoldConflict::AlreadyCaptured,
                 hold: id,
             }),
-            _ => self.wait_until_settled(transfer, super::REPLAY_WAIT).await,
+            _ => self.wait_until_at_rest(transfer, REPLAY_WAIT).await,
         }
     }
 
-    /// Takes `event` from `held` as whoever settles the hold ([`Mover::Settler`]), as
+    /// Takes `event` from `held` as whoever resolves the hold ([`Mover::Resolver`]), as
     /// `by` lets it by the database's clock. Whether this call made it.
-    async fn settle_hold(
+    async fn resolve_hold(
         &self,
         transfer: &Transfer,
         event: TransferEvent,
-        by: Settle,
+        by: Resolution,
         fields: StepFields,
     ) -> StoreResult<bool> {
         let to = super::protocol::next_state(transfer, event);
-        let by = Mover::Settler {
+        let by = Mover::Resolver {
             owner: self.owner(),
             by,
         };
         let moved = self
-            .log(transfer)?
+            .log_store(transfer)?
             .change_state(transfer.id, TransferState::Held, to, by, fields)
             .await?;
         if moved.is_some() {
-            tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold settled");
+            tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold resolved");
             failpoint!(self, "after_settle");
         }
         Ok(moved.is_some())

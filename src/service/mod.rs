@@ -1,222 +1,73 @@
 //! The service layer: what the HTTP handlers (and the recovery sweeper) ask for, in
 //! domain terms. It validates against the stored accounts, records transfers, runs the
-//! two-phase commit ([`protocol`]) and answers with the domain's [`Transfer`] and
-//! [`Account`], as stored.
+//! two-phase commit ([`protocol`]) and answers with the domain's
+//! [`Transfer`](crate::domain::Transfer) and [`Account`](crate::domain::Account), as
+//! stored.
 //!
-//! - [`Bank::open_account`], [`Bank::account`], [`Bank::accounts`]: the account book.
-//! - [`Bank::transfer`]: record a transfer and run it (or start it in the background),
-//!   with idempotency keys: a replay returns the existing transfer, never a second one.
-//! - [`Bank::cancel`]: roll back a transfer that has not been applied, or reverse one
-//!   that has with a compensating transfer.
+//! - [`TransferService::open_account`], [`TransferService::account`],
+//!   [`TransferService::accounts`]: the account book.
+//! - [`TransferService::transfer`]: record a transfer and run it (or start it in the
+//!   background), with idempotency keys: a replay returns the existing transfer, never a
+//!   second one.
+//! - [`TransferService::cancel`]: roll back a transfer that has not been applied, or
+//!   reverse one that has with a compensating transfer.
 //!
 //! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
 //! `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits its turn up to
 //! `ADMISSION_WAIT_MS`, then is refused), before anything is recorded.
+//!
+//! This file holds [`TransferService`] and its construction; each concern has a file of its
+//! own:
+//! - `error.rs`: [`ServiceError`], and the one mapping of a storage error onto it;
+//! - `admission.rs`: the permits of admission control, and the ways in;
+//! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
+//!   once and remembered;
+//! - `create.rs`: a new transfer, recorded and run; `idempotency.rs`: its idempotency
+//!   key, and replays;
+//! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
+//! - `protocol.rs`: the two-phase commit, one function per step; `driving.rs`: the drive
+//!   locks (one task per transfer in a process); `unanswered.rs`: what a run sent without
+//!   an answer, which every later run respects; `routing.rs`: the store each write of a
+//!   transfer goes to;
+//! - `cancel.rs`: cancels and reversals; `holds.rs`: capturing, voiding and expiring
+//!   holds;
+//! - `readiness.rs`: each deployment's ping, for `/ready`.
 
+mod accounts;
 mod admission;
 mod cancel;
+mod create;
+mod driving;
+mod error;
 mod holds;
+mod idempotency;
+mod placement;
 pub mod protocol;
+mod readiness;
+mod reads;
+mod routing;
 mod unanswered;
 
-pub(crate) use admission::Admitted;
+pub use accounts::NewAccount;
+pub(crate) use admission::AdmissionPermit;
 pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
+pub use create::{Completion, NewTransfer, TransferOutcome};
+pub use error::{ServiceError, ServiceResult};
 pub use holds::HoldConflict;
+use placement::Placements;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio_util::task::TaskTracker;
 
-use crate::domain::{
-    Account, AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Hold,
-    KeyScope, OpeningBalance, Reference, ScopedKey, Strategy, Timestamp, Transfer, TransferFilter,
-    TransferId, TransferState,
-};
-use crate::error_chain::Chain;
-use crate::store::accounts::Side;
-use crate::store::deployments::Reservation;
-use crate::store::native::AtomicOutcome;
-use crate::store::transfers::KeyRecord;
-use crate::store::{Deployments, Store, StoreError, StoreResult};
+use crate::domain::{Strategy, TransferId};
+use crate::store::{Deployments, Store};
 
-/// Reads that follow a write another request made, whose answer (a duplicate key) came
-/// from the primary: with majority read concern they may not see it for a moment. Tried
-/// a few times before a "not there" is believed.
-async fn read_majority<T, F, Fut>(read: F) -> StoreResult<Option<T>>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = StoreResult<Option<T>>>,
-{
-    const ATTEMPTS: u32 = 5;
-    const PAUSE: Duration = Duration::from_millis(20);
-    for _ in 1..ATTEMPTS {
-        if let Some(found) = read().await? {
-            return Ok(Some(found));
-        }
-        tokio::time::sleep(PAUSE).await;
-    }
-    read().await
-}
-
-/// What [`Bank::take_key`] found.
-enum Taken {
-    /// The key is ours now, for a transfer of this id.
-    New(TransferId),
-    /// The key was taken by the same request, whose transfer is not recorded yet:
-    /// record it under this id.
-    Unrecorded(TransferId),
-    /// The transfer the key made.
-    Replay(Box<Transfer>),
-}
-
-/// The end of a protocol run started with [`Bank::spawn_run`].
-async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
-    match run.await {
-        Ok(result) => Ok(result?),
-        // Only a panic gets here (runs are never aborted): a bug, said as one.
-        Err(e) => Err(StoreError::Other(format!("protocol run failed: {e}").into()).into()),
-    }
-}
-
-/// How long a replayed request waits for the original to finish before answering with
-/// the transfer as it stands (202). The original normally finishes in milliseconds; this
-/// only matters when its instance died and the sweeper must take over.
-const REPLAY_WAIT: Duration = Duration::from_secs(5);
-const REPLAY_POLL: Duration = Duration::from_millis(20);
-
-/// An account to open.
-#[derive(Debug, Clone)]
-pub struct NewAccount {
-    pub id: Option<AccountId>,
-    /// Where to keep it; the first deployment listed when not given.
-    pub deployment: Option<DeploymentName>,
-    pub name: Option<AccountName>,
-    pub balance: OpeningBalance,
-    pub currency: Currency,
-}
-
-/// A transfer to make.
-#[derive(Debug, Clone)]
-pub struct NewTransfer {
-    pub source: AccountId,
-    pub destination: AccountId,
-    pub amount: Amount,
-    pub reference: Option<Reference>,
-    /// A hold instead of a transfer: reserve `amount` now, until this long from now,
-    /// for a capture or a void (`docs/holds.md`).
-    pub hold: Option<Duration>,
-}
-
-impl NewTransfer {
-    /// What identifies "the same request" for an idempotency key: every field the client
-    /// sent. Separated by NUL, which none of the fields may contain.
-    fn fingerprint(&self) -> String {
-        let mut hash = Sha256::new();
-        hash.update(self.source.as_str());
-        hash.update([0]);
-        hash.update(self.destination.as_str());
-        hash.update([0]);
-        hash.update(self.amount.minor_units().to_be_bytes());
-        hash.update([0]);
-        if let Some(r) = &self.reference {
-            hash.update(r.as_str());
-        }
-        if let Some(expires_in) = self.hold {
-            hash.update([0]);
-            hash.update(b"hold");
-            hash.update(expires_in.as_millis().to_be_bytes());
-        }
-        hex::encode(hash.finalize())
-    }
-}
-
-/// Whether the caller waits for the protocol to finish.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
-    /// Run the protocol to a terminal state before answering.
-    Wait,
-    /// Record the transfer, answer at once, and run the protocol in the background
-    /// (`Prefer: respond-async`).
-    Background,
-}
-
-/// The answer to a transfer request: the transfer as it stands, and whether it was made
-/// by an earlier request with the same idempotency key.
-#[derive(Debug, Clone)]
-pub struct TransferOutcome {
-    pub transfer: Transfer,
-    pub replayed: bool,
-}
-
-/// Everything that can refuse a request, as the caller should see it.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    #[error("account {0} already exists")]
-    AccountExists(String),
-    #[error("there is no deployment {0}")]
-    UnknownDeployment(DeploymentName),
-    #[error("account {0} does not exist")]
-    AccountNotFound(String),
-    #[error("transfer {0} does not exist")]
-    TransferNotFound(TransferId),
-    #[error("source and destination are the same account")]
-    SameAccount,
-    #[error(
-        "source account is in {source_currency}, destination account in {destination_currency}"
-    )]
-    CurrencyMismatch {
-        source_currency: String,
-        destination_currency: String,
-    },
-    #[error("this idempotency key was used for a different request")]
-    IdempotencyKeyReused,
-    /// A reversal was refused and nothing changed: its compensating transfer (`attempt`,
-    /// when one was recorded) ended `canceled` for `reason`. `account` is the account at
-    /// fault: the original destination for a lack of funds, the original source for an
-    /// overflow or a vanished account.
-    #[error("the reversal was refused ({reason}) at account {account}")]
-    ReversalRefused {
-        reason: CancelReason,
-        account: AccountId,
-        attempt: Option<TransferId>,
-    },
-    /// A capture or a void the hold cannot take (see [`HoldConflict`]).
-    #[error("hold {hold} cannot take this: {conflict:?}")]
-    Hold {
-        conflict: HoldConflict,
-        hold: TransferId,
-    },
-    /// A capture of more than the hold reserved.
-    #[error("a capture may take at most the held amount, {}", held.minor_units())]
-    CaptureExceedsHold { held: Amount },
-    /// Too many transfers in flight in this instance: refused before anything was
-    /// recorded; retry shortly (or on another instance).
-    #[error("too many transfers in flight; retry shortly")]
-    Overloaded,
-    /// The database cannot be reached or cannot take the write now; retry later.
-    #[error(transparent)]
-    Unavailable(StoreError),
-    /// A bug or a misconfigured database: nothing the caller can do about it.
-    #[error(transparent)]
-    Internal(StoreError),
-}
-
-impl From<StoreError> for ServiceError {
-    fn from(err: StoreError) -> ServiceError {
-        match err {
-            StoreError::Unavailable(_) => ServiceError::Unavailable(err),
-            StoreError::DuplicateKey(_) | StoreError::Other(_) => ServiceError::Internal(err),
-        }
-    }
-}
-
-pub type ServiceResult<T> = Result<T, ServiceError>;
-
-/// The bank: accounts, transfers, and the protocol that moves money between them.
+/// The transfer service: accounts, transfers, and the protocol that moves money between
+/// them.
 #[derive(Clone)]
-pub struct Bank {
+pub struct TransferService {
     /// Every deployment the accounts live on (`DEPLOYMENTS`); see `store::deployments`
     /// for what lives where.
     deployments: Deployments,
@@ -228,7 +79,7 @@ pub struct Bank {
     /// be on their way to the server (it waits for their lease like any other instance).
     owner: Arc<str>,
     /// Every protocol run and cancel (each in a task of its own, see
-    /// [`Bank::spawn_run`]); shutdown waits for them.
+    /// [`TransferService::spawn_run`]); shutdown waits for them.
     background: TaskTracker,
     /// Transfers this process is driving right now. Two drivers under one owner
     /// would share a lease, and a second driver's debit after the first one's pull would
@@ -252,46 +103,25 @@ pub struct Bank {
     /// ([`ServiceError::Overloaded`]), having recorded nothing. This bounds every queue
     /// behind it, so that a burst cannot push steps past their deadlines.
     admission: admission::Admission,
-    /// The deployment and currency of every account this process has seen, by id.
-    /// Neither ever changes and no account is ever deleted through the service, so a
-    /// transfer between known accounts is validated and routed without a read. Should an
-    /// account vanish behind the service's back, the debit or credit finds it gone and
-    /// the transfer rolls back with `account_not_found`: the cache can make an answer less
-    /// precise, never move money wrongly.
-    known: Arc<std::sync::Mutex<std::collections::HashMap<AccountId, Placed>>>,
+    /// Where the accounts this process has seen live, and their currencies (see
+    /// [`Placements`]): a transfer between known accounts is validated and routed
+    /// without a read.
+    placements: Placements,
 }
-
-/// Where an account lives, and its currency.
-type Placed = (DeploymentName, Currency);
-
-/// Where a new transfer goes: the deployments of its accounts, and its currency.
-#[derive(Debug, Clone)]
-struct Route {
-    source: DeploymentName,
-    destination: DeploymentName,
-    currency: Currency,
-}
-
-/// With several deployments, how long `/ready` waits for each one's ping.
-const READY_PING_LIMIT: Duration = Duration::from_millis(900);
 
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
 pub const DEFAULT_HOLD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Accounts whose place [`Bank`] remembers, at most; the memory is simply emptied when
-/// full.
-const KNOWN_ACCOUNTS_MAX: usize = 100_000;
-
-impl Bank {
-    /// A bank over one deployment (a [`Store`]) or several ([`Deployments`]).
+impl TransferService {
+    /// A service over one deployment (a [`Store`]) or several ([`Deployments`]).
     pub fn new(
         deployments: impl Into<Deployments>,
         instance_id: impl Into<Arc<str>>,
         stale_after: Duration,
-    ) -> Bank {
+    ) -> TransferService {
         let instance_id: Arc<str> = instance_id.into();
         let incarnation = format!("{:08x}", rand::random::<u32>());
-        Bank {
+        TransferService {
             deployments: deployments.into().named(&instance_id),
             owner: format!("{instance_id}/{incarnation}").into(),
             instance_id,
@@ -302,7 +132,7 @@ impl Bank {
             strategy: Strategy::TwoPhase,
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,
             admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
-            known: Arc::default(),
+            placements: Placements::bounded(placement::KNOWN_ACCOUNTS_MAX),
         }
     }
 
@@ -314,21 +144,21 @@ impl Bank {
     /// `instance_id`, so that a scheduler, a pause or a held-back step can tell it from
     /// its siblings.
     #[cfg(feature = "failpoints")]
-    pub fn sibling(&self, instance_id: &str) -> Bank {
-        Bank {
+    pub fn sibling(&self, instance_id: &str) -> TransferService {
+        TransferService {
             deployments: self.deployments.named(instance_id),
             instance_id: instance_id.into(),
             ..self.clone()
         }
     }
 
-    pub fn with_strategy(self, strategy: Strategy) -> Bank {
-        Bank { strategy, ..self }
+    pub fn with_strategy(self, strategy: Strategy) -> TransferService {
+        TransferService { strategy, ..self }
     }
 
     /// Holds whose request does not say last this long (`HOLD_EXPIRES_MS`).
-    pub fn with_default_hold_expiry(self, default_hold_expiry: Duration) -> Bank {
-        Bank {
+    pub fn with_default_hold_expiry(self, default_hold_expiry: Duration) -> TransferService {
+        TransferService {
             default_hold_expiry,
             ..self
         }
@@ -339,8 +169,8 @@ impl Bank {
     }
 
     /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
-    pub fn with_max_in_flight(self, limit: usize) -> Bank {
-        Bank {
+    pub fn with_max_in_flight(self, limit: usize) -> TransferService {
+        TransferService {
             admission: self.admission.clone().limited(limit),
             ..self
         }
@@ -348,8 +178,8 @@ impl Bank {
 
     /// A request beyond the limit waits this long for a permit before it is refused
     /// (`ADMISSION_WAIT_MS`); zero refuses it at once.
-    pub fn with_admission_wait(self, wait: Duration) -> Bank {
-        Bank {
+    pub fn with_admission_wait(self, wait: Duration) -> TransferService {
+        TransferService {
             admission: self.admission.clone().waiting(wait),
             ..self
         }
@@ -357,81 +187,16 @@ impl Bank {
 
     /// Requests wait for a permit only while one of the connection places `places`
     /// (one per connection served, `MAX_CONNECTIONS` in all) is free: see [`admission`].
-    pub fn with_connection_places(self, places: Arc<tokio::sync::Semaphore>) -> Bank {
+    pub fn with_connection_places(self, places: Arc<tokio::sync::Semaphore>) -> TransferService {
         let room = admission::Room { places };
-        Bank {
+        TransferService {
             admission: self.admission.clone().within(room),
             ..self
         }
     }
 
-    /// A permit to work on one more transfer: at once, or within the admission wait,
-    /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
-    pub(super) async fn admit(&self) -> ServiceResult<Admitted> {
-        if let Some(permit) = self.admission.now() {
-            return Ok(permit);
-        }
-        failpoint!(self, "waiting_for_admission");
-        self.admission
-            .within_wait()
-            .await
-            .ok_or(ServiceError::Overloaded)
-    }
-
-    /// A permit, waiting for one as long as it takes: the sweeper's way in, so that
-    /// recoveries queue with new work (first come, first served) instead of being refused.
-    pub(crate) async fn admit_waiting(&self) -> Admitted {
-        self.admission.unbounded().await
-    }
-
-    /// Whether every permit is taken: `/ready` then says so.
-    pub fn is_overloaded(&self) -> bool {
-        self.admission.is_full()
-    }
-
-    /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
-    /// on even if the caller stops waiting (a client that hangs up, a request time-out),
-    /// so admitted work always finishes or is left, every step durable, for the sweeper.
-    fn spawn_run(
-        &self,
-        transfer: Transfer,
-        permit: Admitted,
-    ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
-        let bank = self.clone();
-        let work = async move {
-            let _permit = permit;
-            let id = transfer.id;
-            let ended = bank.run(transfer).await;
-            if let Err(e) = &ended {
-                tracing::warn!(transfer_id = %id, error = %Chain(e), "transfer interrupted; the sweeper will finish it");
-            }
-            ended
-        };
-        // In the request's span, so its log lines carry the request id too.
-        self.background.spawn(tracing::Instrument::instrument(
-            work,
-            tracing::Span::current(),
-        ))
-    }
-
     pub fn stale_after(&self) -> Duration {
         self.stale_after
-    }
-
-    /// The per-transfer lock that makes this process drive a transfer in one task only.
-    pub(crate) fn drive_lock(&self, id: TransferId) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
-        // Forget locks nobody holds or waits for, so the map stays as small as the work.
-        map.retain(|_, lock| Arc::strong_count(lock) > 1);
-        map.entry(id).or_default().clone()
-    }
-
-    /// Whether a task of this process is driving `id` right now. The sweeper leaves such
-    /// a transfer alone: claiming it would renew the lease of a task that may be stuck,
-    /// and keep every other instance from taking it over.
-    pub(crate) fn is_driving(&self, id: TransferId) -> bool {
-        let map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&id).is_some_and(|lock| Arc::strong_count(lock) > 1)
     }
 
     /// The first deployment's store (the only one, unless `DEPLOYMENTS` lists several).
@@ -443,51 +208,11 @@ impl Bank {
         &self.deployments
     }
 
-    /// The deployment that logs `transfer`: its source's.
-    pub(crate) fn log(&self, transfer: &Transfer) -> StoreResult<&Store> {
-        self.deployments.of(&transfer.source_deployment)
-    }
-
-    /// The deployment of `transfer`'s account on `side`.
-    pub(crate) fn on(&self, transfer: &Transfer, side: Side) -> StoreResult<&Store> {
-        self.deployments.of(match side {
-            Side::Source => &transfer.source_deployment,
-            Side::Destination => &transfer.destination_deployment,
-        })
-    }
-
-    /// The deployments of `transfer`'s accounts, each with the accounts it keeps, for a
-    /// write on both accounts: one entry with both where one deployment keeps both (one
-    /// write serves them), else one per deployment, its one account named twice.
-    pub(crate) fn by_deployment<'t>(
-        &self,
-        transfer: &'t Transfer,
-    ) -> StoreResult<Vec<(&Store, [&'t AccountId; 2])>> {
-        let (source, destination) = (
-            self.on(transfer, Side::Source)?,
-            self.on(transfer, Side::Destination)?,
-        );
-        let (a, b) = (&transfer.source, &transfer.destination);
-        Ok(if source.deployment() == destination.deployment() {
-            vec![(source, [a, b])]
-        } else {
-            vec![(source, [a, a]), (destination, [b, b])]
-        })
-    }
-
-    /// `transfer`'s account on `side`.
-    pub(crate) fn account_of<'t>(&self, transfer: &'t Transfer, side: Side) -> &'t AccountId {
-        match side {
-            Side::Source => &transfer.source,
-            Side::Destination => &transfer.destination,
-        }
-    }
-
     pub fn instance_id(&self) -> &str {
         &self.instance_id
     }
 
-    /// What this process writes to `application`: see [`Bank::owner`]'s field.
+    /// What this process writes to `application`: see [`TransferService::owner`]'s field.
     pub fn owner(&self) -> &str {
         &self.owner
     }
@@ -496,678 +221,19 @@ impl Bank {
     pub fn background_tasks(&self) -> &TaskTracker {
         &self.background
     }
-
-    /// One round trip to each deployment at once; `/ready` asks it. The names of those
-    /// that did not answer (as unavailable, or at all within the driver's time-out).
-    pub async fn unavailable_deployments(&self) -> Vec<DeploymentName> {
-        // One the watch found silent is not asked again, and the others are given less
-        // than a second: a readiness probe must answer within its own time-out (often
-        // 1 s), not the driver's. With one deployment, nothing is watched and its answer,
-        // however slow, is the answer (an instance that cannot reach it is not ready).
-        let limit = match self.deployments.all().len() {
-            1 => Duration::MAX,
-            _ => READY_PING_LIMIT,
-        };
-        let pings = self.deployments.all().iter().map(|s| async move {
-            if !s.is_answering() {
-                return Some(s.deployment().clone());
-            }
-            match tokio::time::timeout(limit, s.ping()).await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => {
-                    tracing::warn!(deployment = %s.deployment(), error = %Chain(&e), "deployment does not answer");
-                    Some(s.deployment().clone())
-                }
-                Err(_) => {
-                    tracing::warn!(deployment = %s.deployment(), "deployment does not answer within the ping limit");
-                    Some(s.deployment().clone())
-                }
-            }
-        });
-        futures::future::join_all(pings)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-
-    pub async fn open_account(&self, new: NewAccount) -> ServiceResult<Account> {
-        let id = match new.id {
-            Some(id) => id,
-            None => AccountId::parse(&format!("acc_{}", crate::store::new_transfer_id()))
-                .expect("acc_ and 24 hex digits make an account id"),
-        };
-        let store = match &new.deployment {
-            Some(name) => self
-                .deployments
-                .get(name)
-                .ok_or_else(|| ServiceError::UnknownDeployment(name.clone()))?,
-            None => self.deployments.first(),
-        };
-        store.check_answering()?;
-        let exists = |id: &AccountId| ServiceError::AccountExists(id.to_string());
-        // An account a version before the directory opened (on its only deployment,
-        // now the first) has no entry there when it was opened after the directory's
-        // migration ran, during a rolling upgrade: look for it where it can be.
-        let first = self.deployments.first();
-        if first.deployment() != store.deployment() && first.account(&id).await?.is_some() {
-            return Err(exists(&id));
-        }
-        let now = crate::domain::now();
-        let account = Account {
-            id,
-            deployment: store.deployment().clone(),
-            name: new.name,
-            balance: new.balance.minor_units(),
-            pending_debits: 0,
-            pending_credits: 0,
-            currency: new.currency,
-            pending_transactions: Vec::new(),
-            fenced_transactions: Vec::new(),
-            created_at: now,
-            updated_at: now,
-        };
-        // The id first, in the directory: unique across every deployment.
-        match self
-            .deployments
-            .reserve_account_id(&account.id, &account.deployment)
-            .await?
-        {
-            Reservation::Reserved => {}
-            Reservation::Taken => return Err(exists(&account.id)),
-        }
-        failpoint!(self, "after_reserve_account");
-        match store.insert_account(&account).await {
-            Ok(()) => Ok(account),
-            Err(StoreError::DuplicateKey(_)) => Err(exists(&account.id)),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// An account as it stands now: holds past their `expiresAt` no longer count in its
-    /// pending sums, whether or not a sweeper has released them yet.
-    pub async fn account(&self, id: &AccountId) -> ServiceResult<Account> {
-        let known = self.known_place(id);
-        let found = match known.and_then(|(d, _)| self.deployments.get(&d)) {
-            Some(store) => {
-                store.check_answering()?;
-                store.account(id).await?
-            }
-            None => self.deployments.find_account(id).await?,
-        };
-        let account = found.ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))?;
-        Ok(self.as_of_now(vec![account]).await?.remove(0))
-    }
-
-    /// Accounts in id order, as they stand now (see [`Bank::account`]).
-    pub async fn accounts(
-        &self,
-        after: Option<&AccountId>,
-        limit: u32,
-    ) -> ServiceResult<Vec<Account>> {
-        let accounts = self.deployments.list_accounts(after, limit).await?;
-        Ok(self.as_of_now(accounts).await?)
-    }
-
-    /// `accounts`, read just before, without the reservations of expired holds. Read
-    /// after the accounts, so that a hold released in between is still subtracted from
-    /// the copy that still carried it (its marker says so), never twice.
-    async fn as_of_now(&self, accounts: Vec<Account>) -> StoreResult<Vec<Account>> {
-        let holding: Vec<&AccountId> = accounts
-            .iter()
-            .filter(|a| a.pending_debits > 0 || a.pending_credits > 0)
-            .map(|a| &a.id)
-            .collect();
-        if holding.is_empty() {
-            return Ok(accounts);
-        }
-        // A hold is logged on its source's deployment and expires by that one's clock:
-        // holds into these accounts may be logged on any deployment. One that does not
-        // answer leaves its holds counted, unless it keeps one of these accounts.
-        let homes: Vec<&DeploymentName> = accounts.iter().map(|a| &a.deployment).collect();
-        let asked = self.deployments.all().iter().map(|s| {
-            let holding = &holding;
-            async move {
-                s.check_answering()?;
-                let now = s.server_time_lower_bound().await?;
-                s.expired_holds_touching(holding, now).await
-            }
-        });
-        let mut expired = Vec::new();
-        for (store, found) in self
-            .deployments
-            .all()
-            .iter()
-            .zip(futures::future::join_all(asked).await)
-        {
-            match found {
-                Ok(mut found) => expired.append(&mut found),
-                Err(e) if homes.contains(&store.deployment()) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(deployment = %store.deployment(), error = %Chain(&e), "expired holds not read; they still count");
-                }
-            }
-        }
-        Ok(accounts.into_iter().map(|a| a.without(&expired)).collect())
-    }
-
-    /// The server time of the deployment that logs `transfer`, to read it as of now.
-    async fn now_for(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
-        self.log(transfer)?.server_time_lower_bound().await
-    }
-
-    /// The stored transfer, for the protocol (no view applied).
-    pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
-        self.deployments
-            .find_transfer(id)
-            .await?
-            .ok_or(ServiceError::TransferNotFound(id))
-    }
-
-    /// A transfer as it stands now: a hold past its `expiresAt` reads as expired (see
-    /// [`Transfer::as_of`]).
-    pub async fn read_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
-        let transfer = self.find_transfer(id).await?;
-        let now = self.now_for(&transfer).await?;
-        Ok(transfer.as_of(now))
-    }
-
-    /// Transfers newest first, as they stand now; a listing of `held` ones leaves out
-    /// the holds past their expiry.
-    pub async fn transfers(
-        &self,
-        filter: &TransferFilter,
-        limit: u32,
-    ) -> ServiceResult<Vec<Transfer>> {
-        let mut filter = filter.clone();
-        if filter.state == Some(TransferState::Held) {
-            filter.unexpired = true;
-        }
-        let listed = self.deployments.list_transfers(&filter, limit).await?;
-        let mut now = std::collections::HashMap::new();
-        let mut shown = Vec::with_capacity(listed.len());
-        for t in listed {
-            let at = match now.get(&t.source_deployment) {
-                Some(at) => *at,
-                None => {
-                    let at = self.now_for(&t).await?;
-                    now.insert(t.source_deployment.clone(), at);
-                    at
-                }
-            };
-            let t = t.as_of(at);
-            // A hold listed as `held` may read as expired by now.
-            if filter.state.is_none_or(|state| state == t.state) {
-                shown.push(t);
-            }
-        }
-        Ok(shown)
-    }
-
-    /// The transfers touching an account, newest first; 404 for an unknown account.
-    pub async fn account_transfers(
-        &self,
-        account: &AccountId,
-        before: Option<TransferId>,
-        limit: u32,
-    ) -> ServiceResult<Vec<Transfer>> {
-        self.account(account).await?;
-        let filter = TransferFilter {
-            account: Some(account.clone()),
-            before,
-            ..TransferFilter::default()
-        };
-        self.transfers(&filter, limit).await
-    }
-
-    /// Records a transfer and runs the two-phase commit.
-    ///
-    /// With an idempotency key, a request that repeats an earlier one answers with the
-    /// earlier transfer (waiting briefly for it to finish) and moves no money; the same
-    /// key with a different request is refused. Concurrent requests with one key make
-    /// one transfer: the key is taken first, in `idempotencyKeys` on the deployment that
-    /// logs the transfer, whose unique `_id` lets exactly one request take it (see
-    /// `Bank::take_key`).
-    ///
-    /// A key is unique within its scope (the API key that sent it, see [`KeyScope`]),
-    /// among the transfers logged on one deployment, that is among the transfers out of
-    /// its accounts: the same key from another API key, or with a source account on
-    /// another deployment, is another request (see `docs/scaling.md`).
-    pub async fn transfer(
-        &self,
-        new: NewTransfer,
-        key: Option<ScopedKey>,
-        completion: Completion,
-    ) -> ServiceResult<TransferOutcome> {
-        let permit = self.admit().await?;
-        // Boxed, so that a request waiting for its permit holds only this small future,
-        // not the state of everything that follows (kilobytes, times every connection).
-        Box::pin(self.transfer_admitted(permit, new, key, completion)).await
-    }
-
-    /// [`Bank::transfer`] once admitted, holding `permit`.
-    async fn transfer_admitted(
-        &self,
-        permit: Admitted,
-        new: NewTransfer,
-        key: Option<ScopedKey>,
-        completion: Completion,
-    ) -> ServiceResult<TransferOutcome> {
-        let fingerprint = new.fingerprint();
-        let route = self.check_accounts(&new).await?;
-        let log = self.deployments.of(&route.source)?;
-        let id = match &key {
-            None => crate::store::new_transfer_id(),
-            Some(key) => match self.take_key(log, key, &fingerprint).await? {
-                Taken::New(id) | Taken::Unrecorded(id) => id,
-                Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
-            },
-        };
-        // The destination's deployment must answer too: refused at once, before the
-        // transfer is recorded, while it is known not to (the transfer would only wait
-        // for it). A key taken meanwhile is completed by the request's retry.
-        self.deployments.of(&route.destination)?;
-        let hold = match new.hold {
-            // Expiry by the clock of the deployment that logs the hold, which judges it.
-            Some(expires_in) => {
-                let now = log.server_time_lower_bound().await?;
-                let expires_at = chrono::TimeDelta::from_std(expires_in)
-                    .ok()
-                    .and_then(|d| now.checked_add_signed(d))
-                    .unwrap_or_else(|| panic!("bug: a hold of {expires_in:?} passed validation"));
-                Some(Hold {
-                    amount: new.amount,
-                    expires_at,
-                })
-            }
-            None => None,
-        };
-        let transfer = Transfer {
-            hold,
-            reference: new.reference,
-            request_hash: key.as_ref().map(|_| fingerprint.clone()),
-            idempotency_key: key.clone(),
-            source_deployment: route.source.clone(),
-            destination_deployment: route.destination.clone(),
-            ..Transfer::initial(id, new.source, new.destination, new.amount, route.currency)
-        };
-        // A hold outlives any multi-document transaction, and no transaction spans two
-        // deployments: those are always two-phase.
-        if self.strategy == Strategy::Native
-            && transfer.hold.is_none()
-            && route.source == route.destination
-        {
-            return self.transfer_natively(log, transfer, &fingerprint).await;
-        }
-        let mut transfer = transfer;
-        match log.insert_transfer(&transfer).await {
-            Ok(stamp) => transfer.last_modified = stamp,
-            Err(StoreError::DuplicateKey(_)) => {
-                match read_majority(|| log.transfer(transfer.id)).await? {
-                    // This request's own transfer: its id is new, or the one its key
-                    // names. Its insert landed on an attempt whose answer was lost and
-                    // the retry was refused for it (a server that does not recognise a
-                    // driver's retry), or another request with its key recorded it.
-                    // Nobody drives it yet: this request does.
-                    Some(stored)
-                        if stored.state == TransferState::Initial && stored.owner.is_none() =>
-                    {
-                        transfer = stored;
-                    }
-                    // Already driven (by the other request with its key, or a sweeper).
-                    Some(stored) => {
-                        let transfer = self.wait_until_settled(stored, REPLAY_WAIT).await?;
-                        return Ok(TransferOutcome {
-                            transfer,
-                            replayed: key.is_some(),
-                        });
-                    }
-                    // The key is on an older transfer (a version before idempotencyKeys).
-                    None if key.is_some() => {
-                        return self.replay_by_key(&transfer, &fingerprint).await;
-                    }
-                    None => {
-                        let said =
-                            format!("transfer {}: a duplicate key, but no transfer", transfer.id);
-                        return Err(StoreError::Other(said.into()).into());
-                    }
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer recorded");
-        failpoint!(self, "after_insert");
-        let run = self.spawn_run(transfer.clone(), permit);
-        let transfer = match completion {
-            Completion::Wait => joined(run).await?,
-            // The run goes on by itself; its end is logged there.
-            Completion::Background => transfer,
-        };
-        Ok(TransferOutcome {
-            transfer,
-            replayed: false,
-        })
-    }
-
-    /// The native strategy: one transaction records the transfer `done` and moves the
-    /// money; if an account refuses, the transfer is recorded `canceled` with the reason
-    /// instead, so that the answer and the log are those of the two-phase path.
-    async fn transfer_natively(
-        &self,
-        log: &Store,
-        transfer: Transfer,
-        fingerprint: &str,
-    ) -> ServiceResult<TransferOutcome> {
-        let outcome = match log.transfer_atomically(&transfer, self.owner()).await {
-            Ok(outcome) => outcome,
-            Err(StoreError::DuplicateKey(_)) if transfer.idempotency_key.is_some() => {
-                return self.replay_by_key(&transfer, fingerprint).await;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let transfer = match outcome {
-            AtomicOutcome::Done(done) => *done,
-            AtomicOutcome::Refused(reason) => {
-                let canceled = Transfer {
-                    state: TransferState::Canceled,
-                    reason: Some(reason),
-                    owner: Some(self.owner().to_owned()),
-                    ..transfer
-                };
-                match log.insert_transfer(&canceled).await {
-                    Ok(stamp) => Transfer {
-                        last_modified: stamp,
-                        ..canceled
-                    },
-                    Err(StoreError::DuplicateKey(_)) if canceled.idempotency_key.is_some() => {
-                        return self.replay_by_key(&canceled, fingerprint).await;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        tracing::info!(transfer_id = %transfer.id, to = %transfer.state, reason = ?transfer.reason, "transfer made in one transaction");
-        crate::metrics::transfer_finished(transfer.state, transfer.reason);
-        Ok(TransferOutcome {
-            transfer,
-            replayed: false,
-        })
-    }
-
-    /// Answers with the transfer that took `transfer`'s idempotency key first.
-    async fn replay_by_key(
-        &self,
-        transfer: &Transfer,
-        fingerprint: &str,
-    ) -> ServiceResult<TransferOutcome> {
-        let taken = || StoreError::Other("idempotency key taken but no transfer carries it".into());
-        let key = transfer.idempotency_key.as_ref().ok_or_else(taken)?;
-        let log = self.log(transfer)?;
-        let record = read_majority(|| log.idempotency_record(key)).await?;
-        let existing = match &record {
-            Some(record) => read_majority(|| log.transfer(record.transfer)).await?,
-            None => None,
-        };
-        let existing = match existing {
-            Some(existing) => existing,
-            // Recorded by a version before `idempotencyKeys` (its unique index on
-            // `transactions` refused this insert): the record, ours, names a transfer
-            // that will never exist; it is made to name the one that does.
-            None => {
-                let legacy = log
-                    .transfer_by_idempotency_key(key)
-                    .await?
-                    .ok_or_else(taken)?;
-                log.repair_idempotency_record(key, record.map(|r| r.transfer), &legacy)
-                    .await?;
-                legacy
-            }
-        };
-        self.replay(existing, fingerprint).await
-    }
-
-    /// Takes idempotency key `key` on `log` for a new transfer, or finds what took it.
-    ///
-    /// The key is taken before the transfer is recorded, naming the transfer's id: of
-    /// two requests with one key, one takes it, the other finds it. A key found taken
-    /// for the same request but with no transfer recorded yet (its request is between
-    /// the two writes, or died there) is completed under the same id: the log's unique
-    /// `_id` then lets exactly one of the two inserts win, and the loser replays.
-    ///
-    /// A key of an API key may have been taken before keys were scoped, as a shared key
-    /// ([`Bank::made_before_scoping`]): a retry of that request is answered with its
-    /// transfer, whichever way this request found its own key, and never records a new
-    /// one. Of two retries at once, the one that took the key may not have made its
-    /// record name the earlier transfer yet when the other reads it: the other then
-    /// finds a record naming nothing, and the earlier transfer decides for it too.
-    async fn take_key(
-        &self,
-        log: &Store,
-        key: &ScopedKey,
-        fingerprint: &str,
-    ) -> ServiceResult<Taken> {
-        // Taken first, read only if someone had it: a new key costs one write (and, for a
-        // key of an API key, one read sent with it).
-        let record = KeyRecord {
-            transfer: crate::store::new_transfer_id(),
-            request_hash: Some(fingerprint.to_owned()),
-        };
-        let (took, earlier) = tokio::join!(
-            log.take_idempotency_key(key, &record),
-            self.made_before_scoping(log, key, fingerprint),
-        );
-        let taken = match took {
-            Ok(()) => {
-                failpoint!(self, "after_take_key");
-                return match earlier? {
-                    Some(earlier) => self.adopt(log, key, record.transfer, earlier).await,
-                    None => Ok(Taken::New(record.transfer)),
-                };
-            }
-            Err(StoreError::DuplicateKey(_)) => read_majority(|| log.idempotency_record(key))
-                .await?
-                .ok_or_else(|| {
-                    // Taken on the primary, not yet on the majority this read asks for.
-                    StoreError::Unavailable("idempotency key taken but not readable yet".into())
-                })?,
-            Err(e) => return Err(e.into()),
-        };
-        // The replay compares the request with the transfer's.
-        if let Some(existing) = read_majority(|| log.transfer(taken.transfer)).await? {
-            return Ok(Taken::Replay(Box::new(existing)));
-        }
-        // No transfer under the key's id: the request that took it may be answering
-        // with one made before keys were scoped (above).
-        if let Some(earlier) = earlier? {
-            return self.adopt(log, key, taken.transfer, earlier).await;
-        }
-        // Or one recorded with this key by a version before `idempotencyKeys` may exist
-        // (a rolling upgrade): the record is made to name it, and it answers. Only here,
-        // off the hot path: on a sharded log this query goes to every shard. (No such
-        // version scoped keys: a key of an API key is looked for as it took it, above.)
-        if key.scope == KeyScope::Shared
-            && let Some(legacy) = log.transfer_by_idempotency_key(key).await?
-        {
-            log.repair_idempotency_record(key, Some(taken.transfer), &legacy)
-                .await?;
-            return Ok(Taken::Replay(Box::new(legacy)));
-        }
-        if taken.request_hash.as_deref() != Some(fingerprint) {
-            return Err(ServiceError::IdempotencyKeyReused);
-        }
-        Ok(Taken::Unrecorded(taken.transfer))
-    }
-
-    /// For a key of an API key: the transfer this very request made before keys were
-    /// scoped by API key, when the same key was taken in the shared scope (a version
-    /// that did not scope keys, or an instance without `API_KEYS`) for the same request
-    /// (its fingerprint). Such a transfer answers the request's retry.
-    ///
-    /// A shared key taken for another request is not this caller's concern: the
-    /// service cannot tell which API key took it (nothing recorded that), so it refuses
-    /// no one. A shared key whose request never recorded its transfer moved no money:
-    /// the retry makes it. One read by `_id` when no shared key was taken, the common
-    /// case; none for a shared key.
-    async fn made_before_scoping(
-        &self,
-        log: &Store,
-        key: &ScopedKey,
-        fingerprint: &str,
-    ) -> ServiceResult<Option<Transfer>> {
-        let Some(shared) = key.as_taken_before_scoping() else {
-            return Ok(None);
-        };
-        // Taken before this version ran, long majority-committed: one read decides.
-        let Some(record) = log.idempotency_record(&shared).await? else {
-            return Ok(None);
-        };
-        let earlier = match log.transfer(record.transfer).await? {
-            Some(earlier) => Some(earlier),
-            // Recorded by a version before `idempotencyKeys`, after migration 0006
-            // copied the keys: it carries the key itself.
-            None => log.transfer_by_idempotency_key(&shared).await?,
-        };
-        Ok(earlier.filter(|t| t.request_hash.as_deref() == Some(fingerprint)))
-    }
-
-    /// Makes the record of `key`, taken for transfer `taken` (never to be recorded now),
-    /// name `earlier`, the transfer the same request made before keys were scoped, so
-    /// that later retries find it directly; `earlier` answers.
-    async fn adopt(
-        &self,
-        log: &Store,
-        key: &ScopedKey,
-        taken: TransferId,
-        earlier: Transfer,
-    ) -> ServiceResult<Taken> {
-        log.repair_idempotency_record(key, Some(taken), &earlier)
-            .await?;
-        Ok(Taken::Replay(Box::new(earlier)))
-    }
-
-    /// Checks what the stored accounts must agree to; returns where the transfer goes.
-    async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<Route> {
-        if new.source == new.destination {
-            return Err(ServiceError::SameAccount);
-        }
-        let ((source, source_currency), (destination, destination_currency)) = match (
-            self.known_place(&new.source),
-            self.known_place(&new.destination),
-        ) {
-            (Some(s), Some(d)) => (s, d),
-            _ => self.locate(new).await?,
-        };
-        if source_currency != destination_currency {
-            return Err(ServiceError::CurrencyMismatch {
-                source_currency: source_currency.to_string(),
-                destination_currency: destination_currency.to_string(),
-            });
-        }
-        Ok(Route {
-            source,
-            destination,
-            currency: source_currency,
-        })
-    }
-
-    /// Where an account lives and its currency, if this process has seen it.
-    fn known_place(&self, id: &AccountId) -> Option<Placed> {
-        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        known.get(id).cloned()
-    }
-
-    /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
-    /// deployment) and remembers where they are.
-    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placed, Placed)> {
-        let [source, destination] = self
-            .deployments
-            .locate([&new.source, &new.destination])
-            .await?;
-        let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
-        let destination = destination
-            .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
-        self.remember([
-            (new.source.clone(), source.clone()),
-            (new.destination.clone(), destination.clone()),
-        ]);
-        Ok((source, destination))
-    }
-
-    /// Remembers where two accounts live; at most [`KNOWN_ACCOUNTS_MAX`] are remembered.
-    fn remember(&self, places: [(AccountId, Placed); 2]) {
-        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if known.len() + places.len() > KNOWN_ACCOUNTS_MAX {
-            known.clear();
-        }
-        known.extend(places);
-    }
-
-    async fn replay(
-        &self,
-        existing: Transfer,
-        fingerprint: &str,
-    ) -> ServiceResult<TransferOutcome> {
-        if existing.request_hash.as_deref() != Some(fingerprint) {
-            return Err(ServiceError::IdempotencyKeyReused);
-        }
-        let transfer = self.wait_until_settled(existing, REPLAY_WAIT).await?;
-        Ok(TransferOutcome {
-            transfer,
-            replayed: true,
-        })
-    }
-
-    /// Re-reads a transfer until the protocol has nothing left to do for it (it is
-    /// terminal, or a hold is `held`, waiting for its client) or `limit` has passed. Does
-    /// not drive it: its owner (or, if the owner died, the sweeper) does.
-    pub(super) async fn wait_until_settled(
-        &self,
-        mut transfer: Transfer,
-        limit: Duration,
-    ) -> ServiceResult<Transfer> {
-        let deadline = tokio::time::Instant::now() + limit;
-        while !transfer.state.is_settled() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(REPLAY_POLL).await;
-            transfer = self.reload(&transfer).await?;
-        }
-        Ok(transfer)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A bank whose store points at a port nothing listens on: the client connects
+    /// A service whose store points at a port nothing listens on: the client connects
     /// lazily, so nothing here reaches a server.
-    async fn offline_bank(stale_after: Duration) -> Bank {
+    pub(super) async fn offline_service(stale_after: Duration) -> TransferService {
         let store = Store::connect("mongodb://127.0.0.1:9/", "unused")
             .await
             .unwrap();
-        Bank::new(store, "unit", stale_after)
-    }
-
-    /// The drive locks are as many as the transfers being driven: a lock that no task
-    /// holds or waits for is forgotten at the next lookup, so the map does not keep one
-    /// entry for every transfer the process ever ran.
-    #[tokio::test]
-    async fn a_drive_lock_nobody_holds_is_forgotten() {
-        let bank = offline_bank(Duration::from_secs(1)).await;
-        let (done, driven) = (
-            crate::store::new_transfer_id(),
-            crate::store::new_transfer_id(),
-        );
-        drop(bank.drive_lock(done));
-        let lock = bank.drive_lock(driven);
-        let _guard = lock.lock().await;
-        assert!(bank.is_driving(driven));
-        assert!(!bank.is_driving(done));
-        let map = bank.driving.lock().unwrap();
-        assert_eq!(
-            map.keys().collect::<Vec<_>>(),
-            [&driven],
-            "only the lock in use"
-        );
+        TransferService::new(store, "unit", stale_after)
     }
 
     /// A sibling (the explorer's second actor of one process) names its points, and its
@@ -1176,8 +242,8 @@ mod tests {
     #[cfg(feature = "failpoints")]
     #[tokio::test]
     async fn a_sibling_names_its_points_and_its_stores_points_after_itself() {
-        let bank = offline_bank(Duration::from_secs(1)).await;
-        let sibling = bank.sibling("unit-2");
+        let service = offline_service(Duration::from_secs(1)).await;
+        let sibling = service.sibling("unit-2");
         assert_eq!(sibling.instance_id(), "unit-2");
         let names: Vec<_> = sibling
             .deployments()
@@ -1186,49 +252,6 @@ mod tests {
             .map(|s| s.instance_id())
             .collect();
         assert_eq!(names, ["unit-2"]);
-        assert_eq!(sibling.owner(), bank.owner());
-    }
-
-    /// A step carried over to another deployment's clock takes off a tenth of the lease
-    /// for a jump of either clock between two readings (`Store::deadline_on`, whose own
-    /// test steps a clock back within the allowance): with none, a clock stepped back
-    /// would let a step land after its lease. The allowance is what the protocol and a
-    /// cancel's fences pass.
-    #[tokio::test]
-    async fn the_allowance_for_a_clock_jump_is_a_tenth_of_the_lease() {
-        let bank = offline_bank(Duration::from_secs(2)).await;
-        assert_eq!(bank.clock_allowance(), Duration::from_millis(200));
-    }
-
-    /// The places of accounts are remembered up to [`KNOWN_ACCOUNTS_MAX`] and no
-    /// further: the memory fills to the bound, and is emptied when it would pass it.
-    #[tokio::test]
-    async fn the_places_of_accounts_are_remembered_up_to_the_bound() {
-        let bank = offline_bank(Duration::from_secs(1)).await;
-        let place = |i: usize| {
-            let id = AccountId::parse(&format!("a{i}")).unwrap();
-            let at = (DeploymentName::parse("main").unwrap(), Currency::usd());
-            (id, at)
-        };
-        let known = || bank.known.lock().unwrap().len();
-        bank.known
-            .lock()
-            .unwrap()
-            .extend((0..KNOWN_ACCOUNTS_MAX - 2).map(place));
-        bank.remember([place(KNOWN_ACCOUNTS_MAX - 2), place(KNOWN_ACCOUNTS_MAX - 1)]);
-        assert_eq!(known(), KNOWN_ACCOUNTS_MAX, "filled to the bound");
-        bank.remember([place(KNOWN_ACCOUNTS_MAX), place(KNOWN_ACCOUNTS_MAX + 1)]);
-        assert_eq!(known(), 2, "emptied rather than passing the bound");
-    }
-
-    /// A store error's log line names its kind and its cause.
-    #[test]
-    fn a_chain_shows_the_error_and_every_source() {
-        let err = StoreError::Unavailable("no primary".into());
-        let service = ServiceError::from(err);
-        assert_eq!(
-            Chain(&service).to_string(),
-            "the database is unavailable: no primary"
-        );
+        assert_eq!(sibling.owner(), service.owner());
     }
 }

@@ -1,8 +1,8 @@
 //! The two-phase commit, one function per step, the same code for a fresh transfer and
 //! for one the sweeper resumes.
 //!
-//! [`Bank::run`] looks at the stored state and takes the next step until the transfer is
-//! terminal:
+//! [`TransferService::run`] looks at the stored state and takes the next step until the
+//! transfer is terminal:
 //!
 //! | state       | steps taken                                                     |
 //! |-------------|-----------------------------------------------------------------|
@@ -25,7 +25,7 @@
 //! only rolls back while its credit is not applied (see `cancel.rs` for the fence that
 //! guarantees it when a client cancels).
 
-use super::Bank;
+use super::TransferService;
 use super::unanswered::StateChange;
 use crate::domain::{
     Account, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent, TransferState,
@@ -81,7 +81,7 @@ enum StepResult {
     LostLease,
 }
 
-impl Bank {
+impl TransferService {
     /// Drives a transfer from its stored state to `done` or `canceled`.
     ///
     /// Returns early only on a database error; the transfer is then left where it is,
@@ -96,11 +96,11 @@ impl Bank {
         ended
     }
 
-    /// Takes `lock`, the drive lock of a transfer (see [`Bank::drive_lock`]). Under a
-    /// test's scheduler (`failpoints::install_hook`), a run that finds it taken parks at
-    /// `wait_drive` and tries again each time it is let go, instead of blocking where the
-    /// scheduler cannot see it: the holder is another task of this process, which goes on
-    /// only when the scheduler lets it.
+    /// Takes `lock`, the drive lock of a transfer (see [`TransferService::drive_lock`]).
+    /// Under a test's scheduler (`failpoints::install_hook`), a run that finds it taken
+    /// parks at `wait_drive` and tries again each time it is let go, instead of blocking
+    /// where the scheduler cannot see it: the holder is another task of this process, which
+    /// goes on only when the scheduler lets it.
     async fn lock_drive<'a>(
         &self,
         lock: &'a tokio::sync::Mutex<()>,
@@ -115,7 +115,7 @@ impl Bank {
         lock.lock().await
     }
 
-    /// The body of [`Bank::run`], under the transfer's drive lock.
+    /// The body of [`TransferService::run`], under the transfer's drive lock.
     async fn drive(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
         let _in_flight = crate::metrics::InFlightTransfer::enter();
         // The caller's copy may be stale (another task finished the transfer and pulled
@@ -137,7 +137,7 @@ impl Bank {
                 TransferState::Pending => self.apply(transfer).await?,
                 TransferState::Applied => {
                     self.wait_until_quiet(&transfer).await?;
-                    self.settle(transfer).await?
+                    self.complete(transfer).await?
                 }
                 TransferState::Canceling => {
                     self.wait_until_quiet(&transfer).await?;
@@ -224,8 +224,8 @@ impl Bank {
             }
         }
         if transfer.hold.is_some() {
-            // No copy of a reservation may land after `held`: whoever settles the hold
-            // moves it by the state guard alone (see `Mover::Settler`).
+            // No copy of a reservation may land after `held`: whoever resolves the hold
+            // moves it by the state guard alone (see `Mover::Resolver`).
             self.wait_until_quiet(&transfer).await?;
             return self
                 .advance(transfer, TransferEvent::Hold, StepFields::default())
@@ -240,7 +240,7 @@ impl Bank {
     /// whether we still own the transfer.
     async fn renew(&self, t: &mut Transfer) -> StoreResult<bool> {
         match self
-            .log(t)?
+            .log_store(t)?
             .renew_lease(self.owner(), t.id, t.state)
             .await?
         {
@@ -253,12 +253,12 @@ impl Bank {
     }
 
     /// Step 3 (debit: take the amount from the source) or 4 (credit: give it to the
-    /// destination), unless already done; for a hold, the reservations instead. An
-    /// attempt that failed without an answer leaves in [`Bank::unanswered`] the deadline
+    /// destination), unless already done; for a hold, the reservations instead. An attempt
+    /// that failed without an answer leaves in [`TransferService::unanswered`] the deadline
     /// until which it may still land, whether the step then succeeded or failed.
     async fn forward(&self, t: &mut Transfer, side: Side) -> StoreResult<StepResult> {
         let account = self.account_of(t, side).clone();
-        let (log, store) = (self.log(t)?, self.on(t, side)?);
+        let (log, store) = (self.log_store(t)?, self.store_of(t, side)?);
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
             // By the log's clock, which judges the lease; the account's deployment checks
             // the step against its own clock (see `Store::deadline_on`).
@@ -326,9 +326,10 @@ impl Bank {
     /// refused) still carries for holds past their `expiresAt` by the database's clock and
     /// not captured: reads no longer count them, so neither may a spend. Expires those
     /// still `held` and releases the source's reservation of each, as the sweeper would,
-    /// without waiting for their destinations (see `Bank::free_expired_reservation`).
-    /// Whether any was freed since that read: the step is worth trying again. The holds
-    /// out of an account are logged on its deployment, `log`.
+    /// without waiting for their destinations (see
+    /// `TransferService::free_expired_reservation`). Whether any was freed since that read:
+    /// the step is worth trying again. The holds out of an account are logged on its
+    /// deployment, `log`.
     async fn expire_holds_out_of(
         &self,
         log: &Store,
@@ -350,15 +351,15 @@ impl Bank {
     }
 
     /// Waits until no copy of a forward step this process sent earlier, in this run or
-    /// another, can land any more (see [`Bank::forward`]): before a marker is pulled or
-    /// undone, a late copy would find nothing to stop it. Waits at most 0.9 of a lease,
-    /// only after an attempt that failed without an answer. By the clock of
+    /// another, can land any more (see [`TransferService::forward`]): before a marker is
+    /// pulled or undone, a late copy would find nothing to stop it. Waits at most 0.9 of a
+    /// lease, only after an attempt that failed without an answer. By the clock of
     /// `transfer`'s log.
     async fn wait_until_quiet(&self, transfer: &Transfer) -> StoreResult<()> {
         let Some(until) = self.unanswered.late_until(transfer.id) else {
             return Ok(());
         };
-        let log = self.log(transfer)?;
+        let log = self.log_store(transfer)?;
         loop {
             let now = log.server_time_lower_bound().await?;
             if now > until {
@@ -370,8 +371,9 @@ impl Bank {
         }
     }
 
-    /// Steps 6 to 8: pull both markers, then `applied -> done`.
-    async fn settle(&self, transfer: Transfer) -> StoreResult<Transfer> {
+    /// Steps 6 to 8, which complete an applied transfer: pull both markers, then
+    /// `applied -> done`.
+    async fn complete(&self, transfer: Transfer) -> StoreResult<Transfer> {
         // Both pulls in one write where one deployment has both accounts: each is
         // idempotent and neither depends on the other.
         for (store, accounts) in self.by_deployment(&transfer)? {
@@ -409,7 +411,7 @@ impl Bank {
         // afterwards. Kept so that a broken invariant still leaves the books balanced,
         // and said loudly.
         if self
-            .on(&transfer, Side::Destination)?
+            .store_of(&transfer, Side::Destination)?
             .undo_change(
                 &transfer.destination,
                 transfer.id,
@@ -420,7 +422,7 @@ impl Bank {
             tracing::error!(transfer_id = %transfer.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
         }
         failpoint!(self, "after_undo_destination");
-        self.on(&transfer, Side::Source)?
+        self.store_of(&transfer, Side::Source)?
             .undo_change(&transfer.source, transfer.id, transfer.amount.minor_units())
             .await?;
         failpoint!(self, "after_undo_source");
@@ -435,15 +437,15 @@ impl Bank {
     /// A void's (or a hold's rollback's) steps: release both reservations wherever they
     /// were made, then `canceling -> canceled`. The source's first: it frees money the
     /// account's owner may spend, and a reservation moves no money, so the order is free
-    /// (see `Bank::free_expired_reservation`); with the destination's deployment down,
-    /// the money is spendable at once rather than after its outage.
+    /// (see `TransferService::free_expired_reservation`); with the destination's deployment
+    /// down, the money is spendable at once rather than after its outage.
     async fn release(&self, transfer: Transfer, held: Amount) -> StoreResult<Transfer> {
         let id = transfer.id;
-        self.on(&transfer, Side::Source)?
+        self.store_of(&transfer, Side::Source)?
             .release(&transfer.source, id, Side::Source, held)
             .await?;
         failpoint!(self, "after_undo_source");
-        self.on(&transfer, Side::Destination)?
+        self.store_of(&transfer, Side::Destination)?
             .release(&transfer.destination, id, Side::Destination, held)
             .await?;
         failpoint!(self, "after_undo_destination");
@@ -462,11 +464,11 @@ impl Bank {
             .hold
             .unwrap_or_else(|| panic!("bug: transfer {} is capturing but no hold", transfer.id));
         let (id, captured) = (transfer.id, transfer.amount);
-        self.on(&transfer, Side::Source)?
+        self.store_of(&transfer, Side::Source)?
             .capture(&transfer.source, id, Side::Source, hold.amount, captured)
             .await?;
         failpoint!(self, "after_capture_source");
-        self.on(&transfer, Side::Destination)?
+        self.store_of(&transfer, Side::Destination)?
             .capture(
                 &transfer.destination,
                 id,
@@ -492,7 +494,7 @@ impl Bank {
         let from = transfer.state;
         let to = next_state(&transfer, event);
         let won = match self
-            .log(&transfer)?
+            .log_store(&transfer)?
             .change_state(transfer.id, from, to, Mover::Owner(self.owner()), fields)
             .await
         {
@@ -532,7 +534,7 @@ impl Bank {
     }
 
     pub(super) async fn reload(&self, transfer: &Transfer) -> StoreResult<Transfer> {
-        self.log(transfer)?
+        self.log_store(transfer)?
             .transfer(transfer.id)
             .await?
             .ok_or_else(|| StoreError::Other(format!("transfer {} vanished", transfer.id).into()))
@@ -556,4 +558,22 @@ pub(super) fn next_state(transfer: &Transfer, event: TransferEvent) -> TransferS
         .state
         .transition(event)
         .unwrap_or_else(|e| panic!("bug: transfer {}: {e}", transfer.id))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::service::tests::offline_service;
+
+    /// A step carried over to another deployment's clock takes off a tenth of the lease
+    /// for a jump of either clock between two readings (`Store::deadline_on`, whose own
+    /// test steps a clock back within the allowance): with none, a clock stepped back
+    /// would let a step land after its lease. The allowance is what the protocol and a
+    /// cancel's fences pass.
+    #[tokio::test]
+    async fn the_allowance_for_a_clock_jump_is_a_tenth_of_the_lease() {
+        let service = offline_service(Duration::from_secs(2)).await;
+        assert_eq!(service.clock_allowance(), Duration::from_millis(200));
+    }
 }

@@ -213,7 +213,7 @@ impl Store {
             balance: delta,
             ..Change::default()
         };
-        self.settle(account, tx, change).await
+        self.pull_marker_with(account, tx, change).await
     }
 
     /// A void's (or a hold's rollback's) release: give back what the hold reserved here,
@@ -237,7 +237,7 @@ impl Store {
                 ..Change::default()
             },
         };
-        self.settle(account, tx, change).await
+        self.pull_marker_with(account, tx, change).await
     }
 
     /// A capture's steps 6 and 7: move `captured` (out of the source, into the
@@ -266,13 +266,13 @@ impl Store {
                 credits: -held,
             },
         };
-        self.settle(account, tx, change).await
+        self.pull_marker_with(account, tx, change).await
     }
 
-    /// The settling write behind an undo, a release and a capture: add `change` and pull
-    /// the marker, only where `tx` is applied (its marker is there), so that a second
+    /// The write behind an undo, a release and a capture: pull the marker of `tx`, adding
+    /// `change`, only where `tx` is applied (its marker is there), so that a second
     /// landing finds nothing.
-    async fn settle(
+    async fn pull_marker_with(
         &self,
         account: &AccountId,
         tx: TransferId,
@@ -340,6 +340,17 @@ pub struct ForwardStep {
     pub uncertain_until: Option<Timestamp>,
 }
 
+/// Whether a fence stands back from a transfer applied to its account (see
+/// [`Store::fence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceWhen {
+    /// Placed whether or not the transfer is applied to the account.
+    Always,
+    /// Placed only if the transfer is not applied to the account (its marker is not
+    /// there), in the same write: which decides between rolling back and completing.
+    UnlessApplied,
+}
+
 /// What a fence write found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fence {
@@ -355,8 +366,8 @@ pub enum Fence {
 }
 
 impl Store {
-    /// Makes the account refuse every later forward step of `tx`; with `unless_applied`,
-    /// only if `tx` is not applied to it yet.
+    /// Makes the account refuse every later forward step of `tx`; `when` it is
+    /// [`FenceWhen::UnlessApplied`], only if `tx` is not applied to it yet.
     ///
     /// `deadline` bounds when the fence may land, by the server's clock, exactly as a
     /// forward step's lease deadline does: the transfer was marked `fenced` (see
@@ -367,9 +378,10 @@ impl Store {
         &self,
         account: &AccountId,
         transfer: TransferId,
-        unless_applied: bool,
+        when: FenceWhen,
         deadline: Timestamp,
     ) -> StoreResult<Fence> {
+        let unless_applied = when == FenceWhen::UnlessApplied;
         failpoint!(self, "before_fence");
         let tx = object_id(transfer);
         let deadline = stored_time(deadline);

@@ -374,8 +374,36 @@ pub async fn change_accounts(
     if let [op] = ops.as_slice() {
         return Ok(vec![Ok(change_one(&accounts, op).await?)]);
     }
+    let per_account = changes_by_account(&ops);
+    let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
+    accounts
+        .update_many(
+            doc! { "_id": { "$in": &ids } },
+            batched_changes(&per_account),
+        )
+        .await?;
+    let after: Vec<Document> = accounts
+        .find(doc! { "_id": { "$in": &ids } })
+        .max_time(super::READ_TIME_LIMIT)
+        .projection(doc! { "pendingTransactions": 1 })
+        .await?
+        .try_collect()
+        .await?;
+    let marked = |op: &AccountChange| {
+        after.iter().any(|a| {
+            a.get_str("_id").ok() == Some(op.account.as_str())
+                && a.get_array("pendingTransactions")
+                    .is_ok_and(|p| p.contains(&Bson::ObjectId(op.tx)))
+        })
+    };
+    Ok(ops.iter().map(|op| Ok(marked(op))).collect())
+}
+
+/// The batch's changes, account by account, each account's in the batch's order: the
+/// table the pipeline of [`batched_changes`] walks.
+fn changes_by_account(ops: &[AccountChange]) -> Vec<(String, Vec<Bson>)> {
     let mut per_account: Vec<(String, Vec<Bson>)> = Vec::new();
-    for op in &ops {
+    for op in ops {
         let change = Bson::Document(doc! {
             "tx": op.tx, "d": op.delta, "pd": op.debits, "pc": op.credits, "dl": op.deadline,
         });
@@ -384,7 +412,12 @@ pub async fn change_accounts(
             None => per_account.push((op.account.clone(), vec![change])),
         }
     }
-    let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
+    per_account
+}
+
+/// The update pipeline that applies `per_account`'s changes to each account in order,
+/// each only where its guards hold on the amounts the earlier ones left.
+fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
     let branches: Vec<Document> = per_account
         .iter()
         .map(|(account, changes)| {
@@ -406,7 +439,7 @@ pub async fn change_accounts(
     let after = before.after(&change);
     let allowed = forward_step_allowed(&before, "$$value.p", "$$this.tx", &change, "$$this.dl");
     let stored = Amounts::stored();
-    let pipeline = vec![
+    vec![
         doc! { "$set": { "_batch": { "$reduce": {
             "input": { "$switch": { "branches": branches, "default": [] } },
             "initialValue": {
@@ -434,25 +467,7 @@ pub async fn change_accounts(
             "updatedAt": "$$NOW",
         } },
         doc! { "$unset": "_batch" },
-    ];
-    accounts
-        .update_many(doc! { "_id": { "$in": &ids } }, pipeline)
-        .await?;
-    let after: Vec<Document> = accounts
-        .find(doc! { "_id": { "$in": &ids } })
-        .max_time(super::READ_TIME_LIMIT)
-        .projection(doc! { "pendingTransactions": 1 })
-        .await?
-        .try_collect()
-        .await?;
-    let marked = |op: &AccountChange| {
-        after.iter().any(|a| {
-            a.get_str("_id").ok() == Some(op.account.as_str())
-                && a.get_array("pendingTransactions")
-                    .is_ok_and(|p| p.contains(&Bson::ObjectId(op.tx)))
-        })
-    };
-    Ok(ops.iter().map(|op| Ok(marked(op))).collect())
+    ]
 }
 
 /// A batch of one: the tutorial's guarded `updateOne`, whose result says whether it took

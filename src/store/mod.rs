@@ -33,6 +33,7 @@ use mongodb::{Client, Collection, Database};
 use backon::Retryable;
 
 use crate::domain::{DeploymentName, Timestamp};
+use crate::metrics::DbOutcome;
 use crate::retry;
 
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
@@ -467,10 +468,12 @@ impl Store {
 fn command_timer(deployment: DeploymentName) -> EventHandler<CommandEvent> {
     EventHandler::callback(move |event| match event {
         CommandEvent::Succeeded(e) => {
-            crate::metrics::db_operation(&deployment, &e.command_name, true, e.duration)
+            let outcome = DbOutcome::Succeeded;
+            crate::metrics::db_operation(&deployment, &e.command_name, outcome, e.duration)
         }
         CommandEvent::Failed(e) => {
-            crate::metrics::db_operation(&deployment, &e.command_name, false, e.duration)
+            let outcome = DbOutcome::Failed;
+            crate::metrics::db_operation(&deployment, &e.command_name, outcome, e.duration)
         }
         _ => {}
     })
@@ -652,15 +655,22 @@ mod tests {
         }
     }
 
+    /// What `retried_while` is told of another attempt, in [`send`].
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Another {
+        WorthIt,
+        NotWorthIt,
+    }
+
     /// Sends a test write with `retried_while`: it fails unavailable `failures` times,
     /// then succeeds with the number of its attempt. Returns the outcome, whether an
     /// attempt failed, the attempts made and the time they took.
-    async fn send(failures: u32, worth_it: bool) -> (StoreResult<u32>, bool, u32, Duration) {
+    async fn send(failures: u32, another: Another) -> (StoreResult<u32>, bool, u32, Duration) {
         use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
         let tried = AtomicU32::new(0);
         let started = std::time::Instant::now();
         let (outcome, failed) = retried_while(
-            || worth_it,
+            || another == Another::WorthIt,
             || async {
                 let attempt = tried.fetch_add(1, Relaxed) + 1;
                 if attempt <= failures {
@@ -677,15 +687,15 @@ mod tests {
     #[tokio::test]
     async fn a_write_is_sent_again_while_unavailable_three_times_at_most_pausing_longer_each_time()
     {
-        let (outcome, failed, tried, _) = send(0, true).await;
+        let (outcome, failed, tried, _) = send(0, Another::WorthIt).await;
         assert_eq!((outcome.unwrap(), failed, tried), (1, false, 1), "at once");
-        let (outcome, failed, tried, _) = send(1, true).await;
+        let (outcome, failed, tried, _) = send(1, Another::WorthIt).await;
         assert_eq!(
             (outcome.unwrap(), failed, tried),
             (2, true, 2),
             "the second time"
         );
-        let (outcome, failed, tried, took) = send(2, true).await;
+        let (outcome, failed, tried, took) = send(2, Another::WorthIt).await;
         assert_eq!(
             (outcome.unwrap(), failed, tried),
             (3, true, 3),
@@ -695,7 +705,7 @@ mod tests {
             took >= Duration::from_millis(150),
             "50 ms, then 100 ms: {took:?}"
         );
-        let (outcome, failed, tried, _) = send(5, true).await;
+        let (outcome, failed, tried, _) = send(5, Another::WorthIt).await;
         assert!(
             matches!(outcome, Err(StoreError::Unavailable(_))),
             "{outcome:?}"
@@ -705,13 +715,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_is_not_sent_again_once_another_attempt_is_not_worth_it() {
-        let (outcome, failed, tried, _) = send(5, false).await;
+        let (outcome, failed, tried, _) = send(5, Another::NotWorthIt).await;
         assert!(
             matches!(outcome, Err(StoreError::Unavailable(_))),
             "{outcome:?}"
         );
         assert_eq!((failed, tried), (true, 1));
-        let (outcome, failed, tried, _) = send(0, false).await;
+        let (outcome, failed, tried, _) = send(0, Another::NotWorthIt).await;
         assert_eq!((outcome.unwrap(), failed, tried), (1, false, 1));
     }
 

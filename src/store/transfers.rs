@@ -7,6 +7,7 @@
 //! carry a time at least as late as every earlier one.
 
 use futures::TryStreamExt;
+use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
@@ -64,12 +65,12 @@ fn finished_states() -> Vec<&'static str> {
 ///   accounts refuse the transfer's forward steps ([`Fenced`]), or while the transfer is
 ///   still `initial` (no step is sent before `initial -> pending`, which the cancel's
 ///   write makes impossible);
-/// - anyone, by [`Mover::Settler`], from `held` only (a capture, a void, an expiry): the
+/// - anyone, by [`Mover::Resolver`], from `held` only (a capture, a void, an expiry): the
 ///   owner recorded `held` only once no copy of its reservations could land any more,
 ///   and sends nothing after it, so no write of an earlier actor is in flight. The state
 ///   guard makes exactly one of them win; the server's clock, read where the write lands,
 ///   lets a capture through only before `expiresAt` and an expiry only from then on, and
-///   decides whether a void is recorded `voided` or `expired` ([`Settle`]).
+///   decides whether a void is recorded `voided` or `expired` ([`Resolution`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Mover<'a> {
     /// The owner (for an `initial` transfer: the instance that recorded it, or nobody yet).
@@ -79,16 +80,16 @@ pub enum Mover<'a> {
         owner: &'a str,
         fenced: Option<Fenced>,
     },
-    /// Whoever settles a `held` hold, becoming its owner, as `by` says.
-    Settler { owner: &'a str, by: Settle },
+    /// Whoever resolves a `held` hold, becoming its owner, as `by` says.
+    Resolver { owner: &'a str, by: Resolution },
 }
 
-/// How a `held` hold is settled, each decided by the server's clock where the write lands
+/// How a `held` hold is resolved, each decided by the server's clock where the write lands
 /// (`$$NOW`), in one write: of two commands, the second may read an earlier clock than
 /// the first (two routers of a sharded cluster, a failover to a primary whose clock is
 /// behind), so no answer may rest on a pair of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
+pub enum Resolution {
     /// `held -> capturing`, only before `expiresAt`.
     Capture,
     /// `held -> canceling`, whenever: reason `voided` before `expiresAt`, `expired` from
@@ -567,16 +568,7 @@ impl Store {
                         to,
                         at: lease_start,
                     };
-                    #[cfg(feature = "failpoints")]
-                    {
-                        let (batches, change) = (self.batches.clone(), change.clone());
-                        let copy = async move {
-                            let _ = batches.transitions.submit(change).await;
-                        };
-                        self.hold_back("before_transition", copy)?;
-                    }
-                    let won = self.batches.transitions.submit(change).await?;
-                    return Ok(won.map(DateTime::to_chrono));
+                    return self.change_state_batched(change).await;
                 }
                 let guard = owned_by(owner, from);
                 (
@@ -592,19 +584,16 @@ impl Store {
                 failpoint!(self, "before_force");
                 (owner, doc! { "_id": id, "state": from.as_str() })
             }
-            Mover::Settler { owner, by } => {
+            Mover::Resolver { owner, by } => {
                 assert_eq!(
                     from,
                     TransferState::Held,
-                    "bug: transfer {id} settled from {from}, not held"
+                    "bug: transfer {id} resolved from {from}, not held"
                 );
                 failpoint!(self, "before_settle");
-                let filter = doc! { "_id": id, "state": from.as_str() };
                 let mut set = doc! { "state": to.as_str(), "application": owner };
                 set.extend(step_fields(fields));
-                let update = settled_by_the_clock(set, by, self.settling_clock(), lease_start);
-                let result = self.transactions.update_one(filter, update).await?;
-                return Ok((result.modified_count == 1).then_some(lease_start.to_chrono()));
+                return self.resolve_held(id, set, by, lease_start).await;
             }
         };
         let mut set = doc! { "state": to.as_str(), "application": owner };
@@ -619,6 +608,39 @@ impl Store {
             };
             self.hold_back("before_transition", copy)?;
         }
+        let result = self.transactions.update_one(filter, update).await?;
+        Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
+    }
+}
+
+impl Store {
+    /// An owner's state change that records nothing else, group-committed with those of
+    /// concurrent transfers (see `store::batch`). The new `lastModified` when it won.
+    async fn change_state_batched(&self, change: Transition) -> StoreResult<Option<Timestamp>> {
+        #[cfg(feature = "failpoints")]
+        {
+            let (batches, change) = (self.batches.clone(), change.clone());
+            let copy = async move {
+                let _ = batches.transitions.submit(change).await;
+            };
+            self.hold_back("before_transition", copy)?;
+        }
+        let won = self.batches.transitions.submit(change).await?;
+        Ok(won.map(DateTime::to_chrono))
+    }
+
+    /// A resolver's change of held transfer `id` (see [`Mover::Resolver`]): `set` as `by`
+    /// decides by the server's clock where the write lands, stamped `lease_start`. The new
+    /// `lastModified` when it won.
+    async fn resolve_held(
+        &self,
+        id: ObjectId,
+        set: Document,
+        by: Resolution,
+        lease_start: DateTime,
+    ) -> StoreResult<Option<Timestamp>> {
+        let filter = doc! { "_id": id, "state": TransferState::Held.as_str() };
+        let update = resolved_by_the_clock(set, by, self.resolving_clock(), lease_start);
         let result = self.transactions.update_one(filter, update).await?;
         Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
     }
@@ -639,21 +661,26 @@ fn step_fields(fields: StepFields) -> Document {
     set
 }
 
-/// The update of a settler's change (see [`Mover::Settler`]): `set` and the stamp, as
+/// The update of a resolver's change (see [`Mover::Resolver`]): `set` and the stamp, as
 /// `by` decides by the server's clock `now` (`$$NOW`, one value for the whole command),
-/// as an update pipeline that leaves the document unchanged where it does not settle, so
+/// as an update pipeline that leaves the document unchanged where it does not resolve, so
 /// that the write reports no change; a void's reason is chosen there too. The clock's
 /// test is made where the write lands, so a capture that reaches the server late is
 /// judged by the time it lands; it is in the pipeline rather than in the filter because
 /// SecantusDB scans the whole collection for a filter with `$expr` (5.6 ms against 0.6 ms
 /// at 20,000 transfers, measured), while the `_id` filter and the pipeline cost the same
 /// on MongoDB.
-fn settled_by_the_clock(mut set: Document, by: Settle, now: Bson, at: DateTime) -> Vec<Document> {
+fn resolved_by_the_clock(
+    mut set: Document,
+    by: Resolution,
+    now: Bson,
+    at: DateTime,
+) -> Vec<Document> {
     let expired = doc! { "$lte": ["$expiresAt", now] };
     let decided = match by {
-        Settle::Capture => doc! { "$not": [expired.clone()] },
-        Settle::Expire => expired.clone(),
-        Settle::Void => {
+        Resolution::Capture => doc! { "$not": [expired.clone()] },
+        Resolution::Expire => expired.clone(),
+        Resolution::Void => {
             let (voided, expiry) = (CancelReason::Voided, CancelReason::Expired);
             let reason = doc! { "$cond": [expired, expiry.as_str(), voided.as_str()] };
             set.insert("reason", reason);
@@ -669,25 +696,25 @@ fn settled_by_the_clock(mut set: Document, by: Settle, now: Bson, at: DateTime) 
                 Bson::Document(expression) => Bson::Document(expression),
                 literal => Bson::Document(doc! { "$literal": literal }),
             };
-            let value = doc! { "$cond": ["$_settles", value, kept] };
+            let value = doc! { "$cond": ["$_resolves", value, kept] };
             (field, Bson::Document(value))
         })
         .collect();
     conditional.insert(
         "lastModified",
-        doc! { "$cond": ["$_settles", { "$max": ["$lastModified", at] }, "$lastModified"] },
+        doc! { "$cond": ["$_resolves", { "$max": ["$lastModified", at] }, "$lastModified"] },
     );
     vec![
-        doc! { "$set": { "_settles": decided } },
+        doc! { "$set": { "_resolves": decided } },
         doc! { "$set": conditional },
-        doc! { "$unset": "_settles" },
+        doc! { "$unset": "_resolves" },
     ]
 }
 
 impl Store {
-    /// What a settler's write takes for the server's clock: `$$NOW`, where the write
+    /// What a resolver's write takes for the server's clock: `$$NOW`, where the write
     /// lands; in the tests, the times set with `failpoints::set_clocks`, one per write.
-    fn settling_clock(&self) -> Bson {
+    fn resolving_clock(&self) -> Bson {
         #[cfg(feature = "failpoints")]
         if let Some(at) = crate::failpoints::next_clock(self.instance_id()) {
             return Bson::DateTime(DateTime::from_chrono(at));

@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use transfer_service::domain::{CancelReason, TransferState};
-use transfer_service::service::Bank;
+use transfer_service::service::TransferService;
 
 use crate::walk_pages;
 use support::values::transfer_id;
@@ -323,7 +323,7 @@ async fn a_late_driver_holding_an_outdated_copy_of_a_done_transfer_moves_no_mone
     outdated.state = TransferState::Pending;
     outdated.last_modified = chrono::Utc::now();
 
-    let bank = Bank::new(app.store.clone(), instance.as_str(), Duration::from_secs(1));
+    let bank = TransferService::new(app.store.clone(), instance.as_str(), Duration::from_secs(1));
     let finished = bank.run(outdated).await.expect("run");
 
     assert_eq!(finished.state, TransferState::Done);

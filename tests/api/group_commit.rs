@@ -4,6 +4,7 @@
 
 use mongodb::bson::{DateTime, Document, doc};
 use transfer_service::domain::{IdempotencyKey, ScopedKey, Transfer, TransferId, TransferState};
+use transfer_service::store::accounts::FenceWhen;
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::{
     AccountChange, Pull, TransferDoc, Transition, change_accounts, insert_transfers, object_id,
@@ -59,7 +60,12 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     app.open_account("fenced", 50).await;
     let [t1, t2, t3, t4, t5, t6] = [(); 6].map(|_| new_transfer_id());
     app.store
-        .fence(&account("fenced"), t5, false, from_now(3_600_000))
+        .fence(
+            &account("fenced"),
+            t5,
+            FenceWhen::Always,
+            from_now(3_600_000),
+        )
         .await
         .unwrap();
     let late = AccountChange {
@@ -152,7 +158,12 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
             }
             if fenced {
                 app.store
-                    .fence(&account(&holder), tx, false, from_now(3_600_000))
+                    .fence(
+                        &account(&holder),
+                        tx,
+                        FenceWhen::Always,
+                        from_now(3_600_000),
+                    )
                     .await
                     .unwrap();
             }

@@ -579,7 +579,7 @@ async fn money_held_for_an_account_counts_against_its_largest_balance() {
 #[tokio::test]
 async fn reading_an_account_that_reserves_nothing_reads_only_the_account() {
     use transfer_service::domain::DeploymentName;
-    use transfer_service::service::Bank;
+    use transfer_service::service::TransferService;
     use transfer_service::store::testing::connect_recording;
     let app = spawn_app().await;
     alice_and_bob(&app).await;
@@ -592,7 +592,7 @@ async fn reading_an_account_that_reserves_nothing_reads_only_the_account() {
     )
     .await
     .unwrap();
-    let bank = Bank::new(store, "reader", Duration::from_secs(10));
+    let bank = TransferService::new(store, "reader", Duration::from_secs(10));
     let commands = |id: &str| {
         let bank = bank.clone();
         let recorded = recorded.clone();

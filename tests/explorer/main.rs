@@ -2,7 +2,7 @@
 //! VOPR, against the real database.
 //!
 //! Several actors (a transfer's owner, a recoverer after a crash, cancels, a sweeper; for
-//! a hold also captures, voids and expiries), each a `Bank` with its own instance id, run
+//! a hold also captures, voids and expiries), each a `TransferService` with its own instance id, run
 //! cooperatively: a scheduler installed with `failpoints::install_hook` parks every actor
 //! at its points (right before each write is sent, `before_*`; with `EXPLORE_POINTS=all`
 //! after each protocol step too) and lets exactly one of them run at a time, choosing

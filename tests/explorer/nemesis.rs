@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use transfer_service::failpoints::{self, Hook, HookFuture};
-use transfer_service::service::{Bank, Completion, NewTransfer};
+use transfer_service::service::{Completion, NewTransfer, TransferService};
 
 use crate::checker::{Answer, Run};
 use crate::scenario::Scenario;
@@ -171,7 +171,7 @@ pub fn splitmix(state: &mut u64) -> u64 {
 /// is dropped, so the write it was about to send never is. Returns whether it crashed;
 /// if not, `run` says why and the schedule is over.
 pub async fn crash_owner(
-    owner: Bank,
+    owner: TransferService,
     id: &str,
     new_transfer: NewTransfer,
     k: usize,
@@ -258,7 +258,7 @@ impl Actors {
         tag: &str,
         all_points: bool,
         setup: &Setup,
-        bank_of: impl Fn(&str) -> Bank,
+        bank_of: impl Fn(&str) -> TransferService,
     ) -> Actors {
         let (events_tx, events) = mpsc::unbounded_channel();
         let ids: Vec<String> = scenario

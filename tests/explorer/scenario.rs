@@ -43,7 +43,7 @@ pub struct Scenario {
     /// server, each step checked by its own server's clock. Shown as the prefix `across:`.
     pub across: bool,
     /// The actors, and the owner of a `done:` or `held:` prelude, are tasks of one
-    /// process (`Bank::sibling`): one owner in `application`, one set of drive locks, one
+    /// process (`TransferService::sibling`): one owner in `application`, one set of drive locks, one
     /// record of unanswered writes, one admission; each names its points with an instance
     /// id of its own, so that the scheduler tells them apart. Shown as the prefix `same:`.
     pub same: bool,

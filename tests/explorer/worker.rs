@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
     Account, AccountId, DeploymentName, Transfer, TransferFilter, TransferState,
 };
-use transfer_service::service::Bank;
+use transfer_service::service::TransferService;
 use transfer_service::store::{DEFAULT_GROUP_COMMIT_WRITES, Deployments, Store};
 
 use crate::checker::{self, Run};
@@ -78,13 +78,13 @@ impl Worker {
         self.databases += 1;
     }
 
-    fn bank(&self, id: &str) -> Bank {
-        Bank::new(Deployments::new(self.stores.to_vec()), id.to_owned(), LEASE)
+    fn bank(&self, id: &str) -> TransferService {
+        TransferService::new(Deployments::new(self.stores.to_vec()), id.to_owned(), LEASE)
     }
 
     /// The bank of the actor (or prelude owner) of instance id `id`: a sibling of
     /// `process` in a `same:` scenario, else an instance of its own.
-    fn bank_of(&self, process: Option<&Bank>, id: &str) -> Bank {
+    fn bank_of(&self, process: Option<&TransferService>, id: &str) -> TransferService {
         match process {
             Some(process) => process.sibling(id),
             None => self.bank(id),
@@ -146,7 +146,7 @@ impl Worker {
         let mut run = Run::default();
         // In a `same:` scenario, the one process whose tasks the actors are.
         let process = scenario.same.then(|| {
-            Bank::new(
+            TransferService::new(
                 Deployments::new(self.stores.to_vec()),
                 format!("{tag}-process"),
                 scenario.lease(),
@@ -192,7 +192,13 @@ impl Worker {
     /// Lets everything finish: a lease passes (no actor is left, so nothing is in
     /// flight), then a sweep finishes what is unfinished, collects fences and finishes
     /// interrupted reversals. Twice, as a sweep may leave work for the next one.
-    async fn let_everything_finish(&self, cleaner: &Bank, a: &str, b: &str, run: &mut Run) {
+    async fn let_everything_finish(
+        &self,
+        cleaner: &TransferService,
+        a: &str,
+        b: &str,
+        run: &mut Run,
+    ) {
         for round in 0..2 {
             if round > 0 && self.clean(a, b).await {
                 break;
@@ -213,7 +219,13 @@ impl Worker {
     /// A hold left `held` would expire (`HOLD_EXPIRY`) during a later schedule of this
     /// worker, whose sweeps would then expire it: foreign writes in that schedule, and
     /// a wrong count in its expiry's answer. Voided now, once checked.
-    async fn void_holds_left_held(&self, cleaner: &Bank, a: &str, b: &str, run: &mut Run) {
+    async fn void_holds_left_held(
+        &self,
+        cleaner: &TransferService,
+        a: &str,
+        b: &str,
+        run: &mut Run,
+    ) {
         for t in self.transfers_of([a, b]).await {
             if t.state == TransferState::Held {
                 if let Err(e) = cleaner.void(t.id).await {
@@ -230,6 +242,6 @@ impl Worker {
         let transfers = self.transfers_of([a, b]).await;
         transfers
             .iter()
-            .all(|t| t.state.is_settled() && !t.fenced && !t.reversing)
+            .all(|t| t.state.is_at_rest() && !t.fenced && !t.reversing)
     }
 }

@@ -11,8 +11,8 @@
 //! "nothing recorded yet" when it comes before the hold is recorded. The prelude `held:`
 //! runs the hold to `held` first, as `done:` runs a transfer to `done`.
 //!
-//! Each actor is a `Bank` with its own instance id; in a `same:` scenario the actors (and
-//! the owner of a `done:` or `held:` prelude) are `Bank::sibling`s of one process: they
+//! Each actor is a `TransferService` with its own instance id; in a `same:` scenario the actors (and
+//! the owner of a `done:` or `held:` prelude) are `TransferService::sibling`s of one process: they
 //! share its owner in `application`, its drive locks, its record of unanswered writes and
 //! its admission, and each names its points with an instance id of its own, so that the
 //! scheduler tells them apart. The actor `lapse` waits (really: time passing is safe at
@@ -28,7 +28,9 @@ use transfer_service::domain::{
     AccountId, Amount, Currency, DeploymentName, OpeningBalance, Transfer, TransferFilter,
 };
 use transfer_service::failpoints;
-use transfer_service::service::{Bank, Completion, NewAccount, NewTransfer, ServiceError};
+use transfer_service::service::{
+    Completion, NewAccount, NewTransfer, ServiceError, TransferService,
+};
 
 use crate::checker::{Answer, Refused};
 use crate::scenario::Scenario;
@@ -108,7 +110,7 @@ pub struct Setup {
 
 /// Opens the accounts of the schedule `tag` through `setup` with [`OPENING`] each: a on
 /// the first deployment, b on the second in an `across:` scenario.
-pub async fn set_up(setup: &Bank, tag: &str, scenario: &Scenario) -> Setup {
+pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> Setup {
     let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
     for (id, deployment) in [
         (&a, DEPLOYMENTS[0]),
@@ -137,7 +139,7 @@ pub async fn set_up(setup: &Bank, tag: &str, scenario: &Scenario) -> Setup {
 
 /// The owner of a `done:` or `held:` prelude, alone: runs the transfer (or the hold) to
 /// its end.
-pub async fn run_alone(owner: &Bank, new_transfer: NewTransfer) -> Answer {
+pub async fn run_alone(owner: &TransferService, new_transfer: NewTransfer) -> Answer {
     let answer = owner
         .transfer(new_transfer, None, Completion::Wait)
         .await
@@ -148,7 +150,11 @@ pub async fn run_alone(owner: &Bank, new_transfer: NewTransfer) -> Answer {
 
 /// The scenario's transfer from a to b, if recorded yet (the oldest: a reversal goes the
 /// other way, and only the owner makes a transfer from a to b).
-async fn scenario_transfer(bank: &Bank, a: &str, b: &str) -> Result<Option<Transfer>, String> {
+async fn scenario_transfer(
+    bank: &TransferService,
+    a: &str,
+    b: &str,
+) -> Result<Option<Transfer>, String> {
     let filter = TransferFilter {
         account: Some(AccountId::parse(a).unwrap()),
         ..TransferFilter::default()
@@ -166,7 +172,7 @@ async fn scenario_transfer(bank: &Bank, a: &str, b: &str) -> Result<Option<Trans
 
 /// Waits until the lease of every unfinished transfer touching a or b has lapsed by the
 /// clock of its log (each deployment logs those out of its accounts): time passing.
-async fn lease_lapsed(bank: &Bank, a: &str, b: &str) -> Result<(), String> {
+async fn lease_lapsed(bank: &TransferService, a: &str, b: &str) -> Result<(), String> {
     let lease = chrono::TimeDelta::from_std(bank.stale_after()).expect("a lease in range");
     loop {
         let mut left = Duration::ZERO;
@@ -180,7 +186,7 @@ async fn lease_lapsed(bank: &Bank, a: &str, b: &str) -> Result<(), String> {
                 let listed = log.list_transfers(&filter, 10_000).await;
                 for t in listed.map_err(|e| format!("{e:?}"))? {
                     let ends = t.last_modified + lease;
-                    if !t.state.is_settled() && ends >= now {
+                    if !t.state.is_at_rest() && ends >= now {
                         let until = (ends - now).to_std().unwrap_or_default();
                         left = left.max(until + Duration::from_millis(1));
                     }
@@ -197,7 +203,7 @@ async fn lease_lapsed(bank: &Bank, a: &str, b: &str) -> Result<(), String> {
 /// What one actor does. `holder`: the actor whose held-back writes the network sends.
 pub async fn act(
     kind: Kind,
-    bank: &Bank,
+    bank: &TransferService,
     new: NewTransfer,
     a: &str,
     b: &str,
@@ -247,7 +253,12 @@ pub async fn act(
 
 /// A capture (`kind` [`Kind::Capture`]) or a void of the scenario's hold, if recorded
 /// yet.
-async fn settle(kind: Kind, bank: &Bank, a: &str, b: &str) -> Result<Option<Transfer>, Refused> {
+async fn settle(
+    kind: Kind,
+    bank: &TransferService,
+    a: &str,
+    b: &str,
+) -> Result<Option<Transfer>, Refused> {
     match scenario_transfer(bank, a, b).await {
         Err(e) => Err(Refused::Other(e)),
         Ok(None) => Ok(None),
@@ -263,7 +274,7 @@ async fn settle(kind: Kind, bank: &Bank, a: &str, b: &str) -> Result<Option<Tran
 /// The clock reaches the `expiresAt` of the scenario's hold: safe at any moment, as time
 /// passing is; then a sweep, which expires it if it is still `held`. How many holds the
 /// sweep expired.
-async fn expire(bank: &Bank, a: &str, b: &str) -> Result<usize, String> {
+async fn expire(bank: &TransferService, a: &str, b: &str) -> Result<usize, String> {
     let store = bank.store();
     let now = store.server_time().await.map_err(|e| format!("{e:?}"))?;
     let past = DateTime::from_chrono(now - chrono::TimeDelta::seconds(1));

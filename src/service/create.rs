@@ -1,0 +1,289 @@
+//! A new transfer: recorded (step 1, once its accounts are placed and its idempotency key
+//! taken), then run by the two-phase commit in a task of its own, or made in one native
+//! transaction where the strategy says so and one deployment keeps both accounts.
+
+use std::time::Duration;
+
+use super::idempotency::{REPLAY_WAIT, Taken, read_majority};
+use super::{AdmissionPermit, ServiceResult, TransferService};
+use crate::domain::{
+    AccountId, Amount, Hold, Reference, ScopedKey, Strategy, Transfer, TransferState,
+};
+use crate::error_chain::Chain;
+use crate::store::native::AtomicOutcome;
+use crate::store::{Store, StoreError, StoreResult};
+
+/// A transfer to make.
+#[derive(Debug, Clone)]
+pub struct NewTransfer {
+    pub source: AccountId,
+    pub destination: AccountId,
+    pub amount: Amount,
+    pub reference: Option<Reference>,
+    /// A hold instead of a transfer: reserve `amount` now, until this long from now,
+    /// for a capture or a void (`docs/holds.md`).
+    pub hold: Option<Duration>,
+}
+
+/// Whether the caller waits for the protocol to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Run the protocol to a terminal state before answering.
+    Wait,
+    /// Record the transfer, answer at once, and run the protocol in the background
+    /// (`Prefer: respond-async`).
+    Background,
+}
+
+/// The answer to a transfer request: the transfer as it stands, and whether it was made
+/// by an earlier request with the same idempotency key.
+#[derive(Debug, Clone)]
+pub struct TransferOutcome {
+    pub transfer: Transfer,
+    pub replayed: bool,
+}
+
+/// The end of a protocol run started with [`TransferService::spawn_run`].
+async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
+    match run.await {
+        Ok(result) => Ok(result?),
+        // Only a panic gets here (runs are never aborted): a bug, said as one.
+        Err(e) => Err(StoreError::Other(format!("protocol run failed: {e}").into()).into()),
+    }
+}
+
+/// What recording a new transfer came to.
+enum Recorded {
+    /// The transfer as stored, which this request drives.
+    ToDrive(Transfer),
+    /// The answer: the transfer was recorded, and is driven, by another request with
+    /// the same key (or a sweeper), or made by an earlier version.
+    Answered(TransferOutcome),
+}
+
+/// A hold of `amount` that expires `expires_in` from now, by the clock of `log`: the
+/// deployment that logs the hold, which judges its expiry.
+async fn hold_expiring(log: &Store, amount: Amount, expires_in: Duration) -> StoreResult<Hold> {
+    let now = log.server_time_lower_bound().await?;
+    let expires_at = chrono::TimeDelta::from_std(expires_in)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or_else(|| panic!("bug: a hold of {expires_in:?} passed validation"));
+    Ok(Hold { amount, expires_at })
+}
+
+impl TransferService {
+    /// Records a transfer and runs the two-phase commit.
+    ///
+    /// With an idempotency key, a request that repeats an earlier one answers with the
+    /// earlier transfer (waiting briefly for it to finish) and moves no money; the same
+    /// key with a different request is refused. Concurrent requests with one key make
+    /// one transfer: the key is taken first, in `idempotencyKeys` on the deployment that
+    /// logs the transfer, whose unique `_id` lets exactly one request take it (see
+    /// `TransferService::take_key`).
+    ///
+    /// A key is unique within its scope (the API key that sent it, see
+    /// [`KeyScope`](crate::domain::KeyScope)), among the transfers logged on one
+    /// deployment, that is among the transfers out of its accounts: the same key from
+    /// another API key, or with a source account on another deployment, is another
+    /// request (see `docs/scaling.md`).
+    pub async fn transfer(
+        &self,
+        new: NewTransfer,
+        key: Option<ScopedKey>,
+        completion: Completion,
+    ) -> ServiceResult<TransferOutcome> {
+        let permit = self.admit().await?;
+        // Boxed, so that a request waiting for its permit holds only this small future,
+        // not the state of everything that follows (kilobytes, times every connection).
+        Box::pin(self.transfer_admitted(permit, new, key, completion)).await
+    }
+
+    /// [`TransferService::transfer`] once admitted, holding `permit`.
+    async fn transfer_admitted(
+        &self,
+        permit: AdmissionPermit,
+        new: NewTransfer,
+        key: Option<ScopedKey>,
+        completion: Completion,
+    ) -> ServiceResult<TransferOutcome> {
+        let fingerprint = new.fingerprint();
+        let route = self.check_accounts(&new).await?;
+        let log = self.deployments.of(&route.source)?;
+        let id = match &key {
+            None => crate::store::new_transfer_id(),
+            Some(key) => match self.take_key(log, key, &fingerprint).await? {
+                Taken::New(id) | Taken::Unrecorded(id) => id,
+                Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
+            },
+        };
+        // The destination's deployment must answer too: refused at once, before the
+        // transfer is recorded, while it is known not to (the transfer would only wait
+        // for it). A key taken meanwhile is completed by the request's retry.
+        self.deployments.of(&route.destination)?;
+        let hold = match new.hold {
+            Some(expires_in) => Some(hold_expiring(log, new.amount, expires_in).await?),
+            None => None,
+        };
+        let transfer = Transfer {
+            hold,
+            reference: new.reference,
+            request_hash: key.as_ref().map(|_| fingerprint.clone()),
+            idempotency_key: key.clone(),
+            source_deployment: route.source.clone(),
+            destination_deployment: route.destination.clone(),
+            ..Transfer::initial(id, new.source, new.destination, new.amount, route.currency)
+        };
+        // A hold outlives any multi-document transaction, and no transaction spans two
+        // deployments: those are always two-phase.
+        if self.strategy == Strategy::Native
+            && transfer.hold.is_none()
+            && route.source == route.destination
+        {
+            return self.transfer_natively(log, transfer, &fingerprint).await;
+        }
+        let transfer = match self.record(log, transfer, &fingerprint).await? {
+            Recorded::ToDrive(transfer) => transfer,
+            Recorded::Answered(outcome) => return Ok(outcome),
+        };
+        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer recorded");
+        failpoint!(self, "after_insert");
+        let run = self.spawn_run(transfer.clone(), permit);
+        let transfer = match completion {
+            Completion::Wait => joined(run).await?,
+            // The run goes on by itself; its end is logged there.
+            Completion::Background => transfer,
+        };
+        Ok(TransferOutcome {
+            transfer,
+            replayed: false,
+        })
+    }
+
+    /// Step 1: records `transfer`, for this request to drive; or, where a transfer
+    /// already has its id or its key, answers with what is there.
+    async fn record(
+        &self,
+        log: &Store,
+        mut transfer: Transfer,
+        fingerprint: &str,
+    ) -> ServiceResult<Recorded> {
+        match log.insert_transfer(&transfer).await {
+            Ok(stamp) => {
+                transfer.last_modified = stamp;
+                Ok(Recorded::ToDrive(transfer))
+            }
+            Err(StoreError::DuplicateKey(_)) => {
+                self.recorded_already(log, transfer, fingerprint).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The insert of `transfer` met a duplicate key: what is recorded under its id, or
+    /// under its idempotency key.
+    async fn recorded_already(
+        &self,
+        log: &Store,
+        transfer: Transfer,
+        fingerprint: &str,
+    ) -> ServiceResult<Recorded> {
+        let keyed = transfer.idempotency_key.is_some();
+        match read_majority(|| log.transfer(transfer.id)).await? {
+            // This request's own transfer: its id is new, or the one its key
+            // names. Its insert landed on an attempt whose answer was lost and
+            // the retry was refused for it (a server that does not recognise a
+            // driver's retry), or another request with its key recorded it.
+            // Nobody drives it yet: this request does.
+            Some(stored) if stored.state == TransferState::Initial && stored.owner.is_none() => {
+                Ok(Recorded::ToDrive(stored))
+            }
+            // Already driven (by the other request with its key, or a sweeper).
+            Some(stored) => {
+                let transfer = self.wait_until_at_rest(stored, REPLAY_WAIT).await?;
+                Ok(Recorded::Answered(TransferOutcome {
+                    transfer,
+                    replayed: keyed,
+                }))
+            }
+            // The key is on an older transfer (a version before idempotencyKeys).
+            None if keyed => Ok(Recorded::Answered(
+                self.replay_by_key(&transfer, fingerprint).await?,
+            )),
+            None => {
+                let said = format!("transfer {}: a duplicate key, but no transfer", transfer.id);
+                Err(StoreError::Other(said.into()).into())
+            }
+        }
+    }
+
+    /// The native strategy: one transaction records the transfer `done` and moves the
+    /// money; if an account refuses, the transfer is recorded `canceled` with the reason
+    /// instead, so that the answer and the log are those of the two-phase path.
+    async fn transfer_natively(
+        &self,
+        log: &Store,
+        transfer: Transfer,
+        fingerprint: &str,
+    ) -> ServiceResult<TransferOutcome> {
+        let outcome = match log.transfer_atomically(&transfer, self.owner()).await {
+            Ok(outcome) => outcome,
+            Err(StoreError::DuplicateKey(_)) if transfer.idempotency_key.is_some() => {
+                return self.replay_by_key(&transfer, fingerprint).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let transfer = match outcome {
+            AtomicOutcome::Done(done) => *done,
+            AtomicOutcome::Refused(reason) => {
+                let canceled = Transfer {
+                    state: TransferState::Canceled,
+                    reason: Some(reason),
+                    owner: Some(self.owner().to_owned()),
+                    ..transfer
+                };
+                match log.insert_transfer(&canceled).await {
+                    Ok(stamp) => Transfer {
+                        last_modified: stamp,
+                        ..canceled
+                    },
+                    Err(StoreError::DuplicateKey(_)) if canceled.idempotency_key.is_some() => {
+                        return self.replay_by_key(&canceled, fingerprint).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        tracing::info!(transfer_id = %transfer.id, to = %transfer.state, reason = ?transfer.reason, "transfer made in one transaction");
+        crate::metrics::transfer_finished(transfer.state, transfer.reason);
+        Ok(TransferOutcome {
+            transfer,
+            replayed: false,
+        })
+    }
+
+    /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
+    /// on even if the caller stops waiting (a client that hangs up, a request time-out),
+    /// so admitted work always finishes or is left, every step durable, for the sweeper.
+    fn spawn_run(
+        &self,
+        transfer: Transfer,
+        permit: AdmissionPermit,
+    ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
+        let service = self.clone();
+        let work = async move {
+            let _permit = permit;
+            let id = transfer.id;
+            let ended = service.run(transfer).await;
+            if let Err(e) = &ended {
+                tracing::warn!(transfer_id = %id, error = %Chain(e), "transfer interrupted; the sweeper will finish it");
+            }
+            ended
+        };
+        // In the request's span, so its log lines carry the request id too.
+        self.background.spawn(tracing::Instrument::instrument(
+            work,
+            tracing::Span::current(),
+        ))
+    }
+}

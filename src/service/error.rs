@@ -1,0 +1,88 @@
+//! What can refuse a request of the service, as its caller should see it:
+//! [`ServiceError`], and the one mapping of a storage error onto it (a lost database is
+//! [`ServiceError::Unavailable`], anything else [`ServiceError::Internal`]).
+
+use super::HoldConflict;
+use crate::domain::{AccountId, Amount, CancelReason, DeploymentName, TransferId};
+use crate::store::StoreError;
+
+/// Everything that can refuse a request, as the caller should see it.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("account {0} already exists")]
+    AccountExists(String),
+    #[error("there is no deployment {0}")]
+    UnknownDeployment(DeploymentName),
+    #[error("account {0} does not exist")]
+    AccountNotFound(String),
+    #[error("transfer {0} does not exist")]
+    TransferNotFound(TransferId),
+    #[error("source and destination are the same account")]
+    SameAccount,
+    #[error(
+        "source account is in {source_currency}, destination account in {destination_currency}"
+    )]
+    CurrencyMismatch {
+        source_currency: String,
+        destination_currency: String,
+    },
+    #[error("this idempotency key was used for a different request")]
+    IdempotencyKeyReused,
+    /// A reversal was refused and nothing changed: its compensating transfer (`attempt`,
+    /// when one was recorded) ended `canceled` for `reason`. `account` is the account at
+    /// fault: the original destination for a lack of funds, the original source for an
+    /// overflow or a vanished account.
+    #[error("the reversal was refused ({reason}) at account {account}")]
+    ReversalRefused {
+        reason: CancelReason,
+        account: AccountId,
+        attempt: Option<TransferId>,
+    },
+    /// A capture or a void the hold cannot take (see [`HoldConflict`]).
+    #[error("hold {hold} cannot take this: {conflict:?}")]
+    Hold {
+        conflict: HoldConflict,
+        hold: TransferId,
+    },
+    /// A capture of more than the hold reserved.
+    #[error("a capture may take at most the held amount, {}", held.minor_units())]
+    CaptureExceedsHold { held: Amount },
+    /// Too many transfers in flight in this instance: refused before anything was
+    /// recorded; retry shortly (or on another instance).
+    #[error("too many transfers in flight; retry shortly")]
+    Overloaded,
+    /// The database cannot be reached or cannot take the write now; retry later.
+    #[error(transparent)]
+    Unavailable(StoreError),
+    /// A bug or a misconfigured database: nothing the caller can do about it.
+    #[error(transparent)]
+    Internal(StoreError),
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(err: StoreError) -> ServiceError {
+        match err {
+            StoreError::Unavailable(_) => ServiceError::Unavailable(err),
+            StoreError::DuplicateKey(_) | StoreError::Other(_) => ServiceError::Internal(err),
+        }
+    }
+}
+
+pub type ServiceResult<T> = Result<T, ServiceError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error_chain::Chain;
+
+    /// A store error's log line names its kind and its cause.
+    #[test]
+    fn a_chain_shows_the_error_and_every_source() {
+        let err = StoreError::Unavailable("no primary".into());
+        let service = ServiceError::from(err);
+        assert_eq!(
+            Chain(&service).to_string(),
+            "the database is unavailable: no primary"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! Placement: where each account lives (its deployment) and its currency, as a new
+//! transfer needs them to be validated and routed, found once and then remembered by the
+//! process in [`Placements`], a bounded cache.
+
+use std::sync::Arc;
+
+use quick_cache::sync::{Cache, DefaultLifecycle};
+use quick_cache::{DefaultHashBuilder, OptionsBuilder, UnitWeighter};
+
+use super::{NewTransfer, ServiceError, ServiceResult, TransferService};
+use crate::domain::{AccountId, Currency, DeploymentName};
+
+/// Where an account lives, and its currency.
+pub(super) type Placement = (DeploymentName, Currency);
+
+/// Where a new transfer goes: the deployments of its accounts, and its currency.
+#[derive(Debug, Clone)]
+pub(super) struct Route {
+    pub(super) source: DeploymentName,
+    pub(super) destination: DeploymentName,
+    pub(super) currency: Currency,
+}
+
+/// Accounts whose place [`TransferService`] remembers, at most.
+pub(super) const KNOWN_ACCOUNTS_MAX: usize = 100_000;
+
+/// The shards of the cache behind [`Placements`], each behind a lock of its own, so that
+/// concurrent requests seldom wait for one another. A power of two: see
+/// [`Placements::bounded`].
+const SHARDS: usize = 8;
+
+/// The deployment and currency of every account this process has seen, by id, up to a
+/// bound. Neither ever changes and no account is ever deleted through the service, so a
+/// transfer between known accounts is validated and routed without a read. Should an
+/// account vanish behind the service's back, the debit or credit finds it gone and the
+/// transfer rolls back with `account_not_found`: the cache can make an answer less
+/// precise, never move money wrongly.
+#[derive(Clone)]
+pub(super) struct Placements {
+    /// Shared by every clone of the service (a sibling too). Full, it makes room for a
+    /// new place by forgetting one (S3-FIFO: first one seen once and not asked for
+    /// since), so that the places in use stay.
+    cache: Arc<Cache<AccountId, Placement>>,
+}
+
+impl Placements {
+    /// A memory of the places of `bound` accounts at most (rounded down to a multiple of
+    /// the shards, from eight accounts on).
+    pub(super) fn bounded(bound: usize) -> Placements {
+        // The cache gives each shard its share of the capacity rounded up, so the
+        // capacity is made a multiple of the shards: never past the bound. (With few
+        // accounts it merges shards, by halves, to keep 32 in each, or one shard for
+        // all: still a power of two that divides it.)
+        let capacity = if bound < SHARDS {
+            bound
+        } else {
+            bound - bound % SHARDS
+        };
+        let options = OptionsBuilder::new()
+            .shards(SHARDS)
+            .estimated_items_capacity(capacity)
+            .weight_capacity(capacity as u64)
+            .build()
+            .expect("both capacities are set");
+        let cache = Cache::with_options(
+            options,
+            UnitWeighter,
+            DefaultHashBuilder::default(),
+            DefaultLifecycle::default(),
+        );
+        Placements {
+            cache: Arc::new(cache),
+        }
+    }
+
+    /// Where account `id` lives and its currency, if remembered.
+    pub(super) fn get(&self, id: &AccountId) -> Option<Placement> {
+        self.cache.get(id)
+    }
+
+    /// Remembers where accounts live.
+    fn remember(&self, places: impl IntoIterator<Item = (AccountId, Placement)>) {
+        for (id, place) in places {
+            self.cache.insert(id, place);
+        }
+    }
+}
+
+impl TransferService {
+    /// Checks what the stored accounts must agree to; returns where the transfer goes.
+    pub(super) async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<Route> {
+        if new.source == new.destination {
+            return Err(ServiceError::SameAccount);
+        }
+        let ((source, source_currency), (destination, destination_currency)) = match (
+            self.placements.get(&new.source),
+            self.placements.get(&new.destination),
+        ) {
+            (Some(s), Some(d)) => (s, d),
+            _ => self.locate(new).await?,
+        };
+        if source_currency != destination_currency {
+            return Err(ServiceError::CurrencyMismatch {
+                source_currency: source_currency.to_string(),
+                destination_currency: destination_currency.to_string(),
+            });
+        }
+        Ok(Route {
+            source,
+            destination,
+            currency: source_currency,
+        })
+    }
+
+    /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
+    /// deployment) and remembers where they are.
+    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placement, Placement)> {
+        let [source, destination] = self
+            .deployments
+            .locate([&new.source, &new.destination])
+            .await?;
+        let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
+        let destination = destination
+            .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
+        self.placements.remember([
+            (new.source.clone(), source.clone()),
+            (new.destination.clone(), destination.clone()),
+        ]);
+        Ok((source, destination))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The places of accounts are remembered up to the bound and no further: the memory
+    /// fills to the bound, then makes room for each new place by forgetting another, and
+    /// a place just remembered is found. (A small bound, one shard; the service's own
+    /// bound is kept exactly across its shards.)
+    #[test]
+    fn the_places_of_accounts_are_remembered_up_to_the_bound() {
+        const BOUND: usize = 16;
+        let place = |i: usize| {
+            let id = AccountId::parse(&format!("a{i}")).unwrap();
+            let at = (DeploymentName::parse("main").unwrap(), Currency::usd());
+            (id, at)
+        };
+        let known = Placements::bounded(BOUND);
+        known.remember((0..BOUND - 2).map(place));
+        known.remember([place(BOUND - 2), place(BOUND - 1)]);
+        assert_eq!(known.cache.len(), BOUND, "filled to the bound");
+        for i in (BOUND..3 * BOUND).step_by(2) {
+            known.remember([place(i), place(i + 1)]);
+            assert_eq!(
+                known.cache.len(),
+                BOUND,
+                "room made rather than passing the bound"
+            );
+            let (id, at) = place(i + 1);
+            assert_eq!(
+                known.get(&id),
+                Some(at),
+                "the place just remembered is found"
+            );
+        }
+        let service = Placements::bounded(KNOWN_ACCOUNTS_MAX);
+        assert_eq!(service.cache.capacity(), KNOWN_ACCOUNTS_MAX as u64);
+    }
+}

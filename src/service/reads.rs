@@ -1,0 +1,99 @@
+//! Reading transfers as they stand now: a hold past its `expiresAt` reads as expired,
+//! by the clock of the deployment that logs it; and waiting, without driving it, until a
+//! transfer has come to rest.
+
+use std::time::Duration;
+
+use super::{ServiceError, ServiceResult, TransferService};
+use crate::domain::{AccountId, Timestamp, Transfer, TransferFilter, TransferId, TransferState};
+use crate::store::StoreResult;
+
+/// How often a transfer is read again while waiting for it to come to rest.
+const REPLAY_POLL: Duration = Duration::from_millis(20);
+
+impl TransferService {
+    /// The server time of the deployment that logs `transfer`, to read it as of now.
+    async fn now_for(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
+        self.log_store(transfer)?.server_time_lower_bound().await
+    }
+
+    /// The stored transfer, for the protocol (no view applied).
+    pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
+        self.deployments
+            .find_transfer(id)
+            .await?
+            .ok_or(ServiceError::TransferNotFound(id))
+    }
+
+    /// A transfer as it stands now: a hold past its `expiresAt` reads as expired (see
+    /// [`Transfer::as_of`]).
+    pub async fn read_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
+        let transfer = self.find_transfer(id).await?;
+        let now = self.now_for(&transfer).await?;
+        Ok(transfer.as_of(now))
+    }
+
+    /// Transfers newest first, as they stand now; a listing of `held` ones leaves out
+    /// the holds past their expiry.
+    pub async fn transfers(
+        &self,
+        filter: &TransferFilter,
+        limit: u32,
+    ) -> ServiceResult<Vec<Transfer>> {
+        let mut filter = filter.clone();
+        if filter.state == Some(TransferState::Held) {
+            filter.unexpired = true;
+        }
+        let listed = self.deployments.list_transfers(&filter, limit).await?;
+        let mut now = std::collections::HashMap::new();
+        let mut shown = Vec::with_capacity(listed.len());
+        for t in listed {
+            let at = match now.get(&t.source_deployment) {
+                Some(at) => *at,
+                None => {
+                    let at = self.now_for(&t).await?;
+                    now.insert(t.source_deployment.clone(), at);
+                    at
+                }
+            };
+            let t = t.as_of(at);
+            // A hold listed as `held` may read as expired by now.
+            if filter.state.is_none_or(|state| state == t.state) {
+                shown.push(t);
+            }
+        }
+        Ok(shown)
+    }
+
+    /// The transfers touching an account, newest first; 404 for an unknown account.
+    pub async fn account_transfers(
+        &self,
+        account: &AccountId,
+        before: Option<TransferId>,
+        limit: u32,
+    ) -> ServiceResult<Vec<Transfer>> {
+        self.account(account).await?;
+        let filter = TransferFilter {
+            account: Some(account.clone()),
+            before,
+            ..TransferFilter::default()
+        };
+        self.transfers(&filter, limit).await
+    }
+
+    /// Re-reads a transfer until it is at rest, the protocol having nothing left to do for
+    /// it (it is terminal, or a hold is `held`, waiting for its client) or `limit` has
+    /// passed. Does not drive it: its owner (or, if the owner died, the sweeper) does.
+    pub(super) async fn wait_until_at_rest(
+        &self,
+        mut transfer: Transfer,
+        limit: Duration,
+    ) -> ServiceResult<Transfer> {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !transfer.state.is_at_rest() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(REPLAY_POLL).await;
+            transfer = self.reload(&transfer).await?;
+        }
+        Ok(transfer)
+    }
+}

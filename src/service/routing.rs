@@ -1,0 +1,50 @@
+//! Routing: which deployment's store a transfer's writes go to. A transfer is logged on
+//! its source's deployment (`docs/scaling.md`), and each account step goes to the
+//! deployment that keeps that account.
+
+use super::TransferService;
+use crate::domain::{AccountId, Transfer};
+use crate::store::accounts::Side;
+use crate::store::{Store, StoreResult};
+
+impl TransferService {
+    /// The store of the deployment that logs `transfer` (its transfer log): its source's.
+    pub(crate) fn log_store(&self, transfer: &Transfer) -> StoreResult<&Store> {
+        self.deployments.of(&transfer.source_deployment)
+    }
+
+    /// The store of the deployment that keeps `transfer`'s account on `side`.
+    pub(crate) fn store_of(&self, transfer: &Transfer, side: Side) -> StoreResult<&Store> {
+        self.deployments.of(match side {
+            Side::Source => &transfer.source_deployment,
+            Side::Destination => &transfer.destination_deployment,
+        })
+    }
+
+    /// The deployments of `transfer`'s accounts, each with the accounts it keeps, for a
+    /// write on both accounts: one entry with both where one deployment keeps both (one
+    /// write serves them), else one per deployment, its one account named twice.
+    pub(crate) fn by_deployment<'t>(
+        &self,
+        transfer: &'t Transfer,
+    ) -> StoreResult<Vec<(&Store, [&'t AccountId; 2])>> {
+        let (source, destination) = (
+            self.store_of(transfer, Side::Source)?,
+            self.store_of(transfer, Side::Destination)?,
+        );
+        let (a, b) = (&transfer.source, &transfer.destination);
+        Ok(if source.deployment() == destination.deployment() {
+            vec![(source, [a, b])]
+        } else {
+            vec![(source, [a, a]), (destination, [b, b])]
+        })
+    }
+
+    /// `transfer`'s account on `side`.
+    pub(crate) fn account_of<'t>(&self, transfer: &'t Transfer, side: Side) -> &'t AccountId {
+        match side {
+            Side::Source => &transfer.source,
+            Side::Destination => &transfer.destination,
+        }
+    }
+}
