@@ -7,30 +7,40 @@
 
 use std::time::Duration;
 
+use backon::Retryable;
 use sha2::{Digest, Sha256};
 
 use super::{NewTransfer, ServiceError, ServiceResult, TransferOutcome, TransferService};
 use crate::domain::{KeyScope, ScopedKey, Transfer, TransferId};
+use crate::retry;
 use crate::store::transfers::KeyRecord;
 use crate::store::{Store, StoreError, StoreResult};
 
 /// Reads that follow a write another request made, whose answer (a duplicate key) came
 /// from the primary: with majority read concern they may not see it for a moment. Tried
-/// a few times before a "not there" is believed.
+/// again while "not there" ([`retry::majority_read`]) before that is believed; an error
+/// ends it at once.
 pub(super) async fn read_majority<T, F, Fut>(read: F) -> StoreResult<Option<T>>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = StoreResult<Option<T>>>,
 {
-    const ATTEMPTS: u32 = 5;
-    const PAUSE: Duration = Duration::from_millis(20);
-    for _ in 1..ATTEMPTS {
-        if let Some(found) = read().await? {
-            return Ok(Some(found));
+    // `Err(None)`: not there yet, worth another read; `Err(Some(_))`: failed.
+    let found = (|| async {
+        match read().await {
+            Ok(Some(found)) => Ok(found),
+            Ok(None) => Err(None),
+            Err(e) => Err(Some(e)),
         }
-        tokio::time::sleep(PAUSE).await;
+    })
+    .retry(retry::majority_read())
+    .when(Option::is_none)
+    .await;
+    match found {
+        Ok(found) => Ok(Some(found)),
+        Err(None) => Ok(None),
+        Err(Some(e)) => Err(e),
     }
-    read().await
 }
 
 /// What [`TransferService::take_key`] found.

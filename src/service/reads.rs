@@ -4,8 +4,11 @@
 
 use std::time::Duration;
 
+use backon::Retryable;
+
 use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{AccountId, Timestamp, Transfer, TransferFilter, TransferId, TransferState};
+use crate::retry;
 use crate::store::StoreResult;
 
 /// How often a transfer is read again while waiting for it to come to rest.
@@ -86,14 +89,27 @@ impl TransferService {
     /// passed. Does not drive it: its owner (or, if the owner died, the sweeper) does.
     pub(super) async fn wait_until_at_rest(
         &self,
-        mut transfer: Transfer,
+        transfer: Transfer,
         limit: Duration,
     ) -> ServiceResult<Transfer> {
         let deadline = tokio::time::Instant::now() + limit;
-        while !transfer.state.is_at_rest() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(REPLAY_POLL).await;
-            transfer = self.reload(&transfer).await?;
+        let time_left = || tokio::time::Instant::now() < deadline;
+        if transfer.state.is_at_rest() || !time_left() {
+            return Ok(transfer);
         }
-        Ok(transfer)
+        // `Err(Ok(_))`: read, not at rest yet; `Err(Err(_))`: the read failed.
+        let polled = (|| async {
+            match self.reload(&transfer).await {
+                Ok(read) if read.state.is_at_rest() => Ok(read),
+                read => Err(read),
+            }
+        })
+        .retry(retry::polling(REPLAY_POLL))
+        .when(|read| read.is_ok() && time_left())
+        .await;
+        Ok(match polled {
+            Ok(at_rest) => at_rest,
+            Err(read) => read?,
+        })
     }
 }
