@@ -12,7 +12,7 @@
 //!
 //! - Crash: `CRASH_AT=<name>` makes the process abort, as kill -9 would (no destructors,
 //!   no flushing, no graceful shutdown), at that point of the first transfer reaching it.
-//!   A name that is no point's stops the instance ([`crash_point`]).
+//!   A name that is no point's stops the instance at start ([`crash_point`]).
 //! - Pause: [`pause`] makes one instance (by `INSTANCE_ID`) stop at a step of the first
 //!   transfer reaching it until the test resumes it, so that a test can act in between
 //!   (cancel, take over) and then let the paused step go on: deterministic interleavings.
@@ -200,7 +200,8 @@ impl std::error::Error for UnknownPoint {}
 
 /// The point `CRASH_AT` names, if set, read once. Panics, with the names there are, when
 /// it names no point: a misspelt crash point would never fire, and a test that expects
-/// the crash would fail far from the cause. [`hit`] reads it at the first point.
+/// the crash would fail far from the cause. `startup` reads it before anything else, so
+/// that such an instance stops at start; [`hit`] reads it at every point.
 pub fn crash_point() -> Option<Point> {
     static CRASH_AT: OnceLock<Option<Point>> = OnceLock::new();
     *CRASH_AT.get_or_init(|| {

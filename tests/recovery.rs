@@ -454,3 +454,25 @@ hold_crash_test!(
     Point::AfterUndoDestination,
     HoldStep::Expire
 );
+
+/// A crash point that does not exist (misspelt, or a name a point no longer has) would
+/// never fire, and the crash test around it would fail far from the cause: the instance
+/// stops at start instead, naming the points there are. No database: it stops before
+/// connecting (a short patience bounds the wait if it did not stop).
+#[test]
+fn an_instance_asked_to_crash_at_an_unknown_point_stops_at_start_naming_the_points() {
+    let out = std::process::Command::new(support::service_binary!())
+        .env("MONGODB_URI", "mongodb://127.0.0.1:9/")
+        .env_remove("DEPLOYMENTS")
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .env("STARTUP_PATIENCE_MS", "2000")
+        .env("CRASH_AT", "after_debt")
+        .output()
+        .expect("run transfer-service");
+    let told = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {told}");
+    assert!(told.contains("\"after_debt\""), "{told}");
+    for point in Point::ALL {
+        assert!(told.contains(point.name()), "{point} not named: {told}");
+    }
+}
