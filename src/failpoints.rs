@@ -101,7 +101,7 @@ points! {
     AfterHeld = "after_held",
     /// A capture, void or expiry won a `held` hold (`resolve_hold`, the state change of
     /// a `Mover::Resolver`).
-    AfterSettle = "after_settle",
+    AfterResolve = "after_resolve",
     /// A capture moved the money out of the source and released its reservation there.
     AfterCaptureSource = "after_capture_source",
     /// A capture moved the money into the destination and released its reservation
@@ -148,7 +148,7 @@ points! {
     /// Before a debit or credit is undone, or a hold's reservation released.
     BeforeUndo = "before_undo",
     /// Before a capture, void or expiry changes a `held` hold (`resolve_hold`).
-    BeforeSettle = "before_settle",
+    BeforeResolve = "before_resolve",
     /// Before a capture's write on one account.
     BeforeCapture = "before_capture",
     /// Before an idempotency key is taken.
@@ -561,7 +561,7 @@ mod tests {
     #[test]
     fn only_the_points_before_a_write_precede_one() {
         assert!(Point::BeforeDebit.precedes_a_write());
-        assert!(Point::BeforeSettle.precedes_a_write());
+        assert!(Point::BeforeResolve.precedes_a_write());
         assert!(!Point::AfterDebit.precedes_a_write());
         assert!(!Point::WaitDrive.precedes_a_write());
     }

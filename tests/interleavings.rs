@@ -1442,7 +1442,7 @@ async fn a_cancel_that_a_capture_beats_to_a_held_hold_reverses_the_capture() {
     let (status, body) = spawn_hold(&owner, 300).await.unwrap();
     assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
     let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
-    let mut slow_cancel = failpoints::pause(&other.instance_id, Point::BeforeSettle);
+    let mut slow_cancel = failpoints::pause(&other.instance_id, Point::BeforeResolve);
     let cancel = {
         let other_url = other.url(&format!("/transfers/{id}/cancel"));
         let http = other.http.clone();
@@ -2223,7 +2223,7 @@ async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and
     open_alice_and_bob(&app).await;
     let (id, _) = short_hold(&app, 1000).await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let mut slow_expiry = failpoints::pause(&app.instance_id, Point::BeforeSettle);
+    let mut slow_expiry = failpoints::pause(&app.instance_id, Point::BeforeResolve);
     let debit = {
         let (http, url) = (app.http.clone(), app.url("/transfers"));
         tokio::spawn(async move {

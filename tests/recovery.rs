@@ -416,7 +416,7 @@ hold_crash_test!(
 );
 hold_crash_test!(
     a_capture_crashed_after_winning_the_hold_is_finished,
-    Point::AfterSettle,
+    Point::AfterResolve,
     HoldStep::Capture
 );
 hold_crash_test!(
@@ -431,7 +431,7 @@ hold_crash_test!(
 );
 hold_crash_test!(
     a_void_crashed_after_winning_the_hold_is_finished,
-    Point::AfterSettle,
+    Point::AfterResolve,
     HoldStep::Void
 );
 hold_crash_test!(
@@ -446,7 +446,7 @@ hold_crash_test!(
 );
 hold_crash_test!(
     an_expiry_crashed_after_winning_the_hold_is_finished,
-    Point::AfterSettle,
+    Point::AfterResolve,
     HoldStep::Expire
 );
 hold_crash_test!(

@@ -590,7 +590,7 @@ impl Store {
                     TransferState::Held,
                     "bug: transfer {id} resolved from {from}, not held"
                 );
-                failpoint!(self, BeforeSettle);
+                failpoint!(self, BeforeResolve);
                 let mut set = doc! { "state": to.as_str(), "application": owner };
                 set.extend(step_fields(fields));
                 return self.resolve_held(id, set, by, lease_start).await;
