@@ -13,7 +13,7 @@
 //! - Crash: `CRASH_AT=<name>` makes the process abort, as kill -9 would (no destructors,
 //!   no flushing, no graceful shutdown), at that point of the first transfer reaching it.
 //!   A name that is no point's stops the instance at start ([`crash_point`]).
-//! - Pause: [`pause`] makes one instance (by `INSTANCE_ID`) stop at a step of the first
+//! - Pause: [`pause`] makes one instance (by `INSTANCE_ID`) stop at a point of the first
 //!   transfer reaching it until the test resumes it, so that a test can act in between
 //!   (cancel, take over) and then let the paused step go on: deterministic interleavings.
 //! - Lost reply: [`lose_reply`] makes the next debit or credit of an instance land but
