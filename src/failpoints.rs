@@ -1,39 +1,29 @@
 //! Fault injection for the recovery tests, compiled only with the `failpoints` feature,
 //! which every test, example and bench build turns on (the package's dev-dependency on
 //! itself, Cargo.toml) and `cargo build` never does.
-//! Each step of the protocol calls [`hit`] right after it completes: `after_insert`,
-//! `after_pending`, `after_debit`, `after_credit`, `after_applied`, `after_pull` (both
-//! markers, one write), `after_canceling`, `after_undo_destination`, `after_undo_source`;
-//! for a hold, `after_debit` and `after_credit` follow its reservations, then
-//! `after_held`, `after_settle` (a capture, void or expiry won `held`),
-//! `after_capture_source`, `after_capture_destination`, and a void's releases are
-//! `after_undo_source`, `after_undo_destination` (the source's first); `after_take_key` (an
-//! idempotency key taken, its transfer not recorded yet), `after_reserve_account` (an
-//! account id reserved in the directory, the account not written yet),
-//! `waiting_for_admission` (a request found every admission permit taken and is about to
-//! wait for one) and `after_drive` (a run let go of its transfer's drive lock: another
-//! task of the process may drive it now). A run that finds its transfer driven by another
-//! task of its process waits at `wait_drive`, and only under a [`Hook`] (see [`hooked`]):
-//! it tries the lock again each time it is let go, so that a scheduler sees it wait. Each
-//! write of the store calls it right before the write is sent, so that a test can hold a
-//! write back and let it reach the server late:
-//! `before_insert`, `before_transition`, `before_force`, `before_renew`, `before_claim`,
-//! `before_take_over`, `before_claim_reversal`, `before_mark_fenced`, `before_fence`,
-//! `before_debit`, `before_credit`, `before_pull`, `before_undo`, `before_settle`,
-//! `before_capture`, `before_take_key`.
 //!
-//! - Crash: `CRASH_AT=<step>` makes the process abort, as kill -9 would (no destructors,
-//!   no flushing, no graceful shutdown), at that step of the first transfer reaching it.
-//! - Pause: [`pause`] makes one instance (by `INSTANCE_ID`) stop at a step of the first
+//! The points are the variants of [`Point`], each documented where it is: one right after
+//! each step of the protocol (`after_*`, and a few more places a test needs to stop at),
+//! and one right before each write of the store is sent (`before_*`), so that a test can
+//! hold a write back and let it reach the server late. The code names a point by its
+//! variant (`failpoint!(self, AfterDebit)`), so a misspelt point does not compile; its
+//! name ([`Point::name`], `after_debit`) is what `CRASH_AT` takes and what traces show.
+//! Each point calls [`hit`] with the instance that reached it.
+//!
+//! - Crash: `CRASH_AT=<name>` makes the process abort, as kill -9 would (no destructors,
+//!   no flushing, no graceful shutdown), at that point of the first transfer reaching it.
+//!   A name that is no point's stops the instance at start ([`crash_point`]).
+//! - Pause: [`pause`] makes one instance (by `INSTANCE_ID`) stop at a point of the first
 //!   transfer reaching it until the test resumes it, so that a test can act in between
 //!   (cancel, take over) and then let the paused step go on: deterministic interleavings.
 //! - Lost reply: [`lose_reply`] makes the next debit or credit of an instance land but
 //!   report a failure, as a dropped connection would, so that it is sent again.
 //! - Held back: [`hold_back`] makes every debit, every credit, or every state change of
-//!   an owner (`before_debit`, `before_credit`, `before_transition`) of an instance fail
-//!   without being sent, as a partition would, until [`let_through`]: each attempt is
-//!   told it failed, so the step fails, and is kept; [`send_held`] sends what was kept,
-//!   as the late landings of requests stuck in the network.
+//!   an owner ([`Point::BeforeDebit`], [`Point::BeforeCredit`],
+//!   [`Point::BeforeTransition`]) of an instance fail without being sent, as a partition
+//!   would, until [`let_through`]: each attempt is told it failed, so the step fails, and
+//!   is kept; [`send_held`] sends what was kept, as the late landings of requests stuck in
+//!   the network.
 //! - Recorded twice: [`record_twice`] makes the next transfer an instance records be
 //!   sent twice, as a driver's retry of an insert whose reply was lost would be on a
 //!   server that does not recognise the retry: the instance sees the second answer, a
@@ -50,12 +40,178 @@
 //!   cooperatively, one at a time, in an order it chooses, to explore interleavings).
 
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::oneshot;
+
+/// Declares [`Point`] from one list, so that its variants, their names and [`Point::ALL`]
+/// cannot drift apart.
+macro_rules! points {
+    ($($(#[doc = $doc:literal])+ $variant:ident = $name:literal,)+) => {
+        /// A place where a test may crash, pause or schedule an instance (see the module's
+        /// doc): right after a step of the protocol, or right before a write of the store.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Point {
+            $($(#[doc = $doc])+ $variant,)+
+        }
+
+        impl Point {
+            /// Every point, in the order of the list.
+            pub const ALL: &[Point] = &[$(Point::$variant,)+];
+
+            /// The name `CRASH_AT` takes and traces show (`after_debit`).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Point::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+
+points! {
+    /// A new transfer is recorded (`initial`, no owner yet); before its run starts.
+    AfterInsert = "after_insert",
+    /// `initial -> pending`: the run owns the transfer.
+    AfterPending = "after_pending",
+    /// The source is debited and marked; for a hold, its reservation out of the source.
+    AfterDebit = "after_debit",
+    /// The destination is credited and marked; for a hold, its reservation into the
+    /// destination.
+    AfterCredit = "after_credit",
+    /// `pending -> applied`.
+    AfterApplied = "after_applied",
+    /// Both markers of an applied transfer are pulled (one write where one deployment
+    /// has both accounts).
+    AfterPull = "after_pull",
+    /// A rollback began (`-> canceling`).
+    AfterCanceling = "after_canceling",
+    /// A rollback gave the destination's credit back (before the source's debit); for a
+    /// hold, the destination's reservation is released (after the source's).
+    AfterUndoDestination = "after_undo_destination",
+    /// A rollback gave the source's debit back (after the destination's credit); for a
+    /// hold, the source's reservation is released (first).
+    AfterUndoSource = "after_undo_source",
+    /// A hold's reservations are both made and it is recorded `held`.
+    AfterHeld = "after_held",
+    /// A capture, void or expiry won a `held` hold (`resolve_hold`, the state change of
+    /// a `Mover::Resolver`).
+    AfterResolve = "after_resolve",
+    /// A capture moved the money out of the source and released its reservation there.
+    AfterCaptureSource = "after_capture_source",
+    /// A capture moved the money into the destination and released its reservation
+    /// there.
+    AfterCaptureDestination = "after_capture_destination",
+    /// An idempotency key is taken; its transfer is not recorded yet.
+    AfterTakeKey = "after_take_key",
+    /// An account's id is reserved in the directory; the account is not written yet.
+    AfterReserveAccount = "after_reserve_account",
+    /// A request found every admission permit taken and is about to wait for one.
+    WaitingForAdmission = "waiting_for_admission",
+    /// A run let go of its transfer's drive lock: another task of the process may drive
+    /// it now.
+    AfterDrive = "after_drive",
+    /// A run found its transfer driven by another task of its process and waits for the
+    /// drive lock. Only under a [`Hook`] (see [`hooked`]): it tries the lock again each
+    /// time it is let go, so that a scheduler sees it wait.
+    WaitDrive = "wait_drive",
+    /// Before a transfer is recorded.
+    BeforeInsert = "before_insert",
+    /// Before an owner's state change.
+    BeforeTransition = "before_transition",
+    /// Before a cancel's state change of a transfer it does not own (its accounts
+    /// fenced).
+    BeforeForce = "before_force",
+    /// Before an owner renews its lease.
+    BeforeRenew = "before_renew",
+    /// Before a sweeper claims a stale transfer.
+    BeforeClaim = "before_claim",
+    /// Before a cancel takes over an `applied` or `canceling` transfer.
+    BeforeTakeOver = "before_take_over",
+    /// Before the one reversal of a done transfer is claimed.
+    BeforeClaimReversal = "before_claim_reversal",
+    /// Before a transfer is marked `fenced`, ahead of the fences of its accounts.
+    BeforeMarkFenced = "before_mark_fenced",
+    /// Before an account is fenced against a transfer.
+    BeforeFence = "before_fence",
+    /// Before a debit (a hold's reservation out included) is sent, each attempt.
+    BeforeDebit = "before_debit",
+    /// Before a credit (a hold's reservation in included) is sent, each attempt.
+    BeforeCredit = "before_credit",
+    /// Before the markers of an applied transfer are pulled.
+    BeforePull = "before_pull",
+    /// Before a debit or credit is undone, or a hold's reservation released.
+    BeforeUndo = "before_undo",
+    /// Before a capture, void or expiry changes a `held` hold (`resolve_hold`).
+    BeforeResolve = "before_resolve",
+    /// Before a capture's write on one account.
+    BeforeCapture = "before_capture",
+    /// Before an idempotency key is taken.
+    BeforeTakeKey = "before_take_key",
+}
+
+impl Point {
+    /// Whether the point is right before a write of the store is sent (`before_*`): a
+    /// write held there reaches the server late.
+    pub fn precedes_a_write(self) -> bool {
+        self.name().starts_with("before_")
+    }
+}
+
+impl fmt::Display for Point {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Point {
+    type Err = UnknownPoint;
+
+    /// The point of that name (`after_debit`).
+    fn from_str(name: &str) -> Result<Point, UnknownPoint> {
+        Point::ALL
+            .iter()
+            .copied()
+            .find(|point| point.name() == name)
+            .ok_or_else(|| UnknownPoint(name.to_owned()))
+    }
+}
+
+/// A name that is no [`Point`]'s; shown with the names there are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownPoint(pub String);
+
+impl fmt::Display for UnknownPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no failpoint is named {:?}; the points are:", self.0)?;
+        for point in Point::ALL {
+            write!(f, " {point}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UnknownPoint {}
+
+/// The point `CRASH_AT` names, if set, read once. Panics, with the names there are, when
+/// it names no point: a misspelt crash point would never fire, and a test that expects
+/// the crash would fail far from the cause. `startup` reads it before anything else, so
+/// that such an instance stops at start; [`hit`] reads it at every point.
+pub fn crash_point() -> Option<Point> {
+    static CRASH_AT: OnceLock<Option<Point>> = OnceLock::new();
+    *CRASH_AT.get_or_init(|| {
+        let name = std::env::var_os("CRASH_AT").filter(|name| !name.is_empty())?;
+        match name.to_string_lossy().parse() {
+            Ok(point) => Some(point),
+            Err(unknown) => panic!("CRASH_AT: {unknown}"),
+        }
+    })
+}
 
 /// Where a pause waits: told when the step is reached, then waits to be resumed.
 struct Gate {
@@ -63,24 +219,22 @@ struct Gate {
     resume: oneshot::Receiver<()>,
 }
 
-/// Armed pauses, by instance and step. A pause fires once and is removed.
-fn gates() -> &'static Mutex<HashMap<(String, &'static str), Gate>> {
-    static GATES: OnceLock<Mutex<HashMap<(String, &'static str), Gate>>> = OnceLock::new();
+/// Armed pauses, by instance and point. A pause fires once and is removed.
+fn gates() -> &'static Mutex<HashMap<(String, Point), Gate>> {
+    static GATES: OnceLock<Mutex<HashMap<(String, Point), Gate>>> = OnceLock::new();
     GATES.get_or_init(Default::default)
 }
 
-/// Called by the `failpoint!` macro after each step of `instance`.
-pub async fn hit(step: &'static str, instance: &str) {
-    static TARGET: OnceLock<Option<String>> = OnceLock::new();
-    let target = TARGET.get_or_init(|| std::env::var("CRASH_AT").ok().filter(|s| !s.is_empty()));
-    if target.as_deref() == Some(step) {
-        eprintln!("failpoint {step}: aborting");
+/// Called by the `failpoint!` macro at each point `instance` reaches.
+pub async fn hit(point: Point, instance: &str) {
+    if crash_point() == Some(point) {
+        eprintln!("failpoint {point}: aborting");
         std::process::abort();
     }
     let gate = gates()
         .lock()
         .expect("failpoint gates")
-        .remove(&(instance.to_owned(), step));
+        .remove(&(instance.to_owned(), point));
     if let Some(gate) = gate {
         let _ = gate.reached.send(());
         // A dropped handle resumes too.
@@ -93,7 +247,7 @@ pub async fn hit(step: &'static str, instance: &str) {
             .get(instance)
             .cloned();
         if let Some(hook) = hook {
-            hook.hit(step, instance).await;
+            hook.hit(point, instance).await;
         }
     }
 }
@@ -105,7 +259,7 @@ pub type HookFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// instance it was installed for reaches (after the crash and pause checks), and that
 /// instance goes on only once the returned future resolves.
 pub trait Hook: Send + Sync {
-    fn hit(&self, step: &'static str, instance: &str) -> HookFuture;
+    fn hit(&self, point: Point, instance: &str) -> HookFuture;
 }
 
 /// How many hooks are installed: lets [`hit`] skip the lock when none is.
@@ -159,13 +313,13 @@ pub struct Paused {
     resume: Option<oneshot::Sender<()>>,
 }
 
-/// Arms a pause: the next transfer of `instance` to complete `step` waits there until
+/// Arms a pause: the next transfer of `instance` to reach `point` waits there until
 /// [`Paused::resume`] (or until the handle is dropped).
-pub fn pause(instance: &str, step: &'static str) -> Paused {
+pub fn pause(instance: &str, point: Point) -> Paused {
     let (reached_tx, reached_rx) = oneshot::channel();
     let (resume_tx, resume_rx) = oneshot::channel();
     gates().lock().expect("failpoint gates").insert(
-        (instance.to_owned(), step),
+        (instance.to_owned(), point),
         Gate {
             reached: reached_tx,
             resume: resume_rx,
@@ -178,7 +332,7 @@ pub fn pause(instance: &str, step: &'static str) -> Paused {
 }
 
 impl Paused {
-    /// Waits until a transfer has completed the step and stopped there.
+    /// Waits until a transfer has reached the point and stopped there.
     pub async fn reached(&mut self) {
         if let Some(reached) = self.reached.take() {
             reached.await.expect("the paused step was reached");
@@ -250,37 +404,38 @@ pub async fn reply_lost(instance: &str) -> bool {
 }
 
 /// The writes of each instance that [`hold_back`] holds back, by point.
-fn held_back_steps() -> &'static Mutex<Vec<(String, &'static str)>> {
-    static HELD: OnceLock<Mutex<Vec<(String, &'static str)>>> = OnceLock::new();
+fn held_back_points() -> &'static Mutex<Vec<(String, Point)>> {
+    static HELD: OnceLock<Mutex<Vec<(String, Point)>>> = OnceLock::new();
     HELD.get_or_init(Default::default)
 }
 
-/// Makes every attempt of `step` (`before_debit` or `before_credit`, a hold's reservations
-/// included, or `before_transition`, an owner's state change) of `instance` fail without
-/// being sent, until [`let_through`].
-pub fn hold_back(instance: &str, step: &'static str) {
-    held_back_steps()
+/// Makes every attempt of the write at `point` ([`Point::BeforeDebit`] or
+/// [`Point::BeforeCredit`], a hold's reservations included, or
+/// [`Point::BeforeTransition`], an owner's state change) of `instance` fail without being
+/// sent, until [`let_through`].
+pub fn hold_back(instance: &str, point: Point) {
+    held_back_points()
         .lock()
-        .expect("held-back steps")
-        .push((instance.to_owned(), step));
+        .expect("held-back points")
+        .push((instance.to_owned(), point));
 }
 
 /// Undoes [`hold_back`].
-pub fn let_through(instance: &str, step: &'static str) {
-    held_back_steps()
+pub fn let_through(instance: &str, point: Point) {
+    held_back_points()
         .lock()
-        .expect("held-back steps")
-        .retain(|(i, s)| (i.as_str(), *s) != (instance, step));
+        .expect("held-back points")
+        .retain(|(i, p)| (i.as_str(), *p) != (instance, point));
 }
 
 /// Called by the store before each attempt of a forward step or an owner's state change:
 /// whether to hold it back (then the store [`keep`]s it).
-pub fn held_back(instance: &str, step: &'static str) -> bool {
-    held_back_steps()
+pub fn held_back(instance: &str, point: Point) -> bool {
+    held_back_points()
         .lock()
-        .expect("held-back steps")
+        .expect("held-back points")
         .iter()
-        .any(|(i, s)| (i.as_str(), *s) == (instance, step))
+        .any(|(i, p)| (i.as_str(), *p) == (instance, point))
 }
 
 /// A write held back, to be sent by [`send_held`].
@@ -370,5 +525,44 @@ pub fn read_lags(instance: &str) -> bool {
             true
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every point's name reads back as that point, and no two points share a name: a
+    /// `CRASH_AT` names exactly one.
+    #[test]
+    fn every_point_is_found_by_its_name_alone() {
+        for &point in Point::ALL {
+            assert_eq!(point.name().parse(), Ok(point));
+            assert_eq!(point.to_string(), point.name());
+        }
+        let mut names: Vec<_> = Point::ALL.iter().map(|p| p.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Point::ALL.len());
+    }
+
+    /// A name that is no point's is refused with the names there are.
+    #[test]
+    fn an_unknown_name_is_refused_with_the_names_there_are() {
+        let unknown = "after_debt".parse::<Point>().unwrap_err();
+        let told = unknown.to_string();
+        assert!(told.contains("\"after_debt\""), "{told}");
+        for point in Point::ALL {
+            assert!(told.contains(point.name()), "{told} lacks {point}");
+        }
+    }
+
+    /// The points a scheduler parks at to let writes land late are those before a write.
+    #[test]
+    fn only_the_points_before_a_write_precede_one() {
+        assert!(Point::BeforeDebit.precedes_a_write());
+        assert!(Point::BeforeResolve.precedes_a_write());
+        assert!(!Point::AfterDebit.precedes_a_write());
+        assert!(!Point::WaitDrive.precedes_a_write());
     }
 }

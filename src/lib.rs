@@ -40,13 +40,14 @@
 //! `docs/architecture.md` draws how a request, a recovery and a cancel flow through
 //! these modules.
 
-/// `failpoint!(service, "step")`: with the `failpoints` feature, aborts the process after
-/// `step` when `CRASH_AT=step`, or pauses it there for a test (see [`failpoints`]);
-/// without the feature, expands to nothing.
+/// `failpoint!(service, AfterDebit)`: with the `failpoints` feature, the point
+/// `failpoints::Point::AfterDebit` of `service`'s instance, where a test may crash it
+/// (`CRASH_AT=after_debit`), pause it or schedule it (see [`failpoints`]); a point that
+/// does not exist does not compile. Without the feature, expands to nothing.
 macro_rules! failpoint {
-    ($service:expr, $step:literal) => {{
+    ($service:expr, $point:ident) => {{
         #[cfg(feature = "failpoints")]
-        $crate::failpoints::hit($step, $service.instance_id()).await;
+        $crate::failpoints::hit($crate::failpoints::Point::$point, $service.instance_id()).await;
     }};
 }
 

@@ -125,6 +125,10 @@ impl Application {
     /// once. With several deployments, it fails only if none could be migrated; the
     /// others are migrated in the background and refused until then.
     pub async fn build(settings: Settings) -> Result<Application, StartupError> {
+        // A test build asked to crash at a point that does not exist stops here, naming the
+        // points, rather than serving without ever crashing.
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::crash_point();
         let mut stores = Vec::with_capacity(settings.deployments.len());
         for d in &settings.deployments {
             let store = Store::connect_with(

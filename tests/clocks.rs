@@ -21,6 +21,7 @@ use support::process::{Instance, InstanceConfig, clock_offset, faketime_env, lib
 use support::values::{account, amount};
 use support::{database_uri, fresh_database_name};
 use transfer_service::domain::{Account, Currency, DeploymentName, TransferState, now};
+use transfer_service::failpoints::Point;
 use transfer_service::store::accounts::Forward;
 use transfer_service::store::{Store, new_transfer_id};
 
@@ -122,7 +123,7 @@ const TAKEOVER_LIMIT: Duration = Duration::from_secs(8);
 /// from a (500) to b (0); an instance with a true clock must then finish it, `done`,
 /// within [`TAKEOVER_LIMIT`] of the crash, with a debited and b credited exactly once and
 /// no marker left.
-async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str) {
+async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: Point) {
     const LEASE_MS: u64 = 1000;
     let amount = 200;
     let database = fresh_database_name();
@@ -132,7 +133,7 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str
         .unwrap();
     let mut config = instance_config(&database, "skewed", offset_secs);
     config.stale_after_ms = LEASE_MS;
-    config.crash_at = Some(step.to_owned());
+    config.crash_at = Some(step.name().to_owned());
     let mut skewed = Instance::start(&config).await;
     assert_clock_offset(&http, &skewed, offset_secs).await;
     open_account(&http, &skewed, "a", 500).await;
@@ -189,14 +190,14 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: &str
 /// lease by the database's clock; its clock does not push the takeover 30 s out.
 #[tokio::test]
 async fn an_instance_whose_clock_runs_ahead_does_not_delay_a_takeover() {
-    a_correct_instance_takes_over_in_time_from(30, "after_debit").await;
+    a_correct_instance_takes_over_in_time_from(30, Point::AfterDebit).await;
 }
 
 /// Invariant: a crashed owner whose clock runs far behind is taken over within a lease,
 /// and the takeover finishes what it left without debiting or crediting anyone twice.
 #[tokio::test]
 async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_twice() {
-    a_correct_instance_takes_over_in_time_from(-30, "after_credit").await;
+    a_correct_instance_takes_over_in_time_from(-30, Point::AfterCredit).await;
 }
 
 /// The same for a transfer the instance had only recorded when it crashed: the record's
@@ -204,7 +205,7 @@ async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_tw
 /// stamping the insert with the caller's clock survived the other tests).
 #[tokio::test]
 async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken_over_in_time() {
-    a_correct_instance_takes_over_in_time_from(30, "after_insert").await;
+    a_correct_instance_takes_over_in_time_from(30, Point::AfterInsert).await;
 }
 
 /// A recorded transfer's `lastModified` is the database's time, whatever the caller's

@@ -1597,7 +1597,7 @@ async fn one_pass_finishes_interrupted_reversals_past_a_page_it_cannot_and_at_mo
 /// its run (here paused after its credit) does not hold up the others of the pass.
 #[tokio::test]
 async fn one_pass_drives_its_claimed_transfers_at_once() {
-    use transfer_service::failpoints;
+    use transfer_service::failpoints::{self, Point};
     use transfer_service::service::TransferService;
     use transfer_service::store::Deployments;
     let books = Books::shared().await;
@@ -1617,7 +1617,7 @@ async fn one_pass_drives_its_claimed_transfers_at_once() {
         "sweeper-under-test",
         Duration::from_secs(1),
     );
-    let mut paused = failpoints::pause("sweeper-under-test", "after_credit");
+    let mut paused = failpoints::pause("sweeper-under-test", Point::AfterCredit);
     let pass = tokio::spawn(async move {
         let never = tokio_util::sync::CancellationToken::new();
         transfer_service::sweeper::sweep_once(&bank, &never).await

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use support::values::{account, after, amount, from_now, initial};
 use support::{TestApp, spawn_app_with};
 use transfer_service::domain::{CancelReason, Transfer, TransferId, TransferState};
-use transfer_service::failpoints;
+use transfer_service::failpoints::{self, Point};
 use transfer_service::store::accounts::{Fence, FenceWhen, Forward};
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::object_id;
@@ -174,7 +174,7 @@ enum Answer {
 async fn race<M>(
     on: &TestApp,
     request: Post,
-    step: &'static str,
+    step: Point,
     meanwhile: impl AsyncFnOnce(TransferId) -> M,
 ) -> Raced<M> {
     let mut paused = failpoints::pause(&on.instance_id, step);
@@ -244,7 +244,7 @@ impl<M> Raced<M> {
 async fn a_cancel_between_debit_and_credit_rolls_back_and_the_paused_credit_never_lands() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let (id, _) = race(&owner, Post::Transfer(300), "after_debit", async |id| {
+    let (id, _) = race(&owner, Post::Transfer(300), Point::AfterDebit, async |id| {
         assert_eq!(owner.balance("alice").await, 700, "the debit landed");
 
         let canceled = cancel(&other, id).await;
@@ -265,16 +265,21 @@ async fn a_cancel_between_debit_and_credit_rolls_back_and_the_paused_credit_neve
 async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let (id, reversal_id) = race(&owner, Post::Transfer(300), "after_credit", async |id| {
-        assert_eq!(owner.balance("bob").await, 300, "the credit landed");
+    let (id, reversal_id) = race(
+        &owner,
+        Post::Transfer(300),
+        Point::AfterCredit,
+        async |id| {
+            assert_eq!(owner.balance("bob").await, 300, "the credit landed");
 
-        let original = cancel(&other, id).await;
-        assert_eq!(original["state"], "done", "{original}");
-        original["reversedBy"]
-            .as_str()
-            .expect("reversedBy")
-            .to_owned()
-    })
+            let original = cancel(&other, id).await;
+            assert_eq!(original["state"], "done", "{original}");
+            original["reversedBy"]
+                .as_str()
+                .expect("reversedBy")
+                .to_owned()
+        },
+    )
     .await
     // The owner resumes with `pending -> applied`: it lost the transfer and stops.
     .answers(Answer::State(201, "done"));
@@ -302,18 +307,23 @@ async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once(
 async fn an_owner_paused_past_its_lease_is_taken_over_and_its_late_debit_is_refused() {
     let (owner, other) = two_instances(Duration::from_millis(1000)).await;
     open_alice_and_bob(&owner).await;
-    race(&owner, Post::Transfer(300), "after_pending", async |id| {
-        let t = wait_for(&other, id, Duration::from_secs(10), |t| {
-            t.state == TransferState::Done
-        })
-        .await;
-        let taken_by = t.owner.as_deref().unwrap_or_default();
-        assert!(
-            taken_by.starts_with(&format!("{}/", other.instance_id)),
-            "{taken_by}"
-        );
-        assert_balances_and_no_markers(&owner, 700, 300).await;
-    })
+    race(
+        &owner,
+        Post::Transfer(300),
+        Point::AfterPending,
+        async |id| {
+            let t = wait_for(&other, id, Duration::from_secs(10), |t| {
+                t.state == TransferState::Done
+            })
+            .await;
+            let taken_by = t.owner.as_deref().unwrap_or_default();
+            assert!(
+                taken_by.starts_with(&format!("{}/", other.instance_id)),
+                "{taken_by}"
+            );
+            assert_balances_and_no_markers(&owner, 700, 300).await;
+        },
+    )
     .await
     .answers(Answer::Status(201));
     assert_balances_and_no_markers(&owner, 700, 300).await;
@@ -326,7 +336,7 @@ async fn an_owner_paused_past_its_lease_is_taken_over_and_its_late_debit_is_refu
 async fn an_owner_paused_after_its_debit_past_its_lease_cannot_credit_a_second_time() {
     let (owner, other) = two_instances(Duration::from_millis(1000)).await;
     open_alice_and_bob(&owner).await;
-    race(&owner, Post::Transfer(300), "after_debit", async |id| {
+    race(&owner, Post::Transfer(300), Point::AfterDebit, async |id| {
         wait_for(&other, id, Duration::from_secs(10), |t| {
             t.state == TransferState::Done
         })
@@ -345,7 +355,7 @@ async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
     let stale = Duration::from_millis(3000);
     let (owner, other) = two_instances(stale).await;
     open_alice_and_bob(&owner).await;
-    let (id, leased) = race(&owner, Post::Transfer(300), "after_debit", async |id| {
+    let (id, leased) = race(&owner, Post::Transfer(300), Point::AfterDebit, async |id| {
         let leased = transfer(&owner, id).await;
 
         cancel(&other, id).await;
@@ -570,7 +580,7 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     assert_eq!(status, 201, "{body}");
     let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
 
-    let (_, reversal_id) = race(&first, Post::Cancel(id), "after_pending", async |id| {
+    let (_, reversal_id) = race(&first, Post::Cancel(id), Point::AfterPending, async |id| {
         let reversal_id = transfer(&first, id).await.reversed_by.expect("claimed");
 
         // The compensation stays paused past the second cancel's wait: it answers that the
@@ -627,8 +637,8 @@ async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() 
     let canceler = instance_on(&dead.database, lease, never).await;
     open_alice_and_bob(&dead).await;
 
-    let mut crashed = failpoints::pause(&dead.instance_id, "after_credit");
-    let mut late_debit = failpoints::pause(&recoverer.instance_id, "before_debit");
+    let mut crashed = failpoints::pause(&dead.instance_id, Point::AfterCredit);
+    let mut late_debit = failpoints::pause(&recoverer.instance_id, Point::BeforeDebit);
     let (_request, id) = start_transfer(&dead, 100).await;
     crashed.reached().await;
     late_debit.reached().await;
@@ -676,7 +686,7 @@ async fn beyond_its_limit_an_instance_refuses_new_work_after_the_admission_wait_
     })
     .await;
     open_alice_and_bob(&app).await;
-    race(&app, Post::Transfer(100), "after_pending", async |id| {
+    race(&app, Post::Transfer(100), Point::AfterPending, async |id| {
         // The permit stays taken until the test resumes the first transfer, after these
         // answers: each is refused when its wait ends, or never answered.
         let asked = Instant::now();
@@ -741,7 +751,7 @@ async fn with_no_admission_wait_a_free_permit_admits_and_none_refuses() {
     let (status, body) = app.transfer("alice", "bob", 10).await;
     assert_eq!(status, 201, "{body}");
 
-    race(&app, Post::Transfer(100), "after_pending", async |_| {
+    race(&app, Post::Transfer(100), Point::AfterPending, async |_| {
         let (status, body) = app.transfer("alice", "bob", 1).await;
         assert_eq!((status, body["code"].as_str()), (503, Some("overloaded")));
     })
@@ -762,11 +772,11 @@ async fn a_request_beyond_the_limit_takes_the_permit_freed_while_it_waits() {
     })
     .await;
     open_alice_and_bob(&app).await;
-    let mut first_paused = failpoints::pause(&app.instance_id, "after_pending");
+    let mut first_paused = failpoints::pause(&app.instance_id, Point::AfterPending);
     let (first, _) = start_transfer(&app, 100).await;
     first_paused.reached().await;
 
-    let mut waiting = failpoints::pause(&app.instance_id, "waiting_for_admission");
+    let mut waiting = failpoints::pause(&app.instance_id, Point::WaitingForAdmission);
     let second = app.http.post(app.url("/transfers")).json(&json!({
         "source": "alice", "destination": "bob", "amount": 30
     }));
@@ -820,7 +830,7 @@ async fn a_request_beyond_the_limit_is_refused_at_once_when_the_connections_are_
     })
     .await;
     open_alice_and_bob(&app).await;
-    race(&app, Post::Transfer(100), "after_pending", async |_| {
+    race(&app, Post::Transfer(100), Point::AfterPending, async |_| {
         // Far shorter than the wait: a request that waited would time out here.
         let refused = app
             .http
@@ -856,7 +866,7 @@ async fn a_request_beyond_the_limit_is_refused_at_once_when_the_connections_are_
 async fn a_transfer_whose_client_hangs_up_still_finishes_at_once() {
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
     open_alice_and_bob(&app).await;
-    let mut paused = failpoints::pause(&app.instance_id, "after_pending");
+    let mut paused = failpoints::pause(&app.instance_id, Point::AfterPending);
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()
@@ -898,7 +908,7 @@ async fn a_cancel_waiting_on_a_reversal_that_is_then_refused_answers_the_refusal
     assert_eq!(status, 201, "{body}");
     let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
 
-    let mut paused = failpoints::pause(&first.instance_id, "after_pending");
+    let mut paused = failpoints::pause(&first.instance_id, Point::AfterPending);
     let first_cancel = spawn_cancel(&first, id);
     paused.reached().await;
     let second_cancel = spawn_cancel(&second, id);
@@ -940,15 +950,15 @@ async fn a_stale_owner_cannot_renew_a_lease_another_instance_holds() {
     let recoverer = instance_on(&owner.database, lease, Duration::from_millis(50)).await;
     open_alice_and_bob(&owner).await;
 
-    let mut late_debit = failpoints::pause(&owner.instance_id, "before_debit");
-    let mut recoverer_debit = failpoints::pause(&recoverer.instance_id, "before_debit");
+    let mut late_debit = failpoints::pause(&owner.instance_id, Point::BeforeDebit);
+    let mut recoverer_debit = failpoints::pause(&recoverer.instance_id, Point::BeforeDebit);
     let (request, id) = start_transfer(&owner, 300).await;
     late_debit.reached().await;
     recoverer_debit.reached().await; // B claimed it after A's lease, and is about to debit
 
     // A's debit lands now, past its deadline. Should A renew and go on, it stops again
     // before its credit.
-    let mut late_credit = failpoints::pause(&owner.instance_id, "before_credit");
+    let mut late_credit = failpoints::pause(&owner.instance_id, Point::BeforeCredit);
     late_debit.resume();
     let renewed = tokio::time::timeout(Duration::from_secs(2), late_credit.reached())
         .await
@@ -991,8 +1001,8 @@ async fn a_stale_owner_refused_for_a_reason_cannot_roll_back_a_transfer_it_lost(
     open_alice_and_bob(&owner).await;
     owner.open_account("whale", MAX_MONEY - 100).await;
 
-    let mut stale_credit = failpoints::pause(&owner.instance_id, "before_credit");
-    let mut recoverer_credit = failpoints::pause(&recoverer.instance_id, "before_credit");
+    let mut stale_credit = failpoints::pause(&owner.instance_id, Point::BeforeCredit);
+    let mut recoverer_credit = failpoints::pause(&recoverer.instance_id, Point::BeforeCredit);
     let (request, id) = start_transfer(&owner, 300).await;
     stale_credit.reached().await;
     recoverer_credit.reached().await; // B took it over after A's lease: debit found applied
@@ -1032,7 +1042,7 @@ async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_r
     let lease = Duration::from_millis(2000);
     let app = spawn_app_with(|s| s.stale_after = lease).await;
     open_alice_and_bob(&app).await;
-    let mut before_debit = failpoints::pause(&app.instance_id, "before_debit");
+    let mut before_debit = failpoints::pause(&app.instance_id, Point::BeforeDebit);
     let (request, id) = start_transfer(&app, 300).await;
     before_debit.reached().await;
     let leased = transfer(&app, id).await.last_modified.timestamp_millis();
@@ -1041,7 +1051,7 @@ async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_r
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
-    let mut after_debit = failpoints::pause(&app.instance_id, "after_debit");
+    let mut after_debit = failpoints::pause(&app.instance_id, Point::AfterDebit);
     before_debit.resume();
     after_debit.reached().await;
     let renewed = transfer(&app, id).await.last_modified.timestamp_millis();
@@ -1091,16 +1101,20 @@ async fn fences_of_a_cancel_that_lost_to_the_owner_completing_are_collected() {
     let lease = Duration::from_millis(1000);
     let (owner, other) = two_instances(lease).await;
     open_alice_and_bob(&owner).await;
-    let (id, (mut cancel_forcing, canceling)) =
-        race(&owner, Post::Transfer(300), "after_credit", async |id| {
-            let mut cancel_forcing = failpoints::pause(&other.instance_id, "before_force");
+    let (id, (mut cancel_forcing, canceling)) = race(
+        &owner,
+        Post::Transfer(300),
+        Point::AfterCredit,
+        async |id| {
+            let mut cancel_forcing = failpoints::pause(&other.instance_id, Point::BeforeForce);
             let canceling = spawn_cancel(&other, id);
             cancel_forcing.reached().await; // both accounts fenced, `pending -> applied` not sent
             (cancel_forcing, canceling)
-        })
-        .await
-        // The owner completes first.
-        .answers(Answer::Status(201));
+        },
+    )
+    .await
+    // The owner completes first.
+    .answers(Answer::Status(201));
     cancel_forcing.resume();
     assert_eq!(canceling.await.unwrap().0, 200);
 
@@ -1119,26 +1133,30 @@ async fn fences_of_a_cancel_overtaken_by_the_owners_own_rollback_are_collected()
     let lease = Duration::from_millis(1000);
     let (owner, other) = two_instances(lease).await;
     open_alice_and_bob(&owner).await;
-    let (id, (mut second_fence, canceling)) =
-        race(&owner, Post::Transfer(300), "before_debit", async |id| {
+    let (id, (mut second_fence, canceling)) = race(
+        &owner,
+        Post::Transfer(300),
+        Point::BeforeDebit,
+        async |id| {
             // Alice spends her money meanwhile: the owner's debit will be refused.
             owner.open_account("carol", 0).await;
             let (status, body) = other.transfer("alice", "carol", 1000).await;
             assert_eq!(status, 201, "{body}");
 
             // The cancel fences bob, then stops before fencing alice.
-            let mut first_fence = failpoints::pause(&other.instance_id, "before_fence");
+            let mut first_fence = failpoints::pause(&other.instance_id, Point::BeforeFence);
             let canceling = spawn_cancel(&other, id);
             first_fence.reached().await;
-            let mut second_fence = failpoints::pause(&other.instance_id, "before_fence");
+            let mut second_fence = failpoints::pause(&other.instance_id, Point::BeforeFence);
             first_fence.resume();
             second_fence.reached().await;
             let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
             assert_eq!(bob.fenced_transactions, vec![id], "bob is fenced");
             (second_fence, canceling)
-        })
-        .await
-        .answers(Answer::Code(422, "insufficient_funds"));
+        },
+    )
+    .await
+    .answers(Answer::Code(422, "insufficient_funds"));
     second_fence.resume();
     assert_eq!(canceling.await.unwrap().0, 200);
 
@@ -1159,12 +1177,12 @@ async fn a_slow_second_cancels_fence_arriving_after_collection_is_refused() {
     let (owner, other) = two_instances(lease).await;
     let third = instance_on(&owner.database, lease, Duration::from_secs(3600)).await;
     open_alice_and_bob(&owner).await;
-    let mut debited = failpoints::pause(&owner.instance_id, "after_debit");
+    let mut debited = failpoints::pause(&owner.instance_id, Point::AfterDebit);
     let (request, id) = start_transfer(&owner, 300).await;
     debited.reached().await;
 
     // The slow cancel marks the transfer, then its first fence is held back.
-    let mut slow_fence = failpoints::pause(&third.instance_id, "before_fence");
+    let mut slow_fence = failpoints::pause(&third.instance_id, Point::BeforeFence);
     let slow = spawn_cancel(&third, id);
     slow_fence.reached().await;
     let first = cancel(&other, id).await;
@@ -1197,10 +1215,10 @@ async fn a_cancels_destination_fence_arriving_too_late_is_tried_again_not_taken_
     .await;
     let other = instance_on(&owner.database, lease, never).await;
     open_alice_and_bob(&owner).await;
-    race(&owner, Post::Transfer(300), "after_debit", async |id| {
+    race(&owner, Post::Transfer(300), Point::AfterDebit, async |id| {
         // The cancel marks the transfer; its first fence (the destination's) is held back
         // past the deadline, 0.9 lease after the mark.
-        let mut late_fence = failpoints::pause(&other.instance_id, "before_fence");
+        let mut late_fence = failpoints::pause(&other.instance_id, Point::BeforeFence);
         let canceling = spawn_cancel(&other, id);
         late_fence.reached().await;
         tokio::time::sleep(lease + lease / 2).await;
@@ -1224,7 +1242,7 @@ async fn a_cancels_destination_fence_arriving_too_late_is_tried_again_not_taken_
 async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() {
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(3600)).await;
     open_alice_and_bob(&app).await;
-    let (id, _) = race(&app, Post::Transfer(300), "after_debit", async |id| {
+    let (id, _) = race(&app, Post::Transfer(300), Point::AfterDebit, async |id| {
         // Alice's account holds the transfer's marker, Bob's does not.
         let now = transfer(&app, id).await.last_modified;
         let (past, future) = (after(now, -60_000), after(now, 60_000));
@@ -1264,7 +1282,7 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     let lease = Duration::from_millis(2000);
     let app = spawn_app_with(|s| s.stale_after = lease).await;
     open_alice_and_bob(&app).await;
-    let (id, deadline) = race(&app, Post::Transfer(300), "before_debit", async |id| {
+    let (id, deadline) = race(&app, Post::Transfer(300), Point::BeforeDebit, async |id| {
         let leased = transfer(&app, id).await.last_modified;
         let deadline = after(leased, 1800);
         failpoints::lose_reply(&app.instance_id);
@@ -1296,7 +1314,7 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
     let app = spawn_app_with(|s| s.stale_after = lease).await;
     open_alice_and_bob(&app).await;
     // A hold reserves the source's money in its debit step.
-    let (id, deadline) = race(&app, Post::Hold(300), "before_debit", async |id| {
+    let (id, deadline) = race(&app, Post::Hold(300), Point::BeforeDebit, async |id| {
         let deadline = after(transfer(&app, id).await.last_modified, 1800);
         failpoints::lose_reply(&app.instance_id);
         deadline
@@ -1340,7 +1358,7 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
 async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destination() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let (_, canceled) = race(&owner, Post::Hold(300), "after_credit", async |id| {
+    let (_, canceled) = race(&owner, Post::Hold(300), Point::AfterCredit, async |id| {
         let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
         assert_eq!(
             bob.pending_credits, 300,
@@ -1375,22 +1393,23 @@ async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destinat
 async fn a_slow_void_of_a_hold_being_reserved_never_reverses_a_capture_that_won() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
-    let (id, (mut slow_void, void)) = race(&owner, Post::Hold(300), "after_credit", async |id| {
-        let mut slow_void = failpoints::pause(&other.instance_id, "before_mark_fenced");
-        let (http, url) = (
-            other.http.clone(),
-            other.url(&format!("/transfers/{id}/void")),
-        );
-        let void = tokio::spawn(async move {
-            let response = http.post(url).send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.unwrap())
-        });
-        slow_void.reached().await;
-        (slow_void, void)
-    })
-    .await
-    .answers(Answer::State(201, "held"));
+    let (id, (mut slow_void, void)) =
+        race(&owner, Post::Hold(300), Point::AfterCredit, async |id| {
+            let mut slow_void = failpoints::pause(&other.instance_id, Point::BeforeMarkFenced);
+            let (http, url) = (
+                other.http.clone(),
+                other.url(&format!("/transfers/{id}/void")),
+            );
+            let void = tokio::spawn(async move {
+                let response = http.post(url).send().await.unwrap();
+                let status = response.status().as_u16();
+                (status, response.json::<Value>().await.unwrap())
+            });
+            slow_void.reached().await;
+            (slow_void, void)
+        })
+        .await
+        .answers(Answer::State(201, "held"));
     let captured = owner
         .http
         .post(owner.url(&format!("/transfers/{id}/capture")))
@@ -1423,7 +1442,7 @@ async fn a_cancel_that_a_capture_beats_to_a_held_hold_reverses_the_capture() {
     let (status, body) = spawn_hold(&owner, 300).await.unwrap();
     assert_eq!((status, &body["state"]), (201, &json!("held")), "{body}");
     let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
-    let mut slow_cancel = failpoints::pause(&other.instance_id, "before_settle");
+    let mut slow_cancel = failpoints::pause(&other.instance_id, Point::BeforeResolve);
     let cancel = {
         let other_url = other.url(&format!("/transfers/{id}/cancel"));
         let http = other.http.clone();
@@ -1464,7 +1483,7 @@ async fn two_processes_under_one_instance_id_never_share_a_lease() {
     })
     .await;
     open_alice_and_bob(&first).await;
-    let mut late_credit = failpoints::pause("twin", "before_credit");
+    let mut late_credit = failpoints::pause("twin", Point::BeforeCredit);
     let (request, id) = start_transfer(&first, 300).await;
     late_credit.reached().await;
     let owned_by_first = transfer(&first, id).await.owner;
@@ -1785,12 +1804,17 @@ async fn two_instances_across_a_slow_clock(
 async fn a_late_credit_to_a_deployment_whose_clock_runs_behind_is_refused() {
     let (owner, other, behind, _folder) =
         two_instances_across_a_slow_clock(Duration::from_millis(1000)).await;
-    race(&owner, Post::Transfer(300), "before_credit", async |id| {
-        wait_for(&other, id, Duration::from_secs(10), |t| {
-            t.state == TransferState::Done
-        })
-        .await;
-    })
+    race(
+        &owner,
+        Post::Transfer(300),
+        Point::BeforeCredit,
+        async |id| {
+            wait_for(&other, id, Duration::from_secs(10), |t| {
+                t.state == TransferState::Done
+            })
+            .await;
+        },
+    )
     .await
     .answers(Answer::Status(201));
 
@@ -1839,7 +1863,7 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_recording_and_both
  {
     let (first, second) = two_instances(Duration::from_millis(1000)).await;
     open_alice_and_bob(&first).await;
-    let mut paused = failpoints::pause(&first.instance_id, "after_take_key");
+    let mut paused = failpoints::pause(&first.instance_id, Point::AfterTakeKey);
     let slow = spawn_keyed_transfer(&first, "order-1", 300);
     paused.reached().await;
     assert!(
@@ -1904,7 +1928,7 @@ async fn two_native_instances() -> (TestApp, TestApp) {
 async fn a_native_request_whose_retry_made_its_transfer_meanwhile_answers_that_transfer() {
     let (first, second) = two_native_instances().await;
     open_alice_and_bob(&first).await;
-    let mut paused = failpoints::pause(&first.instance_id, "after_take_key");
+    let mut paused = failpoints::pause(&first.instance_id, Point::AfterTakeKey);
     let slow = spawn_keyed_transfer(&first, "native-1", 300);
     paused.reached().await;
     let (status, retried, _) = spawn_keyed_transfer(&second, "native-1", 300)
@@ -1935,7 +1959,7 @@ async fn a_native_request_refused_for_funds_whose_retry_recorded_the_refusal_ans
     let (first, second) = two_native_instances().await;
     open_alice_and_bob(&first).await;
     // The first request's transaction is refused; it stops before recording that.
-    let mut paused = failpoints::pause(&first.instance_id, "before_insert");
+    let mut paused = failpoints::pause(&first.instance_id, Point::BeforeInsert);
     let slow = spawn_keyed_transfer(&first, "native-2", 5_000);
     paused.reached().await;
     let (status, refused, _) = spawn_keyed_transfer(&second, "native-2", 5_000)
@@ -2014,7 +2038,7 @@ async fn an_insert_refused_for_its_own_first_attempt_still_runs_its_transfer() {
 /// first copy of the step, reaching the server afterwards but before its deadline, must
 /// not land: the second run may pull the reversal's markers only once it cannot.
 async fn a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process(
-    step: &'static str,
+    step: Point,
 ) {
     let lease = Duration::from_millis(2000);
     let app = spawn_app_with(|s| s.stale_after = lease).await;
@@ -2044,14 +2068,18 @@ async fn a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_p
 
 #[tokio::test]
 async fn a_late_credit_of_a_first_run_never_lands_after_a_second_run_in_the_same_process() {
-    a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process("before_credit")
-        .await;
+    a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process(
+        Point::BeforeCredit,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_late_debit_of_a_first_run_never_lands_after_a_second_run_in_the_same_process() {
-    a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process("before_debit")
-        .await;
+    a_late_step_of_a_first_run_never_lands_after_a_second_run_in_the_same_process(
+        Point::BeforeDebit,
+    )
+    .await;
 }
 
 /// Issue 17, item 1, for state changes: the owner's debit is refused for funds and its
@@ -2073,12 +2101,12 @@ async fn a_late_state_change_of_a_first_run_never_lands_after_a_second_run_in_th
     app.open_account("alice", 100).await;
     app.open_account("bob", 0).await;
     app.open_account("carol", 0).await;
-    let (id, _) = race(&app, Post::Transfer(300), "after_pending", async |_| {
-        failpoints::hold_back(&app.instance_id, "before_transition");
+    let (id, _) = race(&app, Post::Transfer(300), Point::AfterPending, async |_| {
+        failpoints::hold_back(&app.instance_id, Point::BeforeTransition);
     })
     .await
     .answers(Answer::Status(503));
-    failpoints::let_through(&app.instance_id, "before_transition");
+    failpoints::let_through(&app.instance_id, Point::BeforeTransition);
     let stuck = transfer(&app, id).await;
     assert_eq!(stuck.state, TransferState::Pending, "{stuck:?}");
 
@@ -2092,7 +2120,7 @@ async fn a_late_state_change_of_a_first_run_never_lands_after_a_second_run_in_th
         )
         .await
         .unwrap();
-    let mut after_credit = failpoints::pause(&app.instance_id, "after_credit");
+    let mut after_credit = failpoints::pause(&app.instance_id, Point::AfterCredit);
     age(&app, id, lease * 2).await;
     // Sends the first run's held-back `pending -> canceling`: whether it landed.
     let late = || async {
@@ -2195,7 +2223,7 @@ async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and
     open_alice_and_bob(&app).await;
     let (id, _) = short_hold(&app, 1000).await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let mut slow_expiry = failpoints::pause(&app.instance_id, "before_settle");
+    let mut slow_expiry = failpoints::pause(&app.instance_id, Point::BeforeResolve);
     let debit = {
         let (http, url) = (app.http.clone(), app.url("/transfers"));
         tokio::spawn(async move {
@@ -2238,12 +2266,12 @@ async fn a_state_change_that_landed_late_is_taken_as_made_by_the_next_run_of_its
     })
     .await;
     open_alice_and_bob(&app).await;
-    let (id, _) = race(&app, Post::Transfer(300), "after_credit", async |_| {
-        failpoints::hold_back(&app.instance_id, "before_transition");
+    let (id, _) = race(&app, Post::Transfer(300), Point::AfterCredit, async |_| {
+        failpoints::hold_back(&app.instance_id, Point::BeforeTransition);
     })
     .await
     .answers(Answer::Status(503));
-    failpoints::let_through(&app.instance_id, "before_transition");
+    failpoints::let_through(&app.instance_id, Point::BeforeTransition);
     assert!(failpoints::send_held(&app.instance_id).await > 0);
     assert_eq!(transfer(&app, id).await.state, TransferState::Applied);
 
@@ -2387,7 +2415,7 @@ async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
     open_alice_and_bob(&app).await;
     let bank = TransferService::new(app.store.clone(), "driving-and-sweeping", lease);
-    let mut paused = failpoints::pause("driving-and-sweeping", "after_pending");
+    let mut paused = failpoints::pause("driving-and-sweeping", Point::AfterPending);
     let run = {
         let bank = bank.clone();
         let new = NewTransfer {

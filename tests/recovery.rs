@@ -14,6 +14,7 @@ use serde_json::json;
 use support::process::{Instance, InstanceConfig};
 use support::{database_uris, fresh_database_name};
 use transfer_service::domain::DeploymentName;
+use transfer_service::failpoints::Point;
 use transfer_service::store::Store;
 
 const STALE_AFTER_MS: u64 = 1000;
@@ -64,14 +65,14 @@ impl Books {
         }
     }
 
-    async fn start_instance(&self, name: &str, crash_at: Option<&str>) -> Instance {
+    async fn start_instance(&self, name: &str, crash_at: Option<Point>) -> Instance {
         let uris = database_uris(2);
         let mut config =
             InstanceConfig::new(support::service_binary!(), &uris[0], &self.database, name);
         if self.layout == Layout::Across {
             config.deployments = Some(format!("eu={},us={}", uris[0], uris[1]));
         }
-        config.crash_at = crash_at.map(str::to_owned);
+        config.crash_at = crash_at.map(|point| point.name().to_owned());
         config.stale_after_ms = STALE_AFTER_MS;
         config.sweep_interval_ms = SWEEP_INTERVAL_MS;
         Instance::start(&config).await
@@ -97,7 +98,7 @@ impl Books {
 
 /// Crashes an instance at `step` during a transfer of `amount` from a (balance 500) to
 /// b (balance 0), recovers with a second instance, and returns the final transfer state.
-async fn crash_and_recover(layout: Layout, step: &str, amount: i64) -> String {
+async fn crash_and_recover(layout: Layout, step: Point, amount: i64) -> String {
     let books = Books::new(layout).await;
     let http = reqwest::Client::new();
     let mut doomed = books.start_instance("doomed", Some(step)).await;
@@ -174,7 +175,7 @@ async fn crash_and_recover(layout: Layout, step: &str, amount: i64) -> String {
 }
 
 macro_rules! crash_test {
-    ($name:ident, $step:literal, $amount:expr, $expected:literal) => {
+    ($name:ident, $step:expr, $amount:expr, $expected:literal) => {
         mod $name {
             use super::*;
 
@@ -196,56 +197,56 @@ macro_rules! crash_test {
 // Forward: once recorded, a transfer the client asked for is carried through.
 crash_test!(
     a_crash_after_insert_is_carried_through_to_done,
-    "after_insert",
+    Point::AfterInsert,
     200,
     "done"
 );
 crash_test!(
     a_crash_after_pending_is_carried_through_to_done,
-    "after_pending",
+    Point::AfterPending,
     200,
     "done"
 );
 crash_test!(
     a_crash_after_debit_is_carried_through_to_done,
-    "after_debit",
+    Point::AfterDebit,
     200,
     "done"
 );
 crash_test!(
     a_crash_after_credit_is_carried_through_to_done,
-    "after_credit",
+    Point::AfterCredit,
     200,
     "done"
 );
 crash_test!(
     a_crash_after_applied_ends_done,
-    "after_applied",
+    Point::AfterApplied,
     200,
     "done"
 );
 crash_test!(
     a_crash_after_pulling_both_markers_ends_done,
-    "after_pull",
+    Point::AfterPull,
     200,
     "done"
 );
 // Rollback: a transfer the source cannot fund rolls back; a crash mid-rollback is finished.
 crash_test!(
     a_crash_after_canceling_ends_canceled,
-    "after_canceling",
+    Point::AfterCanceling,
     900,
     "canceled"
 );
 crash_test!(
     a_crash_after_undo_destination_ends_canceled,
-    "after_undo_destination",
+    Point::AfterUndoDestination,
     900,
     "canceled"
 );
 crash_test!(
     a_crash_after_undo_source_ends_canceled,
-    "after_undo_source",
+    Point::AfterUndoSource,
     900,
     "canceled"
 );
@@ -281,7 +282,7 @@ async fn account_amounts(store: &Store, id: &str) -> (i64, i64, i64, usize) {
 /// Crashes an instance at `step` while it does `what` with a hold of 200 from a (500) to
 /// b (0); a second instance must bring the hold to where `what` leads, with the books
 /// exactly right.
-async fn crash_hold_and_recover(layout: Layout, step: &str, what: HoldStep) {
+async fn crash_hold_and_recover(layout: Layout, step: Point, what: HoldStep) {
     let books = Books::new(layout).await;
     let http = reqwest::Client::new();
     let mut doomed = books.start_instance("doomed", Some(step)).await;
@@ -369,7 +370,7 @@ async fn crash_hold_and_recover(layout: Layout, step: &str, what: HoldStep) {
 }
 
 macro_rules! hold_crash_test {
-    ($name:ident, $step:literal, $what:expr) => {
+    ($name:ident, $step:expr, $what:expr) => {
         mod $name {
             use super::*;
 
@@ -388,68 +389,90 @@ macro_rules! hold_crash_test {
 
 hold_crash_test!(
     a_hold_crashed_after_insert_is_reserved,
-    "after_insert",
+    Point::AfterInsert,
     HoldStep::Create
 );
 hold_crash_test!(
     a_hold_crashed_after_pending_is_reserved,
-    "after_pending",
+    Point::AfterPending,
     HoldStep::Create
 );
 hold_crash_test!(
     a_hold_crashed_after_reserving_out_is_reserved,
-    "after_debit",
+    Point::AfterDebit,
     HoldStep::Create
 );
 hold_crash_test!(
     a_hold_crashed_after_reserving_in_is_reserved,
-    "after_credit",
+    Point::AfterCredit,
     HoldStep::Create
 );
 // Crashed between recording `held` and answering: nothing is left to finish; the hold
 // stands with both reservations, for its creator's retry to find.
 hold_crash_test!(
     a_hold_crashed_after_held_stays_reserved,
-    "after_held",
+    Point::AfterHeld,
     HoldStep::Create
 );
 hold_crash_test!(
     a_capture_crashed_after_winning_the_hold_is_finished,
-    "after_settle",
+    Point::AfterResolve,
     HoldStep::Capture
 );
 hold_crash_test!(
     a_capture_crashed_after_the_source_is_finished,
-    "after_capture_source",
+    Point::AfterCaptureSource,
     HoldStep::Capture
 );
 hold_crash_test!(
     a_capture_crashed_after_the_destination_is_finished,
-    "after_capture_destination",
+    Point::AfterCaptureDestination,
     HoldStep::Capture
 );
 hold_crash_test!(
     a_void_crashed_after_winning_the_hold_is_finished,
-    "after_settle",
+    Point::AfterResolve,
     HoldStep::Void
 );
 hold_crash_test!(
     a_void_crashed_after_releasing_the_destination_is_finished,
-    "after_undo_destination",
+    Point::AfterUndoDestination,
     HoldStep::Void
 );
 hold_crash_test!(
     a_void_crashed_after_releasing_the_source_is_finished,
-    "after_undo_source",
+    Point::AfterUndoSource,
     HoldStep::Void
 );
 hold_crash_test!(
     an_expiry_crashed_after_winning_the_hold_is_finished,
-    "after_settle",
+    Point::AfterResolve,
     HoldStep::Expire
 );
 hold_crash_test!(
     an_expiry_crashed_after_releasing_the_destination_is_finished,
-    "after_undo_destination",
+    Point::AfterUndoDestination,
     HoldStep::Expire
 );
+
+/// A crash point that does not exist (misspelt, or a name a point no longer has) would
+/// never fire, and the crash test around it would fail far from the cause: the instance
+/// stops at start instead, naming the points there are. No database: it stops before
+/// connecting (a short patience bounds the wait if it did not stop).
+#[test]
+fn an_instance_asked_to_crash_at_an_unknown_point_stops_at_start_naming_the_points() {
+    let out = std::process::Command::new(support::service_binary!())
+        .env("MONGODB_URI", "mongodb://127.0.0.1:9/")
+        .env_remove("DEPLOYMENTS")
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .env("STARTUP_PATIENCE_MS", "2000")
+        .env("CRASH_AT", "after_debt")
+        .output()
+        .expect("run transfer-service");
+    let told = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {told}");
+    assert!(told.contains("\"after_debt\""), "{told}");
+    for point in Point::ALL {
+        assert!(told.contains(point.name()), "{point} not named: {told}");
+    }
+}

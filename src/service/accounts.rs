@@ -65,7 +65,7 @@ impl TransferService {
             Reservation::Reserved => {}
             Reservation::Taken => return Err(exists(&account.id)),
         }
-        failpoint!(self, "after_reserve_account");
+        failpoint!(self, AfterReserveAccount);
         match store.insert_account(&account).await {
             Ok(()) => Ok(account),
             Err(StoreError::DuplicateKey(_)) => Err(exists(&account.id)),

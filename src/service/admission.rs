@@ -154,7 +154,7 @@ impl TransferService {
         if let Some(permit) = self.admission.now() {
             return Ok(permit);
         }
-        failpoint!(self, "waiting_for_admission");
+        failpoint!(self, WaitingForAdmission);
         self.admission
             .within_wait()
             .await

@@ -147,7 +147,7 @@ impl TransferService {
             Recorded::Answered(outcome) => return Ok(outcome),
         };
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer recorded");
-        failpoint!(self, "after_insert");
+        failpoint!(self, AfterInsert);
         let run = self.spawn_run(transfer.clone(), permit);
         let transfer = match completion {
             Completion::Wait => joined(run).await?,

@@ -291,7 +291,7 @@ impl TransferService {
             .await?;
         if moved.is_some() {
             tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold resolved");
-            failpoint!(self, "after_settle");
+            failpoint!(self, AfterResolve);
         }
         Ok(moved.is_some())
     }

@@ -147,7 +147,7 @@ impl TransferService {
         );
         let taken = match took {
             Ok(()) => {
-                failpoint!(self, "after_take_key");
+                failpoint!(self, AfterTakeKey);
                 return match earlier? {
                     Some(earlier) => self.adopt(log, key, record.transfer, earlier).await,
                     None => Ok(Taken::New(record.transfer)),

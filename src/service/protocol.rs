@@ -92,7 +92,7 @@ impl TransferService {
         let ended = self.drive(transfer).await;
         drop(driving);
         // Another task of this process may drive the transfer now.
-        failpoint!(self, "after_drive");
+        failpoint!(self, AfterDrive);
         ended
     }
 
@@ -109,7 +109,7 @@ impl TransferService {
         while crate::failpoints::hooked(self.instance_id()) {
             match lock.try_lock() {
                 Ok(driving) => return driving,
-                Err(_) => failpoint!(self, "wait_drive"),
+                Err(_) => failpoint!(self, WaitDrive),
             }
         }
         lock.lock().await
@@ -219,8 +219,8 @@ impl TransferService {
                 }
             }
             match side {
-                Side::Source => failpoint!(self, "after_debit"),
-                Side::Destination => failpoint!(self, "after_credit"),
+                Side::Source => failpoint!(self, AfterDebit),
+                Side::Destination => failpoint!(self, AfterCredit),
             }
         }
         if transfer.hold.is_some() {
@@ -379,7 +379,7 @@ impl TransferService {
         for (store, accounts) in self.by_deployment(&transfer)? {
             store.pull_markers(accounts, transfer.id).await?;
         }
-        failpoint!(self, "after_pull");
+        failpoint!(self, AfterPull);
         self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
             .await
     }
@@ -421,11 +421,11 @@ impl TransferService {
         {
             tracing::error!(transfer_id = %transfer.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
         }
-        failpoint!(self, "after_undo_destination");
+        failpoint!(self, AfterUndoDestination);
         self.store_of(&transfer, Side::Source)?
             .undo_change(&transfer.source, transfer.id, transfer.amount.minor_units())
             .await?;
-        failpoint!(self, "after_undo_source");
+        failpoint!(self, AfterUndoSource);
         self.advance(
             transfer,
             TransferEvent::FinishRollback,
@@ -444,11 +444,11 @@ impl TransferService {
         self.store_of(&transfer, Side::Source)?
             .release(&transfer.source, id, Side::Source, held)
             .await?;
-        failpoint!(self, "after_undo_source");
+        failpoint!(self, AfterUndoSource);
         self.store_of(&transfer, Side::Destination)?
             .release(&transfer.destination, id, Side::Destination, held)
             .await?;
-        failpoint!(self, "after_undo_destination");
+        failpoint!(self, AfterUndoDestination);
         self.advance(
             transfer,
             TransferEvent::FinishRollback,
@@ -467,7 +467,7 @@ impl TransferService {
         self.store_of(&transfer, Side::Source)?
             .capture(&transfer.source, id, Side::Source, hold.amount, captured)
             .await?;
-        failpoint!(self, "after_capture_source");
+        failpoint!(self, AfterCaptureSource);
         self.store_of(&transfer, Side::Destination)?
             .capture(
                 &transfer.destination,
@@ -477,7 +477,7 @@ impl TransferService {
                 captured,
             )
             .await?;
-        failpoint!(self, "after_capture_destination");
+        failpoint!(self, AfterCaptureDestination);
         self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
             .await
     }
@@ -524,10 +524,10 @@ impl TransferService {
             crate::metrics::hold_finished(to, transfer.reason);
         }
         match to {
-            TransferState::Pending => failpoint!(self, "after_pending"),
-            TransferState::Applied => failpoint!(self, "after_applied"),
-            TransferState::Canceling => failpoint!(self, "after_canceling"),
-            TransferState::Held => failpoint!(self, "after_held"),
+            TransferState::Pending => failpoint!(self, AfterPending),
+            TransferState::Applied => failpoint!(self, AfterApplied),
+            TransferState::Canceling => failpoint!(self, AfterCanceling),
+            TransferState::Held => failpoint!(self, AfterHeld),
             _ => {}
         }
         Ok(transfer)

@@ -115,19 +115,15 @@ impl Store {
     ) -> StoreResult<ForwardStep> {
         let value = amount.minor_units();
         let mut change = Change::default();
-        let point = match kind {
-            Forward::Debit | Forward::ReserveOut => "before_debit",
-            Forward::Credit | Forward::ReserveIn => "before_credit",
-        };
         #[cfg(feature = "failpoints")]
-        crate::failpoints::hit(point, self.instance_id()).await;
+        crate::failpoints::hit(kind.point(), self.instance_id()).await;
         match kind {
             Forward::Debit => change.balance = -value,
             Forward::Credit => change.balance = value,
             Forward::ReserveOut => change.debits = value,
             Forward::ReserveIn => change.credits = value,
         }
-        self.change_account(account, tx, change, deadline, point)
+        self.change_account(account, tx, change, deadline, kind)
             .await
     }
 
@@ -149,9 +145,9 @@ impl Store {
         tx: TransferId,
         change: Change,
         deadline: Timestamp,
-        point: &'static str,
+        kind: Forward,
     ) -> StoreResult<ForwardStep> {
-        let _ = point; // named for the fault injection of the tests only
+        let _ = kind; // named for the fault injection of the tests only
         let change = AccountChange {
             account: account.to_string(),
             tx: object_id(tx),
@@ -169,7 +165,7 @@ impl Store {
                     let copy = async move {
                         let _ = batches.account_changes.submit(change).await;
                     };
-                    self.hold_back(point, copy)?;
+                    self.hold_back(kind.point(), copy)?;
                 }
                 let answer = self.batches.account_changes.submit(change.clone()).await;
                 #[cfg(feature = "failpoints")]
@@ -190,7 +186,7 @@ impl Store {
     /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
     /// accounts (group-committed, see `store::batch`).
     pub async fn pull_markers(&self, accounts: [&AccountId; 2], tx: TransferId) -> StoreResult<()> {
-        failpoint!(self, "before_pull");
+        failpoint!(self, BeforePull);
         self.batches
             .pulls
             .submit(Pull {
@@ -208,7 +204,7 @@ impl Store {
         tx: TransferId,
         delta: i64,
     ) -> StoreResult<bool> {
-        failpoint!(self, "before_undo");
+        failpoint!(self, BeforeUndo);
         let change = Change {
             balance: delta,
             ..Change::default()
@@ -226,7 +222,7 @@ impl Store {
         side: Side,
         held: Amount,
     ) -> StoreResult<bool> {
-        failpoint!(self, "before_undo");
+        failpoint!(self, BeforeUndo);
         let change = match side {
             Side::Source => Change {
                 debits: -held.minor_units(),
@@ -252,7 +248,7 @@ impl Store {
         held: Amount,
         captured: Amount,
     ) -> StoreResult<bool> {
-        failpoint!(self, "before_capture");
+        failpoint!(self, BeforeCapture);
         let (held, captured) = (held.minor_units(), captured.minor_units());
         let change = match side {
             Side::Source => Change {
@@ -319,6 +315,17 @@ pub enum Forward {
     ReserveIn,
 }
 
+#[cfg(feature = "failpoints")]
+impl Forward {
+    /// The point right before each attempt of this step's write is sent.
+    fn point(self) -> crate::failpoints::Point {
+        match self {
+            Forward::Debit | Forward::ReserveOut => crate::failpoints::Point::BeforeDebit,
+            Forward::Credit | Forward::ReserveIn => crate::failpoints::Point::BeforeCredit,
+        }
+    }
+}
+
 /// What a forward step adds to an account's amounts.
 #[derive(Debug, Clone, Copy, Default)]
 struct Change {
@@ -382,7 +389,7 @@ impl Store {
         deadline: Timestamp,
     ) -> StoreResult<Fence> {
         let unless_applied = when == FenceWhen::UnlessApplied;
-        failpoint!(self, "before_fence");
+        failpoint!(self, BeforeFence);
         let tx = object_id(transfer);
         let deadline = stored_time(deadline);
         let mut filter = doc! { "_id": account.as_str(), "$expr": { "$lt": ["$$NOW", deadline] } };

@@ -495,7 +495,7 @@ impl Store {
     /// would be, and the attempt fails unanswered.
     fn hold_back(
         &self,
-        point: &'static str,
+        point: crate::failpoints::Point,
         write: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> StoreResult<()> {
         if !crate::failpoints::held_back(self.instance_id(), point) {

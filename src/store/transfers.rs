@@ -212,7 +212,7 @@ impl Store {
             last_modified: at,
             ..TransferDoc::from(transfer)
         };
-        failpoint!(self, "before_insert");
+        failpoint!(self, BeforeInsert);
         #[cfg(feature = "failpoints")]
         if crate::failpoints::recorded_twice(self.instance_id()) {
             let _ = self.batches.inserts.submit(stamped.clone()).await;
@@ -283,7 +283,7 @@ impl Store {
         if let Some(hash) = &record.request_hash {
             entry.insert("requestHash", hash);
         }
-        failpoint!(self, "before_take_key");
+        failpoint!(self, BeforeTakeKey);
         self.keys.insert_one(entry).await?;
         Ok(())
     }
@@ -336,7 +336,7 @@ impl Store {
         original: TransferId,
         reversal: TransferId,
     ) -> StoreResult<bool> {
-        failpoint!(self, "before_claim_reversal");
+        failpoint!(self, BeforeClaimReversal);
         let at = self.stamp_time().await?;
         let reversal = object_id(reversal);
         let result = self
@@ -405,7 +405,7 @@ impl Store {
     /// finished: then nothing needs fencing.
     pub async fn mark_fenced(&self, id: TransferId) -> StoreResult<Option<Timestamp>> {
         let since = self.stamp_time().await?;
-        failpoint!(self, "before_mark_fenced");
+        failpoint!(self, BeforeMarkFenced);
         let result = self
             .transactions
             .update_one(
@@ -558,7 +558,7 @@ impl Store {
         let lease_start = self.stamp_time().await?;
         let (owner, filter) = match by {
             Mover::Owner(owner) => {
-                failpoint!(self, "before_transition");
+                failpoint!(self, BeforeTransition);
                 if fields == StepFields::default() {
                     // The common case, group-committed with concurrent transfers' changes.
                     let change = Transition {
@@ -581,7 +581,7 @@ impl Store {
                     fenced.is_some() || from == TransferState::Initial,
                     "bug: a cancel moved transfer {id} from {from} without fencing its accounts"
                 );
-                failpoint!(self, "before_force");
+                failpoint!(self, BeforeForce);
                 (owner, doc! { "_id": id, "state": from.as_str() })
             }
             Mover::Resolver { owner, by } => {
@@ -590,7 +590,7 @@ impl Store {
                     TransferState::Held,
                     "bug: transfer {id} resolved from {from}, not held"
                 );
-                failpoint!(self, "before_settle");
+                failpoint!(self, BeforeResolve);
                 let mut set = doc! { "state": to.as_str(), "application": owner };
                 set.extend(step_fields(fields));
                 return self.resolve_held(id, set, by, lease_start).await;
@@ -606,7 +606,7 @@ impl Store {
             let copy = async move {
                 let _ = transactions.update_one(filter, update).await;
             };
-            self.hold_back("before_transition", copy)?;
+            self.hold_back(crate::failpoints::Point::BeforeTransition, copy)?;
         }
         let result = self.transactions.update_one(filter, update).await?;
         Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
@@ -623,7 +623,7 @@ impl Store {
             let copy = async move {
                 let _ = batches.transitions.submit(change).await;
             };
-            self.hold_back("before_transition", copy)?;
+            self.hold_back(crate::failpoints::Point::BeforeTransition, copy)?;
         }
         let won = self.batches.transitions.submit(change).await?;
         Ok(won.map(DateTime::to_chrono))
@@ -730,7 +730,7 @@ impl Store {
         state: TransferState,
     ) -> StoreResult<Option<Timestamp>> {
         let lease_start = self.stamp_time().await?;
-        failpoint!(self, "before_renew");
+        failpoint!(self, BeforeRenew);
         let result = self
             .transactions
             .update_one(
@@ -754,7 +754,7 @@ impl Store {
         state: TransferState,
         _fenced: Fenced,
     ) -> StoreResult<Option<Transfer>> {
-        failpoint!(self, "before_take_over");
+        failpoint!(self, BeforeTakeOver);
         let at = self.stamp_time().await?;
         let taken = self
             .transactions
@@ -785,7 +785,7 @@ impl Store {
         found: &Transfer,
         stale_before: Timestamp,
     ) -> StoreResult<Option<Transfer>> {
-        failpoint!(self, "before_claim");
+        failpoint!(self, BeforeClaim);
         let at = self.stamp_time().await?;
         let filter = doc! {
             "_id": object_id(found.id),

@@ -606,14 +606,14 @@ async fn without_api_keys_a_key_is_stored_as_sent() {
 #[cfg(feature = "failpoints")]
 #[tokio::test]
 async fn two_retries_at_once_of_a_request_made_before_keys_were_scoped_both_answer_the_original() {
-    use transfer_service::failpoints;
+    use transfer_service::failpoints::{self, Point};
     let (first, callers) = spawn_with_two_callers().await;
     let second = spawn_for(&callers, Some(first.database.clone())).await;
     let body = json!({ "source": "alice", "destination": "bob", "amount": 100 });
     let original = answer(post_as(&first, &callers.first, "order-4", &body).await).await;
     as_taken_before_keys_were_scoped(&first, &original.2, "order-4").await;
 
-    let mut paused = failpoints::pause(&first.instance_id, "after_take_key");
+    let mut paused = failpoints::pause(&first.instance_id, Point::AfterTakeKey);
     let slow = {
         let request = first
             .http

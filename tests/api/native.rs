@@ -60,11 +60,11 @@ async fn a_native_transfer_answers_201_done_and_moves_the_money() {
 /// with it); the native one is answered without reaching it.
 #[tokio::test]
 async fn a_native_transfer_takes_no_two_phase_step() {
-    use transfer_service::failpoints;
+    use transfer_service::failpoints::{self, Point};
     let app = native_app().await;
     app.open_account("alice", 1000).await;
     app.open_account("bob", 0).await;
-    let mut paused = failpoints::pause(&app.instance_id, "after_debit");
+    let mut paused = failpoints::pause(&app.instance_id, Point::AfterDebit);
     let (status, body) =
         tokio::time::timeout(Duration::from_secs(20), app.transfer("alice", "bob", 250))
             .await

@@ -24,12 +24,13 @@
 //!   then, before the final sweep.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use transfer_service::failpoints::{self, Hook, HookFuture};
+use transfer_service::failpoints::{self, Hook, HookFuture, Point};
 use transfer_service::service::{Completion, NewTransfer, TransferService};
 
 use crate::checker::{Answer, Run};
@@ -40,12 +41,6 @@ use crate::workload::{Kind, Setup, act};
 /// declared stuck: far longer than the longest wait an actor makes without a point (a
 /// second run waiting out a first run's deadline, a `lapse`), a lease.
 const STEP_LIMIT: Duration = Duration::from_secs(30);
-/// The point where a run waits for its transfer's drive lock, held by another task of
-/// its process (`same:` scenarios): the actor is blocked, not ready, until an actor
-/// passes `after_drive` (lets go of a drive lock); then it tries again.
-const WAIT_DRIVE: &str = "wait_drive";
-/// The point a run passes once it has let go of its transfer's drive lock.
-const AFTER_DRIVE: &str = "after_drive";
 
 /// A step of one actor held back in the network (`failpoints::hold_back`) for the whole
 /// schedule: every attempt of it fails without an answer, so its run fails (a cancel or a
@@ -80,18 +75,36 @@ impl Held {
     }
 
     /// The point `failpoints::hold_back` takes.
-    fn point(self) -> &'static str {
+    fn point(self) -> Point {
         match self {
-            Held::Debit => "before_debit",
-            Held::Credit => "before_credit",
-            Held::Transition => "before_transition",
+            Held::Debit => Point::BeforeDebit,
+            Held::Credit => Point::BeforeCredit,
+            Held::Transition => Point::BeforeTransition,
+        }
+    }
+}
+
+/// Where an actor is parked: before it starts, or at one of its points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Start,
+    At(Point),
+}
+
+/// As the trace shows it: `start`, or the point's name.
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stop::Start => f.write_str("start"),
+            Stop::At(point) => point.fmt(f),
         }
     }
 }
 
 enum Event {
-    Parked(usize, &'static str),
-    /// An actor let go of a drive lock: the actors blocked at `WAIT_DRIVE` may try again.
+    Parked(usize, Stop),
+    /// An actor let go of a drive lock: the actors blocked at [`Point::WaitDrive`] may try
+    /// again.
     Released,
     Finished(usize),
 }
@@ -106,10 +119,10 @@ struct Scheduler {
 }
 
 impl Scheduler {
-    fn park(&self, actor: usize, step: &'static str) -> HookFuture {
+    fn park(&self, actor: usize, stop: Stop) -> HookFuture {
         let (tx, rx) = oneshot::channel();
         self.resumes.lock().unwrap()[actor] = Some(tx);
-        let _ = self.events.send(Event::Parked(actor, step));
+        let _ = self.events.send(Event::Parked(actor, stop));
         Box::pin(async move {
             let _ = rx.await;
         })
@@ -123,21 +136,21 @@ impl Scheduler {
 }
 
 impl Hook for Scheduler {
-    fn hit(&self, step: &'static str, instance: &str) -> HookFuture {
+    fn hit(&self, point: Point, instance: &str) -> HookFuture {
         let Some(&actor) = self.actors.get(instance) else {
             return Box::pin(async {});
         };
         // Told, not parked at: the release is the last thing a run does, and neither a
         // switch nor a crash there differs from one at the actor's next point.
-        if step == AFTER_DRIVE {
+        if point == Point::AfterDrive {
             let _ = self.events.send(Event::Released);
             return Box::pin(async {});
         }
         // A wait for a drive lock is always parked at: the actor cannot go on by itself.
-        if step != WAIT_DRIVE && !self.all_points && !step.starts_with("before_") {
+        if point != Point::WaitDrive && !self.all_points && !point.precedes_a_write() {
             return Box::pin(async {});
         }
-        self.park(actor, step)
+        self.park(actor, Stop::At(point))
     }
 }
 
@@ -194,8 +207,8 @@ pub async fn crash_owner(
     let crashed = loop {
         match tokio::time::timeout(STEP_LIMIT, events.recv()).await {
             Ok(Some(Event::Released)) => {}
-            Ok(Some(Event::Parked(_, step))) => {
-                run.trace.push(format!("owner@{step}"));
+            Ok(Some(Event::Parked(_, stop))) => {
+                run.trace.push(format!("owner@{stop}"));
                 if reached == k {
                     break true;
                 }
@@ -233,10 +246,10 @@ pub struct Actors {
     events: mpsc::UnboundedReceiver<Event>,
     tasks: Vec<JoinHandle<Answer>>,
     /// The held-back step: its actor's id and its point.
-    held: Option<(String, &'static str)>,
+    held: Option<(String, Point)>,
     /// Where each actor is parked, if it is.
-    parked: Vec<Option<&'static str>>,
-    /// Parked at `WAIT_DRIVE` since the last release of a drive lock: not ready.
+    parked: Vec<Option<Stop>>,
+    /// Parked at [`Point::WaitDrive`] since the last release of a drive lock: not ready.
     blocked: Vec<bool>,
     finished: Vec<bool>,
     /// The actors let go that have not reached a point nor finished yet.
@@ -283,13 +296,13 @@ impl Actors {
             .held
             .map(|(i, step)| (ids[i].clone(), step.point()));
         if let Some((id, point)) = &held {
-            failpoints::hold_back(id, point);
+            failpoints::hold_back(id, *point);
         }
         let mut tasks = Vec::new();
         for (i, (&kind, id)) in scenario.actors.iter().zip(&ids).enumerate() {
             failpoints::install_hook(id, sched.clone());
             let bank = bank_of(id);
-            let start = sched.park(i, "start");
+            let start = sched.park(i, Stop::Start);
             let events = events_tx.clone();
             let new = setup.new_transfer.clone();
             let (a, b) = (setup.a.clone(), setup.b.clone());
@@ -315,7 +328,7 @@ impl Actors {
         sched: Arc<Scheduler>,
         events: mpsc::UnboundedReceiver<Event>,
         tasks: Vec<JoinHandle<Answer>>,
-        held: Option<(String, &'static str)>,
+        held: Option<(String, Point)>,
     ) -> Actors {
         let names: Vec<String> = scenario
             .actors
@@ -366,9 +379,9 @@ impl Actors {
     async fn wait(&mut self) -> Option<String> {
         while self.waiting_for > 0 {
             match tokio::time::timeout(STEP_LIMIT, self.events.recv()).await {
-                Ok(Some(Event::Parked(i, step))) => {
-                    self.parked[i] = Some(step);
-                    self.blocked[i] = step == WAIT_DRIVE;
+                Ok(Some(Event::Parked(i, stop))) => {
+                    self.parked[i] = Some(stop);
+                    self.blocked[i] = stop == Stop::At(Point::WaitDrive);
                     self.waiting_for -= 1;
                 }
                 Ok(Some(Event::Released)) => self.blocked.fill(false),
@@ -442,14 +455,14 @@ impl Actors {
         };
         let actor = ready[pick];
         self.last = Some(actor);
-        let step = self.parked[actor].take().unwrap();
+        let stop = self.parked[actor].take().unwrap();
         if scenario
             .held
-            .is_some_and(|(i, h)| i == actor && h.point() == step)
+            .is_some_and(|(i, h)| i == actor && Stop::At(h.point()) == stop)
         {
             self.something_held = true;
         }
-        run.trace.push(format!("{}@{step}", self.names[actor]));
+        run.trace.push(format!("{}@{stop}", self.names[actor]));
         self.sched.resume(actor);
         self.waiting_for = 1;
     }
@@ -473,7 +486,7 @@ impl Actors {
             run.answers.push((kind, answer));
         }
         if let Some((id, point)) = &self.held {
-            failpoints::let_through(id, point);
+            failpoints::let_through(id, *point);
             let sent = failpoints::send_held(id).await;
             if sent > 0 {
                 run.trace

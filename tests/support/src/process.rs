@@ -20,8 +20,10 @@ pub struct InstanceConfig {
     pub database: String,
     /// `INSTANCE_ID`.
     pub name: String,
-    /// `CRASH_AT` (needs a build with the `failpoints` feature: every test build of the
-    /// binary has it, see Cargo.toml).
+    /// `CRASH_AT`: a point's name, `Point::name` (needs a build with the `failpoints`
+    /// feature: every test build of the binary has it, see Cargo.toml). A name, not a
+    /// `failpoints::Point`: this crate also builds without the feature (the production
+    /// clippy run), where that type does not exist.
     pub crash_at: Option<String>,
     pub stale_after_ms: u64,
     pub sweep_interval_ms: u64,
