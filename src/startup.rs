@@ -118,6 +118,56 @@ async fn migrate_when_back(store: Store) {
 /// How long each round of [`migrate_when_back`] tries before it logs again.
 const ONE_MINUTE: Duration = Duration::from_secs(60);
 
+/// Connects to every deployment and migrates each (see [`Application::build`]): those
+/// still unavailable once one is migrated are migrated in the background.
+async fn connect_and_migrate(settings: &Settings) -> Result<Deployments, StoreError> {
+    let mut stores = Vec::with_capacity(settings.deployments.len());
+    for d in &settings.deployments {
+        let store = Store::connect_with(
+            d.name.clone(),
+            &d.uri,
+            &settings.database,
+            settings.group_commit_writes,
+        )
+        .await?;
+        stores.push(store);
+    }
+    // Every deployment at once: each waits for its own database. One that is still
+    // unavailable then does not stop the others: it is migrated in the background,
+    // and refused until it is (an outage of one deployment stops only its transfers,
+    // also for an instance started during it).
+    let migrated = migrate_at_start(&stores, settings.startup_patience).await;
+    let mut later = Vec::new();
+    for (store, applied) in stores.iter().zip(migrated) {
+        let applied = applied.unwrap_or_else(|| {
+            Err(StoreError::Unavailable(
+                "not migrated within the grace after the first deployment".into(),
+            ))
+        });
+        match applied {
+            Ok(applied) if !applied.is_empty() => {
+                tracing::info!(deployment = %store.deployment(), ?applied, "migrations applied");
+            }
+            Ok(_) => {}
+            Err(StoreError::Unavailable(why)) if stores.len() > 1 => {
+                tracing::warn!(deployment = %store.deployment(), error = %why, "deployment unavailable at start-up; starting without it, migrating it when it answers");
+                store.set_migrated(false);
+                later.push(store.clone());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if later.len() == stores.len() {
+        return Err(StoreError::Unavailable(
+            "no deployment could be migrated".into(),
+        ));
+    }
+    for store in later {
+        tokio::spawn(migrate_when_back(store));
+    }
+    Ok(Deployments::new(stores))
+}
+
 impl Application {
     /// Connects, migrates and binds. An instance that has not migrated does not serve: a
     /// database that cannot be reached is tried again for `STARTUP_PATIENCE_MS` (every
@@ -129,49 +179,7 @@ impl Application {
         // points, rather than serving without ever crashing.
         #[cfg(feature = "failpoints")]
         crate::failpoints::crash_point();
-        let mut stores = Vec::with_capacity(settings.deployments.len());
-        for d in &settings.deployments {
-            let store = Store::connect_with(
-                d.name.clone(),
-                &d.uri,
-                &settings.database,
-                settings.group_commit_writes,
-            )
-            .await?;
-            stores.push(store);
-        }
-        // Every deployment at once: each waits for its own database. One that is still
-        // unavailable then does not stop the others: it is migrated in the background,
-        // and refused until it is (an outage of one deployment stops only its transfers,
-        // also for an instance started during it).
-        let migrated = migrate_at_start(&stores, settings.startup_patience).await;
-        let mut later = Vec::new();
-        for (store, applied) in stores.iter().zip(migrated) {
-            let applied = applied.unwrap_or_else(|| {
-                Err(StoreError::Unavailable(
-                    "not migrated within the grace after the first deployment".into(),
-                ))
-            });
-            match applied {
-                Ok(applied) if !applied.is_empty() => {
-                    tracing::info!(deployment = %store.deployment(), ?applied, "migrations applied");
-                }
-                Ok(_) => {}
-                Err(StoreError::Unavailable(why)) if stores.len() > 1 => {
-                    tracing::warn!(deployment = %store.deployment(), error = %why, "deployment unavailable at start-up; starting without it, migrating it when it answers");
-                    store.set_migrated(false);
-                    later.push(store.clone());
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if later.len() == stores.len() {
-            return Err(StoreError::Unavailable("no deployment could be migrated".into()).into());
-        }
-        for store in later {
-            tokio::spawn(migrate_when_back(store));
-        }
-        let deployments = Deployments::new(stores);
+        let deployments = connect_and_migrate(&settings).await?;
         let listener = TcpListener::bind(settings.bind_addr)
             .await
             .map_err(|source| StartupError::Bind {

@@ -7,6 +7,7 @@
 //! not fails here, with the file and line. Above all the rules, the modules import one
 //! another without a cycle: the graph of every `crate::` path in `src/` is checked whole,
 //! and a cycle fails spelled out (`a -> b -> a`) with the line behind each edge.
+//! Last, no function of `src/` runs over 70 lines (named steps instead).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -415,4 +416,102 @@ fn identifier(text: &str) -> Option<&str> {
     let name = &text[..end];
     name.starts_with(|c: char| c.is_alphabetic() || c == '_')
         .then_some(name)
+}
+
+/// The longest a function of `src/` may be, from its `fn` line to its closing brace: a
+/// longer one is split into named steps (docs/architecture.md). Declarative tables
+/// would be named here as exceptions; there are none.
+const LONGEST_FUNCTION: usize = 70;
+
+#[test]
+fn no_function_in_src_is_longer_than_the_limit() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for file in rust_files(&src) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (line, name, length) in function_lengths(&text) {
+            if length > LONGEST_FUNCTION {
+                long.push(format!("{}:{line} {name}: {length} lines", file.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "over {LONGEST_FUNCTION} lines: {long:#?}");
+}
+
+#[test]
+fn function_lengths_count_from_the_fn_line_to_the_closing_brace() {
+    let text = "fn one() {\n    let s = \"}\"; // }\n}\n\npub async fn two(\n    a: u8,\n) -> u8 {\n    if a > 0 { a } else { 0 }\n}\nfn declared();\n";
+    assert_eq!(
+        function_lengths(text),
+        [(1, "one".to_owned(), 3), (5, "two".to_owned(), 5)]
+    );
+}
+
+/// Each function of `text`: the line of its `fn`, its name, and its length in lines.
+/// Braces in string literals and in `//` comments are not counted; a declaration
+/// without a body (a trait's) is left out.
+fn function_lengths(text: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let Some(name) = fn_name(line) else { continue };
+        let mut depth = 0i32;
+        let mut opened = false;
+        for (offset, body) in lines[start..].iter().enumerate() {
+            let code = without_strings_and_comments(body);
+            if !opened && code.contains(';') && !code.contains('{') {
+                break; // no body
+            }
+            for c in code.chars() {
+                match c {
+                    '{' => (depth, opened) = (depth + 1, true),
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if opened && depth == 0 {
+                found.push((start + 1, name.to_owned(), offset + 1));
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// The name of the function a line starts, if it starts one.
+fn fn_name(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace().peekable();
+    while let Some(word) = words.next() {
+        match word {
+            "pub" | "async" | "const" | "unsafe" => continue,
+            w if w.starts_with("pub(") => continue,
+            "fn" => return words.next().and_then(identifier),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// `line` with string literals emptied and a trailing `//` comment cut.
+fn without_strings_and_comments(line: &str) -> String {
+    let mut code = String::new();
+    let (mut in_string, mut escaped) = (false, false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '/' if chars.peek() == Some(&'/') => break,
+            _ => code.push(c),
+        }
+    }
+    code
 }
