@@ -97,6 +97,9 @@ impl TransferService {
         if transfer.state.is_at_rest() || !time_left() {
             return Ok(transfer);
         }
+        // The caller has just read it: the first read again only after a pause, as every
+        // later one (the policy's attempts start at once).
+        tokio::time::sleep(REPLAY_POLL).await;
         // `Err(Ok(_))`: read, not at rest yet; `Err(Err(_))`: the read failed.
         let polled = (|| async {
             match self.reload(&transfer).await {
