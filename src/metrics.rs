@@ -44,6 +44,7 @@ const IN_FLIGHT: &str = "transfers_in_flight";
 const RECOVERIES: &str = "sweeper_recoveries_total";
 const DB_DURATION: &str = "db_operation_duration_seconds";
 const HOLDS: &str = "holds_total";
+const ENTRIES_MOVED: &str = "ledger_entries_moved_total";
 
 /// How a hold can end, as `holds_total` labels it.
 const HOLD_OUTCOMES: [&str; 4] = ["captured", "voided", "expired", "refused"];
@@ -67,7 +68,7 @@ impl Kind {
 }
 
 /// Every family with its type and HELP text: what dashboards rely on.
-const FAMILIES: [(&str, Kind, &str); 7] = [
+const FAMILIES: [(&str, Kind, &str); 8] = [
     (
         HTTP_REQUESTS,
         Kind::Counter,
@@ -102,6 +103,11 @@ const FAMILIES: [(&str, Kind, &str); 7] = [
         HOLDS,
         Kind::Counter,
         "Holds this process took to their end, by outcome: captured, voided, expired, or refused (never held: funds, an account gone, a cancel while reserving).",
+    ),
+    (
+        ENTRIES_MOVED,
+        Kind::Counter,
+        "Ledger entries this process copied from account documents to the entries collection (docs/ledger.md).",
     ),
 ];
 
@@ -255,6 +261,13 @@ pub fn hold_finished(state: TransferState, reason: Option<CancelReason>) {
         _ => return,
     };
     counter!(HOLDS, "outcome" => outcome).increment(1);
+}
+
+/// Records `count` ledger entries moved out of account documents (see
+/// `store::entries`).
+pub fn entries_moved(count: usize) {
+    installed();
+    counter!(ENTRIES_MOVED).increment(count as u64);
 }
 
 /// Records an unfinished transfer that the recovery sweeper took over and drove to a

@@ -373,6 +373,7 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
             currency: Currency::usd(),
             pending_transactions: Vec::new(),
             fenced_transactions: Vec::new(),
+            seq: 1,
             created_at: now(),
             updated_at: now(),
         })

@@ -11,13 +11,17 @@
 //!   values; the store converts its documents to and from them;
 //! - [`Strategy`] is how a transfer is carried out (`TRANSFER_STRATEGY`): the two-phase
 //!   commit or one native transaction;
+//! - [`Entry`] is one numbered change to an account's amounts ([`EntryKind`] says which
+//!   step made it), [`BalanceAt`] an account's amounts as of a moment;
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
 //!   with its transitions as an explicit function ([`TransferState::transition`]).
 
+mod entry;
 mod state;
 mod transfer;
 mod values;
 
+pub use entry::{Amounts, BalanceAt, Entry, EntryKind};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
 pub use transfer::{Account, Hold, Strategy, Timestamp, Transfer, TransferFilter, now};
 pub use values::{

@@ -162,6 +162,9 @@ pub struct Account {
     pub pending_transactions: Vec<TransferId>,
     /// Transfers a cancel fenced: their forward steps are refused here.
     pub fenced_transactions: Vec<TransferId>,
+    /// The number of the account's last ledger entry (see [`super::Entry`]): 1 once
+    /// opened, one more with every change to its amounts.
+    pub seq: u64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -273,6 +276,7 @@ mod tests {
             currency: Currency::usd(),
             pending_transactions: markers,
             fenced_transactions: Vec::new(),
+            seq: 1,
             created_at: now(),
             updated_at: now(),
         };

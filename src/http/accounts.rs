@@ -48,7 +48,7 @@ pub struct CreateAccountRequest {
 #[serde(rename_all = "camelCase")]
 #[schema(example = json!({
     "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 7500,
-    "pendingDebits": 2500, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+    "pendingDebits": 2500, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "seq": 3, "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
 }))]
 pub struct AccountResponse {
     /// 1 to 64 characters from `A-Za-z0-9_.:@-`.
@@ -76,6 +76,9 @@ pub struct AccountResponse {
     pub currency: String,
     /// Ids of transfers applied to this account whose protocol has not finished.
     pub pending_transactions: Vec<String>,
+    /// The number of the account's last ledger entry (`GET /accounts/{id}/entries`).
+    #[schema(minimum = 1)]
+    pub seq: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -86,7 +89,7 @@ pub struct AccountResponse {
 #[schema(example = json!({
     "items": [{
         "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 10000,
-        "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+        "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "seq": 3, "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
     }],
     "nextCursor": "YWNjb3VudHM6YWxpY2U"
 }))]
@@ -123,6 +126,7 @@ impl From<Account> for AccountResponse {
                 .iter()
                 .map(|id| id.to_string())
                 .collect(),
+            seq: a.seq,
             created_at: a.created_at,
             updated_at: a.updated_at,
         }

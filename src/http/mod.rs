@@ -10,6 +10,7 @@ pub mod connections;
 pub mod docs;
 pub mod extract;
 pub mod health;
+pub mod ledger;
 pub mod metrics;
 pub mod pagination;
 pub mod problem;
@@ -74,6 +75,7 @@ pub struct AppState {
             responses::PayloadTooLarge,
             responses::UnsupportedMediaType,
             responses::AccountRefused,
+            responses::InvalidTime,
             responses::TransferRefused,
             responses::ReversalRefused,
             responses::InvalidCaptureAmount,
@@ -96,6 +98,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(accounts::create_account, accounts::list_accounts))
         .routes(routes!(accounts::get_account))
         .routes(routes!(accounts::list_account_transfers))
+        .routes(routes!(ledger::list_entries))
+        .routes(routes!(ledger::get_balance))
         .routes(routes!(
             transfers::create_transfer,
             transfers::list_transfers

@@ -139,6 +139,14 @@ pub struct UnsupportedMediaType(pub Problem);
 )]
 pub struct AccountRefused(pub Problem);
 
+/// `GET /accounts/{id}/balance`: the moment asked about is not a time.
+#[derive(ToResponse)]
+#[response(
+    description = "`invalid_field`: `at` is not an RFC 3339 time; `field` names it.",
+    content_type = PROBLEM_JSON
+)]
+pub struct InvalidTime(pub Problem);
+
 /// `POST /transfers`: refused before anything was recorded, or recorded and canceled.
 #[derive(ToResponse)]
 #[response(

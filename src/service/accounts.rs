@@ -53,6 +53,7 @@ impl TransferService {
             currency: new.currency,
             pending_transactions: Vec::new(),
             fenced_transactions: Vec::new(),
+            seq: 1,
             created_at: now,
             updated_at: now,
         };

@@ -21,7 +21,8 @@
 //! - `error.rs`: [`ServiceError`], and the one mapping of a storage error onto it;
 //! - `admission.rs`: the permits of admission control, and the ways in;
 //! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
-//!   once and remembered;
+//!   once and remembered; `ledger.rs`: an account's entries and its amounts as of a
+//!   moment;
 //! - `create.rs`: a new transfer, recorded and run; `idempotency.rs`: its idempotency
 //!   key, and replays;
 //! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
@@ -41,6 +42,7 @@ mod driving;
 mod error;
 mod holds;
 mod idempotency;
+mod ledger;
 mod placement;
 pub mod protocol;
 mod readiness;

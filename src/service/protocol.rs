@@ -412,10 +412,11 @@ impl TransferService {
         // and said loudly.
         if self
             .store_of(&transfer, Side::Destination)?
-            .undo_change(
+            .undo(
                 &transfer.destination,
                 transfer.id,
-                -transfer.amount.minor_units(),
+                Side::Destination,
+                transfer.amount,
             )
             .await?
         {
@@ -423,7 +424,7 @@ impl TransferService {
         }
         failpoint!(self, AfterUndoDestination);
         self.store_of(&transfer, Side::Source)?
-            .undo_change(&transfer.source, transfer.id, transfer.amount.minor_units())
+            .undo(&transfer.source, transfer.id, Side::Source, transfer.amount)
             .await?;
         failpoint!(self, AfterUndoSource);
         self.advance(

@@ -5,17 +5,29 @@
 //! transfers (`store::batch`); each keeps its own guards.
 
 use futures::TryStreamExt;
-use mongodb::bson::{DateTime, doc};
+use mongodb::bson::doc;
 use mongodb::options::FindOptions;
 
 use super::batch::{AccountChange, Pull};
 use super::documents::{Stored, domain, object_id, stored_time};
+use super::entries::{Marker, RECENT, changed_with_entry, opening_entry};
+use super::guards::Amounts;
 use super::{AccountDoc, Store, StoreError, StoreResult};
-use crate::domain::{Account, AccountId, Amount, Currency, Timestamp, TransferId};
+use crate::domain::{Account, AccountId, Amount, Currency, EntryKind, Timestamp, TransferId};
 
 impl Store {
+    /// Opens `account` with its first entry, `opened`, in the same insert. The entry's
+    /// time is a lower bound of the database's clock taken before the insert was sent
+    /// (an insert cannot read `$$NOW`); every later entry's is the database's own clock
+    /// when it lands, and never earlier than this one.
     pub async fn insert_account(&self, account: &Account) -> StoreResult<()> {
-        self.accounts.insert_one(AccountDoc::from(account)).await?;
+        let at = self.stamp_time().await?;
+        let stored = AccountDoc {
+            seq: 1,
+            recent_entries: vec![opening_entry(account.balance, at)],
+            ..AccountDoc::from(account)
+        };
+        self.accounts.insert_one(stored).await?;
         Ok(())
     }
 
@@ -23,6 +35,7 @@ impl Store {
         let found = self
             .accounts
             .find_one(doc! { "_id": id.as_str() })
+            .projection(without_entries())
             .max_time(super::READ_TIME_LIMIT)
             .await?;
         found.map(|d| d.into_domain(&self.deployment)).transpose()
@@ -63,6 +76,7 @@ impl Store {
         let options = FindOptions::builder()
             .sort(doc! { "_id": 1 })
             .limit(i64::from(limit))
+            .projection(without_entries())
             .build();
         let cursor = self
             .accounts
@@ -147,7 +161,6 @@ impl Store {
         deadline: Timestamp,
         kind: Forward,
     ) -> StoreResult<ForwardStep> {
-        let _ = kind; // named for the fault injection of the tests only
         let change = AccountChange {
             account: account.to_string(),
             tx: object_id(tx),
@@ -155,6 +168,7 @@ impl Store {
             debits: change.debits,
             credits: change.credits,
             deadline: stored_time(deadline),
+            kind: kind.entry(),
         };
         let (applied, failed_before) = super::retried_while(
             || self.is_answering(),
@@ -177,8 +191,12 @@ impl Store {
             },
         )
         .await;
+        let applied = applied?;
+        if applied {
+            self.entries_added([account.as_str()]);
+        }
         Ok(ForwardStep {
-            applied: applied?,
+            applied,
             uncertain_until: failed_before.then_some(deadline),
         })
     }
@@ -196,20 +214,25 @@ impl Store {
             .await
     }
 
-    /// Rollback: give back `delta` (negative for the destination, positive for the source)
-    /// and forget the marker, only where the transfer was applied.
-    pub async fn undo_change(
+    /// Rollback: give back the `amount` a transfer moved on its `side` (to the source, out
+    /// of the destination) and forget the marker, only where the transfer was applied.
+    pub async fn undo(
         &self,
         account: &AccountId,
         tx: TransferId,
-        delta: i64,
+        side: Side,
+        amount: Amount,
     ) -> StoreResult<bool> {
         failpoint!(self, BeforeUndo);
+        let (balance, kind) = match side {
+            Side::Source => (amount.minor_units(), EntryKind::DebitUndone),
+            Side::Destination => (-amount.minor_units(), EntryKind::CreditUndone),
+        };
         let change = Change {
-            balance: delta,
+            balance,
             ..Change::default()
         };
-        self.pull_marker_with(account, tx, change).await
+        self.pull_marker_with(account, tx, change, kind).await
     }
 
     /// A void's (or a hold's rollback's) release: give back what the hold reserved here,
@@ -223,17 +246,23 @@ impl Store {
         held: Amount,
     ) -> StoreResult<bool> {
         failpoint!(self, BeforeUndo);
-        let change = match side {
-            Side::Source => Change {
-                debits: -held.minor_units(),
-                ..Change::default()
-            },
-            Side::Destination => Change {
-                credits: -held.minor_units(),
-                ..Change::default()
-            },
+        let (change, kind) = match side {
+            Side::Source => (
+                Change {
+                    debits: -held.minor_units(),
+                    ..Change::default()
+                },
+                EntryKind::DebitReleased,
+            ),
+            Side::Destination => (
+                Change {
+                    credits: -held.minor_units(),
+                    ..Change::default()
+                },
+                EntryKind::CreditReleased,
+            ),
         };
-        self.pull_marker_with(account, tx, change).await
+        self.pull_marker_with(account, tx, change, kind).await
     }
 
     /// A capture's steps 6 and 7: move `captured` (out of the source, into the
@@ -250,48 +279,62 @@ impl Store {
     ) -> StoreResult<bool> {
         failpoint!(self, BeforeCapture);
         let (held, captured) = (held.minor_units(), captured.minor_units());
-        let change = match side {
-            Side::Source => Change {
-                balance: -captured,
-                debits: -held,
-                credits: 0,
-            },
-            Side::Destination => Change {
-                balance: captured,
-                debits: 0,
-                credits: -held,
-            },
+        let (change, kind) = match side {
+            Side::Source => (
+                Change {
+                    balance: -captured,
+                    debits: -held,
+                    credits: 0,
+                },
+                EntryKind::DebitCaptured,
+            ),
+            Side::Destination => (
+                Change {
+                    balance: captured,
+                    debits: 0,
+                    credits: -held,
+                },
+                EntryKind::CreditCaptured,
+            ),
         };
-        self.pull_marker_with(account, tx, change).await
+        self.pull_marker_with(account, tx, change, kind).await
     }
 
     /// The write behind an undo, a release and a capture: pull the marker of `tx`, adding
-    /// `change`, only where `tx` is applied (its marker is there), so that a second
-    /// landing finds nothing.
+    /// `change` and appending its entry (`kind`), only where `tx` is applied (its marker
+    /// is there), so that a second landing finds nothing.
     async fn pull_marker_with(
         &self,
         account: &AccountId,
         tx: TransferId,
         change: Change,
+        kind: EntryKind,
     ) -> StoreResult<bool> {
         let tx = object_id(tx);
+        let change = Amounts {
+            balance: change.balance.into(),
+            debits: change.debits.into(),
+            credits: change.credits.into(),
+        };
         let result = self
             .accounts
             .update_one(
                 doc! { "_id": account.as_str(), "pendingTransactions": tx },
-                doc! {
-                    "$inc": {
-                        "balance": change.balance,
-                        "pendingDebits": change.debits,
-                        "pendingCredits": change.credits,
-                    },
-                    "$pull": { "pendingTransactions": tx },
-                    "$set": { "updatedAt": DateTime::now() },
-                },
+                changed_with_entry(kind, tx, &change, Marker::Pull),
             )
             .await?;
-        Ok(result.modified_count == 1)
+        let changed = result.modified_count == 1;
+        if changed {
+            self.entries_added([account.as_str()]);
+        }
+        Ok(changed)
     }
+}
+
+/// The projection of an account read for its amounts and markers: its entries not
+/// moved yet are read only by the ledger (`store::entries`).
+fn without_entries() -> mongodb::bson::Document {
+    doc! { RECENT: 0 }
 }
 
 /// Which account of a transfer a step is on.
@@ -313,6 +356,18 @@ pub enum Forward {
     /// A hold's reservation into the destination (`pendingCredits`), refused if a
     /// capture could take the balance past `MAX_MONEY`.
     ReserveIn,
+}
+
+impl Forward {
+    /// The entry this step makes on its account.
+    fn entry(self) -> EntryKind {
+        match self {
+            Forward::Debit => EntryKind::Debit,
+            Forward::Credit => EntryKind::Credit,
+            Forward::ReserveOut => EntryKind::DebitReserved,
+            Forward::ReserveIn => EntryKind::CreditReserved,
+        }
+    }
 }
 
 #[cfg(feature = "failpoints")]

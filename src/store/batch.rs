@@ -37,9 +37,10 @@ use mongodb::error::ErrorKind;
 use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::entries::{EntryMover, Marker, RECENT, changed_with_entry, entry_expr, entry_time};
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
-use crate::domain::TransferState;
+use crate::domain::{EntryKind, TransferState};
 
 /// Writes in one batch, at most: bounds the size of one command (and of the pipeline's
 /// per-account table).
@@ -132,6 +133,8 @@ pub struct AccountChange {
     /// Added to `pendingCredits`: a hold's reservation into the account.
     pub credits: i64,
     pub deadline: DateTime,
+    /// The entry the change makes if it lands (see `store::entries`).
+    pub kind: EntryKind,
 }
 
 impl AccountChange {
@@ -172,6 +175,9 @@ pub struct Batches {
     pub transitions: Batcher<Transition, Option<DateTime>>,
     pub account_changes: Batcher<AccountChange, bool>,
     pub pulls: Batcher<Pull, ()>,
+    /// Moves the entries the writes append to account documents into `entries`; it
+    /// takes a writer slot like any batch.
+    pub entry_mover: Arc<EntryMover>,
 }
 
 impl std::fmt::Debug for Batches {
@@ -204,7 +210,10 @@ impl Batches {
                 let accounts = accounts.clone();
                 move |ops| change_accounts(accounts.clone(), ops)
             }),
-            pulls: Batcher::start(slots, move |ops| pull_markers(accounts.clone(), ops)),
+            pulls: Batcher::start(slots.clone(), move |ops| {
+                pull_markers(accounts.clone(), ops)
+            }),
+            entry_mover: EntryMover::start(db, slots),
         })
     }
 }
@@ -406,6 +415,7 @@ fn changes_by_account(ops: &[AccountChange]) -> Vec<(String, Vec<Bson>)> {
     for op in ops {
         let change = Bson::Document(doc! {
             "tx": op.tx, "d": op.delta, "pd": op.debits, "pc": op.credits, "dl": op.deadline,
+            "k": op.kind.as_str(),
         });
         match per_account.iter_mut().find(|(a, _)| *a == op.account) {
             Some((_, changes)) => changes.push(change),
@@ -439,7 +449,19 @@ fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
     let after = before.after(&change);
     let allowed = forward_step_allowed(&before, "$$value.p", "$$this.tx", &change, "$$this.dl");
     let stored = Amounts::stored();
+    // Each change that lands appends its entry, numbered after the ones before it, with
+    // the amounts it leaves; all of the batch's entries of an account share one time.
+    let seq = doc! { "$add": ["$$value.s", 1_i64] };
+    let entry = entry_expr(
+        seq.clone(),
+        "$$this.k",
+        "$$this.tx",
+        &change,
+        &after,
+        "$_at",
+    );
     vec![
+        doc! { "$set": { "_at": entry_time() } },
         doc! { "$set": { "_batch": { "$reduce": {
             "input": { "$switch": { "branches": branches, "default": [] } },
             "initialValue": {
@@ -447,6 +469,8 @@ fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
                 "pd": stored.debits,
                 "pc": stored.credits,
                 "p": "$pendingTransactions",
+                "s": { "$ifNull": ["$seq", 0_i64] },
+                "e": [],
             },
             "in": { "$cond": [
                 allowed,
@@ -455,6 +479,8 @@ fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
                     "pd": after.debits,
                     "pc": after.credits,
                     "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] },
+                    "s": seq,
+                    "e": { "$concatArrays": ["$$value.e", [entry]] },
                 },
                 "$$value",
             ] },
@@ -464,9 +490,11 @@ fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
             "pendingDebits": "$_batch.pd",
             "pendingCredits": "$_batch.pc",
             "pendingTransactions": "$_batch.p",
+            "seq": "$_batch.s",
+            RECENT: { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, "$_batch.e"] },
             "updatedAt": "$$NOW",
         } },
-        doc! { "$unset": "_batch" },
+        doc! { "$unset": ["_batch", "_at"] },
     ]
 }
 
@@ -483,15 +511,7 @@ async fn change_one(accounts: &Collection<Document>, op: &AccountChange) -> Stor
     let result = accounts
         .update_one(
             doc! { "_id": &op.account, "$expr": allowed },
-            doc! {
-                "$inc": {
-                    "balance": op.delta,
-                    "pendingDebits": op.debits,
-                    "pendingCredits": op.credits,
-                },
-                "$push": { "pendingTransactions": op.tx },
-                "$set": { "updatedAt": DateTime::now() },
-            },
+            changed_with_entry(op.kind, op.tx, &op.amounts(), Marker::Push),
         )
         .await?;
     Ok(result.modified_count == 1)

@@ -8,6 +8,7 @@ use mongodb::bson::DateTime;
 use mongodb::bson::oid::ObjectId;
 use serde::{Deserialize, Serialize};
 
+use super::entries::EntryDoc;
 use super::{StoreError, StoreResult};
 use crate::domain::{
     Account, AccountId, AccountName, Amount, ApiKeyId, CancelReason, Currency, DeploymentName,
@@ -64,6 +65,14 @@ pub struct AccountDoc {
     /// step still in flight when the cancel ran cannot land after the rollback.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fenced_transactions: Vec<ObjectId>,
+    /// The number of the account's last ledger entry (see `store::entries`; 0 on an
+    /// account no migration has given entries yet).
+    #[serde(default)]
+    pub seq: i64,
+    /// The account's entries not moved to `entries` yet, oldest first, the last one
+    /// always (see `store::entries`); left out of the reads of the account itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_entries: Vec<EntryDoc>,
     pub created_at: DateTime,
     pub updated_at: DateTime,
 }
@@ -269,6 +278,8 @@ impl From<&Account> for AccountDoc {
                 .copied()
                 .map(object_id)
                 .collect(),
+            seq: i64::try_from(a.seq).unwrap_or(i64::MAX),
+            recent_entries: Vec::new(),
             created_at: stored_time(a.created_at),
             updated_at: stored_time(a.updated_at),
         }
@@ -300,6 +311,8 @@ impl Stored for AccountDoc {
                 .map(transfer_id)
                 .collect(),
             fenced_transactions: d.fenced_transactions.into_iter().map(transfer_id).collect(),
+            seq: u64::try_from(d.seq)
+                .map_err(|_| bad("seq", ParseError(format!("{} is negative", d.seq))))?,
             created_at: d.created_at.to_chrono(),
             updated_at: d.updated_at.to_chrono(),
         })

@@ -39,6 +39,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0006_deployments",
         include_str!("../../migrations/0006_deployments.json"),
     ),
+    (
+        "0007_entries",
+        include_str!("../../migrations/0007_entries.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -16,6 +16,7 @@ mod batch;
 mod clock;
 pub mod deployments;
 mod documents;
+pub mod entries;
 mod guards;
 pub mod migrations;
 pub mod native;
@@ -215,6 +216,9 @@ pub struct Store {
     /// (`documents::stored_key`), naming the transfer it made. Its own `_id` makes a key unique, so the guarantee holds when `transactions`
     /// is sharded (a unique index there must start with the shard key).
     keys: Collection<Document>,
+    /// `entries`: the ledger entries moved out of the account documents (see
+    /// [`entries`]).
+    entries: Collection<entries::EntryDoc>,
     /// `accountDirectory`: every account id and its deployment (see [`deployments`]);
     /// used on the first deployment only.
     directory: Collection<Document>,
@@ -304,6 +308,7 @@ impl Store {
             accounts: db.collection("accounts"),
             transactions: db.collection("transactions"),
             keys: db.collection("idempotencyKeys"),
+            entries: db.collection("entries"),
             directory: db.collection("accountDirectory"),
             batches: batch::Batches::start(&db, group_commit_writes),
             clock: Default::default(),

@@ -16,12 +16,14 @@
 use std::time::{Duration, Instant};
 
 use mongodb::ClientSession;
-use mongodb::bson::{DateTime, doc};
+use mongodb::bson::doc;
 use mongodb::options::ReadConcern;
 
 use super::documents::Stored;
+use super::entries::{Marker, changed_with_entry};
+use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
-use crate::domain::{CancelReason, MAX_MONEY, Transfer, TransferState};
+use crate::domain::{CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
 
 /// How long a transfer may keep starting new runs of its transaction before it gives up
 /// (the caller answers 503; nothing moved). The driver's own limit is 120 s, four times
@@ -101,6 +103,9 @@ impl Store {
                 Ok(refused)
             })
             .await;
+        if let Ok(None) = refused {
+            self.entries_added([done.source.as_str(), done.destination.as_str()]);
+        }
         match refused {
             Ok(None) => Ok(AtomicOutcome::Done(Box::new(
                 done.into_domain(&self.deployment)?,
@@ -129,7 +134,6 @@ impl Store {
             .insert_one(t)
             .session(&mut *session)
             .await?;
-        let now = DateTime::now();
         let debited = self
             .accounts
             .update_one(
@@ -142,7 +146,7 @@ impl Store {
                         t.value,
                     ] },
                 },
-                doc! { "$inc": { "balance": -t.value }, "$set": { "updatedAt": now } },
+                changed_with_entry(EntryKind::Debit, t.id, &moved(-t.value), Marker::Untouched),
             )
             .session(&mut *session)
             .await?;
@@ -164,7 +168,7 @@ impl Store {
                         MAX_MONEY - t.value,
                     ] },
                 },
-                doc! { "$inc": { "balance": t.value }, "$set": { "updatedAt": now } },
+                changed_with_entry(EntryKind::Credit, t.id, &moved(t.value), Marker::Untouched),
             )
             .session(&mut *session)
             .await?;
@@ -190,5 +194,15 @@ impl Store {
             .session(session)
             .await?
             .is_some())
+    }
+}
+
+/// A change of the balance alone by `value`, as a native transaction's debit (negative)
+/// or credit makes.
+fn moved(value: i64) -> Amounts {
+    Amounts {
+        balance: value.into(),
+        debits: 0_i64.into(),
+        credits: 0_i64.into(),
     }
 }

@@ -3,7 +3,9 @@
 //! have had. These call the batch writers directly with hand-made batches.
 
 use mongodb::bson::{DateTime, Document, doc};
-use transfer_service::domain::{IdempotencyKey, ScopedKey, Transfer, TransferId, TransferState};
+use transfer_service::domain::{
+    EntryKind, IdempotencyKey, ScopedKey, Transfer, TransferId, TransferState,
+};
 use transfer_service::store::accounts::FenceWhen;
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::{
@@ -27,6 +29,11 @@ fn change(account: &str, tx: TransferId, delta: i64) -> AccountChange {
         debits: 0,
         credits: 0,
         deadline: in_a_minute(),
+        kind: if delta < 0 {
+            EntryKind::Debit
+        } else {
+            EntryKind::Credit
+        },
     }
 }
 
