@@ -4,7 +4,8 @@
 //! that a router sends it to the shards that own those documents instead of to every
 //! shard. The test records every command two deployments' stores send while a bank over
 //! them makes transfers (within and across deployments, keyed and replayed), holds that
-//! are captured and voided, a reversal, and a cancel's fences, and checks each one.
+//! are captured and voided, a reversal, a cancel's fences, and the ledger's reads and
+//! moves (`entries` is sharded on `{account, seq}`), and checks each one.
 
 use std::time::Duration;
 
@@ -19,8 +20,9 @@ use transfer_service::store::accounts::FenceWhen;
 use transfer_service::store::testing::{Recorded, connect_recording};
 
 /// Each collection the service writes, and its shard key (`docs/scaling.md`).
-const SHARD_KEYS: [(&str, &str); 4] = [
+const SHARD_KEYS: [(&str, &str); 5] = [
     ("accounts", "_id"),
+    ("entries", "account"),
     ("transactions", "_id"),
     ("idempotencyKeys", "_id"),
     ("accountDirectory", "_id"),
@@ -200,6 +202,27 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     us.drop_fences([&values::account("b"), &values::account("b")], id)
         .await
         .unwrap();
+    // The ledger: reads of a statement and of a balance as of a moment, and the moves
+    // of entries out of the account documents (by each store's mover, in the background).
+    for id in ["a", "b"] {
+        let account = values::account(id);
+        assert!(bank.entries(&account, 0, 1000).await.unwrap().len() > 2);
+        bank.balance_at(&account, Some(values::from_now(-1_000)))
+            .await
+            .unwrap();
+    }
+    let moved_on = |recorded: &Recorded| {
+        recorded.lock().unwrap().iter().any(|(name, command)| {
+            name == "insert" && command.get_str("insert").ok() == Some("entries")
+        })
+    };
+    support::eventually(
+        "each store's mover moved entries",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || records.iter().all(moved_on).then_some(()),
+    )
+    .await;
 
     let mut total = 0;
     for (name, recorded) in ["eu", "us"].iter().zip(&records) {

@@ -19,8 +19,9 @@ pub const CONTENT_TYPE_PROMETHEUS: &str = "text/plain; version=0.0.4; charset=ut
 /// The Prometheus text exposition format, version 0.0.4
 /// (`text/plain; version=0.0.4`). Families: `http_requests_total{method,route,status}`,
 /// `http_request_duration_seconds{method,route}`, `transfers_total{state,reason}`,
-/// `transfers_in_flight`, `sweeper_recoveries_total` and
-/// `db_operation_duration_seconds{command,outcome}`. `route` is the matched route
+/// `transfers_in_flight`, `sweeper_recoveries_total`, `holds_total{outcome}`,
+/// `ledger_entries_moved_total` and `db_operation_duration_seconds{command,outcome}`.
+/// `route` is the matched route
 /// template, such as `/transfers/{id}`, or `unmatched`. Never needs an API key.
 #[utoipa::path(
     get, path = "/metrics", tag = "operations",

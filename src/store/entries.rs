@@ -169,8 +169,11 @@ pub(super) enum Marker {
     Push,
     /// An undo, a release or a capture: the marker is pulled.
     Pull,
-    /// A step of a native transaction (`store::native`), which uses no marker.
-    Untouched,
+    /// A step of a native transaction (`store::native`), which uses no marker and
+    /// copies its entry to `entries` itself, in the transaction: the entry replaces the
+    /// document's previous last entry, unless older ones are still there to be moved
+    /// (left by two-phase steps, such as a cancel's reversal), which it joins.
+    Native,
 }
 
 /// The update pipeline of a single-document step of `tx` on an account: add `change`
@@ -191,7 +194,16 @@ pub(super) fn changed_with_entry(
             "input": "$pendingTransactions", "cond": { "$ne": ["$$this", tx] },
         } }
         .into(),
-        Marker::Untouched => "$pendingTransactions".into(),
+        Marker::Native => "$pendingTransactions".into(),
+    };
+    let recent = doc! { "$ifNull": [format!("${RECENT}"), []] };
+    let appended = doc! { "$concatArrays": [recent.clone(), ["$_entry"]] };
+    let recent: Bson = match marker {
+        Marker::Push | Marker::Pull => appended.into(),
+        Marker::Native => doc! { "$cond": [
+            { "$lte": [{ "$size": recent }, 1] }, ["$_entry"], appended,
+        ] }
+        .into(),
     };
     vec![
         doc! { "$set": { "_entry": entry } },
@@ -200,7 +212,7 @@ pub(super) fn changed_with_entry(
             "pendingDebits": "$_entry.pendingDebits",
             "pendingCredits": "$_entry.pendingCredits",
             "seq": "$_entry.seq",
-            RECENT: { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, ["$_entry"]] },
+            RECENT: recent,
             "pendingTransactions": markers,
             "updatedAt": "$$NOW",
         } },

@@ -16,11 +16,13 @@
 use std::time::{Duration, Instant};
 
 use mongodb::ClientSession;
-use mongodb::bson::doc;
+use mongodb::bson::oid::ObjectId;
+use mongodb::bson::{Document, doc};
 use mongodb::options::ReadConcern;
+use mongodb::options::ReturnDocument;
 
 use super::documents::Stored;
-use super::entries::{Marker, changed_with_entry};
+use super::entries::{EntryDoc, Marker, RECENT, changed_with_entry};
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
 use crate::domain::{CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
@@ -103,9 +105,6 @@ impl Store {
                 Ok(refused)
             })
             .await;
-        if let Ok(None) = refused {
-            self.entries_added([done.source.as_str(), done.destination.as_str()]);
-        }
         match refused {
             Ok(None) => Ok(AtomicOutcome::Done(Box::new(
                 done.into_domain(&self.deployment)?,
@@ -134,23 +133,19 @@ impl Store {
             .insert_one(t)
             .session(&mut *session)
             .await?;
-        let debited = self
-            .accounts
-            .update_one(
-                // The same invariants as a two-phase step: what holds reserve is not
-                // spendable, and pending credits leave room for their capture.
-                doc! {
-                    "_id": &t.source,
-                    "$expr": { "$gte": [
-                        { "$subtract": ["$balance", { "$ifNull": ["$pendingDebits", 0_i64] }] },
-                        t.value,
-                    ] },
-                },
-                changed_with_entry(EntryKind::Debit, t.id, &moved(-t.value), Marker::Untouched),
-            )
-            .session(&mut *session)
-            .await?;
-        if debited.matched_count == 0 {
+        // The same invariants as a two-phase step: what holds reserve is not spendable,
+        // and pending credits leave room for their capture.
+        let debit = doc! {
+            "_id": &t.source,
+            "$expr": { "$gte": [
+                { "$subtract": ["$balance", { "$ifNull": ["$pendingDebits", 0_i64] }] },
+                t.value,
+            ] },
+        };
+        if !self
+            .atomic_change(session, debit, EntryKind::Debit, t.id, -t.value)
+            .await?
+        {
             let exists = self.account_exists(session, &t.source).await?;
             return Ok(Some(if exists {
                 CancelReason::InsufficientFunds
@@ -158,21 +153,17 @@ impl Store {
                 CancelReason::AccountNotFound
             }));
         }
-        let credited = self
-            .accounts
-            .update_one(
-                doc! {
-                    "_id": &t.destination,
-                    "$expr": { "$lte": [
-                        { "$add": ["$balance", { "$ifNull": ["$pendingCredits", 0_i64] }] },
-                        MAX_MONEY - t.value,
-                    ] },
-                },
-                changed_with_entry(EntryKind::Credit, t.id, &moved(t.value), Marker::Untouched),
-            )
-            .session(&mut *session)
-            .await?;
-        if credited.matched_count == 0 {
+        let credit = doc! {
+            "_id": &t.destination,
+            "$expr": { "$lte": [
+                { "$add": ["$balance", { "$ifNull": ["$pendingCredits", 0_i64] }] },
+                MAX_MONEY - t.value,
+            ] },
+        };
+        if !self
+            .atomic_change(session, credit, EntryKind::Credit, t.id, t.value)
+            .await?
+        {
             let exists = self.account_exists(session, &t.destination).await?;
             return Ok(Some(if exists {
                 CancelReason::BalanceOverflow
@@ -181,6 +172,57 @@ impl Store {
             }));
         }
         Ok(None)
+    }
+
+    /// Adds `value` to the balance of the account `filter` finds, with its entry (`kind`
+    /// of `tx`), inside the session's transaction; false when the filter found nothing.
+    /// The entry is copied to `entries` in the same transaction, so that no mover has to
+    /// write the account document again (a write from outside the transactions on a hot
+    /// account makes them conflict, and retry, until they give up); older entries still
+    /// in the document (two-phase steps') are left to the mover.
+    async fn atomic_change(
+        &self,
+        session: &mut ClientSession,
+        filter: Document,
+        kind: EntryKind,
+        tx: ObjectId,
+        value: i64,
+    ) -> mongodb::error::Result<bool> {
+        #[derive(serde::Deserialize)]
+        struct Recent {
+            #[serde(rename = "_id")]
+            id: String,
+            #[serde(rename = "recentEntries", default)]
+            recent: Vec<EntryDoc>,
+        }
+        let changed = self
+            .accounts
+            .clone_with_type::<Recent>()
+            .find_one_and_update(
+                filter,
+                changed_with_entry(kind, tx, &moved(value), Marker::Native),
+            )
+            .return_document(ReturnDocument::After)
+            .projection(doc! { RECENT: 1 })
+            .session(&mut *session)
+            .await?;
+        let Some(mut changed) = changed else {
+            return Ok(false);
+        };
+        let older_left = changed.recent.len() > 1;
+        if let Some(entry) = changed.recent.pop() {
+            self.entries
+                .insert_one(EntryDoc {
+                    account: Some(changed.id.clone()),
+                    ..entry
+                })
+                .session(&mut *session)
+                .await?;
+        }
+        if older_left {
+            self.entries_added([changed.id.as_str()]);
+        }
+        Ok(true)
     }
 
     async fn account_exists(
