@@ -20,7 +20,8 @@
 //!   [`store::Store`] per deployment; [`store::Deployments`] holds them all and reads
 //!   across them (`docs/scaling.md`: what lives where).
 //! - [`domain`]: newtypes that parse instead of validate, [`domain::Transfer`] and
-//!   [`domain::Account`], the transfer state machine, and [`domain::Strategy`] (how a
+//!   [`domain::Account`], [`domain::Entry`] (a numbered change to an account, written by
+//!   the same write as the change: `store/entries.rs`), the transfer state machine, and [`domain::Strategy`] (how a
 //!   transfer is carried out: two-phase commit or one native transaction). No axum, no
 //!   driver.
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed

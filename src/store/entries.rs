@@ -169,10 +169,7 @@ pub(super) enum Marker {
     Push,
     /// An undo, a release or a capture: the marker is pulled.
     Pull,
-    /// A step of a native transaction (`store::native`), which uses no marker and
-    /// copies its entry to `entries` itself, in the transaction: the entry replaces the
-    /// document's previous last entry, unless older ones are still there to be moved
-    /// (left by two-phase steps, such as a cancel's reversal), which it joins.
+    /// A step of a native transaction (`store::native`), which uses no marker.
     Native,
 }
 
@@ -196,15 +193,7 @@ pub(super) fn changed_with_entry(
         .into(),
         Marker::Native => "$pendingTransactions".into(),
     };
-    let recent = doc! { "$ifNull": [format!("${RECENT}"), []] };
-    let appended = doc! { "$concatArrays": [recent.clone(), ["$_entry"]] };
-    let recent: Bson = match marker {
-        Marker::Push | Marker::Pull => appended.into(),
-        Marker::Native => doc! { "$cond": [
-            { "$lte": [{ "$size": recent }, 1] }, ["$_entry"], appended,
-        ] }
-        .into(),
-    };
+    let recent = doc! { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, ["$_entry"]] };
     vec![
         doc! { "$set": { "_entry": entry } },
         doc! { "$set": {
@@ -218,6 +207,15 @@ pub(super) fn changed_with_entry(
         } },
         doc! { "$unset": "_entry" },
     ]
+}
+
+/// The update pipeline that removes from an account document its entries numbered up
+/// to `up_to` (an expression or a literal), once they are in `entries`.
+pub(super) fn trimmed(up_to: impl Into<Bson>) -> Vec<Document> {
+    vec![doc! { "$set": { RECENT: { "$filter": {
+        "input": format!("${RECENT}"),
+        "cond": { "$gt": ["$$this.seq", up_to.into()] },
+    } } } }]
 }
 
 /// A page of an account's entries, oldest first.
@@ -502,10 +500,7 @@ pub async fn move_entries(
         accounts
             .update_many(
                 doc! { "_id": { "$in": &ids } },
-                vec![doc! { "$set": { RECENT: { "$filter": {
-                    "input": format!("${RECENT}"),
-                    "cond": { "$gt": ["$$this.seq", { "$switch": { "branches": branches.clone(), "default": 0_i64 } }] },
-                } } } }],
+                trimmed(doc! { "$switch": { "branches": branches.clone(), "default": 0_i64 } }),
             )
             .await
             .map_err(StoreError::from)

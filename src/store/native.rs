@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Document, doc};
@@ -22,7 +23,7 @@ use mongodb::options::ReadConcern;
 use mongodb::options::ReturnDocument;
 
 use super::documents::Stored;
-use super::entries::{EntryDoc, Marker, RECENT, changed_with_entry};
+use super::entries::{EntryDoc, Marker, RECENT, changed_with_entry, trimmed};
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
 use crate::domain::{CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
@@ -46,6 +47,10 @@ pub enum AtomicOutcome {
     /// Nothing was written: the accounts refused it for this reason.
     Refused(CancelReason),
 }
+
+/// Entries a native transaction lets gather in an account document before it moves them
+/// to `entries` itself (see [`Store::atomic_change`]'s doc).
+const NATIVE_MOVE_AFTER: usize = 16;
 
 /// The callback's own error: the time limit passed before a new run of the transaction
 /// started. Not labelled transient, so the driver aborts and hands it back at once.
@@ -176,10 +181,13 @@ impl Store {
 
     /// Adds `value` to the balance of the account `filter` finds, with its entry (`kind`
     /// of `tx`), inside the session's transaction; false when the filter found nothing.
-    /// The entry is copied to `entries` in the same transaction, so that no mover has to
-    /// write the account document again (a write from outside the transactions on a hot
-    /// account makes them conflict, and retry, until they give up); older entries still
-    /// in the document (two-phase steps') are left to the mover.
+    ///
+    /// No mover writes the document of an account that native transactions change: a
+    /// write from outside the transactions on a hot account makes them conflict, and
+    /// retry, until they give up. So the transaction copies its own entry to `entries`,
+    /// and every [`NATIVE_MOVE_AFTER`] entries it also moves the document's older ones
+    /// itself (those `entries` lacks: the opening, a reversal's two-phase steps), then
+    /// trims them, all in the same transaction.
     async fn atomic_change(
         &self,
         session: &mut ClientSession,
@@ -206,21 +214,49 @@ impl Store {
             .projection(doc! { RECENT: 1 })
             .session(&mut *session)
             .await?;
-        let Some(mut changed) = changed else {
+        let Some(Recent { id, recent }) = changed else {
             return Ok(false);
         };
-        let older_left = changed.recent.len() > 1;
-        if let Some(entry) = changed.recent.pop() {
-            self.entries
-                .insert_one(EntryDoc {
-                    account: Some(changed.id.clone()),
-                    ..entry
-                })
+        let with_account = |e: &EntryDoc| EntryDoc {
+            account: Some(id.clone()),
+            ..e.clone()
+        };
+        let Some((entry, older)) = recent.split_last() else {
+            return Ok(true);
+        };
+        self.entries
+            .insert_one(with_account(entry))
+            .session(&mut *session)
+            .await?;
+        if older.len() >= NATIVE_MOVE_AFTER {
+            let seqs: Vec<i64> = older.iter().map(|e| e.seq).collect();
+            let copied: Vec<i64> = self
+                .entries
+                .clone_with_type::<Document>()
+                .find(doc! { "account": &id, "seq": { "$in": &seqs } })
+                .projection(doc! { "seq": 1 })
+                .session(&mut *session)
+                .await?
+                .stream(&mut *session)
+                .try_filter_map(|d| async move { Ok(d.get_i64("seq").ok()) })
+                .try_collect()
+                .await?;
+            let missing: Vec<EntryDoc> = older
+                .iter()
+                .filter(|e| !copied.contains(&e.seq))
+                .map(with_account)
+                .collect();
+            if !missing.is_empty() {
+                self.entries
+                    .insert_many(missing)
+                    .session(&mut *session)
+                    .await?;
+            }
+            let up_to = older.last().map_or(0, |e| e.seq);
+            self.accounts
+                .update_one(doc! { "_id": &id }, trimmed(up_to))
                 .session(&mut *session)
                 .await?;
-        }
-        if older_left {
-            self.entries_added([changed.id.as_str()]);
         }
         Ok(true)
     }

@@ -391,3 +391,100 @@ async fn a_native_transfer_cannot_spend_held_money() {
     let (status, body) = app.transfer("alice", "bob", 200).await;
     assert_eq!(status, 201, "the rest is spendable: {body}");
 }
+
+/// The ledger of a native transfer: one `debit` and one `credit` entry each, numbered
+/// without gaps, each the previous values plus its change, the last equal to the stored
+/// account; also after the transactions moved the older entries out of the account
+/// documents themselves (every 16) and a reversal (two-phase steps) joined them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn native_transfers_keep_a_ledger_numbered_without_gaps() {
+    let app = native_app().await;
+    for id in ["a", "b"] {
+        app.open_account(id, 10_000).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let (source, destination) = if i % 2 == 0 { ("a", "b") } else { ("b", "a") };
+        let http = app.http.clone();
+        let url = app.url("/transfers");
+        tasks.push(tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .json(&json!({ "source": source, "destination": destination, "amount": 10 + i }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 201);
+            let body: Value = response.json().await.unwrap();
+            body["id"].as_str().unwrap().to_owned()
+        }));
+    }
+    let mut ids = Vec::new();
+    for task in tasks {
+        ids.push(task.await.unwrap());
+    }
+    let reversed = &ids[0];
+    let response = app
+        .http
+        .post(app.url(&format!("/transfers/{reversed}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let reversal: Value = response.json().await.unwrap();
+    let reversal = reversal["reversedBy"].as_str().unwrap().to_owned();
+    ids.push(reversal);
+    for account in ["a", "b"] {
+        let page: Value = app
+            .get(&format!("/accounts/{account}/entries?limit=1000"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let entries = page["items"].as_array().unwrap();
+        assert_eq!(
+            entries.len(),
+            1 + 41,
+            "{account}: the opening and one per transfer"
+        );
+        let mut before = (0_i64, 0_i64, 0_i64);
+        for (i, e) in entries.iter().enumerate() {
+            assert_eq!(e["seq"], i as u64 + 1, "{account}: {e}");
+            let after = (
+                before.0 + e["balanceChange"].as_i64().unwrap(),
+                before.1 + e["pendingDebitsChange"].as_i64().unwrap(),
+                before.2 + e["pendingCreditsChange"].as_i64().unwrap(),
+            );
+            let stored = (
+                e["balance"].as_i64().unwrap(),
+                e["pendingDebits"].as_i64().unwrap(),
+                e["pendingCredits"].as_i64().unwrap(),
+            );
+            assert_eq!(stored, after, "{account}: {e}");
+            before = after;
+        }
+        for id in &ids {
+            let of_it = entries.iter().filter(|e| e["transferId"] == *id).count();
+            assert_eq!(of_it, 1, "{account}: transfer {id} has one entry here");
+        }
+        let stored: Value = app
+            .get(&format!("/accounts/{account}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(stored["balance"], before.0);
+        assert_eq!(stored["seq"], entries.len());
+    }
+    let moved = app
+        .store
+        .database()
+        .collection::<Document>("entries")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert!(
+        moved >= 32,
+        "the transactions moved entries themselves: {moved}"
+    );
+}
