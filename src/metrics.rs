@@ -196,6 +196,7 @@ fn install() -> Installed {
     in_flight.set(0.0);
     let recovered = counter!(RECOVERIES);
     recovered.increment(0);
+    counter!(ENTRIES_MOVED).increment(0);
 
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()

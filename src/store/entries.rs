@@ -426,6 +426,9 @@ async fn move_entries_until_dropped(
     entries: Collection<EntryDoc>,
     slots: Option<Arc<Semaphore>>,
 ) {
+    // Whether the last round failed: said once when the mover starts failing and once
+    // when it moves again, not every round.
+    let mut failing = false;
     loop {
         tokio::time::sleep(MOVE_INTERVAL).await;
         let Some(live) = mover.upgrade() else { return };
@@ -437,9 +440,19 @@ async fn move_entries_until_dropped(
             Some(slots) => slots.clone().acquire_owned().await.ok(),
             None => None,
         };
-        if let Err(e) = move_entries(&accounts, &entries, &taken).await {
-            tracing::debug!(error = %crate::error_chain::Chain(&e), "entries not moved; tried again next round");
-            live.retake(taken);
+        match move_entries(&accounts, &entries, &taken).await {
+            Ok(_) if failing => {
+                failing = false;
+                tracing::info!("entries moving again");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %crate::error_chain::Chain(&e), "entries not moved; they stay readable in the account documents, and are tried again every round");
+                }
+                failing = true;
+                live.retake(taken);
+            }
         }
     }
 }
@@ -533,4 +546,54 @@ async fn insert_ignoring_copies(
     })
     .await;
     inserted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64) -> Entry {
+        Entry {
+            account: AccountId::parse("alice").unwrap(),
+            seq,
+            kind: EntryKind::Credit,
+            transfer_id: None,
+            change: domain::Amounts::default(),
+            after: domain::Amounts::default(),
+            at: domain::now(),
+            carried_forward: false,
+        }
+    }
+
+    #[test]
+    fn a_page_must_be_numbered_from_after_plus_one_without_a_hole() {
+        let alice = AccountId::parse("alice").unwrap();
+        let page = |seqs: &[u64]| seqs.iter().copied().map(entry).collect::<Vec<_>>();
+        assert!(check_numbered(&alice, 0, &page(&[1, 2, 3])).is_ok());
+        assert!(check_numbered(&alice, 7, &page(&[8, 9])).is_ok());
+        assert!(check_numbered(&alice, 7, &page(&[])).is_ok());
+        for hole in [&[1, 3][..], &[2, 3], &[1, 1], &[8]] {
+            let err = check_numbered(&alice, 0, &page(hole)).unwrap_err();
+            assert!(matches!(err, StoreError::Other(_)), "{hole:?}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn the_mover_remembers_each_account_once_up_to_its_bound_and_hands_out_rounds() {
+        let mover = EntryMover {
+            touched: Mutex::new(BTreeSet::new()),
+        };
+        mover.touched(["b", "a", "b"]);
+        assert_eq!(mover.take(), vec!["a".to_owned(), "b".to_owned()]);
+        assert!(mover.take().is_empty());
+        let many: Vec<String> = (0..MAX_REMEMBERED + 10)
+            .map(|i| format!("{i:06}"))
+            .collect();
+        mover.touched(many.iter().map(String::as_str));
+        let remembered = mover.touched.lock().unwrap().len();
+        assert_eq!(remembered, MAX_REMEMBERED);
+        assert_eq!(mover.take().len(), MAX_ACCOUNTS_PER_MOVE);
+        mover.retake(vec!["000000".to_owned()]);
+        assert_eq!(mover.take().first().map(String::as_str), Some("000000"));
+    }
 }

@@ -21,7 +21,7 @@ use transfer_service::config::LogFormat;
 use support::{TestApp, spawn_app};
 
 /// Every family `/metrics` must expose, with its type.
-const FAMILIES: [(&str, &str); 7] = [
+const FAMILIES: [(&str, &str); 8] = [
     ("http_requests_total", "counter"),
     ("http_request_duration_seconds", "histogram"),
     ("transfers_total", "counter"),
@@ -29,6 +29,7 @@ const FAMILIES: [(&str, &str); 7] = [
     ("sweeper_recoveries_total", "counter"),
     ("db_operation_duration_seconds", "histogram"),
     ("holds_total", "counter"),
+    ("ledger_entries_moved_total", "counter"),
 ];
 
 /// `GET /metrics` as text, after checking its status and media type.
