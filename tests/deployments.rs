@@ -1693,3 +1693,69 @@ async fn one_pass_drops_fences_past_a_page_it_cannot_and_at_most_a_batch() {
         assert!(!eu.transfer(id).await.unwrap().unwrap().fenced);
     }
 }
+
+/// An account's ledger stays on its own deployment: the entries of a transfer across
+/// deployments are written by each account's own write, on its deployment, and moved
+/// there into `entries`; none is on another deployment, and the statement read through
+/// any deployment's instance is the account's own.
+#[tokio::test]
+async fn an_accounts_entries_are_kept_on_its_own_deployment() {
+    use mongodb::bson::{Document, doc};
+    let books = Books::shared().await;
+    let app = books.app().await;
+    open(&app, "alice", 1_000, "us").await;
+    open(&app, "bob", 0, "cn").await;
+    for amount in [100, 200, 300] {
+        let body = json!({ "source": "alice", "destination": "bob", "amount": amount });
+        let (status, body) = transfer(&app, body).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let entries_of = |name: &'static str, account: &'static str| {
+        let store = books.store(name).clone();
+        async move {
+            store
+                .database()
+                .collection::<Document>("entries")
+                .count_documents(doc! { "account": account })
+                .await
+                .unwrap()
+        }
+    };
+    // Moved: every entry but each account's last is in `entries` on its deployment.
+    support::eventually(
+        "the entries were moved",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let moved = (
+                entries_of("us", "alice").await,
+                entries_of("cn", "bob").await,
+            );
+            (moved == (3, 3)).then_some(())
+        },
+    )
+    .await;
+    for (name, account) in [
+        ("eu", "alice"),
+        ("cn", "alice"),
+        ("eu", "bob"),
+        ("us", "bob"),
+    ] {
+        assert_eq!(entries_of(name, account).await, 0, "{account} on {name}");
+    }
+    for (account, kinds) in [
+        ("alice", ["opened", "debit", "debit", "debit"]),
+        ("bob", ["opened", "credit", "credit", "credit"]),
+    ] {
+        let (status, page) = get(&app, &format!("/accounts/{account}/entries")).await;
+        assert_eq!(status, 200, "{page}");
+        let read: Vec<&str> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(read, kinds, "{account}");
+        assert_eq!(page["next"], 4);
+    }
+}
