@@ -17,7 +17,12 @@ import uuid
 from http import HTTPStatus
 
 from transfer_service_client import Client
-from transfer_service_client.api.accounts import create_account, get_account
+from transfer_service_client.api.accounts import (
+    create_account,
+    get_account,
+    get_balance,
+    list_entries,
+)
 from transfer_service_client.api.transfers import (
     cancel_transfer,
     create_transfer,
@@ -25,9 +30,12 @@ from transfer_service_client.api.transfers import (
 )
 from transfer_service_client.models import (
     AccountResponse,
+    BalanceResponse,
     CancelReasonSchema,
     CreateAccountRequest,
     CreateTransferRequest,
+    EntryKindSchema,
+    EntryPage,
     Problem,
     TransferResponse,
     TransferStateSchema,
@@ -160,6 +168,40 @@ def run(base_url: str) -> None:
             f"the refused transfer is {refused}",
         )
         expect(balance(client, bob) == 0, "bob's balance after the refused transfer")
+
+        # Alice's ledger: her opening, the transfer's debit, the reversal's credit; the
+        # refused transfer moved nothing and made no entry.
+        response = list_entries.sync_detailed(client=client, id=alice, after=0, limit=1000)
+        page = answer(response, HTTPStatus.OK, EntryPage, "GET /accounts/{id}/entries")
+        expect(
+            [(e.seq, e.kind, e.balance_change, e.balance) for e in page.items]
+            == [
+                (1, EntryKindSchema.OPENED, 10_000, 10_000),
+                (2, EntryKindSchema.DEBIT, -2_500, 7_500),
+                (3, EntryKindSchema.CREDIT, 2_500, 10_000),
+            ]
+            and page.next_ == 3,
+            f"alice's entries are {page}",
+        )
+        expect(
+            page.items[1].transfer_id == transfer.id
+            and page.items[2].transfer_id == canceled.reversed_by,
+            f"alice's entries name their transfers: {page}",
+        )
+        response = list_entries.sync_detailed(client=client, id=alice, after=3)
+        page = answer(response, HTTPStatus.OK, EntryPage, "GET entries after the last")
+        expect(page.items == [] and page.next_ is None, f"nothing after the last: {page}")
+        # As of the debit: the amounts it left (the last entry at or before its time).
+        response = list_entries.sync_detailed(client=client, id=alice, after=0, limit=3)
+        entries = answer(response, HTTPStatus.OK, EntryPage, "GET alice's entries").items
+        last_by_then = [e for e in entries if e.at <= entries[1].at][-1]
+        response = get_balance.sync_detailed(client=client, id=alice, at=entries[1].at)
+        as_of = answer(response, HTTPStatus.OK, BalanceResponse, "GET /accounts/{id}/balance")
+        expect(
+            (as_of.seq, as_of.balance, as_of.available_balance)
+            == (last_by_then.seq, last_by_then.balance, last_by_then.available_balance),
+            f"alice as of her debit: {as_of}, expected the amounts of {last_by_then}",
+        )
 
     print(
         f"client smoke test passed: opened {alice} and {bob}, transfer {transfer.id} done, "
