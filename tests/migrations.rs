@@ -123,3 +123,130 @@ async fn a_recorded_migration_whose_file_changed_is_refused() {
         "{refused}"
     );
 }
+
+/// A database migrated up to, but not including, `name`: a record of `name` with a
+/// checksum no file has stops the run right there, after every migration before it;
+/// the record is then removed, so that the next run applies `name` (and what follows).
+async fn store_migrated_before(name: &str) -> Store {
+    let store = fresh_store().await;
+    let blocker = doc! { "_id": name, "checksum": "0".repeat(64) };
+    records(&store).insert_one(blocker).await.unwrap();
+    let stopped = format!("{:?}", store.migrate().await.unwrap_err());
+    assert!(stopped.contains(name), "{stopped}");
+    let before: Vec<String> = every_name().into_iter().take_while(|n| n != name).collect();
+    records(&store)
+        .delete_one(doc! { "_id": name })
+        .await
+        .unwrap();
+    assert_eq!(recorded(&store).await, before);
+    store
+}
+
+/// An account as an instance before 0007 stored it: no `seq`, no `recentEntries`; and,
+/// when opened before 0005, no `pendingDebits` or `pendingCredits` either.
+fn account_before_entries(id: &str, balance: i64, pending: Option<(i64, i64)>) -> Document {
+    let now = mongodb::bson::DateTime::now();
+    let mut account = doc! {
+        "_id": id, "balance": balance, "currency": "USD", "pendingTransactions": [],
+        "createdAt": now, "updatedAt": now,
+    };
+    if let Some((debits, credits)) = pending {
+        account.insert("pendingDebits", debits);
+        account.insert("pendingCredits", credits);
+    }
+    account
+}
+
+/// Migration 0007 gives every account opened before entries existed one `opened` entry,
+/// marked `carriedForward`, that carries its amounts as they were (absent pending sums
+/// count as zero), numbered 1; run again, it changes nothing; and the account's ledger
+/// goes on from there: its next change is entry 2, after the carried amounts.
+#[tokio::test]
+async fn an_account_opened_before_entries_is_carried_forward_as_entry_1_and_goes_on_from_it() {
+    let store = store_migrated_before("0007_entries").await;
+    let accounts = store.database().collection::<Document>("accounts");
+    accounts
+        .insert_one(account_before_entries("legacy", 700, Some((200, 50))))
+        .await
+        .unwrap();
+    accounts
+        .insert_one(account_before_entries("older", 30, None))
+        .await
+        .unwrap();
+    let migrating = chrono::Utc::now();
+
+    assert_eq!(store.migrate().await.unwrap(), ["0007_entries"]);
+    records(&store)
+        .delete_one(doc! { "_id": "0007_entries" })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.migrate().await.unwrap(),
+        ["0007_entries"],
+        "run again"
+    );
+
+    let app = support::spawn_app_with(|s| s.database = store.database().name().to_owned()).await;
+    let ledger = async |id: &str| -> Vec<serde_json::Value> {
+        let response = app.get(&format!("/accounts/{id}/entries")).await;
+        assert_eq!(response.status(), 200, "{id}");
+        let page: serde_json::Value = response.json().await.unwrap();
+        page["items"].as_array().expect("items").clone()
+    };
+    for (id, amounts) in [("legacy", (700, 200, 50)), ("older", (30, 0, 0))] {
+        let entries = ledger(id).await;
+        assert_eq!(
+            entries.len(),
+            1,
+            "one entry, however often 0007 ran: {entries:#?}"
+        );
+        let opened = &entries[0];
+        assert_eq!(opened["seq"], 1, "{opened}");
+        assert_eq!(opened["kind"], "opened", "{opened}");
+        assert_eq!(opened["carriedForward"], true, "{opened}");
+        assert!(opened.get("transferId").is_none(), "{opened}");
+        let (balance, debits, credits) = amounts;
+        for (field, value) in [
+            ("balanceChange", balance),
+            ("pendingDebitsChange", debits),
+            ("pendingCreditsChange", credits),
+            ("balance", balance),
+            ("pendingDebits", debits),
+            ("pendingCredits", credits),
+            ("availableBalance", balance - debits),
+        ] {
+            assert_eq!(opened[field], value, "{field}: {opened}");
+        }
+        let at: chrono::DateTime<chrono::Utc> = opened["at"].as_str().unwrap().parse().unwrap();
+        let off = (at - migrating).num_seconds().abs();
+        assert!(off <= 60, "at the migration's time, not {at}: {opened}");
+        let response = app.get(&format!("/accounts/{id}")).await;
+        let account: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(account["seq"], 1, "{account}");
+    }
+
+    app.open_account("bob", 0).await;
+    let (status, transfer) = app.transfer("legacy", "bob", 100).await;
+    assert_eq!(status, 201, "{transfer}");
+
+    let entries = ledger("legacy").await;
+    assert_eq!(entries.len(), 2, "{entries:#?}");
+    let debit = &entries[1];
+    assert_eq!(debit["seq"], 2, "{debit}");
+    assert_eq!(debit["kind"], "debit", "{debit}");
+    assert_eq!(debit["transferId"], transfer["id"], "{debit}");
+    assert_eq!(debit["balanceChange"], -100, "{debit}");
+    assert_eq!(
+        (
+            &debit["balance"],
+            &debit["pendingDebits"],
+            &debit["pendingCredits"]
+        ),
+        (&600.into(), &200.into(), &50.into()),
+        "the carried amounts plus the debit: {debit}"
+    );
+    let response = app.get("/accounts/legacy").await;
+    let account: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(account["seq"], 2, "{account}");
+    assert_eq!(account["balance"], 600, "{account}");
+}

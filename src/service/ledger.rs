@@ -21,21 +21,22 @@ impl TransferService {
     }
 
     /// `account`'s amounts as of `at` (after its last entry not later than `at`), or as
-    /// they are now when `at` is not given; `at` is then the database's time.
+    /// they are now (after its last entry) when `at` is not given; `at` is then the
+    /// database's time.
     pub async fn balance_at(
         &self,
         account: &AccountId,
         at: Option<Timestamp>,
     ) -> ServiceResult<BalanceAt> {
         let store = self.home_of(account).await?;
-        let at = match at {
-            Some(at) => at,
-            None => store.server_time_lower_bound().await?,
+        let found = match at {
+            Some(at) => store.balance_at(account, at).await?,
+            None => {
+                let now = store.server_time_lower_bound().await?;
+                store.current_balance(account, now).await?
+            }
         };
-        store
-            .balance_at(account, at)
-            .await?
-            .ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))
+        found.ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))
     }
 
     /// The store of the deployment that keeps `account`: where this process remembers it,

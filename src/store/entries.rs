@@ -316,6 +316,27 @@ impl Store {
         Ok(Some(as_of(last.as_ref())))
     }
 
+    /// `account`'s amounts now: after its last entry, always in its document (an entry
+    /// that landed after a lower bound of the database's clock was read belongs to "now"
+    /// too, so the answer is the last entry, not one as of `now`). `at` is `now`, or the
+    /// last entry's time if later. `None` when the account does not exist.
+    pub async fn current_balance(
+        &self,
+        account: &AccountId,
+        now: Timestamp,
+    ) -> StoreResult<Option<BalanceAt>> {
+        let Some(recent) = self.recent_entries(account).await? else {
+            return Ok(None);
+        };
+        let last = recent.last();
+        Ok(Some(BalanceAt {
+            account: account.clone(),
+            at: last.map_or(now, |e| e.at.max(now)),
+            seq: last.map_or(0, |e| e.seq),
+            amounts: last.map(|e| e.after).unwrap_or_default(),
+        }))
+    }
+
     /// The entries still in `account`'s document, oldest first; `None` when the account
     /// does not exist.
     async fn recent_entries(&self, account: &AccountId) -> StoreResult<Option<Vec<Entry>>> {

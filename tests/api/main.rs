@@ -8,6 +8,7 @@ mod errors;
 mod group_commit;
 mod holds;
 mod idempotency;
+mod ledger;
 mod native;
 mod observability;
 mod security;
