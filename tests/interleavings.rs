@@ -2,7 +2,8 @@
 //! `failpoints` feature's in-process pause), the test acts in between (a cancel, a
 //! takeover by another instance, a crash between two writes), then the paused step goes
 //! on. The invariant every test ends on: money moved exactly once or not at all, never
-//! on one account only, and no `pendingTransactions` entry is left.
+//! on one account only, and no `pendingTransactions` entry is left; the ledger says the
+//! same, each step entered once ([`assert_ledger`]).
 //!
 //! Most cases have one request stopped at one step: they go through [`race`], and read
 //! as the step, what happens meanwhile, and what the request answers once it goes on.
@@ -141,6 +142,30 @@ async fn assert_balances_and_no_markers(app: &TestApp, alice: i64, bob: i64) {
     assert_eq!(app.balance("alice").await, alice, "alice's balance");
     assert_eq!(app.balance("bob").await, bob, "bob's balance");
     assert_eq!(app.accounts_with_pending().await, Vec::<String>::new());
+    assert_ledger(app).await;
+}
+
+/// The ledger of `app`'s database (`support::ledger`): every account's entries numbered
+/// without gaps, each the one before plus its changes, the last one the account's
+/// amounts; no step of a transfer entered twice, nor an undo before its forward step;
+/// every transfer's entries those its state calls for; the latest balances summing to
+/// what the accounts opened with.
+async fn assert_ledger(app: &TestApp) {
+    let transfers = app
+        .store
+        .list_transfers(&Default::default(), 10_000)
+        .await
+        .unwrap();
+    let ledger = support::ledger::read(app.store.database(), None)
+        .await
+        .unwrap();
+    let found = support::ledger::check_ledger(&ledger, &transfers, ledger.opening_total());
+    assert!(
+        found.violations.is_empty(),
+        "the ledger: {:#?}\n{}",
+        found.violations,
+        ledger.describe()
+    );
 }
 
 /// The request a [`race`] stops: each a `POST`.

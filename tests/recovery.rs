@@ -1,7 +1,9 @@
 //! Crash recovery, proven with fault injection: an instance built with the `failpoints`
 //! feature aborts (as kill -9 would) right after a given protocol step; another instance
 //! must then bring the transfer to its right terminal state, with every balance conserved
-//! and no `pendingTransactions` entry left, within STALE_AFTER_MS plus two sweeps.
+//! and no `pendingTransactions` entry left, within STALE_AFTER_MS plus two sweeps. The
+//! ledger must tell the same story ([`assert_ledger`]): each step entered once whoever
+//! made it, the entries the end calls for, nothing else.
 //!
 //! Every crash is tried twice: with both accounts on one deployment, and across two
 //! deployments (two database servers), the source on the second one listed, so that the
@@ -11,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use support::ledger::{self, Ledger};
 use support::process::{Instance, InstanceConfig};
 use support::{database_uris, fresh_database_name};
 use transfer_service::domain::DeploymentName;
@@ -94,6 +97,48 @@ impl Books {
             assert_eq!(r.status(), 201);
         }
     }
+
+    /// Both accounts' ledgers, each read from its deployment.
+    async fn ledger(&self) -> Ledger {
+        let mut ledger = ledger::read(self.a.database(), None).await.unwrap();
+        if self.layout == Layout::Across {
+            ledger.merge(ledger::read(self.b.database(), None).await.unwrap());
+        }
+        ledger
+    }
+}
+
+/// The ledger once the recovery is over (`support::ledger`): a's and b's entries
+/// numbered without gaps, each following the one before, the last one the account's
+/// amounts; the transfer's entries those its end calls for, none entered twice, whoever
+/// made them; the 500 opened with still there; and the rescuer's API answers the same
+/// entries, a page of one at a time.
+async fn assert_ledger(books: &Books, rescuer: &Instance, step: Point) {
+    let transfers = books
+        .a
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    let ledger = books.ledger().await;
+    let mut found = ledger::check_ledger(&ledger, &transfers, 500);
+    let http = reqwest::Client::new();
+    for account in ["a", "b"] {
+        let answered = ledger::read_via_api(&http, &rescuer.base, account, 1)
+            .await
+            .unwrap();
+        found.extend(answered.paging);
+        found.extend(ledger::check_same_entries(
+            &ledger,
+            account,
+            &answered.entries,
+        ));
+    }
+    assert!(
+        found.violations.is_empty(),
+        "the ledger after a crash at {step} and its recovery: {:#?}\n{}",
+        found.violations,
+        ledger.describe()
+    );
 }
 
 /// Crashes an instance at `step` during a transfer of `amount` from a (balance 500) to
@@ -130,7 +175,7 @@ async fn crash_and_recover(layout: Layout, step: Point, amount: i64) -> String {
     let id = stuck[0].id;
 
     let started = Instant::now();
-    let _rescuer = books.start_instance("rescuer", None).await;
+    let rescuer = books.start_instance("rescuer", None).await;
     let limit =
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
     // The limit counts from before the rescuer's start.
@@ -171,6 +216,7 @@ async fn crash_and_recover(layout: Layout, step: Point, amount: i64) -> String {
     } else {
         assert_eq!((a.balance, b.balance), (500, 0));
     }
+    assert_ledger(&books, &rescuer, step).await;
     transfer.state.to_string()
 }
 
@@ -327,7 +373,7 @@ async fn crash_hold_and_recover(layout: Layout, step: Point, what: HoldStep) {
     assert!(!status.success(), "crashed instance exited {status}");
 
     let started = Instant::now();
-    let _rescuer = books.start_instance("rescuer", None).await;
+    let rescuer = books.start_instance("rescuer", None).await;
     let limit =
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
     // The limit counts from before the rescuer's start.
@@ -367,6 +413,7 @@ async fn crash_hold_and_recover(layout: Layout, step: Point, what: HoldStep) {
             assert_eq!(b, (0, 0, 0, 0), "b after {step}");
         }
     }
+    assert_ledger(&books, &rescuer, step).await;
 }
 
 macro_rules! hold_crash_test {

@@ -133,9 +133,18 @@ pub(super) fn opening_entry(balance: i64, at: DateTime) -> EntryDoc {
 
 /// The time of a new entry, as an expression on the account document: the database's
 /// clock, never before the account's last entry (a clock stepped back, or a failover to
-/// a member whose clock is behind, cannot make entries go back in time).
+/// a member whose clock is behind, cannot make entries go back in time; nor can a write
+/// that read `$$NOW` before another landed first).
+///
+/// The last entry's `at` is read through `$let`: SecantusDB does not resolve a path
+/// through an array of documents (`"$recentEntries.at"`), which MongoDB answers with the
+/// array of their times; with it, the `$max` compared with nothing, and the bank test
+/// saw entries on hot accounts go back by a few milliseconds.
 pub(super) fn entry_time() -> Document {
-    doc! { "$max": ["$$NOW", { "$arrayElemAt": [format!("${RECENT}.at"), -1] }] }
+    doc! { "$max": ["$$NOW", { "$let": {
+        "vars": { "last": { "$arrayElemAt": [format!("${RECENT}"), -1] } },
+        "in": "$$last.at",
+    } }] }
 }
 
 /// The stored entry, as an expression: numbered `seq`, made by `kind` of `tx`, adding

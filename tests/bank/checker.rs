@@ -58,10 +58,21 @@
 //! - while a database server was down (from its kill to its restart), no transfer request
 //!   touching its deployment was answered `done` unless as a replay (which reads only the
 //!   source's log), and, across three deployments, transfers between the two others
-//!   were.
+//!   were;
+//! - the ledger ([`ledger`], with the checks of `support::ledger`): during the run, every
+//!   account document agrees with its last entry in each read, and balances asked as of
+//!   a time are kept; at the end, every account's entries are numbered without gaps,
+//!   each the one before plus its changes, the last one the account's amounts and `seq`;
+//!   no step of a transfer is entered twice on an account, nor an undo, a release or a
+//!   capture before its forward step; every transfer has the entries its end calls for,
+//!   with its amounts (a done transfer its debit and its credit, a rollback nothing or
+//!   its debit and its undo, a hold its reservations and their capture or release); the
+//!   latest balances sum to the opening total; every balance asked during the run is what
+//!   the entries say for its moment; and the API answers the stored entries.
 
 pub mod answers;
 pub mod history;
+pub mod ledger;
 pub mod report;
 pub mod requests;
 pub mod stored;
@@ -75,6 +86,7 @@ use transfer_service::domain::{Account, MAX_MONEY, Transfer, TransferId};
 use crate::deployments::{Books, KeyRecord};
 use crate::{STALE_AFTER_MS, SWEEP_INTERVAL_MS};
 use answers::{WhileDown, check_answer, check_hold_winners, check_outage};
+use ledger::LedgerSeen;
 use report::Report;
 use requests::check_requests;
 use stored::{check_balances, check_ends, check_placement, check_reversals};
@@ -102,6 +114,15 @@ impl Checks {
             self.violations
                 .push(format!("[{invariant}] {}", violation()));
         }
+    }
+
+    /// Adds what the ledger's checks found (`support::ledger`, which words its
+    /// violations the same way).
+    pub fn absorb(&mut self, found: support::ledger::Findings) {
+        for (invariant, n) in found.counts {
+            *self.counts.entry(invariant).or_default() += n;
+        }
+        self.violations.extend(found.violations);
     }
 }
 
@@ -284,13 +305,14 @@ pub struct Checked {
 }
 
 /// Every check of the module doc over what the run's end found and what its clients
-/// saw, with what the sampler found during the run. With `same_clock` (the database
-/// servers run on this host) answers about holds are also compared in time with their
-/// `expiresAt`.
+/// saw, with what the sampler found during the run, and the ledger. With `same_clock`
+/// (the database servers run on this host) answers about holds are also compared in
+/// time with their `expiresAt`.
 pub fn check_all(
     report: &Report,
     key_records: &[KeyRecord],
     sampled: Sampled,
+    ledger: &LedgerSeen,
     same_clock: bool,
 ) -> Checked {
     let (layout, history) = (report.layout, report.history);
@@ -313,6 +335,7 @@ pub fn check_all(
         check_answer(answer, &by_id, same_clock, &mut checks);
     }
     check_hold_winners(&history.seen, &by_id, &mut checks);
+    ledger::check(ledger, transfers, &mut checks);
     let unknown = check_requests(layout, transfers, &by_id, key_records, history, &mut checks);
     let while_down = report
         .havoc

@@ -51,7 +51,7 @@
 //! - [`nemesis`]: the faults (killed instances, a database server restarted, the faulty
 //!   network, the skewed clocks, cancels racing the recovery);
 //! - [`checker`]: the history of what the clients saw, the invariants checked (during the
-//!   run and at the end), the report and the verdict;
+//!   run and at the end; the ledger's among them), the report and the verdict;
 //! - [`deployments`]: where the accounts live ([`Layout`]) and the test's own connections
 //!   to read them back ([`Books`]);
 //! - here: the two tests and the run that wires the others together ([`run_bank`]).
@@ -117,6 +117,12 @@ async fn run_bank(layout: Layout) {
     let sampling = CancellationToken::new();
     let sampler = tokio::spawn(checker::sample_accounts(books.clone(), sampling.clone()));
     let mut clients = Clients::start(&instances);
+    let watcher = tokio::spawn(checker::ledger::watch(
+        layout,
+        books.clone(),
+        clients.bases.clone(),
+        sampling.clone(),
+    ));
 
     let nemesis = Nemesis::new(&mut servers, &slots, &mut instances, &clients, &books);
     let mut havoc = nemesis.run(Duration::from_secs(seconds)).await;
@@ -127,6 +133,9 @@ async fn run_bank(layout: Layout) {
     let key_records = books.key_records().await;
     sampling.cancel();
     let sampled = sampler.await.unwrap();
+    let watched = watcher.await.unwrap();
+    // After the transfers `end` holds: the entries are read once they no longer move.
+    let ledger = checker::ledger::read_end(&books, &clients.bases, watched).await;
     let history = clients.history.lock().unwrap();
     let report = Report {
         layout,
@@ -137,10 +146,11 @@ async fn run_bank(layout: Layout) {
         history: &history,
     };
     let happened = report.what_happened(&sampled);
+    checker::ledger::describe(&ledger);
     // The database servers run on this host (their clock is the test's) unless
     // MONGODB_URI is set.
     let same_clock = servers.owned();
-    let checked = checker::check_all(&report, &key_records, sampled, same_clock);
+    let checked = checker::check_all(&report, &key_records, sampled, &ledger, same_clock);
     report.summary(&checked);
     report.verdict(&happened, &checked);
 }

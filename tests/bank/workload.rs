@@ -231,7 +231,7 @@ pub async fn open_accounts(layout: Layout, instances: &[Instance]) {
 }
 
 /// A live instance: its slot and base URL.
-fn live_base(bases: &Bases, rng: &mut impl Rng) -> Option<(usize, String)> {
+pub fn live_base(bases: &Bases, rng: &mut impl Rng) -> Option<(usize, String)> {
     live_base_except(bases, rng, usize::MAX)
 }
 

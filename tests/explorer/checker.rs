@@ -18,9 +18,18 @@
 //! request, `Expired` means `canceled` expired, and an expiry whose sweep expired a hold
 //! means `canceled` expired. A hold left `held` is voided after the check, so that no
 //! later schedule of the worker sees it expire.
+//!
+//! And the ledger of the two accounts (`support::ledger`): entries numbered without gaps,
+//! each the one before plus its changes, the last one the account's amounts and `seq`;
+//! no step of a transfer entered twice on an account, and no undo, release or capture
+//! before its forward step; every transfer's entries those its state calls for, with its
+//! amounts (a done transfer its debit and its credit, a rollback its debit and its undo
+//! or nothing, a hold its reservations and their capture or release); the latest
+//! balances summing to what the two accounts opened with.
 
 use std::collections::HashMap;
 
+use support::ledger::{self, Ledger};
 use transfer_service::domain::{
     Account, AccountId, CancelReason, Transfer, TransferId, TransferState,
 };
@@ -79,6 +88,9 @@ pub struct Run {
     pub trace: Vec<String>,
     pub answers: Vec<(Kind, Answer)>,
     pub violations: Vec<String>,
+    /// Checks of the ledger made at the end, and the entries they read.
+    pub ledger_checks: u64,
+    pub ledger_entries: usize,
 }
 
 impl Run {
@@ -92,9 +104,20 @@ impl Run {
     }
 }
 
-/// Checks the end of a schedule of `scenario`, its two accounts and every transfer
-/// touching them, against what its actors got back; what is wrong goes to `run`.
-pub fn check(scenario: &Scenario, accounts: &[Account; 2], transfers: &[Transfer], run: &mut Run) {
+/// Checks the end of a schedule of `scenario`, its two accounts, their ledger and every
+/// transfer touching them (read before the ledger), against what its actors got back;
+/// what is wrong goes to `run`.
+pub fn check(
+    scenario: &Scenario,
+    accounts: &[Account; 2],
+    transfers: &[Transfer],
+    ledger: &Ledger,
+    run: &mut Run,
+) {
+    let found = ledger::check_ledger(ledger, transfers, 2 * OPENING);
+    run.ledger_checks += found.checked();
+    run.ledger_entries += ledger.entry_count();
+    run.violations.extend(found.violations);
     let v = &mut run.violations;
     check_accounts(scenario, accounts, transfers, v);
     let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::checker::describe;
+use crate::checker::{Run, describe};
 use crate::nemesis::Chooser;
 use crate::scenario::{CrashPoints, LayoutPoints, Prelude, Scenario, random_scenario};
 use crate::worker::Worker;
@@ -28,9 +28,18 @@ pub struct Report {
     /// Schedules run per exhaustive scenario.
     pub per_scenario: Vec<(String, u64, bool)>,
     pub violations: Vec<String>,
+    /// Checks of the ledger over every schedule, and the entries they read.
+    pub ledger_checks: u64,
+    pub ledger_entries: usize,
 }
 
 impl Report {
+    /// Adds the ledger checks of `run`.
+    fn tally(&mut self, run: &Run) {
+        self.ledger_checks += run.ledger_checks;
+        self.ledger_entries += run.ledger_entries;
+    }
+
     /// Prints the schedules run per exhaustive scenario, the totals and every violation.
     pub fn print(&self, preemption_bound: usize, all_points: bool, started: Instant) {
         let mut per = self.per_scenario.clone();
@@ -51,6 +60,10 @@ impl Report {
             if all_points { "all" } else { "write" },
             started.elapsed(),
             self.violations.len()
+        );
+        println!(
+            "ledger: {} checks over {} entries read at the ends of the schedules",
+            self.ledger_checks, self.ledger_entries
         );
         for v in &self.violations {
             println!("VIOLATION {v}");
@@ -167,6 +180,7 @@ async fn work(
                 {
                     let mut r = report.lock().unwrap();
                     r.random += 1;
+                    r.tally(&run);
                     if failed {
                         r.violations.push(describe(&scenario, &run, Some(seed)));
                     }
@@ -179,6 +193,7 @@ async fn work(
                 let run = worker.run(&scenario, &mut Chooser::Fixed(choices)).await;
                 println!("{}", describe(&scenario, &run, None));
                 let mut r = report.lock().unwrap();
+                r.tally(&run);
                 if !run.violations.is_empty() {
                     r.violations.push(describe(&scenario, &run, None));
                 }
@@ -202,6 +217,7 @@ async fn explore_exhaustively(
             .run(scenario, &mut Chooser::Fixed(prefix.clone()))
             .await;
         count += 1;
+        report.lock().unwrap().tally(&run);
         if !run.violations.is_empty() {
             report
                 .lock()

@@ -46,8 +46,9 @@
 //! Each schedule runs from scratch on fresh accounts, in one of `EXPLORE_WORKERS`
 //! databases (schedules of different workers run concurrently). After it, everything is
 //! let finish, and the invariants are checked (conservation, balances from the log, no
-//! fences, at most one reversal, answers that agree with the final state, and for holds
-//! their reservations and who won them; see [`checker`]).
+//! fences, at most one reversal, answers that agree with the final state, for holds
+//! their reservations and who won them, and the ledger's entries, none entered twice;
+//! see [`checker`]).
 //!
 //! A violation prints the schedule as `EXPLORE_REPLAY='<scenario>/<choices>'` (random
 //! ones also as `EXPLORE_SEED=<seed>`) with the points it reached; either variable replays

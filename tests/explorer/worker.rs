@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mongodb::bson::{DateTime, Document, doc};
+use support::ledger::Ledger;
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
     Account, AccountId, DeploymentName, Transfer, TransferFilter, TransferState,
@@ -126,6 +127,16 @@ impl Worker {
         found
     }
 
+    /// Both accounts' ledgers, each read from the deployment that keeps it.
+    async fn ledger_of(&self, accounts: [&str; 2]) -> Ledger {
+        let mut ledger = Ledger::default();
+        for store in &self.stores {
+            let read = support::ledger::read(store.database(), Some(&accounts)).await;
+            ledger.merge(read.expect("read the ledger"));
+        }
+        ledger
+    }
+
     async fn account(&self, id: &str) -> Account {
         let id = AccountId::parse(id).unwrap();
         for store in &self.stores {
@@ -182,7 +193,8 @@ impl Worker {
         self.let_everything_finish(&cleaner, a, b, &mut run).await;
         let accounts = [self.account(a).await, self.account(b).await];
         let transfers = self.transfers_of([a, b]).await;
-        checker::check(scenario, &accounts, &transfers, &mut run);
+        let ledger = self.ledger_of([a, b]).await;
+        checker::check(scenario, &accounts, &transfers, &ledger, &mut run);
         if scenario.hold {
             self.void_holds_left_held(&cleaner, a, b, &mut run).await;
         }

@@ -14,8 +14,10 @@
 //! folder goes at exit too.
 //!
 //! Tests wait for what they cannot be told about through [`eventually`] and
-//! [`poll_until`] ([`poll`]).
+//! [`poll_until`] ([`poll`]). The ledger's guarantees are checked by one module,
+//! [`ledger`], for every binary that moves money.
 
+pub mod ledger;
 pub mod poll;
 pub mod process;
 pub mod proxy;
