@@ -883,3 +883,54 @@ async fn the_balance_without_a_time_includes_an_entry_acknowledged_just_before_t
         );
     }
 }
+
+/// An entry's time never goes back from the account's previous entry, even when the
+/// database's clock does (a clock stepped back, a failover to a member whose clock is
+/// behind, or a write that read `$$NOW` before another landed first): here the last
+/// entry is stamped five seconds ahead of the clock, and each kind of write (alone,
+/// in a group-committed batch, an undo-like pull) must stamp its entry no earlier.
+#[tokio::test]
+async fn an_entrys_time_never_goes_back_from_the_previous_one() {
+    let app = spawn_app().await;
+    alice_and_bob(&app, 1_000, 0).await;
+    // To the millisecond, as stored.
+    let ahead =
+        DateTime::from_timestamp_millis((Utc::now() + TimeDelta::seconds(5)).timestamp_millis())
+            .unwrap();
+    let accounts = app.store.database().collection::<Document>("accounts");
+    for account in ["alice", "bob"] {
+        let stamped = accounts
+            .update_one(
+                doc! { "_id": account },
+                doc! { "$set": { "recentEntries.0.at": mongodb::bson::DateTime::from_chrono(ahead) } },
+            )
+            .await
+            .unwrap();
+        assert_eq!(stamped.modified_count, 1);
+    }
+    // One transfer alone, then several at once (group-committed), then a hold and its
+    // capture (a pull of the marker with the change).
+    done(&app, "alice", "bob", 10).await;
+    let concurrent: Vec<_> = (0..8)
+        .map(|_| {
+            let http = app.http.clone();
+            let url = app.url("/transfers");
+            tokio::spawn(async move {
+                let body = json!({ "source": "alice", "destination": "bob", "amount": 1 });
+                http.post(url).json(&body).send().await.unwrap().status()
+            })
+        })
+        .collect();
+    for task in concurrent {
+        assert_eq!(task.await.unwrap(), 201);
+    }
+    let held = hold(&app, 5).await;
+    post_ok(&app, &format!("/transfers/{held}/capture"), None).await;
+    for account in ["alice", "bob"] {
+        let entries = assert_ledger(&app, account).await;
+        assert!(entries.len() > 10, "{account}: {entries:#?}");
+        for e in &entries {
+            assert!(at(e) >= ahead, "{account}: went back before {ahead}: {e}");
+        }
+    }
+}
