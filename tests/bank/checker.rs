@@ -94,37 +94,9 @@ use stored::{check_balances, check_ends, check_placement, check_reversals};
 /// How often the sampler reads every account during the run.
 const SAMPLE_EVERY_MS: u64 = 200;
 
-/// The invariants checked, each with how many times, and what broke them.
-#[derive(Default)]
-pub struct Checks {
-    pub counts: BTreeMap<&'static str, u64>,
-    pub violations: Vec<String>,
-}
-
-impl Checks {
-    /// Counts one check of `invariant`; records `violation()` when `holds` is false.
-    pub fn check(
-        &mut self,
-        invariant: &'static str,
-        holds: bool,
-        violation: impl FnOnce() -> String,
-    ) {
-        *self.counts.entry(invariant).or_default() += 1;
-        if !holds {
-            self.violations
-                .push(format!("[{invariant}] {}", violation()));
-        }
-    }
-
-    /// Adds what the ledger's checks found (`support::ledger`, which words its
-    /// violations the same way).
-    pub fn absorb(&mut self, found: support::ledger::Findings) {
-        for (invariant, n) in found.counts {
-            *self.counts.entry(invariant).or_default() += n;
-        }
-        self.violations.extend(found.violations);
-    }
-}
+/// The invariants checked, each with how many times, and what broke them: the ledger's
+/// checks (`support::ledger`) and the bank's own are counted and worded alike.
+pub use support::ledger::Findings as Checks;
 
 /// What the sampler checked during the run ([`sample_accounts`]).
 pub struct Sampled {

@@ -225,19 +225,19 @@ pub fn check(seen: &LedgerSeen, transfers: &[Transfer], checks: &mut Checks) {
         ledger.accounts.len() == ACCOUNTS,
         || format!("entries of {:?} read", ledger.accounts.keys()),
     );
-    checks.absorb(ledger::check_ledger(
+    checks.extend(ledger::check_ledger(
         ledger,
         transfers,
         OPENING_BALANCE * ACCOUNTS as i64,
     ));
-    checks.absorb(seen.during.documents.clone());
+    checks.extend(seen.during.documents.clone());
     checks.check(
         "ledger: balances asked during the run",
         !seen.during.balances.is_empty(),
         || "no balance as of a time was answered during the run".into(),
     );
     for asked in &seen.during.balances {
-        checks.absorb(ledger::check_balance_at(ledger, asked));
+        checks.extend(ledger::check_balance_at(ledger, asked));
     }
     for wrong in &seen.during.wrong {
         checks.check("ledger: a balance is answered as one", false, || {
@@ -247,8 +247,8 @@ pub fn check(seen: &LedgerSeen, transfers: &[Transfer], checks: &mut Checks) {
     for (id, answered) in &seen.answered {
         match answered {
             Ok(answered) => {
-                checks.absorb(answered.paging.clone());
-                checks.absorb(ledger::check_same_entries(ledger, id, &answered.entries));
+                checks.extend(answered.paging.clone());
+                checks.extend(ledger::check_same_entries(ledger, id, &answered.entries));
             }
             Err(e) => checks.check(
                 "ledger: the API answers every account's entries",
