@@ -25,6 +25,7 @@ impl Store {
         let stored = AccountDoc {
             seq: 1,
             recent_entries: vec![opening_entry(account.balance, at)],
+            last_entry_at: Some(at),
             ..AccountDoc::from(account)
         };
         self.accounts.insert_one(stored).await?;

@@ -37,7 +37,9 @@ use mongodb::error::ErrorKind;
 use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::entries::{EntryMover, Marker, RECENT, changed_with_entry, entry_expr, entry_time};
+use super::entries::{
+    EntryMover, LAST_AT, Marker, RECENT, changed_with_entry, entry_expr, entry_time,
+};
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::{EntryKind, TransferState};
@@ -492,6 +494,9 @@ fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
             "pendingTransactions": "$_batch.p",
             "seq": "$_batch.s",
             RECENT: { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, "$_batch.e"] },
+            LAST_AT: { "$cond": [
+                { "$gt": [{ "$size": "$_batch.e" }, 0] }, "$_at", format!("${LAST_AT}"),
+            ] },
             "updatedAt": "$$NOW",
         } },
         doc! { "$unset": ["_batch", "_at"] },

@@ -69,10 +69,13 @@ pub struct AccountDoc {
     /// account no migration has given entries yet).
     #[serde(default)]
     pub seq: i64,
-    /// The account's entries not moved to `entries` yet, oldest first, the last one
-    /// always (see `store::entries`); left out of the reads of the account itself.
+    /// The account's entries not moved to `entries` yet, oldest first (see
+    /// `store::entries`); left out of the reads of the account itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_entries: Vec<EntryDoc>,
+    /// The time of the account's last entry, which the next must not precede.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_entry_at: Option<DateTime>,
     pub created_at: DateTime,
     pub updated_at: DateTime,
 }
@@ -280,6 +283,7 @@ impl From<&Account> for AccountDoc {
                 .collect(),
             seq: i64::try_from(a.seq).unwrap_or(i64::MAX),
             recent_entries: Vec::new(),
+            last_entry_at: None,
             created_at: stored_time(a.created_at),
             updated_at: stored_time(a.updated_at),
         }

@@ -11,9 +11,9 @@
 //! - **Then in `entries`** (`{account, seq}` unique), copied there by the
 //!   [`EntryMover`] of the instance that made the change, a few milliseconds later, in
 //!   one `insertMany` for many accounts; once the copies are acknowledged, one
-//!   `updateMany` trims the moved entries out of the account documents. The last entry
-//!   always stays in its account's document (it carries the `at` the next entry must not
-//!   precede, and answers "now" in one read).
+//!   `updateMany` trims the moved entries out of the account documents. What the next
+//!   entry and a read of "now" need of the last one stays in the document anyway: its
+//!   number (`seq`), its amounts (the account's own) and its time (`lastEntryAt`).
 //!
 //! Every entry is thus in the account's document, in `entries`, or in both, at every
 //! moment: an entry leaves the document only after its copy is durable. A reader reads
@@ -61,25 +61,35 @@ const MAX_ACCOUNTS_PER_MOVE: usize = 256;
 const MAX_REMEMBERED: usize = 100_000;
 
 /// An entry as stored, in an account's `recentEntries` and in `entries` (which adds
-/// `account`).
+/// `account`). Its keys are short (`docs/ledger.md` names each): every entry is written
+/// into a document that every later step on the account rewrites until it is moved, so
+/// its bytes are paid on the hot path; the API names them in full.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
 pub struct EntryDoc {
     /// In `entries` only: the account the entry belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
     pub seq: i64,
+    #[serde(rename = "k")]
     pub kind: EntryKind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "tx", default, skip_serializing_if = "Option::is_none")]
     pub transfer_id: Option<ObjectId>,
+    /// The changes: to `balance`, `pendingDebits`, `pendingCredits`.
+    #[serde(rename = "db")]
     pub balance_change: i64,
+    #[serde(rename = "dpd")]
     pub pending_debits_change: i64,
+    #[serde(rename = "dpc")]
     pub pending_credits_change: i64,
+    /// The amounts after it.
+    #[serde(rename = "b")]
     pub balance: i64,
+    #[serde(rename = "pd")]
     pub pending_debits: i64,
+    #[serde(rename = "pc")]
     pub pending_credits: i64,
     pub at: DateTime,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(rename = "cf", default, skip_serializing_if = "std::ops::Not::not")]
     pub carried_forward: bool,
 }
 
@@ -131,20 +141,15 @@ pub(super) fn opening_entry(balance: i64, at: DateTime) -> EntryDoc {
     }
 }
 
+/// The field of an account document that holds the time of its last entry.
+pub(super) const LAST_AT: &str = "lastEntryAt";
+
 /// The time of a new entry, as an expression on the account document: the database's
-/// clock, never before the account's last entry (a clock stepped back, or a failover to
-/// a member whose clock is behind, cannot make entries go back in time; nor can a write
-/// that read `$$NOW` before another landed first).
-///
-/// The last entry's `at` is read through `$let`: SecantusDB does not resolve a path
-/// through an array of documents (`"$recentEntries.at"`), which MongoDB answers with the
-/// array of their times; with it, the `$max` compared with nothing, and the bank test
-/// saw entries on hot accounts go back by a few milliseconds.
+/// clock, never before the account's last entry (`lastEntryAt`): a clock stepped back, a
+/// failover to a member whose clock is behind, or a write that read `$$NOW` before
+/// another landed first cannot make entries go back in time.
 pub(super) fn entry_time() -> Document {
-    doc! { "$max": ["$$NOW", { "$let": {
-        "vars": { "last": { "$arrayElemAt": [format!("${RECENT}"), -1] } },
-        "in": "$$last.at",
-    } }] }
+    doc! { "$max": ["$$NOW", format!("${LAST_AT}")] }
 }
 
 /// The stored entry, as an expression: numbered `seq`, made by `kind` of `tx`, adding
@@ -159,14 +164,14 @@ pub(super) fn entry_expr(
 ) -> Document {
     doc! {
         "seq": seq.into(),
-        "kind": kind.into(),
-        "transferId": tx.into(),
-        "balanceChange": change.balance.clone(),
-        "pendingDebitsChange": change.debits.clone(),
-        "pendingCreditsChange": change.credits.clone(),
-        "balance": after.balance.clone(),
-        "pendingDebits": after.debits.clone(),
-        "pendingCredits": after.credits.clone(),
+        "k": kind.into(),
+        "tx": tx.into(),
+        "db": change.balance.clone(),
+        "dpd": change.debits.clone(),
+        "dpc": change.credits.clone(),
+        "b": after.balance.clone(),
+        "pd": after.debits.clone(),
+        "pc": after.credits.clone(),
         "at": at.into(),
     }
 }
@@ -206,11 +211,12 @@ pub(super) fn changed_with_entry(
     vec![
         doc! { "$set": { "_entry": entry } },
         doc! { "$set": {
-            "balance": "$_entry.balance",
-            "pendingDebits": "$_entry.pendingDebits",
-            "pendingCredits": "$_entry.pendingCredits",
+            "balance": "$_entry.b",
+            "pendingDebits": "$_entry.pd",
+            "pendingCredits": "$_entry.pc",
             "seq": "$_entry.seq",
             RECENT: recent,
+            LAST_AT: "$_entry.at",
             "pendingTransactions": markers,
             "updatedAt": "$$NOW",
         } },
@@ -233,6 +239,16 @@ pub struct EntryPage {
     pub entries: Vec<Entry>,
 }
 
+/// What an account's document says of its ledger, in one read: its last entry's number
+/// and the amounts it left (the account's own), that entry's time, and the entries not
+/// moved yet.
+struct Head {
+    seq: u64,
+    amounts: domain::Amounts,
+    last_at: Option<Timestamp>,
+    recent: Vec<Entry>,
+}
+
 impl Store {
     /// The entries of `account` numbered after `after`, oldest first, at most `limit`;
     /// `None` when the account does not exist.
@@ -244,17 +260,16 @@ impl Store {
     ) -> StoreResult<Option<Vec<Entry>>> {
         // The document first: an entry trimmed from it before this read was copied to
         // `entries` before that, so the read of `entries` below finds it.
-        let Some(recent) = self.recent_entries(account).await? else {
+        let Some(head) = self.head(account).await? else {
             return Ok(None);
         };
         let limit = limit as usize;
-        let first_recent = recent.first().map_or(u64::MAX, |e| e.seq);
+        let first_recent = head.recent.first().map_or(head.seq + 1, |e| e.seq);
         let mut found = Vec::with_capacity(limit.min(1024));
         if after + 1 < first_recent {
-            let seq_below = i64::try_from(first_recent).unwrap_or(i64::MAX);
             let filter = doc! {
                 "account": account.as_str(),
-                "seq": { "$gt": seq_i64(after), "$lt": seq_below },
+                "seq": { "$gt": seq_i64(after), "$lt": seq_i64(first_recent) },
             };
             let options = FindOptions::builder()
                 .sort(doc! { "seq": 1 })
@@ -272,7 +287,7 @@ impl Store {
                 found.push(e.into_domain(account)?);
             }
         }
-        for e in recent {
+        for e in head.recent {
             if found.len() >= limit {
                 break;
             }
@@ -291,7 +306,7 @@ impl Store {
         account: &AccountId,
         at: Timestamp,
     ) -> StoreResult<Option<BalanceAt>> {
-        let Some(recent) = self.recent_entries(account).await? else {
+        let Some(head) = self.head(account).await? else {
             return Ok(None);
         };
         let as_of = |e: Option<&Entry>| BalanceAt {
@@ -301,9 +316,17 @@ impl Store {
             amounts: e.map(|e| e.after).unwrap_or_default(),
         };
         // `at` never goes back along an account's entries: the last at or before the
-        // moment is in the document when the document's first is.
-        if recent.first().is_some_and(|e| e.at <= at) {
-            return Ok(Some(as_of(recent.iter().rev().find(|e| e.at <= at))));
+        // moment is the last of all when that one is, and in the document when the
+        // document's first is.
+        if head.last_at.is_some_and(|last| last <= at) {
+            return Ok(Some(BalanceAt {
+                seq: head.seq,
+                amounts: head.amounts,
+                ..as_of(None)
+            }));
+        }
+        if head.recent.first().is_some_and(|e| e.at <= at) {
+            return Ok(Some(as_of(head.recent.iter().rev().find(|e| e.at <= at))));
         }
         let options = FindOptions::builder()
             .sort(doc! { "at": -1, "seq": -1 })
@@ -325,50 +348,69 @@ impl Store {
         Ok(Some(as_of(last.as_ref())))
     }
 
-    /// `account`'s amounts now: after its last entry, always in its document (an entry
-    /// that landed after a lower bound of the database's clock was read belongs to "now"
-    /// too, so the answer is the last entry, not one as of `now`). `at` is `now`, or the
-    /// last entry's time if later. `None` when the account does not exist.
+    /// `account`'s amounts now: after its last entry, which are the account's own (an
+    /// entry that landed after a lower bound of the database's clock was read belongs to
+    /// "now" too, so the answer is the account as read, not as of `now`). `at` is `now`,
+    /// or the last entry's time if later. `None` when the account does not exist.
     pub async fn current_balance(
         &self,
         account: &AccountId,
         now: Timestamp,
     ) -> StoreResult<Option<BalanceAt>> {
-        let Some(recent) = self.recent_entries(account).await? else {
-            return Ok(None);
-        };
-        let last = recent.last();
-        Ok(Some(BalanceAt {
+        Ok(self.head(account).await?.map(|head| BalanceAt {
             account: account.clone(),
-            at: last.map_or(now, |e| e.at.max(now)),
-            seq: last.map_or(0, |e| e.seq),
-            amounts: last.map(|e| e.after).unwrap_or_default(),
+            at: head.last_at.map_or(now, |last| last.max(now)),
+            seq: head.seq,
+            amounts: head.amounts,
         }))
     }
 
-    /// The entries still in `account`'s document, oldest first; `None` when the account
-    /// does not exist.
-    async fn recent_entries(&self, account: &AccountId) -> StoreResult<Option<Vec<Entry>>> {
+    /// What `account`'s document says of its ledger; `None` when the account does not
+    /// exist.
+    async fn head(&self, account: &AccountId) -> StoreResult<Option<Head>> {
         #[derive(Deserialize)]
-        struct Recent {
-            #[serde(rename = "recentEntries", default)]
-            recent: Vec<EntryDoc>,
+        #[serde(rename_all = "camelCase")]
+        struct Stored {
+            #[serde(default)]
+            seq: i64,
+            balance: i64,
+            #[serde(default)]
+            pending_debits: i64,
+            #[serde(default)]
+            pending_credits: i64,
+            last_entry_at: Option<DateTime>,
+            #[serde(default)]
+            recent_entries: Vec<EntryDoc>,
         }
         let found = self
             .accounts
-            .clone_with_type::<Recent>()
+            .clone_with_type::<Stored>()
             .find_one(doc! { "_id": account.as_str() })
-            .projection(doc! { RECENT: 1 })
+            .projection(doc! {
+                "seq": 1, "balance": 1, "pendingDebits": 1, "pendingCredits": 1,
+                LAST_AT: 1, RECENT: 1,
+            })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        found
-            .map(|r| {
-                r.recent
-                    .into_iter()
-                    .map(|e| e.into_domain(account))
-                    .collect()
-            })
-            .transpose()
+        let Some(d) = found else { return Ok(None) };
+        let seq = u64::try_from(d.seq).map_err(|_| {
+            StoreError::Other(format!("account {account}: stored seq {}", d.seq).into())
+        })?;
+        let recent = d
+            .recent_entries
+            .into_iter()
+            .map(|e| e.into_domain(account))
+            .collect::<StoreResult<Vec<Entry>>>()?;
+        Ok(Some(Head {
+            seq,
+            amounts: domain::Amounts {
+                balance: d.balance,
+                pending_debits: d.pending_debits,
+                pending_credits: d.pending_credits,
+            },
+            last_at: d.last_entry_at.map(|at| at.to_chrono()),
+            recent,
+        }))
     }
 
     /// Tells this store's [`EntryMover`] that `accounts` have new entries.
@@ -487,8 +529,8 @@ async fn move_entries_until_dropped(
     }
 }
 
-/// One round: copy every entry but the last of each account in `ids` to `entries`,
-/// then trim what was copied out of the documents.
+/// One round: copy every entry of each account in `ids` to `entries`, then trim what
+/// was copied out of the documents.
 pub async fn move_entries(
     accounts: &Collection<Document>,
     entries: &Collection<EntryDoc>,
@@ -503,7 +545,7 @@ pub async fn move_entries(
     }
     let found: Vec<Recent> = accounts
         .clone_with_type::<Recent>()
-        .find(doc! { "_id": { "$in": ids }, "recentEntries.1": { "$exists": true } })
+        .find(doc! { "_id": { "$in": ids }, "recentEntries.0": { "$exists": true } })
         .projection(doc! { RECENT: 1 })
         .max_time(super::READ_TIME_LIMIT)
         .await?
@@ -512,13 +554,10 @@ pub async fn move_entries(
     let mut copies = Vec::new();
     let mut moved_up_to: HashMap<String, i64> = HashMap::new();
     for account in found {
-        let Some((_last, older)) = account.recent.split_last() else {
+        let Some(up_to) = account.recent.last().map(|e| e.seq) else {
             continue;
         };
-        let Some(up_to) = older.last().map(|e| e.seq) else {
-            continue;
-        };
-        for e in older {
+        for e in &account.recent {
             copies.push(EntryDoc {
                 account: Some(account.id.clone()),
                 ..e.clone()
@@ -532,7 +571,7 @@ pub async fn move_entries(
     let count = copies.len();
     insert_ignoring_copies(entries, &copies).await?;
     // Only what is now durably in `entries` leaves a document: entries numbered up to
-    // what was copied, never the last. Safe to repeat, and safe to land late: what it
+    // what was copied. Safe to repeat, and safe to land late: what it
     // removes is in `entries` for ever.
     let branches: Vec<Document> = moved_up_to
         .iter()

@@ -49,7 +49,7 @@ pub enum AtomicOutcome {
 }
 
 /// Entries a native transaction lets gather in an account document before it moves them
-/// to `entries` itself (see [`Store::atomic_change`]'s doc).
+/// (all of them, each now in `entries`) out of it itself (see [`Store::atomic_change`]'s doc).
 const NATIVE_MOVE_AFTER: usize = 16;
 
 /// The callback's own error: the time limit passed before a new run of the transaction
@@ -221,15 +221,15 @@ impl Store {
             account: Some(id.clone()),
             ..e.clone()
         };
-        let Some((entry, older)) = recent.split_last() else {
+        let Some(entry) = recent.last() else {
             return Ok(true);
         };
         self.entries
             .insert_one(with_account(entry))
             .session(&mut *session)
             .await?;
-        if older.len() >= NATIVE_MOVE_AFTER {
-            let seqs: Vec<i64> = older.iter().map(|e| e.seq).collect();
+        if recent.len() >= NATIVE_MOVE_AFTER {
+            let seqs: Vec<i64> = recent.iter().map(|e| e.seq).collect();
             let copied: Vec<i64> = self
                 .entries
                 .clone_with_type::<Document>()
@@ -241,7 +241,7 @@ impl Store {
                 .try_filter_map(|d| async move { Ok(d.get_i64("seq").ok()) })
                 .try_collect()
                 .await?;
-            let missing: Vec<EntryDoc> = older
+            let missing: Vec<EntryDoc> = recent
                 .iter()
                 .filter(|e| !copied.contains(&e.seq))
                 .map(with_account)
@@ -252,9 +252,8 @@ impl Store {
                     .session(&mut *session)
                     .await?;
             }
-            let up_to = older.last().map_or(0, |e| e.seq);
             self.accounts
-                .update_one(doc! { "_id": &id }, trimmed(up_to))
+                .update_one(doc! { "_id": &id }, trimmed(entry.seq))
                 .session(&mut *session)
                 .await?;
         }
