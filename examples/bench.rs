@@ -1,5 +1,5 @@
 //! The benchmark: `cargo run --release --example bench [-- --quick] [--out DIR]
-//! [--parts limit,twophase,native,seed,overload,storm,holds,deployments]
+//! [--parts limit,twophase,native,seed,overload,storm,holds,deployments,ledger]
 //! [--admission-wait-ms N]`.
 //!
 //! In one run, against one database server started for it (a SecantusDB daemon with
@@ -22,7 +22,13 @@
 //! 7. holds: plain transfers, holds created and holds captured per second and their
 //!    latency, side by side at each concurrency (money conserved, no reservation left);
 //! 8. deployments: transfers within one deployment and across two (a second SecantusDB
-//!    daemon), per second, their latency and the database commands each costs.
+//!    daemon), per second, their latency and the database commands each costs;
+//! 9. the ledger: a statement of 1,000 entries and a balance as of a past time, read
+//!    right after the transfers that made them, once the entry mover has moved them, and
+//!    with all of them in the account's document; and what an entry costs in bytes.
+//!
+//! Each closed-loop point of parts 2 and 3 also reports what the database did per
+//! transfer, from its own counters: commands by name, documents written, journal bytes.
 //!
 //! It writes `results.json`, `results.md` and `plot.svg` into the results folder
 //! (default `results/<UTC timestamp>`) and prints the Markdown at the end.
@@ -33,6 +39,8 @@ mod deployments;
 mod driver;
 #[path = "bench/holds.rs"]
 mod holds;
+#[path = "bench/ledger.rs"]
+mod ledger;
 #[path = "bench/limit.rs"]
 mod limit;
 #[path = "bench/overload.rs"]
@@ -47,6 +55,8 @@ mod service;
 mod stats;
 #[path = "bench/storm.rs"]
 mod storm;
+#[path = "bench/work.rs"]
+mod work;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -57,6 +67,7 @@ use mongodb::bson::doc;
 
 use crate::deployments::DeploymentsPlan;
 use crate::holds::HoldsPlan;
+use crate::ledger::LedgerPlan;
 use crate::limit::LimitPlan;
 use crate::overload::OverloadPlan;
 use crate::procs::{Daemon, project_root};
@@ -74,6 +85,7 @@ enum Part {
     Storm,
     Holds,
     Deployments,
+    Ledger,
 }
 
 /// Measures the database's limit, the service's two strategies and the seed scenario.
@@ -91,7 +103,7 @@ struct Cli {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "limit,twophase,native,seed,overload,storm,holds,deployments"
+        default_value = "limit,twophase,native,seed,overload,storm,holds,deployments,ledger"
     )]
     parts: Vec<Part>,
     /// `ADMISSION_WAIT_MS` for the services of the overload and storm parts (unset: the
@@ -119,6 +131,7 @@ struct Plans {
     storm: StormPlan,
     holds: HoldsPlan,
     deployments: DeploymentsPlan,
+    ledger: LedgerPlan,
 }
 
 fn plans(quick: bool, concurrencies: &[usize], admission_wait_ms: Option<u64>) -> Plans {
@@ -199,6 +212,16 @@ fn plans(quick: bool, concurrencies: &[usize], admission_wait_ms: Option<u64>) -
             accounts_per_deployment: if quick { 50 } else { 500 },
             opening_balance: 1_000_000_000_000,
             amount: 1,
+        },
+        ledger: LedgerPlan {
+            transfers: 1000,
+            sources: 8,
+            in_flight: 32,
+            reads: if quick { 20 } else { 200 },
+            page: 1000,
+            opening_balance: 1_000_000_000_000,
+            amount: 1,
+            settle_timeout_s: 10.0,
         },
     }
 }
@@ -292,7 +315,8 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         || wants(Part::Overload)
         || wants(Part::Storm)
         || wants(Part::Holds)
-        || wants(Part::Deployments);
+        || wants(Part::Deployments)
+        || wants(Part::Ledger);
     let server_binary = if needs_server {
         let t = Instant::now();
         match tokio::task::spawn_blocking(procs::build_server)
@@ -469,6 +493,13 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         deployments_result = Some(deployments::run(ctx, &plans.deployments).await);
         part_seconds.push(("deployments".to_owned(), t.elapsed().as_secs_f64()));
     }
+    // Part 9.
+    let mut ledger_result = None;
+    if let (Some(ctx), true) = (&ctx, wants(Part::Ledger)) {
+        let t = Instant::now();
+        ledger_result = Some(ledger::run(ctx, &plans.ledger).await);
+        part_seconds.push(("ledger".to_owned(), t.elapsed().as_secs_f64()));
+    }
     let mut violations = overload_result
         .as_ref()
         .map_or_else(Vec::new, overload::OverloadResult::violations);
@@ -486,6 +517,11 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         deployments_result
             .as_ref()
             .map_or_else(Vec::new, deployments::DeploymentsResult::violations),
+    );
+    violations.extend(
+        ledger_result
+            .as_ref()
+            .map_or_else(Vec::new, ledger::LedgerResult::violations),
     );
 
     notes.push(
@@ -530,6 +566,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         storm: storm_result,
         holds: holds_result,
         deployments: deployments_result,
+        ledger: ledger_result,
         part_seconds,
         total_seconds: clock.elapsed().as_secs_f64(),
         notes,
@@ -553,7 +590,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
     );
     if !violations.is_empty() {
         eprintln!(
-            "bench: {} VIOLATION(S) (money, markers, accepted transfers or holds):",
+            "bench: {} VIOLATION(S) (money, markers, accepted transfers, holds or the ledger):",
             violations.len()
         );
         for v in &violations {

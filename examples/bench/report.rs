@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::deployments::DeploymentsResult;
 use crate::holds::HoldsResult;
+use crate::ledger::LedgerResult;
 use crate::limit::LimitResult;
 use crate::overload::{OverloadResult, answers_brief};
 use crate::service::{ClosedPlan, Point, SeedPlan, StrategyResult};
@@ -77,6 +78,8 @@ pub struct Results {
     /// Part 7, when it ran.
     pub holds: Option<HoldsResult>,
     pub deployments: Option<DeploymentsResult>,
+    /// Part 9, when it ran.
+    pub ledger: Option<LedgerResult>,
     /// Wall-clock seconds of each part in the order run (build, limit, two-phase, native;
     /// a strategy's time includes its seed scenario, which is also listed alone).
     pub part_seconds: Vec<(String, f64)>,
@@ -320,6 +323,7 @@ pub fn markdown(r: &Results) -> String {
             num(best(native, "hot")),
         );
     }
+    work_section(&mut md, r);
     for s in &r.strategies {
         if !s.available {
             let _ = writeln!(
@@ -449,6 +453,9 @@ pub fn markdown(r: &Results) -> String {
     if let Some(d) = &r.deployments {
         deployments_section(&mut md, d);
     }
+    if let Some(l) = &r.ledger {
+        ledger_section(&mut md, l);
+    }
 
     // Failures.
     let mut failure_lines = Vec::new();
@@ -531,6 +538,162 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(md, "- {note}");
     }
     md
+}
+
+fn work_section(md: &mut String, r: &Results) {
+    let points: Vec<(&str, &Point)> = r
+        .strategies
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| (s.strategy.as_str(), p)))
+        .collect();
+    if points.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "### What the database did per transfer
+
+From the database's own counters (`serverStatus`), over each point's warm-up and window, divided by the transfers answered: data commands (whoever sent them: the requests' writes, group commit's batches, the ledger's entry mover), documents inserted plus updated, journal (`log bytes written`) and its flushes; the service's count of ledger entries moved; the CPU of the service and of the database daemon.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| strategy | workload | c | tx/s | commands | by command | documents written | journal bytes | journal syncs | entries moved | service CPU ms | database CPU ms |\n|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+    );
+    let opt = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.3}"));
+    for (strategy, p) in points {
+        let w = &p.work;
+        let by_name: Vec<String> = w
+            .commands_by_name_per_transfer
+            .iter()
+            .map(|(name, v)| format!("{name} {v:.3}"))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {strategy} | {} | {} | {} | {:.3} | {} | {:.2} | {} | {:.3} | {} | {} | {} |",
+            p.workload,
+            p.measured.concurrency,
+            num(p.measured.units_per_s),
+            w.commands_per_transfer,
+            by_name.join(", "),
+            w.documents_written_per_transfer,
+            num(w.journal_bytes_per_transfer),
+            w.journal_syncs_per_transfer,
+            w.entries_moved_per_transfer
+                .map_or("–".into(), |v| format!("{v:.2}")),
+            opt(w.service_cpu_ms_per_transfer),
+            opt(w.database_cpu_ms_per_transfer),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nWhere the database's time went (`top` of the service's database), per transfer: the time its collections' writes took (`writeLock`, waits for the journal included), and that time over the point's wall-clock time (writes in flight on average), and operations × microseconds by collection and kind, the costliest first (a write command counts once, however many documents it writes).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| strategy | workload | c | write lock µs | writes in flight | by collection and kind |\n|---|---|---:|---:|---:|---|"
+    );
+    for s in &r.strategies {
+        for p in &s.points {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} | {:.2} | {} |",
+                s.strategy,
+                p.workload,
+                p.measured.concurrency,
+                p.work.write_lock_us_per_transfer,
+                p.work.writes_in_flight,
+                p.work.time_by_operation(),
+            );
+        }
+    }
+    let _ = writeln!(md);
+}
+
+fn ledger_section(md: &mut String, l: &LedgerResult) {
+    let _ = writeln!(
+        md,
+        "## Ledger: a statement of 1,000 entries, and what an entry costs\n"
+    );
+    if !l.available {
+        let reason = l.unavailable_reason.as_deref().unwrap_or("unknown");
+        let _ = writeln!(md, "Not measured: {reason}.\n");
+        return;
+    }
+    let plan = &l.plan;
+    let _ = writeln!(
+        md,
+        "One account received {} credits through the API from {} funded accounts, {} in flight: {} done in {:.1} s ({} failed); it then had {} entries. Then, one request after the other, {} reads of `GET /accounts/{{id}}/entries?limit={}` (each checked: {} entries numbered from 1) and {} of `GET /accounts/{{id}}/balance?at=` (the time of the page's middle entry; checked against the page). In three states: right after the credits (the entries not yet moved in the account's document: their number at the first read and at the last is in the table); once the entry mover had moved them, leaving at most one in the document ({}); and with all of the account's entries put back into its document, directly in the database (what an instance killed before moving them leaves). Latency in ms.\n",
+        num(plan.transfers as f64),
+        plan.sources,
+        plan.in_flight,
+        num(l.transfers_done as f64),
+        l.transfers_s,
+        l.transfers_failed.total,
+        num(l.entries as f64),
+        plan.reads,
+        plan.page,
+        num(plan.page as f64),
+        plan.reads,
+        l.waited_for_mover_s.map_or(
+            "which it had not done within the time allowed".into(),
+            |s| format!("after the first reads, {s:.2} s more")
+        ),
+    );
+    let _ = writeln!(
+        md,
+        "| state | entries in the document (first read, last read) | statement p50 | p99 | max | body KiB | balance at p50 | p99 | max | wrong answers |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let lat = |x: &Option<crate::stats::Latency>, f: fn(&crate::stats::Latency) -> f64| {
+        num(x.as_ref().map_or(f64::NAN, f))
+    };
+    for s in &l.series {
+        let _ = writeln!(
+            md,
+            "| {} | {}, {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s.state,
+            s.in_document_before,
+            s.in_document_after,
+            lat(&s.statement, |x| x.p50_ms),
+            lat(&s.statement, |x| x.p99_ms),
+            lat(&s.statement, |x| x.max_ms),
+            num(s.statement_body_bytes as f64 / 1024.0),
+            lat(&s.balance, |x| x.p50_ms),
+            lat(&s.balance, |x| x.p99_ms),
+            lat(&s.balance, |x| x.max_ms),
+            s.wrong.total,
+        );
+    }
+    if let Some(b) = &l.bytes {
+        let indexes: Vec<String> = b
+            .index_sizes_bytes
+            .iter()
+            .map(|(name, v)| format!("`{name}` {}", num(*v as f64)))
+            .collect();
+        let _ = writeln!(
+            md,
+            "\nBytes, as the database reports them: an entry in `entries` is {:.0} B (`$bsonSize`, {} of the account's, {} to {} B; `collStats`: {} documents, {} B on average, {} B in all), and its index entries {:.0} B more ({} B of indexes: {}). Waiting in the account's document, one entry more makes it {} B larger ({} B against {} B, the document once the mover moved what it moves); with all {} of its entries in it the document is {} B, {:.0} B an entry. Without the ledger's fields (`seq`, `recentEntries`, `lastEntryAt`), as before the ledger, the document would be {} B.\n",
+            b.entry_document_avg_bytes,
+            num(b.entry_documents as f64),
+            b.entry_document_min_bytes,
+            b.entry_document_max_bytes,
+            num(b.collection_count as f64),
+            num(b.collection_avg_obj_size_bytes),
+            num(b.collection_size_bytes as f64),
+            b.index_bytes_per_entry,
+            num(b.total_index_size_bytes as f64),
+            indexes.join(", "),
+            b.entry_in_document_bytes,
+            num(b.account_document_plus_one_bytes as f64),
+            num(b.account_document_bytes as f64),
+            num(l.entries as f64),
+            b.account_document_all_in_bytes
+                .map_or("–".into(), |v| num(v as f64)),
+            b.entry_in_document_avg_bytes.unwrap_or(f64::NAN),
+            b.account_document_without_ledger_bytes,
+        );
+    } else if let Some(e) = &l.bytes_error {
+        let _ = writeln!(md, "\nBytes not measured: {e}\n");
+    }
 }
 
 fn holds_section(md: &mut String, h: &HoldsResult) {

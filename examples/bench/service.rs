@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::driver::{Measured, OpenMeasured, Outcome, closed_loop, open_loop};
 use crate::procs::{ProcSample, Server, StartError, reset_peak_rss, sample};
+use crate::work::{Work, snapshot};
 
 /// Everything a strategy run needs from the benchmark.
 pub struct Context {
@@ -65,6 +66,8 @@ pub struct Point {
     /// `uniform` or `hot`.
     pub workload: &'static str,
     pub measured: Measured,
+    /// What the database did for the load, per transfer (its own counters).
+    pub work: Work,
 }
 
 /// Part 5 for the closed-loop run of one server process.
@@ -394,6 +397,9 @@ pub async fn run_strategy(
                 for &c in &plan.concurrencies {
                     let (http, url, ids) = (ctx.http.clone(), Arc::clone(&url), Arc::clone(ids));
                     let amount = plan.amount;
+                    let (base, daemon) = (&server.base, ctx.daemon_pid);
+                    let counted =
+                        snapshot(&ctx.mongo, &database, &ctx.http, base, pid, daemon).await;
                     let measured = closed_loop(
                         c,
                         Duration::from_secs_f64(plan.warmup_s),
@@ -415,6 +421,9 @@ pub async fn run_strategy(
                         },
                     )
                     .await;
+                    let work = snapshot(&ctx.mongo, &database, &ctx.http, base, pid, daemon)
+                        .await
+                        .since(&counted, measured.sent);
                     transfers += measured.sent;
                     eprintln!(
                         "[{strategy}] {workload:<7} c={c:<3} {:>8.1} transfers/s  p50 {:>7.1} p95 {:>7.1} p99 {:>7.1} ms  failed: {}",
@@ -424,7 +433,19 @@ pub async fn run_strategy(
                         measured.latency.as_ref().map_or(f64::NAN, |l| l.p99_ms),
                         measured.failures.brief(),
                     );
-                    result.points.push(Point { workload, measured });
+                    eprintln!(
+                        "[{strategy}] {workload:<7} c={c:<3} per transfer: {}",
+                        work.brief()
+                    );
+                    eprintln!(
+                        "[{strategy}] {workload:<7} c={c:<3} database time per transfer: {}",
+                        work.brief_time()
+                    );
+                    result.points.push(Point {
+                        workload,
+                        measured,
+                        work,
+                    });
                 }
             }
             let after = sample(pid);
