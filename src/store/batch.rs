@@ -487,20 +487,27 @@ fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
                 "$$value",
             ] },
         } } } },
-        doc! { "$set": {
-            "balance": "$_batch.b",
-            "pendingDebits": "$_batch.pd",
-            "pendingCredits": "$_batch.pc",
-            "pendingTransactions": "$_batch.p",
-            "seq": "$_batch.s",
-            RECENT: { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, "$_batch.e"] },
-            LAST_AT: { "$cond": [
-                { "$gt": [{ "$size": "$_batch.e" }, 0] }, "$_at", format!("${LAST_AT}"),
-            ] },
-            "updatedAt": "$$NOW",
-        } },
+        batch_results(),
         doc! { "$unset": ["_batch", "_at"] },
     ]
+}
+
+/// The stage that stores what the `$reduce` of [`batched_changes`] left in `_batch`: the
+/// amounts, the markers, the last entry's number, the entries appended and, if any was,
+/// their time.
+fn batch_results() -> Document {
+    doc! { "$set": {
+        "balance": "$_batch.b",
+        "pendingDebits": "$_batch.pd",
+        "pendingCredits": "$_batch.pc",
+        "pendingTransactions": "$_batch.p",
+        "seq": "$_batch.s",
+        RECENT: { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, "$_batch.e"] },
+        LAST_AT: { "$cond": [
+            { "$gt": [{ "$size": "$_batch.e" }, 0] }, "$_at", format!("${LAST_AT}"),
+        ] },
+        "updatedAt": "$$NOW",
+    } }
 }
 
 /// A batch of one: the tutorial's guarded `updateOne`, whose result says whether it took

@@ -217,47 +217,62 @@ impl Store {
         let Some(Recent { id, recent }) = changed else {
             return Ok(false);
         };
-        let with_account = |e: &EntryDoc| EntryDoc {
-            account: Some(id.clone()),
-            ..e.clone()
-        };
         let Some(entry) = recent.last() else {
             return Ok(true);
         };
         self.entries
-            .insert_one(with_account(entry))
+            .insert_one(EntryDoc {
+                account: Some(id.clone()),
+                ..entry.clone()
+            })
             .session(&mut *session)
             .await?;
         if recent.len() >= NATIVE_MOVE_AFTER {
-            let seqs: Vec<i64> = recent.iter().map(|e| e.seq).collect();
-            let copied: Vec<i64> = self
-                .entries
-                .clone_with_type::<Document>()
-                .find(doc! { "account": &id, "seq": { "$in": &seqs } })
-                .projection(doc! { "seq": 1 })
-                .session(&mut *session)
-                .await?
-                .stream(&mut *session)
-                .try_filter_map(|d| async move { Ok(d.get_i64("seq").ok()) })
-                .try_collect()
-                .await?;
-            let missing: Vec<EntryDoc> = recent
-                .iter()
-                .filter(|e| !copied.contains(&e.seq))
-                .map(with_account)
-                .collect();
-            if !missing.is_empty() {
-                self.entries
-                    .insert_many(missing)
-                    .session(&mut *session)
-                    .await?;
-            }
-            self.accounts
-                .update_one(doc! { "_id": &id }, trimmed(entry.seq))
+            self.move_in_transaction(session, &id, &recent).await?;
+        }
+        Ok(true)
+    }
+
+    /// Moves `recent`, the entries in account `id`'s document, out of it within the
+    /// session's transaction: copies those `entries` lacks, then trims them all.
+    async fn move_in_transaction(
+        &self,
+        session: &mut ClientSession,
+        id: &str,
+        recent: &[EntryDoc],
+    ) -> mongodb::error::Result<()> {
+        let seqs: Vec<i64> = recent.iter().map(|e| e.seq).collect();
+        let copied: Vec<i64> = self
+            .entries
+            .clone_with_type::<Document>()
+            .find(doc! { "account": id, "seq": { "$in": &seqs } })
+            .projection(doc! { "seq": 1 })
+            .session(&mut *session)
+            .await?
+            .stream(&mut *session)
+            .try_filter_map(|d| async move { Ok(d.get_i64("seq").ok()) })
+            .try_collect()
+            .await?;
+        let missing: Vec<EntryDoc> = recent
+            .iter()
+            .filter(|e| !copied.contains(&e.seq))
+            .map(|e| EntryDoc {
+                account: Some(id.to_owned()),
+                ..e.clone()
+            })
+            .collect();
+        if !missing.is_empty() {
+            self.entries
+                .insert_many(missing)
                 .session(&mut *session)
                 .await?;
         }
-        Ok(true)
+        let up_to = recent.last().map_or(0, |e| e.seq);
+        self.accounts
+            .update_one(doc! { "_id": id }, trimmed(up_to))
+            .session(&mut *session)
+            .await?;
+        Ok(())
     }
 
     async fn account_exists(
