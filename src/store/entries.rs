@@ -413,6 +413,20 @@ impl Store {
         }))
     }
 
+    /// Stops this store's [`EntryMover`] (every clone's): native transactions change its
+    /// accounts and move their entries themselves (see [`EntryMover`]'s `enabled`).
+    pub fn stop_moving_entries(&self) {
+        let mover = &self.batches.entry_mover;
+        mover
+            .enabled
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        mover
+            .touched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     /// Tells this store's [`EntryMover`] that `accounts` have new entries.
     pub(super) fn entries_added<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
         self.batches.entry_mover.touched(accounts);
@@ -447,6 +461,11 @@ fn check_numbered(account: &AccountId, after: u64, found: &[Entry]) -> StoreResu
 /// `updateMany`), holding one of the group-commit writer slots like any batch.
 pub struct EntryMover {
     touched: Mutex<BTreeSet<String>>,
+    /// False once native transactions change the accounts (`TRANSFER_STRATEGY=native`):
+    /// a write of the mover from outside them, on an account one of them holds, can
+    /// stall them both (SecantusDB runs one write command at a time; the mover's waits
+    /// for the transaction, which cannot commit), and they move their entries themselves.
+    enabled: std::sync::atomic::AtomicBool,
 }
 
 impl EntryMover {
@@ -454,6 +473,7 @@ impl EntryMover {
     pub(super) fn start(db: &Database, slots: Option<Arc<Semaphore>>) -> Arc<EntryMover> {
         let mover = Arc::new(EntryMover {
             touched: Mutex::new(BTreeSet::new()),
+            enabled: std::sync::atomic::AtomicBool::new(true),
         });
         let weak = Arc::downgrade(&mover);
         let accounts: Collection<Document> = db.collection("accounts");
@@ -463,6 +483,9 @@ impl EntryMover {
     }
 
     fn touched<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
+        if !self.enabled.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
         for account in accounts {
             if touched.len() >= MAX_REMEMBERED {
@@ -651,6 +674,7 @@ mod tests {
     fn the_mover_remembers_each_account_once_up_to_its_bound_and_hands_out_rounds() {
         let mover = EntryMover {
             touched: Mutex::new(BTreeSet::new()),
+            enabled: std::sync::atomic::AtomicBool::new(true),
         };
         mover.touched(["b", "a", "b"]);
         assert_eq!(mover.take(), vec!["a".to_owned(), "b".to_owned()]);
