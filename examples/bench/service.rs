@@ -269,11 +269,19 @@ async fn insert_seed_accounts(
 /// An account as the service stores it (docs/protocol.md's schema: `balance` an Int64, no
 /// pending transfers), for inserting many at once.
 pub fn account_document(id: &str, balance: i64, now: DateTime) -> Document {
+    // Opened as the service opens one: its ledger's first entry, `opened`
+    // (docs/ledger.md; the stored entry's short keys).
     doc! {
         "_id": id,
         "balance": balance,
         "currency": "USD",
         "pendingTransactions": [],
+        "seq": 1_i64,
+        "lastEntryAt": now,
+        "recentEntries": [{
+            "seq": 1_i64, "k": "opened", "db": balance, "dpd": 0_i64, "dpc": 0_i64,
+            "b": balance, "pd": 0_i64, "pc": 0_i64, "at": now,
+        }],
         "createdAt": now,
         "updatedAt": now,
     }
