@@ -233,12 +233,6 @@ pub(super) fn trimmed(up_to: impl Into<Bson>) -> Vec<Document> {
     } } } }]
 }
 
-/// A page of an account's entries, oldest first.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EntryPage {
-    pub entries: Vec<Entry>,
-}
-
 /// What an account's document says of its ledger, in one read: its last entry's number
 /// and the amounts it left (the account's own), that entry's time, and the entries not
 /// moved yet.
