@@ -321,7 +321,7 @@ impl Store {
             .accounts
             .update_one(
                 doc! { "_id": account.as_str(), "pendingTransactions": tx },
-                changed_with_entry(kind, tx, &change, Marker::Pull),
+                changed_with_entry(kind, tx, &change, Marker::Pull, self.entries_moved(account)),
             )
             .await?;
         let changed = result.modified_count == 1;

@@ -38,7 +38,7 @@ use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::entries::{
-    EntryMover, LAST_AT, Marker, RECENT, changed_with_entry, entry_expr, entry_time,
+    EntryMover, LAST_AT, Marker, Moved, RECENT, changed_with_entry, entry_expr, entry_time, kept,
 };
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
@@ -195,6 +195,7 @@ impl Batches {
         let transactions: Collection<TransferDoc> = db.collection("transactions");
         let accounts: Collection<Document> = db.collection("accounts");
         let slots = Some(Arc::new(Semaphore::new(group_commit_writes.max(1))));
+        let entry_mover = EntryMover::start(db, slots.clone());
         Arc::new(Batches {
             currencies: Batcher::start(None, {
                 let accounts = accounts.clone();
@@ -209,13 +210,11 @@ impl Batches {
                 move |ops| transition_all(transactions.clone(), ops)
             }),
             account_changes: Batcher::start(slots.clone(), {
-                let accounts = accounts.clone();
-                move |ops| change_accounts(accounts.clone(), ops)
+                let (accounts, mover) = (accounts.clone(), entry_mover.clone());
+                move |ops| change_accounts_leaving_moved(accounts.clone(), mover.clone(), ops)
             }),
-            pulls: Batcher::start(slots.clone(), move |ops| {
-                pull_markers(accounts.clone(), ops)
-            }),
-            entry_mover: EntryMover::start(db, slots),
+            pulls: Batcher::start(slots, move |ops| pull_markers(accounts.clone(), ops)),
+            entry_mover,
         })
     }
 }
@@ -377,15 +376,27 @@ async fn transition_group(
 
 /// One `updateMany` whose pipeline walks, for each account, the batch's changes to it in
 /// order and applies each one whose guards hold on the balance as the earlier ones left
-/// it; then a read of the accounts: a change took effect iff its marker is there.
+/// it; then a read of the accounts: a change took effect iff its marker is there. Every
+/// entry stays in the documents ([`change_accounts_leaving_moved`] is the service's).
 pub async fn change_accounts(
     accounts: Collection<Document>,
     ops: Vec<AccountChange>,
 ) -> StoreResult<Vec<StoreResult<bool>>> {
+    change_accounts_leaving_moved(accounts, Arc::new(EntryMover::new()), ops).await
+}
+
+/// [`change_accounts`], where the entries `mover` has copied to `entries` leave the
+/// documents in the same write.
+async fn change_accounts_leaving_moved(
+    accounts: Collection<Document>,
+    mover: Arc<EntryMover>,
+    ops: Vec<AccountChange>,
+) -> StoreResult<Vec<StoreResult<bool>>> {
     if let [op] = ops.as_slice() {
-        return Ok(vec![Ok(change_one(&accounts, op).await?)]);
+        let moved = mover.moved(&op.account);
+        return Ok(vec![Ok(change_one(&accounts, op, moved).await?)]);
     }
-    let per_account = changes_by_account(&ops);
+    let per_account = changes_by_account(&ops, &mover);
     let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
     accounts
         .update_many(
@@ -410,9 +421,10 @@ pub async fn change_accounts(
     Ok(ops.iter().map(|op| Ok(marked(op))).collect())
 }
 
-/// The batch's changes, account by account, each account's in the batch's order: the
-/// table the pipeline of [`batched_changes`] walks.
-fn changes_by_account(ops: &[AccountChange]) -> Vec<(String, Vec<Bson>)> {
+/// The batch's changes, account by account, each account's in the batch's order, with
+/// what `mover` knows is in `entries` of it: the table the pipeline of
+/// [`batched_changes`] walks, a row `{mv, ma, ops}` per account.
+fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String, Document)> {
     let mut per_account: Vec<(String, Vec<Bson>)> = Vec::new();
     for op in ops {
         let change = Bson::Document(doc! {
@@ -425,17 +437,49 @@ fn changes_by_account(ops: &[AccountChange]) -> Vec<(String, Vec<Bson>)> {
         }
     }
     per_account
+        .into_iter()
+        .map(|(account, changes)| {
+            let moved = mover.moved(&account).unwrap_or(Moved::NOTHING);
+            let row = doc! { "mv": moved.seq, "ma": moved.at, "ops": changes };
+            (account, row)
+        })
+        .collect()
 }
 
 /// The update pipeline that applies `per_account`'s changes to each account in order,
 /// each only where its guards hold on the amounts the earlier ones left.
-fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
+///
+/// The `$reduce` that walks them carries only the amounts, the markers, the last
+/// entry's number and, per change, what it left (`[seq, balance, pendingDebits,
+/// pendingCredits]`, or `false` where it did not land); the entries are made from
+/// those afterwards. An accumulator that carried the entries themselves made every
+/// step copy them all (SecantusDB copies `$$value` whole on each reference), which
+/// grew with the square of an account's changes in the batch.
+fn batched_changes(per_account: &[(String, Document)]) -> Vec<Document> {
     let branches: Vec<Document> = per_account
         .iter()
-        .map(|(account, changes)| {
-            doc! { "case": { "$eq": ["$_id", account] }, "then": { "$literal": changes } }
+        .map(|(account, row)| {
+            doc! { "case": { "$eq": ["$_id", account] }, "then": { "$literal": row } }
         })
         .collect();
+    vec![
+        doc! { "$set": {
+            "_at": entry_time(),
+            "_t": { "$switch": {
+                "branches": branches,
+                "default": { "mv": Moved::NOTHING.seq, "ma": Moved::NOTHING.at, "ops": [] },
+            } },
+        } },
+        doc! { "$set": { "_batch": walk_changes() } },
+        doc! { "$set": { "_new": new_entries() } },
+        batch_results(),
+        doc! { "$unset": ["_t", "_batch", "_new", "_at"] },
+    ]
+}
+
+/// The `$reduce` over the account's changes in the batch (`_t.ops`): each one whose
+/// guards hold on the amounts the earlier ones left lands.
+fn walk_changes() -> Document {
     // The amounts as the batch's earlier changes to the account left them, and the
     // change at hand, from its row of the table.
     let before = Amounts {
@@ -451,50 +495,73 @@ fn batched_changes(per_account: &[(String, Vec<Bson>)]) -> Vec<Document> {
     let after = before.after(&change);
     let allowed = forward_step_allowed(&before, "$$value.p", "$$this.tx", &change, "$$this.dl");
     let stored = Amounts::stored();
-    // Each change that lands appends its entry, numbered after the ones before it, with
-    // the amounts it leaves; all of the batch's entries of an account share one time.
     let seq = doc! { "$add": ["$$value.s", 1_i64] };
-    let entry = entry_expr(
-        seq.clone(),
-        "$$this.k",
-        "$$this.tx",
-        &change,
-        &after,
-        "$_at",
-    );
-    vec![
-        doc! { "$set": { "_at": entry_time() } },
-        doc! { "$set": { "_batch": { "$reduce": {
-            "input": { "$switch": { "branches": branches, "default": [] } },
-            "initialValue": {
-                "b": stored.balance,
-                "pd": stored.debits,
-                "pc": stored.credits,
-                "p": "$pendingTransactions",
-                "s": { "$ifNull": ["$seq", 0_i64] },
-                "e": [],
+    doc! { "$reduce": {
+        "input": "$_t.ops",
+        "initialValue": {
+            "b": stored.balance,
+            "pd": stored.debits,
+            "pc": stored.credits,
+            "p": "$pendingTransactions",
+            "s": { "$ifNull": ["$seq", 0_i64] },
+            "l": [],
+        },
+        "in": { "$cond": [
+            allowed,
+            {
+                "b": after.balance.clone(),
+                "pd": after.debits.clone(),
+                "pc": after.credits.clone(),
+                "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] },
+                "s": seq.clone(),
+                "l": { "$concatArrays": ["$$value.l", [[seq, after.balance, after.debits, after.credits]]] },
             },
-            "in": { "$cond": [
-                allowed,
-                {
-                    "b": after.balance,
-                    "pd": after.debits,
-                    "pc": after.credits,
-                    "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] },
-                    "s": seq,
-                    "e": { "$concatArrays": ["$$value.e", [entry]] },
-                },
-                "$$value",
-            ] },
-        } } } },
-        batch_results(),
-        doc! { "$unset": ["_batch", "_at"] },
-    ]
+            {
+                "b": "$$value.b",
+                "pd": "$$value.pd",
+                "pc": "$$value.pc",
+                "p": "$$value.p",
+                "s": "$$value.s",
+                "l": { "$concatArrays": ["$$value.l", [false]] },
+            },
+        ] },
+    } }
 }
 
-/// The stage that stores what the `$reduce` of [`batched_changes`] left in `_batch`: the
-/// amounts, the markers, the last entry's number, the entries appended and, if any was,
-/// their time.
+/// The entries of the changes that landed: each change (`_t.ops`) beside what it left
+/// (`_batch.l`); all of the batch's entries of an account share one time (`_at`).
+fn new_entries() -> Document {
+    let at = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
+    let change = Amounts {
+        balance: "$$change.d".into(),
+        debits: "$$change.pd".into(),
+        credits: "$$change.pc".into(),
+    };
+    let after = Amounts {
+        balance: at(1).into(),
+        debits: at(2).into(),
+        credits: at(3).into(),
+    };
+    let entry = entry_expr(at(0), "$$change.k", "$$change.tx", &change, &after, "$_at");
+    doc! { "$filter": {
+        "input": { "$map": {
+            "input": { "$zip": { "inputs": ["$_t.ops", "$_batch.l"] } },
+            "as": "pair",
+            "in": { "$let": {
+                "vars": {
+                    "change": { "$arrayElemAt": ["$$pair", 0] },
+                    "left": { "$arrayElemAt": ["$$pair", 1] },
+                },
+                "in": { "$cond": [{ "$eq": ["$$left", false] }, false, entry] },
+            } },
+        } },
+        "cond": { "$ne": ["$$this", false] },
+    } }
+}
+
+/// The stage that stores what the `$reduce` left in `_batch` and the entries made of it
+/// in `_new`: the amounts, the markers, the last entry's number, the entries appended
+/// (after those known to be in `entries` are left out) and, if any was, their time.
 fn batch_results() -> Document {
     doc! { "$set": {
         "balance": "$_batch.b",
@@ -502,9 +569,9 @@ fn batch_results() -> Document {
         "pendingCredits": "$_batch.pc",
         "pendingTransactions": "$_batch.p",
         "seq": "$_batch.s",
-        RECENT: { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, "$_batch.e"] },
+        RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), "$_new"] },
         LAST_AT: { "$cond": [
-            { "$gt": [{ "$size": "$_batch.e" }, 0] }, "$_at", format!("${LAST_AT}"),
+            { "$gt": [{ "$size": "$_new" }, 0] }, "$_at", format!("${LAST_AT}"),
         ] },
         "updatedAt": "$$NOW",
     } }
@@ -512,7 +579,11 @@ fn batch_results() -> Document {
 
 /// A batch of one: the tutorial's guarded `updateOne`, whose result says whether it took
 /// effect, with no read-back.
-async fn change_one(accounts: &Collection<Document>, op: &AccountChange) -> StoreResult<bool> {
+async fn change_one(
+    accounts: &Collection<Document>,
+    op: &AccountChange,
+    moved: Option<Moved>,
+) -> StoreResult<bool> {
     let allowed = forward_step_allowed(
         &Amounts::stored(),
         "$pendingTransactions",
@@ -523,7 +594,7 @@ async fn change_one(accounts: &Collection<Document>, op: &AccountChange) -> Stor
     let result = accounts
         .update_one(
             doc! { "_id": &op.account, "$expr": allowed },
-            changed_with_entry(op.kind, op.tx, &op.amounts(), Marker::Push),
+            changed_with_entry(op.kind, op.tx, &op.amounts(), Marker::Push, moved),
         )
         .await?;
     Ok(result.modified_count == 1)

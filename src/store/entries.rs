@@ -189,12 +189,14 @@ pub(super) enum Marker {
 
 /// The update pipeline of a single-document step of `tx` on an account: add `change`
 /// to its amounts, append the entry that records it (numbered one after the account's
-/// last, with the values it leaves), and push or pull the marker, all in the one write.
+/// last, with the values it leaves), and push or pull the marker, all in the one write;
+/// the entries `moved` says are in `entries` leave the document in the same write.
 pub(super) fn changed_with_entry(
     kind: EntryKind,
     tx: ObjectId,
     change: &Amounts,
     marker: Marker,
+    moved: Option<Moved>,
 ) -> Vec<Document> {
     let after = Amounts::stored().after(change);
     let seq = doc! { "$add": [{ "$ifNull": ["$seq", 0_i64] }, 1_i64] };
@@ -207,7 +209,8 @@ pub(super) fn changed_with_entry(
         .into(),
         Marker::Native => "$pendingTransactions".into(),
     };
-    let recent = doc! { "$concatArrays": [{ "$ifNull": [format!("${RECENT}"), []] }, ["$_entry"]] };
+    let moved = moved.unwrap_or(Moved::NOTHING);
+    let recent = doc! { "$concatArrays": [kept(moved.seq, moved.at), ["$_entry"]] };
     vec![
         doc! { "$set": { "_entry": entry } },
         doc! { "$set": {
@@ -222,6 +225,42 @@ pub(super) fn changed_with_entry(
         } },
         doc! { "$unset": "_entry" },
     ]
+}
+
+/// An account's entries still in its document but for those up to its entry `seq`, made
+/// at `at` (expressions or literals), which are in `entries`: an entry stays if it is
+/// numbered after `seq`, or made after `at`. The time makes a stale memory harmless: an
+/// account made again under the same name (a database dropped and filled again while an
+/// instance runs) numbers its entries from 1 again, but makes them later.
+pub(super) fn kept(seq: impl Into<Bson>, at: impl Into<Bson>) -> Document {
+    doc! { "$filter": {
+        "input": { "$ifNull": [format!("${RECENT}"), []] },
+        "cond": { "$or": [
+            { "$gt": ["$$this.seq", seq.into()] },
+            { "$gt": ["$$this.at", at.into()] },
+        ] },
+    } }
+}
+
+/// What an instance knows is in `entries` of one account: every entry up to `seq`,
+/// the last of which was made at `at`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Moved {
+    pub seq: i64,
+    pub at: DateTime,
+}
+
+impl Moved {
+    /// Nothing known: every entry stays.
+    pub const NOTHING: Moved = Moved {
+        seq: 0,
+        at: DateTime::MIN,
+    };
+
+    /// Whether `entry` is one of those known to be in `entries`.
+    fn covers(&self, entry: &EntryDoc) -> bool {
+        entry.seq <= self.seq && entry.at <= self.at
+    }
 }
 
 /// The update pipeline that removes from an account document its entries numbered up
@@ -421,6 +460,11 @@ impl Store {
             .clear();
     }
 
+    /// What this store's [`EntryMover`] knows is in `entries` of `account`.
+    pub(super) fn entries_moved(&self, account: &AccountId) -> Option<Moved> {
+        self.batches.entry_mover.moved(account.as_str())
+    }
+
     /// Tells this store's [`EntryMover`] that `accounts` have new entries.
     pub(super) fn entries_added<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
         self.batches.entry_mover.touched(accounts);
@@ -449,12 +493,22 @@ fn check_numbered(account: &AccountId, after: u64, found: &[Entry]) -> StoreResu
     Ok(())
 }
 
-/// Moves entries out of account documents into `entries` (see the module's doc): the
-/// accounts this instance changed are remembered, and every [`MOVE_INTERVAL`] one round
-/// moves them, many accounts in three commands (a `find`, an `insertMany`, an
-/// `updateMany`), holding one of the group-commit writer slots like any batch.
+/// Moves entries out of account documents into `entries` (see the module's doc).
+///
+/// The accounts this instance changed are remembered, and every [`MOVE_INTERVAL`] one
+/// round copies their new entries, many accounts in two commands (a `find` and an
+/// `insertMany`), holding one of the group-commit writer slots like any batch. It then
+/// remembers, per account, up to which entry the copies are durable ([`Moved`]); the next
+/// write that changes the account, which rewrites its document anyway, leaves those
+/// entries out ([`kept`], asked through [`EntryMover::moved`]). So moving costs no
+/// write of the account documents of its own.
 pub struct EntryMover {
     touched: Mutex<BTreeSet<String>>,
+    /// Per account, what this instance copied to `entries`; at most [`MAX_REMEMBERED`]
+    /// accounts, forgotten all at once when full (an account forgotten keeps its copied
+    /// entries in its document until the mover copies it again, the copies refused as
+    /// duplicates, and remembers it).
+    moved: Mutex<HashMap<String, Moved>>,
     /// False once native transactions change the accounts (`TRANSFER_STRATEGY=native`):
     /// a write of the mover from outside them, on an account one of them holds, can
     /// stall them both (SecantusDB runs one write command at a time; the mover's waits
@@ -465,15 +519,38 @@ pub struct EntryMover {
 impl EntryMover {
     /// Starts the task that moves entries; it ends once the mover is dropped.
     pub(super) fn start(db: &Database, slots: Option<Arc<Semaphore>>) -> Arc<EntryMover> {
-        let mover = Arc::new(EntryMover {
-            touched: Mutex::new(BTreeSet::new()),
-            enabled: std::sync::atomic::AtomicBool::new(true),
-        });
+        let mover = Arc::new(EntryMover::new());
         let weak = Arc::downgrade(&mover);
         let accounts: Collection<Document> = db.collection("accounts");
         let entries: Collection<EntryDoc> = db.collection("entries");
         tokio::spawn(move_entries_until_dropped(weak, accounts, entries, slots));
         mover
+    }
+
+    /// A mover that knows of nothing moved and moves nothing until started.
+    pub(super) fn new() -> EntryMover {
+        EntryMover {
+            touched: Mutex::new(BTreeSet::new()),
+            moved: Mutex::new(HashMap::new()),
+            enabled: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// What this instance knows is in `entries` of `account`: the write that changes it
+    /// next leaves those entries out of its document.
+    pub(super) fn moved(&self, account: &str) -> Option<Moved> {
+        let moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
+        moved.get(account).copied()
+    }
+
+    fn record_moved(&self, copied: impl IntoIterator<Item = (String, Moved)>) {
+        let mut moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
+        for (account, up_to) in copied {
+            if moved.len() >= MAX_REMEMBERED && !moved.contains_key(&account) {
+                moved.clear();
+            }
+            moved.insert(account, up_to);
+        }
     }
 
     fn touched<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
@@ -507,6 +584,63 @@ impl EntryMover {
     fn retake(&self, accounts: Vec<String>) {
         self.touched(accounts.iter().map(String::as_str));
     }
+
+    /// One round: copy to `entries` the entries of each account in `ids` not copied
+    /// yet, then remember them as moved. Answers how many it copied.
+    async fn move_entries(
+        &self,
+        accounts: &Collection<Document>,
+        entries: &Collection<EntryDoc>,
+        ids: &[String],
+    ) -> StoreResult<usize> {
+        #[derive(Deserialize)]
+        struct Recent {
+            #[serde(rename = "_id")]
+            id: String,
+            #[serde(rename = "recentEntries", default)]
+            recent: Vec<EntryDoc>,
+        }
+        let found: Vec<Recent> = accounts
+            .clone_with_type::<Recent>()
+            .find(doc! { "_id": { "$in": ids }, "recentEntries.0": { "$exists": true } })
+            .projection(doc! { RECENT: 1 })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?
+            .try_collect()
+            .await?;
+        let mut copies = Vec::new();
+        let mut copied = Vec::new();
+        for account in found {
+            let known = self.moved(&account.id).unwrap_or(Moved::NOTHING);
+            let Some(last) = account.recent.last() else {
+                continue;
+            };
+            if known.covers(last) {
+                continue;
+            }
+            let up_to = Moved {
+                seq: last.seq,
+                at: last.at,
+            };
+            for e in account.recent.iter().filter(|e| !known.covers(e)) {
+                copies.push(EntryDoc {
+                    account: Some(account.id.clone()),
+                    ..e.clone()
+                });
+            }
+            copied.push((account.id, up_to));
+        }
+        if copies.is_empty() {
+            return Ok(0);
+        }
+        let count = copies.len();
+        insert_ignoring_copies(entries, &copies).await?;
+        // Only now are they durably in `entries`: from here on, a write that changes one
+        // of these accounts may leave them out of its document.
+        self.record_moved(copied);
+        crate::metrics::entries_moved(count);
+        Ok(count)
+    }
 }
 
 async fn move_entries_until_dropped(
@@ -529,7 +663,7 @@ async fn move_entries_until_dropped(
             Some(slots) => slots.clone().acquire_owned().await.ok(),
             None => None,
         };
-        match move_entries(&accounts, &entries, &taken).await {
+        match live.move_entries(&accounts, &entries, &taken).await {
             Ok(_) if failing => {
                 failing = false;
                 tracing::info!("entries moving again");
@@ -544,70 +678,6 @@ async fn move_entries_until_dropped(
             }
         }
     }
-}
-
-/// One round: copy every entry of each account in `ids` to `entries`, then trim what
-/// was copied out of the documents.
-pub async fn move_entries(
-    accounts: &Collection<Document>,
-    entries: &Collection<EntryDoc>,
-    ids: &[String],
-) -> StoreResult<usize> {
-    #[derive(Deserialize)]
-    struct Recent {
-        #[serde(rename = "_id")]
-        id: String,
-        #[serde(rename = "recentEntries", default)]
-        recent: Vec<EntryDoc>,
-    }
-    let found: Vec<Recent> = accounts
-        .clone_with_type::<Recent>()
-        .find(doc! { "_id": { "$in": ids }, "recentEntries.0": { "$exists": true } })
-        .projection(doc! { RECENT: 1 })
-        .max_time(super::READ_TIME_LIMIT)
-        .await?
-        .try_collect()
-        .await?;
-    let mut copies = Vec::new();
-    let mut moved_up_to: HashMap<String, i64> = HashMap::new();
-    for account in found {
-        let Some(up_to) = account.recent.last().map(|e| e.seq) else {
-            continue;
-        };
-        for e in &account.recent {
-            copies.push(EntryDoc {
-                account: Some(account.id.clone()),
-                ..e.clone()
-            });
-        }
-        moved_up_to.insert(account.id, up_to);
-    }
-    if copies.is_empty() {
-        return Ok(0);
-    }
-    let count = copies.len();
-    insert_ignoring_copies(entries, &copies).await?;
-    // Only what is now durably in `entries` leaves a document: entries numbered up to
-    // what was copied. Safe to repeat, and safe to land late: what it
-    // removes is in `entries` for ever.
-    let branches: Vec<Document> = moved_up_to
-        .iter()
-        .map(|(id, up_to)| doc! { "case": { "$eq": ["$_id", id] }, "then": up_to })
-        .collect();
-    let ids: Vec<&String> = moved_up_to.keys().collect();
-    let (trimmed, _) = super::retried(|| async {
-        accounts
-            .update_many(
-                doc! { "_id": { "$in": &ids } },
-                trimmed(doc! { "$switch": { "branches": branches.clone(), "default": 0_i64 } }),
-            )
-            .await
-            .map_err(StoreError::from)
-    })
-    .await;
-    trimmed?;
-    crate::metrics::entries_moved(count);
-    Ok(count)
 }
 
 /// `insertMany`, unordered, of entries that may have been copied already (by another
@@ -666,10 +736,7 @@ mod tests {
 
     #[test]
     fn the_mover_remembers_each_account_once_up_to_its_bound_and_hands_out_rounds() {
-        let mover = EntryMover {
-            touched: Mutex::new(BTreeSet::new()),
-            enabled: std::sync::atomic::AtomicBool::new(true),
-        };
+        let mover = EntryMover::new();
         mover.touched(["b", "a", "b"]);
         assert_eq!(mover.take(), vec!["a".to_owned(), "b".to_owned()]);
         assert!(mover.take().is_empty());

@@ -208,7 +208,7 @@ impl Store {
             .clone_with_type::<Recent>()
             .find_one_and_update(
                 filter,
-                changed_with_entry(kind, tx, &moved(value), Marker::Native),
+                changed_with_entry(kind, tx, &moved(value), Marker::Native, None),
             )
             .return_document(ReturnDocument::After)
             .projection(doc! { RECENT: 1 })

@@ -206,8 +206,8 @@ async fn hold(app: &TestApp, amount: i64) -> String {
     body["id"].as_str().expect("an id").to_owned()
 }
 
-/// How many entries are still in `account`'s document (not yet moved by the mover).
-async fn entries_in_document(app: &TestApp, account: &str) -> usize {
+/// The numbers of the entries still in `account`'s document.
+async fn seqs_in_document(app: &TestApp, account: &str) -> Vec<i64> {
     let stored = app
         .store
         .database()
@@ -218,27 +218,45 @@ async fn entries_in_document(app: &TestApp, account: &str) -> usize {
         .expect("the account is stored");
     stored
         .get_array("recentEntries")
-        .map_or(0, |recent| recent.len())
+        .map_or(Vec::new(), |recent| {
+            recent
+                .iter()
+                .filter_map(|e| e.as_document()?.get_i64("seq").ok())
+                .collect()
+        })
 }
 
-/// Waits until the mover has taken every entry of `account` out of the account's
-/// document, then checks they are all in `entries`.
-async fn wait_until_moved(app: &TestApp, account: &str, count: usize) {
+/// Waits until the mover has copied `account`'s `count` entries to `entries`, then makes
+/// one more, a credit of 1 from `from`: the write that leaves the copied ones out of the
+/// document. Checks that it did, and answers the new entry's number.
+async fn move_out_of_document(app: &TestApp, account: &str, from: &str, count: usize) -> i64 {
+    let copied = async || {
+        app.store
+            .database()
+            .collection::<Document>("entries")
+            .count_documents(doc! { "account": account })
+            .await
+            .unwrap()
+    };
     eventually(
-        &format!("the mover takes {account}'s entries out of its document"),
+        &format!("the mover copies {account}'s entries to `entries`"),
         Duration::from_secs(10),
         Duration::from_millis(20),
-        async || (entries_in_document(app, account).await == 0).then_some(()),
+        async || (copied().await == count as u64).then_some(()),
     )
     .await;
-    let moved = app
-        .store
-        .database()
-        .collection::<Document>("entries")
-        .count_documents(doc! { "account": account })
-        .await
-        .unwrap();
-    assert_eq!(moved, count as u64, "all are in `entries`");
+    assert!(
+        !seqs_in_document(app, account).await.is_empty(),
+        "copied entries stay in the document until the next change"
+    );
+    done(app, from, account, 1).await;
+    let next = count as i64 + 1;
+    assert_eq!(
+        seqs_in_document(app, account).await,
+        vec![next],
+        "the change left the copied entries out of {account}'s document"
+    );
+    next
 }
 
 async fn alice_and_bob(app: &TestApp, alice: i64, bob: i64) {
@@ -502,15 +520,17 @@ async fn entries_read_the_same_after_the_mover_took_them_out_of_the_account_docu
     let before = alice_with_25_entries(&app).await;
     let page_before = entry_page(&app, "alice", "?after=3&limit=7").await;
 
-    wait_until_moved(&app, "alice", before.len()).await;
+    let next = move_out_of_document(&app, "alice", "bob", before.len()).await;
 
-    assert_eq!(entries(&app, "alice").await, before, "the whole ledger");
+    let all = entries(&app, "alice").await;
+    assert_eq!(all[..before.len()], before[..], "the whole ledger");
+    assert_eq!(seq(&all[before.len()]), next, "then the new entry");
     let page_after = entry_page(&app, "alice", "?after=3&limit=7").await;
     assert_eq!(page_after, page_before, "a page from `entries`");
     let across = entry_page(&app, "alice", "?after=20&limit=7").await;
     assert_eq!(
         across["items"],
-        json!(before[20..]),
+        json!(all[20..]),
         "`entries` then the document"
     );
     assert_ledger(&app, "alice").await;
@@ -542,7 +562,7 @@ async fn the_balance_at_a_moment_reads_the_same_after_the_mover_trimmed_the_docu
         before.push(balance_at(&app, "alice", Some(&moment)).await);
     }
 
-    wait_until_moved(&app, "alice", entries.len()).await;
+    move_out_of_document(&app, "alice", "bob", entries.len()).await;
 
     for (moment, answer) in moments(&entries).iter().zip(&before) {
         let after = balance_at(&app, "alice", Some(moment)).await;
