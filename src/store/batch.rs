@@ -378,6 +378,7 @@ async fn transition_group(
 /// order and applies each one whose guards hold on the balance as the earlier ones left
 /// it; then a read of the accounts: a change took effect iff its marker is there. Every
 /// entry stays in the documents ([`change_accounts_leaving_moved`] is the service's).
+#[cfg(feature = "failpoints")]
 pub async fn change_accounts(
     accounts: Collection<Document>,
     ops: Vec<AccountChange>,
@@ -432,6 +433,10 @@ fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String,
             "k": op.kind.as_str(),
         });
         match per_account.iter_mut().find(|(a, _)| *a == op.account) {
+            // The same step twice in one batch (its driver and a recoverer): only the
+            // first is written; the second would find the first's marker and not land,
+            // and the read-back answers both alike.
+            Some((_, changes)) if changes.iter().any(|c| same_transfer(c, op.tx)) => {}
             Some((_, changes)) => changes.push(change),
             None => per_account.push((op.account.clone(), vec![change])),
         }
@@ -446,15 +451,23 @@ fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String,
         .collect()
 }
 
+/// Whether `change`, a row of the table, is a step of `tx`.
+fn same_transfer(change: &Bson, tx: ObjectId) -> bool {
+    change
+        .as_document()
+        .and_then(|c| c.get_object_id("tx").ok())
+        .is_some_and(|t| t == tx)
+}
+
 /// The update pipeline that applies `per_account`'s changes to each account in order,
 /// each only where its guards hold on the amounts the earlier ones left.
 ///
-/// The `$reduce` that walks them carries only the amounts, the markers, the last
-/// entry's number and, per change, what it left (`[seq, balance, pendingDebits,
-/// pendingCredits]`, or `false` where it did not land); the entries are made from
-/// those afterwards. An accumulator that carried the entries themselves made every
-/// step copy them all (SecantusDB copies `$$value` whole on each reference), which
-/// grew with the square of an account's changes in the batch.
+/// SecantusDB copies a variable whole on every reference to it (`$$value.b` copies all
+/// of `$$value`), so the `$reduce` that walks the changes keeps its accumulator small
+/// and flat, an array (see [`walk_changes`]); the entries are made from what it left
+/// afterwards. An accumulator that carried the entries themselves, and the account's
+/// markers, made every step copy them all, which grew with the square of an account's
+/// changes in the batch.
 fn batched_changes(per_account: &[(String, Document)]) -> Vec<Document> {
     let branches: Vec<Document> = per_account
         .iter()
@@ -477,15 +490,31 @@ fn batched_changes(per_account: &[(String, Document)]) -> Vec<Document> {
     ]
 }
 
+/// Positions in the accumulator of [`walk_changes`]: the amounts as the batch's earlier
+/// changes left them, the last entry's number, and per change four numbers: what it
+/// left (`seq, balance, pendingDebits, pendingCredits`), or four zeros where it did not
+/// land.
+const B: i64 = 0;
+const PD: i64 = 1;
+const PC: i64 = 2;
+const S: i64 = 3;
+const LEFT: i64 = 4;
+
+/// `$$value`'s element at `i`.
+fn acc(i: i64) -> Bson {
+    doc! { "$arrayElemAt": ["$$value", i] }.into()
+}
+
 /// The `$reduce` over the account's changes in the batch (`_t.ops`): each one whose
-/// guards hold on the amounts the earlier ones left lands.
+/// guards hold on the amounts the earlier ones left lands. Each step reads the
+/// accumulator's amounts once, into variables (`$let`), and the guard reads the markers
+/// from the document: the batch holds each transfer's step on an account once
+/// ([`changes_by_account`]), so no marker of the batch's own can be in the way.
 fn walk_changes() -> Document {
-    // The amounts as the batch's earlier changes to the account left them, and the
-    // change at hand, from its row of the table.
     let before = Amounts {
-        balance: "$$value.b".into(),
-        debits: "$$value.pd".into(),
-        credits: "$$value.pc".into(),
+        balance: "$$b".into(),
+        debits: "$$pd".into(),
+        credits: "$$pc".into(),
     };
     let change = Amounts {
         balance: "$$this.d".into(),
@@ -493,59 +522,72 @@ fn walk_changes() -> Document {
         credits: "$$this.pc".into(),
     };
     let after = before.after(&change);
-    let allowed = forward_step_allowed(&before, "$$value.p", "$$this.tx", &change, "$$this.dl");
+    let allowed = forward_step_allowed(
+        &before,
+        "$pendingTransactions",
+        "$$this.tx",
+        &change,
+        "$$this.dl",
+    );
     let stored = Amounts::stored();
-    let seq = doc! { "$add": ["$$value.s", 1_i64] };
+    let seq = doc! { "$add": ["$$s", 1_i64] };
+    let step = doc! { "$cond": [
+        allowed,
+        [
+            after.balance.clone(),
+            after.debits.clone(),
+            after.credits.clone(),
+            seq.clone(),
+            { "$concatArrays": [acc(LEFT), [[seq, after.balance, after.debits, after.credits]]] },
+        ],
+        [
+            "$$b", "$$pd", "$$pc", "$$s",
+            { "$concatArrays": [acc(LEFT), [false]] },
+        ],
+    ] };
     doc! { "$reduce": {
         "input": "$_t.ops",
-        "initialValue": {
-            "b": stored.balance,
-            "pd": stored.debits,
-            "pc": stored.credits,
-            "p": "$pendingTransactions",
-            "s": { "$ifNull": ["$seq", 0_i64] },
-            "l": [],
-        },
-        "in": { "$cond": [
-            allowed,
-            {
-                "b": after.balance.clone(),
-                "pd": after.debits.clone(),
-                "pc": after.credits.clone(),
-                "p": { "$concatArrays": ["$$value.p", ["$$this.tx"]] },
-                "s": seq.clone(),
-                "l": { "$concatArrays": ["$$value.l", [[seq, after.balance, after.debits, after.credits]]] },
-            },
-            {
-                "b": "$$value.b",
-                "pd": "$$value.pd",
-                "pc": "$$value.pc",
-                "p": "$$value.p",
-                "s": "$$value.s",
-                "l": { "$concatArrays": ["$$value.l", [false]] },
-            },
-        ] },
+        "initialValue": [
+            stored.balance, stored.debits, stored.credits, { "$ifNull": ["$seq", 0_i64] }, [],
+        ],
+        "in": { "$let": {
+            "vars": { "b": acc(B), "pd": acc(PD), "pc": acc(PC), "s": acc(S) },
+            "in": step,
+        } },
     } }
 }
 
-/// The entries of the changes that landed: each change (`_t.ops`) beside what it left
-/// (`_batch.l`); all of the batch's entries of an account share one time (`_at`).
+/// `_batch`'s element at `i`.
+fn walked(i: i64) -> Bson {
+    doc! { "$arrayElemAt": ["$_batch", i] }.into()
+}
+
+/// The entries of the changes that landed: each change (`_t.ops`) beside the four
+/// numbers it left (see [`walk_changes`]); all of the batch's entries of an account
+/// share one time (`_at`).
 fn new_entries() -> Document {
-    let at = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
+    let left = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
     let change = Amounts {
         balance: "$$change.d".into(),
         debits: "$$change.pd".into(),
         credits: "$$change.pc".into(),
     };
     let after = Amounts {
-        balance: at(1).into(),
-        debits: at(2).into(),
-        credits: at(3).into(),
+        balance: left(1).into(),
+        debits: left(2).into(),
+        credits: left(3).into(),
     };
-    let entry = entry_expr(at(0), "$$change.k", "$$change.tx", &change, &after, "$_at");
+    let entry = entry_expr(
+        left(0),
+        "$$change.k",
+        "$$change.tx",
+        &change,
+        &after,
+        "$_at",
+    );
     doc! { "$filter": {
         "input": { "$map": {
-            "input": { "$zip": { "inputs": ["$_t.ops", "$_batch.l"] } },
+            "input": { "$zip": { "inputs": ["$_t.ops", walked(LEFT)] } },
             "as": "pair",
             "in": { "$let": {
                 "vars": {
@@ -564,14 +606,16 @@ fn new_entries() -> Document {
 /// (after those known to be in `entries` are left out) and, if any was, their time.
 fn batch_results() -> Document {
     doc! { "$set": {
-        "balance": "$_batch.b",
-        "pendingDebits": "$_batch.pd",
-        "pendingCredits": "$_batch.pc",
-        "pendingTransactions": "$_batch.p",
-        "seq": "$_batch.s",
+        "balance": walked(B),
+        "pendingDebits": walked(PD),
+        "pendingCredits": walked(PC),
+        "pendingTransactions": { "$concatArrays": [
+            "$pendingTransactions", { "$map": { "input": "$_new", "in": "$$this.tx" } },
+        ] },
+        "seq": walked(S),
         RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), "$_new"] },
         LAST_AT: { "$cond": [
-            { "$gt": [{ "$size": "$_new" }, 0] }, "$_at", format!("${LAST_AT}"),
+            { "$gt": [walked(S), { "$ifNull": ["$seq", 0_i64] }] }, "$_at", format!("${LAST_AT}"),
         ] },
         "updatedAt": "$$NOW",
     } }
