@@ -433,11 +433,18 @@ fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String,
             "k": op.kind.as_str(),
         });
         match per_account.iter_mut().find(|(a, _)| *a == op.account) {
-            // The same step twice in one batch (its driver and a recoverer): only the
-            // first is written; the second would find the first's marker and not land,
-            // and the read-back answers both alike.
-            Some((_, changes)) if changes.iter().any(|c| same_transfer(c, op.tx)) => {}
-            Some((_, changes)) => changes.push(change),
+            Some((_, changes)) => match changes.iter_mut().find(|c| same_transfer(c, op.tx)) {
+                // The same step twice in one batch (its driver and a recoverer): it is
+                // written once, under the later of their deadlines. Written twice, the
+                // second would land only if the first did not, for want of time; the
+                // read-back answers both alike.
+                Some(Bson::Document(first)) => {
+                    if first.get_datetime("dl").is_ok_and(|dl| *dl < op.deadline) {
+                        first.insert("dl", op.deadline);
+                    }
+                }
+                _ => changes.push(change),
+            },
             None => per_account.push((op.account.clone(), vec![change])),
         }
     }

@@ -104,6 +104,34 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     assert_eq!(cold.pending_transactions, vec![t3]);
 }
 
+/// A transfer's step twice in one batch (its driver's and a recoverer's, each under its
+/// own lease) lands once, if either may: the first past its deadline does not keep the
+/// second from landing.
+#[tokio::test]
+async fn the_same_step_twice_in_a_batch_lands_once_if_either_deadline_allows() {
+    let app = spawn_app().await;
+    app.open_account("cold", 0).await;
+    app.open_account("other", 0).await;
+    let [t1, t2] = [(); 2].map(|_| new_transfer_id());
+    let late = |c: AccountChange| AccountChange {
+        deadline: DateTime::from_millis(DateTime::now().timestamp_millis() - 1),
+        ..c
+    };
+    let batch = vec![
+        late(change("cold", t1, 5)),
+        change("other", t2, 1),
+        change("cold", t1, 5),
+        late(change("other", t2, 1)),
+    ];
+    let applied = change_accounts(accounts(&app), batch).await.unwrap();
+    let applied: Vec<bool> = applied.into_iter().map(Result::unwrap).collect();
+    assert_eq!(applied, [true, true, true, true]);
+    assert_eq!(app.balance("cold").await, 5, "credited once");
+    assert_eq!(app.balance("other").await, 1, "credited once");
+    let cold = app.store.account(&account("cold")).await.unwrap().unwrap();
+    assert_eq!(cold.pending_transactions, vec![t1]);
+}
+
 #[tokio::test]
 async fn a_credit_in_a_batch_cannot_pass_the_largest_balance() {
     let app = spawn_app().await;
