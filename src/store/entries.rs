@@ -10,21 +10,23 @@
 //!   is no second write to lose.
 //! - **Then in `entries`** (`{account, seq}` unique), copied there by the
 //!   [`EntryMover`] of the instance that made the change, a few milliseconds later, in
-//!   one `insertMany` for many accounts; once the copies are acknowledged, one
-//!   `updateMany` trims the moved entries out of the account documents. What the next
-//!   entry and a read of "now" need of the last one stays in the document anyway: its
-//!   number (`seq`), its amounts (the account's own) and its time (`lastEntryAt`).
+//!   one `insertMany` for many accounts. Once the copies are acknowledged the mover
+//!   remembers them ([`Moved`]), and the next write that changes the account, which
+//!   rewrites its document anyway, leaves them out ([`kept`]). What the next entry and a
+//!   read of "now" need of the last one stays in the document anyway: its number
+//!   (`seq`), its amounts (the account's own) and its time (`lastEntryAt`).
 //!
 //! Every entry is thus in the account's document, in `entries`, or in both, at every
 //! moment: an entry leaves the document only after its copy is durable. A reader reads
 //! the document first, then `entries` below the document's oldest entry; anything
-//! trimmed before the first read was copied before it too. Copying twice (two
+//! left out before the first read was copied before it too. Copying twice (two
 //! instances, or a lost reply) is refused by the unique index and ignored: an entry
 //! never changes once written, so both copies are the same.
 //!
 //! An instance killed before it moved its entries leaves them in the documents, where
-//! they are read as well; the next change to such an account, by any instance, moves
-//! them with its own.
+//! they are read as well; the next change to such an account, by any instance, has them
+//! moved with its own. An account not changed again keeps its last entries in its
+//! document, copied or not.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
