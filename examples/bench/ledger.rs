@@ -5,8 +5,9 @@
 //! entries numbered 1 to 1,000) and its balance as of its 500th entry's time as often
 //! (`GET /accounts/{id}/balance?at=`, checked against that page). In three states:
 //! right after the transfers (what the instance's entry mover has not moved yet is
-//! still in the account's document), once the mover has moved them (at most one entry
-//! left in the document), and with every entry put back into the document, directly in the
+//! still in the account's document), once the mover has copied them to `entries` and one
+//! more credit has left them out of the document (at most one entry left there), and
+//! with every entry put back into the document, directly in the
 //! database (what an instance killed before it moved them, or a mover far behind,
 //! leaves). Between the second and third: what an entry costs in bytes, from the
 //! database (`collStats` of `entries` with its indexes, `$bsonSize` of the account's
@@ -41,7 +42,8 @@ pub struct LedgerPlan {
     pub page: usize,
     pub opening_balance: i64,
     pub amount: i64,
-    /// How long the mover may take to leave one entry in the document.
+    /// How long the mover may take to copy the entries, and one more change to leave one
+    /// entry in the document.
     pub settle_timeout_s: f64,
 }
 
@@ -540,10 +542,29 @@ pub async fn run(ctx: &Context, plan: &LedgerPlan) -> LedgerResult {
     show(&series);
     result.series.push(series);
 
+    // The mover copies the entries to `entries`; they leave the document with the
+    // account's next change: one more credit, once every entry is copied.
     let waiting = Instant::now();
     let deadline = waiting + Duration::from_secs_f64(plan.settle_timeout_s);
+    let copied = ctx
+        .mongo
+        .database(&database)
+        .collection::<Document>("entries");
+    let made = result.entries;
+    let mut changed_again = false;
     while Instant::now() < deadline {
-        if in_document(&accounts).await <= 1 {
+        if !changed_again {
+            let n = copied
+                .count_documents(doc! { "account": TARGET })
+                .await
+                .unwrap_or(0);
+            if n >= made {
+                let body = transfer_body(&sources[0], TARGET, plan.amount);
+                let url = format!("{}/transfers", server.base).into();
+                post_transfer(ctx.http.clone(), url, body).await;
+                changed_again = true;
+            }
+        } else if in_document(&accounts).await <= 1 {
             result.waited_for_mover_s = Some(waiting.elapsed().as_secs_f64());
             break;
         }

@@ -65,7 +65,8 @@ const MAX_REMEMBERED: usize = 100_000;
 /// An entry as stored, in an account's `recentEntries` and in `entries` (which adds
 /// `account`). Its keys are short (`docs/ledger.md` names each): every entry is written
 /// into a document that every later step on the account rewrites until it is moved, so
-/// its bytes are paid on the hot path; the API names them in full.
+/// its bytes are paid on the hot path; the API names them in full. In the document a
+/// zero pending change or amount is left out ([`unless_zero`]); `entries` has them all.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EntryDoc {
     /// In `entries` only: the account the entry belongs to.
@@ -79,16 +80,16 @@ pub struct EntryDoc {
     /// The changes: to `balance`, `pendingDebits`, `pendingCredits`.
     #[serde(rename = "db")]
     pub balance_change: i64,
-    #[serde(rename = "dpd")]
+    #[serde(rename = "dpd", default)]
     pub pending_debits_change: i64,
-    #[serde(rename = "dpc")]
+    #[serde(rename = "dpc", default)]
     pub pending_credits_change: i64,
     /// The amounts after it.
     #[serde(rename = "b")]
     pub balance: i64,
-    #[serde(rename = "pd")]
+    #[serde(rename = "pd", default)]
     pub pending_debits: i64,
-    #[serde(rename = "pc")]
+    #[serde(rename = "pc", default)]
     pub pending_credits: i64,
     pub at: DateTime,
     #[serde(rename = "cf", default, skip_serializing_if = "std::ops::Not::not")]
@@ -169,13 +170,20 @@ pub(super) fn entry_expr(
         "k": kind.into(),
         "tx": tx.into(),
         "db": change.balance.clone(),
-        "dpd": change.debits.clone(),
-        "dpc": change.credits.clone(),
+        "dpd": unless_zero(&change.debits),
+        "dpc": unless_zero(&change.credits),
         "b": after.balance.clone(),
-        "pd": after.debits.clone(),
-        "pc": after.credits.clone(),
+        "pd": unless_zero(&after.debits),
+        "pc": unless_zero(&after.credits),
         "at": at.into(),
     }
+}
+
+/// `value`, or nothing (the field left out) where it is 0: an entry waiting in an account
+/// document is rewritten with every later write of the account, and most entries (those
+/// of plain transfers on accounts with no holds) have no pending amounts at all.
+fn unless_zero(value: &Bson) -> Bson {
+    doc! { "$cond": [{ "$eq": [value.clone(), 0_i64] }, "$$REMOVE", value.clone()] }.into()
 }
 
 /// What a single-document step does to an account's marker of its transfer.
@@ -217,8 +225,8 @@ pub(super) fn changed_with_entry(
         doc! { "$set": { "_entry": entry } },
         doc! { "$set": {
             "balance": "$_entry.b",
-            "pendingDebits": "$_entry.pd",
-            "pendingCredits": "$_entry.pc",
+            "pendingDebits": { "$ifNull": ["$_entry.pd", 0_i64] },
+            "pendingCredits": { "$ifNull": ["$_entry.pc", 0_i64] },
             "seq": "$_entry.seq",
             RECENT: recent,
             LAST_AT: "$_entry.at",
@@ -734,6 +742,51 @@ mod tests {
             let err = check_numbered(&alice, 0, &page(hole)).unwrap_err();
             assert!(matches!(err, StoreError::Other(_)), "{hole:?}: {err:?}");
         }
+    }
+
+    fn stored(seq: i64, at_ms: i64) -> EntryDoc {
+        EntryDoc {
+            seq,
+            at: DateTime::from_millis(at_ms),
+            ..opening_entry(0, DateTime::from_millis(at_ms))
+        }
+    }
+
+    #[test]
+    fn what_was_moved_covers_entries_up_to_its_number_and_no_later_than_its_time() {
+        let moved = Moved {
+            seq: 10,
+            at: DateTime::from_millis(5_000),
+        };
+        assert!(moved.covers(&stored(1, 1_000)));
+        assert!(moved.covers(&stored(10, 5_000)));
+        assert!(!moved.covers(&stored(11, 5_000)), "numbered after");
+        // An account made again under the same name numbers from 1 again, later.
+        assert!(!moved.covers(&stored(3, 5_001)), "made after");
+        assert!(!Moved::NOTHING.covers(&stored(1, 0)));
+    }
+
+    #[test]
+    fn the_mover_remembers_what_it_moved_and_forgets_it_all_when_full() {
+        let mover = EntryMover::new();
+        let moved = |seq| Moved {
+            seq,
+            at: DateTime::from_millis(seq),
+        };
+        mover.record_moved([("a".to_owned(), moved(3)), ("b".to_owned(), moved(4))]);
+        mover.record_moved([("a".to_owned(), moved(7))]);
+        assert_eq!(mover.moved("a"), Some(moved(7)));
+        assert_eq!(mover.moved("b"), Some(moved(4)));
+        assert_eq!(mover.moved("c"), None);
+        let many = (0..MAX_REMEMBERED).map(|i| (format!("{i:06}"), moved(1)));
+        mover.record_moved(many);
+        let remembered = mover.moved.lock().unwrap().len();
+        assert!(remembered <= MAX_REMEMBERED, "{remembered}");
+        assert_eq!(mover.moved("a"), None, "forgotten when full");
+        assert_eq!(
+            mover.moved(&format!("{:06}", MAX_REMEMBERED - 1)),
+            Some(moved(1))
+        );
     }
 
     #[test]

@@ -571,6 +571,75 @@ async fn the_balance_at_a_moment_reads_the_same_after_the_mover_trimmed_the_docu
     assert_eq!(before[0]["seq"], 0, "before the opening: {}", before[0]);
 }
 
+/// An instance remembers which of an account's entries it copied to `entries`; an account
+/// made again under the same name while it runs (its documents and entries deleted, as
+/// when a database is emptied and filled again) numbers its entries from 1 again, and
+/// none of them may leave its document uncopied on the strength of that memory.
+#[tokio::test]
+async fn an_account_made_again_under_the_same_name_keeps_every_entry() {
+    let app = spawn_app().await;
+    let first = alice_with_25_entries(&app).await;
+    move_out_of_document(&app, "alice", "bob", first.len()).await;
+    let db = app.store.database();
+    for (collection, filter) in [
+        ("accounts", doc! { "_id": { "$in": ["alice", "bob"] } }),
+        ("entries", doc! {}),
+        ("transactions", doc! {}),
+    ] {
+        db.collection::<Document>(collection)
+            .delete_many(filter)
+            .await
+            .unwrap();
+    }
+
+    alice_and_bob(&app, 1_000, 0).await;
+    for n in 1..=30 {
+        done(&app, "alice", "bob", n).await;
+    }
+    let again = assert_ledger(&app, "alice").await;
+    assert_eq!(again.len(), 31, "opened and 30 debits: {again:#?}");
+    assert_eq!(int(&again[30], "balance"), 1_000 - (1..=30).sum::<i64>());
+}
+
+/// An entry waiting in its account's document leaves out a zero pending change or amount
+/// (most entries have none, and the document is rewritten with each write until the
+/// entry moves); the API and `entries` have every field all the same.
+#[tokio::test]
+async fn an_entry_in_the_document_leaves_out_its_zero_pending_amounts() {
+    let app = spawn_app().await;
+    alice_and_bob(&app, 100, 0).await;
+    done(&app, "alice", "bob", 10).await;
+    hold(&app, 30).await;
+    let stored = app
+        .store
+        .database()
+        .collection::<Document>("accounts")
+        .find_one(doc! { "_id": "alice" })
+        .await
+        .unwrap()
+        .expect("alice");
+    let recent = stored.get_array("recentEntries").unwrap();
+    let keys = |seq: i64| {
+        let e = recent
+            .iter()
+            .filter_map(|e| e.as_document())
+            .find(|e| e.get_i64("seq") == Ok(seq))
+            .unwrap_or_else(|| panic!("entry {seq} in {stored}"));
+        let mut keys: Vec<&str> = e.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        keys
+    };
+    assert_eq!(keys(2), ["at", "b", "db", "k", "seq", "tx"], "the debit");
+    assert_eq!(
+        keys(3),
+        ["at", "b", "db", "dpd", "k", "pd", "seq", "tx"],
+        "the reservation"
+    );
+    let all = assert_ledger(&app, "alice").await;
+    assert_eq!(all[1]["pendingDebitsChange"], 0, "{}", all[1]);
+    assert_eq!(all[2]["pendingDebits"], 30, "{}", all[2]);
+}
+
 /// The expected answer to a balance at `moment`: the values of the last entry whose `at`
 /// is not later, or seq 0 and zeros.
 fn expected_balance(entries: &[Value], moment: DateTime<Utc>) -> (i64, (i64, i64, i64)) {

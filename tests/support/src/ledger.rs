@@ -321,6 +321,11 @@ fn parse_document(d: &Document) -> Result<(AccountLedger, Vec<Entry>), String> {
 /// A stored entry (in `recentEntries` or in `entries`) of `account`.
 fn parse_entry(account: &str, d: &Document) -> Result<Entry, String> {
     let int = |field: &str| d.get_i64(field).map_err(|e| format!("{field} ({e})"));
+    // In an account document a zero pending change or amount is left out.
+    let pending = |field: &str| match d.get(field) {
+        None => Ok(0),
+        Some(_) => int(field),
+    };
     let seq = u64::try_from(int("seq")?).map_err(|e| format!("seq ({e})"))?;
     let kind = d.get_str("k").map_err(|e| format!("k, the kind ({e})"))?;
     let kind = EntryKind::parse(kind).ok_or_else(|| format!("kind {kind:?}"))?;
@@ -342,13 +347,13 @@ fn parse_entry(account: &str, d: &Document) -> Result<Entry, String> {
         transfer_id,
         change: Amounts {
             balance: int("db")?,
-            pending_debits: int("dpd")?,
-            pending_credits: int("dpc")?,
+            pending_debits: pending("dpd")?,
+            pending_credits: pending("dpc")?,
         },
         after: Amounts {
             balance: int("b")?,
-            pending_debits: int("pd")?,
-            pending_credits: int("pc")?,
+            pending_debits: pending("pd")?,
+            pending_credits: pending("pc")?,
         },
         at: d
             .get_datetime("at")
