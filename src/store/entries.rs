@@ -239,17 +239,29 @@ pub(super) fn changed_with_entry(
 
 /// An account's entries still in its document but for those up to its entry `seq`, made
 /// at `at` (expressions or literals), which are in `entries`: an entry stays if it is
-/// numbered after `seq`, or made after `at`. The time makes a stale memory harmless: an
-/// account made again under the same name (a database dropped and filled again while an
-/// instance runs) numbers its entries from 1 again, but makes them later.
+/// numbered after `seq` or made after `at`; and every entry stays if the document is
+/// numbered below `seq`, or at `seq` with another time. These make a stale memory
+/// harmless: an account made again under the same name (a database dropped and filled
+/// again while an instance runs) numbers its entries from 1 again, but makes them later;
+/// a document restored from a backup is numbered below what was copied since, or its
+/// entries are other ones. (A restore to a moment after the entries were made but before
+/// they were copied cannot be told apart: every instance must be restarted after a
+/// restore, `docs/operations.md`.)
 pub(super) fn kept(seq: impl Into<Bson>, at: impl Into<Bson>) -> Document {
-    doc! { "$filter": {
-        "input": { "$ifNull": [format!("${RECENT}"), []] },
-        "cond": { "$or": [
-            { "$gt": ["$$this.seq", seq.into()] },
-            { "$gt": ["$$this.at", at.into()] },
+    let (seq, at) = (seq.into(), at.into());
+    let recent = doc! { "$ifNull": [format!("${RECENT}"), []] };
+    let number = doc! { "$ifNull": ["$seq", 0_i64] };
+    let stale = doc! { "$or": [
+        { "$lt": [number.clone(), seq.clone()] },
+        { "$and": [
+            { "$eq": [number, seq.clone()] },
+            { "$ne": [format!("${LAST_AT}"), at.clone()] },
         ] },
-    } }
+    ] };
+    doc! { "$cond": [stale, recent.clone(), { "$filter": {
+        "input": recent,
+        "cond": { "$or": [{ "$gt": ["$$this.seq", seq] }, { "$gt": ["$$this.at", at] }] },
+    } }] }
 }
 
 /// What an instance knows is in `entries` of one account: every entry up to `seq`,
@@ -270,6 +282,15 @@ impl Moved {
     /// Whether `entry` is one of those known to be in `entries`.
     fn covers(&self, entry: &EntryDoc) -> bool {
         entry.seq <= self.seq && entry.at <= self.at
+    }
+
+    /// Whether the entries of a document (`recent`, in order, the last its `seq`) can be
+    /// of the history this was learnt from: the document is not numbered below it, and
+    /// holds no other entry under its number. Otherwise the account was made again or
+    /// restored, and what was learnt of it is forgotten.
+    fn agrees_with(&self, recent: &[EntryDoc]) -> bool {
+        recent.last().is_some_and(|last| last.seq >= self.seq)
+            && recent.iter().all(|e| e.seq != self.seq || e.at == self.at)
     }
 }
 
@@ -621,10 +642,13 @@ impl EntryMover {
         let mut copies = Vec::new();
         let mut copied = Vec::new();
         for account in found {
-            let known = self.moved(&account.id).unwrap_or(Moved::NOTHING);
             let Some(last) = account.recent.last() else {
                 continue;
             };
+            let known = self
+                .moved(&account.id)
+                .filter(|known| known.agrees_with(&account.recent))
+                .unwrap_or(Moved::NOTHING);
             if known.covers(last) {
                 continue;
             }
@@ -764,6 +788,22 @@ mod tests {
         // An account made again under the same name numbers from 1 again, later.
         assert!(!moved.covers(&stored(3, 5_001)), "made after");
         assert!(!Moved::NOTHING.covers(&stored(1, 0)));
+    }
+
+    #[test]
+    fn what_was_moved_agrees_only_with_a_document_of_the_same_history() {
+        let moved = Moved {
+            seq: 10,
+            at: DateTime::from_millis(5_000),
+        };
+        assert!(moved.agrees_with(&[stored(9, 4_000), stored(10, 5_000)]));
+        assert!(moved.agrees_with(&[stored(11, 6_000), stored(12, 6_000)]));
+        assert!(
+            !moved.agrees_with(&[stored(8, 4_000), stored(9, 4_500)]),
+            "below"
+        );
+        assert!(!moved.agrees_with(&[stored(10, 7_000)]), "another entry 10");
+        assert!(!moved.agrees_with(&[]));
     }
 
     #[test]

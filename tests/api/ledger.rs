@@ -601,6 +601,46 @@ async fn an_account_made_again_under_the_same_name_keeps_every_entry() {
     assert_eq!(int(&again[30], "balance"), 1_000 - (1..=30).sum::<i64>());
 }
 
+/// An account document restored from a backup (numbered below what the instance has
+/// copied since, with entries the restored `entries` lacks) keeps every entry: what the
+/// instance remembers of the account is of another history.
+#[tokio::test]
+async fn an_account_document_restored_from_a_backup_keeps_every_entry() {
+    let app = spawn_app().await;
+    alice_and_bob(&app, 1_000, 0).await;
+    for n in 1..=10 {
+        done(&app, "alice", "bob", n).await;
+    }
+    let accounts = app.store.database().collection::<Document>("accounts");
+    let backup = accounts
+        .find_one(doc! { "_id": "alice" })
+        .await
+        .unwrap()
+        .expect("alice");
+    let first_in_backup = seqs_in_document(&app, "alice").await[0];
+    for n in 1..=10 {
+        done(&app, "alice", "bob", n).await;
+    }
+    move_out_of_document(&app, "alice", "bob", 21).await;
+
+    // The restore: the document as it was, and `entries` without what was copied after.
+    accounts
+        .replace_one(doc! { "_id": "alice" }, backup)
+        .await
+        .unwrap();
+    app.store
+        .database()
+        .collection::<Document>("entries")
+        .delete_many(doc! { "account": "alice", "seq": { "$gte": first_in_backup } })
+        .await
+        .unwrap();
+    for n in 1..=3 {
+        done(&app, "alice", "bob", n).await;
+    }
+    let after = assert_ledger(&app, "alice").await;
+    assert_eq!(after.len(), 14, "the backup's 11 and 3 debits: {after:#?}");
+}
+
 /// An entry waiting in its account's document leaves out a zero pending change or amount
 /// (most entries have none, and the document is rewritten with each write until the
 /// entry moves); the API and `entries` have every field all the same.
