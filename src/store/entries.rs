@@ -535,6 +535,9 @@ fn check_numbered(account: &AccountId, after: u64, found: &[Entry]) -> StoreResu
 /// write of the account documents of its own.
 pub struct EntryMover {
     touched: Mutex<BTreeSet<String>>,
+    /// Where the next round starts: after the last account the previous one took, so
+    /// that accounts a failing round gives back wait their turn behind the others.
+    resume_after: Mutex<Option<String>>,
     /// Per account, what this instance copied to `entries`; at most [`MAX_REMEMBERED`]
     /// accounts, forgotten all at once when full (an account forgotten keeps its copied
     /// entries in its document until the mover copies it again, the copies refused as
@@ -562,6 +565,7 @@ impl EntryMover {
     pub(super) fn new() -> EntryMover {
         EntryMover {
             touched: Mutex::new(BTreeSet::new()),
+            resume_after: Mutex::new(None),
             moved: Mutex::new(HashMap::new()),
             enabled: std::sync::atomic::AtomicBool::new(true),
         }
@@ -599,14 +603,30 @@ impl EntryMover {
         }
     }
 
+    /// The accounts of the next round, at most [`MAX_ACCOUNTS_PER_MOVE`], taken in turn:
+    /// those after where the last round stopped, then from the first.
     fn take(&self) -> Vec<String> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
         let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
-        let mut taken = Vec::new();
-        while taken.len() < MAX_ACCOUNTS_PER_MOVE {
-            match touched.pop_first() {
-                Some(account) => taken.push(account),
-                None => break,
-            }
+        let mut resume = self.resume_after.lock().unwrap_or_else(|e| e.into_inner());
+        let taken: Vec<String> = match resume.as_deref() {
+            Some(last) => touched
+                .range::<str, _>((Excluded(last), Unbounded))
+                .chain(touched.range::<str, _>((Unbounded, Included(last))))
+                .take(MAX_ACCOUNTS_PER_MOVE)
+                .cloned()
+                .collect(),
+            None => touched
+                .iter()
+                .take(MAX_ACCOUNTS_PER_MOVE)
+                .cloned()
+                .collect(),
+        };
+        for account in &taken {
+            touched.remove(account);
+        }
+        if let Some(last) = taken.last() {
+            *resume = Some(last.clone());
         }
         taken
     }
@@ -807,6 +827,28 @@ mod tests {
     }
 
     #[test]
+    fn accounts_a_failed_round_gives_back_wait_behind_the_others() {
+        let mover = EntryMover::new();
+        let all: Vec<String> = (0..MAX_ACCOUNTS_PER_MOVE + 44)
+            .map(|i| format!("a{i:04}"))
+            .collect();
+        mover.touched(all.iter().map(String::as_str));
+        let first = mover.take();
+        assert_eq!(first, all[..MAX_ACCOUNTS_PER_MOVE]);
+        mover.retake(first.clone());
+        let second = mover.take();
+        assert_eq!(second.len(), MAX_ACCOUNTS_PER_MOVE);
+        assert_eq!(
+            second[..44],
+            all[MAX_ACCOUNTS_PER_MOVE..],
+            "the others first"
+        );
+        assert_eq!(second[44..], first[..MAX_ACCOUNTS_PER_MOVE - 44]);
+        assert_eq!(mover.take(), first[MAX_ACCOUNTS_PER_MOVE - 44..]);
+        assert!(mover.take().is_empty());
+    }
+
+    #[test]
     fn the_mover_remembers_what_it_moved_and_forgets_it_all_when_full() {
         let mover = EntryMover::new();
         let moved = |seq| Moved {
@@ -841,8 +883,19 @@ mod tests {
         mover.touched(many.iter().map(String::as_str));
         let remembered = mover.touched.lock().unwrap().len();
         assert_eq!(remembered, MAX_REMEMBERED);
-        assert_eq!(mover.take().len(), MAX_ACCOUNTS_PER_MOVE);
+        let round = mover.take();
+        assert_eq!(round.len(), MAX_ACCOUNTS_PER_MOVE);
+        assert_eq!(round.first().map(String::as_str), Some("000000"));
         mover.retake(vec!["000000".to_owned()]);
-        assert_eq!(mover.take().first().map(String::as_str), Some("000000"));
+        let next = format!("{MAX_ACCOUNTS_PER_MOVE:06}");
+        assert_eq!(
+            mover.take().first(),
+            Some(&next),
+            "in turn, after the last round"
+        );
+        assert!(
+            mover.touched.lock().unwrap().contains("000000"),
+            "given back"
+        );
     }
 }
