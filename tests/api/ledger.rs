@@ -228,7 +228,9 @@ async fn seqs_in_document(app: &TestApp, account: &str) -> Vec<i64> {
 
 /// Waits until the mover has copied `account`'s `count` entries to `entries`, then makes
 /// one more, a credit of 1 from `from`: the write that leaves the copied ones out of the
-/// document. Checks that it did, and answers the new entry's number.
+/// document. Checks that it did, and answers the newest entry's number. (The mover
+/// remembers a copy just after `entries` shows it: should the credit come in between,
+/// the next one leaves them out; a few are allowed.)
 async fn move_out_of_document(app: &TestApp, account: &str, from: &str, count: usize) -> i64 {
     let copied = async || {
         app.store
@@ -242,21 +244,26 @@ async fn move_out_of_document(app: &TestApp, account: &str, from: &str, count: u
         &format!("the mover copies {account}'s entries to `entries`"),
         Duration::from_secs(10),
         Duration::from_millis(20),
-        async || (copied().await == count as u64).then_some(()),
+        async || (copied().await >= count as u64).then_some(()),
     )
     .await;
     assert!(
         !seqs_in_document(app, account).await.is_empty(),
         "copied entries stay in the document until the next change"
     );
-    done(app, from, account, 1).await;
-    let next = count as i64 + 1;
-    assert_eq!(
-        seqs_in_document(app, account).await,
-        vec![next],
-        "the change left the copied entries out of {account}'s document"
+    let mut newest = count as i64;
+    for _ in 0..5 {
+        done(app, from, account, 1).await;
+        newest += 1;
+        if seqs_in_document(app, account).await == [newest] {
+            return newest;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "the changes left the copied entries in {account}'s document: {:?}",
+        seqs_in_document(app, account).await
     );
-    next
 }
 
 async fn alice_and_bob(app: &TestApp, alice: i64, bob: i64) {
@@ -520,17 +527,17 @@ async fn entries_read_the_same_after_the_mover_took_them_out_of_the_account_docu
     let before = alice_with_25_entries(&app).await;
     let page_before = entry_page(&app, "alice", "?after=3&limit=7").await;
 
-    let next = move_out_of_document(&app, "alice", "bob", before.len()).await;
+    let newest = move_out_of_document(&app, "alice", "bob", before.len()).await;
 
     let all = entries(&app, "alice").await;
     assert_eq!(all[..before.len()], before[..], "the whole ledger");
-    assert_eq!(seq(&all[before.len()]), next, "then the new entry");
+    assert_eq!(seq(all.last().unwrap()), newest, "then the new entries");
     let page_after = entry_page(&app, "alice", "?after=3&limit=7").await;
     assert_eq!(page_after, page_before, "a page from `entries`");
     let across = entry_page(&app, "alice", "?after=20&limit=7").await;
     assert_eq!(
         across["items"],
-        json!(all[20..]),
+        json!(all[20..all.len().min(27)]),
         "`entries` then the document"
     );
     assert_ledger(&app, "alice").await;
@@ -648,36 +655,50 @@ async fn an_account_document_restored_from_a_backup_keeps_every_entry() {
 async fn an_entry_in_the_document_leaves_out_its_zero_pending_amounts() {
     let app = spawn_app().await;
     alice_and_bob(&app, 100, 0).await;
-    done(&app, "alice", "bob", 10).await;
+    app.open_account("carol", 0).await;
     hold(&app, 30).await;
-    let stored = app
-        .store
-        .database()
-        .collection::<Document>("accounts")
-        .find_one(doc! { "_id": "alice" })
-        .await
-        .unwrap()
-        .expect("alice");
-    let recent = stored.get_array("recentEntries").unwrap();
-    let keys = |seq: i64| {
-        let e = recent
+    done(&app, "alice", "carol", 10).await;
+    // Each account's last entry, which stays in its document until its next change.
+    let last_keys = async |account: &str| {
+        let stored = app
+            .store
+            .database()
+            .collection::<Document>("accounts")
+            .find_one(doc! { "_id": account })
+            .await
+            .unwrap()
+            .expect("stored");
+        let seq = stored.get_i64("seq").unwrap();
+        let recent = stored.get_array("recentEntries").unwrap();
+        let last = recent
             .iter()
             .filter_map(|e| e.as_document())
             .find(|e| e.get_i64("seq") == Ok(seq))
-            .unwrap_or_else(|| panic!("entry {seq} in {stored}"));
-        let mut keys: Vec<&str> = e.keys().map(String::as_str).collect();
+            .unwrap_or_else(|| panic!("the last entry in {stored}"));
+        let mut keys: Vec<String> = last.keys().cloned().collect();
         keys.sort_unstable();
         keys
     };
-    assert_eq!(keys(2), ["at", "b", "db", "k", "seq", "tx"], "the debit");
     assert_eq!(
-        keys(3),
-        ["at", "b", "db", "dpd", "k", "pd", "seq", "tx"],
-        "the reservation"
+        last_keys("carol").await,
+        ["at", "b", "db", "k", "seq", "tx"],
+        "a credit, no holds"
     );
-    let all = assert_ledger(&app, "alice").await;
-    assert_eq!(all[1]["pendingDebitsChange"], 0, "{}", all[1]);
-    assert_eq!(all[2]["pendingDebits"], 30, "{}", all[2]);
+    assert_eq!(
+        last_keys("alice").await,
+        ["at", "b", "db", "k", "pd", "seq", "tx"],
+        "a debit, 30 held"
+    );
+    assert_eq!(
+        last_keys("bob").await,
+        ["at", "b", "db", "dpc", "k", "pc", "seq", "tx"],
+        "a reservation in"
+    );
+    let carol = assert_ledger(&app, "carol").await;
+    assert_eq!(carol[1]["pendingDebitsChange"], 0, "{}", carol[1]);
+    assert_eq!(carol[1]["pendingCredits"], 0, "{}", carol[1]);
+    let alice = assert_ledger(&app, "alice").await;
+    assert_eq!(alice[2]["pendingDebits"], 30, "{}", alice[2]);
 }
 
 /// The expected answer to a balance at `moment`: the values of the last entry whose `at`
