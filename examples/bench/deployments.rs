@@ -17,7 +17,7 @@ use rand::Rng;
 use serde::Serialize;
 
 use crate::driver::{Measured, closed_loop};
-use crate::procs::{Daemon, Server, StartError, secantusd_binary};
+use crate::procs::{Daemon, secantusd_binary};
 use crate::service::{Context, open_accounts_on, post_transfer, random_pair, transfer_body};
 
 /// What the deployments part measures.
@@ -179,19 +179,13 @@ pub async fn run(ctx: &Context, plan: &DeploymentsPlan) -> DeploymentsResult {
     eprintln!("[deployments] starting the service over eu and us (database {database})");
     let deployments = format!("eu={},us={}", uris[0], uris[1]);
     let log = ctx.out.join("server-deployments.log");
-    let server = match Server::start(
-        &ctx.server_binary,
-        &ctx.uri,
-        &database,
-        "two-phase",
-        &log,
-        &[("DEPLOYMENTS", deployments)],
-    )
-    .await
+    let server = match ctx
+        .start_service(&database, &log, &[("DEPLOYMENTS", deployments)])
+        .await
     {
         Ok(server) => server,
-        Err(StartError::Rejected(said) | StartError::Failed(said)) => {
-            result.unavailable_reason = Some(format!("the service did not start: {said}"));
+        Err(said) => {
+            result.unavailable_reason = Some(said);
             return result;
         }
     };

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::driver::{Measured, Outcome, closed_loop};
-use crate::procs::{Server, StartError};
 use crate::service::{Context, open_accounts, post_transfer, random_pair, transfer_body};
 
 /// What the holds part measures.
@@ -139,19 +138,10 @@ pub async fn run(ctx: &Context, plan: &HoldsPlan) -> HoldsResult {
         seconds: 0.0,
     };
     eprintln!("[holds] starting the service (database {database})");
-    let server = match Server::start(
-        &ctx.server_binary,
-        &ctx.uri,
-        &database,
-        "two-phase",
-        &log,
-        &[],
-    )
-    .await
-    {
+    let server = match ctx.start_service(&database, &log, &[]).await {
         Ok(server) => server,
-        Err(StartError::Rejected(said) | StartError::Failed(said)) => {
-            result.unavailable_reason = Some(format!("the service did not start: {said}"));
+        Err(said) => {
+            result.unavailable_reason = Some(said);
             return result;
         }
     };

@@ -23,7 +23,6 @@ use mongodb::bson::{Bson, Document, doc};
 use serde::Serialize;
 
 use crate::driver::Outcome;
-use crate::procs::{Server, StartError};
 use crate::service::{Context, open_accounts, post_transfer, transfer_body};
 use crate::stats::{Failures, Latency, summarize};
 
@@ -440,19 +439,10 @@ pub async fn run(ctx: &Context, plan: &LedgerPlan) -> LedgerResult {
         seconds: 0.0,
     };
     eprintln!("[ledger] starting the service (database {database})");
-    let server = match Server::start(
-        &ctx.server_binary,
-        &ctx.uri,
-        &database,
-        "two-phase",
-        &log,
-        &[],
-    )
-    .await
-    {
+    let server = match ctx.start_service(&database, &log, &[]).await {
         Ok(server) => server,
-        Err(StartError::Rejected(said) | StartError::Failed(said)) => {
-            result.unavailable_reason = Some(format!("the service did not start: {said}"));
+        Err(said) => {
+            result.unavailable_reason = Some(said);
             return result;
         }
     };

@@ -29,6 +29,30 @@ pub struct Context {
     pub http: reqwest::Client,
 }
 
+impl Context {
+    /// Starts a two-phase service on `database`, logging to `log`, with `env` added to
+    /// its environment; `Err` says why it did not start.
+    pub async fn start_service(
+        &self,
+        database: &str,
+        log: &Path,
+        env: &[(&str, String)],
+    ) -> Result<Server, String> {
+        Server::start(
+            &self.server_binary,
+            &self.uri,
+            database,
+            "two-phase",
+            log,
+            env,
+        )
+        .await
+        .map_err(|(StartError::Rejected(said) | StartError::Failed(said))| {
+            format!("the service did not start: {said}")
+        })
+    }
+}
+
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(2048)

@@ -27,6 +27,7 @@
 //! back to learn which callers' writes took effect.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -426,44 +427,45 @@ async fn change_accounts_leaving_moved(
 /// what `mover` knows is in `entries` of it: the table the pipeline of
 /// [`batched_changes`] walks, a row `{mv, ma, ops}` per account.
 fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String, Document)> {
-    let mut per_account: Vec<(String, Vec<Bson>)> = Vec::new();
+    let mut per_account: Vec<(&str, Vec<&AccountChange>)> = Vec::new();
+    let mut deadlines: HashMap<(&str, ObjectId), DateTime> = HashMap::new();
     for op in ops {
-        let change = Bson::Document(doc! {
-            "tx": op.tx, "d": op.delta, "pd": op.debits, "pc": op.credits, "dl": op.deadline,
-            "k": op.kind.as_str(),
-        });
+        // The same step twice in one batch (its driver and a recoverer): it is written
+        // once, under the later of their deadlines. Written twice, the second would land
+        // only if the first did not, for want of time; the read-back answers both alike.
+        match deadlines.entry((op.account.as_str(), op.tx)) {
+            Entry::Occupied(mut first) => {
+                let later = (*first.get()).max(op.deadline);
+                first.insert(later);
+                continue;
+            }
+            Entry::Vacant(new) => {
+                new.insert(op.deadline);
+            }
+        }
         match per_account.iter_mut().find(|(a, _)| *a == op.account) {
-            Some((_, changes)) => match changes.iter_mut().find(|c| same_transfer(c, op.tx)) {
-                // The same step twice in one batch (its driver and a recoverer): it is
-                // written once, under the later of their deadlines. Written twice, the
-                // second would land only if the first did not, for want of time; the
-                // read-back answers both alike.
-                Some(Bson::Document(first)) => {
-                    if first.get_datetime("dl").is_ok_and(|dl| *dl < op.deadline) {
-                        first.insert("dl", op.deadline);
-                    }
-                }
-                _ => changes.push(change),
-            },
-            None => per_account.push((op.account.clone(), vec![change])),
+            Some((_, changes)) => changes.push(op),
+            None => per_account.push((op.account.as_str(), vec![op])),
         }
     }
     per_account
         .into_iter()
         .map(|(account, changes)| {
-            let moved = mover.moved(&account).unwrap_or(Moved::NOTHING);
+            let changes: Vec<Bson> = changes
+                .into_iter()
+                .map(|op| {
+                    let dl = deadlines[&(account, op.tx)];
+                    Bson::Document(doc! {
+                        "tx": op.tx, "d": op.delta, "pd": op.debits, "pc": op.credits,
+                        "dl": dl, "k": op.kind.as_str(),
+                    })
+                })
+                .collect();
+            let moved = mover.moved(account).unwrap_or(Moved::NOTHING);
             let row = doc! { "mv": moved.seq, "ma": moved.at, "ops": changes };
-            (account, row)
+            (account.to_owned(), row)
         })
         .collect()
-}
-
-/// Whether `change`, a row of the table, is a step of `tx`.
-fn same_transfer(change: &Bson, tx: ObjectId) -> bool {
-    change
-        .as_document()
-        .and_then(|c| c.get_object_id("tx").ok())
-        .is_some_and(|t| t == tx)
 }
 
 /// The update pipeline that applies `per_account`'s changes to each account in order,
@@ -512,9 +514,8 @@ fn row_of_account(rows: &[&(String, Document)], otherwise: &Document) -> Bson {
 }
 
 /// Positions in the accumulator of [`walk_changes`]: the amounts as the batch's earlier
-/// changes left them, the last entry's number, and per change four numbers: what it
-/// left (`seq, balance, pendingDebits, pendingCredits`), or four zeros where it did not
-/// land.
+/// changes left them, the last entry's number, and per change what it left (`[seq,
+/// balance, pendingDebits, pendingCredits]`), or `false` where it did not land.
 const B: i64 = 0;
 const PD: i64 = 1;
 const PC: i64 = 2;
@@ -583,9 +584,9 @@ fn walked(i: i64) -> Bson {
     doc! { "$arrayElemAt": ["$_batch", i] }.into()
 }
 
-/// The entries of the changes that landed: each change (`_t.ops`) beside the four
-/// numbers it left (see [`walk_changes`]); all of the batch's entries of an account
-/// share one time (`_at`).
+/// The entries of the changes that landed: each change (`_t.ops`) beside what it left
+/// (see [`walk_changes`]); all of the batch's entries of an account share one time
+/// (`_at`).
 fn new_entries() -> Document {
     let left = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
     let change = Amounts {

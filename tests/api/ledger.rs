@@ -206,17 +206,21 @@ async fn hold(app: &TestApp, amount: i64) -> String {
     body["id"].as_str().expect("an id").to_owned()
 }
 
-/// The numbers of the entries still in `account`'s document.
-async fn seqs_in_document(app: &TestApp, account: &str) -> Vec<i64> {
-    let stored = app
-        .store
+/// `account`'s document as stored.
+async fn account_document(app: &TestApp, account: &str) -> Document {
+    app.store
         .database()
         .collection::<Document>("accounts")
         .find_one(doc! { "_id": account })
         .await
         .unwrap()
-        .expect("the account is stored");
-    stored
+        .unwrap_or_else(|| panic!("{account} is stored"))
+}
+
+/// The numbers of the entries still in `account`'s document.
+async fn seqs_in_document(app: &TestApp, account: &str) -> Vec<i64> {
+    account_document(app, account)
+        .await
         .get_array("recentEntries")
         .map_or(Vec::new(), |recent| {
             recent
@@ -618,12 +622,7 @@ async fn an_account_document_restored_from_a_backup_keeps_every_entry() {
     for n in 1..=10 {
         done(&app, "alice", "bob", n).await;
     }
-    let accounts = app.store.database().collection::<Document>("accounts");
-    let backup = accounts
-        .find_one(doc! { "_id": "alice" })
-        .await
-        .unwrap()
-        .expect("alice");
+    let backup = account_document(&app, "alice").await;
     let first_in_backup = seqs_in_document(&app, "alice").await[0];
     for n in 1..=10 {
         done(&app, "alice", "bob", n).await;
@@ -631,6 +630,7 @@ async fn an_account_document_restored_from_a_backup_keeps_every_entry() {
     move_out_of_document(&app, "alice", "bob", 21).await;
 
     // The restore: the document as it was, and `entries` without what was copied after.
+    let accounts = app.store.database().collection::<Document>("accounts");
     accounts
         .replace_one(doc! { "_id": "alice" }, backup)
         .await
@@ -660,14 +660,7 @@ async fn an_entry_in_the_document_leaves_out_its_zero_pending_amounts() {
     done(&app, "alice", "carol", 10).await;
     // Each account's last entry, which stays in its document until its next change.
     let last_keys = async |account: &str| {
-        let stored = app
-            .store
-            .database()
-            .collection::<Document>("accounts")
-            .find_one(doc! { "_id": account })
-            .await
-            .unwrap()
-            .expect("stored");
+        let stored = account_document(&app, account).await;
         let seq = stored.get_i64("seq").unwrap();
         let recent = stored.get_array("recentEntries").unwrap();
         let last = recent
