@@ -140,6 +140,17 @@ pub struct Args {
     )]
     pub hold_expires_ms: u64,
 
+    /// Milliseconds an event is kept in the feed (`GET /events`), 1000 (so that tests can
+    /// use seconds) to 3153600000000 (100 years); default 30 days. A cursor whose next
+    /// events were removed answers 410 `cursor_expired`.
+    #[arg(
+        long,
+        env = "EVENT_RETENTION_MS",
+        default_value = "2592000000",
+        value_parser = millis_within(1000..=3_153_600_000_000)
+    )]
+    pub event_retention_ms: u64,
+
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
     #[arg(
@@ -287,6 +298,8 @@ pub struct Settings {
     pub startup_patience: Duration,
     /// How long a hold lasts when its request does not say.
     pub hold_expires: Duration,
+    /// How long an event stays in the feed (see `recorder`).
+    pub event_retention: Duration,
     /// Two-phase commit or one native transaction per transfer.
     pub strategy: Strategy,
     pub log_format: LogFormat,
@@ -682,6 +695,7 @@ impl Settings {
             http_idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
             startup_patience: Duration::from_millis(args.startup_patience_ms),
             hold_expires: Duration::from_millis(args.hold_expires_ms),
+            event_retention: Duration::from_millis(args.event_retention_ms),
             strategy: args.transfer_strategy,
             log_format: args.log_format,
             log_filter: args.rust_log,

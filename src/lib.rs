@@ -26,6 +26,8 @@
 //!   driver.
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
 //!   instance left behind, with the same step functions.
+//! - [`recorder`]: the task that records each deployment's events from its change
+//!   stream into its feed (`store::events`), under a lease, one instance at a time.
 //! - [`telemetry`]: log set-up.
 //! - [`error_chain`]: [`error_chain::Chain`], an error and its sources on one line for a
 //!   log field; a leaf every layer logs with, naming no module of the crate.
@@ -59,6 +61,7 @@ pub mod error_chain;
 pub mod failpoints;
 pub mod http;
 pub mod metrics;
+pub mod recorder;
 pub mod retry;
 pub mod service;
 pub mod startup;

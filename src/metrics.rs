@@ -35,7 +35,7 @@ use ::metrics::{
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::domain::{CancelReason, DeploymentName, TransferState};
+use crate::domain::{CancelReason, DeploymentName, EventType, TransferState};
 
 const HTTP_REQUESTS: &str = "http_requests_total";
 const HTTP_DURATION: &str = "http_request_duration_seconds";
@@ -45,6 +45,7 @@ const RECOVERIES: &str = "sweeper_recoveries_total";
 const DB_DURATION: &str = "db_operation_duration_seconds";
 const HOLDS: &str = "holds_total";
 const ENTRIES_MOVED: &str = "ledger_entries_moved_total";
+const EVENTS_RECORDED: &str = "events_recorded_total";
 
 /// How a hold can end, as `holds_total` labels it.
 const HOLD_OUTCOMES: [&str; 4] = ["captured", "voided", "expired", "refused"];
@@ -68,7 +69,7 @@ impl Kind {
 }
 
 /// Every family with its type and HELP text: what dashboards rely on.
-const FAMILIES: [(&str, Kind, &str); 8] = [
+const FAMILIES: [(&str, Kind, &str); 9] = [
     (
         HTTP_REQUESTS,
         Kind::Counter,
@@ -108,6 +109,11 @@ const FAMILIES: [(&str, Kind, &str); 8] = [
         ENTRIES_MOVED,
         Kind::Counter,
         "Ledger entries this process copied from account documents to the entries collection (docs/ledger.md).",
+    ),
+    (
+        EVENTS_RECORDED,
+        Kind::Counter,
+        "Events this process recorded into a deployment's feed, by type (docs/events.md); an event another instance recorded first is not counted.",
     ),
 ];
 
@@ -197,6 +203,9 @@ fn install() -> Installed {
     let recovered = counter!(RECOVERIES);
     recovered.increment(0);
     counter!(ENTRIES_MOVED).increment(0);
+    for kind in EventType::ALL {
+        counter!(EVENTS_RECORDED, "type" => kind.as_str()).increment(0);
+    }
 
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
@@ -269,6 +278,12 @@ pub fn hold_finished(state: TransferState, reason: Option<CancelReason>) {
 pub fn entries_moved(count: usize) {
     installed();
     counter!(ENTRIES_MOVED).increment(count as u64);
+}
+
+/// Records an event of type `kind` recorded into a feed (see `store::events`).
+pub fn event_recorded(kind: EventType) {
+    installed();
+    counter!(EVENTS_RECORDED, "type" => kind.as_str()).increment(1);
 }
 
 /// Records an unfinished transfer that the recovery sweeper took over and drove to a

@@ -247,6 +247,12 @@ impl Application {
             self.settings.sweep_interval,
             shutdown.clone(),
         ));
+        let recorder = tokio::spawn(crate::recorder::run(
+            self.service.deployments().clone(),
+            self.settings.instance_id.clone(),
+            self.settings.event_retention,
+            shutdown.clone(),
+        ));
         let limits = http::connections::Limits {
             places: self.places,
             idle_timeout: self.settings.http_idle_timeout,
@@ -263,6 +269,7 @@ impl Application {
             );
         }
         let _ = sweeper.await;
+        let _ = recorder.await;
         let _ = watcher.await;
         tracing::info!("stopped");
         Ok(())

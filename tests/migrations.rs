@@ -175,7 +175,10 @@ async fn an_account_opened_before_entries_is_carried_forward_as_entry_1_and_goes
         .unwrap();
     let migrating = chrono::Utc::now();
 
-    assert_eq!(store.migrate().await.unwrap(), ["0007_entries"]);
+    assert_eq!(
+        store.migrate().await.unwrap(),
+        ["0007_entries", "0008_events"]
+    );
     records(&store)
         .delete_one(doc! { "_id": "0007_entries" })
         .await

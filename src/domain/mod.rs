@@ -13,15 +13,19 @@
 //!   commit or one native transaction;
 //! - [`Entry`] is one numbered change to an account's amounts ([`EntryKind`] says which
 //!   step made it), [`BalanceAt`] an account's amounts as of a moment;
+//! - [`Event`] is what the feed tells users happened ([`EventType`]), in [`Position`]
+//!   order, read with a [`FeedCursor`];
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
 //!   with its transitions as an explicit function ([`TransferState::transition`]).
 
 mod entry;
+mod event;
 mod state;
 mod transfer;
 mod values;
 
 pub use entry::{Amounts, BalanceAt, Entry, EntryKind};
+pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
 pub use transfer::{Account, Hold, Strategy, Timestamp, Transfer, TransferFilter, now};
 pub use values::{

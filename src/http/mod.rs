@@ -8,6 +8,7 @@ pub mod accounts;
 pub mod auth;
 pub mod connections;
 pub mod docs;
+pub mod events;
 pub mod extract;
 pub mod health;
 pub mod ledger;
@@ -55,6 +56,7 @@ pub struct AppState {
     tags(
         (name = "accounts", description = "Open and read accounts."),
         (name = "transfers", description = "Move money, read and cancel transfers."),
+        (name = "events", description = "What happened: transfers that reached held, done or canceled, and accounts opened."),
         (name = "operations", description = "Health and readiness."),
     ),
     components(
@@ -76,6 +78,7 @@ pub struct AppState {
             responses::UnsupportedMediaType,
             responses::AccountRefused,
             responses::InvalidTime,
+            responses::CursorExpired,
             responses::TransferRefused,
             responses::ReversalRefused,
             responses::InvalidCaptureAmount,
@@ -108,6 +111,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(transfers::cancel_transfer))
         .routes(routes!(transfers::capture_transfer))
         .routes(routes!(transfers::void_transfer))
+        .routes(routes!(events::list_events))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))

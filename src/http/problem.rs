@@ -72,6 +72,8 @@ pub enum ApiError {
     AccountExists(String),
     /// 409: the transfer was canceled by request before it completed.
     TransferCanceled { transfer_id: String, detail: String },
+    /// 410: the events after the feed cursor were removed after the retention.
+    CursorExpired,
     /// 413: the body is over the limit.
     PayloadTooLarge,
     /// 415: the body is not `application/json`.
@@ -128,6 +130,7 @@ impl ApiError {
             AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AccountExists(_) | TransferCanceled { .. } | Hold { .. } => StatusCode::CONFLICT,
+            CursorExpired => StatusCode::GONE,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             InvalidField { .. }
@@ -160,6 +163,7 @@ impl ApiError {
             MethodNotAllowed => ("method_not_allowed", "Method not allowed"),
             AccountExists(_) => ("account_exists", "Account already exists"),
             TransferCanceled { .. } => ("transfer_canceled", "Transfer canceled"),
+            CursorExpired => ("cursor_expired", "Cursor expired"),
             PayloadTooLarge => ("payload_too_large", "Payload too large"),
             UnsupportedMediaType => ("unsupported_media_type", "Unsupported media type"),
             InvalidField { .. } => ("invalid_field", "Invalid field"),
@@ -203,6 +207,7 @@ impl ApiError {
             TransferCanceled { detail, .. }
             | UnknownAccount { detail, .. }
             | InsufficientFunds { detail, .. } => detail.clone(),
+            CursorExpired => "events after this cursor were removed after the retention (EVENT_RETENTION_MS); you may have missed some: read again from the oldest retained event, without a cursor".into(),
             PayloadTooLarge => "the request body is larger than the server accepts".into(),
             UnsupportedMediaType => "send the body as Content-Type: application/json".into(),
             SameAccount => "source and destination must be different accounts".into(),
@@ -422,6 +427,7 @@ impl From<ServiceError> for ApiError {
                 },
             ),
             ServiceError::Overloaded => ApiError::Overloaded,
+            ServiceError::CursorExpired => ApiError::CursorExpired,
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");
                 ApiError::DatabaseUnavailable

@@ -179,6 +179,14 @@ pub struct InvalidCaptureAmount(pub Problem);
 
 /// Routes not admitted against the limit of transfers in flight: the reads, and opening
 /// an account.
+/// `GET /events`: the cursor is too old.
+#[derive(ToResponse)]
+#[response(
+    description = "`cursor_expired`: events after the cursor were removed after the retention (`EVENT_RETENTION_MS`); read again from the oldest retained event, without `after`.",
+    content_type = PROBLEM_JSON
+)]
+pub struct CursorExpired(pub Problem);
+
 #[derive(ToResponse)]
 #[response(
     description = "`database_unavailable` or `request_timeout`: try again later.",

@@ -47,6 +47,10 @@ pub enum ServiceError {
     /// A capture of more than the hold reserved.
     #[error("a capture may take at most the held amount, {}", held.minor_units())]
     CaptureExceedsHold { held: Amount },
+    /// The feed's events after the cursor were removed after the retention: the reader
+    /// may have missed some, and must start again from the oldest retained.
+    #[error("the events after this cursor were removed after the retention")]
+    CursorExpired,
     /// Too many transfers in flight in this instance: refused before anything was
     /// recorded; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]

@@ -22,7 +22,7 @@
 //! - `admission.rs`: the permits of admission control, and the ways in;
 //! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
 //!   once and remembered; `ledger.rs`: an account's entries and its amounts as of a
-//!   moment;
+//!   moment; `events.rs`: the event feed across the deployments;
 //! - `create.rs`: a new transfer, recorded and run; `idempotency.rs`: its idempotency
 //!   key, and replays;
 //! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
@@ -40,6 +40,7 @@ mod cancel;
 mod create;
 mod driving;
 mod error;
+mod events;
 mod holds;
 mod idempotency;
 mod ledger;
@@ -55,6 +56,7 @@ pub(crate) use admission::AdmissionPermit;
 pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
 pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
+pub use events::FeedPage;
 pub use holds::HoldConflict;
 use placement::Placements;
 

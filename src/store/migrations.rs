@@ -43,6 +43,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0007_entries",
         include_str!("../../migrations/0007_entries.json"),
     ),
+    (
+        "0008_events",
+        include_str!("../../migrations/0008_events.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -17,6 +17,7 @@ mod clock;
 pub mod deployments;
 mod documents;
 pub mod entries;
+pub mod events;
 mod guards;
 pub mod migrations;
 pub mod native;
@@ -462,9 +463,13 @@ impl Store {
         Ok(there + (deadline - here) - allowance)
     }
 
-    /// Applies the migrations in `migrations/` that this database has not recorded yet.
+    /// Applies the migrations in `migrations/` that this database has not recorded yet,
+    /// then makes sure the event feed has its start ([`Store::prepare_feed`]): done
+    /// before the instance serves, so that none of its changes precedes the feed.
     pub async fn migrate(&self) -> StoreResult<Vec<String>> {
-        migrations::apply_all(&self.db).await
+        let applied = migrations::apply_all(&self.db).await?;
+        self.prepare_feed().await?;
+        Ok(applied)
     }
 }
 

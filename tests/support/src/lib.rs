@@ -299,6 +299,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         http_idle_timeout: Duration::from_secs(75),
         startup_patience: Duration::from_secs(60),
         hold_expires: transfer_service::service::DEFAULT_HOLD_EXPIRY,
+        event_retention: transfer_service::recorder::DEFAULT_RETENTION,
         strategy: transfer_service::domain::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),

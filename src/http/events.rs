@@ -1,0 +1,179 @@
+//! `/events`: the event feed (`docs/events.md`), read with a cursor.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::accounts::AccountResponse;
+use super::problem::ApiError;
+use super::responses::{CursorExpired, InvalidParameter, Unavailable};
+use super::transfers::TransferResponse;
+use crate::domain::{Event, EventData, EventType, FeedCursor};
+
+/// Events a page holds unless `limit` says otherwise.
+pub const DEFAULT_EVENTS: u32 = 100;
+/// The most events a page holds.
+pub const MAX_EVENTS: u32 = 1000;
+
+/// What an event reports: `account.opened`; a hold's `transfer.held`; `transfer.done`
+/// (also a capture, the hold's own, and a reversal, its compensating transfer's, which
+/// carries `reverses`); `transfer.canceled` (also a void or an expiry, with the reason).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub enum EventTypeSchema {
+    #[serde(rename = "account.opened")]
+    AccountOpened,
+    #[serde(rename = "transfer.held")]
+    TransferHeld,
+    #[serde(rename = "transfer.done")]
+    TransferDone,
+    #[serde(rename = "transfer.canceled")]
+    TransferCanceled,
+}
+
+impl From<EventType> for EventTypeSchema {
+    fn from(kind: EventType) -> Self {
+        match kind {
+            EventType::AccountOpened => EventTypeSchema::AccountOpened,
+            EventType::TransferHeld => EventTypeSchema::TransferHeld,
+            EventType::TransferDone => EventTypeSchema::TransferDone,
+            EventType::TransferCanceled => EventTypeSchema::TransferCanceled,
+        }
+    }
+}
+
+/// The account or the transfer the event is about, as `GET` answered it at that moment.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum EventDataResponse {
+    Transfer(TransferResponse),
+    Account(AccountResponse),
+}
+
+/// One event.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "id": "transfer.done:6b0619d67d0e8af2ac0b1adf", "type": "transfer.done",
+    "at": "2026-11-26T12:35:03.193Z",
+    "data": { "id": "6b0619d67d0e8af2ac0b1adf", "source": "alice", "destination": "bob",
+              "amount": 2500, "currency": "EUR", "state": "done",
+              "createdAt": "2026-11-26T12:35:03.180Z", "lastModified": "2026-11-26T12:35:03.193Z" }
+}))]
+pub struct EventResponse {
+    /// The same for the same event everywhere and always: `<type>:<account or transfer
+    /// id>`.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: EventTypeSchema,
+    /// The database's time of the change the event reports.
+    pub at: DateTime<Utc>,
+    pub data: EventDataResponse,
+}
+
+impl From<Event> for EventResponse {
+    fn from(e: Event) -> Self {
+        EventResponse {
+            id: e.id,
+            kind: e.kind.into(),
+            at: e.at,
+            data: match e.data {
+                EventData::Transfer(t) => EventDataResponse::Transfer(t.into()),
+                EventData::Account(a) => EventDataResponse::Account(a.into()),
+            },
+        }
+    }
+}
+
+/// A page of the feed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    pub items: Vec<EventResponse>,
+    /// Pass it as `after` for the events after this page, now or later (an empty page
+    /// gives it too). Opaque; valid as long as the events after it are retained.
+    pub next: String,
+}
+
+/// The reading of the feed, as sent.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventParams {
+    /// A page's `next`: the events after it. Absent: from the oldest retained event.
+    pub after: Option<String>,
+    /// How many events to return, 1 to 1000. Default 100.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, example = 100)]
+    pub limit: Option<String>,
+    /// Only these types, comma-separated (`transfer.done,transfer.canceled`). Absent:
+    /// every type.
+    #[param(example = "transfer.done,transfer.canceled")]
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+}
+
+impl EventParams {
+    fn parse(&self) -> Result<(Option<FeedCursor>, u32, Vec<EventType>), ApiError> {
+        let after = match self.after.as_deref() {
+            None => None,
+            Some(raw) => Some(
+                FeedCursor::parse(raw).map_err(|e| ApiError::InvalidParameter {
+                    field: "after".into(),
+                    detail: format!("after {}: pass a page's next", e.0),
+                })?,
+            ),
+        };
+        let limit = match self.limit.as_deref() {
+            None => DEFAULT_EVENTS,
+            Some(raw) => raw
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=MAX_EVENTS).contains(n))
+                .ok_or_else(|| ApiError::InvalidParameter {
+                    field: "limit".into(),
+                    detail: format!("limit must be a whole number from 1 to {MAX_EVENTS}"),
+                })?,
+        };
+        let mut types = Vec::new();
+        if let Some(raw) = self.kind.as_deref() {
+            for name in raw.split(',') {
+                let kind = EventType::parse(name).map_err(|e| ApiError::InvalidParameter {
+                    field: "type".into(),
+                    detail: format!("each type {}", e.0),
+                })?;
+                if !types.contains(&kind) {
+                    types.push(kind);
+                }
+            }
+        }
+        Ok((after, limit, types))
+    }
+}
+
+/// Read the event feed.
+///
+/// Events after the cursor, in the order they were recorded: a transfer reaching `held`,
+/// `done` or `canceled`, and an account opened. A reader that follows `next` sees every
+/// event exactly once, and each only once the change it reports is durable. With several
+/// deployments, each one's events come in its own order, merged by time; a deployment that
+/// does not answer is skipped and its events come once it is back.
+#[utoipa::path(
+    get, path = "/events", tag = "events",
+    params(EventParams),
+    responses(
+        (status = 200, description = "A page of events and the cursor after it.", body = EventPage),
+        (status = 400, response = InvalidParameter),
+        (status = 410, response = CursorExpired),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn list_events(
+    State(state): State<AppState>,
+    query: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EventPage>, ApiError> {
+    let (after, limit, types) = super::query(query)?.parse()?;
+    let page = state.service.events(after, limit, &types).await?;
+    Ok(Json(EventPage {
+        items: page.events.into_iter().map(EventResponse::from).collect(),
+        next: page.next.encode(),
+    }))
+}

@@ -1,0 +1,107 @@
+//! The event feed (`docs/events.md`): each deployment's events after the reader's
+//! position there, merged into one page, and the cursor that resumes after it.
+//!
+//! Exactly once: a deployment's events are read in its feed order, and the cursor moves
+//! a deployment's position only to the last of its events the page returns. A deployment
+//! that does not answer is left out of the page, its position kept, so its events appear
+//! once it is back. A reader whose position is below what the retention removed may have
+//! missed an event: refused, with [`ServiceError::CursorExpired`], never served a gap.
+
+use super::{ServiceError, ServiceResult, TransferService};
+use crate::domain::{Event, EventType, FeedCursor, Position};
+use crate::store::Store;
+
+/// A page of the feed and the cursor after it.
+#[derive(Debug)]
+pub struct FeedPage {
+    /// Oldest first by the time of their changes; within a deployment, in its feed order.
+    pub events: Vec<Event>,
+    /// Where the next page starts: every deployment's position after this page.
+    pub next: FeedCursor,
+}
+
+impl TransferService {
+    /// Up to `limit` events after `after` (from the oldest retained when `None`), of
+    /// `types` (every type when empty).
+    pub async fn events(
+        &self,
+        after: Option<FeedCursor>,
+        limit: u32,
+        types: &[EventType],
+    ) -> ServiceResult<FeedPage> {
+        let mut next = after.unwrap_or_default();
+        let mut found: Vec<Event> = Vec::new();
+        for store in self.deployments.all() {
+            if store.check_answering().is_err() {
+                continue;
+            }
+            match read_one(store, &mut next, limit, types).await {
+                Ok(events) => found.extend(events),
+                Err(ServiceError::Unavailable(e)) => {
+                    tracing::warn!(deployment = %store.deployment(), error = %crate::error_chain::Chain(&e), "events of this deployment left out of the page; they come once it answers");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // Several deployments: merged by time, and only the first `limit` kept; each
+        // deployment's position then moves to the last of its own events kept.
+        found.sort_by(|a, b| {
+            (a.at, &a.deployment, &a.position).cmp(&(b.at, &b.deployment, &b.position))
+        });
+        found.truncate(limit as usize);
+        for event in &found {
+            let position = next
+                .positions
+                .entry(event.deployment.clone())
+                .or_insert_with(|| event.position.clone());
+            if *position < event.position {
+                *position = event.position.clone();
+            }
+        }
+        Ok(FeedPage {
+            events: found,
+            next,
+        })
+    }
+}
+
+/// Up to `limit` of `store`'s events after the cursor's position there. With no
+/// position (a new reader, or a deployment the cursor does not know yet), from the oldest
+/// retained. The cursor then holds a position for the deployment in every case (the
+/// front of the feed, or [`Position::start`] when nothing was ever removed), so that a
+/// removal after this read is noticed by the next one.
+async fn read_one(
+    store: &Store,
+    cursor: &mut FeedCursor,
+    limit: u32,
+    types: &[EventType],
+) -> ServiceResult<Vec<Event>> {
+    let deployment = store.deployment().clone();
+    let given = cursor.positions.get(&deployment).cloned();
+    let trimmed = store.trimmed_through().await?;
+    let mut after = match given.clone() {
+        Some(p) if trimmed.as_ref().is_some_and(|t| p < *t) => {
+            return Err(ServiceError::CursorExpired);
+        }
+        Some(p) => p,
+        None => trimmed.unwrap_or_else(Position::start),
+    };
+    loop {
+        let page = store.read_feed(Some(&after), limit, types).await?;
+        // Read after the events: a removal that took some of them raised it first.
+        match page.trimmed_through {
+            Some(t) if after < t => {
+                if given.is_some() {
+                    return Err(ServiceError::CursorExpired);
+                }
+                // A reader starting from the front raced a removal: it starts from the
+                // new front, what it would have been given a moment later.
+                after = t;
+            }
+            _ => {
+                cursor.positions.insert(deployment, after);
+                return Ok(page.events);
+            }
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! Events (`docs/events.md`): recorded from the deployment's change stream into
+//! `events`, kept for the retention, and read as the deployment's feed.
+//!
+//! Recording:
+//! - The events come from the database's own change stream: a change reports a transfer
+//!   reaching `held`, `done` or `canceled` (an update naming the new `state`, or an
+//!   insert or replace of a document in that state) or an account's insert. The stream
+//!   gives only majority-committed changes, in the order the deployment applied them,
+//!   whichever instance or strategy made them, so no code path can forget an event.
+//! - An event's [`Position`] is the change's cluster time, then its id ([`key`]). Both
+//!   come from the change: every instance that records it gives it the same key and the
+//!   same `_id`, and a second recording is refused by `_id`.
+//! - One instance at a time records a deployment's events, under a lease in
+//!   `eventRecorder` judged by the database's clock. Two recorders at once (a lease that
+//!   ran out under a slow owner) are harmless: each inserts in stream order, and the
+//!   second copy of an event is refused.
+//! - Each recorder inserts in stream order (ordered inserts): an event is visible only
+//!   once every event before it in its deployment's feed is. A reader that has read up
+//!   to a position therefore never sees an event appear below it later.
+//! - Where the stream resumes (`resumeToken`) is saved after the events before it are
+//!   recorded, so a crash or a takeover records some events twice (refused), never
+//!   skips one. The first recorder starts from `startAt`, the cluster time taken when
+//!   this version first started ([`Store::prepare_feed`]), before it served a request.
+//!
+//! Keeping: events older than the retention are removed from the front of the feed
+//! ([`Store::trim_events`]). `trimmedThrough` is raised before they are deleted; a
+//! reader whose position is below it may have missed an event, and is told so.
+
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mongodb::Collection;
+use mongodb::bson::{self, Bson, DateTime, Document, doc};
+use mongodb::change_stream::ChangeStream;
+use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToken};
+use mongodb::error::ErrorKind;
+use mongodb::options::FullDocumentType;
+use serde::{Deserialize, Serialize};
+
+use super::documents::{AccountDoc, Stored, TransferDoc, stored_time};
+use super::{Store, StoreError, StoreResult};
+use crate::domain::{Event, EventData, EventType, Position, Timestamp, TransferState, event_id};
+
+/// The collection of events.
+const EVENTS: &str = "events";
+/// The collection of the recorder's one document.
+const RECORDER: &str = "eventRecorder";
+/// The `_id` of that document.
+const RECORDER_ID: &str = "recorder";
+/// How long the server waits for a change before it answers an empty batch: how long a
+/// quiet recorder goes before it checks its lease and the retention.
+const MAX_AWAIT: Duration = Duration::from_millis(200);
+/// The most changes recorded in one insert.
+pub const MAX_RECORDED: usize = 500;
+/// The most events removed in one round of [`Store::trim_events`].
+const MAX_TRIMMED: i64 = 1000;
+
+/// A stored event.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct EventDoc {
+    /// [`event_id`]: a second recording of the event is refused by it.
+    #[serde(rename = "_id")]
+    id: String,
+    #[serde(rename = "type")]
+    kind: String,
+    /// The database's time of the change it reports.
+    at: DateTime,
+    /// Its place in the feed: [`key`] of its [`Position`].
+    key: String,
+    /// The transfer as it was when it reached the event's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    transfer: Option<TransferDoc>,
+    /// The account as it was opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    account: Option<AccountDoc>,
+}
+
+/// A position as the feed stores and compares it: ten digits of seconds, ten of
+/// increment, then the id, so that the order of the strings is the order of the
+/// positions.
+pub fn key(p: &Position) -> String {
+    format!("{:010}{:010}{}", p.seconds, p.increment, p.id)
+}
+
+/// The position [`key`] made, if `raw` is one.
+pub fn position(raw: &str) -> Option<Position> {
+    let (seconds, rest) = (raw.get(..10)?, raw.get(10..)?);
+    let (increment, id) = (rest.get(..10)?, rest.get(10..)?);
+    Some(Position {
+        seconds: seconds.parse().ok()?,
+        increment: increment.parse().ok()?,
+        id: id.to_owned(),
+    })
+}
+
+/// A deployment's change stream, opened by its recorder.
+pub struct Changes {
+    stream: ChangeStream<ChangeStreamEvent<Document>>,
+    /// Whether the stream's position moved since it was last saved.
+    unsaved: bool,
+}
+
+/// A page of one deployment's feed.
+#[derive(Debug)]
+pub struct FeedPage {
+    /// The events after the position asked, in feed order.
+    pub events: Vec<Event>,
+    /// The position of the last event removed after the retention, read after the events:
+    /// a reader below it may have missed an event.
+    pub trimmed_through: Option<Position>,
+}
+
+impl Store {
+    fn events(&self) -> Collection<EventDoc> {
+        self.db.collection(EVENTS)
+    }
+
+    fn recorder(&self) -> Collection<Document> {
+        self.db.collection(RECORDER)
+    }
+
+    /// Makes the recorder's document if there is none, with `startAt` the database's
+    /// cluster time now: the first recorder records every change from here on. Called at
+    /// start-up, after the migrations and before the instance serves, so that no change
+    /// this version makes precedes the feed's start.
+    pub async fn prepare_feed(&self) -> StoreResult<()> {
+        let reply = self.db.run_command(doc! { "ping": 1 }).await?;
+        let now = reply.get_timestamp("operationTime").ok().or_else(|| {
+            reply
+                .get_document("$clusterTime")
+                .ok()
+                .and_then(|c| c.get_timestamp("clusterTime").ok())
+        });
+        let mut start = doc! {};
+        match now {
+            Some(now) => {
+                start.insert("startAt", now);
+            }
+            None => {
+                tracing::warn!(deployment = %self.deployment, "the database gave no cluster time; the feed starts when its first recorder does")
+            }
+        }
+        self.recorder()
+            .update_one(doc! { "_id": RECORDER_ID }, doc! { "$setOnInsert": start })
+            .upsert(true)
+            .await?;
+        Ok(())
+    }
+
+    /// Takes or renews the lease of this deployment's recorder for `owner`, for `lease` by
+    /// the database's clock, if it is `owner`'s or has run out. Whether `owner` holds it.
+    pub async fn claim_recorder(&self, owner: &str, lease: Duration) -> StoreResult<bool> {
+        // Both ends by the database's clock, read just before: a lease that ran out by
+        // it is free, and the new one runs from a time that clock has surely reached.
+        let now = self.server_time().await?;
+        let until = self.server_time_lower_bound().await?
+            + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
+        let filter = doc! { "_id": RECORDER_ID, "$or": [
+            { "owner": owner },
+            { "leaseUntil": { "$lt": stored_time(now) } },
+            { "leaseUntil": { "$exists": false } },
+        ] };
+        let claim = doc! { "$set": { "owner": owner, "leaseUntil": stored_time(until) } };
+        let result = self.recorder().update_one(filter, claim).await?;
+        Ok(result.matched_count == 1)
+    }
+
+    /// Gives up `owner`'s lease, so that another instance records at once (at shutdown).
+    pub async fn release_recorder(&self, owner: &str) -> StoreResult<()> {
+        self.recorder()
+            .update_one(
+                doc! { "_id": RECORDER_ID, "owner": owner },
+                doc! { "$unset": { "leaseUntil": "" } },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Opens the change stream where the last recorder left it.
+    pub async fn open_changes(&self) -> StoreResult<Changes> {
+        let state = self
+            .recorder()
+            .find_one(doc! { "_id": RECORDER_ID })
+            .await?
+            .unwrap_or_default();
+        let watch = self
+            .db
+            .watch()
+            .pipeline([changes_that_are_events()])
+            .full_document(FullDocumentType::UpdateLookup)
+            .max_await_time(MAX_AWAIT);
+        let stream = match (state.get("resumeToken"), state.get_timestamp("startAt")) {
+            (Some(token), _) => {
+                let token: ResumeToken = bson::from_bson(token.clone()).map_err(|e| {
+                    StoreError::Other(format!("the saved resume token is unreadable: {e}").into())
+                })?;
+                watch.start_after(token).await?
+            }
+            (None, Ok(start)) => watch.start_at_operation_time(start).await?,
+            (None, Err(_)) => watch.await?,
+        };
+        Ok(Changes {
+            stream,
+            unsaved: false,
+        })
+    }
+
+    /// Records the events of the changes the stream has now, at most [`MAX_RECORDED`]
+    /// (waiting up to the stream's await time for a first one), then saves where the
+    /// stream is, as `owner`. The events recorded by this call.
+    pub async fn record_events(&self, changes: &mut Changes, owner: &str) -> StoreResult<usize> {
+        let mut found = Vec::new();
+        while found.len() < MAX_RECORDED {
+            let Some(change) = changes.stream.next_if_any().await? else {
+                break;
+            };
+            changes.unsaved = true;
+            match self.event_of(&change) {
+                Ok(Some(event)) => found.push(event),
+                Ok(None) => {}
+                Err(why) => {
+                    tracing::error!(deployment = %self.deployment, error = %why, "a change that should be an event cannot be read; no event recorded for it");
+                }
+            }
+        }
+        let recorded = self.insert_in_order(&found).await?;
+        if changes.unsaved {
+            if let Some(token) = changes.stream.resume_token() {
+                let token = bson::to_bson(&token).map_err(|e| {
+                    StoreError::Other(format!("a resume token cannot be stored: {e}").into())
+                })?;
+                self.recorder()
+                    .update_one(
+                        doc! { "_id": RECORDER_ID, "owner": owner },
+                        doc! { "$set": { "resumeToken": token } },
+                    )
+                    .await?;
+                changes.unsaved = false;
+            }
+        }
+        Ok(recorded)
+    }
+
+    /// Inserts `events` in their order, leaving out those already recorded. The number
+    /// inserted.
+    async fn insert_in_order(&self, events: &[EventDoc]) -> StoreResult<usize> {
+        let mut inserted = 0;
+        let mut rest: Vec<&EventDoc> = events.iter().collect();
+        // Each round inserts up to the first event another recorder inserted meanwhile;
+        // the rounds are bounded by the events.
+        while !rest.is_empty() {
+            let ids: Vec<&str> = rest.iter().map(|e| e.id.as_str()).collect();
+            let there: Vec<String> = self
+                .events()
+                .clone_with_type::<Document>()
+                .find(doc! { "_id": { "$in": ids } })
+                .projection(doc! { "_id": 1 })
+                .await?
+                .try_collect::<Vec<_>>()
+                .await?
+                .into_iter()
+                .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
+                .collect();
+            rest.retain(|e| !there.contains(&e.id));
+            if rest.is_empty() {
+                break;
+            }
+            match self.events().insert_many(rest.iter().copied()).await {
+                Ok(_) => {
+                    inserted += rest.len();
+                    count(rest.iter().copied());
+                    break;
+                }
+                Err(e) => match e.kind.as_ref() {
+                    ErrorKind::InsertMany(f)
+                        if f.write_concern_error.is_none()
+                            && f.write_errors.as_ref().is_some_and(|w| !w.is_empty())
+                            && f.write_errors.iter().flatten().all(|w| w.code == 11000) =>
+                    {
+                        // Ordered: everything before the refused one is in.
+                        let first = f
+                            .write_errors
+                            .iter()
+                            .flatten()
+                            .map(|w| w.index)
+                            .min()
+                            .unwrap_or(0);
+                        inserted += first;
+                        count(rest[..first].iter().copied());
+                        rest.drain(..=first.min(rest.len() - 1));
+                    }
+                    _ => return Err(StoreError::from(e)),
+                },
+            }
+        }
+        Ok(inserted)
+    }
+
+    /// The event `change` reports, if it reports one.
+    fn event_of(&self, change: &ChangeStreamEvent<Document>) -> Result<Option<EventDoc>, String> {
+        let collection = change.ns.as_ref().and_then(|n| n.coll.as_deref());
+        let Some(time) = change.cluster_time else {
+            return Err("a change without a cluster time".into());
+        };
+        let full = change.full_document.as_ref();
+        match (collection, &change.operation_type) {
+            (Some("accounts"), OperationType::Insert) => {
+                let full = full.ok_or("an account's insert without its document")?;
+                let account: AccountDoc =
+                    bson::from_document(full.clone()).map_err(|e| e.to_string())?;
+                let account = AccountDoc {
+                    recent_entries: Vec::new(),
+                    last_entry_at: None,
+                    pending_transactions: Vec::new(),
+                    fenced_transactions: Vec::new(),
+                    ..account
+                };
+                let id = event_id(EventType::AccountOpened, &account.id);
+                let at = change.wall_time.unwrap_or(account.created_at);
+                Ok(Some(stored(
+                    id,
+                    EventType::AccountOpened,
+                    at,
+                    time,
+                    None,
+                    Some(account),
+                )))
+            }
+            (
+                Some("transactions"),
+                OperationType::Insert | OperationType::Update | OperationType::Replace,
+            ) => {
+                let updated = change
+                    .update_description
+                    .as_ref()
+                    .map(|u| &u.updated_fields);
+                let state = match (&change.operation_type, updated) {
+                    (OperationType::Update, Some(fields)) => fields.get("state"),
+                    _ => full.and_then(|d| d.get("state")),
+                };
+                let Some(state) = state.cloned() else {
+                    return Ok(None);
+                };
+                let state: TransferState = bson::from_bson(state).map_err(|e| e.to_string())?;
+                let Some(kind) = EventType::of_state(state) else {
+                    return Ok(None);
+                };
+                let full = full.ok_or("a transfer's change without its document")?;
+                let transfer: TransferDoc =
+                    bson::from_document(full.clone()).map_err(|e| e.to_string())?;
+                let transfer = transfer
+                    .into_domain(&self.deployment)
+                    .map_err(|e| crate::error_chain::Chain(&e).to_string())?;
+                let stamp = updated
+                    .and_then(|f| f.get_datetime("lastModified").ok())
+                    .map(|t| t.to_chrono());
+                let transfer = transfer.as_it_reached(state, stamp);
+                let id = event_id(kind, &transfer.id.to_string());
+                let at = change
+                    .wall_time
+                    .unwrap_or_else(|| stored_time(transfer.last_modified));
+                let data = TransferDoc::from(&transfer);
+                Ok(Some(stored(id, kind, at, time, Some(data), None)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Removes, as `owner`, the events at the front of the feed older than `retention`
+    /// by the database's clock (at most [`MAX_TRIMMED`] a call): `trimmedThrough` is
+    /// raised first, so that a reader below it learns it may have missed one. The number
+    /// removed.
+    pub async fn trim_events(&self, owner: &str, retention: Duration) -> StoreResult<u64> {
+        let retention = chrono::TimeDelta::from_std(retention).unwrap_or(chrono::TimeDelta::MAX);
+        let cutoff = self
+            .server_time()
+            .await?
+            .checked_sub_signed(retention)
+            .unwrap_or(Timestamp::MIN_UTC);
+        let front: Vec<Document> = self
+            .events()
+            .clone_with_type::<Document>()
+            .find(doc! {})
+            .sort(doc! { "key": 1 })
+            .limit(MAX_TRIMMED)
+            .projection(doc! { "key": 1, "at": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        let old = front
+            .iter()
+            .take_while(|d| d.get_datetime("at").is_ok_and(|at| at.to_chrono() < cutoff))
+            .filter_map(|d| d.get_str("key").ok())
+            .last();
+        let Some(through) = old else {
+            return Ok(0);
+        };
+        let raised = self
+            .recorder()
+            .update_one(
+                doc! { "_id": RECORDER_ID, "owner": owner },
+                doc! { "$max": { "trimmedThrough": through } },
+            )
+            .await?;
+        if raised.matched_count == 0 {
+            return Ok(0);
+        }
+        let deleted = self
+            .events()
+            .delete_many(doc! { "key": { "$lte": through } })
+            .await?;
+        Ok(deleted.deleted_count)
+    }
+
+    /// The position of the last event removed after the retention, if any was.
+    pub async fn trimmed_through(&self) -> StoreResult<Option<Position>> {
+        let state = self
+            .recorder()
+            .find_one(doc! { "_id": RECORDER_ID })
+            .projection(doc! { "trimmedThrough": 1 })
+            .await?;
+        Ok(state
+            .as_ref()
+            .and_then(|s| s.get_str("trimmedThrough").ok())
+            .and_then(position))
+    }
+
+    /// Up to `limit` events after `after` (from the front when `None`), of `types` (all
+    /// when empty), in feed order; and how far the feed was trimmed once they were read.
+    pub async fn read_feed(
+        &self,
+        after: Option<&Position>,
+        limit: u32,
+        types: &[EventType],
+    ) -> StoreResult<FeedPage> {
+        let mut filter = match after {
+            Some(p) => doc! { "key": { "$gt": key(p) } },
+            None => doc! {},
+        };
+        if !types.is_empty() {
+            let names: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
+            filter.insert("type", doc! { "$in": names });
+        }
+        let found: Vec<EventDoc> = self
+            .events()
+            .find(filter)
+            .sort(doc! { "key": 1 })
+            .limit(i64::from(limit))
+            .max_time(super::READ_TIME_LIMIT)
+            .await?
+            .try_collect()
+            .await?;
+        let events = found
+            .into_iter()
+            .map(|d| self.event_from(d))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let trimmed_through = self.trimmed_through().await?;
+        Ok(FeedPage {
+            events,
+            trimmed_through,
+        })
+    }
+
+    fn event_from(&self, d: EventDoc) -> StoreResult<Event> {
+        let bad = |why: String| StoreError::Other(format!("event {}: {why}", d.id).into());
+        let kind = EventType::parse(&d.kind).map_err(|e| bad(e.0))?;
+        let position = position(&d.key).ok_or_else(|| bad("its key is unreadable".into()))?;
+        let data = match (d.transfer.clone(), d.account.clone()) {
+            (Some(t), None) => EventData::Transfer(t.into_domain(&self.deployment)?),
+            (None, Some(a)) => EventData::Account(a.into_domain(&self.deployment)?),
+            _ => return Err(bad("it has no transfer or account".into())),
+        };
+        Ok(Event {
+            id: d.id,
+            kind,
+            at: d.at.to_chrono(),
+            data,
+            deployment: self.deployment.clone(),
+            position,
+        })
+    }
+}
+
+/// The stored event.
+fn stored(
+    id: String,
+    kind: EventType,
+    at: DateTime,
+    time: bson::Timestamp,
+    transfer: Option<TransferDoc>,
+    account: Option<AccountDoc>,
+) -> EventDoc {
+    let position = Position {
+        seconds: time.time,
+        increment: time.increment,
+        id: id.clone(),
+    };
+    EventDoc {
+        key: key(&position),
+        id,
+        kind: kind.as_str().to_owned(),
+        at,
+        transfer,
+        account,
+    }
+}
+
+/// Counts the events inserted.
+fn count<'a>(events: impl Iterator<Item = &'a EventDoc>) {
+    for e in events {
+        if let Ok(kind) = EventType::parse(&e.kind) {
+            crate::metrics::event_recorded(kind);
+        }
+    }
+}
+
+/// The change stream's filter: the changes that may be events, so that the others never
+/// leave the server. An update is one only if it sets `state` to a state with an event;
+/// an insert or a replace of a transfer, if its document is in such a state (a
+/// transfer made in one transaction is inserted `done` or `canceled`; SecantusDB reports
+/// an update pipeline as a replace).
+fn changes_that_are_events() -> Document {
+    let states: Vec<Bson> = [
+        TransferState::Held,
+        TransferState::Done,
+        TransferState::Canceled,
+    ]
+    .iter()
+    .map(|s| Bson::from(s.as_str()))
+    .collect();
+    doc! { "$match": { "$or": [
+        { "ns.coll": "accounts", "operationType": "insert" },
+        {
+            "ns.coll": "transactions",
+            "operationType": "update",
+            "updateDescription.updatedFields.state": { "$in": states.clone() },
+        },
+        {
+            "ns.coll": "transactions",
+            "operationType": { "$in": ["insert", "replace"] },
+            "fullDocument.state": { "$in": states },
+        },
+    ] } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_reads_back_and_sorts_as_its_position() {
+        let a = Position {
+            seconds: 9,
+            increment: 100,
+            id: "transfer.done:6b0619d67d0e8af2ac0b1adf".into(),
+        };
+        let b = Position {
+            seconds: 10,
+            increment: 1,
+            id: "account.opened:a".into(),
+        };
+        assert_eq!(position(&key(&a)), Some(a.clone()));
+        assert_eq!(a < b, key(&a) < key(&b));
+        assert!(key(&a) < key(&b));
+        assert_eq!(position("12"), None);
+        assert_eq!(position("abcdefghij0000000001x"), None);
+    }
+}
