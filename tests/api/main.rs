@@ -5,6 +5,7 @@ mod cancel;
 mod concurrency;
 mod docs;
 mod errors;
+mod events;
 mod group_commit;
 mod holds;
 mod idempotency;
