@@ -151,6 +151,11 @@ pub struct Args {
     )]
     pub event_retention_ms: u64,
 
+    /// Event streams (`GET /events/stream`) open at once, at most, 1 to 100000; one more
+    /// is refused with 503 `too_many_streams`.
+    #[arg(long, env = "MAX_EVENT_STREAMS", default_value = "256", value_parser = whole_number(1..=100_000))]
+    pub max_event_streams: usize,
+
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
     #[arg(
@@ -300,6 +305,8 @@ pub struct Settings {
     pub hold_expires: Duration,
     /// How long an event stays in the feed (see `recorder`).
     pub event_retention: Duration,
+    /// Event streams open at once, at most.
+    pub max_event_streams: usize,
     /// Two-phase commit or one native transaction per transfer.
     pub strategy: Strategy,
     pub log_format: LogFormat,
@@ -696,6 +703,7 @@ impl Settings {
             startup_patience: Duration::from_millis(args.startup_patience_ms),
             hold_expires: Duration::from_millis(args.hold_expires_ms),
             event_retention: Duration::from_millis(args.event_retention_ms),
+            max_event_streams: args.max_event_streams,
             strategy: args.transfer_strategy,
             log_format: args.log_format,
             log_filter: args.rust_log,

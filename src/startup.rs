@@ -196,7 +196,8 @@ impl Application {
         .with_max_in_flight(settings.max_transfers_in_flight)
         .with_admission_wait(settings.admission_wait)
         .with_connection_places(places.clone())
-        .with_default_hold_expiry(settings.hold_expires);
+        .with_default_hold_expiry(settings.hold_expires)
+        .with_max_followers(settings.max_event_streams);
         Ok(Application {
             listener,
             service,
@@ -224,6 +225,7 @@ impl Application {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let state = AppState {
             service: self.service.clone(),
+            shutdown: shutdown.clone(),
         };
         let access = http::auth::Access {
             api_keys: self.settings.api_keys.clone(),
@@ -253,6 +255,11 @@ impl Application {
             self.settings.event_retention,
             shutdown.clone(),
         ));
+        let signal = tokio::spawn({
+            let service = self.service.clone();
+            let shutdown = shutdown.clone();
+            async move { service.signal_new_events(shutdown).await }
+        });
         let limits = http::connections::Limits {
             places: self.places,
             idle_timeout: self.settings.http_idle_timeout,
@@ -270,6 +277,7 @@ impl Application {
         }
         let _ = sweeper.await;
         let _ = recorder.await;
+        let _ = signal.await;
         let _ = watcher.await;
         tracing::info!("stopped");
         Ok(())

@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::accounts::AccountResponse;
 use super::problem::ApiError;
-use super::responses::{CursorExpired, InvalidParameter, Unavailable};
+use super::responses::{CursorExpired, InvalidParameter, TooManyStreams, Unavailable};
 use super::transfers::TransferResponse;
 use crate::domain::{Event, EventData, EventType, FeedCursor};
 
@@ -176,4 +176,101 @@ pub async fn list_events(
         items: page.events.into_iter().map(EventResponse::from).collect(),
         next: page.next.encode(),
     }))
+}
+
+/// The event stream's start, as sent.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamParams {
+    /// A cursor (a page's `next`, or an event's `id:` line): the events after it.
+    /// `Last-Event-ID`, when sent, wins. Neither: from the oldest retained event.
+    pub after: Option<String>,
+    /// Only these types, comma-separated. Absent: every type.
+    #[param(example = "transfer.done,transfer.canceled")]
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+}
+
+/// How often an idle stream sends a comment, so that proxies keep it open.
+pub const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Follow the event feed live (Server-Sent Events).
+///
+/// Each event as `id: <cursor>`, `event: <type>`, `data: <the event's JSON>`, in the
+/// feed's order, and a comment every 15 s while idle. A browser's `EventSource` resumes
+/// after a drop with `Last-Event-ID` by itself, with no loss and no repeat. A reader too
+/// slow to keep up (256 events waiting for it) is disconnected with a final comment saying
+/// so, and resumes the same way.
+#[utoipa::path(
+    get, path = "/events/stream", tag = "events",
+    params(
+        StreamParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "The `id` of the last event received: the stream resumes right after it."),
+    ),
+    responses(
+        (status = 200, description = "The stream, `text/event-stream`.", content_type = "text/event-stream", body = String),
+        (status = 400, response = InvalidParameter),
+        (status = 410, response = CursorExpired),
+        (status = 503, response = TooManyStreams),
+    )
+)]
+pub async fn stream_events(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    query: Result<Query<StreamParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    use axum::response::sse::{Event as Sse, KeepAlive};
+    use futures::StreamExt;
+
+    let params = super::query(query)?;
+    let resume = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(value.to_str().map_err(|_| ApiError::InvalidHeader {
+            header: "Last-Event-ID".into(),
+            detail: "must be an event id this service sent".into(),
+        })?),
+    };
+    let after = resume.map(str::to_owned).or(params.after);
+    let (after, _, types) = EventParams {
+        after,
+        limit: None,
+        kind: params.kind,
+    }
+    .parse()?;
+    let follower = state
+        .service
+        .follow(after, types, state.shutdown.clone())
+        .await?;
+    let ended = follower.ended.clone();
+    let permit_and_queue = follower;
+    let events = futures::stream::unfold(permit_and_queue, |mut f| async move {
+        let (event, cursor) = f.events.recv().await?;
+        Some(((event, cursor), f))
+    })
+    .map(|(event, cursor)| {
+        let kind = event.kind.as_str();
+        let body = serde_json::to_string(&EventResponse::from(event)).unwrap_or_default();
+        Ok::<_, std::convert::Infallible>(Sse::default().id(cursor.encode()).event(kind).data(body))
+    });
+    let last = futures::stream::once(async move {
+        let end = *ended.lock().unwrap_or_else(|e| e.into_inner());
+        let why = match end {
+            Some(crate::service::FollowEnd::FellBehind) => format!(
+                "disconnected: this reader fell {} events behind; reconnect with Last-Event-ID",
+                crate::service::FOLLOWER_QUEUE
+            ),
+            Some(crate::service::FollowEnd::Expired) => {
+                "disconnected: the events after this stream's position were removed after the retention; read GET /events without a cursor".to_owned()
+            }
+            Some(crate::service::FollowEnd::ShuttingDown) | None => {
+                "disconnected: the server is shutting down; reconnect with Last-Event-ID".to_owned()
+            }
+        };
+        Ok(Sse::default().comment(why))
+    });
+    let stream = events.chain(last);
+    Ok(axum::response::sse::Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+        .into_response())
 }

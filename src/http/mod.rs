@@ -43,6 +43,9 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub service: TransferService,
+    /// Cancelled at shutdown: ends the event streams, which would otherwise keep their
+    /// connections (and the graceful shutdown) open for ever.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 #[derive(OpenApi)]
@@ -79,6 +82,7 @@ pub struct AppState {
             responses::AccountRefused,
             responses::InvalidTime,
             responses::CursorExpired,
+            responses::TooManyStreams,
             responses::TransferRefused,
             responses::ReversalRefused,
             responses::InvalidCaptureAmount,
@@ -112,6 +116,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(transfers::capture_transfer))
         .routes(routes!(transfers::void_transfer))
         .routes(routes!(events::list_events))
+        .routes(routes!(events::stream_events))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))

@@ -109,6 +109,8 @@ pub enum ApiError {
     /// 503: this instance has as many transfers in flight as it admits; retry after
     /// `Retry-After` seconds. Nothing was recorded.
     Overloaded,
+    /// 503: as many event streams are open as `MAX_EVENT_STREAMS` allows.
+    TooManyStreams,
     /// 503: the request took longer than the server allows.
     Timeout,
     /// 500: a bug. The body says nothing more; the log has the cause.
@@ -142,9 +144,11 @@ impl ApiError {
             | IdempotencyKeyReused
             | InsufficientFunds { .. }
             | BalanceOverflow { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            DatabaseUnavailable | DeploymentsUnavailable(_) | Overloaded | Timeout => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            DatabaseUnavailable
+            | DeploymentsUnavailable(_)
+            | Overloaded
+            | TooManyStreams
+            | Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -179,6 +183,7 @@ impl ApiError {
                 ("database_unavailable", "Database unavailable")
             }
             Overloaded => ("overloaded", "Overloaded"),
+            TooManyStreams => ("too_many_streams", "Too many event streams"),
             Timeout => ("request_timeout", "Request timeout"),
             Internal => ("internal_error", "Internal server error"),
             Hold { conflict, .. } => match conflict {
@@ -226,6 +231,9 @@ impl ApiError {
             ),
             Overloaded => {
                 "this instance is at its limit of transfers in flight or of connections; nothing was recorded, retry shortly".into()
+            }
+            TooManyStreams => {
+                "this instance has as many event streams open as it allows (MAX_EVENT_STREAMS); retry shortly, or read GET /events".into()
             }
             Timeout => "the request took too long; retry later".into(),
             Internal => "an internal error occurred".into(),
@@ -368,6 +376,12 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if self == ApiError::TooManyStreams {
+            // A stream lasts as long as its reader stays: no hurry.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("10"));
+        }
         if self == ApiError::Unauthorized {
             // RFC 9110: a 401 names the scheme to authenticate with.
             response.headers_mut().insert(
@@ -428,6 +442,7 @@ impl From<ServiceError> for ApiError {
             ),
             ServiceError::Overloaded => ApiError::Overloaded,
             ServiceError::CursorExpired => ApiError::CursorExpired,
+            ServiceError::TooManyFollowers => ApiError::TooManyStreams,
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");
                 ApiError::DatabaseUnavailable

@@ -187,6 +187,15 @@ pub struct InvalidCaptureAmount(pub Problem);
 )]
 pub struct CursorExpired(pub Problem);
 
+/// `GET /events/stream`: no room for another stream.
+#[derive(ToResponse)]
+#[response(
+    description = "`too_many_streams`: as many event streams are open on this instance as `MAX_EVENT_STREAMS` allows; retry after `Retry-After` seconds, or read `GET /events`. Or `database_unavailable`.",
+    content_type = PROBLEM_JSON,
+    headers(("Retry-After" = Option<String>, description = "Seconds to wait before retrying."))
+)]
+pub struct TooManyStreams(pub Problem);
+
 #[derive(ToResponse)]
 #[response(
     description = "`database_unavailable` or `request_timeout`: try again later.",

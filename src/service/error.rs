@@ -51,6 +51,9 @@ pub enum ServiceError {
     /// may have missed some, and must start again from the oldest retained.
     #[error("the events after this cursor were removed after the retention")]
     CursorExpired,
+    /// As many event streams are open as `MAX_EVENT_STREAMS` allows.
+    #[error("too many event streams are open")]
+    TooManyFollowers,
     /// Too many transfers in flight in this instance: refused before anything was
     /// recorded; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]

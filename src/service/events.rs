@@ -16,6 +16,8 @@ use crate::store::Store;
 pub struct FeedPage {
     /// Oldest first by the time of their changes; within a deployment, in its feed order.
     pub events: Vec<Event>,
+    /// The cursor right after each event (a stream's event id), one per event.
+    pub cursors: Vec<FeedCursor>,
     /// Where the next page starts: every deployment's position after this page.
     pub next: FeedCursor,
 }
@@ -30,39 +32,50 @@ impl TransferService {
         types: &[EventType],
     ) -> ServiceResult<FeedPage> {
         let mut next = after.unwrap_or_default();
-        let mut found: Vec<Event> = Vec::new();
+        let mut feeds: Vec<std::collections::VecDeque<Event>> = Vec::new();
         for store in self.deployments.all() {
             if store.check_answering().is_err() {
                 continue;
             }
             match read_one(store, &mut next, limit, types).await {
-                Ok(events) => found.extend(events),
+                Ok(events) => feeds.push(events.into()),
                 Err(ServiceError::Unavailable(e)) => {
                     tracing::warn!(deployment = %store.deployment(), error = %crate::error_chain::Chain(&e), "events of this deployment left out of the page; they come once it answers");
                 }
                 Err(e) => return Err(e),
             }
         }
-        // Several deployments: merged by time, and only the first `limit` kept; each
-        // deployment's position then moves to the last of its own events kept.
-        found.sort_by(|a, b| {
-            (a.at, &a.deployment, &a.position).cmp(&(b.at, &b.deployment, &b.position))
-        });
-        found.truncate(limit as usize);
+        let found = merged(feeds, limit as usize);
+        let mut cursors = Vec::with_capacity(found.len());
         for event in &found {
-            let position = next
-                .positions
-                .entry(event.deployment.clone())
-                .or_insert_with(|| event.position.clone());
-            if *position < event.position {
-                *position = event.position.clone();
-            }
+            next.positions
+                .insert(event.deployment.clone(), event.position.clone());
+            cursors.push(next.clone());
         }
         Ok(FeedPage {
             events: found,
+            cursors,
             next,
         })
     }
+}
+
+/// The first `limit` events of the deployments' `feeds`, each in its own order, merged by
+/// time (then deployment): a deployment's events are never reordered among themselves,
+/// whatever their times say.
+fn merged(mut feeds: Vec<std::collections::VecDeque<Event>>, limit: usize) -> Vec<Event> {
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let next = feeds
+            .iter_mut()
+            .filter(|f| !f.is_empty())
+            .min_by(|a, b| (a[0].at, &a[0].deployment).cmp(&(b[0].at, &b[0].deployment)));
+        match next.and_then(|f| f.pop_front()) {
+            Some(event) => out.push(event),
+            None => break,
+        }
+    }
+    out
 }
 
 /// Up to `limit` of `store`'s events after the cursor's position there. With no

@@ -22,7 +22,8 @@
 //! - `admission.rs`: the permits of admission control, and the ways in;
 //! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
 //!   once and remembered; `ledger.rs`: an account's entries and its amounts as of a
-//!   moment; `events.rs`: the event feed across the deployments;
+//!   moment; `events.rs`: the event feed across the deployments; `follow.rs`: following
+//!   it live, for the event stream;
 //! - `create.rs`: a new transfer, recorded and run; `idempotency.rs`: its idempotency
 //!   key, and replays;
 //! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
@@ -41,6 +42,7 @@ mod create;
 mod driving;
 mod error;
 mod events;
+mod follow;
 mod holds;
 mod idempotency;
 mod ledger;
@@ -57,6 +59,7 @@ pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
 pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
 pub use events::FeedPage;
+pub use follow::{DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, QUEUE as FOLLOWER_QUEUE};
 pub use holds::HoldConflict;
 use placement::Placements;
 
@@ -111,6 +114,8 @@ pub struct TransferService {
     /// [`Placements`]): a transfer between known accounts is validated and routed
     /// without a read.
     placements: Placements,
+    /// The live followers of the event feed and their signal (see [`follow`]).
+    followers: follow::Followers,
 }
 
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
@@ -137,6 +142,7 @@ impl TransferService {
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,
             admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
             placements: Placements::bounded(placement::KNOWN_ACCOUNTS_MAX),
+            followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS),
         }
     }
 

@@ -412,6 +412,20 @@ impl Store {
         Ok(deleted.deleted_count)
     }
 
+    /// The place in the feed of this deployment's newest event, if it has one: what the
+    /// followers' signal watches (see `service::events`).
+    pub async fn newest_event_key(&self) -> StoreResult<Option<String>> {
+        let newest = self
+            .events()
+            .clone_with_type::<Document>()
+            .find_one(doc! {})
+            .sort(doc! { "key": -1 })
+            .projection(doc! { "key": 1 })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
+        Ok(newest.and_then(|d| d.get_str("key").ok().map(str::to_owned)))
+    }
+
     /// The position of the last event removed after the retention, if any was.
     pub async fn trimmed_through(&self) -> StoreResult<Option<Position>> {
         let state = self

@@ -300,6 +300,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         startup_patience: Duration::from_secs(60),
         hold_expires: transfer_service::service::DEFAULT_HOLD_EXPIRY,
         event_retention: transfer_service::recorder::DEFAULT_RETENTION,
+        max_event_streams: transfer_service::service::DEFAULT_MAX_FOLLOWERS,
         strategy: transfer_service::domain::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),
