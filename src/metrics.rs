@@ -46,6 +46,7 @@ const DB_DURATION: &str = "db_operation_duration_seconds";
 const HOLDS: &str = "holds_total";
 const ENTRIES_MOVED: &str = "ledger_entries_moved_total";
 const EVENTS_RECORDED: &str = "events_recorded_total";
+const EVENT_STREAMS: &str = "event_streams_open";
 
 /// How a hold can end, as `holds_total` labels it.
 const HOLD_OUTCOMES: [&str; 4] = ["captured", "voided", "expired", "refused"];
@@ -69,7 +70,7 @@ impl Kind {
 }
 
 /// Every family with its type and HELP text: what dashboards rely on.
-const FAMILIES: [(&str, Kind, &str); 9] = [
+const FAMILIES: [(&str, Kind, &str); 10] = [
     (
         HTTP_REQUESTS,
         Kind::Counter,
@@ -114,6 +115,11 @@ const FAMILIES: [(&str, Kind, &str); 9] = [
         EVENTS_RECORDED,
         Kind::Counter,
         "Events this process recorded into a deployment's feed, by type (docs/events.md); an event another instance recorded first is not counted.",
+    ),
+    (
+        EVENT_STREAMS,
+        Kind::Gauge,
+        "Event streams (GET /events/stream) open on this process; at most MAX_EVENT_STREAMS.",
     ),
 ];
 
@@ -206,6 +212,7 @@ fn install() -> Installed {
     for kind in EventType::ALL {
         counter!(EVENTS_RECORDED, "type" => kind.as_str()).increment(0);
     }
+    gauge!(EVENT_STREAMS).set(0.0);
 
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
@@ -307,6 +314,25 @@ impl InFlightTransfer {
 impl Drop for InFlightTransfer {
     fn drop(&mut self) {
         installed().in_flight.decrement(1.0);
+    }
+}
+
+/// Counts an event stream as open while it lives.
+#[must_use = "the stream counts as open only while the guard lives"]
+#[derive(Debug)]
+pub struct OpenEventStream(());
+
+impl OpenEventStream {
+    pub fn enter() -> OpenEventStream {
+        installed();
+        gauge!(EVENT_STREAMS).increment(1.0);
+        OpenEventStream(())
+    }
+}
+
+impl Drop for OpenEventStream {
+    fn drop(&mut self) {
+        gauge!(EVENT_STREAMS).decrement(1.0);
     }
 }
 

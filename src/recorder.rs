@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error_chain::Chain;
+use crate::store::events::MAX_TRIMMED;
 use crate::store::{Deployments, Store, StoreResult};
 
 /// How long an event stays in the feed unless `EVENT_RETENTION_MS` says otherwise.
@@ -114,7 +115,8 @@ async fn record_while_owner(
             if removed > 0 {
                 tracing::debug!(deployment = %store.deployment(), removed, "events past the retention removed");
             }
-            trimmed = Some(Instant::now());
+            // A full round: more are due; the next round comes after this recording one.
+            trimmed = (removed < MAX_TRIMMED).then(Instant::now);
         }
         // Waits up to the stream's await time when nothing happens, so the loop turns a
         // few times a second when quiet.

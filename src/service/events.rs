@@ -32,25 +32,38 @@ impl TransferService {
         types: &[EventType],
     ) -> ServiceResult<FeedPage> {
         let mut next = after.unwrap_or_default();
-        let mut feeds: Vec<std::collections::VecDeque<Event>> = Vec::new();
+        let mut feeds: Vec<Feed> = Vec::new();
         for store in self.deployments.all() {
             if store.check_answering().is_err() {
                 continue;
             }
             match read_one(store, &mut next, limit, types).await {
-                Ok(events) => feeds.push(events.into()),
+                Ok(feed) => feeds.push(feed),
                 Err(ServiceError::Unavailable(e)) => {
                     tracing::warn!(deployment = %store.deployment(), error = %crate::error_chain::Chain(&e), "events of this deployment left out of the page; they come once it answers");
                 }
                 Err(e) => return Err(e),
             }
         }
-        let found = merged(feeds, limit as usize);
+        let found = merged(&mut feeds, limit as usize);
         let mut cursors = Vec::with_capacity(found.len());
         for event in &found {
             next.positions
                 .insert(event.deployment.clone(), event.position.clone());
             cursors.push(next.clone());
+        }
+        // A filtered read that returned every match of a deployment (all of them kept in
+        // the page) has passed everything up to that deployment's newest event.
+        for feed in feeds {
+            if let (true, Some(passed)) = (feed.events.is_empty(), feed.passed) {
+                let position = next
+                    .positions
+                    .entry(feed.deployment)
+                    .or_insert(passed.clone());
+                if *position < passed {
+                    *position = passed;
+                }
+            }
         }
         Ok(FeedPage {
             events: found,
@@ -60,17 +73,27 @@ impl TransferService {
     }
 }
 
+/// What one deployment's read gave.
+struct Feed {
+    deployment: crate::domain::DeploymentName,
+    /// Its events, in its feed's order; those the page did not take stay here.
+    events: std::collections::VecDeque<Event>,
+    /// With a type filter and fewer matches than the limit: the deployment's newest event
+    /// when the read began; every match up to it is in `events`.
+    passed: Option<Position>,
+}
+
 /// The first `limit` events of the deployments' `feeds`, each in its own order, merged by
 /// time (then deployment): a deployment's events are never reordered among themselves,
-/// whatever their times say.
-fn merged(mut feeds: Vec<std::collections::VecDeque<Event>>, limit: usize) -> Vec<Event> {
+/// whatever their times say. What is not taken stays in `feeds`.
+fn merged(feeds: &mut [Feed], limit: usize) -> Vec<Event> {
     let mut out = Vec::new();
     while out.len() < limit {
         let next = feeds
             .iter_mut()
-            .filter(|f| !f.is_empty())
-            .min_by(|a, b| (a[0].at, &a[0].deployment).cmp(&(b[0].at, &b[0].deployment)));
-        match next.and_then(|f| f.pop_front()) {
+            .filter(|f| !f.events.is_empty())
+            .min_by(|a, b| (a.events[0].at, &a.deployment).cmp(&(b.events[0].at, &b.deployment)));
+        match next.and_then(|f| f.events.pop_front()) {
             Some(event) => out.push(event),
             None => break,
         }
@@ -88,7 +111,7 @@ async fn read_one(
     cursor: &mut FeedCursor,
     limit: u32,
     types: &[EventType],
-) -> ServiceResult<Vec<Event>> {
+) -> ServiceResult<Feed> {
     let deployment = store.deployment().clone();
     let given = cursor.positions.get(&deployment).cloned();
     let trimmed = store.trimmed_through().await?;
@@ -98,6 +121,11 @@ async fn read_one(
         }
         Some(p) => p,
         None => trimmed.unwrap_or_else(Position::start),
+    };
+    // Read before the events: anything newer is recorded after them, and comes later.
+    let newest = match types.is_empty() {
+        true => None,
+        false => store.newest_event().await?,
     };
     loop {
         let page = store.read_feed(Some(&after), limit, types).await?;
@@ -112,8 +140,13 @@ async fn read_one(
                 after = t;
             }
             _ => {
-                cursor.positions.insert(deployment, after);
-                return Ok(page.events);
+                let all_matches = page.events.len() < limit as usize;
+                cursor.positions.insert(deployment.clone(), after);
+                return Ok(Feed {
+                    deployment,
+                    passed: newest.filter(|_| all_matches),
+                    events: page.events.into(),
+                });
             }
         }
     }

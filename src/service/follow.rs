@@ -69,6 +69,8 @@ pub struct Follower {
     pub ended: Arc<Mutex<Option<FollowEnd>>>,
     /// Held for the follower's life (`MAX_EVENT_STREAMS`).
     _permit: OwnedSemaphorePermit,
+    /// Counts it in `event_streams_open` while it lives.
+    _open: crate::metrics::OpenEventStream,
 }
 
 impl TransferService {
@@ -110,13 +112,15 @@ impl TransferService {
             events,
             ended,
             _permit: permit,
+            _open: crate::metrics::OpenEventStream::enter(),
         })
     }
 
     /// Bumps the followers' signal whenever some deployment's newest event changes,
     /// looking every [`SIGNAL_EVERY`] while anyone follows, until `shutdown`.
     pub async fn signal_new_events(&self, shutdown: CancellationToken) {
-        let mut newest: Vec<Option<String>> = vec![None; self.deployments.all().len()];
+        let mut newest: Vec<Option<crate::domain::Position>> =
+            vec![None; self.deployments.all().len()];
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -130,7 +134,7 @@ impl TransferService {
                 if store.check_answering().is_err() {
                     continue;
                 }
-                if let Ok(now) = store.newest_event_key().await {
+                if let Ok(now) = store.newest_event().await {
                     grew |= now != *seen;
                     *seen = now;
                 }

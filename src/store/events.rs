@@ -52,8 +52,11 @@ const RECORDER_ID: &str = "recorder";
 const MAX_AWAIT: Duration = Duration::from_millis(200);
 /// The most changes recorded in one insert.
 pub const MAX_RECORDED: usize = 500;
-/// The most events removed in one round of [`Store::trim_events`].
-const MAX_TRIMMED: i64 = 1000;
+/// The most events removed in one round of [`Store::trim_events`]: a round is one
+/// `deleteMany`, which holds SecantusDB's write lock for its whole length (about 25 ms
+/// for this many), so the rounds stay short and the recorder runs them back to back
+/// while there is more to remove.
+pub const MAX_TRIMMED: u64 = 1000;
 
 /// A stored event.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -96,9 +99,17 @@ pub fn position(raw: &str) -> Option<Position> {
 /// A deployment's change stream, opened by its recorder.
 pub struct Changes {
     stream: ChangeStream<ChangeStreamEvent<Document>>,
-    /// Whether the stream's position moved since it was last saved.
-    unsaved: bool,
+    /// Where the stream was last saved, and when: a quiet stream's position still moves
+    /// (the server's empty batches carry it), and is saved every [`SAVE_QUIET_EVERY`], so
+    /// that a restart never resumes from further back than the oplog keeps.
+    saved: Option<(ResumeToken, std::time::Instant)>,
 }
+
+/// How often a stream that reported no change saves its moving position.
+const SAVE_QUIET_EVERY: Duration = Duration::from_secs(10);
+
+/// MongoDB's ChangeStreamHistoryLost: the stream's resume point is older than the oplog.
+const HISTORY_LOST: i32 = 286;
 
 /// A page of one deployment's feed.
 #[derive(Debug)]
@@ -176,8 +187,27 @@ impl Store {
         Ok(())
     }
 
-    /// Opens the change stream where the last recorder left it.
+    /// Opens the change stream where the last recorder left it. If the oplog no longer
+    /// reaches back there (the recorders were stopped for longer than it keeps), the
+    /// events in between cannot be recorded any more: says so loudly, and starts again
+    /// from now rather than never again.
     pub async fn open_changes(&self) -> StoreResult<Changes> {
+        match self.watch_from_saved().await {
+            Err(StoreError::Other(cause)) if history_lost(&cause) => {
+                tracing::error!(deployment = %self.deployment, "the change stream cannot resume where the last recorder left it (the oplog no longer reaches back there): the events of the changes made since then are lost; recording from now on");
+                self.recorder()
+                    .update_one(
+                        doc! { "_id": RECORDER_ID },
+                        doc! { "$unset": { "resumeToken": "", "startAt": "" } },
+                    )
+                    .await?;
+                self.watch_from_saved().await
+            }
+            opened => opened,
+        }
+    }
+
+    async fn watch_from_saved(&self) -> StoreResult<Changes> {
         let state = self
             .recorder()
             .find_one(doc! { "_id": RECORDER_ID })
@@ -201,7 +231,7 @@ impl Store {
         };
         Ok(Changes {
             stream,
-            unsaved: false,
+            saved: None,
         })
     }
 
@@ -210,11 +240,12 @@ impl Store {
     /// stream is, as `owner`. The events recorded by this call.
     pub async fn record_events(&self, changes: &mut Changes, owner: &str) -> StoreResult<usize> {
         let mut found = Vec::new();
+        let mut changed = false;
         while found.len() < MAX_RECORDED {
             let Some(change) = changes.stream.next_if_any().await? else {
                 break;
             };
-            changes.unsaved = true;
+            changed = true;
             match self.event_of(&change) {
                 Ok(Some(event)) => found.push(event),
                 Ok(None) => {}
@@ -224,19 +255,24 @@ impl Store {
             }
         }
         let recorded = self.insert_in_order(&found).await?;
-        if changes.unsaved {
-            if let Some(token) = changes.stream.resume_token() {
-                let token = bson::to_bson(&token).map_err(|e| {
-                    StoreError::Other(format!("a resume token cannot be stored: {e}").into())
-                })?;
-                self.recorder()
-                    .update_one(
-                        doc! { "_id": RECORDER_ID, "owner": owner },
-                        doc! { "$set": { "resumeToken": token } },
-                    )
-                    .await?;
-                changes.unsaved = false;
-            }
+        let Some(token) = changes.stream.resume_token() else {
+            return Ok(recorded);
+        };
+        let due = match &changes.saved {
+            None => true,
+            Some((saved, at)) => *saved != token && (changed || at.elapsed() >= SAVE_QUIET_EVERY),
+        };
+        if due {
+            let stored = bson::to_bson(&token).map_err(|e| {
+                StoreError::Other(format!("a resume token cannot be stored: {e}").into())
+            })?;
+            self.recorder()
+                .update_one(
+                    doc! { "_id": RECORDER_ID, "owner": owner },
+                    doc! { "$set": { "resumeToken": stored } },
+                )
+                .await?;
+            changes.saved = Some((token, std::time::Instant::now()));
         }
         Ok(recorded)
     }
@@ -382,7 +418,7 @@ impl Store {
             .clone_with_type::<Document>()
             .find(doc! {})
             .sort(doc! { "key": 1 })
-            .limit(MAX_TRIMMED)
+            .limit(MAX_TRIMMED as i64)
             .projection(doc! { "key": 1, "at": 1 })
             .await?
             .try_collect()
@@ -412,9 +448,9 @@ impl Store {
         Ok(deleted.deleted_count)
     }
 
-    /// The place in the feed of this deployment's newest event, if it has one: what the
-    /// followers' signal watches (see `service::events`).
-    pub async fn newest_event_key(&self) -> StoreResult<Option<String>> {
+    /// The position of this deployment's newest event, if it has one: what the followers'
+    /// signal watches, and how far a filtered read that saw every match may move.
+    pub async fn newest_event(&self) -> StoreResult<Option<Position>> {
         let newest = self
             .events()
             .clone_with_type::<Document>()
@@ -423,7 +459,7 @@ impl Store {
             .projection(doc! { "key": 1 })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        Ok(newest.and_then(|d| d.get_str("key").ok().map(str::to_owned)))
+        Ok(newest.and_then(|d| d.get_str("key").ok().and_then(position)))
     }
 
     /// The position of the last event removed after the retention, if any was.
@@ -492,6 +528,16 @@ impl Store {
             deployment: self.deployment.clone(),
             position,
         })
+    }
+}
+
+/// Whether `cause` is the server saying the stream's history is gone.
+fn history_lost(cause: &super::Cause) -> bool {
+    match cause {
+        super::Cause::Driver(e) => {
+            matches!(e.kind.as_ref(), ErrorKind::Command(c) if c.code == HISTORY_LOST)
+        }
+        super::Cause::Found(_) => false,
     }
 }
 

@@ -914,3 +914,33 @@ async fn when_the_recording_instance_stops_another_records_on_without_a_gap_or_a
     assert_eq!(owner(&lease), staying.instance_id, "{lease}");
     assert!(lease.contains_key("leaseUntil"), "{lease}");
 }
+
+/// A reader filtering by type that has read every match is past the events of other
+/// types too: their removal after the retention does not expire its cursor, while the
+/// removal of a match it had not read does.
+#[tokio::test]
+async fn a_filtered_reader_that_saw_every_match_keeps_its_cursor_when_other_events_go() {
+    let app = spawn_app_with(|s| s.event_retention = Duration::from_secs(1)).await;
+    open(&app, "alice", 1_000).await;
+    open(&app, "bob", 0).await;
+    let transfer = id_of(&done(&app, "alice", "bob", 10).await);
+    settle(&app, "barrier").await;
+    // Every done transfer read: the cursor is past the later account openings too.
+    let (read, caught_up) = events_page(&app, "?type=transfer.done&limit=1000").await;
+    assert_eq!(ids(&read), [format!("transfer.done:{transfer}")]);
+    // A reader that stopped before the match: its cursor is below an event it missed.
+    let (_, before_match) = events_page(&app, "?type=account.opened&limit=1").await;
+    eventually(
+        "the retention removes every event made",
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        async || feed(&app).await.is_empty().then_some(()),
+    )
+    .await;
+    let (nothing, _) = events_page(&app, &format!("?type=transfer.done&after={caught_up}")).await;
+    assert!(nothing.is_empty(), "{nothing:#?}");
+    let response = app
+        .get(&format!("/events?type=transfer.done&after={before_match}"))
+        .await;
+    assert_problem(response, 410, "cursor_expired").await;
+}
