@@ -68,9 +68,16 @@
 //!   with its amounts (a done transfer its debit and its credit, a rollback nothing or
 //!   its debit and its undo, a hold its reservations and their capture or release); the
 //!   latest balances sum to the opening total; every balance asked during the run is what
-//!   the entries say for its moment; and the API answers the stored entries.
+//!   the entries say for its moment; and the API answers the stored entries;
+//! - the event feed ([`events`]), read through the API once it has caught up: every
+//!   finished transfer of the logs has one event of its end (`transfer.done` or
+//!   `transfer.canceled`) with the transfer as the log ends it, every account one
+//!   `account.opened`; `transfer.held` only for holds, at most once, with the held amount;
+//!   no event twice, none about anything not in the books; each deployment's events in
+//!   the feed in its stored order, every page's `next` at the last of them.
 
 pub mod answers;
+pub mod events;
 pub mod history;
 pub mod ledger;
 pub mod report;
@@ -277,14 +284,15 @@ pub struct Checked {
 }
 
 /// Every check of the module doc over what the run's end found and what its clients
-/// saw, with what the sampler found during the run, and the ledger. With `same_clock`
-/// (the database servers run on this host) answers about holds are also compared in
-/// time with their `expiresAt`.
+/// saw, with what the sampler found during the run, the ledger and the event feed. With
+/// `same_clock` (the database servers run on this host) answers about holds are also
+/// compared in time with their `expiresAt`.
 pub fn check_all(
     report: &Report,
     key_records: &[KeyRecord],
     sampled: Sampled,
     ledger: &LedgerSeen,
+    events: &events::EventsSeen,
     same_clock: bool,
 ) -> Checked {
     let (layout, history) = (report.layout, report.history);
@@ -308,6 +316,7 @@ pub fn check_all(
     }
     check_hold_winners(&history.seen, &by_id, &mut checks);
     ledger::check(ledger, transfers, &mut checks);
+    events::check(events, layout, transfers, accounts, &mut checks);
     let unknown = check_requests(layout, transfers, &by_id, key_records, history, &mut checks);
     let while_down = report
         .havoc

@@ -37,7 +37,8 @@
 //! reads every deployment (accounts, transfer log, idempotency keys) and checks, over all
 //! of them at once, the invariants listed in [`checker`]: no money made or lost, every
 //! transfer finished and placed where it belongs, every answer a client got true to the
-//! final state.
+//! final state; and it reads the event feed through the API until it has caught up, and
+//! checks it against the books (an event for every transfer it finished).
 //!
 //! Each test runs for `BANK_TEST_SECONDS` (default 30) of load and prints what it did
 //! (holds by plan and by outcome among them, transfers by log and how many cross
@@ -136,6 +137,8 @@ async fn run_bank(layout: Layout) {
     let watched = watcher.await.unwrap();
     // After the transfers `end` holds: the entries are read once they no longer move.
     let ledger = checker::ledger::read_end(&books, &clients.bases, watched).await;
+    // And the event feed, once its recorders have caught up with the transfers `end` holds.
+    let events = checker::events::read_end(&books, &clients.bases, &end).await;
     let history = clients.history.lock().unwrap();
     let report = Report {
         layout,
@@ -147,10 +150,11 @@ async fn run_bank(layout: Layout) {
     };
     let happened = report.what_happened(&sampled);
     checker::ledger::describe(&ledger);
+    checker::events::describe(&events);
     // The database servers run on this host (their clock is the test's) unless
     // MONGODB_URI is set.
     let same_clock = servers.owned();
-    let checked = checker::check_all(&report, &key_records, sampled, &ledger, same_clock);
+    let checked = checker::check_all(&report, &key_records, sampled, &ledger, &events, same_clock);
     report.summary(&checked);
     report.verdict(&happened, &checked);
 }
