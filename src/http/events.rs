@@ -224,20 +224,28 @@ pub async fn stream_events(
     use futures::StreamExt;
 
     let params = super::query(query)?;
+    // The header, when sent, wins (`after` is then not read): a browser's EventSource sends
+    // it on reconnecting, with the URL it first opened, whose `after` is older.
     let resume = match headers.get("last-event-id") {
         None => None,
-        Some(value) => Some(value.to_str().map_err(|_| ApiError::InvalidHeader {
-            header: "Last-Event-ID".into(),
-            detail: "must be an event id this service sent".into(),
-        })?),
+        Some(value) => {
+            let refuse = || {
+                ApiError::InvalidParameter {
+                field: "Last-Event-ID".into(),
+                detail: "Last-Event-ID is not an event id this service sent: pass the id: of the last event received".into(),
+            }
+            };
+            let raw = value.to_str().map_err(|_| refuse())?;
+            Some(FeedCursor::parse(raw).map_err(|_| refuse())?)
+        }
     };
-    let after = resume.map(str::to_owned).or(params.after);
     let (after, _, types) = EventParams {
-        after,
+        after: if resume.is_some() { None } else { params.after },
         limit: None,
         kind: params.kind,
     }
     .parse()?;
+    let after = resume.or(after);
     let follower = state
         .service
         .follow(after, types, state.shutdown.clone())

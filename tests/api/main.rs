@@ -6,6 +6,7 @@ mod concurrency;
 mod docs;
 mod errors;
 mod events;
+mod events_stream;
 mod group_commit;
 mod holds;
 mod idempotency;
