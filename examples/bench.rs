@@ -1,5 +1,5 @@
 //! The benchmark: `cargo run --release --example bench [-- --quick] [--out DIR]
-//! [--parts limit,twophase,native,seed,overload,storm,holds,deployments,ledger]
+//! [--parts limit,twophase,native,seed,overload,storm,holds,deployments,ledger,events]
 //! [--admission-wait-ms N]`.
 //!
 //! In one run, against one database server started for it (a SecantusDB daemon with
@@ -25,7 +25,9 @@
 //!    daemon), per second, their latency and the database commands each costs;
 //! 9. the ledger: a statement of 1,000 entries and a balance as of a past time, read
 //!    right after the transfers that made them, once the entry mover has moved them, and
-//!    with all of them in the account's document; and what an entry costs in bytes.
+//!    with all of them in the account's document; and what an entry costs in bytes;
+//! 10. events: transfers per second with one webhook and one event stream following the
+//!     events, against none, and the delay from a transfer's answer to its webhook.
 //!
 //! Each closed-loop point of parts 2 and 3 also reports what the database did per
 //! transfer, from its own counters: commands by name, documents written, journal bytes.
@@ -37,6 +39,8 @@
 mod deployments;
 #[path = "bench/driver.rs"]
 mod driver;
+#[path = "bench/events.rs"]
+mod events;
 #[path = "bench/holds.rs"]
 mod holds;
 #[path = "bench/ledger.rs"]
@@ -66,6 +70,7 @@ use clap::{Parser, ValueEnum};
 use mongodb::bson::doc;
 
 use crate::deployments::DeploymentsPlan;
+use crate::events::EventsPlan;
 use crate::holds::HoldsPlan;
 use crate::ledger::LedgerPlan;
 use crate::limit::LimitPlan;
@@ -86,6 +91,7 @@ enum Part {
     Holds,
     Deployments,
     Ledger,
+    Events,
 }
 
 /// Measures the database's limit, the service's two strategies and the seed scenario.
@@ -103,7 +109,7 @@ struct Cli {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "limit,twophase,native,seed,overload,storm,holds,deployments,ledger"
+        default_value = "limit,twophase,native,seed,overload,storm,holds,deployments,ledger,events"
     )]
     parts: Vec<Part>,
     /// `ADMISSION_WAIT_MS` for the services of the overload and storm parts (unset: the
@@ -132,6 +138,7 @@ struct Plans {
     holds: HoldsPlan,
     deployments: DeploymentsPlan,
     ledger: LedgerPlan,
+    events: EventsPlan,
 }
 
 fn plans(quick: bool, concurrencies: &[usize], admission_wait_ms: Option<u64>) -> Plans {
@@ -222,6 +229,16 @@ fn plans(quick: bool, concurrencies: &[usize], admission_wait_ms: Option<u64>) -
             opening_balance: 1_000_000_000_000,
             amount: 1,
             settle_timeout_s: 10.0,
+        },
+        events: EventsPlan {
+            concurrency: if quick { 8 } else { 128 },
+            accounts: if quick { 100 } else { 1000 },
+            warmup_s: warmup,
+            window_s: window,
+            rounds: if quick { 1 } else { 3 },
+            opening_balance: 1_000_000_000_000,
+            amount: 1,
+            settle_timeout_s: 30.0,
         },
     }
 }
@@ -316,7 +333,8 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         || wants(Part::Storm)
         || wants(Part::Holds)
         || wants(Part::Deployments)
-        || wants(Part::Ledger);
+        || wants(Part::Ledger)
+        || wants(Part::Events);
     let server_binary = if needs_server {
         let t = Instant::now();
         match tokio::task::spawn_blocking(procs::build_server)
@@ -500,6 +518,13 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         ledger_result = Some(ledger::run(ctx, &plans.ledger).await);
         part_seconds.push(("ledger".to_owned(), t.elapsed().as_secs_f64()));
     }
+    // Part 10.
+    let mut events_result = None;
+    if let (Some(ctx), true) = (&ctx, wants(Part::Events)) {
+        let t = Instant::now();
+        events_result = Some(events::run(ctx, &plans.events).await);
+        part_seconds.push(("events".to_owned(), t.elapsed().as_secs_f64()));
+    }
     let mut violations = overload_result
         .as_ref()
         .map_or_else(Vec::new, overload::OverloadResult::violations);
@@ -522,6 +547,11 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         ledger_result
             .as_ref()
             .map_or_else(Vec::new, ledger::LedgerResult::violations),
+    );
+    violations.extend(
+        events_result
+            .as_ref()
+            .map_or_else(Vec::new, events::EventsResult::violations),
     );
 
     notes.push(
@@ -567,6 +597,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         holds: holds_result,
         deployments: deployments_result,
         ledger: ledger_result,
+        events: events_result,
         part_seconds,
         total_seconds: clock.elapsed().as_secs_f64(),
         notes,

@@ -156,6 +156,26 @@ pub struct Args {
     #[arg(long, env = "MAX_EVENT_STREAMS", default_value = "256", value_parser = whole_number(1..=100_000))]
     pub max_event_streams: usize,
 
+    /// Milliseconds before the second attempt of a webhook delivery, doubled after each
+    /// further failure (with jitter), 1 to 86400000.
+    #[arg(long, env = "WEBHOOK_RETRY_BASE_MS", default_value = "1000", value_parser = millis())]
+    pub webhook_retry_base_ms: u64,
+
+    /// The longest wait between two attempts of a delivery, in milliseconds, 1 to
+    /// 86400000.
+    #[arg(long, env = "WEBHOOK_RETRY_MAX_MS", default_value = "3600000", value_parser = millis())]
+    pub webhook_retry_max_ms: u64,
+
+    /// How long a delivery is tried before it is marked failed, in milliseconds, 1 to
+    /// 2592000000 (30 days); default 3 days.
+    #[arg(long, env = "WEBHOOK_GIVE_UP_AFTER_MS", default_value = "259200000", value_parser = millis_within(1..=2_592_000_000))]
+    pub webhook_give_up_after_ms: u64,
+
+    /// `true`: webhooks may be sent to loopback, private, link-local and unique-local
+    /// addresses (local development and tests). Default `false`.
+    #[arg(long, env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub webhook_allow_private: bool,
+
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
     #[arg(
@@ -307,6 +327,8 @@ pub struct Settings {
     pub event_retention: Duration,
     /// Event streams open at once, at most.
     pub max_event_streams: usize,
+    /// How webhooks are delivered (`WEBHOOK_*`).
+    pub webhooks: crate::domain::WebhookSettings,
     /// Two-phase commit or one native transaction per transfer.
     pub strategy: Strategy,
     pub log_format: LogFormat,
@@ -704,6 +726,12 @@ impl Settings {
             hold_expires: Duration::from_millis(args.hold_expires_ms),
             event_retention: Duration::from_millis(args.event_retention_ms),
             max_event_streams: args.max_event_streams,
+            webhooks: crate::domain::WebhookSettings {
+                retry_base: Duration::from_millis(args.webhook_retry_base_ms),
+                retry_max: Duration::from_millis(args.webhook_retry_max_ms),
+                give_up_after: Duration::from_millis(args.webhook_give_up_after_ms),
+                allow_private: args.webhook_allow_private,
+            },
             strategy: args.transfer_strategy,
             log_format: args.log_format,
             log_filter: args.rust_log,

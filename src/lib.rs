@@ -28,6 +28,8 @@
 //!   instance left behind, with the same step functions.
 //! - [`recorder`]: the task that records each deployment's events from its change
 //!   stream into its feed (`store::events`), under a lease, one instance at a time.
+//! - [`deliverer`]: the webhook tasks: the dispatcher (one instance at a time) makes a
+//!   delivery per event and endpoint; every instance's sender claims and sends them.
 //! - [`telemetry`]: log set-up.
 //! - [`error_chain`]: [`error_chain::Chain`], an error and its sources on one line for a
 //!   log field; a leaf every layer logs with, naming no module of the crate.
@@ -55,6 +57,7 @@ macro_rules! failpoint {
 }
 
 pub mod config;
+pub mod deliverer;
 pub mod domain;
 pub mod error_chain;
 #[cfg(feature = "failpoints")]

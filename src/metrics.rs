@@ -47,6 +47,9 @@ const HOLDS: &str = "holds_total";
 const ENTRIES_MOVED: &str = "ledger_entries_moved_total";
 const EVENTS_RECORDED: &str = "events_recorded_total";
 const EVENT_STREAMS: &str = "event_streams_open";
+const DELIVERIES: &str = "webhook_delivery_attempts_total";
+const OLDEST_PENDING: &str = "webhook_oldest_pending_delivery_seconds";
+const DELIVERY_OUTCOMES: [&str; 3] = ["succeeded", "retried", "failed"];
 
 /// How a hold can end, as `holds_total` labels it.
 const HOLD_OUTCOMES: [&str; 4] = ["captured", "voided", "expired", "refused"];
@@ -70,7 +73,7 @@ impl Kind {
 }
 
 /// Every family with its type and HELP text: what dashboards rely on.
-const FAMILIES: [(&str, Kind, &str); 10] = [
+const FAMILIES: [(&str, Kind, &str); 12] = [
     (
         HTTP_REQUESTS,
         Kind::Counter,
@@ -120,6 +123,16 @@ const FAMILIES: [(&str, Kind, &str); 10] = [
         EVENT_STREAMS,
         Kind::Gauge,
         "Event streams (GET /events/stream) open on this process; at most MAX_EVENT_STREAMS.",
+    ),
+    (
+        DELIVERIES,
+        Kind::Counter,
+        "Webhook delivery attempts this process made, by outcome: succeeded (a 2xx), retried (another attempt is due), failed (given up after WEBHOOK_GIVE_UP_AFTER_MS).",
+    ),
+    (
+        OLDEST_PENDING,
+        Kind::Gauge,
+        "Age of the oldest pending webhook delivery, in seconds (0 when none is pending), as this process last measured it.",
     ),
 ];
 
@@ -213,6 +226,10 @@ fn install() -> Installed {
         counter!(EVENTS_RECORDED, "type" => kind.as_str()).increment(0);
     }
     gauge!(EVENT_STREAMS).set(0.0);
+    for outcome in DELIVERY_OUTCOMES {
+        counter!(DELIVERIES, "outcome" => outcome).increment(0);
+    }
+    gauge!(OLDEST_PENDING).set(0.0);
 
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
@@ -315,6 +332,18 @@ impl Drop for InFlightTransfer {
     fn drop(&mut self) {
         installed().in_flight.decrement(1.0);
     }
+}
+
+/// Records a webhook delivery attempt and its `outcome` (see `deliverer`).
+pub fn delivery_attempted(outcome: &'static str) {
+    installed();
+    counter!(DELIVERIES, "outcome" => outcome).increment(1);
+}
+
+/// Sets the age of the oldest pending webhook delivery.
+pub fn oldest_pending_delivery(age_seconds: f64) {
+    installed();
+    gauge!(OLDEST_PENDING).set(age_seconds);
 }
 
 /// Counts an event stream as open while it lives.

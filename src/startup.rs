@@ -197,7 +197,8 @@ impl Application {
         .with_admission_wait(settings.admission_wait)
         .with_connection_places(places.clone())
         .with_default_hold_expiry(settings.hold_expires)
-        .with_max_followers(settings.max_event_streams);
+        .with_max_followers(settings.max_event_streams)
+        .with_webhook_settings(settings.webhooks);
         Ok(Application {
             listener,
             service,
@@ -260,6 +261,15 @@ impl Application {
             let shutdown = shutdown.clone();
             async move { service.signal_new_events(shutdown).await }
         });
+        let deliverer = tokio::spawn(crate::deliverer::run(
+            self.service.clone(),
+            self.service.owner().to_owned(),
+            std::sync::Arc::new(|event: &crate::domain::Event| {
+                let response = http::events::EventResponse::from(event.clone());
+                serde_json::to_string(&response).unwrap_or_default()
+            }),
+            shutdown.clone(),
+        ));
         let limits = http::connections::Limits {
             places: self.places,
             idle_timeout: self.settings.http_idle_timeout,
@@ -278,6 +288,7 @@ impl Application {
         let _ = sweeper.await;
         let _ = recorder.await;
         let _ = signal.await;
+        let _ = deliverer.await;
         let _ = watcher.await;
         tracing::info!("stopped");
         Ok(())

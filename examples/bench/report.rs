@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::deployments::DeploymentsResult;
+use crate::events::EventsResult;
 use crate::holds::HoldsResult;
 use crate::ledger::LedgerResult;
 use crate::limit::LimitResult;
@@ -80,6 +81,8 @@ pub struct Results {
     pub deployments: Option<DeploymentsResult>,
     /// Part 9, when it ran.
     pub ledger: Option<LedgerResult>,
+    /// Part 10, when it ran.
+    pub events: Option<EventsResult>,
     /// Wall-clock seconds of each part in the order run (build, limit, two-phase, native;
     /// a strategy's time includes its seed scenario, which is also listed alone).
     pub part_seconds: Vec<(String, f64)>,
@@ -456,6 +459,9 @@ pub fn markdown(r: &Results) -> String {
     if let Some(l) = &r.ledger {
         ledger_section(&mut md, l);
     }
+    if let Some(e) = &r.events {
+        events_section(&mut md, e);
+    }
 
     // Failures.
     let mut failure_lines = Vec::new();
@@ -607,6 +613,40 @@ From the database's own counters (`serverStatus`), over each point's warm-up and
         }
     }
     let _ = writeln!(md);
+}
+
+fn events_section(md: &mut String, e: &EventsResult) {
+    md.push_str("\n## Events: a webhook and a stream\n\n");
+    if !e.available {
+        md.push_str(&format!(
+            "Not run: {}\n",
+            e.unavailable_reason.as_deref().unwrap_or("unknown")
+        ));
+        return;
+    }
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    md.push_str(&format!(
+        "Closed loop, c={} over {} uniform accounts, {} s windows, alternating: with nobody following the events (none), and with one webhook for `transfer.done` (a receiver in the benchmark answering 204) and one event stream open (followed). The event recorder runs in both.\n\n| | transfers/s, each run | mean |\n|---|---|---:|\n| none | {} | {} |\n| followed | {} | {} |\n\nFollowed / none: **{}** (goal: at least 0.9).\n\n",
+        e.plan.concurrency,
+        e.plan.accounts,
+        e.plan.window_s,
+        list(&e.none_per_s),
+        num(e.none_per_s.iter().sum::<f64>() / e.none_per_s.len().max(1) as f64),
+        list(&e.followed_per_s),
+        num(e.followed_per_s.iter().sum::<f64>() / e.followed_per_s.len().max(1) as f64),
+        e.ratio.map_or("n/a".to_owned(), |r| format!("{r:.2}")),
+    ));
+    if let Some(d) = &e.webhook_delay {
+        md.push_str(&format!(
+            "From a transfer's answer to its webhook's arrival, over {} webhooks: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms. {} transfers answered done while followed; {} webhooks arrived, {} missing after {} s, {} came more than once. The stream received {} events.\n",
+            d.count, d.p50_ms, d.p95_ms, d.p99_ms, d.max_ms, e.followed_done, e.webhooks_received, e.webhooks_missing, e.plan.settle_timeout_s, e.webhooks_repeated, e.stream_events
+        ));
+    }
 }
 
 fn ledger_section(md: &mut String, l: &LedgerResult) {

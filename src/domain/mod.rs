@@ -14,7 +14,8 @@
 //! - [`Entry`] is one numbered change to an account's amounts ([`EntryKind`] says which
 //!   step made it), [`BalanceAt`] an account's amounts as of a moment;
 //! - [`Event`] is what the feed tells users happened ([`EventType`]), in [`Position`]
-//!   order, read with a [`FeedCursor`];
+//!   order, read with a [`FeedCursor`]; a [`Webhook`] is an endpoint sent them, each
+//!   [`Delivery`] signed with its [`WebhookSecret`];
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
 //!   with its transitions as an explicit function ([`TransferState::transition`]).
 
@@ -23,6 +24,7 @@ mod event;
 mod state;
 mod transfer;
 mod values;
+mod webhook;
 
 pub use entry::{Amounts, BalanceAt, Entry, EntryKind};
 pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
@@ -32,4 +34,8 @@ pub use values::{
     AccountId, AccountName, Amount, ApiKeyId, Currency, DeploymentName, HOLD_EXPIRY_MS,
     IdempotencyKey, KeyScope, MAX_MONEY, OpeningBalance, ParseError, Reference, ScopedKey,
     TransferId,
+};
+pub use webhook::{
+    Attempt, Delivery, DeliveryState, Webhook, WebhookSecret, WebhookSettings, WebhookUrl,
+    backoff_ms, is_public_address,
 };

@@ -107,6 +107,12 @@ pub fn is_public(route: &str) -> bool {
         || route.starts_with("/docs/")
 }
 
+/// Routes a read-only key may not use at all, reads included: where the service's events
+/// are sent is for whoever may change it (`/webhooks...`).
+pub fn needs_read_write(route: &str) -> bool {
+    route == "/webhooks" || route.starts_with("/webhooks/")
+}
+
 /// The configured key presented, if it is one of `keys`. Compares the SHA-256 of the
 /// presented key with every configured digest in constant time and visits all of them,
 /// remembering the position of a match by a constant-time select, so the time taken says
@@ -159,7 +165,8 @@ pub async fn require_api_key(
         return ApiError::Unauthorized.into_response();
     };
     // An unmatched path goes on to its 404 whatever the role.
-    if key.role == Role::ReadOnly && route.is_some() && !request.method().is_safe() {
+    let writes = !request.method().is_safe() || route.as_deref().is_some_and(needs_read_write);
+    if key.role == Role::ReadOnly && route.is_some() && writes {
         tracing::info!(method = %request.method(), "refused: read-only API key on a write");
         return ApiError::Forbidden.into_response();
     }
@@ -181,7 +188,8 @@ impl utoipa::Modify for SecurityDoc {
         let mut bearer = Http::new(HttpAuthScheme::Bearer);
         bearer.description = Some(
             "An API key, when the server is configured with `API_KEYS`: `rw` keys may \
-             read and write, `ro` keys only read. Without `API_KEYS` no key is needed."
+             read and write, `ro` keys only read (not `/webhooks`, which needs `rw`). \
+             Without `API_KEYS` no key is needed."
                 .to_owned(),
         );
         doc.components
@@ -189,11 +197,12 @@ impl utoipa::Modify for SecurityDoc {
             .add_security_scheme(SCHEME, SecurityScheme::Http(bearer));
         for (path, item) in doc.paths.paths.iter_mut() {
             let public = is_public(path);
+            let guarded = needs_read_write(path);
             let operations = [
-                (&mut item.get, false),
-                (&mut item.head, false),
-                (&mut item.options, false),
-                (&mut item.trace, false),
+                (&mut item.get, guarded),
+                (&mut item.head, guarded),
+                (&mut item.options, guarded),
+                (&mut item.trace, guarded),
                 (&mut item.post, true),
                 (&mut item.put, true),
                 (&mut item.patch, true),

@@ -182,6 +182,28 @@ fn named_codes(text: &str) -> Vec<&str> {
     text.split('`').skip(1).step_by(2).collect()
 }
 
+/// [`sample`] of the webhook routes' codes.
+fn webhook_sample(code: &str) -> Option<ApiError> {
+    const WEBHOOK_ID: &str = "wh_6b0619d67d0e8af2ac0b1adf";
+    Some(match code {
+        "webhook_not_found" => ServiceError::WebhookNotFound(WEBHOOK_ID.into()).into(),
+        "delivery_not_found" => {
+            ServiceError::DeliveryNotFound(format!("{WEBHOOK_ID}:account.opened:alice")).into()
+        }
+        "delivery_not_failed" => {
+            ServiceError::DeliveryNotFailed(crate::domain::DeliveryState::Succeeded).into()
+        }
+        "webhook_url_not_allowed" => {
+            ServiceError::WebhookUrlNotAllowed(crate::service::UrlRefusal::NotPublic {
+                host: "localhost".into(),
+                address: std::net::Ipv4Addr::LOCALHOST.into(),
+            })
+            .into()
+        }
+        _ => return None,
+    })
+}
+
 /// An error with this `code` as a client would meet it; `None` for anything else.
 fn sample(code: &str) -> Option<ApiError> {
     const TRANSFER_ID: &str = "65a1b2c3d4e5f60718293a4b";
@@ -241,7 +263,7 @@ fn sample(code: &str) -> Option<ApiError> {
         "hold_voided" => hold(HoldConflict::Voided),
         "hold_expired" => hold(HoldConflict::Expired),
         "hold_pending" => hold(HoldConflict::Pending),
-        _ => return None,
+        _ => return webhook_sample(code),
     };
     Some(error)
 }
@@ -261,6 +283,10 @@ mod tests {
         "account_not_found",
         "transfer_not_found",
         "not_found",
+        "webhook_not_found",
+        "delivery_not_found",
+        "delivery_not_failed",
+        "webhook_url_not_allowed",
         "method_not_allowed",
         "account_exists",
         "transfer_canceled",

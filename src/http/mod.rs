@@ -17,6 +17,7 @@ pub mod pagination;
 pub mod problem;
 pub mod responses;
 pub mod transfers;
+pub mod webhooks;
 
 use std::time::Duration;
 
@@ -60,6 +61,7 @@ pub struct AppState {
         (name = "accounts", description = "Open and read accounts."),
         (name = "transfers", description = "Move money, read and cancel transfers."),
         (name = "events", description = "What happened: transfers that reached held, done or canceled, and accounts opened."),
+        (name = "webhooks", description = "Endpoints sent the events, signed (Standard Webhooks), and their deliveries. A read-write key is needed, to read too."),
         (name = "operations", description = "Health and readiness."),
     ),
     components(
@@ -83,6 +85,10 @@ pub struct AppState {
             responses::InvalidTime,
             responses::CursorExpired,
             responses::TooManyStreams,
+            responses::WebhookRefused,
+            responses::WebhookNotFound,
+            responses::DeliveryNotFound,
+            responses::DeliveryNotFailed,
             responses::TransferRefused,
             responses::ReversalRefused,
             responses::InvalidCaptureAmount,
@@ -117,6 +123,10 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(transfers::void_transfer))
         .routes(routes!(events::list_events))
         .routes(routes!(events::stream_events))
+        .routes(routes!(webhooks::create_webhook, webhooks::list_webhooks))
+        .routes(routes!(webhooks::get_webhook, webhooks::delete_webhook))
+        .routes(routes!(webhooks::list_deliveries))
+        .routes(routes!(webhooks::retry_delivery))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))

@@ -66,6 +66,14 @@ pub enum ApiError {
     TransferNotFound(String),
     /// 404: no such route.
     RouteNotFound(String),
+    /// 404: no such webhook.
+    WebhookNotFound(String),
+    /// 404: no such delivery of the webhook.
+    DeliveryNotFound(String),
+    /// 409: a manual retry of a delivery that has not failed.
+    DeliveryNotFailed(String),
+    /// 422: the webhook URL resolves to an address deliveries may not go to.
+    WebhookUrlNotAllowed(String),
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
     /// 409: the account id is taken.
@@ -129,7 +137,10 @@ impl ApiError {
             MalformedJson(_) | InvalidParameter { .. } => StatusCode::BAD_REQUEST,
             Unauthorized => StatusCode::UNAUTHORIZED,
             Forbidden => StatusCode::FORBIDDEN,
-            AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) => StatusCode::NOT_FOUND,
+            AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) | WebhookNotFound(_)
+            | DeliveryNotFound(_) => StatusCode::NOT_FOUND,
+            DeliveryNotFailed(_) => StatusCode::CONFLICT,
+            WebhookUrlNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AccountExists(_) | TransferCanceled { .. } | Hold { .. } => StatusCode::CONFLICT,
             CursorExpired => StatusCode::GONE,
@@ -164,6 +175,10 @@ impl ApiError {
             AccountNotFound(_) => ("account_not_found", "Account not found"),
             TransferNotFound(_) => ("transfer_not_found", "Transfer not found"),
             RouteNotFound(_) => ("not_found", "Not found"),
+            WebhookNotFound(_) => ("webhook_not_found", "Webhook not found"),
+            DeliveryNotFound(_) => ("delivery_not_found", "Delivery not found"),
+            DeliveryNotFailed(_) => ("delivery_not_failed", "Delivery not failed"),
+            WebhookUrlNotAllowed(_) => ("webhook_url_not_allowed", "Webhook URL not allowed"),
             MethodNotAllowed => ("method_not_allowed", "Method not allowed"),
             AccountExists(_) => ("account_exists", "Account already exists"),
             TransferCanceled { .. } => ("transfer_canceled", "Transfer canceled"),
@@ -207,6 +222,14 @@ impl ApiError {
             AccountNotFound(id) => format!("there is no account {id}"),
             TransferNotFound(id) => format!("there is no transfer {id}"),
             RouteNotFound(path) => format!("there is no resource at {path}"),
+            WebhookNotFound(id) => format!("there is no webhook {id}"),
+            DeliveryNotFound(id) => format!("there is no delivery {id} of this webhook"),
+            DeliveryNotFailed(state) => {
+                format!("this delivery is {state}; only a failed delivery is retried by hand")
+            }
+            WebhookUrlNotAllowed(why) => format!(
+                "the webhook URL is not allowed: {why} (only public addresses unless the server sets WEBHOOK_ALLOW_PRIVATE=true)"
+            ),
             MethodNotAllowed => "this resource does not support that method".into(),
             AccountExists(id) => format!("an account with id {id} already exists"),
             TransferCanceled { detail, .. }
@@ -442,6 +465,14 @@ impl From<ServiceError> for ApiError {
             ),
             ServiceError::Overloaded => ApiError::Overloaded,
             ServiceError::CursorExpired => ApiError::CursorExpired,
+            ServiceError::WebhookUrlNotAllowed(why) => {
+                ApiError::WebhookUrlNotAllowed(why.to_string())
+            }
+            ServiceError::WebhookNotFound(id) => ApiError::WebhookNotFound(id),
+            ServiceError::DeliveryNotFound(id) => ApiError::DeliveryNotFound(id),
+            ServiceError::DeliveryNotFailed(state) => {
+                ApiError::DeliveryNotFailed(state.as_str().to_owned())
+            }
             ServiceError::TooManyFollowers => ApiError::TooManyStreams,
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");

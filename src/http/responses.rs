@@ -179,6 +179,35 @@ pub struct InvalidCaptureAmount(pub Problem);
 
 /// Routes not admitted against the limit of transfers in flight: the reads, and opening
 /// an account.
+/// `POST /webhooks`: refused, nothing registered.
+#[derive(ToResponse)]
+#[response(
+    description = "Refused, nothing registered: `invalid_field` (`field` names it: `url`, `types`, `description`), or `webhook_url_not_allowed` (the URL resolves to a loopback, private, link-local or unique-local address, or to none).",
+    content_type = PROBLEM_JSON
+)]
+pub struct WebhookRefused(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "`webhook_not_found`: no such webhook.",
+    content_type = PROBLEM_JSON
+)]
+pub struct WebhookNotFound(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "`webhook_not_found` or `delivery_not_found`: no such webhook, or no such delivery of it.",
+    content_type = PROBLEM_JSON
+)]
+pub struct DeliveryNotFound(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "`delivery_not_failed`: only a failed delivery is retried by hand; this one is pending or succeeded.",
+    content_type = PROBLEM_JSON
+)]
+pub struct DeliveryNotFailed(pub Problem);
+
 /// `GET /events`: the cursor is too old.
 #[derive(ToResponse)]
 #[response(

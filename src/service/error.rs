@@ -51,6 +51,16 @@ pub enum ServiceError {
     /// may have missed some, and must start again from the oldest retained.
     #[error("the events after this cursor were removed after the retention")]
     CursorExpired,
+    /// A webhook's URL resolves to an address deliveries may not go to (or none).
+    #[error("the webhook URL is not allowed: {0}")]
+    WebhookUrlNotAllowed(super::UrlRefusal),
+    #[error("webhook {0} does not exist")]
+    WebhookNotFound(String),
+    #[error("delivery {0} does not exist")]
+    DeliveryNotFound(String),
+    /// Only a failed delivery is retried by hand; this one is in this state.
+    #[error("the delivery is {0:?}, not failed")]
+    DeliveryNotFailed(crate::domain::DeliveryState),
     /// As many event streams are open as `MAX_EVENT_STREAMS` allows.
     #[error("too many event streams are open")]
     TooManyFollowers,

@@ -116,6 +116,12 @@ impl TransferService {
         })
     }
 
+    /// The followers' signal: changes when some deployment's feed may have grown (also
+    /// for the webhook dispatcher, which follows the feed too).
+    pub fn feed_signal(&self) -> watch::Receiver<u64> {
+        self.followers.signal.subscribe()
+    }
+
     /// Bumps the followers' signal whenever some deployment's newest event changes,
     /// looking every [`SIGNAL_EVERY`] while anyone follows, until `shutdown`.
     pub async fn signal_new_events(&self, shutdown: CancellationToken) {

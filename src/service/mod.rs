@@ -23,7 +23,8 @@
 //! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
 //!   once and remembered; `ledger.rs`: an account's entries and its amounts as of a
 //!   moment; `events.rs`: the event feed across the deployments; `follow.rs`: following
-//!   it live, for the event stream;
+//!   it live, for the event stream; `webhooks.rs`: registering endpoints, their
+//!   deliveries, and where a delivery may connect;
 //! - `create.rs`: a new transfer, recorded and run; `idempotency.rs`: its idempotency
 //!   key, and replays;
 //! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
@@ -52,6 +53,7 @@ mod readiness;
 mod reads;
 mod routing;
 mod unanswered;
+mod webhooks;
 
 pub use accounts::NewAccount;
 pub(crate) use admission::AdmissionPermit;
@@ -62,6 +64,7 @@ pub use events::FeedPage;
 pub use follow::{DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, QUEUE as FOLLOWER_QUEUE};
 pub use holds::HoldConflict;
 use placement::Placements;
+pub use webhooks::{NewWebhook, UrlRefusal, WebhookSettings, allowed_addresses};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,6 +119,8 @@ pub struct TransferService {
     placements: Placements,
     /// The live followers of the event feed and their signal (see [`follow`]).
     followers: follow::Followers,
+    /// How webhooks are delivered (`WEBHOOK_*`).
+    webhook_settings: WebhookSettings,
 }
 
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
@@ -143,6 +148,7 @@ impl TransferService {
             admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
             placements: Placements::bounded(placement::KNOWN_ACCOUNTS_MAX),
             followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS),
+            webhook_settings: WebhookSettings::default(),
         }
     }
 

@@ -52,6 +52,8 @@ const RECORDER_ID: &str = "recorder";
 const MAX_AWAIT: Duration = Duration::from_millis(200);
 /// The most changes recorded in one insert.
 pub const MAX_RECORDED: usize = 500;
+/// How long a recorder gathers changes, from the first, before it records them.
+const GATHER_FOR: Duration = Duration::from_millis(20);
 /// The most events removed in one round of [`Store::trim_events`]: a round is one
 /// `deleteMany`, which holds SecantusDB's write lock for its whole length (about 25 ms
 /// for this many), so the rounds stay short and the recorder runs them back to back
@@ -241,10 +243,14 @@ impl Store {
     pub async fn record_events(&self, changes: &mut Changes, owner: &str) -> StoreResult<usize> {
         let mut found = Vec::new();
         let mut changed = false;
-        while found.len() < MAX_RECORDED {
+        // Under steady load the server's batches never come back empty: the changes of
+        // [`GATHER_FOR`] are recorded together, so that an event waits that long at most.
+        let mut gathering: Option<std::time::Instant> = None;
+        while found.len() < MAX_RECORDED && gathering.is_none_or(|g| g.elapsed() < GATHER_FOR) {
             let Some(change) = changes.stream.next_if_any().await? else {
                 break;
             };
+            gathering.get_or_insert_with(std::time::Instant::now);
             changed = true;
             match self.event_of(&change) {
                 Ok(Some(event)) => found.push(event),

@@ -47,6 +47,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0008_events",
         include_str!("../../migrations/0008_events.json"),
     ),
+    (
+        "0009_webhooks",
+        include_str!("../../migrations/0009_webhooks.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -22,6 +22,7 @@ mod guards;
 pub mod migrations;
 pub mod native;
 pub mod transfers;
+pub mod webhooks;
 
 use std::time::Duration;
 

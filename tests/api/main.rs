@@ -15,6 +15,7 @@ mod native;
 mod observability;
 mod security;
 mod transfers;
+mod webhooks;
 
 use serde_json::Value;
 

@@ -301,6 +301,11 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         hold_expires: transfer_service::service::DEFAULT_HOLD_EXPIRY,
         event_retention: transfer_service::recorder::DEFAULT_RETENTION,
         max_event_streams: transfer_service::service::DEFAULT_MAX_FOLLOWERS,
+        // Tests send webhooks to receivers on this host.
+        webhooks: transfer_service::service::WebhookSettings {
+            allow_private: true,
+            ..Default::default()
+        },
         strategy: transfer_service::domain::Strategy::TwoPhase,
         log_format: LogFormat::Pretty,
         log_filter: "warn".into(),

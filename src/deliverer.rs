@@ -1,0 +1,604 @@
+//! Webhook deliveries (`docs/webhooks.md`): two tasks per instance.
+//!
+//! - The **dispatcher** follows the event feed with a cursor kept in the database and, for
+//!   each event, records a delivery to every webhook that wants its type and was
+//!   registered before it (`store::webhooks`). One instance at a time dispatches, under a
+//!   lease; a dispatch repeated after a crash or a takeover is refused by the delivery's
+//!   id, so each event reaches each endpoint through one delivery.
+//! - The **sender** claims due deliveries (a lease per delivery, by the database's clock)
+//!   and `POST`s them, signed as Standard Webhooks say, then records the attempt if it
+//!   still holds the claim. A killed instance's claim runs out and another instance sends
+//!   the delivery again: at least once, with the same `webhook-id`.
+//!
+//! Claims and records are batched: a round claims what is due with one `updateMany`, and
+//! finished attempts are recorded many to a command, each statement guarded by its claim.
+//!
+//! Bounds: [`MAX_SENDING`] attempts at once per instance and [`PER_ENDPOINT`] per
+//! endpoint, each at most [`ATTEMPT_TIMEOUT`]: a slow or failing endpoint holds at most
+//! its share of the senders, never a transfer (deliveries share nothing with transfers
+//! but the database).
+//!
+//! Where a delivery may connect is checked at each attempt against the address actually
+//! connected to: the client resolves names through [`CheckedResolver`], which drops
+//! addresses that are not public (unless `WEBHOOK_ALLOW_PRIVATE`), follows no redirect and
+//! uses no proxy; a URL whose host is an address is checked before sending.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{self, Attempt, Event, FeedCursor, Webhook, backoff_ms, is_public_address};
+use crate::error_chain::Chain;
+use crate::service::{TransferService, WebhookSettings};
+use crate::store::webhooks::{AttemptOutcome, Claimed, NewDelivery};
+use crate::store::{Store, StoreResult};
+
+/// How an event is sent: the body of every attempt, rendered once when its deliveries are
+/// made (the feed's JSON of the event, from the HTTP layer).
+pub type Render = Arc<dyn Fn(&Event) -> String + Send + Sync>;
+
+/// The dispatcher's lease, by the database's clock.
+const LEASE: Duration = Duration::from_secs(10);
+const RENEW_EVERY: Duration = Duration::from_secs(3);
+const CLAIM_INTERVAL: Duration = Duration::from_secs(2);
+/// Events the dispatcher reads at a time.
+const PAGE: u32 = 500;
+/// How long the dispatcher waits for new events before it reads anyway.
+const DISPATCH_IDLE: Duration = Duration::from_millis(250);
+/// How long an attempt may take before it counts as failed (no answer within 5 s).
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A claim on a delivery: well over an attempt, so that only a dead sender loses it.
+const CLAIM_LEASE: Duration = Duration::from_secs(30);
+/// Attempts in flight at once on this instance.
+pub const MAX_SENDING: usize = 64;
+/// Attempts in flight at once to one endpoint from this instance.
+pub const PER_ENDPOINT: usize = 16;
+/// Deliveries of one endpoint this instance holds claimed at most (waiting for their
+/// turn or in flight): claims are made for many at once, and at [`PER_ENDPOINT`] at a
+/// time and 5 s at most each, the last of them starts well within its claim's lease.
+pub const CLAIMED_AHEAD: usize = 64;
+/// How long the list of webhooks is used before it is read again.
+const HOOKS_FRESH_FOR: Duration = Duration::from_millis(200);
+/// Attempts recorded in one command, at most.
+const RECORD_BATCH: usize = 256;
+/// How long the recorder of attempts waits for more after the first.
+const RECORD_WAIT: Duration = Duration::from_millis(10);
+/// How long the sender waits when nothing is due.
+const SEND_IDLE: Duration = Duration::from_millis(200);
+/// How often the age of the oldest pending delivery is measured.
+const GAUGE_EVERY: Duration = Duration::from_secs(5);
+
+/// Dispatches and sends webhooks for this instance (`owner`), until `shutdown`.
+pub async fn run(
+    service: TransferService,
+    owner: String,
+    render: Render,
+    shutdown: CancellationToken,
+) {
+    let settings = service.webhook_settings();
+    let client = match client(settings.allow_private) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!(error = %Chain(&e), "no HTTP client for webhooks; none will be sent");
+            return;
+        }
+    };
+    // Told by this instance's dispatcher when it made deliveries, so that its sender
+    // need not wait for its next look (another instance's are found by that look).
+    let made = Arc::new(tokio::sync::Notify::new());
+    let dispatcher = tokio::spawn(dispatch(
+        service.clone(),
+        owner.clone(),
+        render,
+        made.clone(),
+        shutdown.clone(),
+    ));
+    let sender = Sender {
+        service,
+        owner,
+        client,
+        settings,
+        sending: Arc::new(Semaphore::new(MAX_SENDING)),
+        endpoints: Arc::default(),
+        ended: Arc::default(),
+        made,
+    };
+    sender.run(shutdown).await;
+    let _ = dispatcher.await;
+}
+
+/// The HTTP client of deliveries.
+fn client(allow_private: bool) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(ATTEMPT_TIMEOUT)
+        .connect_timeout(ATTEMPT_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .user_agent(concat!(
+            "transfer-service/",
+            env!("CARGO_PKG_VERSION"),
+            " webhooks"
+        ))
+        .dns_resolver(Arc::new(CheckedResolver { allow_private }))
+        .build()
+}
+
+/// Resolves names as the system does, keeping only the addresses a delivery may connect
+/// to: the connection then goes to a checked address, whatever the name resolves to by
+/// the time of the attempt.
+struct CheckedResolver {
+    allow_private: bool,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow_private = self.allow_private;
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| allow_private || is_public_address(a.ip()))
+                .collect();
+            if found.is_empty() {
+                return Err(format!("{host} resolves to no public address").into());
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(found.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// The dispatcher's task: takes the lease when free, dispatches while it holds it.
+async fn dispatch(
+    service: TransferService,
+    owner: String,
+    render: Render,
+    made: Arc<tokio::sync::Notify>,
+    shutdown: CancellationToken,
+) {
+    let store = service.deployments().first().clone();
+    let mut failing = false;
+    while !shutdown.is_cancelled() {
+        let outcome = match store.claim_dispatcher(&owner, LEASE).await {
+            Ok(Some(cursor)) => {
+                let ctx = Dispatching {
+                    service: &service,
+                    store: &store,
+                    owner: &owner,
+                    render: &render,
+                    made: &made,
+                };
+                ctx.run(cursor, &shutdown).await
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        match outcome {
+            Ok(()) => failing = false,
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %Chain(&e), "webhook deliveries not dispatched; tried again");
+                }
+                failing = true;
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(CLAIM_INTERVAL) => {}
+        }
+    }
+}
+
+/// What the dispatcher works with while it holds the lease.
+struct Dispatching<'a> {
+    service: &'a TransferService,
+    store: &'a Store,
+    owner: &'a str,
+    render: &'a Render,
+    made: &'a tokio::sync::Notify,
+}
+
+impl Dispatching<'_> {
+    async fn run(
+        &self,
+        saved: Option<String>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), crate::service::ServiceError> {
+        let (service, store, owner) = (self.service, self.store, self.owner);
+        let mut cursor = saved.as_deref().and_then(|c| FeedCursor::parse(c).ok());
+        let mut signal = service.feed_signal();
+        let mut renewed = tokio::time::Instant::now();
+        let give_up_after = chrono::TimeDelta::from_std(service.webhook_settings().give_up_after)
+            .unwrap_or(chrono::TimeDelta::MAX);
+        loop {
+            if shutdown.is_cancelled() {
+                store.release_dispatcher(owner).await?;
+                return Ok(());
+            }
+            if renewed.elapsed() >= RENEW_EVERY {
+                if store.claim_dispatcher(owner, LEASE).await?.is_none() {
+                    return Ok(());
+                }
+                renewed = tokio::time::Instant::now();
+            }
+            let page = match service.events(cursor.clone(), PAGE, &[]).await {
+                Ok(page) => page,
+                // The events after the cursor are gone: what is kept is dispatched from the
+                // front (deliveries already made are refused by their ids).
+                Err(crate::service::ServiceError::CursorExpired) => {
+                    tracing::error!(
+                        "webhook dispatch fell behind the event retention; events were removed before they were dispatched"
+                    );
+                    cursor = None;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if !page.events.is_empty() {
+                self.deliver(&page.events, give_up_after).await?;
+            }
+            let full = page.events.len() >= PAGE as usize;
+            if cursor.as_ref() != Some(&page.next) {
+                if !store
+                    .save_dispatcher_cursor(owner, &page.next.encode())
+                    .await?
+                {
+                    return Ok(());
+                }
+                cursor = Some(page.next);
+            }
+            if !full {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = signal.changed() => {}
+                    _ = tokio::time::sleep(DISPATCH_IDLE) => {}
+                }
+            }
+        }
+    }
+}
+
+impl Dispatching<'_> {
+    /// Makes a delivery of each of `events` to each webhook that wants it.
+    async fn deliver(
+        &self,
+        events: &[Event],
+        give_up_after: chrono::TimeDelta,
+    ) -> Result<(), crate::service::ServiceError> {
+        let (store, render) = (self.store, self.render);
+        let hooks = store.webhooks_all().await?;
+        let give_up_at = store.server_time_lower_bound().await? + give_up_after;
+        let mut bodies: HashMap<&str, String> = HashMap::new();
+        let mut new = Vec::new();
+        for event in events {
+            for hook in hooks.iter().filter(|h| wants(h, event)) {
+                let body = bodies
+                    .entry(event.id.as_str())
+                    .or_insert_with(|| render(event))
+                    .clone();
+                new.push(NewDelivery {
+                    webhook: &hook.id,
+                    event_id: &event.id,
+                    event_type: event.kind,
+                    body,
+                    give_up_at,
+                });
+            }
+        }
+        if store.insert_deliveries(new).await? > 0 {
+            self.made.notify_one();
+        }
+        Ok(())
+    }
+}
+
+/// Whether `hook` is sent `event`: a type it wants, recorded after it was registered.
+fn wants(hook: &Webhook, event: &Event) -> bool {
+    hook.wants(event.kind) && event.at >= hook.created_at
+}
+
+/// The sending side.
+struct Sender {
+    service: TransferService,
+    owner: String,
+    client: reqwest::Client,
+    settings: WebhookSettings,
+    /// One permit per attempt in flight on this instance ([`MAX_SENDING`]).
+    sending: Arc<Semaphore>,
+    /// Per endpoint: its attempts in flight ([`PER_ENDPOINT`] permits), and how many of
+    /// its deliveries this instance holds claimed (waiting or in flight, at most
+    /// [`CLAIMED_AHEAD`]).
+    endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
+    /// Told when an attempt ends: its place may let the next round claim more.
+    ended: Arc<tokio::sync::Notify>,
+    /// Told when this instance's dispatcher made deliveries.
+    made: Arc<tokio::sync::Notify>,
+}
+
+/// What this instance holds of one endpoint's deliveries.
+struct Endpoint {
+    in_flight: Arc<Semaphore>,
+    claimed: usize,
+}
+
+/// An attempt made and what it decided, on its way to be recorded.
+type Done = (Claimed, Attempt, AttemptOutcome);
+
+impl Sender {
+    async fn run(self, shutdown: CancellationToken) {
+        let store = self.service.deployments().first().clone();
+        let (done, to_record) = tokio::sync::mpsc::channel::<Done>(MAX_SENDING * 2);
+        let recorder = tokio::spawn(record(store.clone(), to_record));
+        let mut gauged: Option<tokio::time::Instant> = None;
+        let mut hooks: (HashMap<String, Webhook>, Option<tokio::time::Instant>) =
+            (HashMap::new(), None);
+        let mut failing = false;
+        while !shutdown.is_cancelled() {
+            if gauged.is_none_or(|g| g.elapsed() >= GAUGE_EVERY) {
+                if let (Ok(oldest), Ok(now)) = (
+                    store.oldest_pending_delivery().await,
+                    store.server_time().await,
+                ) {
+                    let age = oldest.map_or(0.0, |t| (now - t).as_seconds_f64().max(0.0));
+                    crate::metrics::oldest_pending_delivery(age);
+                }
+                gauged = Some(tokio::time::Instant::now());
+            }
+            let started = match self.round(&store, &mut hooks, &done).await {
+                Ok(started) => {
+                    failing = false;
+                    started
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %Chain(&e), "webhook deliveries not sent; tried again");
+                    }
+                    failing = true;
+                    0
+                }
+            };
+            if started == 0 {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = self.ended.notified() => {}
+                    _ = self.made.notified() => {}
+                    _ = tokio::time::sleep(SEND_IDLE) => {}
+                }
+            }
+        }
+        // The attempts under way finish and are recorded; those not recorded are sent
+        // again once their claims run out.
+        drop(done);
+        let _ = recorder.await;
+    }
+
+    /// Claims, for each endpoint with room for at least half of [`CLAIMED_AHEAD`] more,
+    /// what is due (one claim for all of them), and starts an attempt for each: it waits
+    /// for its endpoint's place, then for one of this instance's. How many it claimed.
+    async fn round(
+        &self,
+        store: &Store,
+        hooks: &mut (HashMap<String, Webhook>, Option<tokio::time::Instant>),
+        done: &tokio::sync::mpsc::Sender<Done>,
+    ) -> StoreResult<usize> {
+        refresh(store, hooks).await?;
+        let room: HashMap<String, usize> = {
+            let held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+            hooks
+                .0
+                .keys()
+                .map(|h| {
+                    let claimed = held.get(h).map_or(0, |e| e.claimed);
+                    (h.clone(), CLAIMED_AHEAD.saturating_sub(claimed))
+                })
+                .filter(|(_, room)| *room >= CLAIMED_AHEAD / 2)
+                .collect()
+        };
+        if room.is_empty() {
+            return Ok(0);
+        }
+        let limit = i64::try_from(room.values().sum::<usize>()).unwrap_or(i64::MAX);
+        let claimed = store
+            .claim_due(&self.owner, CLAIM_LEASE, &room, limit)
+            .await?;
+        let count = claimed.len();
+        for claimed in claimed {
+            let Some(hook) = hooks.0.get(&claimed.webhook) else {
+                continue;
+            };
+            let in_flight = {
+                let mut held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+                let endpoint = held.entry(hook.id.clone()).or_insert_with(|| Endpoint {
+                    in_flight: Arc::new(Semaphore::new(PER_ENDPOINT)),
+                    claimed: 0,
+                });
+                endpoint.claimed += 1;
+                endpoint.in_flight.clone()
+            };
+            let attempt = Attempting {
+                store: store.clone(),
+                client: self.client.clone(),
+                settings: self.settings,
+                hook: hook.clone(),
+                claimed,
+                endpoints: self.endpoints.clone(),
+                done: done.clone(),
+                ended: self.ended.clone(),
+            };
+            let sending = self.sending.clone();
+            tokio::spawn(async move {
+                // The endpoint's place first: an attempt waiting for a slow endpoint holds
+                // none of the places the other endpoints need.
+                let Ok(_place) = in_flight.acquire_owned().await else {
+                    return;
+                };
+                let Ok(_permit) = sending.acquire_owned().await else {
+                    return;
+                };
+                attempt.run().await;
+            });
+        }
+        Ok(count)
+    }
+}
+
+/// Reads the webhooks again if `hooks` is older than [`HOOKS_FRESH_FOR`].
+async fn refresh(
+    store: &Store,
+    hooks: &mut (HashMap<String, Webhook>, Option<tokio::time::Instant>),
+) -> StoreResult<()> {
+    if hooks.1.is_none_or(|at| at.elapsed() >= HOOKS_FRESH_FOR) {
+        hooks.0 = store
+            .webhooks_all()
+            .await?
+            .into_iter()
+            .map(|h| (h.id.clone(), h))
+            .collect();
+        hooks.1 = Some(tokio::time::Instant::now());
+    }
+    Ok(())
+}
+
+/// Records the attempts as they finish, many in one command: up to [`RECORD_BATCH`],
+/// or what came within [`RECORD_WAIT`] of the first.
+async fn record(store: Store, mut to_record: tokio::sync::mpsc::Receiver<Done>) {
+    while let Some(first) = to_record.recv().await {
+        let mut batch = vec![first];
+        let until = tokio::time::Instant::now() + RECORD_WAIT;
+        while batch.len() < RECORD_BATCH {
+            match tokio::time::timeout_at(until, to_record.recv()).await {
+                Ok(Some(done)) => batch.push(done),
+                _ => break,
+            }
+        }
+        match store.record_attempts(&batch).await {
+            Ok(_) => {
+                for (_, _, outcome) in &batch {
+                    crate::metrics::delivery_attempted(match outcome {
+                        AttemptOutcome::Succeeded => "succeeded",
+                        AttemptOutcome::Retry(_) => "retried",
+                        AttemptOutcome::GaveUp => "failed",
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::warn!(attempts = batch.len(), error = %Chain(&e), "webhook attempts not recorded; those deliveries are sent again once their claims run out");
+            }
+        }
+    }
+}
+
+/// One claimed delivery of `hook` is over here (its attempt ended).
+fn release(endpoints: &Mutex<HashMap<String, Endpoint>>, hook: &str) {
+    let mut held = endpoints.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(endpoint) = held.get_mut(hook) {
+        endpoint.claimed = endpoint.claimed.saturating_sub(1);
+        if endpoint.claimed == 0 {
+            held.remove(hook);
+        }
+    }
+}
+
+/// One attempt of one claimed delivery.
+struct Attempting {
+    store: Store,
+    client: reqwest::Client,
+    settings: WebhookSettings,
+    hook: Webhook,
+    claimed: Claimed,
+    endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
+    done: tokio::sync::mpsc::Sender<Done>,
+    ended: Arc<tokio::sync::Notify>,
+}
+
+impl Attempting {
+    async fn run(self) {
+        let at = domain::now();
+        let started = std::time::Instant::now();
+        let answer = self.send().await;
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        release(&self.endpoints, &self.hook.id);
+        self.ended.notify_one();
+        let (status, error) = match answer {
+            Ok(status) => (Some(status), None),
+            Err(why) => (None, Some(why)),
+        };
+        let succeeded = status.is_some_and(|s| (200..300).contains(&s));
+        let attempt = Attempt {
+            at,
+            status,
+            error,
+            duration_ms,
+        };
+        let outcome = match self.outcome(succeeded).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                tracing::warn!(delivery = %self.claimed.id, error = %Chain(&e), "a webhook attempt not recorded; the delivery is sent again once its claim runs out");
+                return;
+            }
+        };
+        let _ = self.done.send((self.claimed, attempt, outcome)).await;
+    }
+
+    /// Sends the delivery; the status answered, or why there was none.
+    async fn send(&self) -> Result<u16, String> {
+        let (host, _) = self.hook.url.host_and_port();
+        if let Ok(ip) = host.trim_matches(['[', ']']).parse::<IpAddr>() {
+            if !self.settings.allow_private && !is_public_address(ip) {
+                return Err(format!("{ip} is not a public address"));
+            }
+        }
+        let timestamp = chrono::Utc::now().timestamp();
+        let signature =
+            self.hook
+                .secret
+                .sign(&self.claimed.event_id, timestamp, &self.claimed.body);
+        let sent = self
+            .client
+            .post(self.hook.url.url().clone())
+            .header("content-type", "application/json")
+            .header("webhook-id", &self.claimed.event_id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(self.claimed.body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(response) => Ok(response.status().as_u16()),
+            Err(e) if e.is_timeout() => Err(format!(
+                "no answer within {} ms",
+                ATTEMPT_TIMEOUT.as_millis()
+            )),
+            Err(e) => Err(Chain(&e).to_string()),
+        }
+    }
+
+    /// What follows the attempt: done, another attempt after the backoff, or failed once
+    /// past the give-up time.
+    async fn outcome(&self, succeeded: bool) -> StoreResult<AttemptOutcome> {
+        if succeeded {
+            return Ok(AttemptOutcome::Succeeded);
+        }
+        let wait = backoff_ms(
+            self.claimed.tries + 1,
+            millis(self.settings.retry_base),
+            millis(self.settings.retry_max),
+            rand::random::<f64>(),
+        );
+        let next = self.store.server_time_lower_bound().await?
+            + chrono::TimeDelta::milliseconds(i64::try_from(wait).unwrap_or(i64::MAX));
+        Ok(if next > self.claimed.give_up_at {
+            AttemptOutcome::GaveUp
+        } else {
+            AttemptOutcome::Retry(next)
+        })
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,372 @@
+//! `/webhooks`: registering endpoints that are sent events, and their deliveries
+//! (`docs/webhooks.md`). Every route here needs a read-write API key (when keys are
+//! configured), reads too: a webhook's list says where the service's events go.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::IntoResponse;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::events::EventTypeSchema;
+use super::extract::ApiJson;
+use super::problem::{ApiError, field};
+use super::responses::{
+    DeliveryNotFailed, DeliveryNotFound, InvalidParameter, MalformedJson, PayloadTooLarge,
+    Unavailable, UnsupportedMediaType, WebhookNotFound, WebhookRefused,
+};
+use crate::domain::{Attempt, Delivery, DeliveryState, EventType, ParseError, Webhook, WebhookUrl};
+use crate::service::NewWebhook;
+
+/// Deliveries listed unless `limit` says otherwise.
+pub const DEFAULT_DELIVERIES: u32 = 100;
+/// The most deliveries listed at once.
+pub const MAX_DELIVERIES: u32 = 1000;
+/// The longest description.
+const MAX_DESCRIPTION_CHARS: usize = 500;
+
+/// A request to register an endpoint.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"url": "https://example.com/hooks/payments", "types": ["transfer.done", "transfer.canceled"], "description": "payments backend"}))]
+pub struct CreateWebhookRequest {
+    /// An `http` or `https` URL, at most 2048 bytes, that resolves to public addresses
+    /// only (unless the server sets `WEBHOOK_ALLOW_PRIVATE=true`).
+    #[schema(max_length = 2048, example = "https://example.com/hooks/payments")]
+    pub url: String,
+    /// The types it is sent; absent or empty: every type.
+    pub types: Option<Vec<String>>,
+    /// For people, at most 500 characters.
+    #[schema(max_length = 500)]
+    pub description: Option<String>,
+}
+
+/// A registered endpoint.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({"id": "wh_6b0619d67d0e8af2ac0b1adf", "url": "https://example.com/hooks/payments", "types": ["transfer.done"], "createdAt": "2026-11-26T13:00:00Z"}))]
+pub struct WebhookResponse {
+    pub id: String,
+    pub url: String,
+    /// The types it is sent; empty: every type.
+    pub types: Vec<EventTypeSchema>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub description: Option<String>,
+    pub created_at: DateTime<Utc>,
+    /// The signing secret (`whsec_<base64>`, the Standard Webhooks form): in the answer
+    /// to the registration only, never again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub secret: Option<String>,
+}
+
+impl WebhookResponse {
+    fn of(w: Webhook, with_secret: bool) -> WebhookResponse {
+        WebhookResponse {
+            secret: with_secret.then(|| w.secret.expose()),
+            id: w.id,
+            url: w.url.as_str().to_owned(),
+            types: w.types.into_iter().map(EventTypeSchema::from).collect(),
+            description: w.description,
+            created_at: w.created_at,
+        }
+    }
+}
+
+/// The registered endpoints.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookList {
+    pub items: Vec<WebhookResponse>,
+}
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStateSchema {
+    Pending,
+    Succeeded,
+    Failed,
+}
+
+impl From<DeliveryState> for DeliveryStateSchema {
+    fn from(s: DeliveryState) -> Self {
+        match s {
+            DeliveryState::Pending => DeliveryStateSchema::Pending,
+            DeliveryState::Succeeded => DeliveryStateSchema::Succeeded,
+            DeliveryState::Failed => DeliveryStateSchema::Failed,
+        }
+    }
+}
+
+/// One attempt to deliver.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptResponse {
+    pub at: DateTime<Utc>,
+    /// The HTTP status the endpoint answered, if it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub status: Option<u16>,
+    /// Why there was no 2xx answer, if there was none (refused, time-out, address not
+    /// allowed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+}
+
+impl From<Attempt> for AttemptResponse {
+    fn from(a: Attempt) -> Self {
+        AttemptResponse {
+            at: a.at,
+            status: a.status,
+            error: a.error,
+            duration_ms: a.duration_ms,
+        }
+    }
+}
+
+/// An event on its way to an endpoint.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryResponse {
+    /// `<webhook id>:<event id>`.
+    pub id: String,
+    /// The event's id: the `webhook-id` header of every attempt.
+    pub event_id: String,
+    pub event_type: EventTypeSchema,
+    pub state: DeliveryStateSchema,
+    /// Oldest first (the latest 100 are kept).
+    pub attempts: Vec<AttemptResponse>,
+    /// When the next attempt is due, while pending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<Delivery> for DeliveryResponse {
+    fn from(d: Delivery) -> Self {
+        DeliveryResponse {
+            id: d.id,
+            event_id: d.event_id,
+            event_type: d.event_type.into(),
+            state: d.state.into(),
+            attempts: d.attempts.into_iter().map(AttemptResponse::from).collect(),
+            next_attempt_at: d.next_attempt_at,
+            created_at: d.created_at,
+        }
+    }
+}
+
+/// A webhook's deliveries, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryList {
+    pub items: Vec<DeliveryResponse>,
+}
+
+/// The listing of deliveries, as sent.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveryParams {
+    /// Only deliveries in this state.
+    #[param(value_type = Option<DeliveryStateSchema>)]
+    pub state: Option<String>,
+    /// How many to return, 1 to 1000. Default 100.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, example = 100)]
+    pub limit: Option<String>,
+}
+
+/// Register a webhook.
+///
+/// The endpoint is sent every event of its types recorded from now on, each `POST`ed as
+/// Standard Webhooks describe (`webhook-id`, `webhook-timestamp`, `webhook-signature`),
+/// retried with exponential backoff until a 2xx answer or the give-up time. The answer
+/// carries the signing secret, the only time it is shown.
+#[utoipa::path(
+    post, path = "/webhooks", tag = "webhooks",
+    request_body = CreateWebhookRequest,
+    responses(
+        (status = 201, description = "Registered; the answer has the secret.", body = WebhookResponse,
+            headers(("Location" = String, description = "The URL of the webhook: /webhooks/{id}."))),
+        (status = 400, response = MalformedJson),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = WebhookRefused),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn create_webhook(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateWebhookRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut types = Vec::new();
+    for raw in body.types.unwrap_or_default() {
+        let kind = field("types", EventType::parse(&raw))?;
+        if !types.contains(&kind) {
+            types.push(kind);
+        }
+    }
+    let description = body
+        .description
+        .map(|d| {
+            let fits =
+                d.chars().count() <= MAX_DESCRIPTION_CHARS && !d.chars().any(char::is_control);
+            field(
+                "description",
+                fits.then_some(d).ok_or_else(|| {
+                    ParseError(format!(
+                        "must be at most {MAX_DESCRIPTION_CHARS} characters, no control characters"
+                    ))
+                }),
+            )
+        })
+        .transpose()?;
+    let new = NewWebhook {
+        url: field("url", WebhookUrl::parse(&body.url))?,
+        types,
+        description,
+    };
+    let webhook = state.service.register_webhook(new).await?;
+    let mut headers = HeaderMap::new();
+    if let Ok(location) = HeaderValue::from_str(&format!("/webhooks/{}", webhook.id)) {
+        headers.insert(header::LOCATION, location);
+    }
+    Ok((
+        StatusCode::CREATED,
+        headers,
+        Json(WebhookResponse::of(webhook, true)),
+    ))
+}
+
+/// List the webhooks.
+#[utoipa::path(
+    get, path = "/webhooks", tag = "webhooks",
+    responses(
+        (status = 200, description = "Every webhook, oldest first, without secrets.", body = WebhookList),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn list_webhooks(State(state): State<AppState>) -> Result<Json<WebhookList>, ApiError> {
+    let items = state.service.webhooks().await?;
+    Ok(Json(WebhookList {
+        items: items
+            .into_iter()
+            .map(|w| WebhookResponse::of(w, false))
+            .collect(),
+    }))
+}
+
+/// Read a webhook.
+#[utoipa::path(
+    get, path = "/webhooks/{id}", tag = "webhooks",
+    params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf")),
+    responses(
+        (status = 200, description = "The webhook, without its secret.", body = WebhookResponse),
+        (status = 404, response = WebhookNotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn get_webhook(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WebhookResponse>, ApiError> {
+    let webhook = state.service.webhook(&id).await?;
+    Ok(Json(WebhookResponse::of(webhook, false)))
+}
+
+/// Delete a webhook.
+///
+/// Nothing more is sent to it, and its deliveries are forgotten.
+#[utoipa::path(
+    delete, path = "/webhooks/{id}", tag = "webhooks",
+    params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 404, response = WebhookNotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn delete_webhook(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.service.delete_webhook(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// List a webhook's deliveries.
+///
+/// Newest first, each with its attempts (time, status or error, duration) and the event it
+/// carries.
+#[utoipa::path(
+    get, path = "/webhooks/{id}/deliveries", tag = "webhooks",
+    params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf"), DeliveryParams),
+    responses(
+        (status = 200, description = "The deliveries, newest first.", body = DeliveryList),
+        (status = 400, response = InvalidParameter),
+        (status = 404, response = WebhookNotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn list_deliveries(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<DeliveryParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeliveryList>, ApiError> {
+    let params = super::query(query)?;
+    let wanted = params
+        .state
+        .as_deref()
+        .map(|raw| {
+            DeliveryState::parse(raw).map_err(|e| ApiError::InvalidParameter {
+                field: "state".into(),
+                detail: format!("state {e}"),
+            })
+        })
+        .transpose()?;
+    let limit = match params.limit.as_deref() {
+        None => DEFAULT_DELIVERIES,
+        Some(raw) => raw
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_DELIVERIES).contains(n))
+            .ok_or_else(|| ApiError::InvalidParameter {
+                field: "limit".into(),
+                detail: format!("limit must be a whole number from 1 to {MAX_DELIVERIES}"),
+            })?,
+    };
+    let found = state.service.deliveries(&id, wanted, limit).await?;
+    Ok(Json(DeliveryList {
+        items: found.into_iter().map(DeliveryResponse::from).collect(),
+    }))
+}
+
+/// Deliver a failed delivery again.
+///
+/// It becomes pending, due at once, and is tried for `WEBHOOK_GIVE_UP_AFTER_MS` more, with
+/// the same `webhook-id` and body.
+#[utoipa::path(
+    post, path = "/webhooks/{id}/deliveries/{deliveryId}/retry", tag = "webhooks",
+    params(
+        ("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf"),
+        ("deliveryId" = String, Path, description = "The delivery id.", example = "wh_6b0619d67d0e8af2ac0b1adf:transfer.done:6b0619d67d0e8af2ac0b1ae0"),
+    ),
+    responses(
+        (status = 200, description = "Pending again.", body = DeliveryResponse),
+        (status = 404, response = DeliveryNotFound),
+        (status = 409, response = DeliveryNotFailed),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn retry_delivery(
+    State(state): State<AppState>,
+    Path((id, delivery)): Path<(String, String)>,
+) -> Result<Json<DeliveryResponse>, ApiError> {
+    let retried = state.service.retry_delivery(&id, &delivery).await?;
+    Ok(Json(retried.into()))
+}

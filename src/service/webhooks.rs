@@ -1,0 +1,158 @@
+//! Webhooks (`docs/webhooks.md`): registering endpoints, reading their deliveries,
+//! retrying a failed one; and the rule on where a delivery may connect, which the
+//! `deliverer` applies again at each attempt.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{ServiceError, ServiceResult, TransferService};
+use crate::domain::{
+    Delivery, DeliveryState, EventType, Webhook, WebhookSecret, WebhookUrl, is_public_address,
+};
+use crate::store::Store;
+
+pub use crate::domain::WebhookSettings;
+
+/// Why a URL is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlRefusal {
+    #[error("{0} does not resolve")]
+    Unresolved(String),
+    #[error("{host} resolves to {address}, which is not a public address")]
+    NotPublic { host: String, address: IpAddr },
+}
+
+/// The addresses a delivery to `url` may connect to: every address its host resolves
+/// to, all of which must be public unless `allow_private`. Refused if none, or if any is
+/// not public (a name that resolves to one private address among public ones is refused
+/// whole: which one a connection takes is not ours to choose).
+pub async fn allowed_addresses(
+    url: &WebhookUrl,
+    allow_private: bool,
+) -> Result<Vec<SocketAddr>, UrlRefusal> {
+    let (host, port) = url.host_and_port();
+    let found: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|_| UrlRefusal::Unresolved(host.clone()))?
+            .collect(),
+    };
+    if found.is_empty() {
+        return Err(UrlRefusal::Unresolved(host));
+    }
+    if !allow_private {
+        if let Some(bad) = found.iter().find(|a| !is_public_address(a.ip())) {
+            return Err(UrlRefusal::NotPublic {
+                host,
+                address: bad.ip(),
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// What a registration asks for.
+pub struct NewWebhook {
+    pub url: WebhookUrl,
+    pub types: Vec<EventType>,
+    pub description: Option<String>,
+}
+
+impl TransferService {
+    /// Webhooks are configured with `settings` (`WEBHOOK_*`).
+    pub fn with_webhook_settings(self, settings: WebhookSettings) -> TransferService {
+        TransferService {
+            webhook_settings: settings,
+            ..self
+        }
+    }
+
+    pub fn webhook_settings(&self) -> WebhookSettings {
+        self.webhook_settings
+    }
+
+    /// Where webhooks and deliveries live: the first deployment.
+    fn webhook_home(&self) -> ServiceResult<&Store> {
+        let store = self.deployments.first();
+        store.check_answering()?;
+        Ok(store)
+    }
+
+    /// Registers an endpoint, after checking where it resolves; it is sent the events
+    /// recorded from now on. Its secret is in the answer, and only there.
+    pub async fn register_webhook(&self, new: NewWebhook) -> ServiceResult<Webhook> {
+        allowed_addresses(&new.url, self.webhook_settings.allow_private)
+            .await
+            .map_err(ServiceError::WebhookUrlNotAllowed)?;
+        let store = self.webhook_home()?;
+        let webhook = Webhook {
+            id: format!("wh_{}", mongodb_free_id()),
+            url: new.url,
+            types: new.types,
+            description: new.description,
+            secret: WebhookSecret::random(),
+            created_at: store.server_time_lower_bound().await?,
+        };
+        store.insert_webhook(&webhook).await?;
+        tracing::info!(webhook = %webhook.id, url = %webhook.url.as_str(), "webhook registered");
+        Ok(webhook)
+    }
+
+    pub async fn webhooks(&self) -> ServiceResult<Vec<Webhook>> {
+        Ok(self.webhook_home()?.webhooks_all().await?)
+    }
+
+    pub async fn webhook(&self, id: &str) -> ServiceResult<Webhook> {
+        self.webhook_home()?
+            .webhook(id)
+            .await?
+            .ok_or_else(|| ServiceError::WebhookNotFound(id.to_owned()))
+    }
+
+    /// Deletes an endpoint and its deliveries; nothing more is sent to it.
+    pub async fn delete_webhook(&self, id: &str) -> ServiceResult<()> {
+        if !self.webhook_home()?.delete_webhook(id).await? {
+            return Err(ServiceError::WebhookNotFound(id.to_owned()));
+        }
+        tracing::info!(webhook = %id, "webhook deleted");
+        Ok(())
+    }
+
+    /// The deliveries of webhook `id` in `state` (all when `None`), newest first.
+    pub async fn deliveries(
+        &self,
+        id: &str,
+        state: Option<DeliveryState>,
+        limit: u32,
+    ) -> ServiceResult<Vec<Delivery>> {
+        self.webhook(id).await?;
+        Ok(self
+            .webhook_home()?
+            .deliveries_of(id, state, i64::from(limit))
+            .await?)
+    }
+
+    /// Delivers failed delivery `delivery` of webhook `id` again: pending, due now,
+    /// tried for `WEBHOOK_GIVE_UP_AFTER_MS` more.
+    pub async fn retry_delivery(&self, id: &str, delivery: &str) -> ServiceResult<Delivery> {
+        self.webhook(id).await?;
+        let store = self.webhook_home()?;
+        let give_up_at = store.server_time_lower_bound().await?
+            + chrono::TimeDelta::from_std(self.webhook_settings.give_up_after)
+                .unwrap_or(chrono::TimeDelta::MAX);
+        let retried = store.retry_delivery(id, delivery, give_up_at).await?;
+        let found = store
+            .delivery(id, delivery)
+            .await?
+            .ok_or_else(|| ServiceError::DeliveryNotFound(delivery.to_owned()))?;
+        if !retried {
+            return Err(ServiceError::DeliveryNotFailed(found.state));
+        }
+        Ok(found)
+    }
+}
+
+/// 24 hexadecimal digits, random.
+fn mongodb_free_id() -> String {
+    hex::encode(rand::random::<[u8; 12]>())
+}

@@ -1,0 +1,604 @@
+//! Webhooks and their deliveries (`docs/webhooks.md`), kept on the first deployment (one
+//! list of endpoints for the whole service, like `accountDirectory`).
+//!
+//! - `webhooks`: one document per endpoint, its secret with it (a delivery is signed
+//!   with it, so it is kept as is; the API shows it only at registration).
+//! - `deliveries`: one document per event and endpoint (`_id` `<webhook>:<event>`, so a
+//!   second dispatch of the same event is refused): the exact body to send, its state,
+//!   its attempts, when the next is due, until when to try, and the lease of the instance
+//!   sending it now.
+//! - `webhookDispatcher`: the dispatcher's lease and its cursor in the event feed.
+//!
+//! Every change to a delivery is guarded: a claim by the lease being free (by the
+//! database's clock), an attempt's outcome by the claimant still holding it, a manual
+//! retry by the delivery having failed. A claim that ran out (a killed instance) is taken
+//! by another; its late outcome is refused, and the delivery may be sent twice, never
+//! lost: at least once.
+
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mongodb::Collection;
+use mongodb::bson::{DateTime, Document, doc};
+use serde::{Deserialize, Serialize};
+
+use super::documents::stored_time;
+use super::{Store, StoreError, StoreResult};
+use crate::domain::{
+    Attempt, Delivery, DeliveryState, EventType, Timestamp, Webhook, WebhookSecret, WebhookUrl,
+};
+
+const WEBHOOKS: &str = "webhooks";
+const DELIVERIES: &str = "deliveries";
+const DISPATCHER: &str = "webhookDispatcher";
+const DISPATCHER_ID: &str = "dispatcher";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WebhookDoc {
+    #[serde(rename = "_id")]
+    id: String,
+    url: String,
+    types: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    /// `whsec_<base64>`.
+    secret: String,
+    created_at: DateTime,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AttemptDoc {
+    at: DateTime,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    duration_ms: i64,
+}
+
+/// A delivery as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeliveryDoc {
+    #[serde(rename = "_id")]
+    id: String,
+    webhook: String,
+    event_id: String,
+    event_type: String,
+    /// The body every attempt sends, as rendered when the delivery was made (left out of
+    /// the reads that do not send).
+    #[serde(default)]
+    body: String,
+    state: String,
+    #[serde(default)]
+    attempts: Vec<AttemptDoc>,
+    /// The number of attempts made: what a claim expects, so that two claims of the same
+    /// attempt cannot both win.
+    #[serde(default)]
+    tries: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next_attempt_at: Option<DateTime>,
+    give_up_at: DateTime,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_until: Option<DateTime>,
+    created_at: DateTime,
+}
+
+/// A delivery claimed by this instance: what it sends.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The claim's token (`owner` in the document): what its record is guarded by.
+    pub owner: String,
+    pub id: String,
+    pub webhook: String,
+    pub event_id: String,
+    pub body: String,
+    /// Attempts made before this one.
+    pub tries: u32,
+    pub give_up_at: Timestamp,
+}
+
+/// What an attempt decided.
+#[derive(Debug, Clone, Copy)]
+pub enum AttemptOutcome {
+    Succeeded,
+    /// Try again at this time.
+    Retry(Timestamp),
+    /// Past the give-up time: failed.
+    GaveUp,
+}
+
+/// A new delivery of an event to a webhook.
+pub struct NewDelivery<'a> {
+    pub webhook: &'a str,
+    pub event_id: &'a str,
+    pub event_type: EventType,
+    pub body: String,
+    pub give_up_at: Timestamp,
+}
+
+impl Store {
+    fn webhooks(&self) -> Collection<WebhookDoc> {
+        self.db.collection(WEBHOOKS)
+    }
+
+    fn deliveries(&self) -> Collection<DeliveryDoc> {
+        self.db.collection(DELIVERIES)
+    }
+
+    fn dispatcher(&self) -> Collection<Document> {
+        self.db.collection(DISPATCHER)
+    }
+
+    pub async fn insert_webhook(&self, w: &Webhook) -> StoreResult<()> {
+        let doc = WebhookDoc {
+            id: w.id.clone(),
+            url: w.url.as_str().to_owned(),
+            types: w.types.iter().map(|t| t.as_str().to_owned()).collect(),
+            description: w.description.clone(),
+            secret: w.secret.expose(),
+            created_at: stored_time(w.created_at),
+        };
+        self.webhooks().insert_one(doc).await?;
+        Ok(())
+    }
+
+    /// Every webhook, oldest first (at most a few thousand are expected).
+    pub async fn webhooks_all(&self) -> StoreResult<Vec<Webhook>> {
+        let found: Vec<WebhookDoc> = self
+            .webhooks()
+            .find(doc! {})
+            .sort(doc! { "createdAt": 1, "_id": 1 })
+            .limit(10_000)
+            .max_time(super::READ_TIME_LIMIT)
+            .await?
+            .try_collect()
+            .await?;
+        found.into_iter().map(webhook_from).collect()
+    }
+
+    pub async fn webhook(&self, id: &str) -> StoreResult<Option<Webhook>> {
+        self.webhooks()
+            .find_one(doc! { "_id": id })
+            .await?
+            .map(webhook_from)
+            .transpose()
+    }
+
+    /// Deletes webhook `id` and its deliveries; whether it existed.
+    pub async fn delete_webhook(&self, id: &str) -> StoreResult<bool> {
+        let deleted = self.webhooks().delete_one(doc! { "_id": id }).await?;
+        self.deliveries()
+            .delete_many(doc! { "webhook": id })
+            .await?;
+        Ok(deleted.deleted_count == 1)
+    }
+
+    /// Records new deliveries; one already made (a dispatch repeated after a crash) is
+    /// left as it is.
+    pub async fn insert_deliveries(&self, new: Vec<NewDelivery<'_>>) -> StoreResult<usize> {
+        if new.is_empty() {
+            return Ok(0);
+        }
+        let now = self.server_time_lower_bound().await?;
+        let docs: Vec<DeliveryDoc> = new
+            .into_iter()
+            .map(|d| DeliveryDoc {
+                id: format!("{}:{}", d.webhook, d.event_id),
+                webhook: d.webhook.to_owned(),
+                event_id: d.event_id.to_owned(),
+                event_type: d.event_type.as_str().to_owned(),
+                body: d.body,
+                state: DeliveryState::Pending.as_str().to_owned(),
+                attempts: Vec::new(),
+                tries: 0,
+                next_attempt_at: Some(stored_time(now)),
+                give_up_at: stored_time(d.give_up_at),
+                owner: None,
+                lease_until: None,
+                created_at: stored_time(now),
+            })
+            .collect();
+        let count = docs.len();
+        match self.deliveries().insert_many(docs).ordered(false).await {
+            Ok(_) => Ok(count),
+            Err(e) => match e.kind.as_ref() {
+                mongodb::error::ErrorKind::InsertMany(f)
+                    if f.write_concern_error.is_none()
+                        && f.write_errors.iter().flatten().all(|w| w.code == 11000) =>
+                {
+                    Ok(count - f.write_errors.as_ref().map_or(0, Vec::len))
+                }
+                _ => Err(StoreError::from(e)),
+            },
+        }
+    }
+
+    /// Claims for `owner`, for `lease` (by the database's clock), up to `per_webhook`
+    /// deliveries due now of each webhook in `per_webhook` (those not named are left),
+    /// at most `limit` in all, the longest due first: one read of the due ones, one
+    /// `updateMany` that claims those still pending and unclaimed (or whose claim ran
+    /// out), and one read of what this claim won. A claim carries a token of its own
+    /// (`owner` and a random suffix), so a later claim of the same instance and a late
+    /// record of an earlier one never mix.
+    pub async fn claim_due(
+        &self,
+        owner: &str,
+        lease: Duration,
+        per_webhook: &std::collections::HashMap<String, usize>,
+        limit: i64,
+    ) -> StoreResult<Vec<Claimed>> {
+        // A lower bound of the database's clock: a claim that ran out is seen a little
+        // late, never early.
+        let now = self.server_time_lower_bound().await?;
+        let until = now + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
+        let free = doc! { "$or": [
+            { "leaseUntil": { "$exists": false } },
+            { "leaseUntil": { "$lt": stored_time(now) } },
+        ] };
+        let hooks: Vec<&str> = per_webhook
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(h, _)| h.as_str())
+            .collect();
+        if hooks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let due = self.due_for(&hooks, per_webhook, now, limit).await?;
+        let ids: Vec<&str> = due.iter().map(String::as_str).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let token = format!("{owner}#{:016x}", rand::random::<u64>());
+        let mut claim = doc! {
+            "_id": { "$in": ids.clone() },
+            "state": DeliveryState::Pending.as_str(),
+        };
+        claim.extend(free);
+        let (claimed, _) = super::retried(|| async {
+            self.deliveries()
+                .update_many(
+                    claim.clone(),
+                    doc! { "$set": { "owner": &token, "leaseUntil": stored_time(until) } },
+                )
+                .await
+                .map_err(StoreError::from)
+        })
+        .await;
+        claimed?;
+        let won: Vec<DeliveryDoc> = self
+            .deliveries()
+            .find(doc! { "_id": { "$in": ids }, "owner": &token })
+            .projection(doc! { "attempts": 0 })
+            .await?
+            .try_collect()
+            .await?;
+        Ok(won
+            .into_iter()
+            .map(|d| Claimed {
+                tries: u32::try_from(d.tries).unwrap_or(u32::MAX),
+                give_up_at: d.give_up_at.to_chrono(),
+                owner: token.clone(),
+                id: d.id,
+                webhook: d.webhook,
+                event_id: d.event_id,
+                body: d.body,
+            })
+            .collect())
+    }
+
+    /// The ids of up to `limit` deliveries due at `now` and not under a live claim, at
+    /// most `per_webhook` of each of `hooks`, the longest due first.
+    async fn due_for(
+        &self,
+        hooks: &[&str],
+        per_webhook: &std::collections::HashMap<String, usize>,
+        now: Timestamp,
+        limit: i64,
+    ) -> StoreResult<Vec<String>> {
+        // The due ones by the `{state, nextAttemptAt}` index; those under a live claim
+        // (in flight here or elsewhere) are left out here rather than in the filter, an
+        // `$or` that SecantusDB would answer with a scan.
+        let filter = doc! {
+            "state": DeliveryState::Pending.as_str(),
+            "nextAttemptAt": { "$lte": stored_time(now) },
+            "webhook": { "$in": hooks },
+        };
+        let due: Vec<Document> = self
+            .deliveries()
+            .clone_with_type::<Document>()
+            .find(filter)
+            .sort(doc! { "nextAttemptAt": 1 })
+            .limit(limit + CLAIMED_ELSEWHERE)
+            .projection(doc! { "_id": 1, "webhook": 1, "leaseUntil": 1 })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?
+            .try_collect()
+            .await?;
+        let due: Vec<Document> = due
+            .into_iter()
+            .filter(|d| {
+                d.get_datetime("leaseUntil")
+                    .map_or(true, |until| until.to_chrono() < now)
+            })
+            .collect();
+        let mut room = per_webhook.clone();
+        Ok(due
+            .iter()
+            .filter_map(|d| {
+                let hook = d.get_str("webhook").ok()?;
+                let left = room.get_mut(hook)?;
+                (*left > 0).then(|| *left -= 1)?;
+                d.get_str("_id").ok().map(str::to_owned)
+            })
+            .collect())
+    }
+
+    /// Records attempts and what each decided, in one command (an `update` of one
+    /// statement per attempt), each only if its claim still holds (same claim token,
+    /// still pending, at the same attempt): a claim that ran out and was taken by another
+    /// instance refuses the late record. How many were recorded.
+    pub async fn record_attempts(
+        &self,
+        done: &[(Claimed, Attempt, AttemptOutcome)],
+    ) -> StoreResult<u64> {
+        if done.is_empty() {
+            return Ok(0);
+        }
+        let mut statements = Vec::with_capacity(done.len());
+        for (claimed, attempt, outcome) in done {
+            let (filter, update) = attempt_record(claimed, attempt, *outcome)?;
+            statements.push(doc! { "q": filter, "u": update });
+        }
+        let command = doc! {
+            "update": DELIVERIES,
+            "updates": statements,
+            "ordered": false,
+            "writeConcern": { "w": "majority", "j": true, "wtimeout": 5000 },
+        };
+        // Not a retryable write on a replica set (several statements): sent again here
+        // on a failure, which each statement's guard makes safe.
+        let (answer, _) = super::retried(|| async {
+            let answer = self.db.run_command(command.clone()).await?;
+            if answer.get_array("writeErrors").is_ok_and(|e| !e.is_empty())
+                || answer.get_document("writeConcernError").is_ok()
+            {
+                return Err(StoreError::Unavailable(
+                    format!("attempts not all recorded: {answer}").into(),
+                ));
+            }
+            Ok(answer)
+        })
+        .await;
+        let answer = answer?;
+        Ok(answer
+            .get_i32("nModified")
+            .map(|n| n as u64)
+            .or_else(|_| answer.get_i64("nModified").map(|n| n as u64))
+            .unwrap_or(0))
+    }
+
+    /// The deliveries of `webhook` in `state` (all when `None`), newest first, at most
+    /// `limit`.
+    pub async fn deliveries_of(
+        &self,
+        webhook: &str,
+        state: Option<DeliveryState>,
+        limit: i64,
+    ) -> StoreResult<Vec<Delivery>> {
+        let mut filter = doc! { "webhook": webhook };
+        if let Some(state) = state {
+            filter.insert("state", state.as_str());
+        }
+        let found: Vec<DeliveryDoc> = self
+            .deliveries()
+            .find(filter)
+            .sort(doc! { "createdAt": -1, "_id": -1 })
+            .limit(limit)
+            .projection(doc! { "body": 0 })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?
+            .try_collect()
+            .await?;
+        found.into_iter().map(delivery_from).collect()
+    }
+
+    /// One delivery of `webhook`.
+    pub async fn delivery(&self, webhook: &str, id: &str) -> StoreResult<Option<Delivery>> {
+        let found = self
+            .deliveries()
+            .find_one(doc! { "_id": id, "webhook": webhook })
+            .projection(doc! { "body": 0 })
+            .await?;
+        found.map(delivery_from).transpose()
+    }
+
+    /// Makes failed delivery `id` of `webhook` pending again, due now, tried until
+    /// `give_up_at`. Whether it was failed.
+    pub async fn retry_delivery(
+        &self,
+        webhook: &str,
+        id: &str,
+        give_up_at: Timestamp,
+    ) -> StoreResult<bool> {
+        let now = self.server_time_lower_bound().await?;
+        let again = self
+            .deliveries()
+            .update_one(
+                doc! { "_id": id, "webhook": webhook, "state": DeliveryState::Failed.as_str() },
+                doc! { "$set": {
+                    "state": DeliveryState::Pending.as_str(),
+                    "nextAttemptAt": stored_time(now),
+                    "giveUpAt": stored_time(give_up_at),
+                } },
+            )
+            .await?;
+        Ok(again.matched_count == 1)
+    }
+
+    /// When the oldest pending delivery was made, if one is pending.
+    pub async fn oldest_pending_delivery(&self) -> StoreResult<Option<Timestamp>> {
+        let found = self
+            .deliveries()
+            .clone_with_type::<Document>()
+            .find_one(doc! { "state": DeliveryState::Pending.as_str() })
+            .sort(doc! { "createdAt": 1 })
+            .projection(doc! { "createdAt": 1 })
+            .await?;
+        Ok(found.and_then(|d| d.get_datetime("createdAt").ok().map(|t| t.to_chrono())))
+    }
+
+    /// Takes or renews the dispatcher's lease for `owner`, as
+    /// [`Store::claim_recorder`] does the recorder's. The dispatcher's cursor in the
+    /// feed when `owner` holds it.
+    pub async fn claim_dispatcher(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreResult<Option<Option<String>>> {
+        let now = self.server_time().await?;
+        let until = self.server_time_lower_bound().await?
+            + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
+        self.dispatcher()
+            .update_one(
+                doc! { "_id": DISPATCHER_ID },
+                doc! { "$setOnInsert": { "created": stored_time(now) } },
+            )
+            .upsert(true)
+            .await?;
+        let filter = doc! { "_id": DISPATCHER_ID, "$or": [
+            { "owner": owner },
+            { "leaseUntil": { "$lt": stored_time(now) } },
+            { "leaseUntil": { "$exists": false } },
+        ] };
+        let claim = doc! { "$set": { "owner": owner, "leaseUntil": stored_time(until) } };
+        let state = self
+            .dispatcher()
+            .find_one_and_update(filter, claim)
+            .return_document(mongodb::options::ReturnDocument::After)
+            .await?;
+        Ok(state.map(|s| s.get_str("cursor").ok().map(str::to_owned)))
+    }
+
+    /// Gives up `owner`'s dispatcher lease (at shutdown), so another instance goes on at
+    /// once.
+    pub async fn release_dispatcher(&self, owner: &str) -> StoreResult<()> {
+        self.dispatcher()
+            .update_one(
+                doc! { "_id": DISPATCHER_ID, "owner": owner },
+                doc! { "$unset": { "leaseUntil": "" } },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Saves the dispatcher's cursor, if `owner` still holds its lease.
+    pub async fn save_dispatcher_cursor(&self, owner: &str, cursor: &str) -> StoreResult<bool> {
+        let saved = self
+            .dispatcher()
+            .update_one(
+                doc! { "_id": DISPATCHER_ID, "owner": owner },
+                doc! { "$set": { "cursor": cursor } },
+            )
+            .await?;
+        Ok(saved.matched_count == 1)
+    }
+}
+
+/// The filter and update that record `attempt` of `claimed` and what it decided.
+fn attempt_record(
+    claimed: &Claimed,
+    attempt: &Attempt,
+    outcome: AttemptOutcome,
+) -> StoreResult<(Document, Document)> {
+    let stored = AttemptDoc {
+        at: stored_time(attempt.at),
+        status: attempt.status.map(i32::from),
+        error: attempt.error.clone(),
+        duration_ms: i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
+    };
+    let stored = mongodb::bson::to_bson(&stored)
+        .map_err(|e| StoreError::Other(format!("an attempt cannot be stored: {e}").into()))?;
+    let mut set = doc! {};
+    let mut unset = doc! { "owner": "", "leaseUntil": "" };
+    match outcome {
+        AttemptOutcome::Succeeded => {
+            set.insert("state", DeliveryState::Succeeded.as_str());
+            unset.insert("nextAttemptAt", "");
+        }
+        AttemptOutcome::Retry(at) => {
+            set.insert("nextAttemptAt", stored_time(at));
+        }
+        AttemptOutcome::GaveUp => {
+            set.insert("state", DeliveryState::Failed.as_str());
+            unset.insert("nextAttemptAt", "");
+        }
+    }
+    let mut update = doc! {
+        "$push": { "attempts": { "$each": [stored], "$slice": -MAX_ATTEMPTS_KEPT } },
+        "$inc": { "tries": 1 },
+        "$unset": unset,
+    };
+    if !set.is_empty() {
+        update.insert("$set", set);
+    }
+    let filter = doc! {
+        "_id": &claimed.id,
+        "owner": &claimed.owner,
+        "state": DeliveryState::Pending.as_str(),
+        "tries": i64::from(claimed.tries),
+    };
+    Ok((filter, update))
+}
+
+/// How many due deliveries under live claims a claim's read looks past: the attempts
+/// in flight across the instances.
+const CLAIMED_ELSEWHERE: i64 = 512;
+
+/// The attempts a delivery keeps (the latest): a delivery retried for days makes a few
+/// dozen; the bound keeps a document small whatever the settings.
+const MAX_ATTEMPTS_KEPT: i32 = 100;
+
+fn webhook_from(d: WebhookDoc) -> StoreResult<Webhook> {
+    let bad = |why: String| StoreError::Other(format!("webhook {}: {why}", d.id).into());
+    let types = d
+        .types
+        .iter()
+        .map(|t| EventType::parse(t).map_err(|e| bad(e.0)))
+        .collect::<StoreResult<Vec<_>>>()?;
+    Ok(Webhook {
+        url: WebhookUrl::parse(&d.url).map_err(|e| bad(e.0))?,
+        secret: WebhookSecret::parse(&d.secret).map_err(|e| bad(e.0))?,
+        types,
+        description: d.description.clone(),
+        created_at: d.created_at.to_chrono(),
+        id: d.id,
+    })
+}
+
+fn delivery_from(d: DeliveryDoc) -> StoreResult<Delivery> {
+    let bad = |why: String| StoreError::Other(format!("delivery {}: {why}", d.id).into());
+    Ok(Delivery {
+        event_type: EventType::parse(&d.event_type).map_err(|e| bad(e.0))?,
+        state: DeliveryState::parse(&d.state).map_err(|e| bad(e.0))?,
+        attempts: d
+            .attempts
+            .iter()
+            .map(|a| Attempt {
+                at: a.at.to_chrono(),
+                status: a.status.and_then(|s| u16::try_from(s).ok()),
+                error: a.error.clone(),
+                duration_ms: u64::try_from(a.duration_ms).unwrap_or(0),
+            })
+            .collect(),
+        next_attempt_at: d.next_attempt_at.map(DateTime::to_chrono),
+        created_at: d.created_at.to_chrono(),
+        id: d.id,
+        webhook: d.webhook,
+        event_id: d.event_id,
+    })
+}
