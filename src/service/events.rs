@@ -125,7 +125,7 @@ async fn read_one(
     // Read before the events: anything newer is recorded after them, and comes later.
     let newest = match types.is_empty() {
         true => None,
-        false => store.newest_event().await?,
+        false => store.newest_event_after(&after).await?,
     };
     loop {
         let page = store.read_feed(Some(&after), limit, types).await?;

@@ -125,8 +125,7 @@ impl TransferService {
     /// Bumps the followers' signal whenever some deployment's newest event changes,
     /// looking every [`SIGNAL_EVERY`] while anyone follows, until `shutdown`.
     pub async fn signal_new_events(&self, shutdown: CancellationToken) {
-        let mut newest: Vec<Option<crate::domain::Position>> =
-            vec![None; self.deployments.all().len()];
+        let mut newest = vec![crate::domain::Position::start(); self.deployments.all().len()];
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -140,8 +139,8 @@ impl TransferService {
                 if store.check_answering().is_err() {
                     continue;
                 }
-                if let Ok(now) = store.newest_event().await {
-                    grew |= now != *seen;
+                if let Ok(Some(now)) = store.newest_event_after(seen).await {
+                    grew = true;
                     *seen = now;
                 }
             }

@@ -454,13 +454,16 @@ impl Store {
         Ok(deleted.deleted_count)
     }
 
-    /// The position of this deployment's newest event, if it has one: what the followers'
-    /// signal watches, and how far a filtered read that saw every match may move.
-    pub async fn newest_event(&self) -> StoreResult<Option<Position>> {
+    /// The position of this deployment's newest event after `after`, if there is one:
+    /// what the followers' signal watches, and how far a filtered read that saw every
+    /// match may move. A range from `after` rather than a sort of the whole feed:
+    /// SecantusDB materialises every match of a sorted find before its limit (37 ms for
+    /// the newest of 40,000 events, 0.4 ms for a range of a few near the end).
+    pub async fn newest_event_after(&self, after: &Position) -> StoreResult<Option<Position>> {
         let newest = self
             .events()
             .clone_with_type::<Document>()
-            .find_one(doc! {})
+            .find_one(doc! { "key": { "$gt": key(after) } })
             .sort(doc! { "key": -1 })
             .projection(doc! { "key": 1 })
             .max_time(super::READ_TIME_LIMIT)
