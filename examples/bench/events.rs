@@ -16,6 +16,7 @@ use serde::Serialize;
 use crate::driver::{Outcome, closed_loop};
 use crate::service::{Context, open_accounts, random_pair, transfer_body};
 use crate::stats::{Latency, summarize};
+use crate::work::snapshot;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct EventsPlan {
@@ -127,7 +128,15 @@ pub async fn run(ctx: &Context, plan: &EventsPlan) -> EventsResult {
     let url: Arc<str> = format!("{}/transfers", server.base).into();
     let mut delays = Vec::new();
     for round in 0..plan.rounds {
-        let none = load(ctx, plan, &url, &ids, None).await;
+        let none = load(
+            ctx,
+            plan,
+            &url,
+            &ids,
+            None,
+            (&database, &server.base, server.pid()),
+        )
+        .await;
         result.failed_requests += none.1;
         result.none_per_s.push(none.0);
         eprintln!(
@@ -148,7 +157,15 @@ pub async fn run(ctx: &Context, plan: &EventsPlan) -> EventsResult {
             format!("{}/events/stream", server.base),
             counted.clone(),
         );
-        let followed = load(ctx, plan, &url, &ids, Some(times.clone())).await;
+        let followed = load(
+            ctx,
+            plan,
+            &url,
+            &ids,
+            Some(times.clone()),
+            (&database, &server.base, server.pid()),
+        )
+        .await;
         result.failed_requests += followed.1;
         result.followed_per_s.push(followed.0);
         eprintln!(
@@ -221,7 +238,9 @@ async fn load(
     url: &Arc<str>,
     ids: &Arc<Vec<String>>,
     times: Option<Arc<Mutex<Times>>>,
+    (database, base, pid): (&str, &str, u32),
 ) -> (f64, u64) {
+    let counted = snapshot(&ctx.mongo, database, &ctx.http, base, pid, ctx.daemon_pid).await;
     let (http, url, ids, amount) = (ctx.http.clone(), url.clone(), ids.clone(), plan.amount);
     let measured = closed_loop(
         plan.concurrency,
@@ -264,6 +283,11 @@ async fn load(
         },
     )
     .await;
+    let work = snapshot(&ctx.mongo, database, &ctx.http, base, pid, ctx.daemon_pid)
+        .await
+        .since(&counted, measured.sent);
+    eprintln!("[events]   {}", work.brief());
+    eprintln!("[events]   {}", work.brief_time());
     (measured.units_per_s, measured.failures.total)
 }
 

@@ -78,8 +78,8 @@ struct Feed {
     deployment: crate::domain::DeploymentName,
     /// Its events, in its feed's order; those the page did not take stay here.
     events: std::collections::VecDeque<Event>,
-    /// With a type filter and fewer matches than the limit: the deployment's newest event
-    /// when the read began; every match up to it is in `events`.
+    /// With a type filter and fewer matches than the limit: the last event the read
+    /// looked at, of any type; every match up to it is in `events`.
     passed: Option<Position>,
 }
 
@@ -122,11 +122,6 @@ async fn read_one(
         Some(p) => p,
         None => trimmed.unwrap_or_else(Position::start),
     };
-    // Read before the events: anything newer is recorded after them, and comes later.
-    let newest = match types.is_empty() {
-        true => None,
-        false => store.newest_event_after(&after).await?,
-    };
     loop {
         let page = store.read_feed(Some(&after), limit, types).await?;
         // Read after the events: a removal that took some of them raised it first.
@@ -144,7 +139,7 @@ async fn read_one(
                 cursor.positions.insert(deployment.clone(), after);
                 return Ok(Feed {
                     deployment,
-                    passed: newest.filter(|_| all_matches),
+                    passed: page.examined.filter(|_| all_matches && !types.is_empty()),
                     events: page.events.into(),
                 });
             }

@@ -125,7 +125,11 @@ impl TransferService {
     /// Bumps the followers' signal whenever some deployment's newest event changes,
     /// looking every [`SIGNAL_EVERY`] while anyone follows, until `shutdown`.
     pub async fn signal_new_events(&self, shutdown: CancellationToken) {
-        let mut newest = vec![crate::domain::Position::start(); self.deployments.all().len()];
+        // Where each deployment's watch starts: a few seconds before the first look, not
+        // the front of the feed, whose whole length SecantusDB would read to find the
+        // newest (a late event below it is still read within [`READ_AT_LEAST_EVERY`]).
+        let mut newest: Vec<Option<crate::domain::Position>> =
+            vec![None; self.deployments.all().len()];
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -139,9 +143,19 @@ impl TransferService {
                 if store.check_answering().is_err() {
                     continue;
                 }
-                if let Ok(Some(now)) = store.newest_event_after(seen).await {
+                let Some(from) = seen else {
+                    if let Ok(now) = store.cluster_time().await {
+                        *seen = Some(crate::domain::Position {
+                            seconds: now.map_or(0, |t| t.time.saturating_sub(5)),
+                            increment: 0,
+                            id: String::new(),
+                        });
+                    }
+                    continue;
+                };
+                if let Ok(Some(now)) = store.newest_event_after(from).await {
                     grew = true;
-                    *seen = now;
+                    *seen = Some(now);
                 }
             }
             if grew {

@@ -121,7 +121,30 @@ pub struct FeedPage {
     /// The position of the last event removed after the retention, read after the events:
     /// a reader below it may have missed an event.
     pub trimmed_through: Option<Position>,
+    /// The last event the read looked at, of any type: every event of the types asked
+    /// up to it is in `events`. With a type filter and fewer matches than the limit, a
+    /// reader may move there (events appear in feed order, so none will appear below it).
+    pub examined: Option<Position>,
 }
+
+/// Cluster time as one number (seconds, then increment): what the feed's windows are
+/// measured in.
+type Tick = u64;
+
+fn tick(seconds: u32, increment: u32) -> Tick {
+    (u64::from(seconds) << 32) | u64::from(increment)
+}
+
+/// The start of [`key`]s at `t`: every event at `t` or later sorts after it (an id is
+/// never empty), every event before `t` below it.
+fn tick_key(t: Tick) -> String {
+    format!("{:010}{:010}", t >> 32, t & 0xffff_ffff)
+}
+
+/// The first window of a read of the feed: a second of cluster time. A window holding
+/// the most a read may return halves the next; an empty one makes the next four times
+/// as long, so a reader far behind a sparse feed gets there in few reads.
+const FIRST_WINDOW: Tick = 1 << 32;
 
 impl Store {
     fn events(&self) -> Collection<EventDoc> {
@@ -137,13 +160,7 @@ impl Store {
     /// start-up, after the migrations and before the instance serves, so that no change
     /// this version makes precedes the feed's start.
     pub async fn prepare_feed(&self) -> StoreResult<()> {
-        let reply = self.db.run_command(doc! { "ping": 1 }).await?;
-        let now = reply.get_timestamp("operationTime").ok().or_else(|| {
-            reply
-                .get_document("$clusterTime")
-                .ok()
-                .and_then(|c| c.get_timestamp("clusterTime").ok())
-        });
+        let now = self.cluster_time().await?;
         let mut start = doc! {};
         match now {
             Some(now) => {
@@ -158,6 +175,18 @@ impl Store {
             .upsert(true)
             .await?;
         Ok(())
+    }
+
+    /// The deployment's cluster time now, if it gives one (a replica set or a sharded
+    /// cluster does): every change made so far is at or before it.
+    pub async fn cluster_time(&self) -> StoreResult<Option<bson::Timestamp>> {
+        let reply = self.db.run_command(doc! { "ping": 1 }).await?;
+        Ok(reply.get_timestamp("operationTime").ok().or_else(|| {
+            reply
+                .get_document("$clusterTime")
+                .ok()
+                .and_then(|c| c.get_timestamp("clusterTime").ok())
+        }))
     }
 
     /// Takes or renews the lease of this deployment's recorder for `owner`, for `lease` by
@@ -419,20 +448,20 @@ impl Store {
             .await?
             .checked_sub_signed(retention)
             .unwrap_or(Timestamp::MIN_UTC);
-        let front: Vec<Document> = self
-            .events()
-            .clone_with_type::<Document>()
-            .find(doc! {})
-            .sort(doc! { "key": 1 })
-            .limit(MAX_TRIMMED as i64)
-            .projection(doc! { "key": 1, "at": 1 })
+        // The front, from the last removal, up to the second after the cut-off (a
+        // change's cluster time and its wall time are the same clock's).
+        let from = self
+            .trimmed_through()
             .await?
-            .try_collect()
+            .unwrap_or_else(Position::start);
+        let up_to = tick(u32::try_from(cutoff.timestamp() + 1).unwrap_or(u32::MAX), 0);
+        let (front, _) = self
+            .windows(&from, up_to, MAX_TRIMMED as usize, &[])
             .await?;
         let old = front
             .iter()
-            .take_while(|d| d.get_datetime("at").is_ok_and(|at| at.to_chrono() < cutoff))
-            .filter_map(|d| d.get_str("key").ok())
+            .take_while(|d| d.at.to_chrono() < cutoff)
+            .map(|d| d.key.as_str())
             .last();
         let Some(through) = old else {
             return Ok(0);
@@ -455,8 +484,8 @@ impl Store {
     }
 
     /// The position of this deployment's newest event after `after`, if there is one:
-    /// what the followers' signal watches, and how far a filtered read that saw every
-    /// match may move. A range from `after` rather than a sort of the whole feed:
+    /// what the followers' signal watches. A range from `after` rather than a sort of the
+    /// whole feed:
     /// SecantusDB materialises every match of a sorted find before its limit (37 ms for
     /// the newest of 40,000 events, 0.4 ms for a range of a few near the end).
     pub async fn newest_event_after(&self, after: &Position) -> StoreResult<Option<Position>> {
@@ -492,23 +521,12 @@ impl Store {
         limit: u32,
         types: &[EventType],
     ) -> StoreResult<FeedPage> {
-        let mut filter = match after {
-            Some(p) => doc! { "key": { "$gt": key(p) } },
-            None => doc! {},
-        };
-        if !types.is_empty() {
-            let names: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
-            filter.insert("type", doc! { "$in": names });
-        }
-        let found: Vec<EventDoc> = self
-            .events()
-            .find(filter)
-            .sort(doc! { "key": 1 })
-            .limit(i64::from(limit))
-            .max_time(super::READ_TIME_LIMIT)
-            .await?
-            .try_collect()
-            .await?;
+        let start = Position::start();
+        let after = after.unwrap_or(&start);
+        let now = self.cluster_time().await?;
+        // Events are recorded after their changes: none is after now.
+        let end = now.map_or(Tick::MAX, |t| tick(t.time, t.increment).saturating_add(1));
+        let (found, examined) = self.windows(after, end, limit as usize, types).await?;
         let events = found
             .into_iter()
             .map(|d| self.event_from(d))
@@ -517,7 +535,77 @@ impl Store {
         Ok(FeedPage {
             events,
             trimmed_through,
+            examined: examined.as_deref().and_then(position),
         })
+    }
+
+    /// The first `limit` events after `after` and before cluster time `end`, of `types`
+    /// (all when empty), in feed order, and the key of the last event looked at.
+    ///
+    /// Read in windows of cluster time rather than in one sorted find: SecantusDB reads
+    /// every match of a find before it applies the limit (9 ms for 100 events 5,000
+    /// behind the end of a feed of 40,000, against 0.8 ms for a window of a few hundred),
+    /// so a reader far behind would pay for the whole rest of the feed at every page.
+    /// A type filter is applied here, not in the find, so that the read knows the last
+    /// event it passed whatever its type.
+    async fn windows(
+        &self,
+        after: &Position,
+        end: Tick,
+        limit: usize,
+        types: &[EventType],
+    ) -> StoreResult<(Vec<EventDoc>, Option<String>)> {
+        let wanted: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
+        let mut found = Vec::new();
+        let mut examined: Option<String> = None;
+        let mut below = key(after);
+        let mut from = tick(after.seconds, after.increment);
+        let mut span = FIRST_WINDOW;
+        while from < end && found.len() < limit {
+            let until = from.saturating_add(span).min(end);
+            // A window holds at most what is still wanted (all of a filtered read's page).
+            let room = if wanted.is_empty() {
+                limit - found.len()
+            } else {
+                limit
+            };
+            let window: Vec<EventDoc> = self
+                .events()
+                .find(doc! { "key": { "$gt": &below, "$lt": tick_key(until) } })
+                .sort(doc! { "key": 1 })
+                .limit(room as i64)
+                .max_time(super::READ_TIME_LIMIT)
+                .await?
+                .try_collect()
+                .await?;
+            let full = window.len() >= room;
+            let seen = window.len();
+            for d in window {
+                examined = Some(d.key.clone());
+                if wanted.is_empty() || wanted.contains(&d.kind.as_str()) {
+                    found.push(d);
+                    if found.len() == limit {
+                        break;
+                    }
+                }
+            }
+            if full {
+                // More in this window: go on from the last one looked at, in a shorter one.
+                let last = examined.as_deref().and_then(position);
+                if let Some(last) = last {
+                    below = key(&last);
+                    from = tick(last.seconds, last.increment);
+                }
+                span = (span / 2).max(1);
+            } else {
+                below = tick_key(until);
+                from = until;
+                if seen == 0 {
+                    span = span.saturating_mul(4);
+                }
+            }
+        }
+        Ok((found, examined))
     }
 
     fn event_from(&self, d: EventDoc) -> StoreResult<Event> {

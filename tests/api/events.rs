@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use futures::TryStreamExt;
 use mongodb::bson::{Document, doc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -563,6 +564,81 @@ async fn a_reader_following_next_reads_each_event_once_and_every_cursor_resumes_
             read, new,
             "after the end of the feed: the new events, nothing old"
         );
+    }
+}
+
+/// The feed is read in windows of cluster time (SecantusDB reads every match of a find
+/// before its limit), so a read must cross any gap and any crowd: events decades apart,
+/// hundreds in one second, none between. Events put straight into `events`, at crafted
+/// places of a real one's copy, then real ones after them: every walk, at any page size
+/// and with a type filter, reads the stored order exactly once.
+#[tokio::test]
+async fn the_feed_reads_events_far_apart_and_crowded_in_time_each_once_in_order() {
+    let app = spawn_app().await;
+    open(&app, "alice", 1_000).await;
+    settle(&app, "bob").await;
+    let events = app.store.database().collection::<Document>("events");
+    let model = events
+        .find_one(doc! { "_id": "account.opened:alice" })
+        .await
+        .unwrap()
+        .expect("alice's event is stored");
+    let now = model.get_str("key").unwrap()[..10].parse::<u32>().unwrap();
+    // (seconds, how many at increments 1, 2, ...): the dawn of time, a crowd, a day's
+    // steps back, the second before now.
+    let mut places: Vec<(u32, u32)> = vec![(1, 1), (10, 2), (1_000_000, 300), (1_000_001, 1)];
+    places.extend((1..=5).map(|days| (now - days * 86_400, 3)));
+    places.push((now - 2, 250));
+    let mut crafted = Vec::new();
+    for (seconds, count) in places {
+        for increment in 1..=count {
+            let id = format!("account.opened:w{seconds}-{increment}");
+            let mut event = model.clone();
+            event.insert("_id", &id);
+            event.insert("key", format!("{seconds:010}{increment:010}{id}"));
+            crafted.push(event);
+        }
+    }
+    let made = crafted.len();
+    events.insert_many(crafted).await.unwrap();
+    let paid = format!(
+        "transfer.done:{}",
+        id_of(&done(&app, "alice", "bob", 5).await)
+    );
+    settle(&app, "carol").await;
+
+    let stored: Vec<Document> = events
+        .find(doc! {})
+        .sort(doc! { "key": 1 })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let order: Vec<String> = stored
+        .iter()
+        .map(|e| e.get_str("_id").unwrap().to_owned())
+        .collect();
+    // Those crafted, alice, bob, the transfer and carol.
+    assert_eq!(order.len(), made + 4, "{order:#?}");
+    for limit in [7, 100, 1000] {
+        let read: Vec<String> = walk(&app, limit, "")
+            .await
+            .into_iter()
+            .flat_map(|(page, _)| page)
+            .collect();
+        assert_eq!(read, order, "limit={limit}");
+    }
+    let opened: Vec<String> = order.iter().filter(|id| **id != paid).cloned().collect();
+    for (filter, wanted) in [("account.opened", opened), ("transfer.done", vec![paid])] {
+        for limit in [3, 1000] {
+            let read: Vec<String> = walk(&app, limit, &format!("&type={filter}"))
+                .await
+                .into_iter()
+                .flat_map(|(page, _)| page)
+                .collect();
+            assert_eq!(read, wanted, "type={filter}, limit={limit}");
+        }
     }
 }
 

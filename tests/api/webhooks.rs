@@ -1557,10 +1557,15 @@ async fn a_delivery_claimed_by_a_killed_instance_is_sent_by_another_once_the_cla
         .await
         .unwrap()
         .unwrap();
-    assert!(
-        !stored.contains_key("owner") && !stored.contains_key("leaseUntil"),
-        "{stored}"
-    );
+    // The claim emptied: no owner, no lease (absent, or null as the record leaves them).
+    for field in ["owner", "leaseUntil"] {
+        assert!(
+            stored
+                .get(field)
+                .is_none_or(|v| *v == mongodb::bson::Bson::Null),
+            "{field}: {stored}"
+        );
+    }
     let events = feed_with(&app, event).await;
     let item = events.iter().find(|e| e["id"] == event).unwrap();
     assert_eq!(&sent[1].json(), item);
@@ -1847,5 +1852,134 @@ async fn every_webhook_route_needs_a_read_write_key_reads_too() {
     ] {
         let answer = send(method.clone(), &path, Some(&rw), None).await;
         assert_eq!(answer.status(), expected, "{method} {path}");
+    }
+}
+
+/// An attempt's record lands only under the claim it was made under, also when many
+/// records of different claims go to the database in one write: a record from a claim
+/// that ran out and was taken again is refused (the delivery stays the new claimant's,
+/// with no attempt added), a record sent twice (a reply lost) lands once, and in the same
+/// write the records whose claims hold land, each with its own attempt and outcome.
+#[tokio::test]
+async fn an_attempt_recorded_under_a_claim_taken_again_since_is_refused_and_the_others_land() {
+    use std::collections::HashMap;
+    use transfer_service::domain::{Attempt, EventType};
+    use transfer_service::store::webhooks::{AttemptOutcome, NewDelivery};
+
+    let store = Store::connect(&support::database_uri(), &support::fresh_database_name())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let deliveries = store.database().collection::<Document>("deliveries");
+    let give_up_at = chrono::Utc::now() + chrono::TimeDelta::hours(1);
+    let events = ["account.opened:a", "account.opened:b"];
+    let new = events
+        .iter()
+        .map(|event| NewDelivery {
+            webhook: "wh_t",
+            event_id: event,
+            event_type: EventType::AccountOpened,
+            body: format!("{{\"id\":\"{event}\"}}"),
+            give_up_at,
+        })
+        .collect();
+    assert_eq!(store.insert_deliveries(new).await.unwrap(), 2);
+    let room = HashMap::from([("wh_t".to_owned(), 10)]);
+    let mut stale = store
+        .claim_due("old", Duration::from_millis(1), &room, 10)
+        .await
+        .unwrap();
+    stale.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(stale.len(), 2);
+    // The 1 ms claims run out; another takes both.
+    let mut live = eventually(
+        "the claims that ran out are taken again",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || {
+            let won = store
+                .claim_due("new", Duration::from_secs(30), &room, 10)
+                .await
+                .unwrap();
+            (won.len() == 2).then_some(won)
+        },
+    )
+    .await;
+    live.sort_by(|a, b| a.id.cmp(&b.id));
+    let attempt = |status: u16, ms: u64| Attempt {
+        at: chrono::Utc::now(),
+        status: Some(status),
+        error: None,
+        duration_ms: ms,
+    };
+    let late: Vec<_> = stale
+        .iter()
+        .map(|c| (c.clone(), attempt(204, 1), AttemptOutcome::Succeeded))
+        .collect();
+    assert_eq!(store.record_attempts(&late).await.unwrap(), 0);
+    for d in [&live[0], &live[1]] {
+        let stored = deliveries
+            .find_one(doc! { "_id": &d.id })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.get_str("state"), Ok("pending"), "{stored}");
+        assert_eq!(
+            stored.get_str("owner"),
+            Ok(live[0].owner.as_str()),
+            "{stored}"
+        );
+        assert!(stored.get_array("attempts").unwrap().is_empty(), "{stored}");
+    }
+
+    let again = chrono::Utc::now() + chrono::TimeDelta::minutes(5);
+    let mixed = vec![
+        (live[0].clone(), attempt(204, 7), AttemptOutcome::Succeeded),
+        late[1].clone(),
+        (
+            live[1].clone(),
+            attempt(503, 9),
+            AttemptOutcome::Retry(again),
+        ),
+    ];
+    assert_eq!(store.record_attempts(&mixed).await.unwrap(), 2);
+    // Sent again, as after a reply lost: nothing more.
+    assert_eq!(store.record_attempts(&mixed).await.unwrap(), 0);
+    let done = deliveries
+        .find_one(doc! { "_id": &live[0].id })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.get_str("state"), Ok("succeeded"), "{done}");
+    assert_eq!(done.get_i64("tries"), Ok(1), "{done}");
+    let tried = done.get_array("attempts").unwrap();
+    assert_eq!(tried.len(), 1, "{done}");
+    let tried = tried[0].as_document().unwrap();
+    assert_eq!(tried.get_i32("status"), Ok(204), "{done}");
+    assert_eq!(tried.get_i64("durationMs"), Ok(7), "{done}");
+    let retried = deliveries
+        .find_one(doc! { "_id": &live[1].id })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(retried.get_str("state"), Ok("pending"), "{retried}");
+    assert_eq!(retried.get_i64("tries"), Ok(1), "{retried}");
+    assert_eq!(
+        retried
+            .get_datetime("nextAttemptAt")
+            .map(|t| t.timestamp_millis()),
+        Ok(again.timestamp_millis()),
+        "{retried}"
+    );
+    let tried = retried.get_array("attempts").unwrap();
+    assert_eq!(tried.len(), 1, "{retried}");
+    assert_eq!(tried[0].as_document().unwrap().get_i32("status"), Ok(503));
+    for d in [&done, &retried] {
+        for field in ["owner", "leaseUntil"] {
+            assert!(
+                d.get(field).is_none_or(|v| *v == mongodb::bson::Bson::Null),
+                "the claim is emptied: {d}"
+            );
+        }
     }
 }
