@@ -5,13 +5,16 @@
 //!   registered before it (`store::webhooks`). One instance at a time dispatches, under a
 //!   lease; a dispatch repeated after a crash or a takeover is refused by the delivery's
 //!   id, so each event reaches each endpoint through one delivery.
-//! - The **sender** claims due deliveries (a lease per delivery, by the database's clock)
-//!   and `POST`s them, signed as Standard Webhooks say, then records the attempt if it
-//!   still holds the claim. A killed instance's claim runs out and another instance sends
-//!   the delivery again: at least once, with the same `webhook-id`.
+//! - Every delivery is sent under a **claim** (a lease per delivery, by the database's
+//!   clock): `POST`ed, signed as Standard Webhooks say, then its attempt recorded if the
+//!   claim still holds. The dispatcher makes the deliveries its instance has room for
+//!   already claimed, and starts them at once; the **sender** of every instance claims
+//!   the others when due (retries, those no dispatcher had room for, those whose claim
+//!   ran out). A killed instance's claim runs out and another instance sends the delivery
+//!   again: at least once, with the same `webhook-id`.
 //!
 //! Claims and records are batched: a round claims what is due with one `updateMany`, and
-//! finished attempts are recorded many to a command, each statement guarded by its claim.
+//! finished attempts are recorded many to a command, each guarded by its claim.
 //!
 //! Bounds: [`MAX_SENDING`] attempts at once per instance and [`PER_ENDPOINT`] per
 //! endpoint, each at most [`ATTEMPT_TIMEOUT`]: a slow or failing endpoint holds at most
@@ -34,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::{self, Attempt, Event, FeedCursor, Webhook, backoff_ms, is_public_address};
 use crate::error_chain::Chain;
 use crate::service::{TransferService, WebhookSettings};
-use crate::store::webhooks::{AttemptOutcome, Claimed, NewDelivery};
+use crate::store::webhooks::{AttemptOutcome, Claimed, NewDelivery, claim_token};
 use crate::store::{Store, StoreResult};
 
 /// How an event is sent: the body of every attempt, rendered once when its deliveries are
@@ -63,8 +66,9 @@ pub const PER_ENDPOINT: usize = 16;
 pub const CLAIMED_AHEAD: usize = 64;
 /// How long the list of webhooks is used before it is read again.
 const HOOKS_FRESH_FOR: Duration = Duration::from_millis(200);
-/// Attempts recorded in one command, at most.
-const RECORD_BATCH: usize = 256;
+/// Attempts recorded in one command, at most: the command's pipeline looks each
+/// delivery's record up in the batch, so its cost grows with the square of the batch.
+const RECORD_BATCH: usize = 64;
 /// How long the recorder of attempts waits for more after the first.
 const RECORD_WAIT: Duration = Duration::from_millis(10);
 /// How long the sender waits when nothing is due.
@@ -87,28 +91,41 @@ pub async fn run(
             return;
         }
     };
-    // Told by this instance's dispatcher when it made deliveries, so that its sender
-    // need not wait for its next look (another instance's are found by that look).
+    let store = service.deployments().first().clone();
+    let (done, to_record) = tokio::sync::mpsc::channel::<Done>(MAX_SENDING * 2);
+    let recorder = tokio::spawn(record(store.clone(), to_record));
+    let sending = Arc::new(Sending {
+        store,
+        client,
+        settings,
+        slots: Arc::new(Semaphore::new(MAX_SENDING)),
+        endpoints: Arc::default(),
+        ended: Arc::default(),
+        done,
+    });
+    // Told by this instance's dispatcher when it made deliveries it could not take itself,
+    // so that its sender need not wait for its next look (another instance's are found
+    // by that look).
     let made = Arc::new(tokio::sync::Notify::new());
     let dispatcher = tokio::spawn(dispatch(
         service.clone(),
         owner.clone(),
         render,
+        sending.clone(),
         made.clone(),
         shutdown.clone(),
     ));
     let sender = Sender {
         service,
         owner,
-        client,
-        settings,
-        sending: Arc::new(Semaphore::new(MAX_SENDING)),
-        endpoints: Arc::default(),
-        ended: Arc::default(),
+        sending,
         made,
     };
     sender.run(shutdown).await;
     let _ = dispatcher.await;
+    // The attempts under way finish and are recorded; those not recorded are sent again
+    // once their claims run out.
+    let _ = recorder.await;
 }
 
 /// The HTTP client of deliveries.
@@ -157,6 +174,7 @@ async fn dispatch(
     service: TransferService,
     owner: String,
     render: Render,
+    sending: Arc<Sending>,
     made: Arc<tokio::sync::Notify>,
     shutdown: CancellationToken,
 ) {
@@ -170,6 +188,7 @@ async fn dispatch(
                     store: &store,
                     owner: &owner,
                     render: &render,
+                    sending: &sending,
                     made: &made,
                 };
                 ctx.run(cursor, &shutdown).await
@@ -199,6 +218,7 @@ struct Dispatching<'a> {
     store: &'a Store,
     owner: &'a str,
     render: &'a Render,
+    sending: &'a Sending,
     made: &'a tokio::sync::Notify,
 }
 
@@ -263,13 +283,15 @@ impl Dispatching<'_> {
 }
 
 impl Dispatching<'_> {
-    /// Makes a delivery of each of `events` to each webhook that wants it.
+    /// Makes a delivery of each of `events` to each webhook that wants it. Those this
+    /// instance has room for are made under its claim and sent at once, without a claim's
+    /// reads and write; the rest are left for any instance's sender to claim.
     async fn deliver(
         &self,
         events: &[Event],
         give_up_after: chrono::TimeDelta,
     ) -> Result<(), crate::service::ServiceError> {
-        let (store, render) = (self.store, self.render);
+        let (store, render, sending) = (self.store, self.render, self.sending);
         let hooks = store.webhooks_all().await?;
         let give_up_at = store.server_time_lower_bound().await? + give_up_after;
         let mut bodies: HashMap<&str, String> = HashMap::new();
@@ -286,10 +308,59 @@ impl Dispatching<'_> {
                     event_type: event.kind,
                     body,
                     give_up_at,
+                    claimed: false,
                 });
             }
         }
-        if store.insert_deliveries(new).await? > 0 {
+        if new.is_empty() {
+            return Ok(());
+        }
+        // This instance's places, taken before the deliveries are made under its claim.
+        let mut places: HashMap<&str, usize> = HashMap::new();
+        for hook in &hooks {
+            let wanted = new.iter().filter(|d| d.webhook == hook.id).count();
+            if wanted > 0 {
+                places.insert(&hook.id, sending.reserve(&hook.id, wanted));
+            }
+        }
+        let token = claim_token(self.owner);
+        let mut taken = Vec::new();
+        let mut left = places.clone();
+        for d in &mut new {
+            if let Some(n) = left.get_mut(d.webhook).filter(|n| **n > 0) {
+                *n -= 1;
+                d.claimed = true;
+                taken.push(Claimed {
+                    owner: token.clone(),
+                    id: format!("{}:{}", d.webhook, d.event_id),
+                    webhook: d.webhook.to_owned(),
+                    event_id: d.event_id.to_owned(),
+                    body: d.body.clone(),
+                    tries: 0,
+                    give_up_at,
+                });
+            }
+        }
+        let unclaimed = new.len() - taken.len();
+        let refused = match store.insert_deliveries(new, (&token, CLAIM_LEASE)).await {
+            Ok(refused) => refused,
+            Err(e) => {
+                for (hook, n) in places {
+                    sending.unreserve(hook, n);
+                }
+                return Err(e.into());
+            }
+        };
+        for claimed in taken {
+            match hooks.iter().find(|h| h.id == claimed.webhook) {
+                Some(hook) if !refused.contains(&claimed.id) => {
+                    sending.start(hook.clone(), claimed);
+                }
+                // Made before (a dispatch repeated): whoever holds it sends it.
+                _ => sending.unreserve(&claimed.webhook, 1),
+            }
+        }
+        if unclaimed > 0 {
             self.made.notify_one();
         }
         Ok(())
@@ -301,21 +372,98 @@ fn wants(hook: &Webhook, event: &Event) -> bool {
     hook.wants(event.kind) && event.at >= hook.created_at
 }
 
-/// The sending side.
-struct Sender {
-    service: TransferService,
-    owner: String,
+/// What this instance's attempts share: the bounds, and where finished ones go to be
+/// recorded. Its claim rounds and its dispatcher both start attempts through it.
+struct Sending {
+    store: Store,
     client: reqwest::Client,
     settings: WebhookSettings,
     /// One permit per attempt in flight on this instance ([`MAX_SENDING`]).
-    sending: Arc<Semaphore>,
+    slots: Arc<Semaphore>,
     /// Per endpoint: its attempts in flight ([`PER_ENDPOINT`] permits), and how many of
     /// its deliveries this instance holds claimed (waiting or in flight, at most
     /// [`CLAIMED_AHEAD`]).
     endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
     /// Told when an attempt ends: its place may let the next round claim more.
     ended: Arc<tokio::sync::Notify>,
-    /// Told when this instance's dispatcher made deliveries.
+    /// Where finished attempts go to be recorded.
+    done: tokio::sync::mpsc::Sender<Done>,
+}
+
+impl Sending {
+    /// How many more of `hook`'s deliveries this instance may hold claimed.
+    fn free(&self, hook: &str) -> usize {
+        let held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+        CLAIMED_AHEAD.saturating_sub(held.get(hook).map_or(0, |e| e.claimed))
+    }
+
+    /// Takes up to `wanted` of the places of `hook`'s claimed deliveries; how many it took.
+    /// Each is given back by the end of its attempt ([`Sending::start`]) or by
+    /// [`Sending::unreserve`].
+    fn reserve(&self, hook: &str, wanted: usize) -> usize {
+        let mut held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+        let endpoint = held.entry(hook.to_owned()).or_insert_with(|| Endpoint {
+            in_flight: Arc::new(Semaphore::new(PER_ENDPOINT)),
+            claimed: 0,
+        });
+        let taken = wanted.min(CLAIMED_AHEAD.saturating_sub(endpoint.claimed));
+        endpoint.claimed += taken;
+        if endpoint.claimed == 0 {
+            held.remove(hook);
+        }
+        taken
+    }
+
+    /// Gives back `n` places of `hook` that no attempt took.
+    fn unreserve(&self, hook: &str, n: usize) {
+        for _ in 0..n {
+            release(&self.endpoints, hook);
+        }
+    }
+
+    /// Starts the attempt of `claimed`, a delivery of `hook` whose place is taken: it
+    /// waits for its endpoint's place, then for one of this instance's.
+    fn start(&self, hook: Webhook, claimed: Claimed) {
+        let in_flight = {
+            let mut held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+            let endpoint = held.entry(hook.id.clone()).or_insert_with(|| Endpoint {
+                in_flight: Arc::new(Semaphore::new(PER_ENDPOINT)),
+                claimed: 1,
+            });
+            endpoint.in_flight.clone()
+        };
+        let attempt = Attempting {
+            store: self.store.clone(),
+            client: self.client.clone(),
+            settings: self.settings,
+            hook,
+            claimed,
+            endpoints: self.endpoints.clone(),
+            done: self.done.clone(),
+            ended: self.ended.clone(),
+        };
+        let slots = self.slots.clone();
+        tokio::spawn(async move {
+            // The endpoint's place first: an attempt waiting for a slow endpoint holds
+            // none of the places the other endpoints need.
+            let Ok(_place) = in_flight.acquire_owned().await else {
+                return;
+            };
+            let Ok(_permit) = slots.acquire_owned().await else {
+                return;
+            };
+            attempt.run().await;
+        });
+    }
+}
+
+/// The claiming side: finds due deliveries (retries, those another instance's dispatcher
+/// had no room for, those whose claim ran out) and starts their attempts.
+struct Sender {
+    service: TransferService,
+    owner: String,
+    sending: Arc<Sending>,
+    /// Told when this instance's dispatcher made deliveries it did not take.
     made: Arc<tokio::sync::Notify>,
 }
 
@@ -331,8 +479,6 @@ type Done = (Claimed, Attempt, AttemptOutcome);
 impl Sender {
     async fn run(self, shutdown: CancellationToken) {
         let store = self.service.deployments().first().clone();
-        let (done, to_record) = tokio::sync::mpsc::channel::<Done>(MAX_SENDING * 2);
-        let recorder = tokio::spawn(record(store.clone(), to_record));
         let mut gauged: Option<tokio::time::Instant> = None;
         let mut hooks: (HashMap<String, Webhook>, Option<tokio::time::Instant>) =
             (HashMap::new(), None);
@@ -348,101 +494,89 @@ impl Sender {
                 }
                 gauged = Some(tokio::time::Instant::now());
             }
-            let started = match self.round(&store, &mut hooks, &done).await {
-                Ok(started) => {
+            let (started, short) = match self.round(&store, &mut hooks).await {
+                Ok(round) => {
                     failing = false;
-                    started
+                    round
                 }
                 Err(e) => {
                     if !failing {
                         tracing::warn!(error = %Chain(&e), "webhook deliveries not sent; tried again");
                     }
                     failing = true;
-                    0
+                    (0, false)
                 }
             };
             if started == 0 {
+                // An attempt's end wakes the next round only if this one lacked room for
+                // some endpoint: otherwise the ends of the dispatcher's own attempts,
+                // hundreds a second, would each make a round that finds nothing.
+                let ended = async {
+                    match short {
+                        true => self.sending.ended.notified().await,
+                        false => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
-                    _ = self.ended.notified() => {}
+                    _ = ended => {}
                     _ = self.made.notified() => {}
                     _ = tokio::time::sleep(SEND_IDLE) => {}
                 }
             }
         }
-        // The attempts under way finish and are recorded; those not recorded are sent
-        // again once their claims run out.
-        drop(done);
-        let _ = recorder.await;
     }
 
     /// Claims, for each endpoint with room for at least half of [`CLAIMED_AHEAD`] more,
-    /// what is due (one claim for all of them), and starts an attempt for each: it waits
-    /// for its endpoint's place, then for one of this instance's. How many it claimed.
+    /// what is due (one claim for all of them), and starts an attempt for each. How many
+    /// it claimed, and whether some endpoint had too little room to be claimed for.
     async fn round(
         &self,
         store: &Store,
         hooks: &mut (HashMap<String, Webhook>, Option<tokio::time::Instant>),
-        done: &tokio::sync::mpsc::Sender<Done>,
-    ) -> StoreResult<usize> {
+    ) -> StoreResult<(usize, bool)> {
         refresh(store, hooks).await?;
-        let room: HashMap<String, usize> = {
-            let held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
-            hooks
-                .0
-                .keys()
-                .map(|h| {
-                    let claimed = held.get(h).map_or(0, |e| e.claimed);
-                    (h.clone(), CLAIMED_AHEAD.saturating_sub(claimed))
-                })
-                .filter(|(_, room)| *room >= CLAIMED_AHEAD / 2)
-                .collect()
-        };
+        let sending = &self.sending;
+        let short = hooks.0.keys().any(|h| sending.free(h) < CLAIMED_AHEAD / 2);
+        let room: HashMap<String, usize> = hooks
+            .0
+            .keys()
+            .filter(|h| sending.free(h) >= CLAIMED_AHEAD / 2)
+            .map(|h| (h.clone(), sending.reserve(h, CLAIMED_AHEAD)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
         if room.is_empty() {
-            return Ok(0);
+            return Ok((0, short));
         }
         let limit = i64::try_from(room.values().sum::<usize>()).unwrap_or(i64::MAX);
         let claimed = store
             .claim_due(&self.owner, CLAIM_LEASE, &room, limit)
-            .await?;
+            .await;
+        let mut unused = room.clone();
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                for (hook, n) in unused {
+                    sending.unreserve(&hook, n);
+                }
+                return Err(e);
+            }
+        };
         let count = claimed.len();
         for claimed in claimed {
-            let Some(hook) = hooks.0.get(&claimed.webhook) else {
+            let (Some(hook), Some(n)) = (
+                hooks.0.get(&claimed.webhook),
+                unused.get_mut(&claimed.webhook).filter(|n| **n > 0),
+            ) else {
                 continue;
             };
-            let in_flight = {
-                let mut held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
-                let endpoint = held.entry(hook.id.clone()).or_insert_with(|| Endpoint {
-                    in_flight: Arc::new(Semaphore::new(PER_ENDPOINT)),
-                    claimed: 0,
-                });
-                endpoint.claimed += 1;
-                endpoint.in_flight.clone()
-            };
-            let attempt = Attempting {
-                store: store.clone(),
-                client: self.client.clone(),
-                settings: self.settings,
-                hook: hook.clone(),
-                claimed,
-                endpoints: self.endpoints.clone(),
-                done: done.clone(),
-                ended: self.ended.clone(),
-            };
-            let sending = self.sending.clone();
-            tokio::spawn(async move {
-                // The endpoint's place first: an attempt waiting for a slow endpoint holds
-                // none of the places the other endpoints need.
-                let Ok(_place) = in_flight.acquire_owned().await else {
-                    return;
-                };
-                let Ok(_permit) = sending.acquire_owned().await else {
-                    return;
-                };
-                attempt.run().await;
-            });
+            *n -= 1;
+            sending.start(hook.clone(), claimed);
         }
-        Ok(count)
+        for (hook, n) in unused {
+            sending.unreserve(&hook, n);
+        }
+        Ok((count, short))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Part 10: events. Transfers per second at `concurrency` over uniform accounts, with
 //! nobody following the events ("none"), then with one webhook registered (for
 //! `transfer.done`, to a receiver in this process that answers 204 at once) and one event
-//! stream open and read ("followed"); the two alternate `rounds` times, each round's
+//! stream open from the feed's end and read ("followed"); the two alternate `rounds` times, each round's
 //! webhook and stream removed before the next "none". For each "followed" run, once its
 //! transfers' webhooks have all arrived (or `settle_timeout_s` passed): the delay from a
 //! transfer's answer to its webhook's arrival (p50, p99), webhooks that never came, and
@@ -127,6 +127,7 @@ pub async fn run(ctx: &Context, plan: &EventsPlan) -> EventsResult {
     result.available = true;
     let url: Arc<str> = format!("{}/transfers", server.base).into();
     let mut delays = Vec::new();
+    let mut end: Option<String> = None;
     for round in 0..plan.rounds {
         let none = load(
             ctx,
@@ -151,10 +152,16 @@ pub async fn run(ctx: &Context, plan: &EventsPlan) -> EventsResult {
                 break;
             }
         };
+        // The stream follows live events, as a frontend's does: it opens at the feed's
+        // end (a stream from the front would first replay every earlier round).
+        end = feed_end(ctx, &server.base, end).await;
         let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let stream = follow(
             ctx.http.clone(),
-            format!("{}/events/stream", server.base),
+            match &end {
+                Some(cursor) => format!("{}/events/stream?after={cursor}", server.base),
+                None => format!("{}/events/stream", server.base),
+            },
             counted.clone(),
         );
         let followed = load(
@@ -312,6 +319,24 @@ async fn register(
     match (status, body["id"].as_str()) {
         (201, Some(id)) => Ok(id.to_owned()),
         _ => Err(format!("POST /webhooks answered {status}: {body}")),
+    }
+}
+
+/// The cursor at the feed's end now, read page by page from `from` (the front when
+/// `None`).
+async fn feed_end(ctx: &Context, base: &str, from: Option<String>) -> Option<String> {
+    let mut cursor = from;
+    loop {
+        let url = match &cursor {
+            Some(c) => format!("{base}/events?limit=1000&after={c}"),
+            None => format!("{base}/events?limit=1000"),
+        };
+        let page: serde_json::Value = ctx.http.get(url).send().await.ok()?.json().await.ok()?;
+        let read = page["items"].as_array().map_or(0, Vec::len);
+        cursor = page["next"].as_str().map(str::to_owned).or(cursor);
+        if read < 1000 {
+            return cursor;
+        }
     }
 }
 

@@ -119,6 +119,8 @@ pub struct NewDelivery<'a> {
     pub event_type: EventType,
     pub body: String,
     pub give_up_at: Timestamp,
+    /// Made under the caller's claim.
+    pub claimed: bool,
 }
 
 impl Store {
@@ -179,12 +181,21 @@ impl Store {
     }
 
     /// Records new deliveries; one already made (a dispatch repeated after a crash) is
-    /// left as it is.
-    pub async fn insert_deliveries(&self, new: Vec<NewDelivery<'_>>) -> StoreResult<usize> {
+    /// left as it is. Those marked `claimed` are made under a claim of `claim` (a claim
+    /// token and its lease, by the database's clock), as [`Store::claim_due`] would make
+    /// it: the instance that makes them sends them without looking for them, and another
+    /// takes them over only once the claim runs out. The ids of those already made
+    /// (refused), which the caller must not send under its claim.
+    pub async fn insert_deliveries(
+        &self,
+        new: Vec<NewDelivery<'_>>,
+        claim: (&str, Duration),
+    ) -> StoreResult<Vec<String>> {
         if new.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
         let now = self.server_time_lower_bound().await?;
+        let until = now + chrono::TimeDelta::from_std(claim.1).unwrap_or(chrono::TimeDelta::MAX);
         let docs: Vec<DeliveryDoc> = new
             .into_iter()
             .map(|d| DeliveryDoc {
@@ -196,22 +207,27 @@ impl Store {
                 state: DeliveryState::Pending.as_str().to_owned(),
                 attempts: Vec::new(),
                 tries: 0,
-                next_attempt_at: Some(stored_time(now)),
+                // One made under a claim is due only if the claim runs out.
+                next_attempt_at: Some(stored_time(if d.claimed { until } else { now })),
                 give_up_at: stored_time(d.give_up_at),
-                owner: None,
-                lease_until: None,
+                owner: d.claimed.then(|| claim.0.to_owned()),
+                lease_until: d.claimed.then(|| stored_time(until)),
                 created_at: stored_time(now),
             })
             .collect();
-        let count = docs.len();
+        let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
         match self.deliveries().insert_many(docs).ordered(false).await {
-            Ok(_) => Ok(count),
+            Ok(_) => Ok(Vec::new()),
             Err(e) => match e.kind.as_ref() {
                 mongodb::error::ErrorKind::InsertMany(f)
                     if f.write_concern_error.is_none()
                         && f.write_errors.iter().flatten().all(|w| w.code == 11000) =>
                 {
-                    Ok(count - f.write_errors.as_ref().map_or(0, Vec::len))
+                    Ok(f.write_errors
+                        .iter()
+                        .flatten()
+                        .filter_map(|w| ids.get(w.index).cloned())
+                        .collect())
                 }
                 _ => Err(StoreError::from(e)),
             },
@@ -253,7 +269,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let token = format!("{owner}#{:016x}", rand::random::<u64>());
+        let token = claim_token(owner);
         let mut claim = doc! {
             "_id": { "$in": ids.clone() },
             "state": DeliveryState::Pending.as_str(),
@@ -263,7 +279,12 @@ impl Store {
             self.deliveries()
                 .update_many(
                     claim.clone(),
-                    doc! { "$set": { "owner": &token, "leaseUntil": stored_time(until) } },
+                    // Not due again before the claim runs out: the due read passes it by.
+                    doc! { "$set": {
+                        "owner": &token,
+                        "leaseUntil": stored_time(until),
+                        "nextAttemptAt": stored_time(until),
+                    } },
                 )
                 .await
                 .map_err(StoreError::from)
@@ -502,6 +523,12 @@ impl Store {
 }
 
 /// The filter and update that record `attempt` of `claimed` and what it decided.
+/// A claim's token: the instance's `owner` and a random suffix of this claim, so that a
+/// later claim of the same instance and a late record of an earlier one never mix.
+pub fn claim_token(owner: &str) -> String {
+    format!("{owner}#{:016x}", rand::random::<u64>())
+}
+
 /// What [`record_attempts`](Store::record_attempts) writes into one delivery, if its
 /// claim holds: the delivery (`i`), the claim (`o` its token, `t` the attempts before),
 /// the attempt (`a`), the state after it (`s`) and when the next is due (`n`, null when

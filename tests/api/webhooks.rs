@@ -38,7 +38,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use sha2::Sha256;
 use transfer_service::config::{Settings, parse_api_keys};
-use transfer_service::deliverer::PER_ENDPOINT;
+use transfer_service::deliverer::{CLAIMED_AHEAD, PER_ENDPOINT};
 use transfer_service::domain::{Webhook, WebhookSecret, WebhookUrl};
 use transfer_service::store::Store;
 
@@ -1523,13 +1523,20 @@ async fn a_delivery_claimed_by_a_killed_instance_is_sent_by_another_once_the_cla
     assert_eq!(still.get_str("owner"), Ok(owner.as_str()), "{still}");
     assert_eq!(still.get_str("state"), Ok("pending"), "{still}");
 
+    // A claim is due again when it runs out: both its lease and its next attempt are at
+    // its end.
+    assert_eq!(
+        still.get_datetime("nextAttemptAt"),
+        still.get_datetime("leaseUntil"),
+        "{still}"
+    );
     // 30 s later, as far as the database can tell.
     let past =
         mongodb::bson::DateTime::from_chrono(chrono::Utc::now() - chrono::TimeDelta::seconds(1));
     let expired = deliveries
         .update_one(
             doc! { "_id": &id, "owner": &owner },
-            doc! { "$set": { "leaseUntil": past } },
+            doc! { "$set": { "leaseUntil": past, "nextAttemptAt": past } },
         )
         .await
         .unwrap();
@@ -1790,6 +1797,82 @@ async fn a_backlog_to_a_slow_endpoint_does_not_hold_up_deliveries_to_another() {
     );
 }
 
+/// The dispatcher makes the deliveries its instance has room for under the instance's
+/// own claim (sent at once, no claim round needed), the rest unclaimed for any sender:
+/// together with its claim rounds, an instance never holds more than [`CLAIMED_AHEAD`]
+/// of one endpoint's deliveries, however many are made at once.
+#[tokio::test]
+async fn an_instance_holds_at_most_claimed_ahead_of_an_endpoints_deliveries_and_leaves_the_rest() {
+    let backlog = CLAIMED_AHEAD + 40;
+    let app = spawn_app_with(|s| s.webhooks.retry_base = Duration::from_secs(60)).await;
+    let slow = Receiver::start(Answer::After(Duration::from_secs(30))).await;
+    let (hook_id, _) = hook(&app, &slow.url("/slow"), &["account.opened"]).await;
+    let opened: Vec<_> = (0..backlog)
+        .map(|i| {
+            let (http, url) = (app.http.clone(), app.url("/accounts"));
+            tokio::spawn(async move {
+                let response = http
+                    .post(url)
+                    .json(&json!({ "id": format!("many-{i}"), "balance": 0 }))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 201);
+            })
+        })
+        .collect();
+    for task in futures::future::join_all(opened).await {
+        task.unwrap();
+    }
+    let deliveries = app.store.database().collection::<Document>("deliveries");
+    let mine = doc! {
+        "webhook": &hook_id,
+        "owner": { "$regex": format!("^{}", regex_escape(&app.instance_id)) },
+    };
+    eventually(
+        "every delivery is made",
+        DELIVERED_WITHIN,
+        POLL_EVERY,
+        async || {
+            let made = deliveries
+                .count_documents(doc! { "webhook": &hook_id })
+                .await
+                .unwrap();
+            (made == backlog as u64).then_some(())
+        },
+    )
+    .await;
+    for _ in 0..10 {
+        let held = deliveries.count_documents(mine.clone()).await.unwrap();
+        assert!(
+            held <= CLAIMED_AHEAD as u64,
+            "{held} deliveries of one endpoint claimed by one instance; at most {CLAIMED_AHEAD}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held = deliveries.count_documents(mine).await.unwrap();
+    assert!(held >= PER_ENDPOINT as u64, "only {held} claimed");
+    let unclaimed = deliveries
+        .count_documents(doc! { "webhook": &hook_id, "owner": null, "state": "pending" })
+        .await
+        .unwrap();
+    assert_eq!(
+        unclaimed + held,
+        backlog as u64,
+        "the rest wait unclaimed for any sender"
+    );
+    assert!(slow.count() <= PER_ENDPOINT, "{} in flight", slow.count());
+}
+
+fn regex_escape(raw: &str) -> String {
+    raw.chars()
+        .map(|c| match c.is_ascii_alphanumeric() {
+            true => c.to_string(),
+            false => format!("\\{c}"),
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------
 // Keys.
 
@@ -1881,9 +1964,14 @@ async fn an_attempt_recorded_under_a_claim_taken_again_since_is_refused_and_the_
             event_type: EventType::AccountOpened,
             body: format!("{{\"id\":\"{event}\"}}"),
             give_up_at,
+            claimed: false,
         })
         .collect();
-    assert_eq!(store.insert_deliveries(new).await.unwrap(), 2);
+    let refused = store
+        .insert_deliveries(new, ("maker", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
     let room = HashMap::from([("wh_t".to_owned(), 10)]);
     let mut stale = store
         .claim_due("old", Duration::from_millis(1), &room, 10)
