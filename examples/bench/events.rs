@@ -248,6 +248,7 @@ async fn load(
     (database, base, pid): (&str, &str, u32),
 ) -> (f64, u64) {
     let counted = snapshot(&ctx.mongo, database, &ctx.http, base, pid, ctx.daemon_pid).await;
+    let client_cpu = crate::procs::sample(std::process::id()).map(|s| s.cpu_seconds);
     let (http, url, ids, amount) = (ctx.http.clone(), url.clone(), ids.clone(), plan.amount);
     let measured = closed_loop(
         plan.concurrency,
@@ -293,7 +294,14 @@ async fn load(
     let work = snapshot(&ctx.mongo, database, &ctx.http, base, pid, ctx.daemon_pid)
         .await
         .since(&counted, measured.sent);
-    eprintln!("[events]   {}", work.brief());
+    let client_cpu = crate::procs::sample(std::process::id())
+        .zip(client_cpu)
+        .map(|(now, then)| (now.cpu_seconds - then) * 1000.0 / measured.sent.max(1) as f64);
+    eprintln!(
+        "[events]   {}, CPU of this benchmark's process {:.3} ms",
+        work.brief(),
+        client_cpu.unwrap_or(f64::NAN)
+    );
     eprintln!("[events]   {}", work.brief_time());
     (measured.units_per_s, measured.failures.total)
 }
