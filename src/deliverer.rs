@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::{self, Attempt, Event, FeedCursor, Webhook, backoff_ms, is_public_address};
 use crate::error_chain::Chain;
 use crate::service::{TransferService, WebhookSettings};
-use crate::store::webhooks::{AttemptOutcome, Claimed, NewDelivery, claim_token};
+use crate::store::webhooks::{AttemptOutcome, Claimed, Made, NewDelivery, claim_token};
 use crate::store::{Store, StoreResult};
 
 /// How an event is sent: the body of every attempt, rendered once when its deliveries are
@@ -232,6 +232,9 @@ impl Dispatching<'_> {
         let mut cursor = saved.as_deref().and_then(|c| FeedCursor::parse(c).ok());
         let mut signal = service.feed_signal();
         let mut renewed = tokio::time::Instant::now();
+        // The first page of this lease: the last dispatcher may have made some of its
+        // deliveries past the cursor it saved.
+        let mut fresh = true;
         let give_up_after = chrono::TimeDelta::from_std(service.webhook_settings().give_up_after)
             .unwrap_or(chrono::TimeDelta::MAX);
         loop {
@@ -259,7 +262,8 @@ impl Dispatching<'_> {
                 Err(e) => return Err(e),
             };
             if !page.events.is_empty() {
-                self.deliver(&page.events, give_up_after).await?;
+                self.deliver(&page.events, give_up_after, fresh).await?;
+                fresh = false;
             }
             let full = page.events.len() >= PAGE as usize;
             if cursor.as_ref() != Some(&page.next) {
@@ -283,13 +287,21 @@ impl Dispatching<'_> {
 }
 
 impl Dispatching<'_> {
-    /// Makes a delivery of each of `events` to each webhook that wants it. Those this
-    /// instance has room for are made under its claim and sent at once, without a claim's
-    /// reads and write; the rest are left for any instance's sender to claim.
+    /// Makes a delivery of each of `events` to each webhook that wants it.
+    ///
+    /// Those this instance has room for are sent first, and made once their attempts
+    /// end, with what they decided: most deliveries are written once, never claimed nor
+    /// recorded. The wait is bounded ([`FIRST_WAIT`]): an attempt still under way then is
+    /// made under this instance's claim and recorded when it ends, as a claimed one is.
+    /// The rest are made unclaimed, for any instance's sender. A crash after an attempt
+    /// and before its delivery is made leaves the cursor before the event: it is sent
+    /// again (at least once). `fresh` (the first page of a lease) first leaves out the
+    /// deliveries made already, which the last dispatcher may have made past its cursor.
     async fn deliver(
         &self,
         events: &[Event],
         give_up_after: chrono::TimeDelta,
+        fresh: bool,
     ) -> Result<(), crate::service::ServiceError> {
         let (store, render, sending) = (self.store, self.render, self.sending);
         let hooks = store.webhooks_all().await?;
@@ -308,14 +320,22 @@ impl Dispatching<'_> {
                     event_type: event.kind,
                     body,
                     give_up_at,
-                    claimed: false,
+                    made: Made::Unclaimed,
                 });
             }
+        }
+        if fresh && !new.is_empty() {
+            let ids: Vec<String> = new
+                .iter()
+                .map(|d| format!("{}:{}", d.webhook, d.event_id))
+                .collect();
+            let there = store.deliveries_made(&ids).await?;
+            new.retain(|d| !there.contains(&format!("{}:{}", d.webhook, d.event_id)));
         }
         if new.is_empty() {
             return Ok(());
         }
-        // This instance's places, taken before the deliveries are made under its claim.
+        // This instance's places, taken before the attempts start.
         let mut places: HashMap<&str, usize> = HashMap::new();
         for hook in &hooks {
             let wanted = new.iter().filter(|d| d.webhook == hook.id).count();
@@ -324,47 +344,86 @@ impl Dispatching<'_> {
             }
         }
         let token = claim_token(self.owner);
-        let mut taken = Vec::new();
-        let mut left = places.clone();
-        for d in &mut new {
-            if let Some(n) = left.get_mut(d.webhook).filter(|n| **n > 0) {
-                *n -= 1;
-                d.claimed = true;
-                taken.push(Claimed {
-                    owner: token.clone(),
-                    id: format!("{}:{}", d.webhook, d.event_id),
-                    webhook: d.webhook.to_owned(),
-                    event_id: d.event_id.to_owned(),
-                    body: d.body.clone(),
-                    tries: 0,
-                    give_up_at,
-                });
-            }
+        let (ended, mut endings) = tokio::sync::mpsc::channel::<()>(new.len());
+        let mut firsts: Vec<(usize, Arc<First>)> = Vec::new();
+        for (at, d) in new.iter().enumerate() {
+            let Some(n) = places.get_mut(d.webhook).filter(|n| **n > 0) else {
+                continue;
+            };
+            let Some(hook) = hooks.iter().find(|h| h.id == d.webhook) else {
+                continue;
+            };
+            *n -= 1;
+            let first = Arc::new(First {
+                id: format!("{}:{}", d.webhook, d.event_id),
+                phase: Mutex::new(Phase::Running(ended.clone())),
+                made: tokio::sync::watch::channel(None).0,
+            });
+            let claimed = Claimed {
+                owner: token.clone(),
+                id: format!("{}:{}", d.webhook, d.event_id),
+                webhook: d.webhook.to_owned(),
+                event_id: d.event_id.to_owned(),
+                body: d.body.clone(),
+                tries: 0,
+                give_up_at,
+            };
+            sending.start(hook.clone(), claimed, Report::First(first.clone()));
+            firsts.push((at, first));
         }
-        let unclaimed = new.len() - taken.len();
-        let refused = match store.insert_deliveries(new, (&token, CLAIM_LEASE)).await {
-            Ok(refused) => refused,
-            Err(e) => {
-                for (hook, n) in places {
-                    sending.unreserve(hook, n);
-                }
-                return Err(e.into());
-            }
-        };
-        for claimed in taken {
-            match hooks.iter().find(|h| h.id == claimed.webhook) {
-                Some(hook) if !refused.contains(&claimed.id) => {
-                    sending.start(hook.clone(), claimed);
-                }
-                // Made before (a dispatch repeated): whoever holds it sends it.
-                _ => sending.unreserve(&claimed.webhook, 1),
-            }
+        drop(ended);
+        for (hook, n) in places {
+            sending.unreserve(hook, n);
         }
+        let unclaimed = new.len() - firsts.len();
+        // Every attempt's end, or the time-out; then what has not ended is sealed: it is
+        // made claimed, and recorded when it ends.
+        let _ = tokio::time::timeout(FIRST_WAIT, async {
+            while endings.recv().await.is_some() {}
+        })
+        .await;
+        for (at, first) in &firsts {
+            let mut phase = first.phase.lock().unwrap_or_else(|e| e.into_inner());
+            new[*at].made = match std::mem::replace(&mut *phase, Phase::Sealed) {
+                Phase::Ended(attempt, outcome) => Made::Attempted(attempt, outcome),
+                _ => Made::Claimed,
+            };
+        }
+        let refused = store.insert_deliveries(new, (&token, CLAIM_LEASE)).await;
+        // Those sealed learn whether they were made under the claim.
+        for (_, first) in &firsts {
+            let made = refused.as_ref().is_ok_and(|r| !r.contains(&first.id));
+            first.made.send_replace(Some(made));
+        }
+        refused?;
         if unclaimed > 0 {
             self.made.notify_one();
         }
         Ok(())
     }
+}
+
+/// How long the dispatcher waits for the first attempts it started before it makes
+/// their deliveries (those still under way are made claimed).
+const FIRST_WAIT: Duration = Duration::from_millis(250);
+
+/// A first attempt started before its delivery is made.
+struct First {
+    /// The delivery's id.
+    id: String,
+    phase: Mutex<Phase>,
+    /// Set by the dispatcher once it made the deliveries: whether this one was made under
+    /// the claim (an attempt that ends after the seal is recorded only then).
+    made: tokio::sync::watch::Sender<Option<bool>>,
+}
+
+enum Phase {
+    /// Under way; tells the dispatcher when it ends.
+    Running(tokio::sync::mpsc::Sender<()>),
+    /// Ended before the seal: made with its attempt.
+    Ended(Attempt, AttemptOutcome),
+    /// Sealed by the dispatcher while under way (or after its attempt was taken).
+    Sealed,
 }
 
 /// Whether `hook` is sent `event`: a type it wants, recorded after it was registered.
@@ -422,8 +481,9 @@ impl Sending {
     }
 
     /// Starts the attempt of `claimed`, a delivery of `hook` whose place is taken: it
-    /// waits for its endpoint's place, then for one of this instance's.
-    fn start(&self, hook: Webhook, claimed: Claimed) {
+    /// waits for its endpoint's place, then for one of this instance's; its outcome goes
+    /// where `report` says.
+    fn start(&self, hook: Webhook, claimed: Claimed, report: Report) {
         let in_flight = {
             let mut held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
             let endpoint = held.entry(hook.id.clone()).or_insert_with(|| Endpoint {
@@ -441,6 +501,7 @@ impl Sending {
             endpoints: self.endpoints.clone(),
             done: self.done.clone(),
             ended: self.ended.clone(),
+            report,
         };
         let slots = self.slots.clone();
         tokio::spawn(async move {
@@ -571,7 +632,7 @@ impl Sender {
                 continue;
             };
             *n -= 1;
-            sending.start(hook.clone(), claimed);
+            sending.start(hook.clone(), claimed, Report::Record);
         }
         for (hook, n) in unused {
             sending.unreserve(&hook, n);
@@ -637,6 +698,15 @@ fn release(endpoints: &Mutex<HashMap<String, Endpoint>>, hook: &str) {
     }
 }
 
+/// Where an attempt's outcome goes.
+enum Report {
+    /// To be recorded: its delivery is made, under its claim.
+    Record,
+    /// To the dispatcher, which makes the delivery with it if it ends in time, and is
+    /// recorded once the delivery is made under its claim otherwise.
+    First(Arc<First>),
+}
+
 /// One attempt of one claimed delivery.
 struct Attempting {
     store: Store,
@@ -647,6 +717,7 @@ struct Attempting {
     endpoints: Arc<Mutex<HashMap<String, Endpoint>>>,
     done: tokio::sync::mpsc::Sender<Done>,
     ended: Arc<tokio::sync::Notify>,
+    report: Report,
 }
 
 impl Attempting {
@@ -675,6 +746,24 @@ impl Attempting {
                 return;
             }
         };
+        if let Report::First(first) = &self.report {
+            {
+                let mut phase = first.phase.lock().unwrap_or_else(|e| e.into_inner());
+                if let Phase::Running(told) = &*phase {
+                    let _ = told.try_send(());
+                    *phase = Phase::Ended(attempt, outcome);
+                    return;
+                }
+            }
+            // Sealed while under way: recorded once made under the claim, if it was.
+            let mut made = first.made.subscribe();
+            let Ok(made) = made.wait_for(Option::is_some).await.map(|m| *m) else {
+                return;
+            };
+            if made != Some(true) {
+                return;
+            }
+        }
         let _ = self.done.send((self.claimed, attempt, outcome)).await;
     }
 

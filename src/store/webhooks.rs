@@ -69,7 +69,7 @@ struct DeliveryDoc {
     event_type: String,
     /// The body every attempt sends, as rendered when the delivery was made (left out of
     /// the reads that do not send).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     body: String,
     state: String,
     #[serde(default)]
@@ -119,8 +119,21 @@ pub struct NewDelivery<'a> {
     pub event_type: EventType,
     pub body: String,
     pub give_up_at: Timestamp,
-    /// Made under the caller's claim.
-    pub claimed: bool,
+    pub made: Made,
+}
+
+/// How a new delivery is made.
+#[derive(Debug, Clone, Default)]
+pub enum Made {
+    /// Due now, for any instance's sender to claim.
+    #[default]
+    Unclaimed,
+    /// Under the caller's claim: its attempt is under way, and is recorded under it.
+    Claimed,
+    /// With its first attempt made already (sent before the delivery was made, which a
+    /// crash in between only makes sent again) and what it decided. A delivery that
+    /// succeeded keeps no body: no attempt will send it again.
+    Attempted(Attempt, AttemptOutcome),
 }
 
 impl Store {
@@ -181,11 +194,11 @@ impl Store {
     }
 
     /// Records new deliveries; one already made (a dispatch repeated after a crash) is
-    /// left as it is. Those marked `claimed` are made under a claim of `claim` (a claim
+    /// left as it is. Those [`Made::Claimed`] are made under a claim of `claim` (a claim
     /// token and its lease, by the database's clock), as [`Store::claim_due`] would make
     /// it: the instance that makes them sends them without looking for them, and another
     /// takes them over only once the claim runs out. The ids of those already made
-    /// (refused), which the caller must not send under its claim.
+    /// (refused), whose attempts the caller must not record under its claim.
     pub async fn insert_deliveries(
         &self,
         new: Vec<NewDelivery<'_>>,
@@ -198,21 +211,42 @@ impl Store {
         let until = now + chrono::TimeDelta::from_std(claim.1).unwrap_or(chrono::TimeDelta::MAX);
         let docs: Vec<DeliveryDoc> = new
             .into_iter()
-            .map(|d| DeliveryDoc {
-                id: format!("{}:{}", d.webhook, d.event_id),
-                webhook: d.webhook.to_owned(),
-                event_id: d.event_id.to_owned(),
-                event_type: d.event_type.as_str().to_owned(),
-                body: d.body,
-                state: DeliveryState::Pending.as_str().to_owned(),
-                attempts: Vec::new(),
-                tries: 0,
-                // One made under a claim is due only if the claim runs out.
-                next_attempt_at: Some(stored_time(if d.claimed { until } else { now })),
-                give_up_at: stored_time(d.give_up_at),
-                owner: d.claimed.then(|| claim.0.to_owned()),
-                lease_until: d.claimed.then(|| stored_time(until)),
-                created_at: stored_time(now),
+            .map(|d| {
+                let mut doc = DeliveryDoc {
+                    id: format!("{}:{}", d.webhook, d.event_id),
+                    webhook: d.webhook.to_owned(),
+                    event_id: d.event_id.to_owned(),
+                    event_type: d.event_type.as_str().to_owned(),
+                    body: d.body,
+                    state: DeliveryState::Pending.as_str().to_owned(),
+                    attempts: Vec::new(),
+                    tries: 0,
+                    next_attempt_at: Some(stored_time(now)),
+                    give_up_at: stored_time(d.give_up_at),
+                    owner: None,
+                    lease_until: None,
+                    created_at: stored_time(now),
+                };
+                match d.made {
+                    Made::Unclaimed => {}
+                    // Due only if the claim runs out.
+                    Made::Claimed => {
+                        doc.owner = Some(claim.0.to_owned());
+                        doc.lease_until = Some(stored_time(until));
+                        doc.next_attempt_at = Some(stored_time(until));
+                    }
+                    Made::Attempted(attempt, outcome) => {
+                        doc.attempts = vec![attempt_doc(&attempt)];
+                        doc.tries = 1;
+                        let (state, next) = after_attempt(outcome);
+                        doc.state = state.as_str().to_owned();
+                        doc.next_attempt_at = next;
+                        if matches!(outcome, AttemptOutcome::Succeeded) {
+                            doc.body = String::new();
+                        }
+                    }
+                }
+                doc
             })
             .collect();
         let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
@@ -232,6 +266,25 @@ impl Store {
                 _ => Err(StoreError::from(e)),
             },
         }
+    }
+
+    /// Which of the deliveries `ids` are made.
+    pub async fn deliveries_made(
+        &self,
+        ids: &[String],
+    ) -> StoreResult<std::collections::HashSet<String>> {
+        let found: Vec<Document> = self
+            .deliveries()
+            .clone_with_type::<Document>()
+            .find(doc! { "_id": { "$in": ids } })
+            .projection(doc! { "_id": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        Ok(found
+            .iter()
+            .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
+            .collect())
     }
 
     /// Claims for `owner`, for `lease` (by the database's clock), up to `per_webhook`
@@ -538,19 +591,10 @@ fn attempt_record(
     attempt: &Attempt,
     outcome: AttemptOutcome,
 ) -> StoreResult<Document> {
-    let stored = AttemptDoc {
-        at: stored_time(attempt.at),
-        status: attempt.status.map(i32::from),
-        error: attempt.error.clone(),
-        duration_ms: i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
-    };
-    let stored = mongodb::bson::to_bson(&stored)
+    let stored = mongodb::bson::to_bson(&attempt_doc(attempt))
         .map_err(|e| StoreError::Other(format!("an attempt cannot be stored: {e}").into()))?;
-    let (state, next) = match outcome {
-        AttemptOutcome::Succeeded => (DeliveryState::Succeeded, Bson::Null),
-        AttemptOutcome::Retry(at) => (DeliveryState::Pending, Bson::DateTime(stored_time(at))),
-        AttemptOutcome::GaveUp => (DeliveryState::Failed, Bson::Null),
-    };
+    let (state, next) = after_attempt(outcome);
+    let next = next.map_or(Bson::Null, Bson::DateTime);
     Ok(doc! {
         "i": &claimed.id,
         "o": &claimed.owner,
@@ -559,6 +603,25 @@ fn attempt_record(
         "s": state.as_str(),
         "n": next,
     })
+}
+
+fn attempt_doc(attempt: &Attempt) -> AttemptDoc {
+    AttemptDoc {
+        at: stored_time(attempt.at),
+        status: attempt.status.map(i32::from),
+        error: attempt.error.clone(),
+        duration_ms: i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
+    }
+}
+
+/// A delivery's state after an attempt that decided `outcome`, and when its next attempt
+/// is due, if one is.
+fn after_attempt(outcome: AttemptOutcome) -> (DeliveryState, Option<DateTime>) {
+    match outcome {
+        AttemptOutcome::Succeeded => (DeliveryState::Succeeded, None),
+        AttemptOutcome::Retry(at) => (DeliveryState::Pending, Some(stored_time(at))),
+        AttemptOutcome::GaveUp => (DeliveryState::Failed, None),
+    }
 }
 
 /// The update pipeline of [`Store::record_attempts`]: each delivery takes the record

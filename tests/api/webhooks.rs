@@ -688,13 +688,24 @@ async fn an_endpoint_is_sent_the_events_of_its_types_recorded_after_its_registra
     )
     .await;
     receiver.wait_for(&done, 1, DELIVERED_WITHIN).await;
-    let stored: Vec<String> = stored_deliveries(&app, &done_only)
-        .await
-        .iter()
-        .map(|d| d.get_str("eventId").unwrap().to_owned())
-        .collect();
+    // A delivery is made once its first attempt ends (or a moment after it began).
+    let (stored, every_stored) = eventually(
+        "the deliveries sent are made",
+        DELIVERED_WITHIN,
+        POLL_EVERY,
+        async || {
+            let stored: Vec<String> = stored_deliveries(&app, &done_only)
+                .await
+                .iter()
+                .map(|d| d.get_str("eventId").unwrap().to_owned())
+                .collect();
+            let every_stored = stored_deliveries(&app, &every).await;
+            (!stored.is_empty() && every_stored.len() >= made.len())
+                .then_some((stored, every_stored))
+        },
+    )
+    .await;
     assert_eq!(stored, std::slice::from_ref(&done), "transfer.done only");
-    let every_stored = stored_deliveries(&app, &every).await;
     assert_eq!(every_stored.len(), made.len(), "{every_stored:#?}");
 
     let received = receiver.received();
@@ -1494,11 +1505,15 @@ async fn a_delivery_claimed_by_a_killed_instance_is_sent_by_another_once_the_cla
     let store = Store::connect(&uri, &database).await.unwrap();
     let deliveries = store.database().collection::<Document>("deliveries");
     let id = format!("{hook}:{event}");
-    let claimed = deliveries
-        .find_one(doc! { "_id": &id })
-        .await
-        .unwrap()
-        .unwrap();
+    // A first attempt goes out before its delivery is made; one still under way a moment
+    // later is made under the instance's claim.
+    let claimed = eventually(
+        "the delivery under way is made",
+        DELIVERED_WITHIN,
+        POLL_EVERY,
+        async || deliveries.find_one(doc! { "_id": &id }).await.unwrap(),
+    )
+    .await;
     // The owner of a claim is the instance id and a suffix of that run.
     let owner = claimed.get_str("owner").unwrap_or_default().to_owned();
     assert!(owner.starts_with("doomed/"), "{claimed}");
@@ -1873,6 +1888,61 @@ fn regex_escape(raw: &str) -> String {
         .collect()
 }
 
+/// A first attempt goes out before its delivery is made. One that ends within a moment
+/// is made once, with the attempt and its outcome, and keeps no body when it succeeded
+/// (no attempt sends it again); one still under way then is made under the instance's
+/// claim, and recorded under it when it ends. Both are listed as any delivery is.
+#[tokio::test]
+async fn a_first_attempt_is_made_with_its_delivery_or_recorded_under_a_claim_when_it_ends_late() {
+    let app = spawn_app().await;
+    let quick = Receiver::start(Answer::Status(200)).await;
+    let slow = Receiver::start(Answer::After(Duration::from_millis(1_500))).await;
+    let (quick_hook, _) = hook(&app, &quick.url("/quick"), &["account.opened"]).await;
+    let (slow_hook, _) = hook(&app, &slow.url("/slow"), &["account.opened"]).await;
+    let event = open(&app, "alice", 0).await;
+    let stored = app.store.database().collection::<Document>("deliveries");
+
+    for (hook, receiver) in [(&quick_hook, &quick), (&slow_hook, &slow)] {
+        receiver.wait_for(&event, 1, DELIVERED_WITHIN).await;
+        let done = delivery_when(&app, hook, &event, "succeeds", DELIVERED_WITHIN, |d| {
+            d["state"] == "succeeded"
+        })
+        .await;
+        let tried = attempts(&done);
+        assert_eq!(tried.len(), 1, "{done}");
+        assert_eq!(tried[0]["status"], 200, "{done}");
+        let listed = deliveries(&app, hook, "?state=succeeded").await;
+        assert_eq!(listed.len(), 1, "{listed:#?}");
+        assert_eq!(receiver.of(&event).len(), 1, "sent once");
+        let doc = stored
+            .find_one(doc! { "_id": format!("{hook}:{event}") })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(doc.get_i64("tries"), Ok(1), "{doc}");
+        for field in ["owner", "leaseUntil"] {
+            assert!(
+                doc.get(field)
+                    .is_none_or(|v| *v == mongodb::bson::Bson::Null),
+                "{field}: {doc}"
+            );
+        }
+        if hook == &quick_hook {
+            assert!(
+                !doc.contains_key("body"),
+                "made succeeded, it keeps no body: {doc}"
+            );
+        }
+    }
+    // The slow one was made while its attempt was under way: under this instance's claim.
+    let slow_doc = stored
+        .find_one(doc! { "_id": format!("{slow_hook}:{event}") })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(slow_doc.contains_key("body"), "{slow_doc}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Keys.
 
@@ -1947,7 +2017,7 @@ async fn every_webhook_route_needs_a_read_write_key_reads_too() {
 async fn an_attempt_recorded_under_a_claim_taken_again_since_is_refused_and_the_others_land() {
     use std::collections::HashMap;
     use transfer_service::domain::{Attempt, EventType};
-    use transfer_service::store::webhooks::{AttemptOutcome, NewDelivery};
+    use transfer_service::store::webhooks::{AttemptOutcome, Made, NewDelivery};
 
     let store = Store::connect(&support::database_uri(), &support::fresh_database_name())
         .await
@@ -1964,7 +2034,7 @@ async fn an_attempt_recorded_under_a_claim_taken_again_since_is_refused_and_the_
             event_type: EventType::AccountOpened,
             body: format!("{{\"id\":\"{event}\"}}"),
             give_up_at,
-            claimed: false,
+            made: Made::Unclaimed,
         })
         .collect();
     let refused = store
