@@ -849,8 +849,9 @@ async fn every_delivery_is_signed_as_standard_webhooks_say_and_carries_the_feeds
 /// The reference library of the specification (the `standardwebhooks` package of PyPI)
 /// verifies the deliveries, and refuses one with a changed body.
 ///
-/// Ignored by default: it needs a Python with the package, named by
-/// `STANDARDWEBHOOKS_PYTHON`:
+/// Ignored by a plain `cargo test`: it needs a Python with the package, named by
+/// `STANDARDWEBHOOKS_PYTHON`; `scripts/test.sh` (CI) runs it with the one
+/// `scripts/check-api.sh` installs. By hand:
 /// `python3 -m venv /tmp/swh && /tmp/swh/bin/pip install standardwebhooks==1.1.0`, then
 /// `STANDARDWEBHOOKS_PYTHON=/tmp/swh/bin/python cargo test --test api standardwebhooks -- --ignored`.
 #[tokio::test]
