@@ -31,7 +31,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::timeout_at;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{self, Attempt, Event, FeedCursor, Webhook, backoff_ms, is_public_address};
@@ -232,9 +233,6 @@ impl Dispatching<'_> {
         let mut cursor = saved.as_deref().and_then(|c| FeedCursor::parse(c).ok());
         let mut signal = service.feed_signal();
         let mut renewed = tokio::time::Instant::now();
-        // The first page of this lease: the last dispatcher may have made some of its
-        // deliveries past the cursor it saved.
-        let mut fresh = true;
         let give_up_after = chrono::TimeDelta::from_std(service.webhook_settings().give_up_after)
             .unwrap_or(chrono::TimeDelta::MAX);
         loop {
@@ -262,8 +260,7 @@ impl Dispatching<'_> {
                 Err(e) => return Err(e),
             };
             if !page.events.is_empty() {
-                self.deliver(&page.events, give_up_after, fresh).await?;
-                fresh = false;
+                self.deliver(&page.events, give_up_after).await?;
             }
             let full = page.events.len() >= PAGE as usize;
             if cursor.as_ref() != Some(&page.next) {
@@ -295,111 +292,165 @@ impl Dispatching<'_> {
     /// made under this instance's claim and recorded when it ends, as a claimed one is.
     /// The rest are made unclaimed, for any instance's sender. A crash after an attempt
     /// and before its delivery is made leaves the cursor before the event: it is sent
-    /// again (at least once). `fresh` (the first page of a lease) first leaves out the
-    /// deliveries made already, which the last dispatcher may have made past its cursor.
+    /// again (at least once).
     async fn deliver(
         &self,
         events: &[Event],
         give_up_after: chrono::TimeDelta,
-        fresh: bool,
     ) -> Result<(), crate::service::ServiceError> {
-        let (store, render, sending) = (self.store, self.render, self.sending);
-        let hooks = store.webhooks_all().await?;
-        let give_up_at = store.server_time_lower_bound().await? + give_up_after;
-        let mut bodies: HashMap<&str, String> = HashMap::new();
+        let hooks = self.store.webhooks_all().await?;
+        let give_up_at = self.store.server_time_lower_bound().await? + give_up_after;
+        let bodies: HashMap<&str, String> = events
+            .iter()
+            .filter(|e| hooks.iter().any(|h| wants(h, e)))
+            .map(|e| (e.id.as_str(), (self.render)(e)))
+            .collect();
         let mut new = Vec::new();
         for event in events {
             for hook in hooks.iter().filter(|h| wants(h, event)) {
-                let body = bodies
-                    .entry(event.id.as_str())
-                    .or_insert_with(|| render(event))
-                    .clone();
                 new.push(NewDelivery {
                     webhook: &hook.id,
                     event_id: &event.id,
                     event_type: event.kind,
-                    body,
+                    body: bodies[event.id.as_str()].clone(),
                     give_up_at,
                     made: Made::Unclaimed,
                 });
             }
         }
-        if fresh && !new.is_empty() {
-            let ids: Vec<String> = new
-                .iter()
-                .map(|d| format!("{}:{}", d.webhook, d.event_id))
-                .collect();
-            let there = store.deliveries_made(&ids).await?;
+        // Those made already are left out: those the last dispatcher made past the
+        // cursor it saved, or made while its lease ran out under it.
+        if !new.is_empty() {
+            let there = self.store.deliveries_made(&ids_of(&new)).await?;
             new.retain(|d| !there.contains(&format!("{}:{}", d.webhook, d.event_id)));
         }
         if new.is_empty() {
             return Ok(());
         }
-        // This instance's places, taken before the attempts start.
-        let mut places: HashMap<&str, usize> = HashMap::new();
-        for hook in &hooks {
-            let wanted = new.iter().filter(|d| d.webhook == hook.id).count();
-            if wanted > 0 {
-                places.insert(&hook.id, sending.reserve(&hook.id, wanted));
-            }
-        }
         let token = claim_token(self.owner);
-        let (ended, mut endings) = tokio::sync::mpsc::channel::<()>(new.len());
-        let mut firsts: Vec<(usize, Arc<First>)> = Vec::new();
-        for (at, d) in new.iter().enumerate() {
-            let Some(n) = places.get_mut(d.webhook).filter(|n| **n > 0) else {
-                continue;
-            };
-            let Some(hook) = hooks.iter().find(|h| h.id == d.webhook) else {
-                continue;
-            };
-            *n -= 1;
-            let first = Arc::new(First {
-                id: format!("{}:{}", d.webhook, d.event_id),
-                phase: Mutex::new(Phase::Running(ended.clone())),
-                made: tokio::sync::watch::channel(None).0,
-            });
-            let claimed = Claimed {
-                owner: token.clone(),
-                id: format!("{}:{}", d.webhook, d.event_id),
-                webhook: d.webhook.to_owned(),
-                event_id: d.event_id.to_owned(),
-                body: d.body.clone(),
-                tries: 0,
-                give_up_at,
-            };
-            sending.start(hook.clone(), claimed, Report::First(first.clone()));
-            firsts.push((at, first));
-        }
-        drop(ended);
-        for (hook, n) in places {
-            sending.unreserve(hook, n);
-        }
+        let firsts = self.send_first(&new, &hooks, &token).await;
         let unclaimed = new.len() - firsts.len();
-        // Every attempt's end, or the time-out; then what has not ended is sealed: it is
-        // made claimed, and recorded when it ends.
-        let _ = tokio::time::timeout(FIRST_WAIT, async {
-            while endings.recv().await.is_some() {}
-        })
-        .await;
-        for (at, first) in &firsts {
-            let mut phase = first.phase.lock().unwrap_or_else(|e| e.into_inner());
-            new[*at].made = match std::mem::replace(&mut *phase, Phase::Sealed) {
-                Phase::Ended(attempt, outcome) => Made::Attempted(attempt, outcome),
-                _ => Made::Claimed,
-            };
+        for (at, first, _) in &firsts {
+            new[*at].made = first.seal();
         }
-        let refused = store.insert_deliveries(new, (&token, CLAIM_LEASE)).await;
-        // Those sealed learn whether they were made under the claim.
-        for (_, first) in &firsts {
-            let made = refused.as_ref().is_ok_and(|r| !r.contains(&first.id));
-            first.made.send_replace(Some(made));
-        }
-        refused?;
+        self.make(new, &token, &firsts).await?;
         if unclaimed > 0 {
             self.made.notify_one();
         }
         Ok(())
+    }
+
+    /// Starts the first attempts of `new` (deliveries of `hooks`) as this instance's
+    /// places allow, more as earlier ones end, until each has one or [`FIRST_WAIT`] is
+    /// over; then waits for them until then. Those started, by their place in `new`.
+    async fn send_first(
+        &self,
+        new: &[NewDelivery<'_>],
+        hooks: &[Webhook],
+        token: &str,
+    ) -> Vec<(usize, Arc<First>, Told)> {
+        let sending = self.sending;
+        let deadline = tokio::time::Instant::now() + FIRST_WAIT;
+        let (ended, mut endings) = tokio::sync::mpsc::channel::<()>(new.len());
+        let mut firsts = Vec::new();
+        let mut started = vec![false; new.len()];
+        loop {
+            let mut places: HashMap<&str, usize> = HashMap::new();
+            for hook in hooks {
+                let wanted = new
+                    .iter()
+                    .zip(&started)
+                    .filter(|(d, s)| !**s && d.webhook == hook.id)
+                    .count();
+                if wanted > 0 {
+                    places.insert(&hook.id, sending.reserve(&hook.id, wanted));
+                }
+            }
+            for (at, d) in new.iter().enumerate() {
+                let place = places.get_mut(d.webhook).filter(|n| **n > 0);
+                let hook = hooks.iter().find(|h| h.id == d.webhook);
+                let (false, Some(n), Some(hook)) = (started[at], place, hook) else {
+                    continue;
+                };
+                *n -= 1;
+                started[at] = true;
+                let (first, told) = First::new(ended.clone());
+                sending.start(
+                    hook.clone(),
+                    first_claim(d, token),
+                    Report::First(first.clone()),
+                );
+                firsts.push((at, first, told));
+            }
+            for (hook, n) in places {
+                sending.unreserve(hook, n);
+            }
+            // An attempt's end gives its place back.
+            let all = started.iter().all(|s| *s);
+            if all || !matches!(timeout_at(deadline, endings.recv()).await, Ok(Some(()))) {
+                break;
+            }
+        }
+        drop(ended);
+        let _ = timeout_at(deadline, async { while endings.recv().await.is_some() {} }).await;
+        firsts
+    }
+
+    /// Makes `new` in one insert, tells each first attempt whether its delivery was made
+    /// under the claim `token` (after a failed insert, what is under the claim is read:
+    /// some may have been made all the same), and removes what was made for a webhook
+    /// deleted meanwhile.
+    async fn make(
+        &self,
+        new: Vec<NewDelivery<'_>>,
+        token: &str,
+        firsts: &[(usize, Arc<First>, Told)],
+    ) -> Result<(), crate::service::ServiceError> {
+        let store = self.store;
+        let ids = ids_of(&new);
+        let hooks: std::collections::HashSet<String> =
+            new.iter().map(|d| d.webhook.to_owned()).collect();
+        let inserted = store.insert_deliveries(new, (token, CLAIM_LEASE)).await;
+        let mine = match &inserted {
+            Ok(_) => None,
+            Err(_) => store.deliveries_claimed_by(&ids, token).await.ok(),
+        };
+        for (at, _, told) in firsts {
+            let made = match (&inserted, &mine) {
+                (Ok(refused), _) => !refused.contains(&ids[*at]),
+                (Err(_), Some(mine)) => mine.contains(&ids[*at]),
+                (Err(_), None) => false,
+            };
+            told.send_replace(Some(made));
+        }
+        inserted?;
+        let live = store.webhooks_all().await?;
+        for gone in hooks.iter().filter(|h| !live.iter().any(|l| l.id == **h)) {
+            store.delete_deliveries_of(gone).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The ids of deliveries `new`.
+fn ids_of(new: &[NewDelivery<'_>]) -> Vec<String> {
+    new.iter()
+        .map(|d| format!("{}:{}", d.webhook, d.event_id))
+        .collect()
+}
+
+/// The claim a first attempt of `d` runs under: `token`'s, made with the delivery.
+fn first_claim(d: &NewDelivery<'_>, token: &str) -> Claimed {
+    Claimed {
+        owner: token.to_owned(),
+        id: format!("{}:{}", d.webhook, d.event_id),
+        webhook: d.webhook.to_owned(),
+        event_id: d.event_id.to_owned(),
+        body: d.body.clone(),
+        tries: 0,
+        give_up_at: d.give_up_at,
+        // The claim starts when the delivery is made, after the wait.
+        claimed_until: std::time::Instant::now() + CLAIM_LEASE / 2,
     }
 }
 
@@ -409,12 +460,37 @@ const FIRST_WAIT: Duration = Duration::from_millis(250);
 
 /// A first attempt started before its delivery is made.
 struct First {
-    /// The delivery's id.
-    id: String,
     phase: Mutex<Phase>,
     /// Set by the dispatcher once it made the deliveries: whether this one was made under
-    /// the claim (an attempt that ends after the seal is recorded only then).
-    made: tokio::sync::watch::Sender<Option<bool>>,
+    /// the claim (an attempt that ends after the seal is recorded only then). A
+    /// dispatcher that stopped before saying so (its sender dropped) means no.
+    made: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
+/// The dispatcher's side of [`First::made`].
+type Told = tokio::sync::watch::Sender<Option<bool>>;
+
+impl First {
+    /// A first attempt under way, that tells `ended` when it ends; and the dispatcher's
+    /// side of its [`First::made`].
+    fn new(ended: tokio::sync::mpsc::Sender<()>) -> (Arc<First>, Told) {
+        let (told, made) = tokio::sync::watch::channel(None);
+        let first = Arc::new(First {
+            phase: Mutex::new(Phase::Running(ended)),
+            made,
+        });
+        (first, told)
+    }
+
+    /// Seals it: how its delivery is made, with its attempt if it ended, under the claim
+    /// if it is still under way (it is recorded when it ends).
+    fn seal(&self) -> Made {
+        let mut phase = self.phase.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *phase, Phase::Sealed) {
+            Phase::Ended(attempt, outcome) => Made::Attempted(attempt, outcome),
+            _ => Made::Claimed,
+        }
+    }
 }
 
 enum Phase {
@@ -507,13 +583,13 @@ impl Sending {
         tokio::spawn(async move {
             // The endpoint's place first: an attempt waiting for a slow endpoint holds
             // none of the places the other endpoints need.
-            let Ok(_place) = in_flight.acquire_owned().await else {
+            let Ok(place) = in_flight.acquire_owned().await else {
                 return;
             };
-            let Ok(_permit) = slots.acquire_owned().await else {
+            let Ok(permit) = slots.acquire_owned().await else {
                 return;
             };
-            attempt.run().await;
+            attempt.run((place, permit)).await;
         });
     }
 }
@@ -721,11 +797,23 @@ struct Attempting {
 }
 
 impl Attempting {
-    async fn run(self) {
+    /// Sends, holding `places` (its endpoint's and one of the instance's) until the
+    /// answer, then reports. An attempt that could not end before its claim runs out
+    /// (it waited too long for its places) is not made: the claim runs out, and the
+    /// delivery is sent by whoever claims it next.
+    async fn run(self, places: (OwnedSemaphorePermit, OwnedSemaphorePermit)) {
+        if std::time::Instant::now() + ATTEMPT_TIMEOUT > self.claimed.claimed_until {
+            drop(places);
+            release(&self.endpoints, &self.hook.id);
+            self.ended.notify_one();
+            tracing::warn!(delivery = %self.claimed.id, "a webhook attempt waited too long for its place to end within its claim; not made, its delivery is sent again once the claim runs out");
+            return;
+        }
         let at = domain::now();
         let started = std::time::Instant::now();
         let answer = self.send().await;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        drop(places);
         release(&self.endpoints, &self.hook.id);
         self.ended.notify_one();
         let (status, error) = match answer {
@@ -756,7 +844,7 @@ impl Attempting {
                 }
             }
             // Sealed while under way: recorded once made under the claim, if it was.
-            let mut made = first.made.subscribe();
+            let mut made = first.made.clone();
             let Ok(made) = made.wait_for(Option::is_some).await.map(|m| *m) else {
                 return;
             };

@@ -145,6 +145,8 @@ fn tick_key(t: Tick) -> String {
 /// the most a read may return halves the next; an empty one makes the next four times
 /// as long, so a reader far behind a sparse feed gets there in few reads.
 const FIRST_WINDOW: Tick = 1 << 32;
+/// The most events of any type a window of a type-filtered read gives.
+const FILTERED_WINDOW: usize = 500;
 
 impl Store {
     fn events(&self) -> Collection<EventDoc> {
@@ -290,24 +292,31 @@ impl Store {
             }
         }
         let recorded = self.insert_in_order(&found).await?;
-        let Some(token) = changes.stream.resume_token() else {
-            return Ok(recorded);
-        };
-        let due = match &changes.saved {
+        // Every event of this batch is visible now (inserted, or there already), and every
+        // event before it: readers may read up to the newest of them.
+        let through = found.iter().map(|e| e.key.as_str()).max();
+        let token = changes.stream.resume_token();
+        let due = token.as_ref().is_some_and(|token| match &changes.saved {
             None => true,
-            Some((saved, at)) => *saved != token && (changed || at.elapsed() >= SAVE_QUIET_EVERY),
-        };
-        if due {
-            let stored = bson::to_bson(&token).map_err(|e| {
+            Some((saved, at)) => *saved != *token && (changed || at.elapsed() >= SAVE_QUIET_EVERY),
+        });
+        let mut update = doc! {};
+        if let (true, Some(token)) = (due, &token) {
+            let stored = bson::to_bson(token).map_err(|e| {
                 StoreError::Other(format!("a resume token cannot be stored: {e}").into())
             })?;
+            update.insert("$set", doc! { "resumeToken": stored });
+        }
+        if let Some(through) = through {
+            update.insert("$max", doc! { "recordedThrough": through });
+        }
+        if !update.is_empty() {
             self.recorder()
-                .update_one(
-                    doc! { "_id": RECORDER_ID, "owner": owner },
-                    doc! { "$set": { "resumeToken": stored } },
-                )
+                .update_one(doc! { "_id": RECORDER_ID, "owner": owner }, update)
                 .await?;
-            changes.saved = Some((token, std::time::Instant::now()));
+            if let (true, Some(token)) = (due, token) {
+                changes.saved = Some((token, std::time::Instant::now()));
+            }
         }
         Ok(recorded)
     }
@@ -454,9 +463,16 @@ impl Store {
             .trimmed_through()
             .await?
             .unwrap_or_else(Position::start);
-        let up_to = tick(u32::try_from(cutoff.timestamp() + 1).unwrap_or(u32::MAX), 0);
+        let cut = tick_key(tick(
+            u32::try_from(cutoff.timestamp() + 1).unwrap_or(u32::MAX),
+            0,
+        ));
+        let Some(recorded) = self.read_bound(&from).await? else {
+            return Ok(0);
+        };
+        let up_to = recorded.min(cut);
         let (front, _) = self
-            .windows(&from, up_to, MAX_TRIMMED as usize, &[])
+            .windows(&from, &up_to, MAX_TRIMMED as usize, &[])
             .await?;
         let old = front
             .iter()
@@ -500,6 +516,17 @@ impl Store {
         Ok(newest.and_then(|d| d.get_str("key").ok().and_then(position)))
     }
 
+    /// The key of the newest event a recorder has seen visible, with every event before
+    /// it: where a read of the feed may go up to, as nothing will appear below it.
+    pub async fn recorded_through(&self) -> StoreResult<Option<String>> {
+        let state = self
+            .recorder()
+            .find_one(doc! { "_id": RECORDER_ID })
+            .projection(doc! { "recordedThrough": 1 })
+            .await?;
+        Ok(state.and_then(|s| s.get_str("recordedThrough").ok().map(str::to_owned)))
+    }
+
     /// The position of the last event removed after the retention, if any was.
     pub async fn trimmed_through(&self) -> StoreResult<Option<Position>> {
         let state = self
@@ -523,10 +550,11 @@ impl Store {
     ) -> StoreResult<FeedPage> {
         let start = Position::start();
         let after = after.unwrap_or(&start);
-        let now = self.cluster_time().await?;
-        // Events are recorded after their changes: none is after now.
-        let end = now.map_or(Tick::MAX, |t| tick(t.time, t.increment).saturating_add(1));
-        let (found, examined) = self.windows(after, end, limit as usize, types).await?;
+        let end = self.read_bound(after).await?;
+        let (found, examined) = match end {
+            Some(end) => self.windows(after, &end, limit as usize, types).await?,
+            None => (Vec::new(), None),
+        };
         let events = found
             .into_iter()
             .map(|d| self.event_from(d))
@@ -539,7 +567,18 @@ impl Store {
         })
     }
 
-    /// The first `limit` events after `after` and before cluster time `end`, of `types`
+    /// How far a read after `after` may go: the newest event known visible with every
+    /// event before it, read before the events (a read must never pass a place where an
+    /// event may still appear: one recorded late, below a later one, would be skipped).
+    /// `recordedThrough`, or, where no recorder has kept it yet, the newest event itself.
+    async fn read_bound(&self, after: &Position) -> StoreResult<Option<String>> {
+        match self.recorded_through().await? {
+            Some(through) => Ok(Some(through)),
+            None => Ok(self.newest_event_after(after).await?.map(|p| key(&p))),
+        }
+    }
+
+    /// The first `limit` events after `after` and up to key `end_key`, of `types`
     /// (all when empty), in feed order, and the key of the last event looked at.
     ///
     /// Read in windows of cluster time rather than in one sorted find: SecantusDB reads
@@ -551,10 +590,14 @@ impl Store {
     async fn windows(
         &self,
         after: &Position,
-        end: Tick,
+        end_key: &str,
         limit: usize,
         types: &[EventType],
     ) -> StoreResult<(Vec<EventDoc>, Option<String>)> {
+        let Some(last) = position(end_key) else {
+            return Ok((Vec::new(), None));
+        };
+        let end = tick(last.seconds, last.increment).saturating_add(1);
         let wanted: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
         let mut found = Vec::new();
         let mut examined: Option<String> = None;
@@ -563,15 +606,17 @@ impl Store {
         let mut span = FIRST_WINDOW;
         while from < end && found.len() < limit {
             let until = from.saturating_add(span).min(end);
-            // A window holds at most what is still wanted (all of a filtered read's page).
+            // A window gives at most what is still wanted; a filtered read's, a page of
+            // events of any type (few matches among many must not take a read each).
             let room = if wanted.is_empty() {
                 limit - found.len()
             } else {
-                limit
+                limit.max(FILTERED_WINDOW)
             };
+            let within = doc! { "$gt": &below, "$lt": tick_key(until), "$lte": end_key };
             let window: Vec<EventDoc> = self
                 .events()
-                .find(doc! { "key": { "$gt": &below, "$lt": tick_key(until) } })
+                .find(doc! { "key": within })
                 .sort(doc! { "key": 1 })
                 .limit(room as i64)
                 .max_time(super::READ_TIME_LIMIT)

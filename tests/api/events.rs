@@ -642,6 +642,58 @@ async fn the_feed_reads_events_far_apart_and_crowded_in_time_each_once_in_order(
     }
 }
 
+/// A read never passes a place where an event may still appear. An event that another
+/// one follows in the feed but that becomes visible only after it (in the real feed: a
+/// change recorded while a reader is between two of its windows) is still read once, in
+/// its place: a read goes only as far as the recorder has seen every event visible.
+/// Here the later event is put into `events` first, and the earlier one after a read.
+#[tokio::test]
+async fn an_event_that_becomes_visible_after_a_later_one_is_still_read_in_its_place() {
+    let app = spawn_app().await;
+    open(&app, "alice", 0).await;
+    let feed_now = settle(&app, "bob").await;
+    let (_, after_bob) = events_page(&app, "?limit=1000").await;
+    assert_eq!(
+        ids(&feed_now),
+        ["account.opened:alice", "account.opened:bob"]
+    );
+    let events = app.store.database().collection::<Document>("events");
+    let model = events
+        .find_one(doc! { "_id": "account.opened:bob" })
+        .await
+        .unwrap()
+        .expect("bob's event is stored");
+    let bob_key = model.get_str("key").unwrap().to_owned();
+    // Just after bob's change, before any change made from now on.
+    let (seconds, increment): (u32, u32) = (
+        bob_key[..10].parse().unwrap(),
+        bob_key[10..20].parse().unwrap(),
+    );
+    let place = |step: u32, name: &str| {
+        let id = format!("account.opened:{name}");
+        let mut event = model.clone();
+        event.insert("_id", &id);
+        event.insert("key", format!("{seconds:010}{:010}{id}", increment + step));
+        event
+    };
+    events.insert_one(place(2, "later")).await.unwrap();
+    let (early, cursor) = events_page(&app, &format!("?after={after_bob}&limit=1000")).await;
+    events.insert_one(place(1, "earlier")).await.unwrap();
+    open(&app, "carol", 0).await;
+    let mut read = ids(&early);
+    let (rest, _) = read_after(&app, &cursor, 3 - read.len()).await;
+    read.extend(rest);
+    assert_eq!(
+        read,
+        [
+            "account.opened:earlier",
+            "account.opened:later",
+            "account.opened:carol"
+        ],
+        "each once, in the feed's order"
+    );
+}
+
 #[tokio::test]
 async fn a_type_filter_gives_only_those_types_in_the_feeds_order() {
     let app = spawn_app().await;
