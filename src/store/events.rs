@@ -105,6 +105,10 @@ pub struct Changes {
     /// (the server's empty batches carry it), and is saved every [`SAVE_QUIET_EVERY`], so
     /// that a restart never resumes from further back than the oplog keeps.
     saved: Option<(ResumeToken, std::time::Instant)>,
+    /// The newest event recorded whose cluster time may still have events to come in
+    /// the stream (the batch was cut, not drained): published as `recordedThrough` once
+    /// the stream has run dry or moved past its time.
+    unpublished: Option<String>,
 }
 
 /// How often a stream that reported no change saves its moving position.
@@ -265,6 +269,7 @@ impl Store {
         Ok(Changes {
             stream,
             saved: None,
+            unpublished: None,
         })
     }
 
@@ -277,8 +282,10 @@ impl Store {
         // Under steady load the server's batches never come back empty: the changes of
         // [`GATHER_FOR`] are recorded together, so that an event waits that long at most.
         let mut gathering: Option<std::time::Instant> = None;
+        let mut drained = false;
         while found.len() < MAX_RECORDED && gathering.is_none_or(|g| g.elapsed() < GATHER_FOR) {
             let Some(change) = changes.stream.next_if_any().await? else {
+                drained = true;
                 break;
             };
             gathering.get_or_insert_with(std::time::Instant::now);
@@ -292,9 +299,7 @@ impl Store {
             }
         }
         let recorded = self.insert_in_order(&found).await?;
-        // Every event of this batch is visible now (inserted, or there already), and every
-        // event before it: readers may read up to the newest of them.
-        let through = found.iter().map(|e| e.key.as_str()).max();
+        let through = Self::publishable(&mut changes.unpublished, &found, drained);
         let token = changes.stream.resume_token();
         let due = token.as_ref().is_some_and(|token| match &changes.saved {
             None => true,
@@ -307,7 +312,7 @@ impl Store {
             })?;
             update.insert("$set", doc! { "resumeToken": stored });
         }
-        if let Some(through) = through {
+        if let Some(through) = &through {
             update.insert("$max", doc! { "recordedThrough": through });
         }
         if !update.is_empty() {
@@ -319,6 +324,31 @@ impl Store {
             }
         }
         Ok(recorded)
+    }
+
+    /// How far readers may read once `found` is recorded (`recordedThrough`): every event
+    /// of the batch is visible then, and every one before it. But several changes may
+    /// share one cluster time (a transaction's; two shards' in a sharded cluster), and
+    /// their events sort by id within it, not in the stream's order: while the batch was
+    /// cut (not `drained`) more of its last time may still come, so the bound stops
+    /// before that time, and reaches the last event once the stream has run dry or moved
+    /// past it.
+    fn publishable(
+        unpublished: &mut Option<String>,
+        found: &[EventDoc],
+        drained: bool,
+    ) -> Option<String> {
+        let newest = found
+            .iter()
+            .map(|e| e.key.clone())
+            .max()
+            .or(unpublished.take())?;
+        if drained {
+            return Some(newest);
+        }
+        let last = position(&newest)?;
+        *unpublished = Some(newest);
+        Some(tick_key(tick(last.seconds, last.increment)))
     }
 
     /// Inserts `events` in their order, leaving out those already recorded. The number
@@ -748,6 +778,41 @@ fn changes_that_are_events() -> Document {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event_at(seconds: u32, increment: u32, id: &str) -> EventDoc {
+        stored(
+            id.to_owned(),
+            EventType::AccountOpened,
+            DateTime::now(),
+            bson::Timestamp {
+                time: seconds,
+                increment,
+            },
+            None,
+            None,
+        )
+    }
+
+    /// Events sharing a cluster time sort by id, not in the stream's order: a batch cut
+    /// inside a time publishes only up to before it, and the rest once the stream ran dry
+    /// (a drained batch, or a later empty one).
+    #[test]
+    fn recorded_through_stops_before_a_time_whose_events_may_still_come() {
+        let mut unpublished = None;
+        let cut = [event_at(7, 1, "a:x"), event_at(8, 2, "a:z")];
+        let bound = Store::publishable(&mut unpublished, &cut, false).unwrap();
+        assert_eq!(bound, tick_key(tick(8, 2)));
+        // An event of the same time with a smaller id, recorded next, is above the bound.
+        assert!(key(&position(&event_at(8, 2, "a:b").key).unwrap()) > bound);
+        assert!(bound > cut[0].key);
+        // The stream ran dry: everything recorded is published.
+        let bound = Store::publishable(&mut unpublished, &[], true).unwrap();
+        assert_eq!(bound, cut[1].key);
+        assert_eq!(Store::publishable(&mut unpublished, &[], true), None);
+        let drained = [event_at(9, 1, "a:c")];
+        let bound = Store::publishable(&mut unpublished, &drained, true).unwrap();
+        assert_eq!(bound, drained[0].key);
+    }
 
     #[test]
     fn a_key_reads_back_and_sorts_as_its_position() {
