@@ -321,7 +321,7 @@ impl Dispatching<'_> {
         // Those made already are left out: those the last dispatcher made past the
         // cursor it saved, or made while its lease ran out under it.
         if !new.is_empty() {
-            let there = self.store.deliveries_made(&ids_of(&new)).await?;
+            let there = self.store.deliveries_made(&ids_of(&new), None).await?;
             new.retain(|d| !there.contains(&format!("{}:{}", d.webhook, d.event_id)));
         }
         if new.is_empty() {
@@ -413,7 +413,7 @@ impl Dispatching<'_> {
         let inserted = store.insert_deliveries(new, (token, CLAIM_LEASE)).await;
         let mine = match &inserted {
             Ok(_) => None,
-            Err(_) => store.deliveries_claimed_by(&ids, token).await.ok(),
+            Err(_) => store.deliveries_made(&ids, Some(token)).await.ok(),
         };
         for (at, _, told) in firsts {
             let made = match (&inserted, &mine) {
@@ -537,10 +537,7 @@ impl Sending {
     /// [`Sending::unreserve`].
     fn reserve(&self, hook: &str, wanted: usize) -> usize {
         let mut held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
-        let endpoint = held.entry(hook.to_owned()).or_insert_with(|| Endpoint {
-            in_flight: Arc::new(Semaphore::new(PER_ENDPOINT)),
-            claimed: 0,
-        });
+        let endpoint = held.entry(hook.to_owned()).or_insert_with(Endpoint::new);
         let taken = wanted.min(CLAIMED_AHEAD.saturating_sub(endpoint.claimed));
         endpoint.claimed += taken;
         if endpoint.claimed == 0 {
@@ -562,11 +559,11 @@ impl Sending {
     fn start(&self, hook: Webhook, claimed: Claimed, report: Report) {
         let in_flight = {
             let mut held = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
-            let endpoint = held.entry(hook.id.clone()).or_insert_with(|| Endpoint {
-                in_flight: Arc::new(Semaphore::new(PER_ENDPOINT)),
-                claimed: 1,
-            });
-            endpoint.in_flight.clone()
+            // Its place is taken ([`Sending::reserve`]), so its endpoint is held.
+            held.entry(hook.id.clone())
+                .or_insert_with(Endpoint::new)
+                .in_flight
+                .clone()
         };
         let attempt = Attempting {
             store: self.store.clone(),
@@ -608,6 +605,15 @@ struct Sender {
 struct Endpoint {
     in_flight: Arc<Semaphore>,
     claimed: usize,
+}
+
+impl Endpoint {
+    fn new() -> Endpoint {
+        Endpoint {
+            in_flight: Arc::new(Semaphore::new(PER_ENDPOINT)),
+            claimed: 0,
+        }
+    }
 }
 
 /// An attempt made and what it decided, on its way to be recorded.

@@ -114,7 +114,9 @@ async fn read_one(
 ) -> ServiceResult<Feed> {
     let deployment = store.deployment().clone();
     let given = cursor.positions.get(&deployment).cloned();
-    let trimmed = store.trimmed_through().await?;
+    // Read before the events: how far they were trimmed, and how far they may be read.
+    let state = store.feed_state().await?;
+    let trimmed = state.trimmed_through;
     let mut after = match given.clone() {
         Some(p) if trimmed.as_ref().is_some_and(|t| p < *t) => {
             return Err(ServiceError::CursorExpired);
@@ -123,7 +125,9 @@ async fn read_one(
         None => trimmed.unwrap_or_else(Position::start),
     };
     loop {
-        let page = store.read_feed(Some(&after), limit, types).await?;
+        let page = store
+            .read_feed(Some(&after), limit, types, state.recorded_through.clone())
+            .await?;
         // Read after the events: a removal that took some of them raised it first.
         match page.trimmed_through {
             Some(t) if after < t => {

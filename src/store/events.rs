@@ -117,6 +117,16 @@ const SAVE_QUIET_EVERY: Duration = Duration::from_secs(10);
 /// MongoDB's ChangeStreamHistoryLost: the stream's resume point is older than the oplog.
 const HISTORY_LOST: i32 = 286;
 
+/// What the recorder's document says of the feed.
+#[derive(Debug, Clone, Default)]
+pub struct FeedState {
+    /// The position of the last event removed after the retention, if any was.
+    pub trimmed_through: Option<Position>,
+    /// The key of the newest event a recorder has seen visible with every event before
+    /// it: where a read of the feed may go up to, as nothing will appear below it.
+    pub recorded_through: Option<String>,
+}
+
 /// A page of one deployment's feed.
 #[derive(Debug)]
 pub struct FeedPage {
@@ -489,15 +499,13 @@ impl Store {
             .unwrap_or(Timestamp::MIN_UTC);
         // The front, from the last removal, up to the second after the cut-off (a
         // change's cluster time and its wall time are the same clock's).
-        let from = self
-            .trimmed_through()
-            .await?
-            .unwrap_or_else(Position::start);
+        let state = self.feed_state().await?;
+        let from = state.trimmed_through.unwrap_or_else(Position::start);
         let cut = tick_key(tick(
             u32::try_from(cutoff.timestamp() + 1).unwrap_or(u32::MAX),
             0,
         ));
-        let Some(recorded) = self.read_bound(&from).await? else {
+        let Some(recorded) = self.read_bound(&from, state.recorded_through).await? else {
             return Ok(0);
         };
         let up_to = recorded.min(cut);
@@ -546,41 +554,39 @@ impl Store {
         Ok(newest.and_then(|d| d.get_str("key").ok().and_then(position)))
     }
 
-    /// The key of the newest event a recorder has seen visible, with every event before
-    /// it: where a read of the feed may go up to, as nothing will appear below it.
-    pub async fn recorded_through(&self) -> StoreResult<Option<String>> {
+    /// How far the feed was trimmed, and how far it may be read, in one read.
+    pub async fn feed_state(&self) -> StoreResult<FeedState> {
         let state = self
             .recorder()
             .find_one(doc! { "_id": RECORDER_ID })
-            .projection(doc! { "recordedThrough": 1 })
-            .await?;
-        Ok(state.and_then(|s| s.get_str("recordedThrough").ok().map(str::to_owned)))
+            .projection(doc! { "trimmedThrough": 1, "recordedThrough": 1 })
+            .await?
+            .unwrap_or_default();
+        Ok(FeedState {
+            trimmed_through: state.get_str("trimmedThrough").ok().and_then(position),
+            recorded_through: state.get_str("recordedThrough").ok().map(str::to_owned),
+        })
     }
 
     /// The position of the last event removed after the retention, if any was.
     pub async fn trimmed_through(&self) -> StoreResult<Option<Position>> {
-        let state = self
-            .recorder()
-            .find_one(doc! { "_id": RECORDER_ID })
-            .projection(doc! { "trimmedThrough": 1 })
-            .await?;
-        Ok(state
-            .as_ref()
-            .and_then(|s| s.get_str("trimmedThrough").ok())
-            .and_then(position))
+        Ok(self.feed_state().await?.trimmed_through)
     }
 
     /// Up to `limit` events after `after` (from the front when `None`), of `types` (all
-    /// when empty), in feed order; and how far the feed was trimmed once they were read.
+    /// when empty), in feed order, no further than `recorded` (the
+    /// [`FeedState::recorded_through`] read before); and how far the feed was trimmed
+    /// once they were read.
     pub async fn read_feed(
         &self,
         after: Option<&Position>,
         limit: u32,
         types: &[EventType],
+        recorded: Option<String>,
     ) -> StoreResult<FeedPage> {
         let start = Position::start();
         let after = after.unwrap_or(&start);
-        let end = self.read_bound(after).await?;
+        let end = self.read_bound(after, recorded).await?;
         let (found, examined) = match end {
             Some(end) => self.windows(after, &end, limit as usize, types).await?,
             None => (Vec::new(), None),
@@ -600,9 +606,14 @@ impl Store {
     /// How far a read after `after` may go: the newest event known visible with every
     /// event before it, read before the events (a read must never pass a place where an
     /// event may still appear: one recorded late, below a later one, would be skipped).
-    /// `recordedThrough`, or, where no recorder has kept it yet, the newest event itself.
-    async fn read_bound(&self, after: &Position) -> StoreResult<Option<String>> {
-        match self.recorded_through().await? {
+    /// `recorded` (`recordedThrough`), or, where no recorder has kept it yet, the newest
+    /// event itself.
+    async fn read_bound(
+        &self,
+        after: &Position,
+        recorded: Option<String>,
+    ) -> StoreResult<Option<String>> {
+        match recorded {
             Some(through) => Ok(Some(through)),
             None => Ok(self.newest_event_after(after).await?.map(|p| key(&p))),
         }

@@ -202,16 +202,20 @@ impl Store {
         Ok(())
     }
 
-    /// Which of the deliveries `ids` are made under the claim `token`.
-    pub async fn deliveries_claimed_by(
+    /// Which of the deliveries `ids` are made (under the claim `token` only, if named).
+    pub async fn deliveries_made(
         &self,
         ids: &[String],
-        token: &str,
+        token: Option<&str>,
     ) -> StoreResult<std::collections::HashSet<String>> {
+        let mut filter = doc! { "_id": { "$in": ids } };
+        if let Some(token) = token {
+            filter.insert("owner", token);
+        }
         let found: Vec<Document> = self
             .deliveries()
             .clone_with_type::<Document>()
-            .find(doc! { "_id": { "$in": ids }, "owner": token })
+            .find(filter)
             .projection(doc! { "_id": 1 })
             .await?
             .try_collect()
@@ -295,25 +299,6 @@ impl Store {
                 _ => Err(StoreError::from(e)),
             },
         }
-    }
-
-    /// Which of the deliveries `ids` are made.
-    pub async fn deliveries_made(
-        &self,
-        ids: &[String],
-    ) -> StoreResult<std::collections::HashSet<String>> {
-        let found: Vec<Document> = self
-            .deliveries()
-            .clone_with_type::<Document>()
-            .find(doc! { "_id": { "$in": ids } })
-            .projection(doc! { "_id": 1 })
-            .await?
-            .try_collect()
-            .await?;
-        Ok(found
-            .iter()
-            .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
-            .collect())
     }
 
     /// Claims for `owner`, for `lease` (by the database's clock), up to `per_webhook`

@@ -298,6 +298,28 @@ async fn hook(app: &TestApp, url: &str, types: &[&str]) -> (String, String) {
     (str_of(&registered, "id"), str_of(&registered, "secret"))
 }
 
+/// Opens `count` accounts `<prefix>-<i>` at once (each asserted 201).
+async fn open_at_once(app: &TestApp, prefix: &str, count: usize) {
+    let opened: Vec<_> = (0..count)
+        .map(|i| {
+            let (http, url) = (app.http.clone(), app.url("/accounts"));
+            let id = format!("{prefix}-{i}");
+            tokio::spawn(async move {
+                let response = http
+                    .post(url)
+                    .json(&json!({ "id": id, "balance": 0 }))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 201);
+            })
+        })
+        .collect();
+    for task in futures::future::join_all(opened).await {
+        task.unwrap();
+    }
+}
+
 fn str_of(value: &Value, member: &str) -> String {
     value[member]
         .as_str()
@@ -1769,23 +1791,7 @@ async fn a_backlog_to_a_slow_endpoint_does_not_hold_up_deliveries_to_another() {
     let app = spawn_app_with(|s| s.webhooks.retry_base = Duration::from_secs(60)).await;
     let slow = Receiver::start(Answer::After(Duration::from_secs(30))).await;
     hook(&app, &slow.url("/slow"), &["account.opened"]).await;
-    let opened: Vec<_> = (0..backlog)
-        .map(|i| {
-            let (http, url) = (app.http.clone(), app.url("/accounts"));
-            tokio::spawn(async move {
-                let response = http
-                    .post(url)
-                    .json(&json!({ "id": format!("backlog-{i}"), "balance": 0 }))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(response.status(), 201);
-            })
-        })
-        .collect();
-    for task in futures::future::join_all(opened).await {
-        task.unwrap();
-    }
+    open_at_once(&app, "backlog", backlog).await;
     eventually(
         "the slow endpoint is sent as many deliveries at once as it may be",
         DELIVERED_WITHIN,
@@ -1823,23 +1829,7 @@ async fn an_instance_holds_at_most_claimed_ahead_of_an_endpoints_deliveries_and_
     let app = spawn_app_with(|s| s.webhooks.retry_base = Duration::from_secs(60)).await;
     let slow = Receiver::start(Answer::After(Duration::from_secs(30))).await;
     let (hook_id, _) = hook(&app, &slow.url("/slow"), &["account.opened"]).await;
-    let opened: Vec<_> = (0..backlog)
-        .map(|i| {
-            let (http, url) = (app.http.clone(), app.url("/accounts"));
-            tokio::spawn(async move {
-                let response = http
-                    .post(url)
-                    .json(&json!({ "id": format!("many-{i}"), "balance": 0 }))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(response.status(), 201);
-            })
-        })
-        .collect();
-    for task in futures::future::join_all(opened).await {
-        task.unwrap();
-    }
+    open_at_once(&app, "many", backlog).await;
     let deliveries = app.store.database().collection::<Document>("deliveries");
     let mine = doc! {
         "webhook": &hook_id,
