@@ -370,6 +370,7 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
             balance: 0,
             pending_debits: 0,
             pending_credits: 0,
+            incoming: 0,
             currency: Currency::usd(),
             pending_transactions: Vec::new(),
             fenced_transactions: Vec::new(),

@@ -11,6 +11,8 @@
 //!   values; the store converts its documents to and from them;
 //! - [`Strategy`] is how a transfer is carried out (`TRANSFER_STRATEGY`): the two-phase
 //!   commit or one native transaction;
+//! - [`Legs`] are the legs of a multi-leg transfer, and each account's net change over
+//!   them, its [`Party`];
 //! - [`Entry`] is one numbered change to an account's amounts ([`EntryKind`] says which
 //!   step made it), [`BalanceAt`] an account's amounts as of a moment;
 //! - [`Event`] is what the feed tells users happened ([`EventType`]), in [`Position`]
@@ -21,6 +23,7 @@
 
 mod entry;
 mod event;
+mod legs;
 mod state;
 mod transfer;
 mod values;
@@ -28,6 +31,7 @@ mod webhook;
 
 pub use entry::{Amounts, BalanceAt, Entry, EntryKind};
 pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
+pub use legs::{LEGS, Leg, Legs, LegsError, MAX_LEG_ACCOUNTS, Party};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
 pub use transfer::{Account, Hold, Strategy, Timestamp, Transfer, TransferFilter, now};
 pub use values::{

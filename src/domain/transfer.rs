@@ -3,8 +3,8 @@
 //! (`store::documents`); the HTTP layer builds its responses from them.
 
 use super::{
-    AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Reference, ScopedKey,
-    TransferId, TransferState,
+    AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Legs, Reference,
+    ScopedKey, TransferId, TransferState,
 };
 
 /// A point in time. Every time that another instance compares with another is the
@@ -49,6 +49,10 @@ pub struct Transfer {
     pub state: TransferState,
     /// Set on a hold: what it reserves, and until when.
     pub hold: Option<Hold>,
+    /// Set on a multi-leg transfer (`docs/legs.md`): its legs and parties. `source` and
+    /// `destination` are then its first leg's (the log is its source's deployment) and
+    /// `amount` the sum of the legs; the protocol moves the parties.
+    pub legs: Option<Box<Legs>>,
     /// When the transfer last changed, by the database's clock (`lastModified`, stored as
     /// a lower bound of it, and only ever moving forward): its owner's lease runs from
     /// here, and the sweeper takes it over once that lease has lapsed.
@@ -59,6 +63,8 @@ pub struct Transfer {
     pub owner: Option<String>,
     /// Why it ended `canceled`.
     pub reason: Option<CancelReason>,
+    /// The account that refused a multi-leg transfer's step, with `reason`.
+    pub refused_account: Option<AccountId>,
     pub reference: Option<Reference>,
     /// The idempotency key the transfer was requested with, in its scope.
     pub idempotency_key: Option<ScopedKey>,
@@ -103,9 +109,11 @@ impl Transfer {
             currency,
             state: TransferState::Initial,
             hold: None,
+            legs: None,
             created_at: now,
             owner: None,
             reason: None,
+            refused_account: None,
             reference: None,
             idempotency_key: None,
             request_hash: None,
@@ -153,9 +161,12 @@ pub struct Account {
     pub balance: i64,
     /// The sum of the live holds out of the account; never above `balance`.
     pub pending_debits: i64,
-    /// The sum of the live holds into the account; `balance + pending_credits` never
-    /// passes `MAX_MONEY`, so every capture can land.
+    /// The sum of the live holds into the account; `balance + pending_credits +
+    /// incoming` never passes `MAX_MONEY`, so every capture can land.
     pub pending_credits: i64,
+    /// What multi-leg transfers prepared to pay into the account and have not paid yet:
+    /// no amount of the account, only the room kept for them (`docs/legs.md`).
+    pub incoming: i64,
     pub currency: Currency,
     /// Transfers applied to this account whose markers are not pulled yet (the tutorial's
     /// `pendingTransactions`): applying one of them again is a no-op.
@@ -273,6 +284,7 @@ mod tests {
             balance: 1_000,
             pending_debits: debits,
             pending_credits: credits,
+            incoming: 0,
             currency: Currency::usd(),
             pending_transactions: markers,
             fenced_transactions: Vec::new(),

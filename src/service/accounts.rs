@@ -50,6 +50,7 @@ impl TransferService {
             balance: new.balance.minor_units(),
             pending_debits: 0,
             pending_credits: 0,
+            incoming: 0,
             currency: new.currency,
             pending_transactions: Vec::new(),
             fenced_transactions: Vec::new(),

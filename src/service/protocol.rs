@@ -296,7 +296,9 @@ impl TransferService {
             let value = t.hold.map_or(t.amount, |h| h.amount).minor_units();
             let fits = |a: &Account| match side {
                 Side::Source => a.balance - a.pending_debits >= value,
-                Side::Destination => a.balance + a.pending_credits <= MAX_MONEY - value,
+                Side::Destination => {
+                    a.balance + a.pending_credits + a.incoming <= MAX_MONEY - value
+                }
             };
             let reason = match classify(found.as_ref(), t, fits) {
                 Refusal::AlreadyApplied => return Ok(StepResult::Applied),

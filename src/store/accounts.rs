@@ -10,7 +10,7 @@ use mongodb::options::FindOptions;
 
 use super::batch::{AccountChange, Pull};
 use super::documents::{Stored, domain, object_id, stored_time};
-use super::entries::{Marker, RECENT, changed_with_entry, opening_entry};
+use super::entries::{Marker, RECENT, changed_with_entry, opening_entry, room_changed};
 use super::guards::Amounts;
 use super::{AccountDoc, Store, StoreError, StoreResult};
 use crate::domain::{Account, AccountId, Amount, Currency, EntryKind, Timestamp, TransferId};
@@ -137,6 +137,7 @@ impl Store {
             Forward::Credit => change.balance = value,
             Forward::ReserveOut => change.debits = value,
             Forward::ReserveIn => change.credits = value,
+            Forward::MakeRoom => change.incoming = value,
         }
         self.change_account(account, tx, change, deadline, kind)
             .await
@@ -168,6 +169,7 @@ impl Store {
             delta: change.balance,
             debits: change.debits,
             credits: change.credits,
+            incoming: change.incoming,
             deadline: stored_time(deadline),
             kind: kind.entry(),
         };
@@ -285,15 +287,15 @@ impl Store {
                 Change {
                     balance: -captured,
                     debits: -held,
-                    credits: 0,
+                    ..Change::default()
                 },
                 EntryKind::DebitCaptured,
             ),
             Side::Destination => (
                 Change {
                     balance: captured,
-                    debits: 0,
                     credits: -held,
+                    ..Change::default()
                 },
                 EntryKind::CreditCaptured,
             ),
@@ -313,9 +315,8 @@ impl Store {
     ) -> StoreResult<bool> {
         let tx = object_id(tx);
         let change = Amounts {
-            balance: change.balance.into(),
-            debits: change.debits.into(),
-            credits: change.credits.into(),
+            incoming: change.incoming.into(),
+            ..Amounts::change(change.balance, change.debits, change.credits)
         };
         let result = self
             .accounts
@@ -329,6 +330,42 @@ impl Store {
             self.entries_added([account.as_str()]);
         }
         Ok(changed)
+    }
+
+    /// A multi-leg transfer's settle of a receiving party (`docs/legs.md`, step 5): pay
+    /// in its `net` (zero or more) out of the room its prepare made, with its credit
+    /// entry, and forget the marker, only where the prepare landed (its marker is
+    /// there). Never refused for the balance: the room guaranteed it.
+    pub async fn settle(&self, account: &AccountId, tx: TransferId, net: i64) -> StoreResult<bool> {
+        failpoint!(self, BeforeCapture);
+        let change = Change {
+            balance: net,
+            incoming: -net,
+            ..Change::default()
+        };
+        self.pull_marker_with(account, tx, change, EntryKind::Credit)
+            .await
+    }
+
+    /// A multi-leg transfer's rollback of a receiving party: give back the room its
+    /// prepare made (`net`) and forget the marker, only where the prepare landed. No
+    /// amount changes, so no entry.
+    pub async fn release_room(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        net: i64,
+    ) -> StoreResult<bool> {
+        failpoint!(self, BeforeUndo);
+        let tx = object_id(tx);
+        let result = self
+            .accounts
+            .update_one(
+                doc! { "_id": account.as_str(), "pendingTransactions": tx },
+                room_changed(tx, -net, Marker::Pull),
+            )
+            .await?;
+        Ok(result.modified_count == 1)
     }
 }
 
@@ -357,17 +394,22 @@ pub enum Forward {
     /// A hold's reservation into the destination (`pendingCredits`), refused if a
     /// capture could take the balance past `MAX_MONEY`.
     ReserveIn,
+    /// A multi-leg transfer's prepare of a receiving party: room (`incoming`) for what
+    /// it will pay in after its commit point, refused if that could take the balance
+    /// past `MAX_MONEY` (`docs/legs.md`). No amount changes: no entry.
+    MakeRoom,
 }
 
 impl Forward {
-    /// The entry this step makes on its account.
-    fn entry(self) -> EntryKind {
-        match self {
+    /// The entry this step makes on its account, if any.
+    fn entry(self) -> Option<EntryKind> {
+        Some(match self {
             Forward::Debit => EntryKind::Debit,
             Forward::Credit => EntryKind::Credit,
             Forward::ReserveOut => EntryKind::DebitReserved,
             Forward::ReserveIn => EntryKind::CreditReserved,
-        }
+            Forward::MakeRoom => return None,
+        })
     }
 }
 
@@ -377,17 +419,20 @@ impl Forward {
     fn point(self) -> crate::failpoints::Point {
         match self {
             Forward::Debit | Forward::ReserveOut => crate::failpoints::Point::BeforeDebit,
-            Forward::Credit | Forward::ReserveIn => crate::failpoints::Point::BeforeCredit,
+            Forward::Credit | Forward::ReserveIn | Forward::MakeRoom => {
+                crate::failpoints::Point::BeforeCredit
+            }
         }
     }
 }
 
-/// What a forward step adds to an account's amounts.
+/// What a step adds to an account's amounts, and to its room.
 #[derive(Debug, Clone, Copy, Default)]
 struct Change {
     balance: i64,
     debits: i64,
     credits: i64,
+    incoming: i64,
 }
 
 /// What a debit or credit did.

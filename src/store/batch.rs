@@ -40,6 +40,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::entries::{
     EntryMover, LAST_AT, Marker, Moved, RECENT, changed_with_entry, entry_expr, entry_time, kept,
+    room_changed,
 };
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
@@ -135,18 +136,21 @@ pub struct AccountChange {
     pub debits: i64,
     /// Added to `pendingCredits`: a hold's reservation into the account.
     pub credits: i64,
+    /// Added to `incoming`: the room a multi-leg transfer's receiving party prepares
+    /// (`docs/legs.md`).
+    pub incoming: i64,
     pub deadline: DateTime,
-    /// The entry the change makes if it lands (see `store::entries`).
-    pub kind: EntryKind,
+    /// The entry the change makes if it lands (see `store::entries`); none for a change
+    /// of the room alone.
+    pub kind: Option<EntryKind>,
 }
 
 impl AccountChange {
     /// The change's amounts as literal expressions.
     fn amounts(&self) -> Amounts {
         Amounts {
-            balance: self.delta.into(),
-            debits: self.debits.into(),
-            credits: self.credits.into(),
+            incoming: self.incoming.into(),
+            ..Amounts::change(self.delta, self.debits, self.credits)
         }
     }
 }
@@ -455,10 +459,15 @@ fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String,
                 .into_iter()
                 .map(|op| {
                     let dl = deadlines[&(account, op.tx)];
-                    Bson::Document(doc! {
+                    let mut change = doc! {
                         "tx": op.tx, "d": op.delta, "pd": op.debits, "pc": op.credits,
-                        "dl": dl, "k": op.kind.as_str(),
-                    })
+                        "dl": dl,
+                    };
+                    match op.kind {
+                        Some(kind) => change.insert("k", kind.as_str()),
+                        None => change.insert("in", op.incoming),
+                    };
+                    Bson::Document(change)
                 })
                 .collect();
             let moved = mover.moved(account).unwrap_or(Moved::NOTHING);
@@ -515,12 +524,14 @@ fn row_of_account(rows: &[&(String, Document)], otherwise: &Document) -> Bson {
 
 /// Positions in the accumulator of [`walk_changes`]: the amounts as the batch's earlier
 /// changes left them, the last entry's number, and per change what it left (`[seq,
-/// balance, pendingDebits, pendingCredits]`), or `false` where it did not land.
+/// balance, pendingDebits, pendingCredits]`, `seq` null for a change of the room alone,
+/// which makes no entry), or `false` where it did not land; then the room (`incoming`).
 const B: i64 = 0;
 const PD: i64 = 1;
 const PC: i64 = 2;
 const S: i64 = 3;
 const LEFT: i64 = 4;
+const IN: i64 = 5;
 
 /// `$$value`'s element at `i`.
 fn acc(i: i64) -> Bson {
@@ -537,11 +548,15 @@ fn walk_changes() -> Document {
         balance: "$$b".into(),
         debits: "$$pd".into(),
         credits: "$$pc".into(),
+        incoming: "$$in".into(),
     };
+    // A change of the three amounts (`d`, `pd`, `pc`) carries the kind of its entry
+    // (`k`); one of the room alone (`in`) carries no kind, and only that.
     let change = Amounts {
         balance: "$$this.d".into(),
         debits: "$$this.pd".into(),
         credits: "$$this.pc".into(),
+        incoming: doc! { "$ifNull": ["$$this.in", 0_i64] }.into(),
     };
     let after = before.after(&change);
     let allowed = forward_step_allowed(
@@ -552,28 +567,33 @@ fn walk_changes() -> Document {
         "$$this.dl",
     );
     let stored = Amounts::stored();
-    let seq = doc! { "$add": ["$$s", 1_i64] };
+    let entry = doc! { "$ne": [{ "$ifNull": ["$$this.k", false] }, false] };
+    let seq = doc! { "$cond": [entry.clone(), { "$add": ["$$s", 1_i64] }, "$$s"] };
+    let numbered = doc! { "$cond": [entry, { "$add": ["$$s", 1_i64] }, Bson::Null] };
     let step = doc! { "$cond": [
         allowed,
         [
             after.balance.clone(),
             after.debits.clone(),
             after.credits.clone(),
-            seq.clone(),
-            { "$concatArrays": [acc(LEFT), [[seq, after.balance, after.debits, after.credits]]] },
+            seq,
+            { "$concatArrays": [acc(LEFT), [[numbered, after.balance, after.debits, after.credits]]] },
+            after.incoming,
         ],
         [
             "$$b", "$$pd", "$$pc", "$$s",
             { "$concatArrays": [acc(LEFT), [false]] },
+            "$$in",
         ],
     ] };
     doc! { "$reduce": {
         "input": "$_t.ops",
         "initialValue": [
             stored.balance, stored.debits, stored.credits, { "$ifNull": ["$seq", 0_i64] }, [],
+            stored.incoming,
         ],
         "in": { "$let": {
-            "vars": { "b": acc(B), "pd": acc(PD), "pc": acc(PC), "s": acc(S) },
+            "vars": { "b": acc(B), "pd": acc(PD), "pc": acc(PC), "s": acc(S), "in": acc(IN) },
             "in": step,
         } },
     } }
@@ -586,18 +606,21 @@ fn walked(i: i64) -> Bson {
 
 /// The entries of the changes that landed: each change (`_t.ops`) beside what it left
 /// (see [`walk_changes`]); all of the batch's entries of an account share one time
-/// (`_at`).
+/// (`_at`). A change of the room alone that landed leaves `{tx, room: true}`: its
+/// marker, and no entry.
 fn new_entries() -> Document {
     let left = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
     let change = Amounts {
         balance: "$$change.d".into(),
         debits: "$$change.pd".into(),
         credits: "$$change.pc".into(),
+        incoming: 0_i64.into(),
     };
     let after = Amounts {
         balance: left(1).into(),
         debits: left(2).into(),
         credits: left(3).into(),
+        incoming: 0_i64.into(),
     };
     let entry = entry_expr(
         left(0),
@@ -616,7 +639,15 @@ fn new_entries() -> Document {
                     "change": { "$arrayElemAt": ["$$pair", 0] },
                     "left": { "$arrayElemAt": ["$$pair", 1] },
                 },
-                "in": { "$cond": [{ "$eq": ["$$left", false] }, false, entry] },
+                "in": { "$cond": [
+                    { "$eq": ["$$left", false] },
+                    false,
+                    { "$cond": [
+                        { "$eq": [left(0), Bson::Null] },
+                        { "tx": "$$change.tx", "room": true },
+                        entry,
+                    ] },
+                ] },
             } },
         } },
         "cond": { "$ne": ["$$this", false] },
@@ -624,18 +655,22 @@ fn new_entries() -> Document {
 }
 
 /// The stage that stores what the `$reduce` left in `_batch` and the entries made of it
-/// in `_new`: the amounts, the markers, the last entry's number, the entries appended
-/// (after those known to be in `entries` are left out) and, if any was, their time.
+/// in `_new`: the amounts, the room (left out where it is zero), the markers, the last
+/// entry's number, the entries appended (after those known to be in `entries` are left
+/// out) and, if any was, their time.
 fn batch_results() -> Document {
+    let entries =
+        doc! { "$filter": { "input": "$_new", "cond": { "$ne": ["$$this.room", true] } } };
     doc! { "$set": {
         "balance": walked(B),
         "pendingDebits": walked(PD),
         "pendingCredits": walked(PC),
+        "incoming": { "$cond": [{ "$eq": [walked(IN), 0_i64] }, "$$REMOVE", walked(IN)] },
         "pendingTransactions": { "$concatArrays": [
             "$pendingTransactions", { "$map": { "input": "$_new", "in": "$$this.tx" } },
         ] },
         "seq": walked(S),
-        RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), "$_new"] },
+        RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), entries] },
         LAST_AT: { "$cond": [
             { "$gt": [walked(S), { "$ifNull": ["$seq", 0_i64] }] }, "$_at", format!("${LAST_AT}"),
         ] },
@@ -657,11 +692,12 @@ async fn change_one(
         &op.amounts(),
         op.deadline,
     );
+    let update = match op.kind {
+        Some(kind) => changed_with_entry(kind, op.tx, &op.amounts(), Marker::Push, moved),
+        None => room_changed(op.tx, op.incoming, Marker::Push),
+    };
     let result = accounts
-        .update_one(
-            doc! { "_id": &op.account, "$expr": allowed },
-            changed_with_entry(op.kind, op.tx, &op.amounts(), Marker::Push, moved),
-        )
+        .update_one(doc! { "_id": &op.account, "$expr": allowed }, update)
         .await?;
     Ok(result.modified_count == 1)
 }

@@ -12,8 +12,8 @@ use super::entries::EntryDoc;
 use super::{StoreError, StoreResult};
 use crate::domain::{
     Account, AccountId, AccountName, Amount, ApiKeyId, CancelReason, Currency, DeploymentName,
-    Hold, IdempotencyKey, KeyScope, ParseError, Reference, ScopedKey, Timestamp, Transfer,
-    TransferId, TransferState,
+    Hold, IdempotencyKey, KeyScope, Leg, Legs, ParseError, Reference, ScopedKey, Timestamp,
+    Transfer, TransferId, TransferState,
 };
 
 /// How an idempotency key is stored: the `_id` of its `idempotencyKeys` record and the
@@ -57,6 +57,10 @@ pub struct AccountDoc {
     /// The sum of live holds into the account (absent before holds: zero).
     #[serde(default)]
     pub pending_credits: i64,
+    /// The room multi-leg transfers prepared here and have not paid in yet
+    /// (`docs/legs.md`; absent: zero).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incoming: i64,
     pub currency: String,
     /// Transfers applied to this account whose markers are not pulled yet. A transfer's
     /// id here is what makes applying it a second time a no-op.
@@ -113,6 +117,15 @@ pub struct TransferDoc {
     /// Why it ended `canceled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<CancelReason>,
+    /// The account that refused a multi-leg transfer's step, with `reason`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_account: Option<String>,
+    /// A multi-leg transfer's legs, as sent (`docs/legs.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legs: Option<Vec<LegDoc>>,
+    /// A multi-leg transfer's parties: each account once, with its net change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parties: Option<Vec<PartyDoc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,6 +148,28 @@ pub struct TransferDoc {
     /// so that the sweeper finishes a reversal whose instance crashed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reversing: bool,
+}
+
+/// A stored leg of a multi-leg transfer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LegDoc {
+    pub source: String,
+    pub destination: String,
+    pub value: i64,
+}
+
+/// A stored party of a multi-leg transfer: an account, its net change over the legs,
+/// and its deployment when it is not the log's.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PartyDoc {
+    pub account: String,
+    pub net: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// A new transfer id, in the form the log stores it (an ObjectId, growing with time, so
@@ -183,6 +218,28 @@ impl From<&Transfer> for TransferDoc {
             created_at: stored_time(t.created_at),
             application: t.owner.clone(),
             reason: t.reason,
+            refused_account: t.refused_account.as_ref().map(|a| a.to_string()),
+            legs: t.legs.as_ref().map(|legs| {
+                legs.legs()
+                    .iter()
+                    .map(|l| LegDoc {
+                        source: l.source.to_string(),
+                        destination: l.destination.to_string(),
+                        value: l.amount.minor_units(),
+                    })
+                    .collect()
+            }),
+            parties: t.legs.as_ref().map(|legs| {
+                legs.parties()
+                    .iter()
+                    .map(|p| PartyDoc {
+                        account: p.account.to_string(),
+                        net: p.net,
+                        deployment: (p.deployment != t.source_deployment)
+                            .then(|| p.deployment.to_string()),
+                    })
+                    .collect()
+            }),
             reference: t.reference.as_ref().map(|r| r.as_str().to_owned()),
             idempotency_key: t.idempotency_key.as_ref().map(stored_key),
             request_hash: t.request_hash.clone(),
@@ -225,7 +282,15 @@ impl Stored for TransferDoc {
             }
             None => here.clone(),
         };
+        let legs = stored_legs(&d, here)?;
         Ok(Transfer {
+            legs,
+            refused_account: d
+                .refused_account
+                .as_deref()
+                .map(AccountId::parse)
+                .transpose()
+                .map_err(|e| bad("refusedAccount", e))?,
             id: transfer_id(d.id),
             source: AccountId::parse(&d.source).map_err(|e| bad("source", e))?,
             destination: AccountId::parse(&d.destination).map_err(|e| bad("destination", e))?,
@@ -260,6 +325,56 @@ impl Stored for TransferDoc {
     }
 }
 
+/// The legs a document stores, placed where its parties say (the log's deployment,
+/// `here`, unless one names another), or `None` for a one-leg transfer. Refused if they
+/// are not legs the service would make, or the parties are not theirs.
+fn stored_legs(d: &TransferDoc, here: &DeploymentName) -> StoreResult<Option<Box<Legs>>> {
+    let bad = |field: &str, why: String| corrupt("transfer", &d.id, field, why);
+    let (Some(legs), Some(parties)) = (&d.legs, &d.parties) else {
+        if d.legs.is_some() || d.parties.is_some() {
+            return Err(bad("legs", "legs and parties go together".into()));
+        }
+        return Ok(None);
+    };
+    let parse = |l: &LegDoc| -> Result<Leg, ParseError> {
+        Ok(Leg {
+            source: AccountId::parse(&l.source)?,
+            destination: AccountId::parse(&l.destination)?,
+            amount: Amount::parse(l.value)?,
+        })
+    };
+    let legs: Vec<Leg> = legs
+        .iter()
+        .map(parse)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad("legs", e.0))?;
+    let legs = Legs::new(legs).map_err(|e| bad("legs", e.to_string()))?;
+    let mut places = Vec::with_capacity(parties.len());
+    for p in parties {
+        let deployment = match &p.deployment {
+            Some(name) => DeploymentName::parse(name).map_err(|e| bad("parties", e.0))?,
+            None => here.clone(),
+        };
+        places.push((p.account.as_str(), p.net, deployment));
+    }
+    let legs = legs.placed(|account| {
+        places
+            .iter()
+            .find(|(a, _, _)| *a == account.as_str())
+            .map_or_else(|| here.clone(), |(_, _, d)| d.clone())
+    });
+    let agree = legs.parties().len() == places.len()
+        && legs
+            .parties()
+            .iter()
+            .zip(&places)
+            .all(|(p, (a, net, _))| p.account.as_str() == *a && p.net == *net);
+    if !agree {
+        return Err(bad("parties", "not the parties of the legs".into()));
+    }
+    Ok(Some(Box::new(legs)))
+}
+
 impl From<&Account> for AccountDoc {
     fn from(a: &Account) -> AccountDoc {
         AccountDoc {
@@ -268,6 +383,7 @@ impl From<&Account> for AccountDoc {
             balance: a.balance,
             pending_debits: a.pending_debits,
             pending_credits: a.pending_credits,
+            incoming: a.incoming,
             currency: a.currency.to_string(),
             pending_transactions: a
                 .pending_transactions
@@ -308,6 +424,7 @@ impl Stored for AccountDoc {
             balance: d.balance,
             pending_debits: d.pending_debits,
             pending_credits: d.pending_credits,
+            incoming: d.incoming,
             currency: Currency::parse(&d.currency).map_err(|e| bad("currency", e))?,
             pending_transactions: d
                 .pending_transactions
@@ -365,6 +482,57 @@ mod tests {
         let stored = TransferDoc::from(&across);
         assert_eq!(stored.destination_deployment.as_deref(), Some("default"));
         assert_eq!(stored.into_domain(&eu).unwrap(), across);
+    }
+
+    /// A multi-leg transfer keeps its legs as sent and its parties, each on its
+    /// deployment (named only where it is not the log's); parties that are not the
+    /// legs' are refused as corrupt.
+    #[test]
+    fn a_multi_leg_transfer_survives_the_trip_and_its_parties_must_be_its_legs() {
+        let leg = |s: &str, d: &str, v: i64| Leg {
+            source: AccountId::parse(s).unwrap(),
+            destination: AccountId::parse(d).unwrap(),
+            amount: Amount::parse(v).unwrap(),
+        };
+        let eu = DeploymentName::parse("eu").unwrap();
+        let legs = Legs::new(vec![
+            leg("buyer", "seller", 1_000),
+            leg("seller", "fee", 30),
+        ])
+        .unwrap()
+        .placed(|a| {
+            if a.as_str() == "fee" {
+                eu.clone()
+            } else {
+                DeploymentName::default()
+            }
+        });
+        let transfer = Transfer {
+            legs: Some(Box::new(legs)),
+            refused_account: Some(AccountId::parse("seller").unwrap()),
+            ..Transfer::initial(
+                new_transfer_id(),
+                AccountId::parse("buyer").unwrap(),
+                AccountId::parse("seller").unwrap(),
+                Amount::parse(1_030).unwrap(),
+                Currency::usd(),
+            )
+        };
+        let stored = TransferDoc::from(&transfer);
+        let parties = stored.parties.clone().unwrap();
+        assert_eq!(parties.len(), 3);
+        assert_eq!((parties[2].account.as_str(), parties[2].net), ("fee", 30));
+        assert_eq!(parties[2].deployment.as_deref(), Some("eu"));
+        assert_eq!(parties[0].deployment, None);
+        let here = DeploymentName::default();
+        assert_eq!(stored.clone().into_domain(&here).unwrap(), transfer);
+
+        let mut wrong = stored.clone();
+        wrong.parties.as_mut().unwrap()[1].net += 1;
+        assert!(wrong.into_domain(&here).is_err());
+        let mut half = stored;
+        half.parties = None;
+        assert!(half.into_domain(&here).is_err());
     }
 
     #[test]

@@ -211,30 +211,58 @@ pub(super) fn changed_with_entry(
     let after = Amounts::stored().after(change);
     let seq = doc! { "$add": [{ "$ifNull": ["$seq", 0_i64] }, 1_i64] };
     let entry = entry_expr(seq, kind.as_str(), tx, change, &after, entry_time());
-    let markers: Bson = match marker {
+    let markers = marked(tx, marker);
+    let moved = moved.unwrap_or(Moved::NOTHING);
+    let recent = doc! { "$concatArrays": [kept(moved.seq, moved.at), ["$_entry"]] };
+    let mut set = doc! {
+        "balance": "$_entry.b",
+        "pendingDebits": { "$ifNull": ["$_entry.pd", 0_i64] },
+        "pendingCredits": { "$ifNull": ["$_entry.pc", 0_i64] },
+        "seq": "$_entry.seq",
+        RECENT: recent,
+        LAST_AT: "$_entry.at",
+        "pendingTransactions": markers,
+        "updatedAt": "$$NOW",
+    };
+    // Only a multi-leg transfer's settle changes the room (`docs/legs.md`).
+    if change.incoming != Bson::Int64(0) {
+        set.insert("incoming", room(&after.incoming));
+    }
+    vec![
+        doc! { "$set": { "_entry": entry } },
+        doc! { "$set": set },
+        doc! { "$unset": "_entry" },
+    ]
+}
+
+/// The update pipeline of a step of `tx` that changes an account's room alone (a
+/// multi-leg transfer's receiving party: its prepare, `by` > 0 with the marker pushed,
+/// or the undo of it, `by` < 0 with the marker pulled): no amount, so no entry.
+pub(super) fn room_changed(tx: ObjectId, by: i64, marker: Marker) -> Vec<Document> {
+    let after = Amounts::stored().incoming;
+    let after: Bson = doc! { "$add": [after, by] }.into();
+    vec![doc! { "$set": {
+        "incoming": room(&after),
+        "pendingTransactions": marked(tx, marker),
+        "updatedAt": "$$NOW",
+    } }]
+}
+
+/// The stored room, `value`, left out where it is zero (most accounts never have any).
+fn room(value: &Bson) -> Bson {
+    doc! { "$cond": [{ "$eq": [value.clone(), 0_i64] }, "$$REMOVE", value.clone()] }.into()
+}
+
+/// The account's markers after a step of `tx` that does `marker` to its own.
+fn marked(tx: ObjectId, marker: Marker) -> Bson {
+    match marker {
         Marker::Push => doc! { "$concatArrays": ["$pendingTransactions", [tx]] }.into(),
         Marker::Pull => doc! { "$filter": {
             "input": "$pendingTransactions", "cond": { "$ne": ["$$this", tx] },
         } }
         .into(),
         Marker::Native => "$pendingTransactions".into(),
-    };
-    let moved = moved.unwrap_or(Moved::NOTHING);
-    let recent = doc! { "$concatArrays": [kept(moved.seq, moved.at), ["$_entry"]] };
-    vec![
-        doc! { "$set": { "_entry": entry } },
-        doc! { "$set": {
-            "balance": "$_entry.b",
-            "pendingDebits": { "$ifNull": ["$_entry.pd", 0_i64] },
-            "pendingCredits": { "$ifNull": ["$_entry.pc", 0_i64] },
-            "seq": "$_entry.seq",
-            RECENT: recent,
-            LAST_AT: "$_entry.at",
-            "pendingTransactions": markers,
-            "updatedAt": "$$NOW",
-        } },
-        doc! { "$unset": "_entry" },
-    ]
+    }
 }
 
 /// An account's entries still in its document but for those up to its entry `seq`, made

@@ -18,6 +18,9 @@ pub(super) struct Amounts {
     pub debits: Bson,
     /// `pendingCredits`: the holds into the account.
     pub credits: Bson,
+    /// `incoming`: the room multi-leg transfers prepared for what they will pay in
+    /// (`docs/legs.md`). No amount of the account, and no entry records it.
+    pub incoming: Bson,
 }
 
 impl Amounts {
@@ -28,6 +31,17 @@ impl Amounts {
             balance: "$balance".into(),
             debits: doc! { "$ifNull": ["$pendingDebits", 0_i64] }.into(),
             credits: doc! { "$ifNull": ["$pendingCredits", 0_i64] }.into(),
+            incoming: doc! { "$ifNull": ["$incoming", 0_i64] }.into(),
+        }
+    }
+
+    /// A change of the three amounts, none of the room.
+    pub fn change(balance: i64, debits: i64, credits: i64) -> Amounts {
+        Amounts {
+            balance: balance.into(),
+            debits: debits.into(),
+            credits: credits.into(),
+            incoming: 0_i64.into(),
         }
     }
 
@@ -38,16 +52,18 @@ impl Amounts {
             balance: add(&self.balance, &change.balance),
             debits: add(&self.debits, &change.debits),
             credits: add(&self.credits, &change.credits),
+            incoming: add(&self.incoming, &change.incoming),
         }
     }
 }
 
 /// The guards of a forward step of transfer `tx` (a debit, a credit, or a hold's
-/// reservation out or in), as an aggregation expression: the step lands only if `tx` is
-/// neither applied here (its marker in `markers`) nor fenced by a cancel, the account
-/// keeps both its invariants after `change` (the available balance, `balance -
-/// pendingDebits`, not below zero; `balance + pendingCredits` not above `MAX_MONEY`, so
-/// that every hold into it can be captured), and the server's clock has not reached
+/// reservation out or in, or a multi-leg transfer's prepare), as an aggregation
+/// expression: the step lands only if `tx` is neither applied here (its marker in
+/// `markers`) nor fenced by a cancel, the account keeps both its invariants after
+/// `change` (the available balance, `balance - pendingDebits`, not below zero; `balance +
+/// pendingCredits + incoming` not above `MAX_MONEY`, so that every hold into it can be
+/// captured and every multi-leg transfer prepared here can pay in), and the server's clock has not reached
 /// `deadline`, the end of the lease of whoever sent it.
 ///
 /// The arguments are expressions: the single-document write passes the account's own
@@ -66,7 +82,7 @@ pub(super) fn forward_step_allowed(
         { "$not": [{ "$in": [tx.clone(), markers.into()] }] },
         { "$not": [{ "$in": [tx, { "$ifNull": ["$fencedTransactions", []] }] }] },
         { "$gte": [{ "$subtract": [after.balance.clone(), after.debits] }, 0_i64] },
-        { "$lte": [{ "$add": [after.balance, after.credits] }, MAX_MONEY] },
+        { "$lte": [{ "$add": [after.balance, after.credits, after.incoming] }, MAX_MONEY] },
         { "$lt": ["$$NOW", deadline.into()] },
     ] }
 }

@@ -51,6 +51,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0009_webhooks",
         include_str!("../../migrations/0009_webhooks.json"),
     ),
+    ("0010_legs", include_str!("../../migrations/0010_legs.json")),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -161,7 +161,11 @@ impl Store {
         let credit = doc! {
             "_id": &t.destination,
             "$expr": { "$lte": [
-                { "$add": ["$balance", { "$ifNull": ["$pendingCredits", 0_i64] }] },
+                { "$add": [
+                    "$balance",
+                    { "$ifNull": ["$pendingCredits", 0_i64] },
+                    { "$ifNull": ["$incoming", 0_i64] },
+                ] },
                 MAX_MONEY - t.value,
             ] },
         };
@@ -292,9 +296,5 @@ impl Store {
 /// A change of the balance alone by `value`, as a native transaction's debit (negative)
 /// or credit makes.
 fn moved(value: i64) -> Amounts {
-    Amounts {
-        balance: value.into(),
-        debits: 0_i64.into(),
-        credits: 0_i64.into(),
-    }
+    Amounts::change(value, 0, 0)
 }

@@ -28,12 +28,13 @@ fn change(account: &str, tx: TransferId, delta: i64) -> AccountChange {
         delta,
         debits: 0,
         credits: 0,
+        incoming: 0,
         deadline: in_a_minute(),
-        kind: if delta < 0 {
+        kind: Some(if delta < 0 {
             EntryKind::Debit
         } else {
             EntryKind::Credit
-        },
+        }),
     }
 }
 
