@@ -378,8 +378,8 @@ pub async fn collect_fences(
             // Fences first, flag second: a crash in between leaves the flag, and the next
             // pass drops the (already gone) fences again.
             let dropped_here = async {
-                for (on, accounts) in service.by_deployment(&transfer)? {
-                    on.drop_fences(accounts, transfer.id).await?;
+                for (on, accounts) in service.accounts_by_deployment(&transfer)? {
+                    on.drop_fences(&accounts, transfer.id).await?;
                 }
                 store.unmark_fenced(transfer.id).await
             };

@@ -2447,6 +2447,7 @@ async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
             source: account("alice"),
             destination: account("bob"),
             amount: amount(100),
+            legs: None,
             reference: None,
             hold: None,
         };

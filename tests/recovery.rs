@@ -502,6 +502,218 @@ hold_crash_test!(
     HoldStep::Expire
 );
 
+/// Crashes an instance at `step` during a multi-leg transfer of three accounts
+/// (`docs/legs.md`): a (500) pays b 300 and b pays c 100, so a is debited 300 and b and
+/// c receive 200 and 100; with `short`, a pays b 900, more than it has, and the transfer
+/// rolls back. Across deployments, a and c live on `us` (which logs the transfer) and b on
+/// `eu`. A second instance must end it all or nothing: every balance as before or every
+/// one moved, no marker and no room left, the ledger one entry per party (or a debit and
+/// its undo), whoever made it.
+async fn crash_legs_and_recover(layout: Layout, step: Point, short: bool, left_in: &str) -> String {
+    let books = Books::new(layout).await;
+    let http = reqwest::Client::new();
+    let mut doomed = books.start_instance("doomed", Some(step)).await;
+    books.open_accounts(&http, &doomed).await;
+    let mut body = json!({ "id": "c", "balance": 0 });
+    if layout == Layout::Across {
+        body["deployment"] = json!("us");
+    }
+    let opened = http
+        .post(format!("{}/accounts", doomed.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 201);
+    let first = if short { 900 } else { 300 };
+    let legs = json!([
+        { "source": "a", "destination": "b", "amount": first },
+        { "source": "b", "destination": "c", "amount": 100 },
+    ]);
+    let answer = http
+        .post(format!("{}/transfers", doomed.base))
+        .json(&json!({ "legs": legs }))
+        .send()
+        .await;
+    assert!(
+        answer.is_err(),
+        "the instance should have crashed at {step}, answered {answer:?}"
+    );
+    let status = doomed.child.wait().unwrap();
+    assert!(!status.success(), "crashed instance exited {status}");
+
+    let store = &books.a;
+    let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
+    assert_eq!(stuck.len(), 1, "one transfer recorded, where a lives");
+    assert_eq!(
+        stuck[0].state.to_string(),
+        left_in,
+        "the crash at {step} left it there"
+    );
+    let id = stuck[0].id;
+
+    let started = Instant::now();
+    let rescuer = books.start_instance("rescuer", None).await;
+    let limit =
+        Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
+    let left = limit.saturating_sub(started.elapsed());
+    let transfer = support::poll_until(left, Duration::from_millis(50), async || {
+        let t = store.transfer(id).await.unwrap().unwrap();
+        if t.state.is_terminal() { Ok(t) } else { Err(t) }
+    })
+    .await
+    .unwrap_or_else(|t| panic!("not recovered within {limit:?}: {:?}", t.state));
+    let owner = transfer.owner.as_deref().unwrap_or_default();
+    assert!(owner.starts_with("rescuer/"), "{owner}");
+
+    let read = async |store: &Store, id: &str| {
+        store
+            .account(&support::values::account(id))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let accounts = [
+        read(&books.a, "a").await,
+        read(&books.b, "b").await,
+        read(&books.a, "c").await,
+    ];
+    for account in &accounts {
+        assert!(
+            account.pending_transactions.is_empty() && account.incoming == 0,
+            "left on {} after {step}: {account:?}",
+            account.id
+        );
+    }
+    let balances: Vec<i64> = accounts.iter().map(|a| a.balance).collect();
+    let done = transfer.state == transfer_service::domain::TransferState::Done;
+    let expected = match (done, short) {
+        (true, false) => vec![200, 200, 100],
+        (true, true) => panic!("a transfer a cannot fund ended done after {step}"),
+        (false, _) => vec![500, 0, 0],
+    };
+    assert_eq!(balances, expected, "all or nothing after a crash at {step}");
+
+    let ledger = books.ledger().await;
+    let found = ledger::check_ledger(&ledger, std::slice::from_ref(&transfer), 500);
+    assert!(
+        found.violations.is_empty(),
+        "the ledger after a crash at {step} and its recovery: {:#?}\n{}",
+        found.violations,
+        ledger.describe()
+    );
+    for account in ["a", "b", "c"] {
+        let answered = ledger::read_via_api(&http, &rescuer.base, account, 1)
+            .await
+            .unwrap();
+        assert!(
+            answered.paging.violations.is_empty(),
+            "{:?}",
+            answered.paging
+        );
+        let same = ledger::check_same_entries(&ledger, account, &answered.entries);
+        assert!(same.violations.is_empty(), "{:?}", same.violations);
+    }
+    transfer.state.to_string()
+}
+
+macro_rules! legs_crash_test {
+    ($name:ident, $step:expr, $short:expr, $left_in:literal, $expected:literal) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn within_one_deployment() {
+                let layout = Layout::OneDeployment;
+                let ended = crash_legs_and_recover(layout, $step, $short, $left_in).await;
+                assert_eq!(ended, $expected);
+            }
+
+            #[tokio::test]
+            async fn across_deployments() {
+                let layout = Layout::Across;
+                let ended = crash_legs_and_recover(layout, $step, $short, $left_in).await;
+                assert_eq!(ended, $expected);
+            }
+        }
+    };
+}
+
+// Before the commit point a recoverer carries the transfer through; a crash in the
+// middle of the prepares (some sent, some not) included.
+legs_crash_test!(
+    legs_crashed_after_insert_end_done,
+    Point::AfterInsert,
+    false,
+    "initial",
+    "done"
+);
+legs_crash_test!(
+    legs_crashed_after_pending_end_done,
+    Point::AfterPending,
+    false,
+    "pending",
+    "done"
+);
+legs_crash_test!(
+    legs_crashed_amid_the_prepares_end_done,
+    Point::BeforeCredit,
+    false,
+    "pending",
+    "done"
+);
+legs_crash_test!(
+    legs_crashed_after_every_prepare_end_done,
+    Point::AfterDebit,
+    false,
+    "pending",
+    "done"
+);
+// After it, the settles are finished; a crash in the middle of them included.
+legs_crash_test!(
+    legs_crashed_after_the_commit_end_done,
+    Point::AfterApplied,
+    false,
+    "applied",
+    "done"
+);
+legs_crash_test!(
+    legs_crashed_amid_the_settles_end_done,
+    Point::BeforeCapture,
+    false,
+    "applied",
+    "done"
+);
+legs_crash_test!(
+    legs_crashed_after_the_settles_end_done,
+    Point::AfterPull,
+    false,
+    "applied",
+    "done"
+);
+// A party short of funds: the rollback is finished, a crash in its middle included.
+legs_crash_test!(
+    legs_crashed_after_canceling_end_canceled,
+    Point::AfterCanceling,
+    true,
+    "canceling",
+    "canceled"
+);
+legs_crash_test!(
+    legs_crashed_amid_the_undos_end_canceled,
+    Point::BeforeUndo,
+    true,
+    "canceling",
+    "canceled"
+);
+legs_crash_test!(
+    legs_crashed_after_the_undos_end_canceled,
+    Point::AfterUndoSource,
+    true,
+    "canceling",
+    "canceled"
+);
+
 /// A crash point that does not exist (misspelt, or a name a point no longer has) would
 /// never fire, and the crash test around it would fail far from the cause: the instance
 /// stops at start instead, naming the points there are. No database: it stops before

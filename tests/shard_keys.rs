@@ -128,6 +128,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         source: values::account(source),
         destination: values::account(destination),
         amount: Amount::parse(amount).unwrap(),
+        legs: None,
         reference: None,
         hold: hold.then_some(Duration::from_secs(60)),
     };
@@ -199,9 +200,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     us.fence(&values::account("b"), id, FenceWhen::Always, deadline)
         .await
         .unwrap();
-    us.drop_fences([&values::account("b"), &values::account("b")], id)
-        .await
-        .unwrap();
+    us.drop_fences(&[&values::account("b")], id).await.unwrap();
     // The ledger: reads of a statement and of a balance as of a moment, and the moves
     // of entries out of the account documents (by each store's mover, in the background).
     for id in ["a", "b"] {

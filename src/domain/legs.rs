@@ -144,7 +144,7 @@ impl Legs {
     }
 
     /// The legs that undo these: each one the other way round, its parties where they
-    /// are (a reversal's).
+    /// are (a reversal's), in the order they first appear in the new legs.
     pub fn reversed(&self) -> Legs {
         let legs = self
             .legs
@@ -155,19 +155,13 @@ impl Legs {
                 amount: l.amount,
             })
             .collect();
-        let parties = self
-            .parties
-            .iter()
-            .map(|p| Party {
-                net: -p.net,
-                ..p.clone()
-            })
-            .collect();
-        Legs {
-            legs,
-            parties,
-            total: self.total,
-        }
+        let reversed = Legs::new(legs)
+            .unwrap_or_else(|e| panic!("bug: legs reversed are no longer legs: {e}"));
+        reversed.placed(|account| {
+            self.party(account)
+                .map(|p| p.deployment.clone())
+                .unwrap_or_default()
+        })
     }
 }
 
@@ -275,7 +269,9 @@ mod tests {
     fn the_reversal_swaps_every_leg_and_every_net() {
         let legs = Legs::new(vec![leg("a", "b", 100), leg("a", "c", 50)]).unwrap();
         let back = legs.reversed();
-        assert_eq!(nets(&back), vec![("a", 150), ("b", -100), ("c", -50)]);
+        assert_eq!(nets(&back), vec![("b", -100), ("a", 150), ("c", -50)]);
+        // As if sent so: its parties are those the service would make of its legs.
+        assert_eq!(Legs::new(back.legs().to_vec()).unwrap(), back);
         assert_eq!(back.legs()[1], leg("c", "a", 50));
         assert_eq!(back.total(), legs.total());
     }

@@ -249,9 +249,11 @@ fn sample(code: &str) -> Option<ApiError> {
         "insufficient_funds" => ApiError::InsufficientFunds {
             detail: "account alice cannot fund 5000; the transfer was recorded and canceled".into(),
             transfer_id: Some(TRANSFER_ID.into()),
+            account: "alice".into(),
         },
         "balance_overflow" => ApiError::BalanceOverflow {
             transfer_id: TRANSFER_ID.into(),
+            account: "bob".into(),
         },
         "database_unavailable" => ApiError::DatabaseUnavailable,
         "overloaded" => ApiError::Overloaded,

@@ -47,6 +47,10 @@ pub struct Problem {
     /// insufficient funds is recorded and ends `canceled`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transfer_id: Option<String>,
+    /// The account at fault, for `insufficient_funds`, `balance_overflow` and (when
+    /// known) `unknown_account`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 /// Every error answer the API gives.
@@ -92,10 +96,11 @@ pub enum ApiError {
     InvalidHeader { header: String, detail: String },
     /// 422: an account names a deployment that is not configured.
     UnknownDeployment(String),
-    /// 422: a transfer names an account that does not exist.
+    /// 422: a transfer names an account that does not exist (`account`, when known).
     UnknownAccount {
         detail: String,
         transfer_id: Option<String>,
+        account: Option<String>,
     },
     /// 422: source equals destination.
     SameAccount,
@@ -107,9 +112,13 @@ pub enum ApiError {
     InsufficientFunds {
         detail: String,
         transfer_id: Option<String>,
+        account: String,
     },
-    /// 422: the credit would take the destination past the largest balance.
-    BalanceOverflow { transfer_id: String },
+    /// 422: the credit would take `account` past the largest balance.
+    BalanceOverflow {
+        transfer_id: String,
+        account: String,
+    },
     /// 503: the database does not answer; retry later.
     DatabaseUnavailable,
     /// 503: these deployments do not answer (`/ready`).
@@ -244,8 +253,8 @@ impl ApiError {
             IdempotencyKeyReused => {
                 "this Idempotency-Key was already used with a different request body".into()
             }
-            BalanceOverflow { .. } => {
-                "the credit would take the destination balance past 9007199254740991".into()
+            BalanceOverflow { account, .. } => {
+                format!("the credit would take account {account} past a balance of 9007199254740991")
             }
             DatabaseUnavailable => "the database is unavailable; retry later".into(),
             DeploymentsUnavailable(names) => format!(
@@ -286,10 +295,16 @@ impl ApiError {
         };
         let transfer_id = match self {
             ApiError::TransferCanceled { transfer_id, .. }
-            | ApiError::BalanceOverflow { transfer_id } => Some(transfer_id.clone()),
+            | ApiError::BalanceOverflow { transfer_id, .. } => Some(transfer_id.clone()),
             ApiError::UnknownAccount { transfer_id, .. }
             | ApiError::InsufficientFunds { transfer_id, .. } => transfer_id.clone(),
             ApiError::Hold { transfer_id, .. } => Some(transfer_id.clone()),
+            _ => None,
+        };
+        let account = match self {
+            ApiError::InsufficientFunds { account, .. }
+            | ApiError::BalanceOverflow { account, .. } => Some(account.clone()),
+            ApiError::UnknownAccount { account, .. } => account.clone(),
             _ => None,
         };
         Problem {
@@ -300,6 +315,7 @@ impl ApiError {
             code: code.to_owned(),
             field,
             transfer_id,
+            account,
         }
     }
 }
@@ -310,6 +326,31 @@ pub fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Res
         field: name.to_owned(),
         detail: format!("{name} {e}"),
     })
+}
+
+/// Which account of a one-leg transfer refused it: the source for funds, the
+/// destination for overflow.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Source,
+    Destination,
+}
+
+impl Canceled<'_> {
+    /// The account that refused: the one a multi-leg transfer recorded, else a one-leg
+    /// transfer's account on `side`; a reversal names its own.
+    fn refused_account(self, side: Side) -> String {
+        match self {
+            Canceled::Transfer(t) => {
+                let one_leg = match side {
+                    Side::Source => &t.source,
+                    Side::Destination => &t.destination,
+                };
+                t.refused_account.as_ref().unwrap_or(one_leg).to_string()
+            }
+            Canceled::Reversal { account, .. } => account.to_string(),
+        }
+    }
 }
 
 /// A transfer that ended `canceled`, as an answer reports it: which one decides how the
@@ -340,6 +381,10 @@ impl ApiError {
         match reason {
             Some(CancelReason::InsufficientFunds) => ApiError::InsufficientFunds {
                 detail: match canceled {
+                    Canceled::Transfer(transfer) if transfer.legs.is_some() => format!(
+                        "account {} cannot fund its share of the legs; the transfer was recorded and canceled",
+                        canceled.refused_account(Side::Source),
+                    ),
                     Canceled::Transfer(transfer) => format!(
                         "account {} cannot fund {}; the transfer was recorded and canceled",
                         transfer.source,
@@ -349,12 +394,18 @@ impl ApiError {
                         "account {account} cannot fund the compensating transfer; nothing was changed"
                     ),
                 },
+                account: canceled.refused_account(Side::Source),
                 transfer_id,
             },
             Some(CancelReason::BalanceOverflow) => ApiError::BalanceOverflow {
                 transfer_id: transfer_id.unwrap_or_default(),
+                account: canceled.refused_account(Side::Destination),
             },
             Some(CancelReason::AccountNotFound) => ApiError::UnknownAccount {
+                account: match canceled {
+                    Canceled::Transfer(t) => t.refused_account.as_ref().map(|a| a.to_string()),
+                    Canceled::Reversal { account, .. } => Some(account.to_string()),
+                },
                 detail: match canceled {
                     Canceled::Transfer(_) => {
                         "an account of this transfer no longer exists; the transfer was canceled"
@@ -425,6 +476,7 @@ impl ApiError {
             ServiceError::AccountNotFound(id) => ApiError::UnknownAccount {
                 detail: format!("there is no account {id}"),
                 transfer_id: None,
+                account: Some(id),
             },
             other => other.into(),
         }
@@ -514,37 +566,37 @@ mod tests {
                 CancelReason::InsufficientFunds,
                 Some(ID),
                 422,
-                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b","account":"bob"}"#,
             ),
             (
                 CancelReason::InsufficientFunds,
                 None,
                 422,
-                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds"}"#,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account bob cannot fund the compensating transfer; nothing was changed","code":"insufficient_funds","account":"bob"}"#,
             ),
             (
                 CancelReason::BalanceOverflow,
                 Some(ID),
                 422,
-                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take account bob past a balance of 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b","account":"bob"}"#,
             ),
             (
                 CancelReason::BalanceOverflow,
                 None,
                 422,
-                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":""}"#,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take account bob past a balance of 9007199254740991","code":"balance_overflow","transferId":"","account":"bob"}"#,
             ),
             (
                 CancelReason::AccountNotFound,
                 Some(ID),
                 422,
-                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account","transferId":"65a1b2c3d4e5f60718293a4b","account":"bob"}"#,
             ),
             (
                 CancelReason::AccountNotFound,
                 None,
                 422,
-                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account"}"#,
+                r#"{"type":"urn:transfer-service:problem:unknown_account","title":"Unknown account","status":422,"detail":"account bob no longer exists; the compensating transfer was canceled and nothing was changed","code":"unknown_account","account":"bob"}"#,
             ),
         ];
         for (reason, attempt, status, body) in cases {

@@ -24,8 +24,8 @@ use super::responses::{
     TransferUnavailable, Unavailable, UnavailableOrOverloaded, UnsupportedMediaType, VoidRefused,
 };
 use crate::domain::{
-    AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, KeyScope, Reference,
-    ScopedKey, Transfer, TransferFilter, TransferId, TransferState,
+    AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, KeyScope, Leg, Legs,
+    LegsError, Reference, ScopedKey, Transfer, TransferFilter, TransferId, TransferState,
 };
 use crate::service::{Completion, NewTransfer, TransferOutcome};
 
@@ -33,7 +33,29 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
 
-/// A request to move money.
+/// A request to move money: one leg (`source`, `destination`, `amount`), or several
+/// that move together or not at all (`legs`).
+#[derive(Debug, ToSchema)]
+#[serde(untagged)]
+pub enum TransferRequest {
+    OneLeg(CreateTransferRequest),
+    MultiLeg(CreateMultiLegTransferRequest),
+}
+
+/// The body of `POST /transfers` as it is read: either form of [`TransferRequest`],
+/// told apart and checked by [`new_transfer`].
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TransferRequestBody {
+    source: Option<String>,
+    destination: Option<String>,
+    amount: Option<i64>,
+    legs: Option<Vec<TransferLeg>>,
+    reference: Option<String>,
+    hold: Option<HoldRequest>,
+}
+
+/// A request to move money from one account to another.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(example = json!({"source": "alice", "destination": "bob", "amount": 2500, "reference": "invoice 42"}))]
@@ -59,6 +81,44 @@ pub struct CreateTransferRequest {
     /// (`POST /transfers/{id}/void`) or expires. Neither balance changes until a capture.
     #[schema(nullable = false)]
     pub hold: Option<HoldRequest>,
+}
+
+/// A request to move money along several legs, all or nothing: each account changes
+/// once, by its net amount over the legs (`docs/legs.md`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"legs": [
+    {"source": "buyer", "destination": "seller", "amount": 10000},
+    {"source": "seller", "destination": "platform", "amount": 300},
+    {"source": "seller", "destination": "tax", "amount": 1900}
+], "reference": "order 7"}))]
+pub struct CreateMultiLegTransferRequest {
+    /// 2 to 16 legs between accounts of one currency.
+    #[schema(min_items = 2, max_items = 16)]
+    pub legs: Vec<TransferLeg>,
+    /// Your own label, 1 to 140 characters, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 140,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$"
+    )]
+    pub reference: Option<String>,
+}
+
+/// One leg of a multi-leg transfer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"source": "seller", "destination": "platform", "amount": 300}))]
+pub struct TransferLeg {
+    /// The account the leg pays from.
+    #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
+    pub source: String,
+    /// The account the leg pays to; not the leg's `source`.
+    #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
+    pub destination: String,
+    /// Minor units, 1 to 9007199254740991.
+    #[schema(minimum = 1, maximum = 9007199254740991_i64)]
+    pub amount: i64,
 }
 
 /// How long a hold lasts.
@@ -119,12 +179,21 @@ pub enum CancelReasonSchema {
 pub struct TransferResponse {
     /// 24 hexadecimal digits.
     pub id: String,
-    /// The account debited.
-    pub source: String,
-    /// The account credited.
-    pub destination: String,
+    /// The account debited; absent on a multi-leg transfer (see `legs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub source: Option<String>,
+    /// The account credited; absent on a multi-leg transfer (see `legs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub destination: Option<String>,
+    /// On a multi-leg transfer: its legs, as sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub legs: Option<Vec<TransferLeg>>,
     /// Minor units, 1 to 9007199254740991: what moves (for a hold, the held amount until
-    /// a capture, then the captured amount).
+    /// a capture, then the captured amount; for a multi-leg transfer, the sum of its
+    /// legs).
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: i64,
     /// ISO-4217 code, the currency of both accounts.
@@ -188,10 +257,22 @@ impl From<Page<TransferResponse>> for TransferPage {
 
 impl From<Transfer> for TransferResponse {
     fn from(t: Transfer) -> Self {
+        let legs = t.legs.as_ref().map(|legs| {
+            legs.legs()
+                .iter()
+                .map(|l| TransferLeg {
+                    source: l.source.to_string(),
+                    destination: l.destination.to_string(),
+                    amount: l.amount.minor_units(),
+                })
+                .collect()
+        });
+        let one_leg = legs.is_none();
         TransferResponse {
             id: t.id.to_string(),
-            source: t.source.to_string(),
-            destination: t.destination.to_string(),
+            source: one_leg.then(|| t.source.to_string()),
+            destination: one_leg.then(|| t.destination.to_string()),
+            legs,
             amount: t.amount.minor_units(),
             currency: t.currency.to_string(),
             state: t.state,
@@ -311,7 +392,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
 /// Move money from one account to another.
 #[utoipa::path(
     post, path = "/transfers", tag = "transfers",
-    request_body = CreateTransferRequest,
+    request_body = TransferRequest,
     params(
         ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", example = "order-42",
             description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money; the same key with another body is 422 `idempotency_key_reused`. With API keys, a key belongs to the API key that sent it: the same key from another API key is another request, so retry with the same API key."),
@@ -339,22 +420,9 @@ pub async fn create_transfer(
     // Put there by `auth::require_api_key`: whose keys this request's key is among.
     Extension(scope): Extension<KeyScope>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<CreateTransferRequest>,
+    ApiJson(body): ApiJson<TransferRequestBody>,
 ) -> Result<Response, ApiError> {
-    let new = NewTransfer {
-        source: field("source", AccountId::parse(&body.source))?,
-        destination: field("destination", AccountId::parse(&body.destination))?,
-        amount: field("amount", Amount::parse(body.amount))?,
-        reference: body
-            .reference
-            .as_deref()
-            .map(|raw| field("reference", Reference::parse(raw)))
-            .transpose()?,
-        hold: body
-            .hold
-            .map(|hold| hold_expiry(&hold, state.service.default_hold_expiry()))
-            .transpose()?,
-    };
+    let new = new_transfer(body, state.service.default_hold_expiry())?;
     let key = idempotency_key(&headers)?.map(|key| ScopedKey { scope, key });
     let background = wants_async(&headers);
     let completion = if background {
@@ -375,6 +443,76 @@ pub async fn create_transfer(
         );
     }
     Ok(response)
+}
+
+/// The transfer a body asks for, in either form; a body that mixes them, or lacks what
+/// its form needs, names the field.
+fn new_transfer(
+    body: TransferRequestBody,
+    default_hold_expiry: std::time::Duration,
+) -> Result<NewTransfer, ApiError> {
+    let reference = body
+        .reference
+        .as_deref()
+        .map(|raw| field("reference", Reference::parse(raw)))
+        .transpose()?;
+    let Some(legs) = body.legs else {
+        let required = |name: &str| ApiError::InvalidField {
+            field: name.to_owned(),
+            detail: format!("{name}: missing field `{name}`"),
+        };
+        let source = body.source.ok_or_else(|| required("source"))?;
+        let destination = body.destination.ok_or_else(|| required("destination"))?;
+        let amount = body.amount.ok_or_else(|| required("amount"))?;
+        return Ok(NewTransfer {
+            source: field("source", AccountId::parse(&source))?,
+            destination: field("destination", AccountId::parse(&destination))?,
+            amount: field("amount", Amount::parse(amount))?,
+            legs: None,
+            reference,
+            hold: body
+                .hold
+                .map(|hold| hold_expiry(&hold, default_hold_expiry))
+                .transpose()?,
+        });
+    };
+    let mixed = [
+        ("source", body.source.is_some()),
+        ("destination", body.destination.is_some()),
+        ("amount", body.amount.is_some()),
+        ("hold", body.hold.is_some()),
+    ];
+    if let Some((name, _)) = mixed.iter().find(|(_, sent)| *sent) {
+        let why = if *name == "hold" {
+            "a multi-leg transfer cannot be a hold (docs/legs.md)".to_owned()
+        } else {
+            "send either `legs` or `source`, `destination` and `amount`, not both".to_owned()
+        };
+        return Err(ApiError::InvalidField {
+            field: (*name).to_owned(),
+            detail: format!("{name}: {why}"),
+        });
+    }
+    let legs = legs
+        .iter()
+        .enumerate()
+        .map(|(i, leg)| {
+            let at = |name: &str| format!("legs[{i}].{name}");
+            Ok(Leg {
+                source: field(&at("source"), AccountId::parse(&leg.source))?,
+                destination: field(&at("destination"), AccountId::parse(&leg.destination))?,
+                amount: field(&at("amount"), Amount::parse(leg.amount))?,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let legs = Legs::new(legs).map_err(|e| match e {
+        LegsError::SameAccount(_) => ApiError::SameAccount,
+        other => ApiError::InvalidField {
+            field: "legs".into(),
+            detail: format!("legs {other}"),
+        },
+    })?;
+    Ok(NewTransfer::with_legs(legs, reference))
 }
 
 /// Read a transfer.
@@ -592,12 +730,12 @@ mod tests {
             (
                 Some(CancelReason::InsufficientFunds),
                 422,
-                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account alice cannot fund 5000; the transfer was recorded and canceled","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+                r#"{"type":"urn:transfer-service:problem:insufficient_funds","title":"Insufficient funds","status":422,"detail":"account alice cannot fund 5000; the transfer was recorded and canceled","code":"insufficient_funds","transferId":"65a1b2c3d4e5f60718293a4b","account":"alice"}"#,
             ),
             (
                 Some(CancelReason::BalanceOverflow),
                 422,
-                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take the destination balance past 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b"}"#,
+                r#"{"type":"urn:transfer-service:problem:balance_overflow","title":"Balance overflow","status":422,"detail":"the credit would take account bob past a balance of 9007199254740991","code":"balance_overflow","transferId":"65a1b2c3d4e5f60718293a4b","account":"bob"}"#,
             ),
             (
                 Some(CancelReason::AccountNotFound),

@@ -14,7 +14,9 @@
 //! released and the client is told, with nothing changed.
 
 use super::{HoldConflict, ServiceError, ServiceResult, TransferService};
-use crate::domain::{CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState};
+use crate::domain::{
+    AccountId, CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState,
+};
 use crate::store::accounts::{Fence, FenceWhen, Side};
 use crate::store::transfers::{Fenced, Mover, StepFields};
 use crate::store::{Store, StoreError, StoreResult};
@@ -161,6 +163,11 @@ impl TransferService {
         };
         // By the log's clock; each account's deployment checks it by its own.
         let deadline = self.lease_deadline_from(since);
+        if transfer.legs.is_some() {
+            return self
+                .take_over_legs_fenced(log, transfer, reason, deadline)
+                .await;
+        }
         let Some((plan, destination_fence)) =
             self.plan_takeover(log, &transfer, reason, deadline).await?
         else {
@@ -224,6 +231,56 @@ impl TransferService {
             }
             _ => return Ok(None),
         }))
+    }
+
+    /// [`TransferService::take_over_fenced`] for a multi-leg transfer (`docs/legs.md`):
+    /// its commit point is its own state change, not an account's, so every party is
+    /// fenced unconditionally and the state decides. A `pending` one is rolled back by
+    /// `pending -> canceling`, which loses only to the owner's commit (both guarded by
+    /// `pending`); an `applied` one is settled, then reversed.
+    async fn take_over_legs_fenced(
+        &self,
+        log: &Store,
+        transfer: Transfer,
+        reason: CancelReason,
+        deadline: Timestamp,
+    ) -> ServiceResult<Transfer> {
+        let plan = match transfer.state {
+            TransferState::Pending => {
+                let fields = StepFields {
+                    reason: Some(reason),
+                    ..StepFields::default()
+                };
+                Takeover::Force(TransferEvent::BeginRollback, fields)
+            }
+            TransferState::Applied | TransferState::Canceling => Takeover::Claim,
+            _ => return Ok(self.reload(&transfer).await?),
+        };
+        let Some(legs) = transfer.legs.as_deref() else {
+            return Ok(self.reload(&transfer).await?);
+        };
+        let fences = futures::future::join_all(legs.parties().iter().map(|p| async move {
+            let store = self.deployments.of(&p.deployment)?;
+            let deadline = log
+                .deadline_on(deadline, store, self.clock_allowance())
+                .await?;
+            store
+                .fence(&p.account, transfer.id, FenceWhen::Always, deadline)
+                .await
+        }))
+        .await
+        .into_iter()
+        .collect::<StoreResult<Vec<Fence>>>()?;
+        if fences.contains(&Fence::TooLate) {
+            return Ok(self.reload(&transfer).await?);
+        }
+        let fenced = Fenced::all(fences).unwrap_or_else(|| {
+            panic!(
+                "bug: transfer {}: an unconditional fence neither placed nor refused",
+                transfer.id
+            )
+        });
+        self.execute_takeover(log, transfer, plan, fenced).await
     }
 
     /// Fences both accounts, each unconditionally, but the destination if `destination`
@@ -331,9 +388,9 @@ impl TransferService {
             owner: self.owner(),
             fenced,
         };
-        let moved = self
-            .log_store(transfer)?
-            .change_state(transfer.id, from, to, by, fields);
+        let moved =
+            self.log_store(transfer)?
+                .change_state(transfer.id, from, to, by, fields.clone());
         if moved.await?.is_some() {
             let reason = fields.reason;
             tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, reason = ?reason, "transfer state changed");
@@ -351,15 +408,10 @@ impl TransferService {
             if original.reversed_by.is_some() {
                 return self.finish_reversal(original).await;
             }
-            let funds = self
-                .store_of(&original, Side::Destination)?
-                .account(&original.destination)
-                .await?
-                .map_or(0, |a| a.available_balance());
-            if funds < original.amount.minor_units() {
+            if let Some(short) = self.short_of_funds_to_reverse(&original).await? {
                 return Err(ServiceError::ReversalRefused {
                     reason: CancelReason::InsufficientFunds,
-                    account: original.destination.clone(),
+                    account: short,
                     attempt: None,
                 });
             }
@@ -374,6 +426,42 @@ impl TransferService {
                 original = self.find_transfer(original.id).await?;
             }
         }
+    }
+
+    /// The account that cannot give back what `original` paid into it, as it stands
+    /// now: the destination of a one-leg transfer, or a receiving party of a multi-leg
+    /// one. A check before the claim, so that a reversal that would surely be refused
+    /// is not even recorded; the compensation's own guards decide.
+    async fn short_of_funds_to_reverse(
+        &self,
+        original: &Transfer,
+    ) -> StoreResult<Option<AccountId>> {
+        let owed: Vec<(&AccountId, &crate::domain::DeploymentName, i64)> =
+            match original.legs.as_deref() {
+                None => vec![(
+                    &original.destination,
+                    &original.destination_deployment,
+                    original.amount.minor_units(),
+                )],
+                Some(legs) => legs
+                    .parties()
+                    .iter()
+                    .filter(|p| p.net > 0)
+                    .map(|p| (&p.account, &p.deployment, p.net))
+                    .collect(),
+            };
+        for (account, deployment, amount) in owed {
+            let funds = self
+                .deployments
+                .of(deployment)?
+                .account(account)
+                .await?
+                .map_or(0, |a| a.available_balance());
+            if funds < amount {
+                return Ok(Some(account.clone()));
+            }
+        }
+        Ok(None)
     }
 
     /// Drives the claimed reversal of `original` to its end: records the compensating
@@ -406,9 +494,10 @@ impl TransferService {
                     .release_reversal(original.id, reversal_id)
                     .await?;
                 let reason = reversal.reason.unwrap_or(CancelReason::InsufficientFunds);
-                let account = match reason {
-                    CancelReason::InsufficientFunds => &original.destination,
-                    _ => &original.source,
+                let account = match (&reversal.refused_account, reason) {
+                    (Some(refused), _) => refused,
+                    (None, CancelReason::InsufficientFunds) => &original.destination,
+                    (None, _) => &original.source,
                 };
                 Err(ServiceError::ReversalRefused {
                     reason,
@@ -434,10 +523,14 @@ impl TransferService {
         if let Some(existing) = log.transfer(reversal_id).await? {
             return Ok(existing);
         }
+        // A multi-leg transfer is reversed by one multi-leg transfer, every leg the other
+        // way round: logged where its first leg's source, the original's first
+        // destination, lives, as for one leg.
         let reversal = Transfer {
             reverses: Some(original.id),
             source_deployment: original.destination_deployment.clone(),
             destination_deployment: original.source_deployment.clone(),
+            legs: original.legs.as_deref().map(|l| Box::new(l.reversed())),
             ..Transfer::initial(
                 reversal_id,
                 original.destination.clone(),

@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use super::idempotency::{REPLAY_WAIT, Taken, read_majority};
+use super::placement::Route;
 use super::{AdmissionPermit, ServiceResult, TransferService};
 use crate::domain::{
-    AccountId, Amount, Hold, Reference, ScopedKey, Strategy, Transfer, TransferState,
+    AccountId, Amount, Hold, Legs, Reference, ScopedKey, Strategy, Transfer, TransferState,
 };
 use crate::error_chain::Chain;
 use crate::store::native::AtomicOutcome;
@@ -19,10 +20,28 @@ pub struct NewTransfer {
     pub source: AccountId,
     pub destination: AccountId,
     pub amount: Amount,
+    /// A multi-leg transfer's legs (`docs/legs.md`): then `source` and `destination` are
+    /// its first leg's and `amount` the sum of its legs ([`NewTransfer::with_legs`]).
+    pub legs: Option<Legs>,
     pub reference: Option<Reference>,
     /// A hold instead of a transfer: reserve `amount` now, until this long from now,
     /// for a capture or a void (`docs/holds.md`).
     pub hold: Option<Duration>,
+}
+
+impl NewTransfer {
+    /// A multi-leg transfer of `legs`.
+    pub fn with_legs(legs: Legs, reference: Option<Reference>) -> NewTransfer {
+        let first = &legs.legs()[0];
+        NewTransfer {
+            source: first.source.clone(),
+            destination: first.destination.clone(),
+            amount: legs.total(),
+            legs: Some(legs),
+            reference,
+            hold: None,
+        }
+    }
 }
 
 /// Whether the caller waits for the protocol to finish.
@@ -108,7 +127,7 @@ impl TransferService {
         completion: Completion,
     ) -> ServiceResult<TransferOutcome> {
         let fingerprint = new.fingerprint();
-        let route = self.check_accounts(&new).await?;
+        let (route, legs) = self.route(&new).await?;
         let log = self.deployments.of(&route.source)?;
         let id = match &key {
             None => crate::store::new_transfer_id(),
@@ -117,16 +136,21 @@ impl TransferService {
                 Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
             },
         };
-        // The destination's deployment must answer too: refused at once, before the
-        // transfer is recorded, while it is known not to (the transfer would only wait
-        // for it). A key taken meanwhile is completed by the request's retry.
+        // The destination's deployment must answer too (every party's, for legs):
+        // refused at once, before the transfer is recorded, while it is known not to
+        // (the transfer would only wait for it). A key taken meanwhile is completed by
+        // the request's retry.
         self.deployments.of(&route.destination)?;
+        for party in legs.iter().flat_map(|l| l.parties()) {
+            self.deployments.of(&party.deployment)?;
+        }
         let hold = match new.hold {
             Some(expires_in) => Some(hold_expiring(log, new.amount, expires_in).await?),
             None => None,
         };
         let transfer = Transfer {
             hold,
+            legs,
             reference: new.reference,
             request_hash: key.as_ref().map(|_| fingerprint.clone()),
             idempotency_key: key.clone(),
@@ -135,9 +159,11 @@ impl TransferService {
             ..Transfer::initial(id, new.source, new.destination, new.amount, route.currency)
         };
         // A hold outlives any multi-document transaction, and no transaction spans two
-        // deployments: those are always two-phase.
+        // deployments: those are always two-phase, and so are multi-leg transfers (their
+        // protocol is the point of them, `docs/legs.md`).
         if self.strategy == Strategy::Native
             && transfer.hold.is_none()
+            && transfer.legs.is_none()
             && route.source == route.destination
         {
             return self.transfer_natively(log, transfer, &fingerprint).await;
@@ -157,6 +183,18 @@ impl TransferService {
         Ok(TransferOutcome {
             transfer,
             replayed: false,
+        })
+    }
+
+    /// Where `new` goes, checked against its stored accounts; and for a multi-leg
+    /// transfer, its legs with every party placed.
+    async fn route(&self, new: &NewTransfer) -> ServiceResult<(Route, Option<Box<Legs>>)> {
+        Ok(match &new.legs {
+            None => (self.check_accounts(new).await?, None),
+            Some(legs) => {
+                let (route, legs) = self.check_legs(legs).await?;
+                (route, Some(Box::new(legs)))
+            }
         })
     }
 

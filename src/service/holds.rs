@@ -287,7 +287,7 @@ impl TransferService {
         };
         let moved = self
             .log_store(transfer)?
-            .change_state(transfer.id, TransferState::Held, to, by, fields)
+            .change_state(transfer.id, TransferState::Held, to, by, fields.clone())
             .await?;
         if moved.is_some() {
             tracing::info!(transfer_id = %transfer.id, from = %TransferState::Held, to = %to, reason = ?fields.reason, captured = ?fields.captured.map(Amount::minor_units), "hold resolved");

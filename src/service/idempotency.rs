@@ -78,6 +78,16 @@ impl NewTransfer {
             hash.update(b"hold");
             hash.update(expires_in.as_millis().to_be_bytes());
         }
+        // Every leg: the first leg and the sum alone are not the request.
+        for leg in self.legs.iter().flat_map(|l| l.legs()) {
+            hash.update([0]);
+            hash.update(b"leg");
+            hash.update(leg.source.as_str());
+            hash.update([0]);
+            hash.update(leg.destination.as_str());
+            hash.update([0]);
+            hash.update(leg.amount.minor_units().to_be_bytes());
+        }
         hex::encode(hash.finalize())
     }
 }

@@ -8,7 +8,7 @@ use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, UnitWeighter};
 
 use super::{NewTransfer, ServiceError, ServiceResult, TransferService};
-use crate::domain::{AccountId, Currency, DeploymentName};
+use crate::domain::{AccountId, Currency, DeploymentName, Legs};
 
 /// Where an account lives, and its currency.
 pub(super) type Placement = (DeploymentName, Currency);
@@ -110,6 +110,61 @@ impl TransferService {
             destination,
             currency: source_currency,
         })
+    }
+
+    /// Checks the accounts of a multi-leg transfer: every one exists, all in one
+    /// currency. Answers where the transfer goes (logged where its first leg's source
+    /// lives) and the legs with each party placed.
+    pub(super) async fn check_legs(&self, legs: &Legs) -> ServiceResult<(Route, Legs)> {
+        let accounts: Vec<&AccountId> = legs.parties().iter().map(|p| &p.account).collect();
+        let places = self.place_all(&accounts).await?;
+        let (_, currency) = &places[0];
+        if let Some((_, other)) = places.iter().find(|(_, c)| c != currency) {
+            return Err(ServiceError::CurrencyMismatch {
+                source_currency: currency.to_string(),
+                destination_currency: other.to_string(),
+            });
+        }
+        let place_of = |account: &AccountId| {
+            let i = accounts.iter().position(|a| *a == account);
+            i.map(|i| places[i].0.clone()).unwrap_or_default()
+        };
+        let first = &legs.legs()[0];
+        let route = Route {
+            source: place_of(&first.source),
+            destination: place_of(&first.destination),
+            currency: currency.clone(),
+        };
+        Ok((route, legs.clone().placed(place_of)))
+    }
+
+    /// The places of `accounts`, in their order: remembered, or found two at a time
+    /// (concurrently, with concurrent transfers' accounts), then remembered.
+    async fn place_all(&self, accounts: &[&AccountId]) -> ServiceResult<Vec<Placement>> {
+        let mut places: Vec<Option<Placement>> =
+            accounts.iter().map(|a| self.placements.get(a)).collect();
+        let unknown: Vec<&AccountId> = accounts
+            .iter()
+            .zip(&places)
+            .filter(|(_, place)| place.is_none())
+            .map(|(a, _)| *a)
+            .collect();
+        let found = futures::future::try_join_all(unknown.chunks(2).map(|pair| {
+            let pair = [pair[0], *pair.last().unwrap_or(&pair[0])];
+            async move { Ok::<_, ServiceError>((pair, self.deployments.locate(pair).await?)) }
+        }))
+        .await?;
+        for (pair, found) in found {
+            for (account, place) in pair.into_iter().zip(found) {
+                let place =
+                    place.ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))?;
+                self.placements.remember([(account.clone(), place.clone())]);
+                if let Some(i) = accounts.iter().position(|a| *a == account) {
+                    places[i] = Some(place);
+                }
+            }
+        }
+        Ok(places.into_iter().flatten().collect())
     }
 
     /// Finds both accounts (with concurrent transfers' accounts, in one round trip per

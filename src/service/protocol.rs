@@ -25,10 +25,13 @@
 //! only rolls back while its credit is not applied (see `cancel.rs` for the fence that
 //! guarantees it when a client cancels).
 
+mod legs;
+
 use super::TransferService;
 use super::unanswered::StateChange;
 use crate::domain::{
-    Account, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent, TransferState,
+    Account, AccountId, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent,
+    TransferState,
 };
 use crate::store::accounts::{Forward, Side};
 use crate::store::transfers::{Mover, StepFields};
@@ -134,14 +137,23 @@ impl TransferService {
             }
             transfer = match transfer.state {
                 TransferState::Initial => self.start(transfer).await?,
+                TransferState::Pending if transfer.legs.is_some() => {
+                    self.prepare_and_commit(transfer).await?
+                }
                 TransferState::Pending => self.apply(transfer).await?,
                 TransferState::Applied => {
                     self.wait_until_quiet(&transfer).await?;
-                    self.complete(transfer).await?
+                    match transfer.legs {
+                        Some(_) => self.settle_and_finish(transfer).await?,
+                        None => self.complete(transfer).await?,
+                    }
                 }
                 TransferState::Canceling => {
                     self.wait_until_quiet(&transfer).await?;
-                    self.roll_back(transfer).await?
+                    match transfer.legs {
+                        Some(_) => self.roll_back_legs(transfer).await?,
+                        None => self.roll_back(transfer).await?,
+                    }
                 }
                 TransferState::Capturing => self.capture_steps(transfer).await?,
                 // A hold waits for a capture, a void or its expiry.
@@ -202,7 +214,9 @@ impl TransferService {
             return Ok(transfer);
         }
         tracing::info!(transfer_id = %transfer.id, from = %change.from, event = ?change.event, "sending again a state change whose answer was lost");
-        let transfer = self.advance(transfer, change.event, change.fields).await?;
+        let transfer = self
+            .advance(transfer, change.event, change.fields.clone())
+            .await?;
         self.unanswered.answered(transfer.id, change);
         Ok(transfer)
     }
@@ -392,9 +406,21 @@ impl TransferService {
         transfer: Transfer,
         reason: CancelReason,
     ) -> StoreResult<Transfer> {
-        tracing::info!(transfer_id = %transfer.id, %reason, "rolling back");
+        self.begin_rollback_at(transfer, reason, None).await
+    }
+
+    /// `pending -> canceling`, recording why, and which account refused a multi-leg
+    /// transfer's step.
+    pub(super) async fn begin_rollback_at(
+        &self,
+        transfer: Transfer,
+        reason: CancelReason,
+        refused_account: Option<AccountId>,
+    ) -> StoreResult<Transfer> {
+        tracing::info!(transfer_id = %transfer.id, %reason, refused_account = ?refused_account.as_ref().map(AccountId::as_str), "rolling back");
         let fields = StepFields {
             reason: Some(reason),
+            refused_account,
             fenced: reason == CancelReason::CanceledByRequest,
             ..StepFields::default()
         };
@@ -498,7 +524,13 @@ impl TransferService {
         let to = next_state(&transfer, event);
         let won = match self
             .log_store(&transfer)?
-            .change_state(transfer.id, from, to, Mover::Owner(self.owner()), fields)
+            .change_state(
+                transfer.id,
+                from,
+                to,
+                Mover::Owner(self.owner()),
+                fields.clone(),
+            )
             .await
         {
             Ok(won) => won,
@@ -521,6 +553,7 @@ impl TransferService {
         transfer.owner = Some(self.owner().to_owned());
         if fields.reason.is_some() {
             transfer.reason = fields.reason;
+            transfer.refused_account = fields.refused_account;
         }
         crate::metrics::transfer_finished(to, transfer.reason);
         if transfer.hold.is_some() {

@@ -40,6 +40,33 @@ impl TransferService {
         })
     }
 
+    /// Every account of `transfer` (its parties, for a multi-leg transfer), grouped by
+    /// the deployment that keeps them.
+    pub(crate) fn accounts_by_deployment<'t>(
+        &self,
+        transfer: &'t Transfer,
+    ) -> StoreResult<Vec<(&Store, Vec<&'t AccountId>)>> {
+        let Some(legs) = transfer.legs.as_deref() else {
+            return Ok(self
+                .by_deployment(transfer)?
+                .into_iter()
+                .map(|(store, accounts)| (store, accounts.to_vec()))
+                .collect());
+        };
+        let mut grouped: Vec<(&Store, Vec<&AccountId>)> = Vec::new();
+        for party in legs.parties() {
+            let store = self.deployments.of(&party.deployment)?;
+            match grouped
+                .iter_mut()
+                .find(|(s, _)| s.deployment() == store.deployment())
+            {
+                Some((_, accounts)) => accounts.push(&party.account),
+                None => grouped.push((store, vec![&party.account])),
+            }
+        }
+        Ok(grouped)
+    }
+
     /// `transfer`'s account on `side`.
     pub(crate) fn account_of<'t>(&self, transfer: &'t Transfer, side: Side) -> &'t AccountId {
         match side {

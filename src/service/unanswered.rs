@@ -39,7 +39,7 @@ use crate::store::transfers::StepFields;
 const MAX_STATE_CHANGES: usize = 100_000;
 
 /// A state change sent without an answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct StateChange {
     pub from: TransferState,
     pub event: TransferEvent,
@@ -120,7 +120,7 @@ impl Unanswered {
         if kept >= self.max_state_changes
             && let Some(oldest) = entries
                 .iter()
-                .filter_map(|(id, e)| e.state_change.map(|(_, at)| (*id, at)))
+                .filter_map(|(id, e)| e.state_change.as_ref().map(|(_, at)| (*id, *at)))
                 .min_by_key(|(_, at)| *at)
                 .map(|(id, _)| id)
         {
@@ -134,14 +134,21 @@ impl Unanswered {
 
     /// The state change of `id` that failed without an answer, if any.
     pub fn state_change(&self, id: TransferId) -> Option<StateChange> {
-        self.entries().get(&id)?.state_change.map(|(c, _)| c)
+        self.entries()
+            .get(&id)?
+            .state_change
+            .as_ref()
+            .map(|(c, _)| c.clone())
     }
 
     /// `change` was sent again and answered (or can no longer land): forget it.
     pub fn answered(&self, id: TransferId, change: StateChange) {
         let mut entries = self.entries();
         if let Some(entry) = entries.get_mut(&id)
-            && entry.state_change.is_some_and(|(c, _)| c == change)
+            && entry
+                .state_change
+                .as_ref()
+                .is_some_and(|(c, _)| *c == change)
         {
             entry.state_change = None;
             if entry.late.is_none() {
@@ -214,13 +221,13 @@ mod tests {
     fn a_state_change_is_kept_until_that_very_change_is_answered() {
         let unanswered = Unanswered::new(Duration::from_secs(60));
         let rollback = change(TransferEvent::BeginRollback);
-        unanswered.note_state_change(id(1), rollback);
-        assert_eq!(unanswered.state_change(id(1)), Some(rollback));
+        unanswered.note_state_change(id(1), rollback.clone());
+        assert_eq!(unanswered.state_change(id(1)), Some(rollback.clone()));
         unanswered.answered(id(1), change(TransferEvent::MarkApplied));
-        assert_eq!(unanswered.state_change(id(1)), Some(rollback));
-        unanswered.answered(id(2), rollback);
-        assert_eq!(unanswered.state_change(id(1)), Some(rollback));
-        unanswered.answered(id(1), rollback);
+        assert_eq!(unanswered.state_change(id(1)), Some(rollback.clone()));
+        unanswered.answered(id(2), rollback.clone());
+        assert_eq!(unanswered.state_change(id(1)), Some(rollback.clone()));
+        unanswered.answered(id(1), rollback.clone());
         assert_eq!(unanswered.state_change(id(1)), None);
         assert!(
             unanswered.entries().is_empty(),
@@ -233,12 +240,12 @@ mod tests {
         let unanswered = Unanswered::new(Duration::from_secs(60));
         let applied = change(TransferEvent::MarkApplied);
         unanswered.note_late(id(1), at(10));
-        unanswered.note_state_change(id(1), applied);
-        unanswered.answered(id(1), applied);
+        unanswered.note_state_change(id(1), applied.clone());
+        unanswered.answered(id(1), applied.clone());
         assert_eq!(unanswered.late_until(id(1)), Some(at(10)));
-        unanswered.note_state_change(id(1), applied);
+        unanswered.note_state_change(id(1), applied.clone());
         unanswered.passed(id(1), at(10));
-        assert_eq!(unanswered.state_change(id(1)), Some(applied));
+        assert_eq!(unanswered.state_change(id(1)), Some(applied.clone()));
         assert_eq!(unanswered.late_until(id(1)), None);
     }
 
@@ -247,20 +254,20 @@ mod tests {
         let unanswered = Unanswered::bounded(Duration::from_secs(60), 3);
         let applied = change(TransferEvent::MarkApplied);
         for n in 1..=3 {
-            unanswered.note_state_change(id(n), applied);
+            unanswered.note_state_change(id(n), applied.clone());
             std::thread::sleep(Duration::from_millis(2));
         }
         for n in 1..=3 {
             assert_eq!(
                 unanswered.state_change(id(n)),
-                Some(applied),
+                Some(applied.clone()),
                 "below the bound"
             );
         }
-        unanswered.note_state_change(id(4), applied);
+        unanswered.note_state_change(id(4), applied.clone());
         assert_eq!(unanswered.state_change(id(1)), None, "the oldest");
         for n in 2..=4 {
-            assert_eq!(unanswered.state_change(id(n)), Some(applied));
+            assert_eq!(unanswered.state_change(id(n)), Some(applied.clone()));
         }
     }
 
@@ -273,7 +280,7 @@ mod tests {
         let applied = change(TransferEvent::MarkApplied);
         unanswered.note_late(id(1), at(10));
         unanswered.note_late(id(2), at(10));
-        unanswered.note_state_change(id(2), applied);
+        unanswered.note_state_change(id(2), applied.clone());
         std::thread::sleep(lease * 3 / 2);
         unanswered.note_late(id(3), at(10));
         assert_eq!(
@@ -287,7 +294,7 @@ mod tests {
         assert_eq!(unanswered.late_until(id(2)), None);
         assert_eq!(
             unanswered.state_change(id(2)),
-            Some(applied),
+            Some(applied.clone()),
             "kept on its own"
         );
         assert_eq!(unanswered.late_until(id(3)), Some(at(10)));

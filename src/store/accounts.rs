@@ -143,6 +143,36 @@ impl Store {
             .await
     }
 
+    /// A multi-leg transfer's prepare of one party (`docs/legs.md`, step 3): a paying
+    /// party's debit of its net (`net` < 0, with its entry), or a receiving party's room
+    /// for it (`incoming`, no entry), under the guards of every forward step. `deadline`
+    /// as for [`Store::apply_debit`].
+    pub async fn prepare(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        net: i64,
+        deadline: Timestamp,
+    ) -> StoreResult<ForwardStep> {
+        let (kind, change) = if net < 0 {
+            let change = Change {
+                balance: net,
+                ..Change::default()
+            };
+            (Forward::Debit, change)
+        } else {
+            let change = Change {
+                incoming: net,
+                ..Change::default()
+            };
+            (Forward::MakeRoom, change)
+        };
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::hit(kind.point(), self.instance_id()).await;
+        self.change_account(account, tx, change, deadline, kind)
+            .await
+    }
+
     /// The guarded forward write behind steps 3 and 4, group-committed with the
     /// concurrent ones (see `store::batch`): add `change` and push the marker, only if
     /// `tx` is neither applied nor fenced here, the account keeps its invariants
@@ -213,6 +243,22 @@ impl Store {
             .submit(Pull {
                 accounts: accounts.map(AccountId::to_string),
                 tx: object_id(tx),
+                exact: false,
+            })
+            .await
+    }
+
+    /// A multi-leg transfer's settle of a paying party (`docs/legs.md`, step 5): forget
+    /// its marker on `account` and on no other account (group-committed, see
+    /// `store::batch::Pull::exact`).
+    pub async fn pull_marker(&self, account: &AccountId, tx: TransferId) -> StoreResult<()> {
+        failpoint!(self, BeforePull);
+        self.batches
+            .pulls
+            .submit(Pull {
+                accounts: [account.to_string(), account.to_string()],
+                tx: object_id(tx),
+                exact: true,
             })
             .await
     }
@@ -515,12 +561,12 @@ impl Store {
 
     /// Removes the fences of `tx` from its accounts. Only once no forward step of `tx`
     /// can land any more: see `sweeper::collect_fences`.
-    pub async fn drop_fences(&self, accounts: [&AccountId; 2], tx: TransferId) -> StoreResult<()> {
+    pub async fn drop_fences(&self, accounts: &[&AccountId], tx: TransferId) -> StoreResult<()> {
         let tx = object_id(tx);
-        let accounts = accounts.map(AccountId::as_str);
+        let accounts: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
         self.accounts
             .update_many(
-                doc! { "_id": { "$in": accounts.to_vec() }, "fencedTransactions": tx },
+                doc! { "_id": { "$in": accounts }, "fencedTransactions": tx },
                 doc! { "$pull": { "fencedTransactions": tx } },
             )
             .await?;

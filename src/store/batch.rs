@@ -172,6 +172,13 @@ pub struct Transition {
 pub struct Pull {
     pub accounts: [String; 2],
     pub tx: ObjectId,
+    /// Pull the marker from these accounts and no other. A one-leg transfer's pull may
+    /// go out with the others' (every account of the batch rid of every marker of the
+    /// batch: an account only carries the marker of a transfer whose pull is in the
+    /// batch if it is that transfer's, whose markers all go). A multi-leg transfer's
+    /// paying party may not: another account may carry the same transfer's marker as a
+    /// receiving party, whose marker only its settle may take (`docs/legs.md`).
+    pub exact: bool,
 }
 
 /// The group-commit queues of one store (and one of reads: the accounts' currencies,
@@ -702,12 +709,26 @@ async fn change_one(
     Ok(result.modified_count == 1)
 }
 
-/// One `updateMany` pulling every marker of the batch from every account of the batch.
-/// Pulling a marker that is not there is a no-op, so this is each pull's own guard.
+/// One `updateMany` pulling every marker of the batch's one-leg pulls from every account
+/// of them, and one pulling each exact pull's marker from its own accounts alone (see
+/// [`Pull::exact`]). Pulling a marker that is not there is a no-op, so this is each
+/// pull's own guard.
 pub async fn pull_markers(
     accounts: Collection<Document>,
     ops: Vec<Pull>,
 ) -> StoreResult<Vec<StoreResult<()>>> {
+    let (exact, shared): (Vec<&Pull>, Vec<&Pull>) = ops.iter().partition(|op| op.exact);
+    if !shared.is_empty() {
+        pull_shared(&accounts, &shared).await?;
+    }
+    if !exact.is_empty() {
+        pull_exact(&accounts, &exact).await?;
+    }
+    Ok(vec![Ok(()); ops.len()])
+}
+
+/// Every account of `ops` rid of every marker of `ops`.
+async fn pull_shared(accounts: &Collection<Document>, ops: &[&Pull]) -> StoreResult<()> {
     let mut ids: Vec<&str> = ops
         .iter()
         .flat_map(|op| op.accounts.iter().map(String::as_str))
@@ -731,7 +752,55 @@ pub async fn pull_markers(
     })
     .await;
     pulled?;
-    Ok(vec![Ok(()); ops.len()])
+    Ok(())
+}
+
+/// Each account of `ops` rid of the markers its own pulls name, and no other: an update
+/// pipeline that finds the account's row (its markers to pull) as the forward steps'
+/// batch does.
+async fn pull_exact(accounts: &Collection<Document>, ops: &[&Pull]) -> StoreResult<()> {
+    let mut per_account: Vec<(String, Vec<ObjectId>)> = Vec::new();
+    for op in ops {
+        let mut own = op.accounts.iter().collect::<Vec<_>>();
+        own.dedup();
+        for account in own {
+            match per_account.iter_mut().find(|(a, _)| a == account) {
+                Some((_, txs)) => txs.push(op.tx),
+                None => per_account.push((account.clone(), vec![op.tx])),
+            }
+        }
+    }
+    let rows: Vec<(String, Document)> = per_account
+        .into_iter()
+        .map(|(account, txs)| (account, doc! { "txs": txs }))
+        .collect();
+    let mut sorted: Vec<&(String, Document)> = rows.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let ids: Vec<&str> = sorted.iter().map(|(a, _)| a.as_str()).collect();
+    let txs: Vec<ObjectId> = ops.iter().map(|op| op.tx).collect();
+    let own = row_of_account(&sorted, &doc! { "txs": [] });
+    let pipeline = vec![doc! { "$set": {
+        "pendingTransactions": { "$let": {
+            "vars": { "own": own },
+            "in": { "$filter": {
+                "input": "$pendingTransactions",
+                "cond": { "$not": [{ "$in": ["$$this", "$$own.txs"] }] },
+            } },
+        } },
+        "updatedAt": "$$NOW",
+    } }];
+    let (pulled, _) = super::retried(|| async {
+        accounts
+            .update_many(
+                doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
+                pipeline.clone(),
+            )
+            .await
+            .map_err(StoreError::from)
+    })
+    .await;
+    pulled?;
+    Ok(())
 }
 
 #[cfg(test)]

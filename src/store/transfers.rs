@@ -111,6 +111,14 @@ impl Fenced {
         let refuses = |fence| matches!(fence, Fence::Placed | Fence::Missing);
         (refuses(destination) && refuses(source)).then_some(Fenced(()))
     }
+
+    /// Every account of a multi-leg transfer fenced, or gone; `None` if one is not.
+    pub fn all(fences: impl IntoIterator<Item = Fence>) -> Option<Fenced> {
+        fences
+            .into_iter()
+            .all(|fence| matches!(fence, Fence::Placed | Fence::Missing))
+            .then_some(Fenced(()))
+    }
 }
 
 /// What an idempotency key stands for: the transfer it made (or is about to make: the
@@ -122,10 +130,12 @@ pub struct KeyRecord {
 }
 
 /// What a state change records besides the state and the owner.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepFields {
     /// Why the transfer is being canceled (`pending -> canceling`, `initial -> canceled`).
     pub reason: Option<CancelReason>,
+    /// The account whose step refused a multi-leg transfer, with `reason`.
+    pub refused_account: Option<AccountId>,
     /// The accounts were fenced against the transfer: the sweeper drops the fences once
     /// it is finished.
     pub fenced: bool,
@@ -525,9 +535,14 @@ impl Store {
             query.insert("expiresAt", doc! { "$gt": now });
         }
         if let Some(account) = filter.account.as_ref().map(|a| a.as_str()) {
+            // A multi-leg transfer's accounts are its parties (`parties_account_id`).
             query.insert(
                 "$or",
-                vec![doc! { "source": account }, doc! { "destination": account }],
+                vec![
+                    doc! { "source": account },
+                    doc! { "destination": account },
+                    doc! { "parties.account": account },
+                ],
             );
         }
         if let Some(before) = filter.before {
@@ -651,6 +666,9 @@ fn step_fields(fields: StepFields) -> Document {
     let mut set = Document::new();
     if let Some(reason) = fields.reason {
         set.insert("reason", reason.as_str());
+    }
+    if let Some(account) = fields.refused_account {
+        set.insert("refusedAccount", account.as_str());
     }
     if fields.fenced {
         set.insert("fenced", true);

@@ -322,6 +322,7 @@ async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
     let pull = |tx| Pull {
         accounts: ["a".to_owned(), "b".to_owned()],
         tx: object_id(tx),
+        exact: false,
     };
     pull_markers(accounts(&app), vec![pull(t1), pull(t3)])
         .await
@@ -330,6 +331,78 @@ async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
         let stored = app.store.account(&account(name)).await.unwrap().unwrap();
         assert_eq!(stored.pending_transactions, vec![t2], "{name}");
     }
+}
+
+/// A multi-leg transfer's paying party is settled by an exact pull: in a batch with
+/// other pulls, its marker leaves its own account and no other, so a receiving party of
+/// the same transfer keeps its marker (and the room behind it) for its own settle. The
+/// one-leg pulls of the batch still go as before. (A shared pull here took the
+/// receiving party's marker too, and its credit was never made.)
+#[tokio::test]
+async fn an_exact_pull_takes_its_marker_from_its_own_account_only() {
+    let app = spawn_app().await;
+    for (name, balance) in [("payer", 100), ("receiver", 0), ("x", 100), ("y", 0)] {
+        app.open_account(name, balance).await;
+    }
+    let [legs, plain] = [(); 2].map(|_| new_transfer_id());
+    let step = |account: &str, net: i64| {
+        let (app, account) = (&app, account.to_owned());
+        async move {
+            app.store
+                .prepare(
+                    &support::values::account(&account),
+                    legs,
+                    net,
+                    from_now(60_000),
+                )
+                .await
+                .unwrap()
+                .applied
+        }
+    };
+    assert!(step("payer", -40).await);
+    assert!(step("receiver", 40).await);
+    assert!(debit(&app, "x", plain, 10).await);
+    assert!(credit(&app, "y", plain, 10).await);
+    let exact = Pull {
+        accounts: ["payer".to_owned(), "payer".to_owned()],
+        tx: object_id(legs),
+        exact: true,
+    };
+    // A one-leg pull naming the receiving party's account, and an exact one naming
+    // another account of it, in one batch.
+    let shared = Pull {
+        accounts: ["receiver".to_owned(), "x".to_owned()],
+        tx: object_id(plain),
+        exact: false,
+    };
+    let also = Pull {
+        accounts: ["y".to_owned(), "receiver".to_owned()],
+        tx: object_id(plain),
+        exact: true,
+    };
+    pull_markers(accounts(&app), vec![exact, shared, also])
+        .await
+        .unwrap();
+    let markers = async |name: &str| {
+        let stored = app.store.account(&account(name)).await.unwrap().unwrap();
+        stored.pending_transactions
+    };
+    assert_eq!(markers("payer").await, vec![]);
+    assert_eq!(
+        markers("receiver").await,
+        vec![legs],
+        "the receiving party's marker stays"
+    );
+    assert_eq!(markers("x").await, vec![]);
+    assert_eq!(markers("y").await, vec![]);
+    let receiver = app
+        .store
+        .account(&account("receiver"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(receiver.incoming, 40);
 }
 
 /// A batch mixing kinds of state change and owners: the groups are written at once, and

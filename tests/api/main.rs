@@ -11,6 +11,7 @@ mod group_commit;
 mod holds;
 mod idempotency;
 mod ledger;
+mod legs;
 mod native;
 mod observability;
 mod security;

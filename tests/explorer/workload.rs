@@ -131,6 +131,7 @@ pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> 
         source: account_id(&a),
         destination: account_id(&b),
         amount: Amount::parse(AMOUNT).unwrap(),
+        legs: None,
         reference: None,
         hold: scenario.hold.then_some(HOLD_EXPIRY),
     };

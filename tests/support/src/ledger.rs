@@ -631,8 +631,136 @@ fn expected_change(t: &Transfer, kind: EntryKind) -> Amounts {
 /// calls for ([`expected_shapes`]), and a destination's only after its source's.
 /// `transfers` are every transfer that may touch the accounts of `ledger`, read before it.
 pub fn check_transfers(ledger: &Ledger, transfers: &[Transfer]) -> Findings {
+    let (legs, one_leg): (Vec<&Transfer>, Vec<&Transfer>) =
+        transfers.iter().partition(|t| t.legs.is_some());
+    let one_leg: Vec<Transfer> = one_leg.into_iter().cloned().collect();
+    let mut f = check_one_leg_transfers(ledger, &one_leg, &legs);
+    f.extend(check_multi_leg_transfers(ledger, &legs));
+    f
+}
+
+/// The entries a multi-leg transfer's party may have in the transfer's state, oldest
+/// first (`docs/legs.md`): a paying party's debit from the start on, undone only by a
+/// rollback; a receiving party's credit only after the commit point (`applied`), and
+/// nothing else ever.
+pub fn expected_party_shapes(
+    paying: bool,
+    state: TransferState,
+) -> &'static [&'static [EntryKind]] {
+    use EntryKind::*;
+    use TransferState::*;
+    match (paying, state) {
+        (_, Initial) => &[&[]],
+        (true, Pending) => &[&[], &[Debit]],
+        (true, Applied | Done) => &[&[Debit]],
+        (true, Canceling) => &[&[], &[Debit], &[Debit, DebitUndone]],
+        (true, Canceled) => &[&[], &[Debit, DebitUndone]],
+        (false, Pending | Canceling | Canceled) => &[&[]],
+        (false, Applied) => &[&[], &[Credit]],
+        (false, Done) => &[&[Credit]],
+        (_, Held | Capturing) => &[],
+    }
+}
+
+/// [`check_transfers`] for multi-leg transfers: every entry naming one is on one of its
+/// parties and changes the party's net (a debit, its undo, or a credit); every party has
+/// the entries the transfer's state calls for ([`expected_party_shapes`]).
+fn check_multi_leg_transfers(ledger: &Ledger, transfers: &[&Transfer]) -> Findings {
+    use EntryKind::*;
+    let mut f = Findings::default();
+    let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, *t)).collect();
+    let mut kinds: HashMap<(TransferId, &str), Vec<EntryKind>> = HashMap::new();
+    for account in ledger.accounts.values() {
+        let id = account.account.as_str();
+        for e in &account.entries {
+            let Some(t) = e.transfer_id.and_then(|tid| by_id.get(&tid)) else {
+                continue;
+            };
+            let party = t
+                .legs
+                .as_deref()
+                .and_then(|l| l.parties().iter().find(|p| p.account.as_str() == id));
+            f.check(
+                "ledger: a multi-leg transfer's entry is on one of its parties",
+                party.is_some(),
+                || {
+                    format!(
+                        "{id} seq {}: {} of {}, not a party",
+                        e.seq,
+                        e.kind.as_str(),
+                        t.id
+                    )
+                },
+            );
+            let Some(party) = party else { continue };
+            let balance = match e.kind {
+                Debit | Credit => party.net,
+                DebitUndone => -party.net,
+                _ => i64::MIN,
+            };
+            let expected = Amounts {
+                balance,
+                pending_debits: 0,
+                pending_credits: 0,
+            };
+            f.check(
+                "ledger: an entry changes what its transfer moves",
+                e.change == expected,
+                || {
+                    format!(
+                        "{id}: {}, but the multi-leg transfer {} ({}) has a net of {} here",
+                        line(e),
+                        t.id,
+                        t.state,
+                        party.net
+                    )
+                },
+            );
+            kinds.entry((t.id, id)).or_default().push(e.kind);
+        }
+    }
+    for t in transfers {
+        let Some(legs) = t.legs.as_deref() else {
+            continue;
+        };
+        for party in legs.parties() {
+            let account = party.account.as_str();
+            let found = kinds.get(&(t.id, account)).map_or(&[][..], Vec::as_slice);
+            let shapes = expected_party_shapes(party.pays(), t.state);
+            let read = ledger.accounts.contains_key(account);
+            f.check(
+                "ledger: a transfer has the entries its state calls for",
+                read && shapes.contains(&found),
+                || {
+                    let shapes: Vec<String> = shapes.iter().map(|s| show(s)).collect();
+                    format!(
+                        "multi-leg transfer {} ({}{}) has {} on {account} (net {}){}, where its \
+                         state calls for one of {}",
+                        t.id,
+                        t.state,
+                        t.reason.map(|r| format!(", {r}")).unwrap_or_default(),
+                        show(found),
+                        party.net,
+                        if read { "" } else { " (an account not read)" },
+                        shapes.join(" or ")
+                    )
+                },
+            );
+        }
+    }
+    f
+}
+
+/// [`check_transfers`] for one-leg transfers and holds; entries of the multi-leg
+/// transfers `others` are theirs to check.
+fn check_one_leg_transfers(
+    ledger: &Ledger,
+    transfers: &[Transfer],
+    others: &[&Transfer],
+) -> Findings {
     let mut f = Findings::default();
     let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
+    let elsewhere: std::collections::HashSet<TransferId> = others.iter().map(|t| t.id).collect();
     // Per transfer and side, its entries' kinds, oldest first.
     let mut sides: HashMap<(TransferId, Side), Vec<EntryKind>> = HashMap::new();
     for account in ledger.accounts.values() {
@@ -641,6 +769,9 @@ pub fn check_transfers(ledger: &Ledger, transfers: &[Transfer]) -> Findings {
             let (Some(tid), Some(side)) = (e.transfer_id, side_of(e.kind)) else {
                 continue;
             };
+            if elsewhere.contains(&tid) {
+                continue;
+            }
             let t = by_id.get(&tid).copied();
             let on = t.map(|t| match side {
                 Side::Source => t.source.as_str(),

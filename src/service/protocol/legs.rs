@@ -1,0 +1,182 @@
+//! The steps of a multi-leg transfer (`docs/legs.md`), the same code for a fresh transfer
+//! and for one the sweeper or a cancel resumes:
+//!
+//! | state       | steps taken                                                        |
+//! |-------------|--------------------------------------------------------------------|
+//! | `pending`   | 3. prepare every party (debit a paying one, make room on a receiving one), 4. `pending -> applied`: the commit point |
+//! | `applied`   | 5. settle every party (pay a receiving one in, pull every marker), 6. `-> done` |
+//! | `canceling` | undo every prepared party, `canceling -> canceled`                 |
+//!
+//! The parties' writes of a step are sent together, so that the store gathers them (and
+//! those of concurrent transfers) into one write per deployment. Each is one guarded
+//! write on one account, as in the one-leg protocol.
+
+use super::{ACCOUNT_STEP_ATTEMPTS, Refusal, TransferService, classify, contended};
+use crate::domain::{
+    Account, Amount, CancelReason, Legs, MAX_MONEY, Party, Transfer, TransferEvent,
+};
+use crate::store::accounts::Side;
+use crate::store::transfers::StepFields;
+use crate::store::{StoreError, StoreResult};
+
+/// What one party's prepare came to.
+enum Prepared {
+    /// The party carries the transfer's marker: prepared, by this write or an earlier one.
+    Yes,
+    /// Refused, for this reason: the transfer rolls back.
+    Refused(CancelReason),
+    /// Not applied, and nothing refuses it now: the account changed between the write
+    /// and the read, or the lease ran out. Worth another round once the lease is renewed.
+    Again,
+    /// Refused for funds, but holds past their expiry reserved some of them, and were
+    /// released: worth another round.
+    Freed,
+}
+
+/// The legs of `transfer`, which the caller knows is a multi-leg transfer.
+fn legs_of(transfer: &Transfer) -> &Legs {
+    transfer
+        .legs
+        .as_deref()
+        .unwrap_or_else(|| panic!("bug: transfer {} has no legs", transfer.id))
+}
+
+/// The first error of `results`, once all of them have ended.
+fn first_error<T>(results: Vec<StoreResult<T>>) -> StoreResult<Vec<T>> {
+    results.into_iter().collect()
+}
+
+impl TransferService {
+    /// Steps 3 and 4: prepare every party, then `pending -> applied`, the commit point;
+    /// or, if a party refuses, `pending -> canceling` with its reason and account.
+    pub(super) async fn prepare_and_commit(&self, mut t: Transfer) -> StoreResult<Transfer> {
+        let legs = legs_of(&t).clone();
+        let mut waiting: Vec<&Party> = legs.parties().iter().collect();
+        for _ in 0..ACCOUNT_STEP_ATTEMPTS {
+            // Every attempt of the round has ended before anything is decided: a
+            // rollback never starts while one of them may still land unseen.
+            let rounds =
+                futures::future::join_all(waiting.iter().map(|p| self.prepare_party(&t, p))).await;
+            let outcomes = first_error(rounds)?;
+            let mut again = Vec::new();
+            let mut renew = false;
+            for (party, outcome) in waiting.iter().zip(outcomes) {
+                match outcome {
+                    Prepared::Yes => {}
+                    Prepared::Refused(reason) => {
+                        let account = party.account.clone();
+                        return self.begin_rollback_at(t, reason, Some(account)).await;
+                    }
+                    Prepared::Again => {
+                        renew = true;
+                        again.push(*party);
+                    }
+                    Prepared::Freed => again.push(*party),
+                }
+            }
+            if again.is_empty() {
+                failpoint!(self, AfterDebit);
+                return self
+                    .advance(t, TransferEvent::MarkApplied, StepFields::default())
+                    .await;
+            }
+            if renew && !self.renew(&mut t).await? {
+                return self.reload(&t).await; // taken over
+            }
+            waiting = again;
+        }
+        Err(contended(&t))
+    }
+
+    /// One party's prepare, and if it did not land, why (read back from the account).
+    /// An attempt that failed without an answer leaves in `unanswered` the deadline until
+    /// which it may still land.
+    async fn prepare_party(&self, t: &Transfer, party: &Party) -> StoreResult<Prepared> {
+        let (log, store) = (self.log_store(t)?, self.deployments.of(&party.deployment)?);
+        let deadline = self.lease_deadline(t);
+        let deadline_there = log
+            .deadline_on(deadline, store, self.clock_allowance())
+            .await?;
+        let step = match store
+            .prepare(&party.account, t.id, party.net, deadline_there)
+            .await
+        {
+            Ok(step) => step,
+            Err(e) => {
+                self.unanswered.note_late(t.id, deadline);
+                return Err(e);
+            }
+        };
+        if step.uncertain_until.is_some() {
+            self.unanswered.note_late(t.id, deadline);
+        }
+        if step.applied {
+            return Ok(Prepared::Yes);
+        }
+        let found = store.account(&party.account).await?;
+        let fits = |a: &Account| {
+            if party.pays() {
+                a.balance - a.pending_debits >= -party.net
+            } else {
+                a.balance + a.pending_credits + a.incoming <= MAX_MONEY - party.net
+            }
+        };
+        Ok(match classify(found.as_ref(), t, fits) {
+            Refusal::AlreadyApplied => Prepared::Yes,
+            Refusal::Retry => Prepared::Again,
+            Refusal::Fenced => Prepared::Refused(CancelReason::CanceledByRequest),
+            Refusal::Missing => Prepared::Refused(CancelReason::AccountNotFound),
+            // The holds out of an account are logged on its own deployment.
+            Refusal::Balance
+                if party.pays() && self.expire_holds_out_of(store, found.as_ref()).await? =>
+            {
+                Prepared::Freed
+            }
+            Refusal::Balance if party.pays() => Prepared::Refused(CancelReason::InsufficientFunds),
+            Refusal::Balance => Prepared::Refused(CancelReason::BalanceOverflow),
+        })
+    }
+
+    /// Steps 5 and 6, after the commit point: settle every party (a receiving one's
+    /// money paid in out of its room, with its credit entry; every marker pulled), then
+    /// `applied -> done`. Nothing refuses a settle: each is guarded by its marker alone.
+    pub(super) async fn settle_and_finish(&self, t: Transfer) -> StoreResult<Transfer> {
+        let legs = legs_of(&t);
+        let settles = futures::future::join_all(legs.parties().iter().map(|p| async {
+            let store = self.deployments.of(&p.deployment)?;
+            if p.pays() {
+                store.pull_marker(&p.account, t.id).await
+            } else {
+                store.settle(&p.account, t.id, p.net).await.map(|_| ())
+            }
+        }))
+        .await;
+        first_error(settles)?;
+        failpoint!(self, AfterPull);
+        self.advance(t, TransferEvent::MarkDone, StepFields::default())
+            .await
+    }
+
+    /// The rollback: undo every party that carries the marker (a paying one's debit
+    /// given back, with its undo entry; a receiving one's room given back), then
+    /// `canceling -> canceled`.
+    pub(super) async fn roll_back_legs(&self, t: Transfer) -> StoreResult<Transfer> {
+        let legs = legs_of(&t);
+        let undos = futures::future::join_all(legs.parties().iter().map(|p| async {
+            let store = self.deployments.of(&p.deployment)?;
+            if p.pays() {
+                let paid = Amount::parse(-p.net).map_err(|e| {
+                    StoreError::Other(format!("transfer {}: a party's net: {e}", t.id).into())
+                })?;
+                store.undo(&p.account, t.id, Side::Source, paid).await
+            } else {
+                store.release_room(&p.account, t.id, p.net).await
+            }
+        }))
+        .await;
+        first_error(undos)?;
+        failpoint!(self, AfterUndoSource);
+        self.advance(t, TransferEvent::FinishRollback, StepFields::default())
+            .await
+    }
+}
