@@ -72,10 +72,21 @@ pub struct Request {
     pub amount: i64,
     /// A hold's `expiresInMs`; `None` for a plain transfer.
     pub hold: Option<u64>,
+    /// A multi-leg transfer's legs (`source`, `destination`, `amount` each): then the
+    /// request sends these instead, and `source`, `destination` and `amount` are its
+    /// first leg's and the sum (`docs/legs.md`).
+    pub legs: Option<Vec<(String, String, i64)>>,
 }
 
 impl Request {
     pub fn body(&self) -> Value {
+        if let Some(legs) = &self.legs {
+            let legs: Vec<Value> = legs
+                .iter()
+                .map(|(s, d, a)| json!({ "source": s, "destination": d, "amount": a }))
+                .collect();
+            return json!({ "legs": legs, "reference": self.reference });
+        }
         let mut body = json!({
             "source": self.source,
             "destination": self.destination,
@@ -102,8 +113,21 @@ impl Request {
             }
             _ => false,
         };
+        let legs = match (&self.legs, t.legs.as_deref()) {
+            (None, None) => true,
+            (Some(asked), Some(made)) => {
+                asked.len() == made.legs().len()
+                    && asked.iter().zip(made.legs()).all(|((s, d, a), l)| {
+                        l.source.as_str() == s
+                            && l.destination.as_str() == d
+                            && l.amount.minor_units() == *a
+                    })
+            }
+            _ => false,
+        };
         let same = t.source.as_str() == self.source
             && t.destination.as_str() == self.destination
+            && legs
             && amounts
             && t.reference.as_ref().map(|r| r.as_str()) == Some(self.reference.as_str())
             && t.reverses.is_none();
@@ -533,6 +557,39 @@ async fn settle_hold(
     h.settles_unknown += 1;
 }
 
+/// `request` made a multi-leg transfer of 2 to 6 legs among the accounts (hot ones half
+/// the time, so accounts repeat across legs and across transfers; an account may pay on
+/// one leg and receive on another), its first leg `request`'s own.
+fn with_legs(request: Request, rng: &mut impl Rng) -> Request {
+    let mut legs = vec![(
+        request.source.clone(),
+        request.destination.clone(),
+        request.amount,
+    )];
+    for _ in 1..rng.random_range(2..=6) {
+        let source = pick_account(rng);
+        let mut destination = pick_account(rng);
+        if destination == source {
+            destination = (source + 1) % ACCOUNTS;
+        }
+        legs.push((
+            account(source),
+            account(destination),
+            rng.random_range(1..=200),
+        ));
+    }
+    Request {
+        amount: legs.iter().map(|(_, _, a)| a).sum(),
+        legs: Some(legs),
+        ..request
+    }
+}
+
+/// Whether a request asks for an asynchronous answer: now and then.
+fn rng_async() -> bool {
+    rand::rng().random_bool(0.2)
+}
+
 async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: CancellationToken) {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -558,10 +615,16 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
                 destination: account(destination),
                 amount: rng.random_range(1..=300),
                 hold: None,
+                legs: None,
             };
             (rng.random_range(0..100), request)
         };
         match choice {
+            25..=34 => {
+                // A multi-leg transfer, keyed half the time as the others.
+                let request = with_legs(request, &mut rand::rng());
+                transfer(&http, &bases, &history, &request, rng_async()).await;
+            }
             0..=9 => cancel(&http, &bases, &history).await,
             10..=14 => {
                 transfer(&http, &bases, &history, &request, true).await;
@@ -626,6 +689,7 @@ pub async fn probe_while_down(
                 destination: account(destination),
                 amount: rng.random_range(1..=100),
                 hold: None,
+                legs: None,
             }
         };
         transfer(&http, &bases, &history, &request, false).await;

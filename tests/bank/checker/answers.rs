@@ -507,7 +507,11 @@ pub fn check_outage(
         if *sent < outage.from || *answered > outage.until {
             continue;
         }
-        let touches = [&request.source, &request.destination]
+        let mut accounts = vec![&request.source, &request.destination];
+        for (source, destination, _) in request.legs.iter().flatten() {
+            accounts.extend([source, destination]);
+        }
+        let touches = accounts
             .iter()
             .any(|a| layout.home_of(a) == outage.deployment);
         if request.hold.is_none() && !replayed {

@@ -467,10 +467,25 @@ fn events_of<'a>(
 /// Transfer `t` as `GET /transfers/{id}` answers it in `state` with `amount`, in the
 /// fields an event's data is compared on: `reason` as given, no `reversedBy`.
 fn expected_data(t: &Transfer, state: TransferState, amount: i64, reason: Option<&str>) -> Value {
+    // A multi-leg transfer shows its legs, and no source or destination.
+    let legs = t.legs.as_deref().map(|legs| {
+        legs.legs()
+            .iter()
+            .map(|l| {
+                json!({
+                    "source": l.source.as_str(),
+                    "destination": l.destination.as_str(),
+                    "amount": l.amount.minor_units(),
+                })
+            })
+            .collect::<Vec<_>>()
+    });
+    let one_leg = legs.is_none();
     json!({
         "id": t.id.to_string(),
-        "source": t.source.as_str(),
-        "destination": t.destination.as_str(),
+        "source": one_leg.then(|| t.source.as_str()),
+        "destination": one_leg.then(|| t.destination.as_str()),
+        "legs": legs,
         "amount": amount,
         "currency": t.currency.as_str(),
         "state": state.as_str(),

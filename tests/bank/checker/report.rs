@@ -59,6 +59,11 @@ fn outcomes(transfers: &[Transfer]) -> (BTreeMap<String, u64>, BTreeMap<String, 
             (state, Some(reason), None) => format!("{state} ({reason})"),
             (state, None, _) => state.to_string(),
         };
+        // Multi-leg transfers apart, with their number of legs.
+        let outcome = match t.legs.as_deref() {
+            Some(legs) => format!("{outcome}, {} legs", legs.legs().len()),
+            None => outcome,
+        };
         *outcomes.entry(outcome).or_default() += 1;
     }
     (outcomes, hold_outcomes)

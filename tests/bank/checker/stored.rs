@@ -58,6 +58,13 @@ pub fn check_placement(
             t.destination_deployment.as_str() == layout.home_of(t.destination.as_str()),
             || format!("{t:?}"),
         );
+        for party in t.legs.iter().flat_map(|l| l.parties()) {
+            checks.check(
+                "a multi-leg transfer names each party's deployment",
+                party.deployment.as_str() == layout.home_of(party.account.as_str()),
+                || format!("{t:?}"),
+            );
+        }
     }
     for (id, on) in &logs {
         checks.check(
@@ -83,8 +90,18 @@ pub fn check_balances(transfers: &[Transfer], accounts: &[Account], checks: &mut
         .map(|a| (a.id.as_str(), OPENING_BALANCE))
         .collect();
     for t in transfers.iter().filter(|t| t.state == TransferState::Done) {
-        *expected.get_mut(t.source.as_str()).unwrap() -= t.amount.minor_units();
-        *expected.get_mut(t.destination.as_str()).unwrap() += t.amount.minor_units();
+        match t.legs.as_deref() {
+            // Each party by its net.
+            Some(legs) => {
+                for p in legs.parties() {
+                    *expected.get_mut(p.account.as_str()).unwrap() += p.net;
+                }
+            }
+            None => {
+                *expected.get_mut(t.source.as_str()).unwrap() -= t.amount.minor_units();
+                *expected.get_mut(t.destination.as_str()).unwrap() += t.amount.minor_units();
+            }
+        }
     }
     for a in accounts {
         checks.check("no negative balance", a.balance >= 0, || {
@@ -104,6 +121,11 @@ pub fn check_balances(transfers: &[Transfer], accounts: &[Account], checks: &mut
                     a.id, a.pending_debits, a.pending_credits
                 )
             },
+        );
+        checks.check(
+            "no room of a multi-leg transfer left (incoming)",
+            a.incoming == 0,
+            || format!("{} keeps incoming {}", a.id, a.incoming),
         );
         checks.check(
             "no fencedTransactions left after a lease and a few sweeps",
@@ -191,11 +213,17 @@ pub fn check_reversals(
             || format!("reversal {r:?} reverses {original:?}"),
         );
         let Some(original) = original else { continue };
+        let legs_mirrored = match (r.legs.as_deref(), original.legs.as_deref()) {
+            (None, None) => true,
+            (Some(back), Some(legs)) => *back == legs.reversed(),
+            _ => false,
+        };
         checks.check(
             "a reversal mirrors its original",
             r.amount == original.amount
                 && r.source == original.destination
                 && r.destination == original.source
+                && legs_mirrored
                 && r.currency == original.currency,
             || format!("reversal {r:?} of {original:?}"),
         );
