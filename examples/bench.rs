@@ -1,5 +1,5 @@
 //! The benchmark: `cargo run --release --example bench [-- --quick] [--out DIR]
-//! [--parts limit,twophase,native,seed,overload,storm,holds,deployments,ledger,events]
+//! [--parts limit,twophase,native,seed,overload,storm,holds,deployments,ledger,events,legs]
 //! [--admission-wait-ms N]`.
 //!
 //! In one run, against one database server started for it (a SecantusDB daemon with
@@ -27,7 +27,9 @@
 //!    right after the transfers that made them, once the entry mover has moved them, and
 //!    with all of them in the account's document; and what an entry costs in bytes;
 //! 10. events: transfers per second with one webhook and one event stream following the
-//!     events, against none, and the delay from a transfer's answer to its webhook.
+//!     events, against none, and the delay from a transfer's answer to its webhook;
+//! 11. multi-leg transfers: plain transfers beside transfers of 2, 4 and 8 legs, per
+//!     second, their latency and what each costs the database.
 //!
 //! Each closed-loop point of parts 2 and 3 also reports what the database did per
 //! transfer, from its own counters: commands by name, documents written, journal bytes.
@@ -45,6 +47,8 @@ mod events;
 mod holds;
 #[path = "bench/ledger.rs"]
 mod ledger;
+#[path = "bench/legs.rs"]
+mod legs;
 #[path = "bench/limit.rs"]
 mod limit;
 #[path = "bench/overload.rs"]
@@ -73,6 +77,7 @@ use crate::deployments::DeploymentsPlan;
 use crate::events::EventsPlan;
 use crate::holds::HoldsPlan;
 use crate::ledger::LedgerPlan;
+use crate::legs::LegsPlan;
 use crate::limit::LimitPlan;
 use crate::overload::OverloadPlan;
 use crate::procs::{Daemon, project_root};
@@ -92,6 +97,7 @@ enum Part {
     Deployments,
     Ledger,
     Events,
+    Legs,
 }
 
 /// Measures the database's limit, the service's two strategies and the seed scenario.
@@ -109,7 +115,7 @@ struct Cli {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "limit,twophase,native,seed,overload,storm,holds,deployments,ledger,events"
+        default_value = "limit,twophase,native,seed,overload,storm,holds,deployments,ledger,events,legs"
     )]
     parts: Vec<Part>,
     /// `ADMISSION_WAIT_MS` for the services of the overload and storm parts (unset: the
@@ -139,6 +145,7 @@ struct Plans {
     deployments: DeploymentsPlan,
     ledger: LedgerPlan,
     events: EventsPlan,
+    legs: LegsPlan,
 }
 
 fn plans(quick: bool, concurrencies: &[usize], admission_wait_ms: Option<u64>) -> Plans {
@@ -240,6 +247,20 @@ fn plans(quick: bool, concurrencies: &[usize], admission_wait_ms: Option<u64>) -
             amount: 1,
             settle_timeout_s: 30.0,
         },
+        legs: LegsPlan {
+            // The closed-loop concurrencies but 1 (where nothing is batched).
+            concurrencies: if quick {
+                vec![8]
+            } else {
+                concurrencies.iter().copied().filter(|c| *c > 1).collect()
+            },
+            legs: vec![(1, false), (2, false), (4, false), (8, false), (8, true)],
+            warmup_s: warmup,
+            window_s: window,
+            accounts: if quick { 100 } else { 1000 },
+            opening_balance: 1_000_000_000_000,
+            amount: 1,
+        },
     }
 }
 
@@ -334,7 +355,8 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         || wants(Part::Holds)
         || wants(Part::Deployments)
         || wants(Part::Ledger)
-        || wants(Part::Events);
+        || wants(Part::Events)
+        || wants(Part::Legs);
     let server_binary = if needs_server {
         let t = Instant::now();
         match tokio::task::spawn_blocking(procs::build_server)
@@ -525,6 +547,13 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         events_result = Some(events::run(ctx, &plans.events).await);
         part_seconds.push(("events".to_owned(), t.elapsed().as_secs_f64()));
     }
+    // Part 11.
+    let mut legs_result = None;
+    if let (Some(ctx), true) = (&ctx, wants(Part::Legs)) {
+        let t = Instant::now();
+        legs_result = Some(legs::run(ctx, &plans.legs).await);
+        part_seconds.push(("legs".to_owned(), t.elapsed().as_secs_f64()));
+    }
     let mut violations = overload_result
         .as_ref()
         .map_or_else(Vec::new, overload::OverloadResult::violations);
@@ -552,6 +581,11 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         events_result
             .as_ref()
             .map_or_else(Vec::new, events::EventsResult::violations),
+    );
+    violations.extend(
+        legs_result
+            .as_ref()
+            .map_or_else(Vec::new, legs::LegsResult::violations),
     );
 
     notes.push(
@@ -595,6 +629,7 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         overload: overload_result,
         storm: storm_result,
         holds: holds_result,
+        legs: legs_result,
         deployments: deployments_result,
         ledger: ledger_result,
         events: events_result,

@@ -9,6 +9,7 @@ use crate::deployments::DeploymentsResult;
 use crate::events::EventsResult;
 use crate::holds::HoldsResult;
 use crate::ledger::LedgerResult;
+use crate::legs::LegsResult;
 use crate::limit::LimitResult;
 use crate::overload::{OverloadResult, answers_brief};
 use crate::service::{ClosedPlan, Point, SeedPlan, StrategyResult};
@@ -83,6 +84,8 @@ pub struct Results {
     pub ledger: Option<LedgerResult>,
     /// Part 10, when it ran.
     pub events: Option<EventsResult>,
+    /// Part 11, when it ran.
+    pub legs: Option<LegsResult>,
     /// Wall-clock seconds of each part in the order run (build, limit, two-phase, native;
     /// a strategy's time includes its seed scenario, which is also listed alone).
     pub part_seconds: Vec<(String, f64)>,
@@ -453,6 +456,9 @@ pub fn markdown(r: &Results) -> String {
     if let Some(h) = &r.holds {
         holds_section(&mut md, h);
     }
+    if let Some(l) = &r.legs {
+        legs_section(&mut md, l);
+    }
     if let Some(d) = &r.deployments {
         deployments_section(&mut md, d);
     }
@@ -776,6 +782,64 @@ fn holds_section(md: &mut String, h: &HoldsResult) {
         md,
         "\nMoney {} before, {} after; pending debits {} and pending credits {} left (holds created but not captured in the window).\n",
         h.money_before, h.money_after, h.pending_debits_left, h.pending_credits_left
+    );
+}
+
+fn legs_section(md: &mut String, l: &LegsResult) {
+    let _ = writeln!(md, "## Multi-leg transfers beside plain ones\n");
+    if !l.available {
+        let reason = l.unavailable_reason.as_deref().unwrap_or("unknown");
+        let _ = writeln!(md, "Not measured: {reason}.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "One service and database; at each concurrency, closed loop: plain transfers, then transfers of 2, 4 and 8 legs (each leg between random accounts: up to twice as many accounts as legs), then of 8 legs out of one account to 8 others (fan-out: 9 accounts). Per transfer: the database's commands, documents written and CPU (its own counters, over warm-up, window and drain). The goal: an 8-leg transfer costs less than 3 plain ones in commands and time.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| c | legs | transfers/s | p50 ms | p99 ms | commands | documents written | database CPU ms | 8 legs / plain: commands, database CPU, time (plain/s ÷ these/s) |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    for p in &l.points {
+        let (p50, p99) = p
+            .measured
+            .latency
+            .as_ref()
+            .map_or((f64::NAN, f64::NAN), |x| (x.p50_ms, x.p99_ms));
+        let ratio = match (p.legs, l.plain(p.concurrency)) {
+            (8, Some(plain)) => {
+                let cpu = |q: &crate::legs::LegsPoint| {
+                    q.work.database_cpu_ms_per_transfer.unwrap_or(f64::NAN)
+                };
+                format!(
+                    "{} × , {} × , {} ×",
+                    num(p.work.commands_per_transfer / plain.work.commands_per_transfer),
+                    num(cpu(p) / cpu(plain)),
+                    num(plain.measured.units_per_s / p.measured.units_per_s),
+                )
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {}{} | {} | {} | {} | {} | {} | {} | {} |",
+            p.concurrency,
+            p.legs,
+            if p.fan_out { " fan-out" } else { "" },
+            num(p.measured.units_per_s),
+            num(p50),
+            num(p99),
+            num(p.work.commands_per_transfer),
+            num(p.work.documents_written_per_transfer),
+            num(p.work.database_cpu_ms_per_transfer.unwrap_or(f64::NAN)),
+            ratio
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nMoney {} before, {} after; room left {}.\n",
+        l.money_before, l.money_after, l.incoming_left
     );
 }
 

@@ -8,7 +8,7 @@ use futures::TryStreamExt;
 use mongodb::bson::doc;
 use mongodb::options::FindOptions;
 
-use super::batch::{AccountChange, Pull};
+use super::batch::{AccountChange, Pull, Settle};
 use super::documents::{Stored, domain, object_id, stored_time};
 use super::entries::{Marker, RECENT, changed_with_entry, opening_entry, room_changed};
 use super::guards::Amounts;
@@ -382,15 +382,18 @@ impl Store {
     /// in its `net` (zero or more) out of the room its prepare made, with its credit
     /// entry, and forget the marker, only where the prepare landed (its marker is
     /// there). Never refused for the balance: the room guaranteed it.
-    pub async fn settle(&self, account: &AccountId, tx: TransferId, net: i64) -> StoreResult<bool> {
+    pub async fn settle(&self, account: &AccountId, tx: TransferId, net: i64) -> StoreResult<()> {
         failpoint!(self, BeforeCapture);
-        let change = Change {
-            balance: net,
-            incoming: -net,
-            ..Change::default()
-        };
-        self.pull_marker_with(account, tx, change, EntryKind::Credit)
-            .await
+        self.batches
+            .settles
+            .submit(Settle {
+                account: account.to_string(),
+                tx: object_id(tx),
+                net,
+            })
+            .await?;
+        self.entries_added([account.as_str()]);
+        Ok(())
     }
 
     /// A multi-leg transfer's rollback of a receiving party: give back the room its

@@ -181,6 +181,16 @@ pub struct Pull {
     pub exact: bool,
 }
 
+/// A multi-leg transfer's settle of a receiving party (`docs/legs.md`, step 5): `net`
+/// paid in out of the room its prepare made, with its credit entry, and the marker
+/// pulled; only where the marker is, so a second landing finds nothing.
+#[derive(Debug, Clone)]
+pub struct Settle {
+    pub account: String,
+    pub tx: ObjectId,
+    pub net: i64,
+}
+
 /// The group-commit queues of one store (and one of reads: the accounts' currencies,
 /// which a transfer between accounts this process has not seen yet must read first).
 pub struct Batches {
@@ -189,6 +199,7 @@ pub struct Batches {
     pub transitions: Batcher<Transition, Option<DateTime>>,
     pub account_changes: Batcher<AccountChange, bool>,
     pub pulls: Batcher<Pull, ()>,
+    pub settles: Batcher<Settle, ()>,
     /// Moves the entries the writes append to account documents into `entries`; it
     /// takes a writer slot like any batch.
     pub entry_mover: Arc<EntryMover>,
@@ -225,7 +236,14 @@ impl Batches {
                 let (accounts, mover) = (accounts.clone(), entry_mover.clone());
                 move |ops| change_accounts_leaving_moved(accounts.clone(), mover.clone(), ops)
             }),
-            pulls: Batcher::start(slots, move |ops| pull_markers(accounts.clone(), ops)),
+            pulls: Batcher::start(slots.clone(), {
+                let accounts = accounts.clone();
+                move |ops| pull_markers(accounts.clone(), ops)
+            }),
+            settles: Batcher::start(slots, {
+                let mover = entry_mover.clone();
+                move |ops| settle_all(accounts.clone(), mover.clone(), ops)
+            }),
             entry_mover,
         })
     }
@@ -801,6 +819,140 @@ async fn pull_exact(accounts: &Collection<Document>, ops: &[&Pull]) -> StoreResu
     .await;
     pulled?;
     Ok(())
+}
+
+/// [`settle_all`] for tests: every entry stays in the documents.
+#[cfg(feature = "failpoints")]
+pub async fn settle_parties(
+    accounts: Collection<Document>,
+    ops: Vec<Settle>,
+) -> StoreResult<Vec<StoreResult<()>>> {
+    settle_all(accounts, Arc::new(EntryMover::new()), ops).await
+}
+
+/// One `updateMany` settling every receiving party of the batch ([`Settle`]): per
+/// account, a walk over its settles in the batch's order, each applied only where its
+/// marker is, numbering its credit entry after the ones before; then every settled
+/// marker pulled. Repeatable: a settle that landed finds no marker the second time.
+async fn settle_all(
+    accounts: Collection<Document>,
+    mover: Arc<EntryMover>,
+    ops: Vec<Settle>,
+) -> StoreResult<Vec<StoreResult<()>>> {
+    let mut per_account: Vec<(&str, Vec<Bson>)> = Vec::new();
+    for op in &ops {
+        let change = Bson::Document(doc! { "tx": op.tx, "d": op.net });
+        match per_account.iter_mut().find(|(a, _)| *a == op.account) {
+            Some((_, changes)) if !changes.contains(&change) => changes.push(change),
+            Some(_) => {}
+            None => per_account.push((op.account.as_str(), vec![change])),
+        }
+    }
+    let rows: Vec<(String, Document)> = per_account
+        .into_iter()
+        .map(|(account, changes)| {
+            let moved = mover.moved(account).unwrap_or(Moved::NOTHING);
+            let row = doc! { "mv": moved.seq, "ma": moved.at, "ops": changes };
+            (account.to_owned(), row)
+        })
+        .collect();
+    let ids: Vec<&str> = rows.iter().map(|(a, _)| a.as_str()).collect();
+    let txs: Vec<ObjectId> = ops.iter().map(|op| op.tx).collect();
+    let pipeline = settled(&rows);
+    let (settled, _) = super::retried(|| async {
+        accounts
+            .update_many(
+                doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
+                pipeline.clone(),
+            )
+            .await
+            .map_err(StoreError::from)
+    })
+    .await;
+    settled?;
+    Ok(vec![Ok(()); ops.len()])
+}
+
+/// The update pipeline of [`settle_all`]: each account's settles (`_t.ops`, `{tx, d}`)
+/// walked in order, each landing only where its marker is; the entries made from what
+/// the walk left (`[seq, balance]` per settle, or `false`).
+fn settled(rows: &[(String, Document)]) -> Vec<Document> {
+    let mut sorted: Vec<&(String, Document)> = rows.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let nothing = doc! { "mv": Moved::NOTHING.seq, "ma": Moved::NOTHING.at, "ops": [] };
+    let stored = Amounts::stored();
+    let landed = doc! { "$in": ["$$this.tx", "$pendingTransactions"] };
+    let seq = doc! { "$add": [acc(1), 1_i64] };
+    let balance = doc! { "$add": [acc(0), "$$this.d"] };
+    let walk = doc! { "$reduce": {
+        "input": "$_t.ops",
+        "initialValue": [stored.balance, { "$ifNull": ["$seq", 0_i64] }, stored.incoming, []],
+        "in": { "$cond": [
+            landed,
+            [
+                balance.clone(),
+                seq.clone(),
+                { "$subtract": [acc(2), "$$this.d"] },
+                { "$concatArrays": [acc(3), [[seq, balance]]] },
+            ],
+            [acc(0), acc(1), acc(2), { "$concatArrays": [acc(3), [false]] }],
+        ] },
+    } };
+    let left = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
+    let change = Amounts::change(0, 0, 0);
+    let change = Amounts {
+        balance: "$$change.d".into(),
+        ..change
+    };
+    let after = Amounts {
+        balance: left(1).into(),
+        ..Amounts::stored()
+    };
+    let entry = entry_expr(
+        left(0),
+        EntryKind::Credit.as_str(),
+        "$$change.tx",
+        &change,
+        &after,
+        "$_at",
+    );
+    let entries = doc! { "$filter": {
+        "input": { "$map": {
+            "input": { "$zip": { "inputs": ["$_t.ops", walked(3)] } },
+            "as": "pair",
+            "in": { "$let": {
+                "vars": {
+                    "change": { "$arrayElemAt": ["$$pair", 0] },
+                    "left": { "$arrayElemAt": ["$$pair", 1] },
+                },
+                "in": { "$cond": [{ "$eq": ["$$left", false] }, false, entry] },
+            } },
+        } },
+        "cond": { "$ne": ["$$this", false] },
+    } };
+    let settled_txs = doc! { "$map": { "input": "$_t.ops", "in": "$$this.tx" } };
+    vec![
+        doc! { "$set": { "_at": entry_time(), "_t": row_of_account(&sorted, &nothing) } },
+        doc! { "$set": { "_batch": walk } },
+        doc! { "$set": { "_new": entries } },
+        doc! { "$set": {
+            "balance": walked(0),
+            "incoming": { "$cond": [{ "$eq": [walked(2), 0_i64] }, "$$REMOVE", walked(2)] },
+            "seq": walked(1),
+            "pendingTransactions": { "$filter": {
+                "input": "$pendingTransactions",
+                "cond": { "$not": [{ "$in": ["$$this", settled_txs] }] },
+            } },
+            RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), "$_new"] },
+            LAST_AT: { "$cond": [
+                { "$gt": [walked(1), { "$ifNull": ["$seq", 0_i64] }] },
+                "$_at",
+                format!("${LAST_AT}"),
+            ] },
+            "updatedAt": "$$NOW",
+        } },
+        doc! { "$unset": ["_t", "_batch", "_new", "_at"] },
+    ]
 }
 
 #[cfg(test)]

@@ -50,8 +50,8 @@ use documents::{AccountDoc, TransferDoc};
 #[cfg(feature = "failpoints")]
 pub mod testing {
     pub use super::batch::{
-        AccountChange, MAX_BATCH, Pull, Transition, change_accounts, insert_transfers,
-        pull_markers, transition_all,
+        AccountChange, MAX_BATCH, Pull, Settle, Transition, change_accounts, insert_transfers,
+        pull_markers, settle_parties, transition_all,
     };
     pub use super::documents::{AccountDoc, TransferDoc, object_id, transfer_id};
 

@@ -9,8 +9,8 @@ use transfer_service::domain::{
 use transfer_service::store::accounts::FenceWhen;
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::{
-    AccountChange, Pull, TransferDoc, Transition, change_accounts, insert_transfers, object_id,
-    pull_markers, transition_all,
+    AccountChange, Pull, Settle, TransferDoc, Transition, change_accounts, insert_transfers,
+    object_id, pull_markers, settle_parties, transition_all,
 };
 use transfer_service::store::transfers::{Mover, StepFields};
 
@@ -403,6 +403,82 @@ async fn an_exact_pull_takes_its_marker_from_its_own_account_only() {
         .unwrap()
         .unwrap();
     assert_eq!(receiver.incoming, 40);
+}
+
+/// A batch of settles (`docs/legs.md`, step 5): each receiving party is paid in out of
+/// its room, once, where its marker is: two transfers settling on one account in one
+/// batch make two credit entries numbered one after the other, each with the balance it
+/// left; a settle sent again (a retry, a recoverer) finds no marker and changes nothing;
+/// the room is back to zero and the markers gone.
+#[tokio::test]
+async fn a_batch_of_settles_pays_each_receiving_party_in_once() {
+    let app = spawn_app().await;
+    for (name, balance) in [("payer", 1_000), ("shop", 5), ("fee", 0)] {
+        app.open_account(name, balance).await;
+    }
+    let [t1, t2] = [(); 2].map(|_| new_transfer_id());
+    let prepare = |name: &str, tx: TransferId, net: i64| {
+        let (app, name) = (&app, name.to_owned());
+        async move {
+            app.store
+                .prepare(&account(&name), tx, net, from_now(60_000))
+                .await
+                .unwrap()
+                .applied
+        }
+    };
+    for (name, tx, net) in [
+        ("payer", t1, -300),
+        ("shop", t1, 290),
+        ("fee", t1, 10),
+        ("payer", t2, -100),
+        ("shop", t2, 100),
+    ] {
+        assert!(prepare(name, tx, net).await, "{name}");
+    }
+    let settle = |name: &str, tx: TransferId, net: i64| Settle {
+        account: name.to_owned(),
+        tx: object_id(tx),
+        net,
+    };
+    let batch = vec![
+        settle("shop", t1, 290),
+        settle("fee", t1, 10),
+        settle("shop", t2, 100),
+        settle("shop", t1, 290),
+    ];
+    settle_parties(accounts(&app), batch.clone()).await.unwrap();
+    settle_parties(accounts(&app), batch).await.unwrap();
+    let shop = app.store.account(&account("shop")).await.unwrap().unwrap();
+    assert_eq!((shop.balance, shop.incoming), (395, 0));
+    assert_eq!(shop.pending_transactions, Vec::<TransferId>::new());
+    let fee = app.store.account(&account("fee")).await.unwrap().unwrap();
+    assert_eq!((fee.balance, fee.incoming, fee.seq), (10, 0, 2));
+    let (_, page) = crate::get_json(&app, "/accounts/shop/entries").await;
+    let entries: Vec<(i64, &str, i64, i64)> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["seq"].as_i64().unwrap(),
+                e["kind"].as_str().unwrap(),
+                e["balanceChange"].as_i64().unwrap(),
+                e["balance"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        vec![
+            (1, "opened", 5, 5),
+            (2, "credit", 290, 295),
+            (3, "credit", 100, 395)
+        ]
+    );
+    // The payer's markers are its own settle's to pull, not these.
+    let payer = app.store.account(&account("payer")).await.unwrap().unwrap();
+    assert_eq!(payer.pending_transactions, vec![t1, t2]);
 }
 
 /// A batch mixing kinds of state change and owners: the groups are written at once, and

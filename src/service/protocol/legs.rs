@@ -147,7 +147,7 @@ impl TransferService {
             if p.pays() {
                 store.pull_marker(&p.account, t.id).await
             } else {
-                store.settle(&p.account, t.id, p.net).await.map(|_| ())
+                store.settle(&p.account, t.id, p.net).await
             }
         }))
         .await;
