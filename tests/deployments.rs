@@ -602,7 +602,8 @@ impl OwnDaemons {
     }
 }
 
-/// What the load saw, by the deployments its transfer touched.
+/// What the load saw, by the deployments its transfer touched (any account of a
+/// multi-leg transfer's).
 #[derive(Debug, Default)]
 struct Seen {
     /// (touches the killed deployment, answered while it was down, status) per answer.
@@ -641,13 +642,24 @@ async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_aft
                 if source == destination {
                     continue;
                 }
-                let touches = source.starts_with("cn") || destination.starts_with("cn");
+                let amount = 1 + n as i64 % 50;
+                // Every third a multi-leg transfer: on to a third account (`docs/legs.md`),
+                // which an outage stops only if one of its three accounts is there.
+                let third = accounts[(n / 3 + 2) % 6].0;
+                let legs = n % 3 == 0 && third != source && third != destination;
+                let mut touching = vec![source, destination];
+                let body = if legs {
+                    touching.push(third);
+                    json!({ "legs": [
+                        { "source": source, "destination": destination, "amount": amount },
+                        { "source": destination, "destination": third, "amount": amount },
+                    ] })
+                } else {
+                    json!({ "source": source, "destination": destination, "amount": amount })
+                };
+                let touches = touching.iter().any(|a| a.starts_with("cn"));
                 let during = down.load(std::sync::atomic::Ordering::SeqCst);
-                let answer = http
-                    .post(&url)
-                    .json(&json!({ "source": source, "destination": destination, "amount": 1 + n as i64 % 50 }))
-                    .send()
-                    .await;
+                let answer = http.post(&url).json(&body).send().await;
                 let Ok(answer) = answer else { continue };
                 let status = answer.status().as_u16();
                 let body: Value = answer.json().await.unwrap_or(Value::Null);
