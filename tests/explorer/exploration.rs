@@ -25,12 +25,18 @@ pub enum Job {
 pub struct Report {
     pub exhaustive: u64,
     pub random: u64,
+    /// Of those, the multi-leg ones (`legs:`).
+    pub legs_exhaustive: u64,
+    pub legs_random: u64,
     /// Schedules run per exhaustive scenario.
     pub per_scenario: Vec<(String, u64, bool)>,
     pub violations: Vec<String>,
     /// Checks of the ledger over every schedule, and the entries they read.
     pub ledger_checks: u64,
     pub ledger_entries: usize,
+    /// Parts of actors that reached their points late (see `nemesis`), over every
+    /// schedule.
+    pub late_parts: u64,
 }
 
 impl Report {
@@ -38,6 +44,7 @@ impl Report {
     fn tally(&mut self, run: &Run) {
         self.ledger_checks += run.ledger_checks;
         self.ledger_entries += run.ledger_entries;
+        self.late_parts += run.late_parts;
     }
 
     /// Prints the schedules run per exhaustive scenario, the totals and every violation.
@@ -62,8 +69,16 @@ impl Report {
             self.violations.len()
         );
         println!(
+            "multi-leg schedules among them: {} exhaustive + {} random",
+            self.legs_exhaustive, self.legs_random
+        );
+        println!(
             "ledger: {} checks over {} entries read at the ends of the schedules",
             self.ledger_checks, self.ledger_entries
+        );
+        println!(
+            "parts of an actor at once that reached their points late: {}",
+            self.late_parts
         );
         for v in &self.violations {
             println!("VIOLATION {v}");
@@ -83,21 +98,26 @@ pub struct Search {
 }
 
 /// How many points the owner passes running alone (every point, not only writes), of a
-/// transfer and of a hold, within one deployment and across two: the crash points. Run
-/// by `probe`, printed.
+/// transfer, of a hold and of a multi-leg transfer, within one deployment and across
+/// two: the crash points. Run by `probe`, printed.
 pub async fn crash_points(probe: &mut Worker) -> LayoutPoints {
     let mut points = Vec::new();
     for across in [false, true] {
-        for hold in [false, true] {
+        for (hold, legs) in [(false, false), (true, false), (false, true)] {
             let scenario = Scenario {
                 hold,
+                legs,
                 across,
                 ..Scenario::new(Prelude::Crash(usize::MAX), &[Kind::Cancel])
             };
             let solo = probe.run(&scenario, &mut Chooser::Fixed(vec![])).await;
             let n = solo.trace.len();
             assert!(n > 5, "owner points: {:?}", solo.trace);
-            let what = if hold { "hold" } else { "transfer" };
+            let what = match (hold, legs) {
+                (true, _) => "hold",
+                (_, true) => "multi-leg transfer",
+                _ => "transfer",
+            };
             let layout = if across {
                 "across deployments"
             } else {
@@ -110,15 +130,14 @@ pub async fn crash_points(probe: &mut Worker) -> LayoutPoints {
             points.push(n);
         }
     }
+    let of = |at: usize| CrashPoints {
+        transfer: points[at],
+        hold: points[at + 1],
+        legs: points[at + 2],
+    };
     LayoutPoints {
-        within: CrashPoints {
-            transfer: points[0],
-            hold: points[1],
-        },
-        across: CrashPoints {
-            transfer: points[2],
-            hold: points[3],
-        },
+        within: of(0),
+        across: of(3),
     }
 }
 
@@ -180,6 +199,7 @@ async fn work(
                 {
                     let mut r = report.lock().unwrap();
                     r.random += 1;
+                    r.legs_random += u64::from(scenario.legs);
                     r.tally(&run);
                     if failed {
                         r.violations.push(describe(&scenario, &run, Some(seed)));
@@ -236,6 +256,9 @@ async fn explore_exhaustively(
     };
     let mut r = report.lock().unwrap();
     r.exhaustive += count;
+    if scenario.legs {
+        r.legs_exhaustive += count;
+    }
     r.per_scenario.push((scenario.to_string(), count, complete));
 }
 

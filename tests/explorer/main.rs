@@ -8,10 +8,15 @@
 //! after each protocol step too) and lets exactly one of them run at a time, choosing
 //! which one from a schedule (a vector of choices). Once the choices run out, the
 //! remaining actors run in a fixed order (lowest actor first) to completion. A write held
-//! at a `before_*` point is a write that reaches the server late.
+//! at a `before_*` point is a write that reaches the server late. The writes a
+//! multi-leg step sends for every party at once are one stop of their actor, let go
+//! together (see [`nemesis`]).
 //!
-//! A scenario is a transfer scenario (the owner transfers AMOUNT from a to b) or a hold
-//! scenario (named with the prefix `hold:`), after a prelude (`crash<k>:` the owner
+//! A scenario is a transfer scenario (the owner transfers AMOUNT from a to b), a hold
+//! scenario (named with the prefix `hold:`) or a multi-leg scenario (prefix `legs:`: the
+//! owner's transfer has legs a->b AMOUNT and b->c AMOUNT/2 over a third account c, so a
+//! pays and b and c receive; its reversal has b and c pay and a receive), after a
+//! prelude (`crash<k>:` the owner
 //! crashed at its k-th point, `done:` the transfer done, `held:` the hold held). In a
 //! scenario with the prefix `same:` (issue 17, item 1) the actors are tasks of one
 //! process, one of them with a step held back in the network, which the actor `net`
@@ -24,7 +29,9 @@
 //!    default 1; `all` for every ordering; depth-first over the decision tree) of the
 //!    pairs {owner, cancel},
 //!    {recoverer after a crash at point k, cancel} for every point k the owner passes,
-//!    and {cancel, cancel} of a done transfer; and for a hold: every pair of {capture,
+//!    and {cancel, cancel} of a done transfer; the same three for a multi-leg transfer
+//!    (its crash points are its owner's stops: the parts of one step are one); and for a
+//!    hold: every pair of {capture,
 //!    void, expire, cancel} (two of a kind included) of a held hold, {owner creating it,
 //!    each of those four}, and {recoverer after a crash at point k of creating it,
 //!    cancel} for every point k; and of one process: {cancel with its reversal's credit
@@ -32,23 +39,27 @@
 //!    and {owner with its credit held back, cancel or lapse, net};
 //! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors; by the seed, a quarter
 //!    of them `same:` scenarios (a cancel of a done transfer or an owner, with its debit,
-//!    credit or state change held back; a cancel or a lapse; net), and of the others half
-//!    transfer scenarios (owner or recoverer, cancel, and a second cancel or a sweeper),
-//!    half hold scenarios (three actors drawn from {capture, void, expire, cancel,
-//!    sweeper} after a held prelude, or owner or recoverer and two of those).
+//!    credit or state change held back; a cancel or a lapse; net), a quarter of the others
+//!    multi-leg scenarios (owner or recoverer, cancel, and a second cancel or a sweeper,
+//!    or a third of them all four: owner or recoverer, two cancels and the sweeper), and
+//!    of the rest half transfer scenarios (owner or recoverer, cancel, and a second cancel
+//!    or a sweeper), half hold scenarios (three actors drawn from {capture, void, expire,
+//!    cancel, sweeper} after a held prelude, or owner or recoverer and two of those).
 //!
-//! Every scenario runs in two layouts: both accounts on one deployment, and (prefix
+//! Every scenario runs in two layouts: every account on one deployment, and (prefix
 //! `across:`) b on a second deployment, a second database server, so that the credit,
 //! the destination's fence and a reversal's log are on another server than the
-//! transfer's log, each write checked by its own server's clock. The exhaustive
+//! transfer's log, each write checked by its own server's clock (c stays on the first:
+//! a multi-leg transfer's parties, and its reversal's, span both). The exhaustive
 //! scenarios are enumerated in both layouts; half the random ones are `across:`.
 //!
 //! Each schedule runs from scratch on fresh accounts, in one of `EXPLORE_WORKERS`
 //! databases (schedules of different workers run concurrently). After it, everything is
-//! let finish, and the invariants are checked (conservation, balances from the log, no
-//! fences, at most one reversal, answers that agree with the final state, for holds
-//! their reservations and who won them, and the ledger's entries, none entered twice;
-//! see [`checker`]).
+//! let finish, and the invariants are checked (conservation, balances from the log, for
+//! a multi-leg transfer each party's net, no fences, no room left (`incoming`), at most
+//! one reversal mirroring its original, answers that agree with the final state, for
+//! holds their reservations and who won them, and the ledger's entries, none entered
+//! twice; see [`checker`]).
 //!
 //! A violation prints the schedule as `EXPLORE_REPLAY='<scenario>/<choices>'` (random
 //! ones also as `EXPLORE_SEED=<seed>`) with the points it reached; either variable replays
@@ -62,9 +73,9 @@
 //!
 //! The explorer by role, a module each:
 //!
-//! - [`workload`]: the actors and what each does, on the schedule's two accounts;
-//! - [`nemesis`]: the scheduler that orders them, the crash of a prelude, the writes held
-//!   back in the network;
+//! - [`workload`]: the actors and what each does, on the schedule's accounts;
+//! - [`nemesis`]: the scheduler that orders them (the parts of one actor at once among
+//!   them), the crash of a prelude, the writes held back in the network;
 //! - [`checker`]: what each actor got back, the invariants checked after a schedule, and
 //!   how a violating one is told;
 //! - [`scenario`]: the scenarios, their names, and which are explored;
@@ -84,7 +95,9 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use exploration::{Job, Search};
-use scenario::{CrashPoints, LayoutPoints, Scenario, exhaustive_scenarios, random_scenario};
+use scenario::{
+    CrashPoints, LayoutPoints, Prelude, Scenario, exhaustive_scenarios, random_scenario,
+};
 use worker::Worker;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -101,6 +114,7 @@ fn every_scenario_reads_back_from_its_name() {
     let points = CrashPoints {
         transfer: 14,
         hold: 10,
+        legs: 18,
     };
     let points = LayoutPoints {
         within: points,
@@ -112,6 +126,15 @@ fn every_scenario_reads_back_from_its_name() {
         .chain(random)
         .collect();
     assert!(all.iter().any(|s| s.same && s.held.is_some()));
+    // Multi-leg ones, exhaustive and random, in both layouts, four actors among them.
+    assert!(
+        all.iter()
+            .any(|s| s.legs && s.across && s.prelude == Prelude::Done)
+    );
+    assert!(
+        all.iter()
+            .any(|s| s.legs && !s.across && s.actors.len() == 4)
+    );
     for scenario in all {
         let name = scenario.to_string();
         assert_eq!(Scenario::parse(&name), scenario, "{name}");

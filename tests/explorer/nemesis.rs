@@ -11,6 +11,20 @@
 //!   the scheduler, never parked at); if only blocked actors are left, the schedule is a
 //!   deadlock. Under the scheduler a sweep does one thing at a time (deployments one after
 //!   the other, each run before the next claim), so that no part of an actor runs unseen.
+//! - Parts of one actor at once: a multi-leg transfer's steps of every party (prepares,
+//!   settles, undos, a cancel's fences) are sent together (a `join_all`), each party's
+//!   write a part of its actor parked at its own point. The parts that reach their points
+//!   in one poll of the task running them are one stop: the actor is at rest once that
+//!   poll has ended (each parked part tells it, [`Event::PollEnded`]), and letting it go
+//!   lets every part of the stop go at once (the store gathers their writes, one per
+//!   deployment, as it would unscheduled), shown `owner1@before_debit+before_credit`. A
+//!   part whose point comes after a read of another deployment's clock
+//!   (`Store::deadline_on`: a party on the other deployment in an `across:legs:` scenario)
+//!   reaches it in a later poll: there the actor is at rest only once nothing more of it
+//!   came for [`QUIET`]. A part that reaches its point while its actor is at rest joins
+//!   its next stop, and is counted (`Run::late_parts`): its write may then go with or
+//!   after those its stop let go, a less exact schedule, never a wrong one (each is an
+//!   interleaving that can happen).
 //! - A crash ([`crash_owner`]): in a `crash<k>:` prelude the owner runs alone until its
 //!   k-th point and crashes there; its transfer is aged past its lease.
 //! - A write held back in the network ([`Held`]): one actor may have a step held back for
@@ -25,11 +39,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use transfer_service::failpoints::{self, Hook, HookFuture, Point};
 use transfer_service::service::{Completion, NewTransfer, TransferService};
 
@@ -41,6 +58,22 @@ use crate::workload::{Kind, Setup, act};
 /// declared stuck: far longer than the longest wait an actor makes without a point (a
 /// second run waiting out a first run's deadline, a `lapse`), a lease.
 const STEP_LIMIT: Duration = Duration::from_secs(30);
+
+/// In an `across:legs:` scenario, how long nothing more of an actor must come (no part
+/// reaching a point) after parts of it reached theirs before it is taken to be at rest:
+/// far longer than the two reads of server clocks a part on the other deployment makes
+/// before its point (a few milliseconds here), so that it joins the stop.
+const QUIET: Duration = Duration::from_millis(25);
+
+/// How long an actor of `scenario` must be quiet once parts of it reached their points
+/// ([`QUIET`] where a part may come late, else no time).
+pub fn quiet(scenario: &Scenario) -> Duration {
+    if scenario.legs && scenario.across {
+        QUIET
+    } else {
+        Duration::ZERO
+    }
+}
 
 /// A step of one actor held back in the network (`failpoints::hold_back`) for the whole
 /// schedule: every attempt of it fails without an answer, so its run fails (a cancel or a
@@ -103,6 +136,9 @@ impl fmt::Display for Stop {
 
 enum Event {
     Parked(usize, Stop),
+    /// The poll of a task of the actor in which a part of it parked has ended: every part
+    /// that parked in that poll (the siblings of a `join_all`) has told so.
+    PollEnded(usize),
     /// An actor let go of a drive lock: the actors blocked at [`Point::WaitDrive`] may try
     /// again.
     Released,
@@ -110,29 +146,55 @@ enum Event {
 }
 
 /// The hook of one schedule's actors: parks an actor at each of its points and tells the
-/// driver, which resumes exactly one actor at a time.
+/// driver, which resumes exactly one actor at a time (every part of it parked).
 struct Scheduler {
     actors: HashMap<String, usize>,
     all_points: bool,
     events: mpsc::UnboundedSender<Event>,
-    resumes: Mutex<Vec<Option<oneshot::Sender<()>>>>,
+    /// Each actor's parked parts, each waiting to be resumed.
+    resumes: Mutex<Vec<Vec<oneshot::Sender<()>>>>,
 }
 
 impl Scheduler {
+    /// Parks a part of `actor` at `stop` until [`Scheduler::resume`], and tells the driver
+    /// so, then, once the poll of its task that parked it has ended, that too: it wakes its
+    /// task at once, and its next poll is in the next poll of the task, after every
+    /// sibling part of the same poll has parked.
     fn park(&self, actor: usize, stop: Stop) -> HookFuture {
-        let (tx, rx) = oneshot::channel();
-        self.resumes.lock().unwrap()[actor] = Some(tx);
+        let (tx, mut rx) = oneshot::channel();
+        self.resumes.lock().unwrap()[actor].push(tx);
         let _ = self.events.send(Event::Parked(actor, stop));
-        Box::pin(async move {
-            let _ = rx.await;
-        })
+        let events = self.events.clone();
+        let mut polls = 0;
+        Box::pin(std::future::poll_fn(move |cx| {
+            if Pin::new(&mut rx).poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            polls += 1;
+            match polls {
+                1 => cx.waker().wake_by_ref(),
+                2 => {
+                    let _ = events.send(Event::PollEnded(actor));
+                }
+                _ => {}
+            }
+            Poll::Pending
+        }))
     }
 
+    /// Lets every parked part of `actor` go.
     fn resume(&self, actor: usize) {
-        if let Some(tx) = self.resumes.lock().unwrap()[actor].take() {
+        let parts = std::mem::take(&mut self.resumes.lock().unwrap()[actor]);
+        for tx in parts {
             let _ = tx.send(());
         }
     }
+}
+
+/// The points of one stop, as the trace shows them: `before_debit+before_credit`.
+fn show(stops: &[Stop]) -> String {
+    let names: Vec<String> = stops.iter().map(Stop::to_string).collect();
+    names.join("+")
 }
 
 impl Hook for Scheduler {
@@ -180,14 +242,15 @@ pub fn splitmix(state: &mut u64) -> u64 {
 }
 
 /// The owner of a `crash<k>:` prelude (its instance id `id`) runs `new_transfer` alone
-/// until its k-th point (counting every point, from 0), then crashes there: its future
-/// is dropped, so the write it was about to send never is. Returns whether it crashed;
-/// if not, `run` says why and the schedule is over.
+/// until its k-th stop (counting every point, from 0; the parts of a multi-leg step
+/// parked at once are one stop, see the module doc, `quiet` as for [`quiet`]), then
+/// crashes there: its future is dropped, so the writes it was about to send never are.
+/// Returns whether it crashed; if not, `run` says why and the schedule is over.
 pub async fn crash_owner(
     owner: TransferService,
     id: &str,
     new_transfer: NewTransfer,
-    k: usize,
+    (k, quiet): (usize, Duration),
     run: &mut Run,
 ) -> bool {
     let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -195,7 +258,7 @@ pub async fn crash_owner(
         actors: HashMap::from([(id.to_owned(), 0)]),
         all_points: true,
         events: events_tx.clone(),
-        resumes: Mutex::new(vec![None]),
+        resumes: Mutex::new(vec![vec![]]),
     });
     failpoints::install_hook(id, sched.clone());
     let task = tokio::spawn(async move {
@@ -204,18 +267,31 @@ pub async fn crash_owner(
         r
     });
     let mut reached = 0;
+    // The parts parked, and once the poll that parked them ended, when the owner is at
+    // rest at them if nothing more comes.
+    let mut parts = Vec::new();
+    let mut at_rest: Option<Instant> = None;
     let crashed = loop {
-        match tokio::time::timeout(STEP_LIMIT, events.recv()).await {
+        let deadline = at_rest.unwrap_or_else(|| Instant::now() + STEP_LIMIT);
+        match tokio::time::timeout_at(deadline, events.recv()).await {
             Ok(Some(Event::Released)) => {}
-            Ok(Some(Event::Parked(_, stop))) => {
-                run.trace.push(format!("owner@{stop}"));
+            Ok(Some(Event::Parked(_, stop))) => parts.push(stop),
+            Ok(Some(Event::PollEnded(_))) => {
+                if !parts.is_empty() {
+                    at_rest = Some(Instant::now() + quiet);
+                }
+            }
+            Ok(Some(Event::Finished(_))) | Ok(None) => break false,
+            Err(_) if at_rest.is_some() => {
+                at_rest = None;
+                run.trace.push(format!("owner@{}", show(&parts)));
+                parts.clear();
                 if reached == k {
                     break true;
                 }
                 reached += 1;
                 sched.resume(0);
             }
-            Ok(Some(Event::Finished(_))) | Ok(None) => break false,
             Err(_) => {
                 run.violations
                     .push("the owner got stuck running alone".into());
@@ -247,13 +323,24 @@ pub struct Actors {
     tasks: Vec<JoinHandle<Answer>>,
     /// The held-back step: its actor's id and its point.
     held: Option<(String, Point)>,
-    /// Where each actor is parked, if it is.
-    parked: Vec<Option<Stop>>,
+    /// Where each actor's parts are parked (none: it is not parked).
+    parked: Vec<Vec<Stop>>,
     /// Parked at [`Point::WaitDrive`] since the last release of a drive lock: not ready.
     blocked: Vec<bool>,
     finished: Vec<bool>,
-    /// The actors let go that have not reached a point nor finished yet.
-    waiting_for: usize,
+    /// The actors let go (and at first every actor, until it parks at `start`) that are
+    /// not at rest yet: neither finished nor parked with the poll that parked them ended
+    /// (and, where parts may come late, quiet since).
+    running: Vec<bool>,
+    /// A part of the running actor reached a point in its current poll.
+    arrived: Vec<bool>,
+    /// When a running actor whose parts reached their points is at rest, if it stays
+    /// quiet until then.
+    at_rest: Vec<Option<Instant>>,
+    /// How long an actor must stay quiet after its parts reached their points ([`quiet`]).
+    quiet: Duration,
+    /// When a running actor last told something: it is stuck [`STEP_LIMIT`] after that.
+    heard: Instant,
     /// The actor let go last.
     last: Option<usize>,
     /// Whether the held-back actor was let go from its held point, so that a write of
@@ -289,7 +376,7 @@ impl Actors {
                 .collect(),
             all_points,
             events: events_tx.clone(),
-            resumes: Mutex::new(scenario.actors.iter().map(|_| None).collect()),
+            resumes: Mutex::new(scenario.actors.iter().map(|_| vec![]).collect()),
         });
         // The held-back step: armed for the whole schedule, under its actor's own id.
         let held = scenario
@@ -344,11 +431,15 @@ impl Actors {
             events,
             tasks,
             held,
-            parked: vec![None; n],
+            parked: vec![vec![]; n],
             blocked: vec![false; n],
             finished: vec![false; n],
             // Every actor parks at `start` first; then one runs at a time.
-            waiting_for: n,
+            running: vec![true; n],
+            arrived: vec![false; n],
+            at_rest: vec![None; n],
+            quiet: quiet(scenario),
+            heard: Instant::now(),
             last: None,
             something_held: false,
         }
@@ -363,7 +454,7 @@ impl Actors {
         run: &mut Run,
     ) -> Option<String> {
         loop {
-            if let Some(stuck) = self.wait().await {
+            if let Some(stuck) = self.wait(run).await {
                 return Some(stuck);
             }
             let ready = self.ready(scenario);
@@ -374,25 +465,33 @@ impl Actors {
         }
     }
 
-    /// Waits until every actor let go has reached a point or finished; why the schedule
-    /// is stuck if one did neither within [`STEP_LIMIT`].
-    async fn wait(&mut self) -> Option<String> {
-        while self.waiting_for > 0 {
-            match tokio::time::timeout(STEP_LIMIT, self.events.recv()).await {
-                Ok(Some(Event::Parked(i, stop))) => {
-                    self.parked[i] = Some(stop);
-                    self.blocked[i] = stop == Stop::At(Point::WaitDrive);
-                    self.waiting_for -= 1;
+    /// Waits until every actor let go is at rest: finished, or parked with the poll that
+    /// parked it ended (and quiet since, where parts may come late). Why the schedule is
+    /// stuck if one told nothing for [`STEP_LIMIT`].
+    async fn wait(&mut self, run: &mut Run) -> Option<String> {
+        self.heard = Instant::now();
+        loop {
+            let now = Instant::now();
+            for i in 0..self.running.len() {
+                if self.running[i] && self.at_rest[i].is_some_and(|at| at <= now) {
+                    self.rest(i);
                 }
-                Ok(Some(Event::Released)) => self.blocked.fill(false),
-                Ok(Some(Event::Finished(i))) => {
-                    self.finished[i] = true;
-                    self.waiting_for -= 1;
-                }
-                Ok(None) => break,
+            }
+            if !self.running.iter().any(|&r| r) {
+                return None;
+            }
+            let deadline = (0..self.running.len())
+                .filter(|&i| self.running[i])
+                .filter_map(|i| self.at_rest[i])
+                .min()
+                .unwrap_or(self.heard + STEP_LIMIT);
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Ok(Some(event)) => self.note(event, run),
+                Ok(None) => return None,
+                Err(_) if self.at_rest.iter().any(Option::is_some) => {}
                 Err(_) => {
                     let running: Vec<&String> = (0..self.names.len())
-                        .filter(|&i| self.parked[i].is_none() && !self.finished[i])
+                        .filter(|&i| self.running[i])
                         .map(|i| &self.names[i])
                         .collect();
                     return Some(format!(
@@ -401,14 +500,56 @@ impl Actors {
                 }
             }
         }
-        None
+    }
+
+    /// What an actor told: a part of it parked, a poll of it ended, a drive lock let go,
+    /// or its end.
+    fn note(&mut self, event: Event, run: &mut Run) {
+        // A poll's end follows a part's park: no progress of its own.
+        if !matches!(event, Event::PollEnded(_)) {
+            self.heard = Instant::now();
+        }
+        match event {
+            Event::Parked(i, stop) => {
+                self.parked[i].push(stop);
+                self.blocked[i] = stop == Stop::At(Point::WaitDrive);
+                if stop == Stop::Start {
+                    self.running[i] = false;
+                } else if self.running[i] {
+                    self.arrived[i] = true;
+                } else {
+                    // Its stop was let go, or it was taken to be at rest, before this
+                    // part reached its point.
+                    run.late_parts += 1;
+                    run.trace
+                        .push(format!("({} late at {stop})", self.names[i]));
+                }
+            }
+            Event::PollEnded(i) => {
+                if self.running[i] && (self.arrived[i] || self.at_rest[i].is_some()) {
+                    self.at_rest[i] = Some(Instant::now() + self.quiet);
+                }
+            }
+            Event::Released => self.blocked.fill(false),
+            Event::Finished(i) => {
+                self.finished[i] = true;
+                self.rest(i);
+            }
+        }
+    }
+
+    /// Actor `i` is at rest: finished or parked.
+    fn rest(&mut self, i: usize) {
+        self.running[i] = false;
+        self.arrived[i] = false;
+        self.at_rest[i] = None;
     }
 
     /// The actors ready to go on: parked and not blocked; the network only once something
     /// is held back, or when nobody else is ready.
     fn ready(&self, scenario: &Scenario) -> Vec<usize> {
         let mut ready: Vec<usize> = (0..self.parked.len())
-            .filter(|&i| self.parked[i].is_some() && !self.blocked[i])
+            .filter(|&i| !self.parked[i].is_empty() && !self.blocked[i])
             .collect();
         let is_net = |i: &usize| scenario.actors[*i] == Kind::Net;
         if !self.something_held && !ready.iter().all(is_net) {
@@ -429,8 +570,9 @@ impl Actors {
         })
     }
 
-    /// Lets one of the `ready` actors go, as `chooser` says (a decision of `run` when
-    /// there are two or more); the default (choice 0) lets the actor that ran last go on.
+    /// Lets one of the `ready` actors go (every part of it parked), as `chooser` says (a
+    /// decision of `run` when there are two or more); the default (choice 0) lets the
+    /// actor that ran last go on.
     fn let_go(
         &mut self,
         mut ready: Vec<usize>,
@@ -455,16 +597,16 @@ impl Actors {
         };
         let actor = ready[pick];
         self.last = Some(actor);
-        let stop = self.parked[actor].take().unwrap();
-        if scenario
-            .held
-            .is_some_and(|(i, h)| i == actor && Stop::At(h.point()) == stop)
-        {
-            self.something_held = true;
+        let stops = std::mem::take(&mut self.parked[actor]);
+        if let Some((i, h)) = scenario.held {
+            if i == actor && stops.contains(&Stop::At(h.point())) {
+                self.something_held = true;
+            }
         }
-        run.trace.push(format!("{}@{stop}", self.names[actor]));
+        run.trace
+            .push(format!("{}@{}", self.names[actor], show(&stops)));
+        self.running[actor] = true;
         self.sched.resume(actor);
-        self.waiting_for = 1;
     }
 
     /// Ends the actors: their hooks removed, their tasks aborted if the schedule is

@@ -38,9 +38,10 @@ pub enum Prelude {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scenario {
-    /// b lives on a second deployment (a second database server), a on the first: the
-    /// transfer is logged with a, its credit (and a reversal's log) is on the other
-    /// server, each step checked by its own server's clock. Shown as the prefix `across:`.
+    /// b lives on a second deployment (a second database server), a (and c) on the
+    /// first: the transfer is logged with a, its credit (and a reversal's log) is on the
+    /// other server, each step checked by its own server's clock; a multi-leg transfer's
+    /// parties span both servers. Shown as the prefix `across:`.
     pub across: bool,
     /// The actors, and the owner of a `done:` or `held:` prelude, are tasks of one
     /// process (`TransferService::sibling`): one owner in `application`, one set of drive locks, one
@@ -50,6 +51,10 @@ pub struct Scenario {
     /// The owner creates a hold of AMOUNT (expiring in `HOLD_EXPIRY`) instead of a
     /// transfer. Shown as the prefix `hold:`.
     pub hold: bool,
+    /// The owner makes a multi-leg transfer over three accounts instead (`docs/legs.md`):
+    /// a pays b AMOUNT and b pays c AMOUNT/2, so a pays and b and c receive (see
+    /// `workload::legs`). Shown as the prefix `legs:`.
+    pub legs: bool,
     pub prelude: Prelude,
     pub actors: Vec<Kind>,
     /// The actor (by index) whose step is held back for the whole schedule, if any.
@@ -66,6 +71,9 @@ impl fmt::Display for Scenario {
         }
         if self.hold {
             write!(f, "hold:")?;
+        }
+        if self.legs {
+            write!(f, "legs:")?;
         }
         match self.prelude {
             Prelude::Nothing => {}
@@ -92,6 +100,7 @@ impl Scenario {
             across: false,
             same: false,
             hold: false,
+            legs: false,
             prelude,
             actors: actors.to_vec(),
             held: None,
@@ -122,6 +131,14 @@ impl Scenario {
         }
     }
 
+    /// A multi-leg scenario.
+    pub fn legs(prelude: Prelude, actors: &[Kind]) -> Scenario {
+        Scenario {
+            legs: true,
+            ..Scenario::new(prelude, actors)
+        }
+    }
+
     /// The same scenario with b on the second deployment.
     pub fn across(self) -> Scenario {
         Scenario {
@@ -143,6 +160,14 @@ impl Scenario {
             Some(rest) => (true, rest),
             None => (false, s),
         };
+        let (legs, s) = match s.strip_prefix("legs:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        assert!(
+            !(hold && legs),
+            "a scenario is a hold or a multi-leg one, not both"
+        );
         let (prelude, actors) = match s.split_once(':') {
             Some(("done", rest)) => (Prelude::Done, rest),
             Some(("held", rest)) => (Prelude::Held, rest),
@@ -178,6 +203,7 @@ impl Scenario {
             across,
             same,
             hold,
+            legs,
             prelude,
             actors: kinds,
             held,
@@ -186,11 +212,12 @@ impl Scenario {
 }
 
 /// How many points the owner passes running alone (every point, not only writes): the
-/// crash points of a transfer and of a hold.
+/// crash points of a transfer, of a hold and of a multi-leg transfer.
 #[derive(Clone, Copy)]
 pub struct CrashPoints {
     pub transfer: usize,
     pub hold: usize,
+    pub legs: usize,
 }
 
 /// The crash points of each layout: across two deployments an owner passes more (the
@@ -201,9 +228,11 @@ pub struct LayoutPoints {
     pub across: CrashPoints,
 }
 
-/// The scenario of random seed `seed`: half of them (by a stream of their own, so that
-/// the transfer scenario of a seed is the one it always was) hold scenarios (see
-/// [`random_hold_scenario`]), the others: owner or a recoverer after a crash at a random
+/// The scenario of random seed `seed`: a quarter of them `same:` scenarios (see
+/// [`random_same_scenario`]), a quarter of the others multi-leg ones (see
+/// [`random_legs_scenario`]); of the rest (each choice by a stream of its own, so that
+/// the transfer scenario of a seed is the one it always was) half hold scenarios (see
+/// [`random_hold_scenario`]), half: owner or a recoverer after a crash at a random
 /// point, a cancel, and a second cancel or a sweeper.
 pub fn random_scenario(seed: u64, points: LayoutPoints) -> Scenario {
     // Half of them with b on the second deployment, by a stream of their own.
@@ -220,6 +249,11 @@ fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
     let mut same = seed ^ 0x5A3E_0000_0DD5_EED5;
     if splitmix(&mut same) % 4 == 0 {
         return random_same_scenario(&mut same);
+    }
+    // A quarter of the others multi-leg scenarios, by a stream of their own.
+    let mut legs = seed ^ 0x1E65_0000_5EED_0003;
+    if splitmix(&mut legs) % 4 == 0 {
+        return random_legs_scenario(&mut legs, points.legs);
     }
     let mut h = seed ^ 0x401D_5EED_0BAD_CAFE;
     if splitmix(&mut h) % 2 == 1 {
@@ -244,6 +278,25 @@ fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
         Kind::Sweeper
     };
     Scenario::new(prelude, &[head, Kind::Cancel, third])
+}
+
+/// A random multi-leg scenario: the owner, or a recoverer after the owner crashed at a
+/// random point of the transfer, then a cancel and a second cancel or a sweeper; a third
+/// of them all four: a recoverer (or the owner), two cancels and a sweeper.
+fn random_legs_scenario(s: &mut u64, crash_points: usize) -> Scenario {
+    use Kind::*;
+    let (prelude, head) = if splitmix(s) % 2 == 0 {
+        (Prelude::Nothing, Owner)
+    } else {
+        let k = (splitmix(s) % crash_points as u64) as usize;
+        (Prelude::Crash(k), Recoverer)
+    };
+    let actors: &[Kind] = match splitmix(s) % 3 {
+        0 => &[head, Cancel, Cancel],
+        1 => &[head, Cancel, Sweeper],
+        _ => &[head, Cancel, Cancel, Sweeper],
+    };
+    Scenario::legs(prelude, actors)
 }
 
 /// A random `same:` scenario: two tasks of one process and the network. The first, whose
@@ -286,7 +339,7 @@ fn random_hold_scenario(s: &mut u64, crash_points: usize) -> Scenario {
 }
 
 /// Every exhaustive scenario, in both layouts: within one deployment, and with b on the
-/// second.
+/// second (c, of a multi-leg scenario, stays on the first).
 pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
     use Kind::*;
     let mut all = Vec::new();
@@ -299,6 +352,12 @@ pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
             add(Scenario::new(Prelude::Crash(k), &[Recoverer, Cancel]));
         }
         add(Scenario::new(Prelude::Done, &[Cancel, Cancel]));
+        // Multi-leg transfers: the same pairs.
+        add(Scenario::legs(Prelude::Nothing, &[Owner, Cancel]));
+        for k in 0..points.legs {
+            add(Scenario::legs(Prelude::Crash(k), &[Recoverer, Cancel]));
+        }
+        add(Scenario::legs(Prelude::Done, &[Cancel, Cancel]));
         // Holds: every pair of those that settle a held hold, two of a kind included.
         let settlers = [Capture, Void, Expire, Cancel];
         for (i, &first) in settlers.iter().enumerate() {

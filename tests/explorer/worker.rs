@@ -14,7 +14,7 @@ use transfer_service::service::TransferService;
 use transfer_service::store::{DEFAULT_GROUP_COMMIT_WRITES, Deployments, Store};
 
 use crate::checker::{self, Run};
-use crate::nemesis::{Actors, Chooser, crash_owner};
+use crate::nemesis::{self, Actors, Chooser, crash_owner};
 use crate::scenario::{LEASE, Prelude, Scenario};
 use crate::workload::{Kind, run_alone, set_up};
 
@@ -52,8 +52,8 @@ async fn fresh_stores(uris: &[String; 2]) -> [Store; 2] {
     [first, second]
 }
 
-/// The two deployments' names: a lives on the first, b on the second in `across:`
-/// scenarios.
+/// The two deployments' names: a (and c) lives on the first, b on the second in
+/// `across:` scenarios.
 pub const DEPLOYMENTS: [&str; 2] = ["one", "two"];
 
 pub fn account_id(s: &str) -> AccountId {
@@ -107,8 +107,8 @@ impl Worker {
         }
     }
 
-    /// Every transfer touching either account, once each.
-    async fn transfers_of(&self, accounts: [&str; 2]) -> Vec<Transfer> {
+    /// Every transfer touching any of `accounts` (as a party too), once each.
+    async fn transfers_of(&self, accounts: &[&str]) -> Vec<Transfer> {
         let mut found: Vec<Transfer> = Vec::new();
         for account in accounts {
             let filter = TransferFilter {
@@ -127,11 +127,11 @@ impl Worker {
         found
     }
 
-    /// Both accounts' ledgers, each read from the deployment that keeps it.
-    async fn ledger_of(&self, accounts: [&str; 2]) -> Ledger {
+    /// The accounts' ledgers, each read from the deployment that keeps it.
+    async fn ledger_of(&self, accounts: &[&str]) -> Ledger {
         let mut ledger = Ledger::default();
         for store in &self.stores {
-            let read = support::ledger::read(store.database(), Some(&accounts)).await;
+            let read = support::ledger::read(store.database(), Some(accounts)).await;
             ledger.merge(read.expect("read the ledger"));
         }
         ledger
@@ -153,7 +153,7 @@ impl Worker {
         self.schedules += 1;
         let tag = format!("w{}s{}", self.index, self.schedules);
         let setup = set_up(&self.bank(&format!("{tag}-setup")), &tag, scenario).await;
-        let (a, b) = (&setup.a, &setup.b);
+        let a = &setup.a;
         let mut run = Run::default();
         // In a `same:` scenario, the one process whose tasks the actors are.
         let process = scenario.same.then(|| {
@@ -173,7 +173,8 @@ impl Worker {
             Prelude::Crash(k) => {
                 let id = format!("{tag}-owner0");
                 let owner = self.bank(&id);
-                if !crash_owner(owner, &id, setup.new_transfer.clone(), k, &mut run).await {
+                let at = (k, nemesis::quiet(scenario));
+                if !crash_owner(owner, &id, setup.new_transfer.clone(), at, &mut run).await {
                     return run;
                 }
                 // Nothing of the owner's is in flight: the lease may lapse at once.
@@ -190,13 +191,17 @@ impl Worker {
         }
 
         let cleaner = self.bank(&format!("{tag}-cleaner"));
-        self.let_everything_finish(&cleaner, a, b, &mut run).await;
-        let accounts = [self.account(a).await, self.account(b).await];
-        let transfers = self.transfers_of([a, b]).await;
-        let ledger = self.ledger_of([a, b]).await;
+        let ids = setup.accounts();
+        self.let_everything_finish(&cleaner, &ids, &mut run).await;
+        let mut accounts = Vec::new();
+        for id in &ids {
+            accounts.push(self.account(id).await);
+        }
+        let transfers = self.transfers_of(&ids).await;
+        let ledger = self.ledger_of(&ids).await;
         checker::check(scenario, &accounts, &transfers, &ledger, &mut run);
         if scenario.hold {
-            self.void_holds_left_held(&cleaner, a, b, &mut run).await;
+            self.void_holds_left_held(&cleaner, &ids, &mut run).await;
         }
         run
     }
@@ -204,20 +209,15 @@ impl Worker {
     /// Lets everything finish: a lease passes (no actor is left, so nothing is in
     /// flight), then a sweep finishes what is unfinished, collects fences and finishes
     /// interrupted reversals. Twice, as a sweep may leave work for the next one.
-    async fn let_everything_finish(
-        &self,
-        cleaner: &TransferService,
-        a: &str,
-        b: &str,
-        run: &mut Run,
-    ) {
+    async fn let_everything_finish(&self, cleaner: &TransferService, ids: &[&str], run: &mut Run) {
         for round in 0..2 {
-            if round > 0 && self.clean(a, b).await {
+            if round > 0 && self.clean(ids).await {
                 break;
             }
             self.age(doc! { "$or": [
-                { "source": { "$in": [a, b] } },
-                { "destination": { "$in": [a, b] } },
+                { "source": { "$in": ids } },
+                { "destination": { "$in": ids } },
+                { "parties.account": { "$in": ids } },
             ] })
             .await;
             if let Err(e) =
@@ -231,14 +231,8 @@ impl Worker {
     /// A hold left `held` would expire (`HOLD_EXPIRY`) during a later schedule of this
     /// worker, whose sweeps would then expire it: foreign writes in that schedule, and
     /// a wrong count in its expiry's answer. Voided now, once checked.
-    async fn void_holds_left_held(
-        &self,
-        cleaner: &TransferService,
-        a: &str,
-        b: &str,
-        run: &mut Run,
-    ) {
-        for t in self.transfers_of([a, b]).await {
+    async fn void_holds_left_held(&self, cleaner: &TransferService, ids: &[&str], run: &mut Run) {
+        for t in self.transfers_of(ids).await {
             if t.state == TransferState::Held {
                 if let Err(e) = cleaner.void(t.id).await {
                     run.violations
@@ -250,8 +244,8 @@ impl Worker {
 
     /// Whether nothing of the schedule is left for a sweep to do (a hold `held` waits
     /// for its client, not for a sweep).
-    async fn clean(&self, a: &str, b: &str) -> bool {
-        let transfers = self.transfers_of([a, b]).await;
+    async fn clean(&self, ids: &[&str]) -> bool {
+        let transfers = self.transfers_of(ids).await;
         transfers
             .iter()
             .all(|t| t.state.is_at_rest() && !t.fenced && !t.reversing)

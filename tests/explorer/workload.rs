@@ -1,15 +1,18 @@
 //! The workload: the actors of a schedule and what each does ([`act`]), on two accounts
-//! a and b opened for the schedule ([`set_up`]).
+//! a and b opened for the schedule, and a third, c, for a multi-leg one ([`set_up`]).
 //!
-//! A scenario is a transfer scenario (the owner transfers [`AMOUNT`] from a to b) or a
+//! A scenario is a transfer scenario (the owner transfers [`AMOUNT`] from a to b), a
 //! hold scenario (named with the prefix `hold:`: the owner creates a hold of [`AMOUNT`]
-//! from a to b, expiring in [`HOLD_EXPIRY`]). The actors of a hold scenario: `capture`
-//! captures all of the hold, `void` voids it, `expire` makes the clock reach its
-//! `expiresAt` (a raw write sets it into the past, safe at any moment as time passing is)
-//! and then sweeps, which expires it if still `held`; `cancel` cancels it (voids it if
-//! `held`, rolls it back if pending, reverses it once captured). Each of them answers
-//! "nothing recorded yet" when it comes before the hold is recorded. The prelude `held:`
-//! runs the hold to `held` first, as `done:` runs a transfer to `done`.
+//! from a to b, expiring in [`HOLD_EXPIRY`]) or a multi-leg scenario (prefix `legs:`:
+//! the owner makes the multi-leg transfer of [`legs`], a pays b [`AMOUNT`] and b pays c
+//! half of it; its reversal has two paying parties, b and c, and one receiving, a). The
+//! actors of a hold scenario: `capture` captures all of the hold, `void` voids it,
+//! `expire` makes the clock reach its `expiresAt` (a raw write sets it into the past,
+//! safe at any moment as time passing is) and then sweeps, which expires it if still
+//! `held`; `cancel` cancels it (voids it if `held`, rolls it back if pending, reverses
+//! it once captured). Each of them answers "nothing recorded yet" when it comes before
+//! the hold is recorded. The prelude `held:` runs the hold to `held` first, as `done:`
+//! runs a transfer to `done`.
 //!
 //! Each actor is a `TransferService` with its own instance id; in a `same:` scenario the actors (and
 //! the owner of a `done:` or `held:` prelude) are `TransferService::sibling`s of one process: they
@@ -25,7 +28,8 @@ use std::time::Duration;
 use mongodb::bson::{DateTime, Document, doc};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
-    AccountId, Amount, Currency, DeploymentName, OpeningBalance, Transfer, TransferFilter,
+    AccountId, Amount, Currency, DeploymentName, Leg, Legs, OpeningBalance, Transfer,
+    TransferFilter,
 };
 use transfer_service::failpoints;
 use transfer_service::service::{
@@ -44,7 +48,8 @@ const HOLD_EXPIRY: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// `bank.transfer` of AMOUNT from a to b (a hold, in a hold scenario).
+    /// `bank.transfer` of AMOUNT from a to b (a hold, in a hold scenario; the multi-leg
+    /// transfer of [`legs`], in a multi-leg scenario).
     Owner,
     /// `sweep_once` after the owner crashed.
     Recoverer,
@@ -100,22 +105,51 @@ impl Kind {
     }
 }
 
-/// A schedule's two accounts, and what its owner asks for: a transfer (or a hold) of
-/// [`AMOUNT`] from a to b.
+/// A schedule's accounts, and what its owner asks for: a transfer (or a hold) of
+/// [`AMOUNT`] from a to b, or the multi-leg transfer of [`legs`] over a, b and c.
 pub struct Setup {
     pub a: String,
     pub b: String,
+    /// The third account, of a multi-leg scenario only.
+    pub c: Option<String>,
     pub new_transfer: NewTransfer,
 }
 
+impl Setup {
+    /// Every account of the schedule: a, b, and c if there is one.
+    pub fn accounts(&self) -> Vec<&str> {
+        let mut all = vec![self.a.as_str(), self.b.as_str()];
+        all.extend(self.c.as_deref());
+        all
+    }
+}
+
+/// The legs of a multi-leg scenario: a pays b [`AMOUNT`], b pays c half of it. Parties: a
+/// -AMOUNT (pays), b +AMOUNT/2 and c +AMOUNT/2 (receive: b is paid more than it passes
+/// on); the reversal's: b and c -AMOUNT/2 each (pay), a +AMOUNT (receives). Every
+/// account opens with [`OPENING`], enough for all of it.
+pub fn legs(a: &str, b: &str, c: &str) -> Legs {
+    let leg = |source: &str, destination: &str, amount: i64| Leg {
+        source: account_id(source),
+        destination: account_id(destination),
+        amount: Amount::parse(amount).unwrap(),
+    };
+    Legs::new(vec![leg(a, b, AMOUNT), leg(b, c, AMOUNT / 2)]).expect("legs")
+}
+
 /// Opens the accounts of the schedule `tag` through `setup` with [`OPENING`] each: a on
-/// the first deployment, b on the second in an `across:` scenario.
+/// the first deployment, b on the second in an `across:` scenario, c (of a multi-leg
+/// scenario) on the first, so that in an `across:` one the parties span both servers,
+/// those of the transfer (logged with a) and those of its reversal (logged with b).
 pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> Setup {
     let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
-    for (id, deployment) in [
+    let c = scenario.legs.then(|| format!("{tag}-c"));
+    let mut placed = vec![
         (&a, DEPLOYMENTS[0]),
         (&b, DEPLOYMENTS[scenario.across as usize]),
-    ] {
+    ];
+    placed.extend(c.as_ref().map(|c| (c, DEPLOYMENTS[0])));
+    for (id, deployment) in placed {
         setup
             .open_account(NewAccount {
                 id: Some(account_id(id)),
@@ -127,15 +161,23 @@ pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> 
             .await
             .expect("open account");
     }
-    let new_transfer = NewTransfer {
-        source: account_id(&a),
-        destination: account_id(&b),
-        amount: Amount::parse(AMOUNT).unwrap(),
-        legs: None,
-        reference: None,
-        hold: scenario.hold.then_some(HOLD_EXPIRY),
+    let new_transfer = match &c {
+        Some(c) => NewTransfer::with_legs(legs(&a, &b, c), None),
+        None => NewTransfer {
+            source: account_id(&a),
+            destination: account_id(&b),
+            amount: Amount::parse(AMOUNT).unwrap(),
+            legs: None,
+            reference: None,
+            hold: scenario.hold.then_some(HOLD_EXPIRY),
+        },
     };
-    Setup { a, b, new_transfer }
+    Setup {
+        a,
+        b,
+        c,
+        new_transfer,
+    }
 }
 
 /// The owner of a `done:` or `held:` prelude, alone: runs the transfer (or the hold) to
@@ -150,7 +192,8 @@ pub async fn run_alone(owner: &TransferService, new_transfer: NewTransfer) -> An
 }
 
 /// The scenario's transfer from a to b, if recorded yet (the oldest: a reversal goes the
-/// other way, and only the owner makes a transfer from a to b).
+/// other way, and only the owner makes a transfer from a to b; a multi-leg transfer's
+/// `source` and `destination` are its first leg's, a to b, and its reversal's b to a).
 async fn scenario_transfer(
     bank: &TransferService,
     a: &str,
