@@ -82,7 +82,13 @@ pub(super) fn forward_step_allowed(
         { "$not": [{ "$in": [tx.clone(), markers.into()] }] },
         { "$not": [{ "$in": [tx, { "$ifNull": ["$fencedTransactions", []] }] }] },
         { "$gte": [{ "$subtract": [after.balance.clone(), after.debits] }, 0_i64] },
-        { "$lte": [{ "$add": [after.balance, after.credits, after.incoming] }, MAX_MONEY] },
+        // Only a change that adds to the sum is held to MAX_MONEY: an undo may leave an
+        // account above it (a debit given back after room was made meanwhile), and its
+        // debits must not be refused for that.
+        { "$or": [
+            { "$lte": [{ "$add": [change.balance.clone(), change.credits.clone(), change.incoming.clone()] }, 0_i64] },
+            { "$lte": [{ "$add": [after.balance, after.credits, after.incoming] }, MAX_MONEY] },
+        ] },
         { "$lt": ["$$NOW", deadline.into()] },
     ] }
 }

@@ -637,3 +637,47 @@ async fn a_multi_leg_transfer_is_one_event_carrying_its_legs() {
     assert_eq!(refused_events[0]["type"], "transfer.canceled");
     assert_eq!(refused_events[0]["data"]["reason"], "insufficient_funds");
 }
+
+/// A debit given back after another transfer made room with what it freed leaves the
+/// account above the largest balance once that room is paid in (found by a race
+/// review). Spending from it must still work: only a change that adds to the account is
+/// held to the largest balance (before, every small debit was refused by that guard and
+/// retried until the service answered 503).
+#[tokio::test]
+async fn an_account_left_above_the_largest_balance_can_still_be_spent_from() {
+    use support::values::{account, amount, from_now};
+    use transfer_service::store::accounts::Side;
+    let app = spawn_app().await;
+    let max = 9_007_199_254_740_991_i64;
+    open(&app, &[("n", max - 100), ("other", 0)]).await;
+    let (t1, t2) = (
+        transfer_service::store::new_transfer_id(),
+        transfer_service::store::new_transfer_id(),
+    );
+    let n = account("n");
+    assert!(
+        app.store
+            .prepare(&n, t1, -100, from_now(60_000))
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        app.store
+            .prepare(&n, t2, 200, from_now(60_000))
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        app.store
+            .undo(&n, t1, Side::Source, amount(100))
+            .await
+            .unwrap()
+    );
+    app.store.settle(&n, t2, 200).await.unwrap();
+    assert_eq!(app.balance("n").await, max + 100);
+    let (status, body) = app.transfer("n", "other", 1).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(app.balance("n").await, max + 99);
+}
