@@ -880,61 +880,11 @@ fn settled(rows: &[(String, Document)]) -> Vec<Document> {
     let mut sorted: Vec<&(String, Document)> = rows.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let nothing = doc! { "mv": Moved::NOTHING.seq, "ma": Moved::NOTHING.at, "ops": [] };
-    let stored = Amounts::stored();
-    let landed = doc! { "$in": ["$$this.tx", "$pendingTransactions"] };
-    let seq = doc! { "$add": [acc(1), 1_i64] };
-    let balance = doc! { "$add": [acc(0), "$$this.d"] };
-    let walk = doc! { "$reduce": {
-        "input": "$_t.ops",
-        "initialValue": [stored.balance, { "$ifNull": ["$seq", 0_i64] }, stored.incoming, []],
-        "in": { "$cond": [
-            landed,
-            [
-                balance.clone(),
-                seq.clone(),
-                { "$subtract": [acc(2), "$$this.d"] },
-                { "$concatArrays": [acc(3), [[seq, balance]]] },
-            ],
-            [acc(0), acc(1), acc(2), { "$concatArrays": [acc(3), [false]] }],
-        ] },
-    } };
-    let left = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
-    let change = Amounts::change(0, 0, 0);
-    let change = Amounts {
-        balance: "$$change.d".into(),
-        ..change
-    };
-    let after = Amounts {
-        balance: left(1).into(),
-        ..Amounts::stored()
-    };
-    let entry = entry_expr(
-        left(0),
-        EntryKind::Credit.as_str(),
-        "$$change.tx",
-        &change,
-        &after,
-        "$_at",
-    );
-    let entries = doc! { "$filter": {
-        "input": { "$map": {
-            "input": { "$zip": { "inputs": ["$_t.ops", walked(3)] } },
-            "as": "pair",
-            "in": { "$let": {
-                "vars": {
-                    "change": { "$arrayElemAt": ["$$pair", 0] },
-                    "left": { "$arrayElemAt": ["$$pair", 1] },
-                },
-                "in": { "$cond": [{ "$eq": ["$$left", false] }, false, entry] },
-            } },
-        } },
-        "cond": { "$ne": ["$$this", false] },
-    } };
     let settled_txs = doc! { "$map": { "input": "$_t.ops", "in": "$$this.tx" } };
     vec![
         doc! { "$set": { "_at": entry_time(), "_t": row_of_account(&sorted, &nothing) } },
-        doc! { "$set": { "_batch": walk } },
-        doc! { "$set": { "_new": entries } },
+        doc! { "$set": { "_batch": settle_walk() } },
+        doc! { "$set": { "_new": settle_entries() } },
         doc! { "$set": {
             "balance": walked(0),
             "incoming": { "$cond": [{ "$eq": [walked(2), 0_i64] }, "$$REMOVE", walked(2)] },
@@ -953,6 +903,65 @@ fn settled(rows: &[(String, Document)]) -> Vec<Document> {
         } },
         doc! { "$unset": ["_t", "_batch", "_new", "_at"] },
     ]
+}
+
+/// The `$reduce` of [`settled`]: `[balance, seq, incoming, left]`, each settle landing
+/// only where its marker is.
+fn settle_walk() -> Document {
+    let stored = Amounts::stored();
+    let landed = doc! { "$in": ["$$this.tx", "$pendingTransactions"] };
+    let seq = doc! { "$add": [acc(1), 1_i64] };
+    let balance = doc! { "$add": [acc(0), "$$this.d"] };
+    doc! { "$reduce": {
+        "input": "$_t.ops",
+        "initialValue": [stored.balance, { "$ifNull": ["$seq", 0_i64] }, stored.incoming, []],
+        "in": { "$cond": [
+            landed,
+            [
+                balance.clone(),
+                seq.clone(),
+                { "$subtract": [acc(2), "$$this.d"] },
+                { "$concatArrays": [acc(3), [[seq, balance]]] },
+            ],
+            [acc(0), acc(1), acc(2), { "$concatArrays": [acc(3), [false]] }],
+        ] },
+    } }
+}
+
+/// The credit entries of the settles that landed (see [`settle_walk`]).
+fn settle_entries() -> Document {
+    let left = |i: i64| doc! { "$arrayElemAt": ["$$left", i] };
+    let change = Amounts::change(0, 0, 0);
+    let change = Amounts {
+        balance: "$$change.d".into(),
+        ..change
+    };
+    let after = Amounts {
+        balance: left(1).into(),
+        ..Amounts::stored()
+    };
+    let entry = entry_expr(
+        left(0),
+        EntryKind::Credit.as_str(),
+        "$$change.tx",
+        &change,
+        &after,
+        "$_at",
+    );
+    doc! { "$filter": {
+        "input": { "$map": {
+            "input": { "$zip": { "inputs": ["$_t.ops", walked(3)] } },
+            "as": "pair",
+            "in": { "$let": {
+                "vars": {
+                    "change": { "$arrayElemAt": ["$$pair", 0] },
+                    "left": { "$arrayElemAt": ["$$pair", 1] },
+                },
+                "in": { "$cond": [{ "$eq": ["$$left", false] }, false, entry] },
+            } },
+        } },
+        "cond": { "$ne": ["$$this", false] },
+    } }
 }
 
 #[cfg(test)]
