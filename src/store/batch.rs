@@ -40,7 +40,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::entries::{
     EntryMover, LAST_AT, Marker, Moved, RECENT, changed_with_entry, entry_expr, entry_time, kept,
-    room_changed,
+    room_changed, unless_zero,
 };
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
@@ -690,7 +690,7 @@ fn batch_results() -> Document {
         "balance": walked(B),
         "pendingDebits": walked(PD),
         "pendingCredits": walked(PC),
-        "incoming": { "$cond": [{ "$eq": [walked(IN), 0_i64] }, "$$REMOVE", walked(IN)] },
+        "incoming": unless_zero(&walked(IN)),
         "pendingTransactions": { "$concatArrays": [
             "$pendingTransactions", { "$map": { "input": "$_new", "in": "$$this.tx" } },
         ] },
@@ -887,7 +887,7 @@ fn settled(rows: &[(String, Document)]) -> Vec<Document> {
         doc! { "$set": { "_new": settle_entries() } },
         doc! { "$set": {
             "balance": walked(0),
-            "incoming": { "$cond": [{ "$eq": [walked(2), 0_i64] }, "$$REMOVE", walked(2)] },
+            "incoming": unless_zero(&walked(2)),
             "seq": walked(1),
             "pendingTransactions": { "$filter": {
                 "input": "$pendingTransactions",

@@ -182,7 +182,7 @@ pub(super) fn entry_expr(
 /// `value`, or nothing (the field left out) where it is 0: an entry waiting in an account
 /// document is rewritten with every later write of the account, and most entries (those
 /// of plain transfers on accounts with no holds) have no pending amounts at all.
-fn unless_zero(value: &Bson) -> Bson {
+pub(super) fn unless_zero(value: &Bson) -> Bson {
     doc! { "$cond": [{ "$eq": [value.clone(), 0_i64] }, "$$REMOVE", value.clone()] }.into()
 }
 
@@ -226,7 +226,7 @@ pub(super) fn changed_with_entry(
     };
     // Only a multi-leg transfer's settle changes the room (`docs/legs.md`).
     if change.incoming != Bson::Int64(0) {
-        set.insert("incoming", room(&after.incoming));
+        set.insert("incoming", unless_zero(&after.incoming));
     }
     vec![
         doc! { "$set": { "_entry": entry } },
@@ -242,15 +242,10 @@ pub(super) fn room_changed(tx: ObjectId, by: i64, marker: Marker) -> Vec<Documen
     let after = Amounts::stored().incoming;
     let after: Bson = doc! { "$add": [after, by] }.into();
     vec![doc! { "$set": {
-        "incoming": room(&after),
+        "incoming": unless_zero(&after),
         "pendingTransactions": marked(tx, marker),
         "updatedAt": "$$NOW",
     } }]
-}
-
-/// The stored room, `value`, left out where it is zero (most accounts never have any).
-fn room(value: &Bson) -> Bson {
-    doc! { "$cond": [{ "$eq": [value.clone(), 0_i64] }, "$$REMOVE", value.clone()] }.into()
 }
 
 /// The account's markers after a step of `tx` that does `marker` to its own.
