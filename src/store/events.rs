@@ -174,10 +174,11 @@ impl Store {
     /// Makes the recorder's document if there is none, with `startAt` the database's
     /// cluster time now: the first recorder records every change from here on. Called at
     /// start-up, after the migrations and before the instance serves, so that no change
-    /// this version makes precedes the feed's start.
+    /// this version makes precedes the feed's start. Nothing may be read yet
+    /// (`recordedThrough` below every event) until the first recorder says how far.
     pub async fn prepare_feed(&self) -> StoreResult<()> {
         let now = self.cluster_time().await?;
-        let mut start = doc! {};
+        let mut start = doc! { "recordedThrough": tick_key(0) };
         match now {
             Some(now) => {
                 start.insert("startAt", now);
@@ -239,6 +240,7 @@ impl Store {
     /// events in between cannot be recorded any more: says so loudly, and starts again
     /// from now rather than never again.
     pub async fn open_changes(&self) -> StoreResult<Changes> {
+        self.bound_the_feed().await?;
         match self.watch_from_saved().await {
             Err(StoreError::Other(cause)) if history_lost(&cause) => {
                 tracing::error!(deployment = %self.deployment, "the change stream cannot resume where the last recorder left it (the oplog no longer reaches back there): the events of the changes made since then are lost; recording from now on");
@@ -252,6 +254,24 @@ impl Store {
             }
             opened => opened,
         }
+    }
+
+    /// A feed an older version recorded has no `recordedThrough`, and is read up to its
+    /// newest event: before this recorder inserts any, the bound is set there, so that
+    /// no read passes an event it inserts before it says how far the feed may be read.
+    async fn bound_the_feed(&self) -> StoreResult<()> {
+        if self.feed_state().await?.recorded_through.is_some() {
+            return Ok(());
+        }
+        let newest = self.newest_event_after(&Position::start()).await?;
+        let through = newest.map_or_else(|| tick_key(0), |p| key(&p));
+        self.recorder()
+            .update_one(
+                doc! { "_id": RECORDER_ID, "recordedThrough": { "$exists": false } },
+                doc! { "$set": { "recordedThrough": through } },
+            )
+            .await?;
+        Ok(())
     }
 
     async fn watch_from_saved(&self) -> StoreResult<Changes> {

@@ -694,6 +694,107 @@ async fn an_event_that_becomes_visible_after_a_later_one_is_still_read_in_its_pl
     );
 }
 
+/// A new deployment's first recorder inserts its first events before it says how far
+/// they may be read: until it does, a read shows none of them (one read past them then
+/// could pass a place where a change of the same time is recorded late, and skip it).
+#[tokio::test]
+async fn a_new_feed_shows_no_event_before_its_recorder_says_how_far_it_may_be_read() {
+    let elsewhere = spawn_app().await;
+    open(&elsewhere, "alice", 0).await;
+    settle(&elsewhere, "barrier").await;
+    let mut model = elsewhere
+        .store
+        .database()
+        .collection::<Document>("events")
+        .find_one(doc! { "_id": "account.opened:alice" })
+        .await
+        .unwrap()
+        .expect("alice's event is stored");
+
+    let app = spawn_app().await;
+    eventually(
+        "the new deployment's recorder runs",
+        RECORDED_WITHIN,
+        POLL_EVERY,
+        async || {
+            recorder_lease(&app)
+                .await
+                .contains_key("resumeToken")
+                .then_some(())
+        },
+    )
+    .await;
+    // As the recorder's insert is seen before its next write: the event is there, the
+    // bound not yet.
+    model.insert("_id", "account.opened:early");
+    let key = model.get_str("key").unwrap().replace("alice", "early");
+    model.insert("key", key);
+    let events = app.store.database().collection::<Document>("events");
+    events.insert_one(model).await.unwrap();
+    assert!(feed(&app).await.is_empty(), "{:#?}", feed(&app).await);
+
+    let read = settle(&app, "barrier").await;
+    assert_eq!(
+        ids(&read),
+        ["account.opened:early", "account.opened:barrier"],
+        "once the bound passes it, in its place"
+    );
+}
+
+/// A feed an older version recorded, without `recordedThrough`, is read up to its newest
+/// event, as that version read it; the first recorder of this version bounds it there
+/// before it records anything, and every event stays readable, once, in its place.
+#[tokio::test]
+async fn a_feed_recorded_by_an_older_version_is_read_whole_and_then_bounded() {
+    let older = spawn_app().await;
+    let database = older.database.clone();
+    open(&older, "alice", 0).await;
+    settle(&older, "bob").await;
+    // As an older version left it (its recorder is quiet: it writes the bound only with
+    // new events).
+    let recorder = older
+        .store
+        .database()
+        .collection::<Document>("eventRecorder");
+    recorder
+        .update_one(
+            doc! { "_id": "recorder" },
+            doc! { "$unset": { "recordedThrough": "" } },
+        )
+        .await
+        .unwrap();
+    let all = ["account.opened:alice", "account.opened:bob"];
+    assert_eq!(ids(&feed(&older).await), all, "read up to the newest");
+    let bob_key = older
+        .store
+        .database()
+        .collection::<Document>("events")
+        .find_one(doc! { "_id": all[1] })
+        .await
+        .unwrap()
+        .expect("bob's event")
+        .get_str("key")
+        .unwrap()
+        .to_owned();
+    drop(older);
+
+    let newer = spawn_app_with(|s| s.database = database.clone()).await;
+    eventually(
+        "the new recorder bounds the feed at its newest event before recording",
+        RECORDED_WITHIN,
+        POLL_EVERY,
+        async || {
+            let lease = recorder_lease(&newer).await;
+            let bound = lease.get_str("recordedThrough").ok() == Some(bob_key.as_str());
+            (owner(&lease) == newer.instance_id && bound).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(ids(&feed(&newer).await), all);
+    let read = settle(&newer, "carol").await;
+    assert_eq!(ids(&read), [all[0], all[1], "account.opened:carol"]);
+}
+
 #[tokio::test]
 async fn a_type_filter_gives_only_those_types_in_the_feeds_order() {
     let app = spawn_app().await;
