@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use support::{Daemon, TestApp, database_uris, fresh_database_name, spawn_app_with, values};
 use transfer_service::config::{Deployment, Settings};
 use transfer_service::domain::{
-    CancelReason, DeploymentName, Hold, Transfer, TransferId, TransferState,
+    AccountId, CancelReason, DeploymentName, Hold, Leg, Legs, Transfer, TransferId, TransferState,
 };
 use transfer_service::store::Store;
 use transfer_service::store::accounts::Forward;
@@ -1294,16 +1294,27 @@ async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_whil
 /// The sweeper's scans page past what they skip: every stale transfer is returned once,
 /// in `lastModified` order, even where more than a page share one `lastModified` (a burst
 /// stamped in one millisecond); transfers into a deployment named unreachable are left
-/// out, those within the log's own deployment (no `destinationDeployment`) are not.
+/// out, and multi-leg ones with any party there, those within the log's own deployment
+/// (no `destinationDeployment`) are not.
 #[tokio::test]
 async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out_unreachable_ones()
 {
     let books = Books::shared().await;
     let eu = books.store("eu");
     let now = eu.server_time().await.unwrap();
-    // 250 at one instant, 30 a millisecond before and 30 after; 40 to cn among them.
+    // 250 at one instant, 30 a millisecond before and 30 after; 80 touching cn among
+    // them: 40 into it, 40 multi-leg ones whose first leg stays in eu and whose last
+    // party is there.
     let mut expected = Vec::new();
     let mut to_cn = Vec::new();
+    let place = |account: &AccountId| {
+        DeploymentName::parse(if account.as_str().starts_with("cn") {
+            "cn"
+        } else {
+            "eu"
+        })
+        .unwrap()
+    };
     for i in 0..310 {
         let ago_ms = match i {
             0..30 => 60_001,
@@ -1314,6 +1325,26 @@ async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out
         t.source_deployment = eu.deployment().clone();
         t.destination_deployment =
             DeploymentName::parse(if i % 8 == 0 { "cn" } else { "eu" }).unwrap();
+        if i % 4 == 2 {
+            let last = if i % 8 == 2 { "cn-b" } else { "eu-b" };
+            let legs = Legs::new(vec![
+                Leg {
+                    source: values::account("eu-a"),
+                    destination: values::account("other"),
+                    amount: values::amount(1),
+                },
+                Leg {
+                    source: values::account("other"),
+                    destination: values::account(last),
+                    amount: values::amount(1),
+                },
+            ])
+            .unwrap()
+            .placed(place);
+            t.amount = values::amount(2);
+            t.legs = Some(Box::new(legs));
+        }
+        let touches_cn = i % 8 == 0 || i % 8 == 2;
         eu.insert_transfer(&t).await.unwrap();
         let then = mongodb::bson::DateTime::from_chrono(values::after(now, -ago_ms));
         eu.database()
@@ -1324,7 +1355,7 @@ async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out
             )
             .await
             .unwrap();
-        if i % 8 == 0 {
+        if touches_cn {
             to_cn.push(t.id);
         } else {
             expected.push(t.id);

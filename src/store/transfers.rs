@@ -149,9 +149,10 @@ pub struct StepFields {
 /// Two things keep a scan from starving behind what the sweeper cannot act on, which
 /// would otherwise stay the oldest page on every pass (and `BATCH` of them would hide
 /// every later one):
-/// - the query leaves out transfers whose destination lives on a deployment that does not
-///   answer (`destinationDeployment`; absent means the log's own deployment, which `$nin`
-///   keeps): nothing can drive them until it is back;
+/// - the query leaves out transfers whose destination, or any of whose multi-leg parties,
+///   lives on a deployment that does not answer (`destinationDeployment`,
+///   `parties.deployment`; absent means the log's own deployment, which `$nin` keeps):
+///   nothing can drive them until it is back;
 /// - each page starts past the transfers the earlier pages returned, so that what is
 ///   skipped for another reason (a transfer this process is driving, a race) is passed
 ///   over. Transfers may share one `lastModified` (a burst stamped in one millisecond),
@@ -160,7 +161,7 @@ pub struct StepFields {
 pub struct Scan {
     /// Last modified before this, by the clock of the log's deployment: stale.
     stale_before: Timestamp,
-    /// Deployments that do not answer: transfers into their accounts are left out.
+    /// Deployments that do not answer: transfers that touch their accounts are left out.
     unreachable: Vec<DeploymentName>,
     /// The `lastModified` of the last transfer returned, once a page was read.
     at: Option<Timestamp>,
@@ -202,7 +203,9 @@ impl Scan {
         filter.insert("lastModified", last_modified);
         if !self.unreachable.is_empty() {
             let names: Vec<&str> = self.unreachable.iter().map(|d| d.as_str()).collect();
-            filter.insert("destinationDeployment", doc! { "$nin": names });
+            filter.insert("destinationDeployment", doc! { "$nin": &names });
+            // A multi-leg transfer: any party there (the first leg's destination is one).
+            filter.insert("parties.deployment", doc! { "$nin": names });
         }
         filter
     }
