@@ -1802,3 +1802,75 @@ async fn an_accounts_entries_are_kept_on_its_own_deployment() {
         assert_eq!(page["next"], 4);
     }
 }
+
+/// A multi-leg hold is logged where its first leg's source lives (eu here); a paying
+/// party on another deployment (cn) that needs its money once the hold has expired asks
+/// every deployment's log, not only its own, and frees it at once, before any sweeper.
+#[tokio::test]
+async fn the_money_a_multi_leg_hold_logged_elsewhere_reserved_is_spendable_once_it_expired() {
+    let books = Books::shared().await;
+    // One pass at start-up, none during the test.
+    let app = books
+        .app_with(|s| s.sweep_interval = Duration::from_secs(3600))
+        .await;
+    open(&app, "ml-a", 100, "eu").await;
+    open(&app, "ml-b", 0, "eu").await;
+    open(&app, "ml-c", 500, "cn").await;
+    open(&app, "ml-d", 0, "us").await;
+    open(&app, "ml-e", 0, "cn").await;
+    let body = json!({
+        "legs": [
+            { "source": "ml-a", "destination": "ml-b", "amount": 100 },
+            { "source": "ml-c", "destination": "ml-d", "amount": 500 },
+        ],
+        "hold": { "expiresInMs": 1_000 },
+    });
+    let (status, hold) = status_and_json(app.post_json("/transfers", body).await).await;
+    assert_eq!(
+        (status, hold["state"].as_str()),
+        (201, Some("held")),
+        "{hold}"
+    );
+    let id = values::transfer_id(hold["id"].as_str().unwrap());
+    assert!(
+        books.store("eu").transfer(id).await.unwrap().is_some(),
+        "logged on eu"
+    );
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let (status, moved) = status_and_json(
+        app.post_json(
+            "/transfers",
+            json!({ "source": "ml-c", "destination": "ml-e", "amount": 500 }),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 201, "{moved}");
+    let ended = books.store("eu").transfer(id).await.unwrap().unwrap();
+    assert_eq!(
+        (ended.state, ended.reason),
+        (TransferState::Canceled, Some(CancelReason::Expired)),
+        "{ended:?}"
+    );
+    for (account, deployment, balance) in [
+        ("ml-a", "eu", 100),
+        ("ml-b", "eu", 0),
+        ("ml-c", "cn", 0),
+        ("ml-d", "us", 0),
+        ("ml-e", "cn", 500),
+    ] {
+        let a = books
+            .store(deployment)
+            .account(&values::account(account))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (a.balance, a.pending_debits, a.pending_credits),
+            (balance, 0, 0),
+            "{a:?}"
+        );
+        assert!(a.pending_transactions.is_empty(), "{a:?}");
+    }
+}

@@ -714,6 +714,198 @@ legs_crash_test!(
     "canceled"
 );
 
+/// Crashes an instance at `step` while it does `what` with a multi-leg hold
+/// (`docs/legs.md`): a (500) pays b 300 and b pays c 100, so 300 is reserved out of a
+/// and room kept for 200 on b and 100 on c. Across deployments, a and c live on `us`
+/// (which logs the hold) and b on `eu`. A second instance must bring the hold to where
+/// `what` leads (a capture is of the whole), with every party's amounts exactly right
+/// and the ledger explaining them.
+async fn crash_legs_hold_and_recover(layout: Layout, step: Point, what: HoldStep) {
+    use transfer_service::domain::{CancelReason, TransferState};
+    let books = Books::new(layout).await;
+    let http = reqwest::Client::new();
+    let mut doomed = books.start_instance("doomed", Some(step)).await;
+    books.open_accounts(&http, &doomed).await;
+    let mut body = json!({ "id": "c", "balance": 0 });
+    if layout == Layout::Across {
+        body["deployment"] = json!("us");
+    }
+    let opened = http
+        .post(format!("{}/accounts", doomed.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 201);
+    let expires_in_ms = if what == HoldStep::Expire {
+        1_000
+    } else {
+        60_000
+    };
+    let legs = json!([
+        { "source": "a", "destination": "b", "amount": 300 },
+        { "source": "b", "destination": "c", "amount": 100 },
+    ]);
+    let created = http
+        .post(format!("{}/transfers", doomed.base))
+        .json(&json!({ "legs": legs, "hold": { "expiresInMs": expires_in_ms } }))
+        .send()
+        .await;
+    let store = &books.a;
+    let listed = store.list_transfers(&Default::default(), 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "one hold recorded, where a lives");
+    let id = listed[0].id;
+    match what {
+        HoldStep::Create => assert!(created.is_err(), "no crash at {step}: {created:?}"),
+        HoldStep::Capture | HoldStep::Void => {
+            assert_eq!(created.unwrap().status(), 201);
+            let action = if what == HoldStep::Capture {
+                "capture"
+            } else {
+                "void"
+            };
+            let answer = http
+                .post(format!("{}/transfers/{id}/{action}", doomed.base))
+                .json(&json!({}))
+                .send()
+                .await;
+            assert!(answer.is_err(), "no crash at {step}: {answer:?}");
+        }
+        HoldStep::Expire => assert_eq!(created.unwrap().status(), 201),
+    }
+    let status = doomed.child.wait().unwrap();
+    assert!(!status.success(), "crashed instance exited {status}");
+
+    let started = Instant::now();
+    let rescuer = books.start_instance("rescuer", None).await;
+    let limit =
+        Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
+    let left = limit.saturating_sub(started.elapsed());
+    let ended = support::poll_until(left, Duration::from_millis(50), async || {
+        let t = store.transfer(id).await.unwrap().unwrap();
+        if t.state.is_at_rest() { Ok(t) } else { Err(t) }
+    })
+    .await
+    .unwrap_or_else(|t| panic!("not recovered within {limit:?}: {t:?}"));
+    let amounts = [
+        account_amounts(&books.a, "a").await,
+        account_amounts(&books.b, "b").await,
+        account_amounts(&books.a, "c").await,
+    ];
+    match what {
+        HoldStep::Create => {
+            assert_eq!(ended.state, TransferState::Held, "{ended:?}");
+            let held = [(500, 300, 0, 1), (0, 0, 200, 1), (0, 0, 100, 1)];
+            assert_eq!(amounts, held, "after {step}");
+        }
+        HoldStep::Capture => {
+            assert_eq!(ended.state, TransferState::Done, "{ended:?}");
+            let moved = [(200, 0, 0, 0), (200, 0, 0, 0), (100, 0, 0, 0)];
+            assert_eq!(amounts, moved, "after {step}");
+        }
+        HoldStep::Void | HoldStep::Expire => {
+            let reason = if what == HoldStep::Void {
+                CancelReason::Voided
+            } else {
+                CancelReason::Expired
+            };
+            assert_eq!(
+                (ended.state, ended.reason),
+                (TransferState::Canceled, Some(reason))
+            );
+            let released = [(500, 0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0)];
+            assert_eq!(amounts, released, "after {step}");
+        }
+    }
+    let ledger = books.ledger().await;
+    let found = ledger::check_ledger(&ledger, std::slice::from_ref(&ended), 500);
+    assert!(
+        found.violations.is_empty(),
+        "the ledger after a crash at {step} and its recovery: {:#?}\n{}",
+        found.violations,
+        ledger.describe()
+    );
+    for account in ["a", "b", "c"] {
+        let answered = ledger::read_via_api(&http, &rescuer.base, account, 1)
+            .await
+            .unwrap();
+        let same = ledger::check_same_entries(&ledger, account, &answered.entries);
+        assert!(same.violations.is_empty(), "{:?}", same.violations);
+    }
+}
+
+macro_rules! legs_hold_crash_test {
+    ($name:ident, $step:expr, $what:expr) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn within_one_deployment() {
+                crash_legs_hold_and_recover(Layout::OneDeployment, $step, $what).await;
+            }
+
+            #[tokio::test]
+            async fn across_deployments() {
+                crash_legs_hold_and_recover(Layout::Across, $step, $what).await;
+            }
+        }
+    };
+}
+
+// Reserving: a recoverer carries it to `held`, a crash amid the reservations included.
+legs_hold_crash_test!(
+    a_multi_leg_hold_crashed_after_pending_is_reserved,
+    Point::AfterPending,
+    HoldStep::Create
+);
+legs_hold_crash_test!(
+    a_multi_leg_hold_crashed_amid_the_reservations_is_reserved,
+    Point::BeforeCredit,
+    HoldStep::Create
+);
+legs_hold_crash_test!(
+    a_multi_leg_hold_crashed_after_every_reservation_is_reserved,
+    Point::AfterDebit,
+    HoldStep::Create
+);
+// Capturing the whole: finished, a crash amid the parties' captures included.
+legs_hold_crash_test!(
+    a_multi_leg_capture_crashed_after_winning_the_hold_is_finished,
+    Point::AfterResolve,
+    HoldStep::Capture
+);
+legs_hold_crash_test!(
+    a_multi_leg_capture_crashed_amid_the_captures_is_finished,
+    Point::BeforeCapture,
+    HoldStep::Capture
+);
+legs_hold_crash_test!(
+    a_multi_leg_capture_crashed_after_every_capture_is_finished,
+    Point::AfterCaptureDestination,
+    HoldStep::Capture
+);
+// Voiding or expiring: every release finished, a crash amid them included.
+legs_hold_crash_test!(
+    a_multi_leg_void_crashed_after_winning_the_hold_is_finished,
+    Point::AfterResolve,
+    HoldStep::Void
+);
+legs_hold_crash_test!(
+    a_multi_leg_void_crashed_amid_the_releases_is_finished,
+    Point::BeforeUndo,
+    HoldStep::Void
+);
+legs_hold_crash_test!(
+    a_multi_leg_void_crashed_after_the_paying_releases_is_finished,
+    Point::AfterUndoSource,
+    HoldStep::Void
+);
+legs_hold_crash_test!(
+    a_multi_leg_expiry_crashed_after_winning_the_hold_is_finished,
+    Point::AfterResolve,
+    HoldStep::Expire
+);
+
 /// A crash point that does not exist (misspelt, or a name a point no longer has) would
 /// never fire, and the crash test around it would fail far from the cause: the instance
 /// stops at start instead, naming the points there are. No database: it stops before

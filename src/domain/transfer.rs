@@ -197,11 +197,21 @@ impl Account {
                 continue;
             }
             let held = hold.amount.minor_units();
-            if t.source == self.id {
-                self.pending_debits -= held;
-            }
-            if t.destination == self.id {
-                self.pending_credits -= held;
+            match t.legs.as_deref() {
+                // A multi-leg hold reserves each party's net on its side.
+                Some(legs) => match legs.party(&self.id) {
+                    Some(p) if p.pays() => self.pending_debits += p.net,
+                    Some(p) => self.pending_credits -= p.net,
+                    None => {}
+                },
+                None => {
+                    if t.source == self.id {
+                        self.pending_debits -= held;
+                    }
+                    if t.destination == self.id {
+                        self.pending_credits -= held;
+                    }
+                }
             }
             self.pending_transactions.retain(|id| *id != t.id);
         }

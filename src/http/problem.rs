@@ -504,6 +504,13 @@ impl From<ServiceError> for ApiError {
                     held.minor_units()
                 ),
             },
+            ServiceError::PartialCaptureOfLegs { held } => ApiError::InvalidField {
+                field: "amount".into(),
+                detail: format!(
+                    "a multi-leg hold is captured whole: leave amount out or send the held amount, {}",
+                    held.minor_units()
+                ),
+            },
             ServiceError::ReversalRefused {
                 reason,
                 account,

@@ -170,7 +170,7 @@ pub struct ReversalRefused(pub Problem);
 /// `POST /transfers/{id}/capture`: the amount is refused.
 #[derive(ToResponse)]
 #[response(
-    description = "`invalid_field`: `amount` is not an integer from 1 to the held amount.",
+    description = "`invalid_field`: `amount` is not an integer from 1 to the held amount, or, for a multi-leg hold, not the held amount.",
     content_type = PROBLEM_JSON
 )]
 pub struct InvalidCaptureAmount(pub Problem);

@@ -103,6 +103,12 @@ pub struct CreateMultiLegTransferRequest {
         pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$"
     )]
     pub reference: Option<String>,
+    /// Makes this a multi-leg hold: every paying account's net is reserved out of its
+    /// available balance (and every receiving account's kept room for) until the hold is
+    /// captured whole (`POST /transfers/{id}/capture`), voided
+    /// (`POST /transfers/{id}/void`) or expires. No balance changes until a capture.
+    #[schema(nullable = false)]
+    pub hold: Option<HoldRequest>,
 }
 
 /// One leg of a multi-leg transfer.
@@ -480,19 +486,18 @@ fn new_transfer(
         ("source", body.source.is_some()),
         ("destination", body.destination.is_some()),
         ("amount", body.amount.is_some()),
-        ("hold", body.hold.is_some()),
     ];
     if let Some((name, _)) = mixed.iter().find(|(_, sent)| *sent) {
-        let why = if *name == "hold" {
-            "a multi-leg transfer cannot be a hold (docs/legs.md)".to_owned()
-        } else {
-            "send either `legs` or `source`, `destination` and `amount`, not both".to_owned()
-        };
+        let why = "send either `legs` or `source`, `destination` and `amount`, not both";
         return Err(ApiError::InvalidField {
             field: (*name).to_owned(),
             detail: format!("{name}: {why}"),
         });
     }
+    let hold = body
+        .hold
+        .map(|hold| hold_expiry(&hold, default_hold_expiry))
+        .transpose()?;
     let legs = legs
         .iter()
         .enumerate()
@@ -512,7 +517,10 @@ fn new_transfer(
             detail: format!("legs {other}"),
         },
     })?;
-    Ok(NewTransfer::with_legs(legs, reference))
+    Ok(NewTransfer {
+        hold,
+        ..NewTransfer::with_legs(legs, reference)
+    })
 }
 
 /// Read a transfer.
@@ -628,7 +636,8 @@ pub async fn cancel_transfer(
 ///
 /// The captured amount (all of the hold when `amount` is left out) moves from the source
 /// to the destination, and the rest of the reservation becomes available to the source
-/// again. Capturing again with the same amount answers the same result.
+/// again. A multi-leg hold is captured whole: every leg moves. Capturing again with the
+/// same amount answers the same result.
 #[utoipa::path(
     post, path = "/transfers/{id}/capture", tag = "transfers",
     params(("id" = String, Path, description = "The hold's id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),

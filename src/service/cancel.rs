@@ -253,7 +253,9 @@ impl TransferService {
                 };
                 Takeover::Force(TransferEvent::BeginRollback, fields)
             }
-            TransferState::Applied | TransferState::Canceling => Takeover::Claim,
+            TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
+                Takeover::Claim
+            }
             _ => return Ok(self.reload(&transfer).await?),
         };
         let Some(legs) = transfer.legs.as_deref() else {

@@ -47,6 +47,10 @@ pub enum ServiceError {
     /// A capture of more than the hold reserved.
     #[error("a capture may take at most the held amount, {}", held.minor_units())]
     CaptureExceedsHold { held: Amount },
+    /// A capture of part of a multi-leg hold, which is captured whole only (a part would
+    /// not say which legs it takes).
+    #[error("a multi-leg hold is captured whole, {}", held.minor_units())]
+    PartialCaptureOfLegs { held: Amount },
     /// The feed's events after the cursor were removed after the retention: the reader
     /// may have missed some, and must start again from the oldest retained.
     #[error("the events after this cursor were removed after the retention")]

@@ -121,9 +121,19 @@ impl TransferService {
             .hold
             .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
             .amount;
-        self.store_of(&hold, Side::Source)?
-            .release(&hold.source, hold.id, Side::Source, held)
-            .await?;
+        match hold.legs.as_deref() {
+            // A multi-leg hold: every paying party's reservation, as its source's.
+            Some(legs) => {
+                for party in legs.parties().iter().filter(|p| p.pays()) {
+                    self.release_party(&hold, party).await?;
+                }
+            }
+            None => {
+                self.store_of(&hold, Side::Source)?
+                    .release(&hold.source, hold.id, Side::Source, held)
+                    .await?;
+            }
+        }
         if expired_here {
             tracing::info!(transfer_id = %hold.id, "hold expired before a debit that needed its money");
             // The rest of its release, as its new owner: the destination's deployment may
@@ -150,6 +160,9 @@ impl TransferService {
             let wanted = amount.unwrap_or(hold.amount);
             if wanted > hold.amount {
                 return Err(ServiceError::CaptureExceedsHold { held: hold.amount });
+            }
+            if transfer.legs.is_some() && wanted != hold.amount {
+                return Err(ServiceError::PartialCaptureOfLegs { held: hold.amount });
             }
             transfer = match transfer.state {
                 TransferState::Initial | TransferState::Pending => {

@@ -155,6 +155,9 @@ impl TransferService {
                         None => self.roll_back(transfer).await?,
                     }
                 }
+                TransferState::Capturing if transfer.legs.is_some() => {
+                    self.capture_legs(transfer).await?
+                }
                 TransferState::Capturing => self.capture_steps(transfer).await?,
                 // A hold waits for a capture, a void or its expiry.
                 TransferState::Held => return Ok(transfer),
@@ -354,13 +357,22 @@ impl TransferService {
         let Some(account) = account else {
             return Ok(false);
         };
-        let now = log.server_time_lower_bound().await?;
         let mut freed = false;
-        for hold in log.expired_holds_out_of(&account.id, now, 100).await? {
-            if account.pending_transactions.contains(&hold.id)
-                && self.free_expired_reservation(hold).await?
-            {
-                freed = true;
+        // A multi-leg hold is logged where its first leg's source lives: the account's
+        // own deployment's log first, then every other that answers.
+        let others = self
+            .deployments
+            .all()
+            .iter()
+            .filter(|s| s.deployment() != log.deployment() && s.check_answering().is_ok());
+        for store in std::iter::once(log).chain(others) {
+            let now = store.server_time_lower_bound().await?;
+            for hold in store.expired_holds_out_of(&account.id, now, 100).await? {
+                if account.pending_transactions.contains(&hold.id)
+                    && self.free_expired_reservation(hold).await?
+                {
+                    freed = true;
+                }
             }
         }
         Ok(freed)

@@ -154,18 +154,60 @@ impl Store {
         net: i64,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        let (kind, change) = if net < 0 {
-            let change = Change {
-                balance: net,
-                ..Change::default()
-            };
-            (Forward::Debit, change)
-        } else {
-            let change = Change {
-                incoming: net,
-                ..Change::default()
-            };
-            (Forward::MakeRoom, change)
+        self.prepare_as(account, tx, net, false, deadline).await
+    }
+
+    /// A multi-leg hold's reservation on one party (`docs/legs.md`): a paying party's
+    /// `pendingDebits`, a receiving party's `pendingCredits`, each with its entry; a
+    /// party whose net is zero carries the marker alone. Guards and `deadline` as for
+    /// [`Store::prepare`].
+    pub async fn reserve(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        net: i64,
+        deadline: Timestamp,
+    ) -> StoreResult<ForwardStep> {
+        self.prepare_as(account, tx, net, true, deadline).await
+    }
+
+    async fn prepare_as(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        net: i64,
+        hold: bool,
+        deadline: Timestamp,
+    ) -> StoreResult<ForwardStep> {
+        let (kind, change) = match (hold, net) {
+            (false, n) if n < 0 => (
+                Forward::Debit,
+                Change {
+                    balance: net,
+                    ..Change::default()
+                },
+            ),
+            (true, n) if n < 0 => (
+                Forward::ReserveOut,
+                Change {
+                    debits: -net,
+                    ..Change::default()
+                },
+            ),
+            (true, n) if n > 0 => (
+                Forward::ReserveIn,
+                Change {
+                    credits: net,
+                    ..Change::default()
+                },
+            ),
+            (_, _) => (
+                Forward::MakeRoom,
+                Change {
+                    incoming: net,
+                    ..Change::default()
+                },
+            ),
         };
         #[cfg(feature = "failpoints")]
         crate::failpoints::hit(kind.point(), self.instance_id()).await;

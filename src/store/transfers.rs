@@ -458,7 +458,11 @@ impl Store {
         let filter = doc! {
             "state": { "$in": uncaptured_states() },
             "expiresAt": { "$lte": stored_time(now) },
-            "source": source.as_str(),
+            "$or": [
+                { "source": source.as_str() },
+                // A multi-leg hold's paying party.
+                { "parties": { "$elemMatch": { "account": source.as_str(), "net": { "$lt": 0 } } } },
+            ],
         };
         self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
             .await
@@ -475,7 +479,11 @@ impl Store {
         let filter = doc! {
             "state": { "$in": uncaptured_states() },
             "expiresAt": { "$lte": stored_time(now) },
-            "$or": [{ "source": { "$in": &ids } }, { "destination": { "$in": &ids } }],
+            "$or": [
+                { "source": { "$in": &ids } },
+                { "destination": { "$in": &ids } },
+                { "parties.account": { "$in": &ids } },
+            ],
         };
         let cursor = self
             .transactions

@@ -239,7 +239,7 @@ async fn room_prepared_for_incoming_money_counts_against_the_largest_balance() {
 
 /// Refused before anything is recorded: an unknown account (named), a currency
 /// mismatch, a leg that pays its own account, too few or too many legs, an amount out of
-/// range (the leg named), both forms in one request, a multi-leg hold.
+/// range (the leg named), both forms in one request, a multi-leg hold's bad expiry.
 #[tokio::test]
 async fn bad_legs_are_refused_before_anything_is_recorded() {
     let app = spawn_app().await;
@@ -293,12 +293,15 @@ async fn bad_legs_are_refused_before_anything_is_recorded() {
     .await;
     assert_eq!(p["field"], "amount", "{p}");
     let p = assert_problem(
-        post(json!({ "legs": [leg("a", "b", 1), leg("a", "b", 2)], "hold": {} })).await,
+        post(
+            json!({ "legs": [leg("a", "b", 1), leg("a", "b", 2)], "hold": { "expiresInMs": 10 } }),
+        )
+        .await,
         422,
         "invalid_field",
     )
     .await;
-    assert_eq!(p["field"], "hold", "{p}");
+    assert_eq!(p["field"], "hold.expiresInMs", "{p}");
     let p = assert_problem(
         post(json!({ "source": "a", "amount": 3 })).await,
         422,

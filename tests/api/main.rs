@@ -12,6 +12,7 @@ mod holds;
 mod idempotency;
 mod ledger;
 mod legs;
+mod legs_holds;
 mod native;
 mod observability;
 mod security;

@@ -76,6 +76,13 @@ impl TransferService {
             }
             if again.is_empty() {
                 failpoint!(self, AfterDebit);
+                if t.hold.is_some() {
+                    // As for one leg: no copy of a reservation may land after `held`.
+                    self.wait_until_quiet(&t).await?;
+                    return self
+                        .advance(t, TransferEvent::Hold, StepFields::default())
+                        .await;
+                }
                 return self
                     .advance(t, TransferEvent::MarkApplied, StepFields::default())
                     .await;
@@ -97,10 +104,13 @@ impl TransferService {
         let deadline_there = log
             .deadline_on(deadline, store, self.clock_allowance())
             .await?;
-        let step = match store
-            .prepare(&party.account, t.id, party.net, deadline_there)
-            .await
-        {
+        let (account, net) = (&party.account, party.net);
+        let step = if t.hold.is_some() {
+            store.reserve(account, t.id, net, deadline_there).await
+        } else {
+            store.prepare(account, t.id, net, deadline_there).await
+        };
+        let step = match step {
             Ok(step) => step,
             Err(e) => {
                 self.unanswered.note_late(t.id, deadline);
@@ -159,8 +169,11 @@ impl TransferService {
 
     /// The rollback: undo every party that carries the marker (a paying one's debit
     /// given back, with its undo entry; a receiving one's room given back), then
-    /// `canceling -> canceled`.
+    /// `canceling -> canceled`. A hold's: every reservation released instead.
     pub(super) async fn roll_back_legs(&self, t: Transfer) -> StoreResult<Transfer> {
+        if t.hold.is_some() {
+            return self.release_legs(t).await;
+        }
         let legs = legs_of(&t);
         let undos = futures::future::join_all(legs.parties().iter().map(|p| async {
             let store = self.deployments.of(&p.deployment)?;
@@ -179,4 +192,83 @@ impl TransferService {
         self.advance(t, TransferEvent::FinishRollback, StepFields::default())
             .await
     }
+}
+
+impl TransferService {
+    /// A multi-leg hold's capture, after `held -> capturing` (only ever of the whole):
+    /// every party's reservation becomes its move (a paying one's balance out of its
+    /// `pendingDebits`, a receiving one's in out of its `pendingCredits`, each with its
+    /// entry, the marker pulled; a party whose net is zero loses its marker), then
+    /// `capturing -> done`. Nothing refuses one: the reservation made room for it.
+    pub(super) async fn capture_legs(&self, t: Transfer) -> StoreResult<Transfer> {
+        let legs = legs_of(&t);
+        let captures = futures::future::join_all(legs.parties().iter().map(|p| async {
+            let store = self.deployments.of(&p.deployment)?;
+            match reserved(&t, p)? {
+                Some((side, held)) => {
+                    store.capture(&p.account, t.id, side, held, held).await?;
+                    Ok(())
+                }
+                None => store.pull_marker(&p.account, t.id).await,
+            }
+        }))
+        .await;
+        first_error(captures)?;
+        failpoint!(self, AfterCaptureDestination);
+        self.advance(t, TransferEvent::MarkDone, StepFields::default())
+            .await
+    }
+
+    /// A multi-leg hold's void, expiry or rollback: every party's reservation released
+    /// where it was made, the paying parties' first (their money is spendable at once,
+    /// even while a receiving party's deployment does not answer), then
+    /// `canceling -> canceled`.
+    async fn release_legs(&self, t: Transfer) -> StoreResult<Transfer> {
+        let legs = legs_of(&t);
+        for paying in [true, false] {
+            let releases = futures::future::join_all(
+                legs.parties()
+                    .iter()
+                    .filter(|p| p.pays() == paying)
+                    .map(|p| self.release_party(&t, p)),
+            )
+            .await;
+            first_error(releases)?;
+            failpoint!(self, AfterUndoSource);
+        }
+        self.advance(t, TransferEvent::FinishRollback, StepFields::default())
+            .await
+    }
+
+    /// Releases what multi-leg hold `t` reserves on `party`, if it carries the marker.
+    pub(in crate::service) async fn release_party(
+        &self,
+        t: &Transfer,
+        party: &Party,
+    ) -> StoreResult<()> {
+        let store = self.deployments.of(&party.deployment)?;
+        match reserved(t, party)? {
+            Some((side, held)) => {
+                store.release(&party.account, t.id, side, held).await?;
+                Ok(())
+            }
+            None => store.pull_marker(&party.account, t.id).await,
+        }
+    }
+}
+
+/// What a multi-leg hold reserves on `party`: the side of the reservation and its
+/// amount, or `None` for a party whose net is zero (the marker alone).
+fn reserved(t: &Transfer, party: &Party) -> StoreResult<Option<(Side, Amount)>> {
+    if party.net == 0 {
+        return Ok(None);
+    }
+    let side = if party.pays() {
+        Side::Source
+    } else {
+        Side::Destination
+    };
+    let held = Amount::parse(party.net.abs())
+        .map_err(|e| StoreError::Other(format!("transfer {}: a party's net: {e}", t.id).into()))?;
+    Ok(Some((side, held)))
 }

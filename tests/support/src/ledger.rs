@@ -642,13 +642,47 @@ pub fn check_transfers(ledger: &Ledger, transfers: &[Transfer]) -> Findings {
 /// The entries a multi-leg transfer's party may have in the transfer's state, oldest
 /// first (`docs/legs.md`): a paying party's debit from the start on, undone only by a
 /// rollback; a receiving party's credit only after the commit point (`applied`), and
-/// nothing else ever.
+/// nothing else ever. A multi-leg hold's party: its reservation (on its side), then its
+/// capture (`done`) or release (`canceled`), as a one-leg hold's account; a party whose
+/// net is zero, none.
 pub fn expected_party_shapes(
     paying: bool,
+    hold: bool,
+    net: i64,
     state: TransferState,
 ) -> &'static [&'static [EntryKind]] {
     use EntryKind::*;
     use TransferState::*;
+    if hold {
+        if net == 0 {
+            return &[&[]];
+        }
+        let side = if paying {
+            Side::Source
+        } else {
+            Side::Destination
+        };
+        return match (side, state) {
+            (_, Initial) => &[&[]],
+            (Side::Source, Pending) => &[&[], &[DebitReserved]],
+            (Side::Source, Held) => &[&[DebitReserved]],
+            (Side::Source, Capturing) => &[&[DebitReserved], &[DebitReserved, DebitCaptured]],
+            (Side::Source, Done) => &[&[DebitReserved, DebitCaptured]],
+            (Side::Source, Canceling) => &[&[], &[DebitReserved], &[DebitReserved, DebitReleased]],
+            (Side::Source, Canceled) => &[&[], &[DebitReserved, DebitReleased]],
+            (Side::Destination, Pending) => &[&[], &[CreditReserved]],
+            (Side::Destination, Held) => &[&[CreditReserved]],
+            (Side::Destination, Capturing) => {
+                &[&[CreditReserved], &[CreditReserved, CreditCaptured]]
+            }
+            (Side::Destination, Done) => &[&[CreditReserved, CreditCaptured]],
+            (Side::Destination, Canceling) => {
+                &[&[], &[CreditReserved], &[CreditReserved, CreditReleased]]
+            }
+            (Side::Destination, Canceled) => &[&[], &[CreditReserved, CreditReleased]],
+            (_, Applied) => &[],
+        };
+    }
     match (paying, state) {
         (_, Initial) => &[&[]],
         (true, Pending) => &[&[], &[Debit]],
@@ -693,15 +727,22 @@ fn check_multi_leg_transfers(ledger: &Ledger, transfers: &[&Transfer]) -> Findin
                 },
             );
             let Some(party) = party else { continue };
-            let balance = match e.kind {
-                Debit | Credit => party.net,
-                DebitUndone => -party.net,
-                _ => i64::MIN,
+            let (net, h) = (party.net, party.net.abs());
+            let (balance, pending_debits, pending_credits) = match e.kind {
+                Debit | Credit => (net, 0, 0),
+                DebitUndone => (-net, 0, 0),
+                DebitReserved => (0, h, 0),
+                DebitCaptured => (net, -h, 0),
+                DebitReleased => (0, -h, 0),
+                CreditReserved => (0, 0, h),
+                CreditCaptured => (net, 0, -h),
+                CreditReleased => (0, 0, -h),
+                _ => (i64::MIN, 0, 0),
             };
             let expected = Amounts {
                 balance,
-                pending_debits: 0,
-                pending_credits: 0,
+                pending_debits,
+                pending_credits,
             };
             f.check(
                 "ledger: an entry changes what its transfer moves",
@@ -726,7 +767,7 @@ fn check_multi_leg_transfers(ledger: &Ledger, transfers: &[&Transfer]) -> Findin
         for party in legs.parties() {
             let account = party.account.as_str();
             let found = kinds.get(&(t.id, account)).map_or(&[][..], Vec::as_slice);
-            let shapes = expected_party_shapes(party.pays(), t.state);
+            let shapes = expected_party_shapes(party.pays(), t.hold.is_some(), party.net, t.state);
             let read = ledger.accounts.contains_key(account);
             f.check(
                 "ledger: a transfer has the entries its state calls for",
