@@ -7,8 +7,9 @@
 //! sent twice with the same key (a client retrying a request whose answer it already
 //! had); cancels of transfers answered before; and holds ([`HOLD_PERCENT`] of the
 //! requests: the same accounts, references and idempotency keys as transfers) that
-//! expire within [`HOLD_EXPIRES_MS`]. After a random short delay each hold answered
-//! `held` is captured in full, captured in part, voided, or left to expire (and now and
+//! expire within [`HOLD_EXPIRES_MS`], some of them multi-leg. After a random short delay
+//! each hold answered `held` is captured in full, captured in part (a multi-leg hold is
+//! captured whole instead), voided, or left to expire (and now and
 //! then captured or voided after its expiry, or its request replayed) ([`HoldPlan`]), by
 //! requests to random live instances that are retried like the others. While a
 //! deployment is down, one more client moves money between the others
@@ -85,7 +86,11 @@ impl Request {
                 .iter()
                 .map(|(s, d, a)| json!({ "source": s, "destination": d, "amount": a }))
                 .collect();
-            return json!({ "legs": legs, "reference": self.reference });
+            let mut body = json!({ "legs": legs, "reference": self.reference });
+            if let Some(expires_in_ms) = self.hold {
+                body["hold"] = json!({ "expiresInMs": expires_in_ms });
+            }
+            return body;
         }
         let mut body = json!({
             "source": self.source,
@@ -454,6 +459,8 @@ async fn follow_hold(
         let mut rng = rand::rng();
         let plan = match rng.random_range(0..100) {
             0..=29 => HoldPlan::CaptureAll,
+            // A multi-leg hold is captured whole only.
+            30..=54 if request.legs.is_some() => HoldPlan::CaptureAll,
             30..=54 => HoldPlan::CapturePart,
             55..=79 => HoldPlan::Void,
             80..=89 => HoldPlan::Expire,
@@ -640,10 +647,14 @@ async fn client(seed: usize, bases: Bases, history: Arc<Mutex<History>>, stop: C
                 }
             }
             c if c >= 100 - HOLD_PERCENT => {
-                let request = Request {
+                let mut request = Request {
                     hold: Some(rand::rng().random_range(HOLD_EXPIRES_MS)),
                     ..request
                 };
+                // A multi-leg hold now and then (`docs/legs.md`).
+                if rand::rng().random_bool(0.3) {
+                    request = with_legs(request, &mut rand::rng());
+                }
                 holds.extend(hold(&http, &bases, &history, &request).await);
             }
             _ => {

@@ -49,6 +49,11 @@ fn outcomes(transfers: &[Transfer]) -> (BTreeMap<String, u64>, BTreeMap<String, 
                 (state, Some(reason)) => format!("{state} ({reason})"),
                 (state, None) => state.to_string(),
             };
+            // Multi-leg holds apart.
+            let outcome = match t.legs {
+                Some(_) => format!("{outcome}, multi-leg"),
+                None => outcome,
+            };
             *hold_outcomes.entry(outcome).or_default() += 1;
             continue;
         }
