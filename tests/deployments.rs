@@ -1874,3 +1874,118 @@ async fn the_money_a_multi_leg_hold_logged_elsewhere_reserved_is_spendable_once_
         assert!(a.pending_transactions.is_empty(), "{a:?}");
     }
 }
+
+/// A multi-leg hold logged on eu reserves three paying parties, one of them (`mp-q`) on
+/// cn; its expirer was killed before releasing anything (`canceling`, expired, every
+/// reservation in place, its lease fresh), and cn is down. Reads call `mp-p`'s money
+/// available, so a debit of `mp-p` must spend it: freeing the hold for it may not wait
+/// for another paying party's deployment (it released the paying parties one after the
+/// other, in the parties' order, and stopped at `mp-q`'s, never reaching `mp-p`'s).
+#[tokio::test]
+async fn the_money_an_expired_multi_leg_hold_reserved_is_spendable_while_another_paying_partys_deployment_is_down()
+ {
+    let mut daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    // A lease far longer than the test: only the debit may release the hold's parties.
+    let app = books
+        .app_with(|s| s.stale_after = Duration::from_secs(600))
+        .await;
+    for (id, balance, deployment) in [
+        ("mp-a", 100, "eu"),
+        ("mp-b", 0, "eu"),
+        ("mp-q", 100, "cn"),
+        ("mp-p", 100, "eu"),
+        ("mp-d", 0, "us"),
+        ("mp-e", 0, "eu"),
+    ] {
+        open(&app, id, balance, deployment).await;
+    }
+    let eu = books.store("eu");
+    let leg = |s: &str, d: &str| Leg {
+        source: values::account(s),
+        destination: values::account(d),
+        amount: values::amount(100),
+    };
+    let place = |a: &AccountId| {
+        DeploymentName::parse(match a.as_str() {
+            "mp-q" => "cn",
+            "mp-d" => "us",
+            _ => "eu",
+        })
+        .unwrap()
+    };
+    let legs = Legs::new(vec![
+        leg("mp-a", "mp-b"),
+        leg("mp-q", "mp-b"),
+        leg("mp-p", "mp-d"),
+    ])
+    .unwrap()
+    .placed(place);
+    let mut hold = values::initial("mp-a", "mp-b", 300);
+    hold.source_deployment = eu.deployment().clone();
+    hold.destination_deployment = eu.deployment().clone();
+    hold.hold = Some(Hold {
+        amount: values::amount(300),
+        expires_at: values::after(eu.server_time().await.unwrap(), -1_000),
+    });
+    for party in legs.parties() {
+        let store = books.store(party.deployment.as_str());
+        let deadline = values::after(store.server_time().await.unwrap(), 10_000);
+        let step = store
+            .reserve(&party.account, hold.id, party.net, deadline)
+            .await
+            .unwrap();
+        assert!(step.applied, "{party:?}");
+    }
+    hold.legs = Some(Box::new(legs));
+    hold.state = TransferState::Canceling;
+    hold.reason = Some(CancelReason::Expired);
+    hold.owner = Some("killed/00000000".into());
+    daemons.daemons[2].kill();
+    wait_until_known_down(&app, "cn").await;
+    eu.insert_transfer(&hold).await.unwrap();
+
+    let (_, p) = get(&app, "/accounts/mp-p").await;
+    assert_eq!(p["availableBalance"].as_i64(), Some(100), "{p}");
+    let (status, spent) = transfer(
+        &app,
+        json!({ "source": "mp-p", "destination": "mp-e", "amount": 100 }),
+    )
+    .await;
+    assert_eq!(
+        (status, spent["state"].as_str()),
+        (201, Some("done")),
+        "the money shown available was refused: {spent}"
+    );
+    let p = eu.account(&values::account("mp-p")).await.unwrap().unwrap();
+    assert_eq!((p.balance, p.pending_debits), (0, 0));
+    assert!(p.pending_transactions.is_empty(), "{p:?}");
+}
+
+/// A debit refused for funds on eu, of an account that reserves nothing, has no expired
+/// hold to look for, on eu's log or any other: it is answered 422 at once while cn is
+/// frozen (it asked every other deployment's log for expired holds out of the account,
+/// holds or not, and waited for cn's until the driver gave up, then answered 503).
+#[tokio::test]
+async fn a_debit_refused_for_funds_on_eu_is_answered_at_once_while_cn_is_frozen() {
+    let daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    open(&app, "fz-a", 10, "eu").await;
+    open(&app, "fz-b", 0, "eu").await;
+    daemons.daemons[2].signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let (status, body) = transfer(
+        &app,
+        json!({ "source": "fz-a", "destination": "fz-b", "amount": 100 }),
+    )
+    .await;
+    let took = started.elapsed();
+    daemons.daemons[2].signal(libc::SIGCONT);
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("insufficient_funds")),
+        "{body}"
+    );
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+}

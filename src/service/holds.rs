@@ -13,7 +13,9 @@
 
 use super::idempotency::REPLAY_WAIT;
 use super::{ServiceError, ServiceResult, TransferService};
-use crate::domain::{Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState};
+use crate::domain::{
+    AccountId, Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState,
+};
 use crate::error_chain::Chain;
 use crate::store::accounts::Side;
 use crate::store::transfers::{Mover, Resolution, StepFields};
@@ -94,7 +96,22 @@ impl TransferService {
     /// the owner (or, after its lease, a recoverer) releases it only once no copy can land,
     /// and that later release takes it away again. Releasing a reservation moves no money,
     /// so its order against the destination's does not matter.
-    pub(super) async fn free_expired_reservation(&self, hold: Transfer) -> StoreResult<bool> {
+    ///
+    /// A multi-leg hold: `spender`'s reservation (a paying party's) first, then every
+    /// other paying party's, as far as their deployments answer (a failure there is left
+    /// to the hold's driver); whether `spender` no longer carries it.
+    pub(super) async fn free_expired_reservation(
+        &self,
+        hold: Transfer,
+        spender: &AccountId,
+    ) -> StoreResult<bool> {
+        let pays = |hold: &Transfer| match hold.legs.as_deref() {
+            Some(legs) => legs.party(spender).is_some_and(|p| p.pays()),
+            None => hold.source == *spender,
+        };
+        if !pays(&hold) {
+            return Ok(false);
+        }
         let mut hold = hold;
         let mut expired_here = false;
         if hold.state == TransferState::Held {
@@ -122,10 +139,17 @@ impl TransferService {
             .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
             .amount;
         match hold.legs.as_deref() {
-            // A multi-leg hold: every paying party's reservation, as its source's.
             Some(legs) => {
+                if let Some(own) = legs.party(spender) {
+                    self.release_party(&hold, own).await?;
+                }
                 for party in legs.parties().iter().filter(|p| p.pays()) {
-                    self.release_party(&hold, party).await?;
+                    if party.account == *spender {
+                        continue;
+                    }
+                    if let Err(e) = self.release_party(&hold, party).await {
+                        tracing::warn!(transfer_id = %hold.id, account = %party.account, error = %Chain(&e), "a paying party of an expired multi-leg hold not released yet; the hold's driver releases it");
+                    }
                 }
             }
             None => {

@@ -344,35 +344,48 @@ impl TransferService {
     /// Frees the reservations that `account` (as read after a debit or reservation it
     /// refused) still carries for holds past their `expiresAt` by the database's clock and
     /// not captured: reads no longer count them, so neither may a spend. Expires those
-    /// still `held` and releases the source's reservation of each, as the sweeper would,
-    /// without waiting for their destinations (see
+    /// still `held` and releases the account's reservation of each, as the sweeper would,
+    /// without waiting for their other accounts (see
     /// `TransferService::free_expired_reservation`). Whether any was freed since that read:
-    /// the step is worth trying again. The holds out of an account are logged on its
-    /// deployment, `log`.
+    /// the step is worth trying again.
+    ///
+    /// A one-leg hold out of the account is logged on the account's own deployment,
+    /// `log`; a multi-leg one where its first leg's source lives, so the logs of the other
+    /// deployments are asked too, but only for an account that reserves something, and a
+    /// log that does not answer is passed over (as reads pass it over): a refusal of a
+    /// spend that touches only answering deployments never waits for another one.
     async fn expire_holds_out_of(
         &self,
         log: &Store,
         account: Option<&Account>,
     ) -> StoreResult<bool> {
-        let Some(account) = account else {
+        let Some(account) = account.filter(|a| a.pending_debits > 0) else {
             return Ok(false);
         };
-        let mut freed = false;
-        // A multi-leg hold is logged where its first leg's source lives: the account's
-        // own deployment's log first, then every other that answers.
-        let others = self
-            .deployments
-            .all()
-            .iter()
-            .filter(|s| s.deployment() != log.deployment() && s.check_answering().is_ok());
-        for store in std::iter::once(log).chain(others) {
-            let now = store.server_time_lower_bound().await?;
-            for hold in store.expired_holds_out_of(&account.id, now, 100).await? {
-                if account.pending_transactions.contains(&hold.id)
-                    && self.free_expired_reservation(hold).await?
-                {
-                    freed = true;
+        let mut freed = self.free_expired_in(log, account).await?;
+        for store in self.deployments.all() {
+            if store.deployment() == log.deployment() || store.check_answering().is_err() {
+                continue;
+            }
+            match self.free_expired_in(store, account).await {
+                Ok(here) => freed |= here,
+                Err(e) => {
+                    tracing::warn!(deployment = %store.deployment(), account = %account.id, error = %crate::error_chain::Chain(&e), "expired multi-leg holds of this log not looked for; a spend may be refused until the sweeper expires them");
                 }
+            }
+        }
+        Ok(freed)
+    }
+
+    /// [`TransferService::expire_holds_out_of`] for the holds logged on `store`.
+    async fn free_expired_in(&self, store: &Store, account: &Account) -> StoreResult<bool> {
+        let now = store.server_time_lower_bound().await?;
+        let mut freed = false;
+        for hold in store.expired_holds_out_of(&account.id, now, 100).await? {
+            if account.pending_transactions.contains(&hold.id)
+                && self.free_expired_reservation(hold, &account.id).await?
+            {
+                freed = true;
             }
         }
         Ok(freed)

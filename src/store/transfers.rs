@@ -459,8 +459,8 @@ impl Store {
             "state": { "$in": uncaptured_states() },
             "expiresAt": { "$lte": stored_time(now) },
             "$or": [
-                { "source": source.as_str() },
-                // A multi-leg hold's paying party.
+                { "source": source.as_str(), "legs": { "$exists": false } },
+                // A multi-leg hold's paying party (its first leg's source may receive).
                 { "parties": { "$elemMatch": { "account": source.as_str(), "net": { "$lt": 0 } } } },
             ],
         };

@@ -275,3 +275,80 @@ async fn a_captured_multi_leg_hold_is_reversed_by_a_cancel() {
     }
     assert_nothing_pending(&app).await;
 }
+
+/// What an expirer killed right after `held -> canceling` leaves of a multi-leg hold
+/// over `legs` (the first leg's accounts as its `source` and `destination`): the hold
+/// `canceling`, reason `expired`, past its `expiresAt`, every party's reservation in
+/// place, owned by the dead process (its lease fresh, so nobody drives it). Its id.
+async fn left_canceling_by_a_killed_expirer(
+    app: &TestApp,
+    legs: Vec<(&str, &str, i64)>,
+) -> transfer_service::domain::TransferId {
+    use support::values;
+    use transfer_service::domain::{CancelReason, Hold, Leg, Legs, TransferState};
+    let store = &app.store;
+    let here = store.deployment().clone();
+    let legs = Legs::new(
+        legs.iter()
+            .map(|(s, d, a)| Leg {
+                source: values::account(s),
+                destination: values::account(d),
+                amount: values::amount(*a),
+            })
+            .collect(),
+    )
+    .unwrap()
+    .placed(|_| here.clone());
+    let (first, total) = (&legs.legs()[0], legs.total().minor_units());
+    let mut hold = values::initial(first.source.as_str(), first.destination.as_str(), total);
+    hold.source_deployment = here.clone();
+    hold.destination_deployment = here.clone();
+    let now = store.server_time().await.unwrap();
+    hold.hold = Some(Hold {
+        amount: values::amount(total),
+        expires_at: values::after(now, -1_000),
+    });
+    for party in legs.parties() {
+        let step = store
+            .reserve(
+                &party.account,
+                hold.id,
+                party.net,
+                values::after(now, 10_000),
+            )
+            .await
+            .unwrap();
+        assert!(step.applied, "{party:?}");
+    }
+    hold.legs = Some(Box::new(legs));
+    hold.state = TransferState::Canceling;
+    hold.reason = Some(CancelReason::Expired);
+    hold.owner = Some("killed/00000000".into());
+    store.insert_transfer(&hold).await.unwrap();
+    hold.id
+}
+
+/// A party that is the first leg's source but receives on net (`a` pays `b` 100 and is
+/// paid 300 by `c`) reserves nothing out of its balance: a debit of it refused for funds
+/// has nothing of an expired multi-leg hold to free, and is answered 422
+/// `insufficient_funds` at once. (It was looked up by `source`, "freed" again and again
+/// while its receiving reservation stayed, and the debit ended in 503 after 16 rounds,
+/// left `pending`.)
+#[tokio::test]
+async fn a_first_source_that_receives_on_net_is_refused_for_funds_past_an_expired_multi_leg_hold() {
+    let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(600)).await;
+    for (id, balance) in [("a", 50), ("b", 0), ("c", 300), ("e", 0)] {
+        app.open_account(id, balance).await;
+    }
+    left_canceling_by_a_killed_expirer(&app, vec![("a", "b", 100), ("c", "a", 300)]).await;
+    assert_eq!(amounts(&app, "a").await, (50, 50, 0, 0), "read as expired");
+
+    let (status, body) = app.transfer("a", "e", 100).await;
+    assert_eq!(
+        (status, &body["code"], &body["state"]),
+        (422, &json!("insufficient_funds"), &Value::Null),
+        "{body}"
+    );
+    assert_eq!(app.balance("a").await, 50);
+    assert_eq!(app.balance("e").await, 0);
+}

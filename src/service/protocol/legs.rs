@@ -136,7 +136,7 @@ impl TransferService {
             Refusal::Retry => Prepared::Again,
             Refusal::Fenced => Prepared::Refused(CancelReason::CanceledByRequest),
             Refusal::Missing => Prepared::Refused(CancelReason::AccountNotFound),
-            // The holds out of an account are logged on its own deployment.
+            // The holds out of the account, on any deployment's log.
             Refusal::Balance
                 if party.pays() && self.expire_holds_out_of(store, found.as_ref()).await? =>
             {
@@ -223,8 +223,13 @@ impl TransferService {
     /// where it was made, the paying parties' first (their money is spendable at once,
     /// even while a receiving party's deployment does not answer), then
     /// `canceling -> canceled`.
+    ///
+    /// A reservation moves no money, so the order is free: a party whose release fails
+    /// (its deployment does not answer) does not keep the others' from being released;
+    /// the hold stays `canceling` until every one is.
     async fn release_legs(&self, t: Transfer) -> StoreResult<Transfer> {
         let legs = legs_of(&t);
+        let mut failed = None;
         for paying in [true, false] {
             let releases = futures::future::join_all(
                 legs.parties()
@@ -233,8 +238,13 @@ impl TransferService {
                     .map(|p| self.release_party(&t, p)),
             )
             .await;
-            first_error(releases)?;
+            if let Err(e) = first_error(releases) {
+                failed.get_or_insert(e);
+            }
             failpoint!(self, AfterUndoSource);
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         self.advance(t, TransferEvent::FinishRollback, StepFields::default())
             .await
