@@ -42,6 +42,7 @@ use transfer_service::domain::{
 };
 use transfer_service::service::{HoldConflict, ServiceError};
 
+use crate::nemesis::Decision;
 use crate::scenario::Scenario;
 use crate::workload::{Kind, OPENING};
 
@@ -87,10 +88,11 @@ impl From<ServiceError> for Refused {
 /// One schedule's run.
 #[derive(Default)]
 pub struct Run {
-    /// (options, chosen, preemptive) at each real decision (two or more actors ready).
-    /// Option 0 is the actor that ran last when it is still ready (`preemptive`: any
-    /// other choice preempts it), then the others by index.
-    pub decisions: Vec<(usize, usize, bool)>,
+    /// Each real decision: which actor goes (two or more ready; option 0 is the actor
+    /// that ran last when it is still ready, and then any other choice preempts it, then
+    /// the others by index), and, in a `split:` scenario, which of its parts (option 0:
+    /// all of them; see `nemesis`).
+    pub decisions: Vec<Decision>,
     /// `actor@point` in the order the actors were let go from those points.
     pub trace: Vec<String>,
     pub answers: Vec<(Kind, Answer)>,
@@ -101,6 +103,11 @@ pub struct Run {
     /// Parts of an actor that reached their points after it was taken to be at rest
     /// (see `nemesis`): where the schedule is less exact than its choices say.
     pub late_parts: u64,
+    /// Stops split: let go in part, the other parts left parked (see `nemesis`).
+    pub splits: u64,
+    /// Actors found still running after a split once taken to be at rest (see `nemesis`):
+    /// where the schedule is less exact than its choices say.
+    pub late_splits: u64,
 }
 
 impl Run {
@@ -108,7 +115,7 @@ impl Run {
         let c: Vec<String> = self
             .decisions
             .iter()
-            .map(|(_, c, _)| c.to_string())
+            .map(|d| d.chosen.to_string())
             .collect();
         c.join(",")
     }

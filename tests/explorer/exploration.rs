@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::checker::{Run, describe};
-use crate::nemesis::Chooser;
+use crate::nemesis::{Chooser, Decision};
 use crate::scenario::{CrashPoints, LayoutPoints, Prelude, Scenario, random_scenario};
 use crate::worker::Worker;
 use crate::workload::Kind;
@@ -37,6 +37,13 @@ pub struct Report {
     /// Parts of actors that reached their points late (see `nemesis`), over every
     /// schedule.
     pub late_parts: u64,
+    /// Schedules with a stop split (see `nemesis`), exhaustive and random, and the stops
+    /// split over every schedule.
+    pub split_exhaustive: u64,
+    pub split_random: u64,
+    pub splits: u64,
+    /// Actors found still running after a split once taken to be at rest.
+    pub late_splits: u64,
 }
 
 impl Report {
@@ -45,10 +52,19 @@ impl Report {
         self.ledger_checks += run.ledger_checks;
         self.ledger_entries += run.ledger_entries;
         self.late_parts += run.late_parts;
+        self.splits += run.splits;
+        self.late_splits += run.late_splits;
     }
 
     /// Prints the schedules run per exhaustive scenario, the totals and every violation.
-    pub fn print(&self, preemption_bound: usize, all_points: bool, started: Instant) {
+    pub fn print(&self, search: &Search, all_points: bool, started: Instant) {
+        let bound = |b: usize| {
+            if b == usize::MAX {
+                "none".to_string()
+            } else {
+                b.to_string()
+            }
+        };
         let mut per = self.per_scenario.clone();
         per.sort();
         for (scenario, count, complete) in &per {
@@ -56,13 +72,9 @@ impl Report {
             println!("  exhaustive {scenario}: {count} schedules{note}");
         }
         println!(
-            "explored {} exhaustive (preemption bound {}) + {} random schedules ({} points) in {:.1?}; {} violations",
+            "explored {} exhaustive (preemption bound {}, splits included) + {} random schedules ({} points) in {:.1?}; {} violations",
             self.exhaustive,
-            if preemption_bound == usize::MAX {
-                "none".to_string()
-            } else {
-                preemption_bound.to_string()
-            },
+            bound(search.preemption_bound),
             self.random,
             if all_points { "all" } else { "write" },
             started.elapsed(),
@@ -77,6 +89,10 @@ impl Report {
             self.ledger_checks, self.ledger_entries
         );
         println!(
+            "schedules with a split stop: {} exhaustive + {} random ({} stops split; actors still running after a split once taken to be at rest: {})",
+            self.split_exhaustive, self.split_random, self.splits, self.late_splits
+        );
+        println!(
             "parts of an actor at once that reached their points late: {}",
             self.late_parts
         );
@@ -88,7 +104,7 @@ impl Report {
 
 /// How the workers search: the crash points of each layout, the schedules per
 /// exhaustive scenario at most (0: no limit), the preemptions per exhaustive schedule at
-/// most, and whether every random schedule is printed.
+/// most (splits included), and whether every random schedule is printed.
 #[derive(Clone, Copy)]
 pub struct Search {
     pub crash_points: LayoutPoints,
@@ -200,6 +216,7 @@ async fn work(
                     let mut r = report.lock().unwrap();
                     r.random += 1;
                     r.legs_random += u64::from(scenario.legs);
+                    r.split_random += u64::from(run.splits > 0);
                     r.tally(&run);
                     if failed {
                         r.violations.push(describe(&scenario, &run, Some(seed)));
@@ -237,7 +254,11 @@ async fn explore_exhaustively(
             .run(scenario, &mut Chooser::Fixed(prefix.clone()))
             .await;
         count += 1;
-        report.lock().unwrap().tally(&run);
+        {
+            let mut r = report.lock().unwrap();
+            r.tally(&run);
+            r.split_exhaustive += u64::from(run.splits > 0);
+        }
         if !run.violations.is_empty() {
             report
                 .lock()
@@ -263,22 +284,20 @@ async fn explore_exhaustively(
 }
 
 /// The choices of the next schedule after one that made `decisions`: the last decision
-/// with an untried option, moved on, within the preemption bound. `None` when there is
-/// none left.
-fn next_prefix(
-    mut decisions: Vec<(usize, usize, bool)>,
-    preemption_bound: usize,
-) -> Option<Vec<usize>> {
+/// with an untried option, moved on, within the preemption bound (any other option of a
+/// preemptive decision spends a preemption, and so does a split, see
+/// [`Decision::preempts`]). `None` when there is none left.
+fn next_prefix(mut decisions: Vec<Decision>, preemption_bound: usize) -> Option<Vec<usize>> {
     let d = &mut decisions;
-    let preempting = |d: &[(usize, usize, bool)]| d.iter().filter(|&&(_, c, p)| p && c > 0).count();
-    while let Some(&(options, chosen, preemptive)) = d.last() {
-        let before = preempting(&d[..d.len() - 1]);
-        if chosen + 1 < options && before + usize::from(preemptive) <= preemption_bound {
+    while let Some(last) = d.last() {
+        let before = d[..d.len() - 1].iter().filter(|d| d.preempts()).count();
+        let spends = Decision { chosen: 1, ..*last }.preempts();
+        if last.chosen + 1 < last.options && before + usize::from(spends) <= preemption_bound {
             break;
         }
         d.pop();
     }
     let last = d.last_mut()?;
-    last.1 += 1;
-    Some(d.iter().map(|&(_, c, _)| c).collect())
+    last.chosen += 1;
+    Some(d.iter().map(|d| d.chosen).collect())
 }

@@ -10,7 +10,8 @@
 //! remaining actors run in a fixed order (lowest actor first) to completion. A write held
 //! at a `before_*` point is a write that reaches the server late. The writes a
 //! multi-leg step sends for every party at once are one stop of their actor, let go
-//! together (see [`nemesis`]).
+//! together, or in a `split:` scenario one part at a time if the schedule says so, with
+//! other actors between them (see [`nemesis`]).
 //!
 //! A scenario is a transfer scenario (the owner transfers AMOUNT from a to b), a hold
 //! scenario (named with the prefix `hold:`) or a multi-leg scenario (prefix `legs:`: the
@@ -30,7 +31,10 @@
 //!    pairs {owner, cancel},
 //!    {recoverer after a crash at point k, cancel} for every point k the owner passes,
 //!    and {cancel, cancel} of a done transfer; the same three for a multi-leg transfer
-//!    (its crash points are its owner's stops: the parts of one step are one); and for a
+//!    (its crash points are its owner's stops: the parts of one step are one), across
+//!    deployments with its stops split (`split:`; a split spends a preemption; of the
+//!    crashes only those at even points, right before a write, see
+//!    [`scenario::exhaustive_scenarios`]); and for a
 //!    hold: every pair of {capture,
 //!    void, expire, cancel} (two of a kind included) of a held hold, {owner creating it,
 //!    each of those four}, and {recoverer after a crash at point k of creating it,
@@ -41,7 +45,8 @@
 //!    of them `same:` scenarios (a cancel of a done transfer or an owner, with its debit,
 //!    credit or state change held back; a cancel or a lapse; net), a quarter of the others
 //!    multi-leg scenarios (owner or recoverer, cancel, and a second cancel or a sweeper,
-//!    or a third of them all four: owner or recoverer, two cancels and the sweeper), and
+//!    or a third of them all four: owner or recoverer, two cancels and the sweeper; their
+//!    stops split, one in three, `split:`), and
 //!    of the rest half transfer scenarios (owner or recoverer, cancel, and a second cancel
 //!    or a sweeper), half hold scenarios (three actors drawn from {capture, void, expire,
 //!    cancel, sweeper} after a held prelude, or owner or recoverer and two of those).
@@ -64,8 +69,8 @@
 //! A violation prints the schedule as `EXPLORE_REPLAY='<scenario>/<choices>'` (random
 //! ones also as `EXPLORE_SEED=<seed>`) with the points it reached; either variable replays
 //! just that schedule, printing its trace.
-//! `EXPLORE_PREEMPTIONS` bounds the preemptions of an exhaustive schedule (default 1;
-//! `all`: every ordering); `EXPLORE_DFS_LIMIT` the schedules per exhaustive scenario
+//! `EXPLORE_PREEMPTIONS` bounds the preemptions of an exhaustive schedule, splits
+//! included (default 1; `all`: every ordering); `EXPLORE_DFS_LIMIT` the schedules per exhaustive scenario
 //! (default: none); `EXPLORE_SCHEDULES` the random ones (default 300); `EXPLORE_WORKERS`
 //! the concurrent databases (default 6); `EXPLORE_POINTS=all` parks after steps too;
 //! `EXPLORE_FILTER=<text>` runs only the scenarios (exhaustive, and random by their seed)
@@ -135,6 +140,12 @@ fn every_scenario_reads_back_from_its_name() {
         all.iter()
             .any(|s| s.legs && !s.across && s.actors.len() == 4)
     );
+    // Split ones, exhaustive across deployments and random in both layouts.
+    assert!(
+        all.iter()
+            .any(|s| s.split && s.across && s.prelude == Prelude::Done)
+    );
+    assert!(all.iter().any(|s| s.split && !s.across));
     for scenario in all {
         let name = scenario.to_string();
         assert_eq!(Scenario::parse(&name), scenario, "{name}");
@@ -168,7 +179,7 @@ async fn explore_interleavings() {
         verbose,
     };
     let report = exploration::explore(probe, jobs, search, workers, &uris, all_points).await;
-    report.print(preemption_bound, all_points, started);
+    report.print(&search, all_points, started);
     assert!(
         report.violations.is_empty(),
         "{} schedules violated an invariant (see above)",

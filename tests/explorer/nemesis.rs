@@ -25,6 +25,27 @@
 //!   its next stop, and is counted (`Run::late_parts`): its write may then go with or
 //!   after those its stop let go, a less exact schedule, never a wrong one (each is an
 //!   interleaving that can happen).
+//! - A stop split (`split:` scenarios): the store gathers writes into batches per
+//!   deployment, so two parties' writes of one step may go in different batches with
+//!   another actor's write between them (and parties on different deployments are wholly
+//!   independent). So when the actor chosen has a stop of several parts and another actor
+//!   is ready, a decision of its own ([`DecisionKind::Split`]) lets all of them go (0, the
+//!   default) or only the k-th (in the order they parked); the others stay parked as the
+//!   actor's stop, a later choice like any other (and may be split again). Shown with the
+//!   part let go in brackets, `owner1@before_debit+[before_credit]+before_credit`, then
+//!   `owner1@before_debit+before_credit` when the rest goes. A split preempts its actor
+//!   in the middle of a step: it spends one of the schedule's preemptions (the bound of
+//!   the exhaustive enumeration counts it as one), and the choice after it is free (no
+//!   actor ran last). That keeps the enumeration bounded: with the default bound of one, a
+//!   schedule has one preemption or one split followed by a switch to any actor, not
+//!   both. A random schedule splits one such stop in [`SPLIT_ODDS`]. After a split, the
+//!   part let go sends its write and reads its answer with nothing to tell (no point
+//!   comes before the rest of its step), so the actor is at rest once the parts left
+//!   parked, which the `join_all` polls at every poll of their task and which tell each
+//!   poll ([`Event::Polled`]), stay unpolled for [`SPLIT_QUIET`] after two polls per part
+//!   (the write sent, its answer read), [`SPLIT_SLOW`] after fewer; a poll after that is
+//!   counted (`Run::late_splits`) and waited for: as for late parts, a less exact
+//!   schedule, never a wrong one.
 //! - A crash ([`crash_owner`]): in a `crash<k>:` prelude the owner runs alone until its
 //!   k-th point and crashes there; its transfer is aged past its lease.
 //! - A write held back in the network ([`Held`]): one actor may have a step held back for
@@ -64,6 +85,21 @@ const STEP_LIMIT: Duration = Duration::from_secs(30);
 /// far longer than the two reads of server clocks a part on the other deployment makes
 /// before its point (a few milliseconds here), so that it joins the stop.
 const QUIET: Duration = Duration::from_millis(25);
+
+/// After a split, how long an actor whose task was polled twice or more since it was let
+/// go (the write its part sent, then the answer) must stay quiet (its task not polled)
+/// before it is taken to be at rest: far longer than the read an unapplied step makes
+/// after its answer, to learn why.
+const SPLIT_QUIET: Duration = Duration::from_millis(50);
+
+/// After a split, how long an actor whose task was polled once only since it was let go
+/// must stay quiet: its part's write is most likely in flight, and a part whose write
+/// fails at once (held back) ends in that one poll.
+const SPLIT_SLOW: Duration = Duration::from_millis(500);
+
+/// A random schedule splits one stop of several parts in this many (when another actor
+/// is ready too).
+const SPLIT_ODDS: u64 = 3;
 
 /// How long an actor of `scenario` must be quiet once parts of it reached their points
 /// ([`QUIET`] where a part may come late, else no time).
@@ -134,6 +170,38 @@ impl fmt::Display for Stop {
     }
 }
 
+/// One decision of a schedule: among how many options, which was taken, and what it
+/// chose.
+#[derive(Clone, Copy, Debug)]
+pub struct Decision {
+    pub options: usize,
+    pub chosen: usize,
+    pub kind: DecisionKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecisionKind {
+    /// Which ready actor goes; `preemptive` when option 0 is the actor that ran last
+    /// (still ready), so that any other choice preempts it.
+    Actor { preemptive: bool },
+    /// Which parts of the chosen actor's stop go: 0 all of them, `k` only its k-th
+    /// (from 1, in the order they parked).
+    Split,
+}
+
+impl Decision {
+    /// Whether the decision spends a preemption of the schedule's budget: another actor
+    /// than the one that ran last and is still ready, or a split (which preempts its
+    /// actor in the middle of a step).
+    pub fn preempts(&self) -> bool {
+        let preemptive = match self.kind {
+            DecisionKind::Actor { preemptive } => preemptive,
+            DecisionKind::Split => true,
+        };
+        preemptive && self.chosen > 0
+    }
+}
+
 enum Event {
     Parked(usize, Stop),
     /// The poll of a task of the actor in which a part of it parked has ended: every part
@@ -142,6 +210,11 @@ enum Event {
     /// An actor let go of a drive lock: the actors blocked at [`Point::WaitDrive`] may try
     /// again.
     Released,
+    /// A part parked since an earlier poll was polled again: told by every part still
+    /// parked at each poll of the task running them (a `join_all` polls each part), so
+    /// after a split the part let go goes on; the actor is at rest only once the parts
+    /// left parked stay unpolled (see the module doc).
+    Polled(usize),
     Finished(usize),
 }
 
@@ -176,7 +249,10 @@ impl Scheduler {
                 2 => {
                     let _ = events.send(Event::PollEnded(actor));
                 }
-                _ => {}
+                // Polled again while parked: a sibling part let go alone goes on.
+                _ => {
+                    let _ = events.send(Event::Polled(actor));
+                }
             }
             Poll::Pending
         }))
@@ -189,11 +265,34 @@ impl Scheduler {
             let _ = tx.send(());
         }
     }
+
+    /// Lets only the parked part `at` (in the order they parked) of `actor` go.
+    fn resume_part(&self, actor: usize, at: usize) {
+        let tx = self.resumes.lock().unwrap()[actor].remove(at);
+        let _ = tx.send(());
+    }
 }
 
 /// The points of one stop, as the trace shows them: `before_debit+before_credit`.
 fn show(stops: &[Stop]) -> String {
     let names: Vec<String> = stops.iter().map(Stop::to_string).collect();
+    names.join("+")
+}
+
+/// The points of a stop of which only the part `at` is let go, that one in brackets:
+/// `before_debit+[before_credit]+before_credit`.
+fn show_part(stops: &[Stop], at: usize) -> String {
+    let names: Vec<String> = stops
+        .iter()
+        .enumerate()
+        .map(|(i, stop)| {
+            if i == at {
+                format!("[{stop}]")
+            } else {
+                stop.to_string()
+            }
+        })
+        .collect();
     names.join("+")
 }
 
@@ -229,6 +328,22 @@ impl Chooser {
         match self {
             Chooser::Fixed(prefix) => prefix.get(decision).copied().unwrap_or(0).min(options - 1),
             Chooser::Random(state) => (splitmix(state) % options as u64) as usize,
+        }
+    }
+
+    /// Which of the `parts` parked parts of an actor's stop to let go: 0 all of them, `k`
+    /// only the k-th (from 1). A random schedule splits one stop in [`SPLIT_ODDS`], letting
+    /// a part drawn at random go.
+    pub fn split(&mut self, decision: usize, parts: usize) -> usize {
+        match self {
+            Chooser::Fixed(prefix) => prefix.get(decision).copied().unwrap_or(0).min(parts),
+            Chooser::Random(state) => {
+                if splitmix(state) % SPLIT_ODDS == 0 {
+                    1 + (splitmix(state) % parts as u64) as usize
+                } else {
+                    0
+                }
+            }
         }
     }
 }
@@ -274,7 +389,7 @@ pub async fn crash_owner(
     let crashed = loop {
         let deadline = at_rest.unwrap_or_else(|| Instant::now() + STEP_LIMIT);
         match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Some(Event::Released)) => {}
+            Ok(Some(Event::Released | Event::Polled(_))) => {}
             Ok(Some(Event::Parked(_, stop))) => parts.push(stop),
             Ok(Some(Event::PollEnded(_))) => {
                 if !parts.is_empty() {
@@ -341,6 +456,14 @@ pub struct Actors {
     quiet: Duration,
     /// When a running actor last told something: it is stuck [`STEP_LIMIT`] after that.
     heard: Instant,
+    /// Whether the scenario splits stops (`split:`).
+    split: bool,
+    /// The actors let go in part (a split) since they were last let go, each with the
+    /// polls of its task since: at rest once quiet ([`SPLIT_QUIET`], [`SPLIT_SLOW`]).
+    split_polls: Vec<Option<usize>>,
+    /// The actors taken to be at rest after a split: a poll of one of them is a late one
+    /// (`Run::late_splits`).
+    split_rest: Vec<bool>,
     /// The actor let go last.
     last: Option<usize>,
     /// Whether the held-back actor was let go from its held point, so that a write of
@@ -395,7 +518,7 @@ impl Actors {
             let (a, b) = (setup.a.clone(), setup.b.clone());
             let holder = held.as_ref().map(|(id, _)| id.clone());
             let is_held = scenario.held.is_some_and(|(at, _)| at == i);
-            tasks.push(tokio::spawn(async move {
+            let actor = async move {
                 start.await;
                 let mut answer = act(kind, &bank, new, &a, &b, holder.as_deref()).await;
                 if let Answer::Unavailable { held, .. } = &mut answer {
@@ -403,7 +526,8 @@ impl Actors {
                 }
                 let _ = events.send(Event::Finished(i));
                 answer
-            }));
+            };
+            tasks.push(tokio::spawn(actor));
         }
         drop(events_tx);
         Actors::new(scenario, ids, sched, events, tasks, held)
@@ -440,6 +564,9 @@ impl Actors {
             at_rest: vec![None; n],
             quiet: quiet(scenario),
             heard: Instant::now(),
+            split: scenario.split,
+            split_polls: vec![None; n],
+            split_rest: vec![false; n],
             last: None,
             something_held: false,
         }
@@ -505,8 +632,9 @@ impl Actors {
     /// What an actor told: a part of it parked, a poll of it ended, a drive lock let go,
     /// or its end.
     fn note(&mut self, event: Event, run: &mut Run) {
-        // A poll's end follows a part's park: no progress of its own.
-        if !matches!(event, Event::PollEnded(_)) {
+        // A poll's end follows a part's park: no progress of its own; a poll of a task is
+        // progress only for a split actor, which tells nothing else.
+        if !matches!(event, Event::PollEnded(_) | Event::Polled(_)) {
             self.heard = Instant::now();
         }
         match event {
@@ -531,10 +659,45 @@ impl Actors {
                 }
             }
             Event::Released => self.blocked.fill(false),
+            Event::Polled(i) => self.polled(i, run),
             Event::Finished(i) => {
                 self.finished[i] = true;
                 self.rest(i);
             }
+        }
+    }
+
+    /// A part of actor `i` left parked was polled again. Only after a split does it tell
+    /// something: the part let go goes on (its write sent, its answer read), so the actor
+    /// is at rest only once the parts left parked stay unpolled; a poll of one taken to be
+    /// at rest already is late.
+    fn polled(&mut self, i: usize, run: &mut Run) {
+        let now = Instant::now();
+        if self.running[i] {
+            let Some(polls) = &mut self.split_polls[i] else {
+                return;
+            };
+            *polls += 1;
+            self.heard = now;
+            // A part parked again: at rest once that poll ends, as at any stop.
+            if !self.arrived[i] {
+                // Each part left parked tells each poll.
+                let twice = 2 * self.parked[i].len().max(1);
+                let quiet = if *polls >= twice {
+                    SPLIT_QUIET
+                } else {
+                    SPLIT_SLOW
+                };
+                self.at_rest[i] = Some(now + quiet.max(self.quiet));
+            }
+        } else if self.split_rest[i] {
+            run.late_splits += 1;
+            run.trace
+                .push(format!("({} still running after its split)", self.names[i]));
+            self.split_rest[i] = false;
+            self.running[i] = true;
+            self.heard = now;
+            self.at_rest[i] = Some(now + SPLIT_QUIET.max(self.quiet));
         }
     }
 
@@ -543,6 +706,7 @@ impl Actors {
         self.running[i] = false;
         self.arrived[i] = false;
         self.at_rest[i] = None;
+        self.split_rest[i] = self.split_polls[i].is_some() && !self.finished[i];
     }
 
     /// The actors ready to go on: parked and not blocked; the network only once something
@@ -570,9 +734,11 @@ impl Actors {
         })
     }
 
-    /// Lets one of the `ready` actors go (every part of it parked), as `chooser` says (a
-    /// decision of `run` when there are two or more); the default (choice 0) lets the
-    /// actor that ran last go on.
+    /// Lets one of the `ready` actors go, as `chooser` says (a decision of `run` when
+    /// there are two or more); the default (choice 0) lets the actor that ran last go on.
+    /// Every part of its stop goes, or in a `split:` scenario, where its stop has several
+    /// parts and another actor is ready, only the one part `chooser` says (a decision of
+    /// its own, 0 for all of them).
     fn let_go(
         &mut self,
         mut ready: Vec<usize>,
@@ -592,21 +758,56 @@ impl Actors {
             0
         } else {
             let c = chooser.choose(run.decisions.len(), ready.len());
-            run.decisions.push((ready.len(), c, preemptive));
+            run.decisions.push(Decision {
+                options: ready.len(),
+                chosen: c,
+                kind: DecisionKind::Actor { preemptive },
+            });
             c
         };
         let actor = ready[pick];
         self.last = Some(actor);
-        let stops = std::mem::take(&mut self.parked[actor]);
+        let parts = self.parked[actor].len();
+        let part = if self.split && parts > 1 && ready.len() > 1 {
+            let c = chooser.split(run.decisions.len(), parts);
+            run.decisions.push(Decision {
+                options: parts + 1,
+                chosen: c,
+                kind: DecisionKind::Split,
+            });
+            c.checked_sub(1)
+        } else {
+            None
+        };
+        let (stops, shown) = match part {
+            None => {
+                let stops = std::mem::take(&mut self.parked[actor]);
+                let shown = show(&stops);
+                (stops, shown)
+            }
+            Some(at) => {
+                run.splits += 1;
+                let shown = show_part(&self.parked[actor], at);
+                (vec![self.parked[actor].remove(at)], shown)
+            }
+        };
         if let Some((i, h)) = scenario.held {
             if i == actor && stops.contains(&Stop::At(h.point())) {
                 self.something_held = true;
             }
         }
-        run.trace
-            .push(format!("{}@{}", self.names[actor], show(&stops)));
+        run.trace.push(format!("{}@{shown}", self.names[actor]));
+        // The split preempted the actor: the next choice, of any ready actor, is free.
+        if part.is_some() {
+            self.last = None;
+        }
         self.running[actor] = true;
-        self.sched.resume(actor);
+        self.split_polls[actor] = part.map(|_| 0);
+        self.split_rest[actor] = false;
+        match part {
+            None => self.sched.resume(actor),
+            Some(at) => self.sched.resume_part(actor, at),
+        }
     }
 
     /// Ends the actors: their hooks removed, their tasks aborted if the schedule is

@@ -48,6 +48,10 @@ pub struct Scenario {
     /// record of unanswered writes, one admission; each names its points with an instance
     /// id of its own, so that the scheduler tells them apart. Shown as the prefix `same:`.
     pub same: bool,
+    /// The scheduler may let only one part of a stop of several parts go (a multi-leg
+    /// step's per-party writes, see `nemesis`), the others staying parked: another actor
+    /// may then act between two parties' writes of one step. Shown as the prefix `split:`.
+    pub split: bool,
     /// The owner creates a hold of AMOUNT (expiring in `HOLD_EXPIRY`) instead of a
     /// transfer. Shown as the prefix `hold:`.
     pub hold: bool,
@@ -68,6 +72,9 @@ impl fmt::Display for Scenario {
         }
         if self.same {
             write!(f, "same:")?;
+        }
+        if self.split {
+            write!(f, "split:")?;
         }
         if self.hold {
             write!(f, "hold:")?;
@@ -99,6 +106,7 @@ impl Scenario {
         Scenario {
             across: false,
             same: false,
+            split: false,
             hold: false,
             legs: false,
             prelude,
@@ -139,6 +147,14 @@ impl Scenario {
         }
     }
 
+    /// The same scenario, its stops split (`split:`).
+    pub fn split(self) -> Scenario {
+        Scenario {
+            split: true,
+            ..self
+        }
+    }
+
     /// The same scenario with b on the second deployment.
     pub fn across(self) -> Scenario {
         Scenario {
@@ -153,6 +169,10 @@ impl Scenario {
             None => (false, s),
         };
         let (same, s) = match s.strip_prefix("same:") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (split, s) = match s.strip_prefix("split:") {
             Some(rest) => (true, rest),
             None => (false, s),
         };
@@ -202,6 +222,7 @@ impl Scenario {
         Scenario {
             across,
             same,
+            split,
             hold,
             legs,
             prelude,
@@ -282,7 +303,8 @@ fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
 
 /// A random multi-leg scenario: the owner, or a recoverer after the owner crashed at a
 /// random point of the transfer, then a cancel and a second cancel or a sweeper; a third
-/// of them all four: a recoverer (or the owner), two cancels and a sweeper.
+/// of them all four: a recoverer (or the owner), two cancels and a sweeper. Its stops are
+/// split (`split:`; the random chooser splits one in `nemesis::SPLIT_ODDS`).
 fn random_legs_scenario(s: &mut u64, crash_points: usize) -> Scenario {
     use Kind::*;
     let (prelude, head) = if splitmix(s) % 2 == 0 {
@@ -296,7 +318,7 @@ fn random_legs_scenario(s: &mut u64, crash_points: usize) -> Scenario {
         1 => &[head, Cancel, Sweeper],
         _ => &[head, Cancel, Cancel, Sweeper],
     };
-    Scenario::legs(prelude, actors)
+    Scenario::legs(prelude, actors).split()
 }
 
 /// A random `same:` scenario: two tasks of one process and the network. The first, whose
@@ -352,12 +374,29 @@ pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
             add(Scenario::new(Prelude::Crash(k), &[Recoverer, Cancel]));
         }
         add(Scenario::new(Prelude::Done, &[Cancel, Cancel]));
-        // Multi-leg transfers: the same pairs.
-        add(Scenario::legs(Prelude::Nothing, &[Owner, Cancel]));
+        // Multi-leg transfers: the same pairs. Across deployments, where the parties of
+        // a step are wholly independent, their stops split (every ordering without a
+        // split is among theirs): another actor between two parties' writes of a step.
+        // Of the crash points only the even ones: the owner's points alternate between
+        // right before a write (even) and right after a step (odd, see the points
+        // printed), and a crash right after a step leaves what one right before the next
+        // write does; splitting one of each pair keeps the run within its time.
+        let legs = |scenario: Scenario, split: bool| {
+            if split && across {
+                scenario.split()
+            } else {
+                scenario
+            }
+        };
+        add(legs(
+            Scenario::legs(Prelude::Nothing, &[Owner, Cancel]),
+            true,
+        ));
         for k in 0..points.legs {
-            add(Scenario::legs(Prelude::Crash(k), &[Recoverer, Cancel]));
+            let crashed = Scenario::legs(Prelude::Crash(k), &[Recoverer, Cancel]);
+            add(legs(crashed, k % 2 == 0));
         }
-        add(Scenario::legs(Prelude::Done, &[Cancel, Cancel]));
+        add(legs(Scenario::legs(Prelude::Done, &[Cancel, Cancel]), true));
         // Holds: every pair of those that settle a held hold, two of a kind included.
         let settlers = [Capture, Void, Expire, Cancel];
         for (i, &first) in settlers.iter().enumerate() {
