@@ -502,6 +502,22 @@ hold_crash_test!(
     HoldStep::Expire
 );
 
+/// Opens the third account of the multi-leg tests, `c` (0), through `doomed`: on `us`
+/// across deployments, beside `a`.
+async fn open_c(http: &reqwest::Client, doomed: &Instance, layout: Layout) {
+    let mut body = json!({ "id": "c", "balance": 0 });
+    if layout == Layout::Across {
+        body["deployment"] = json!("us");
+    }
+    let opened = http
+        .post(format!("{}/accounts", doomed.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 201);
+}
+
 /// Crashes an instance at `step` during a multi-leg transfer of three accounts
 /// (`docs/legs.md`): a (500) pays b 300 and b pays c 100, so a is debited 300 and b and
 /// c receive 200 and 100; with `short`, a pays b 900, more than it has, and the transfer
@@ -514,17 +530,7 @@ async fn crash_legs_and_recover(layout: Layout, step: Point, short: bool, left_i
     let http = reqwest::Client::new();
     let mut doomed = books.start_instance("doomed", Some(step)).await;
     books.open_accounts(&http, &doomed).await;
-    let mut body = json!({ "id": "c", "balance": 0 });
-    if layout == Layout::Across {
-        body["deployment"] = json!("us");
-    }
-    let opened = http
-        .post(format!("{}/accounts", doomed.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(opened.status(), 201);
+    open_c(&http, &doomed, layout).await;
     let first = if short { 900 } else { 300 };
     let legs = json!([
         { "source": "a", "destination": "b", "amount": first },
@@ -726,17 +732,7 @@ async fn crash_legs_hold_and_recover(layout: Layout, step: Point, what: HoldStep
     let http = reqwest::Client::new();
     let mut doomed = books.start_instance("doomed", Some(step)).await;
     books.open_accounts(&http, &doomed).await;
-    let mut body = json!({ "id": "c", "balance": 0 });
-    if layout == Layout::Across {
-        body["deployment"] = json!("us");
-    }
-    let opened = http
-        .post(format!("{}/accounts", doomed.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(opened.status(), 201);
+    open_c(&http, &doomed, layout).await;
     let expires_in_ms = if what == HoldStep::Expire {
         1_000
     } else {
