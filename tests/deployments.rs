@@ -1875,6 +1875,63 @@ async fn the_money_a_multi_leg_hold_logged_elsewhere_reserved_is_spendable_once_
     }
 }
 
+/// A hold is logged where its source lives (eu here); its destination on another
+/// deployment (cn), near `MAX_MONEY`, that needs the room the hold kept once the hold
+/// has expired, for a credit logged on cn, asks every deployment's log, not only its own,
+/// and frees it at once, before any sweeper, rather than answer `balance_overflow`.
+#[tokio::test]
+async fn the_room_a_hold_logged_elsewhere_kept_in_its_destination_is_free_once_it_expired() {
+    const MAX_MONEY: i64 = transfer_service::domain::MAX_MONEY;
+    let books = Books::shared().await;
+    let app = books
+        .app_with(|s| s.sweep_interval = Duration::from_secs(3600))
+        .await;
+    open(&app, "rm-a", 1_000, "eu").await;
+    open(&app, "rm-full", MAX_MONEY - 100, "cn").await;
+    open(&app, "rm-c", 1_000, "cn").await;
+    let body = json!({
+        "source": "rm-a", "destination": "rm-full", "amount": 100,
+        "hold": { "expiresInMs": 1_000 },
+    });
+    let (status, hold) = status_and_json(app.post_json("/transfers", body).await).await;
+    assert_eq!(
+        (status, hold["state"].as_str()),
+        (201, Some("held")),
+        "{hold}"
+    );
+    let id = values::transfer_id(hold["id"].as_str().unwrap());
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let credit = json!({ "source": "rm-c", "destination": "rm-full", "amount": 60 });
+    let (status, moved) = status_and_json(app.post_json("/transfers", credit).await).await;
+
+    assert_eq!(status, 201, "{moved}");
+    let ended = books.store("eu").transfer(id).await.unwrap().unwrap();
+    assert_eq!(
+        (ended.state, ended.reason),
+        (TransferState::Canceled, Some(CancelReason::Expired)),
+        "{ended:?}"
+    );
+    for (account, deployment, balance) in [
+        ("rm-a", "eu", 1_000),
+        ("rm-full", "cn", MAX_MONEY - 40),
+        ("rm-c", "cn", 940),
+    ] {
+        let a = books
+            .store(deployment)
+            .account(&values::account(account))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (a.balance, a.pending_debits, a.pending_credits),
+            (balance, 0, 0),
+            "{a:?}"
+        );
+        assert!(a.pending_transactions.is_empty(), "{a:?}");
+    }
+}
+
 /// A multi-leg hold logged on eu reserves three paying parties, one of them (`mp-q`) on
 /// cn; its expirer was killed before releasing anything (`canceling`, expired, every
 /// reservation in place, its lease fresh), and cn is down. Reads call `mp-p`'s money

@@ -80,13 +80,14 @@ impl TransferService {
     }
 
     /// Frees what `hold`, past its `expiresAt` and still `held` or `canceling`, keeps
-    /// reserved on its source, for a debit that needs the money (reads already leave it
-    /// out: `TransferService::as_of_now`). Expires it first if it is still `held`; then
-    /// releases the source's reservation without waiting for the destination's, whose
-    /// deployment may be down, nor for the hold's owner, who may be dead. Whether the
-    /// source no longer carries it (released by this call or by anyone before).
+    /// reserved on `account`'s `side`: on its source, for a debit that needs the money; on
+    /// its destination, for a credit that needs the room under `MAX_MONEY` (reads already
+    /// leave both out: `TransferService::as_of_now`). Expires it first if it is still
+    /// `held`; then releases that account's reservation without waiting for the other
+    /// account's, whose deployment may be down, nor for the hold's owner, who may be dead.
+    /// Whether `account` no longer carries it (released by this call or by anyone before).
     ///
-    /// Why anyone may release the source of a `canceling` hold: the release is guarded by
+    /// Why anyone may release an account of a `canceling` hold: the release is guarded by
     /// the hold's marker on the account alone, so of everyone who makes it (its owner, a
     /// recoverer, this call) exactly one lands, and no capture can race it (`canceling`
     /// only ever goes to `canceled`). No copy of a reservation can land after it either: a
@@ -94,22 +95,29 @@ impl TransferService {
     /// `Mover::Resolver`); one rolled back from `pending` by a cancel has both accounts
     /// fenced; one rolled back by its owner may still see its reservation land again, but
     /// the owner (or, after its lease, a recoverer) releases it only once no copy can land,
-    /// and that later release takes it away again. Releasing a reservation moves no money,
-    /// so its order against the destination's does not matter.
+    /// and that later release takes it away again (a destination's only where the room is
+    /// still there: a reservation into an account is guarded by `MAX_MONEY` as a credit
+    /// is). Releasing a reservation moves no money, so the order of the releases does not
+    /// matter.
     ///
-    /// A multi-leg hold: `spender`'s reservation (a paying party's) first, then every
-    /// other paying party's, as far as their deployments answer (a failure there is left
-    /// to the hold's driver); whether `spender` no longer carries it.
+    /// A multi-leg hold: `account`'s reservation (a paying party's on the source side, a
+    /// receiving party's on the destination side) first, then every paying party's, as
+    /// far as their deployments answer (a failure there is left to the hold's driver);
+    /// whether `account` no longer carries it.
     pub(super) async fn free_expired_reservation(
         &self,
         hold: Transfer,
-        spender: &AccountId,
+        account: &AccountId,
+        side: Side,
     ) -> StoreResult<bool> {
-        let pays = |hold: &Transfer| match hold.legs.as_deref() {
-            Some(legs) => legs.party(spender).is_some_and(|p| p.pays()),
-            None => hold.source == *spender,
+        let reserves = |hold: &Transfer| match hold.legs.as_deref() {
+            Some(legs) => legs.party(account).is_some_and(|p| match side {
+                Side::Source => p.net < 0,
+                Side::Destination => p.net > 0,
+            }),
+            None => self.account_of(hold, side) == account,
         };
-        if !pays(&hold) {
+        if !reserves(&hold) {
             return Ok(false);
         }
         let mut hold = hold;
@@ -134,32 +142,9 @@ impl TransferService {
             // Captured (the capture takes the reservation), or not expired after all.
             _ => return Ok(false),
         }
-        let held = hold
-            .hold
-            .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
-            .amount;
-        match hold.legs.as_deref() {
-            Some(legs) => {
-                if let Some(own) = legs.party(spender) {
-                    self.release_party(&hold, own).await?;
-                }
-                for party in legs.parties().iter().filter(|p| p.pays()) {
-                    if party.account == *spender {
-                        continue;
-                    }
-                    if let Err(e) = self.release_party(&hold, party).await {
-                        tracing::warn!(transfer_id = %hold.id, account = %party.account, error = %Chain(&e), "a paying party of an expired multi-leg hold not released yet; the hold's driver releases it");
-                    }
-                }
-            }
-            None => {
-                self.store_of(&hold, Side::Source)?
-                    .release(&hold.source, hold.id, Side::Source, held)
-                    .await?;
-            }
-        }
+        self.release_expired(&hold, account, side).await?;
         if expired_here {
-            tracing::info!(transfer_id = %hold.id, "hold expired before a debit that needed its money");
+            tracing::info!(transfer_id = %hold.id, %account, ?side, "hold expired before a step that needed what it reserved");
             // The rest of its release, as its new owner: the destination's deployment may
             // not answer, and then a sweeper finishes it once it does.
             let id = hold.id;
@@ -168,6 +153,39 @@ impl TransferService {
             }
         }
         Ok(true)
+    }
+
+    /// The releases of [`TransferService::free_expired_reservation`], once `hold` is
+    /// `canceling` (or this call expired it): `account`'s reservation on `side`; of a
+    /// multi-leg hold, then every other paying party's, best effort.
+    async fn release_expired(
+        &self,
+        hold: &Transfer,
+        account: &AccountId,
+        side: Side,
+    ) -> StoreResult<()> {
+        let Some(legs) = hold.legs.as_deref() else {
+            let held = hold
+                .hold
+                .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
+                .amount;
+            self.store_of(hold, side)?
+                .release(account, hold.id, side, held)
+                .await?;
+            return Ok(());
+        };
+        if let Some(own) = legs.party(account) {
+            self.release_party(hold, own).await?;
+        }
+        for party in legs.parties().iter().filter(|p| p.pays()) {
+            if party.account == *account {
+                continue;
+            }
+            if let Err(e) = self.release_party(hold, party).await {
+                tracing::warn!(transfer_id = %hold.id, account = %party.account, error = %Chain(&e), "a paying party of an expired multi-leg hold not released yet; the hold's driver releases it");
+            }
+        }
+        Ok(())
     }
 
     async fn capture_admitted(

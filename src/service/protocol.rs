@@ -326,8 +326,9 @@ impl TransferService {
                 // Holds past their expiry no longer reserve anything, even before a
                 // sweeper has released them: release them now and try again.
                 Refusal::Balance
-                    if side == Side::Source
-                        && self.expire_holds_out_of(log, found.as_ref()).await? =>
+                    if self
+                        .expire_holds_reserving(store, found.as_ref(), side)
+                        .await? =>
                 {
                     continue;
                 }
@@ -341,49 +342,65 @@ impl TransferService {
         Err(contended(t))
     }
 
-    /// Frees the reservations that `account` (as read after a debit or reservation it
-    /// refused) still carries for holds past their `expiresAt` by the database's clock and
-    /// not captured: reads no longer count them, so neither may a spend. Expires those
-    /// still `held` and releases the account's reservation of each, as the sweeper would,
-    /// without waiting for their other accounts (see
+    /// Frees the reservations that `account` (as read after a step it refused) still
+    /// carries on `side` for holds past their `expiresAt` by the database's clock and not
+    /// captured: reads no longer count them, so neither may a step. On the source side
+    /// that is money a debit or reservation needs (`pendingDebits`), on the destination
+    /// side room a credit or reservation needs under `MAX_MONEY` (`pendingCredits`).
+    /// Expires those still `held` and releases the account's reservation of each, as the
+    /// sweeper would, without waiting for their other accounts (see
     /// `TransferService::free_expired_reservation`). Whether any was freed since that read:
     /// the step is worth trying again.
     ///
-    /// A one-leg hold out of the account is logged on the account's own deployment,
-    /// `log`; a multi-leg one where its first leg's source lives, so the logs of the other
-    /// deployments are asked too, but only for an account that reserves something, and a
+    /// Holds are asked of `own`, the account's deployment, first (a one-leg hold out of
+    /// the account is logged there), then of every other deployment's log (a hold into the
+    /// account is logged where its source lives, a multi-leg one where its first leg's
+    /// source lives), but only for an account that reserves something on that side, and a
     /// log that does not answer is passed over (as reads pass it over): a refusal of a
-    /// spend that touches only answering deployments never waits for another one.
-    async fn expire_holds_out_of(
+    /// step that touches only answering deployments never waits for another one.
+    async fn expire_holds_reserving(
         &self,
-        log: &Store,
+        own: &Store,
         account: Option<&Account>,
+        side: Side,
     ) -> StoreResult<bool> {
-        let Some(account) = account.filter(|a| a.pending_debits > 0) else {
+        let reserves = |a: &&Account| match side {
+            Side::Source => a.pending_debits > 0,
+            Side::Destination => a.pending_credits > 0,
+        };
+        let Some(account) = account.filter(reserves) else {
             return Ok(false);
         };
-        let mut freed = self.free_expired_in(log, account).await?;
+        let mut freed = self.free_expired_in(own, account, side).await?;
         for store in self.deployments.all() {
-            if store.deployment() == log.deployment() || store.check_answering().is_err() {
+            if store.deployment() == own.deployment() || store.check_answering().is_err() {
                 continue;
             }
-            match self.free_expired_in(store, account).await {
+            match self.free_expired_in(store, account, side).await {
                 Ok(here) => freed |= here,
                 Err(e) => {
-                    tracing::warn!(deployment = %store.deployment(), account = %account.id, error = %crate::error_chain::Chain(&e), "expired multi-leg holds of this log not looked for; a spend may be refused until the sweeper expires them");
+                    tracing::warn!(deployment = %store.deployment(), account = %account.id, error = %crate::error_chain::Chain(&e), "expired holds of this log not looked for; a step may be refused until the sweeper expires them");
                 }
             }
         }
         Ok(freed)
     }
 
-    /// [`TransferService::expire_holds_out_of`] for the holds logged on `store`.
-    async fn free_expired_in(&self, store: &Store, account: &Account) -> StoreResult<bool> {
+    /// [`TransferService::expire_holds_reserving`] for the holds logged on `store`.
+    async fn free_expired_in(
+        &self,
+        store: &Store,
+        account: &Account,
+        side: Side,
+    ) -> StoreResult<bool> {
         let now = store.server_time_lower_bound().await?;
         let mut freed = false;
-        for hold in store.expired_holds_out_of(&account.id, now, 100).await? {
+        let expired = store.expired_holds_reserving(&account.id, side, now, 100);
+        for hold in expired.await? {
             if account.pending_transactions.contains(&hold.id)
-                && self.free_expired_reservation(hold, &account.id).await?
+                && self
+                    .free_expired_reservation(hold, &account.id, side)
+                    .await?
             {
                 freed = true;
             }

@@ -11,7 +11,7 @@ use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
-use super::accounts::Fence;
+use super::accounts::{Fence, Side};
 use super::batch::Transition;
 use super::documents::{Stored, domain, object_id, stored_key, stored_time, transfer_id};
 use super::guards::{owned_by, stamped, stamped_unset};
@@ -447,21 +447,28 @@ impl Store {
             .await
     }
 
-    /// Holds out of `source` whose reservation reads no longer count (see
-    /// [`Store::expired_holds_touching`]), soonest expired first.
-    pub async fn expired_holds_out_of(
+    /// Holds reserving on `account`'s `side` (out of it as their source or a paying
+    /// party, into it as their destination or a receiving party) whose reservation reads
+    /// no longer count (see [`Store::expired_holds_touching`]), soonest expired first.
+    pub async fn expired_holds_reserving(
         &self,
-        source: &AccountId,
+        account: &AccountId,
+        side: Side,
         now: Timestamp,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
+        let (one_leg, net) = match side {
+            Side::Source => ("source", doc! { "$lt": 0_i64 }),
+            Side::Destination => ("destination", doc! { "$gt": 0_i64 }),
+        };
         let filter = doc! {
             "state": { "$in": uncaptured_states() },
             "expiresAt": { "$lte": stored_time(now) },
             "$or": [
-                { "source": source.as_str(), "legs": { "$exists": false } },
-                // A multi-leg hold's paying party (its first leg's source may receive).
-                { "parties": { "$elemMatch": { "account": source.as_str(), "net": { "$lt": 0 } } } },
+                { one_leg: account.as_str(), "legs": { "$exists": false } },
+                // A multi-leg hold's party on that side (its first leg's source may
+                // receive, its first leg's destination pay).
+                { "parties": { "$elemMatch": { "account": account.as_str(), "net": net } } },
             ],
         };
         self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)

@@ -573,6 +573,43 @@ async fn money_held_for_an_account_counts_against_its_largest_balance() {
     assert_books(&app, &["alice", "full"], 1_000 + MAX_MONEY - 100).await;
 }
 
+/// From `expiresAt` on, the room an expired hold kept in its destination is free again,
+/// even before any sweeper has expired it: reads leave its `pendingCredits` out, and so
+/// does a credit, which expires the hold and releases the destination's reservation
+/// rather than answer `balance_overflow`.
+#[tokio::test]
+async fn the_room_an_expired_hold_kept_in_its_destination_is_free_before_the_sweeper_comes() {
+    const MAX_MONEY: i64 = transfer_service::domain::MAX_MONEY;
+    let app = support::spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3_600)).await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("full", MAX_MONEY - 100).await;
+    let (status, body) = hold(&app, "alice", "full", 100, json!({ "expiresInMs": 1_000 })).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(
+        amounts(&app, "full").await,
+        (MAX_MONEY - 100, MAX_MONEY - 100, 0, 0),
+        "read as expired"
+    );
+
+    let (status, body) = app.transfer("alice", "full", 60).await;
+
+    assert_eq!(status, 201, "{body}");
+    let (_, ended) = get_json(&app, &format!("/transfers/{id}")).await;
+    assert_eq!(
+        (&ended["state"], &ended["reason"]),
+        (&json!("canceled"), &json!("expired"))
+    );
+    assert_eq!(
+        amounts(&app, "full").await,
+        (MAX_MONEY - 40, MAX_MONEY - 40, 0, 0)
+    );
+    assert_eq!(amounts(&app, "alice").await, (940, 940, 0, 0));
+    assert_books(&app, &["alice", "full"], 1_000 + MAX_MONEY - 100).await;
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
 /// Reading an account that reserves nothing asks nothing of the log: only an account
 /// with pending sums can be carrying an expired hold, so only then are the holds looked
 /// up (and the database's clock read). One read, not three, for most accounts.

@@ -230,6 +230,48 @@ async fn an_expired_multi_leg_hold_frees_a_paying_party_that_is_not_its_first_so
     assert_nothing_pending(&app).await;
 }
 
+/// The room an expired multi-leg hold kept in a receiving party that is not the first
+/// leg's destination is free before any sweeper comes: a multi-leg transfer that pays
+/// into it expires the hold and releases that party's reservation rather than answer
+/// `balance_overflow`, as a plain credit does.
+#[tokio::test]
+async fn the_room_an_expired_multi_leg_hold_kept_in_a_receiving_party_is_free_before_the_sweeper_comes()
+ {
+    const MAX_MONEY: i64 = transfer_service::domain::MAX_MONEY;
+    let app = spawn_app_with(|s| s.sweep_interval = Duration::from_secs(3_600)).await;
+    for (id, balance) in [("a", 1_000), ("b", 0), ("c", 1_000)] {
+        app.open_account(id, balance).await;
+    }
+    app.open_account("full", MAX_MONEY - 100).await;
+    let legs = json!([leg("a", "b", 10), leg("a", "full", 100)]);
+    let (status, body) = hold(&app, &legs, 1_000).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        amounts(&app, "full").await,
+        (MAX_MONEY - 100, MAX_MONEY - 100, 0, 100)
+    );
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let paid = json!([leg("c", "full", 60), leg("c", "b", 1)]);
+    let response = app.post_json("/transfers", json!({ "legs": paid })).await;
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let (_, ended) = get_json(&app, &format!("/transfers/{id}")).await;
+    assert_eq!(
+        (&ended["state"], &ended["reason"]),
+        (&json!("canceled"), &json!("expired"))
+    );
+    assert_eq!(
+        amounts(&app, "full").await,
+        (MAX_MONEY - 40, MAX_MONEY - 40, 0, 0)
+    );
+    assert_eq!(amounts(&app, "a").await, (1_000, 1_000, 0, 0));
+    assert_eq!(amounts(&app, "c").await, (939, 939, 0, 0));
+    assert_nothing_pending(&app).await;
+}
+
 /// The sweeper expires a multi-leg hold left past its expiry and releases every party.
 #[tokio::test]
 async fn a_multi_leg_hold_left_past_its_expiry_is_expired_by_the_sweeper() {

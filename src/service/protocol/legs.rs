@@ -136,9 +136,11 @@ impl TransferService {
             Refusal::Retry => Prepared::Again,
             Refusal::Fenced => Prepared::Refused(CancelReason::CanceledByRequest),
             Refusal::Missing => Prepared::Refused(CancelReason::AccountNotFound),
-            // The holds out of the account, on any deployment's log.
+            // The expired holds reserving on the party's side, on any deployment's log.
             Refusal::Balance
-                if party.pays() && self.expire_holds_out_of(store, found.as_ref()).await? =>
+                if self
+                    .expire_holds_reserving(store, found.as_ref(), party_side(party))
+                    .await? =>
             {
                 Prepared::Freed
             }
@@ -267,17 +269,23 @@ impl TransferService {
     }
 }
 
+/// The side `party` takes in the account steps: a paying party's are a source's (funds,
+/// `pendingDebits`), a receiving party's a destination's (room, `pendingCredits`).
+fn party_side(party: &Party) -> Side {
+    if party.pays() {
+        Side::Source
+    } else {
+        Side::Destination
+    }
+}
+
 /// What a multi-leg hold reserves on `party`: the side of the reservation and its
 /// amount, or `None` for a party whose net is zero (the marker alone).
 fn reserved(t: &Transfer, party: &Party) -> StoreResult<Option<(Side, Amount)>> {
     if party.net == 0 {
         return Ok(None);
     }
-    let side = if party.pays() {
-        Side::Source
-    } else {
-        Side::Destination
-    };
+    let side = party_side(party);
     let held = Amount::parse(party.net.abs())
         .map_err(|e| StoreError::Other(format!("transfer {}: a party's net: {e}", t.id).into()))?;
     Ok(Some((side, held)))
