@@ -2019,6 +2019,49 @@ async fn the_money_an_expired_multi_leg_hold_reserved_is_spendable_while_another
     assert!(p.pending_transactions.is_empty(), "{p:?}");
 }
 
+/// A step refused on eu, of an account that does reserve something on that side (a live
+/// hold), asks the other deployments' logs for expired holds: while cn is frozen and not
+/// yet known silent, it passes cn's over after a short wait rather than wait for the
+/// driver's time-out (about 15 s, found by a race review), for a credit refused as an
+/// overflow as for a debit refused for funds.
+#[tokio::test]
+async fn a_step_refused_on_eu_of_an_account_with_a_live_hold_is_answered_soon_while_cn_is_frozen() {
+    const MAX_MONEY: i64 = transfer_service::domain::MAX_MONEY;
+    let daemons = OwnDaemons::start();
+    let books = Books::new(daemons.uris()).await;
+    let app = books.app().await;
+    open(&app, "fz-a", 1_000, "eu").await;
+    open(&app, "fz-full", MAX_MONEY - 100, "eu").await;
+    let live = json!({
+        "source": "fz-a", "destination": "fz-full", "amount": 50,
+        "hold": { "expiresInMs": 600_000 },
+    });
+    let (status, hold) = transfer(&app, live).await;
+    assert_eq!(status, 201, "{hold}");
+    daemons.daemons[2].signal(libc::SIGSTOP);
+    // fz-full receives the live hold (room), fz-a pays it (money): a credit into the one
+    // past `MAX_MONEY`, a debit of the other past what is available.
+    let mut answers = Vec::new();
+    for (amount, code) in [(60, "balance_overflow"), (951, "insufficient_funds")] {
+        let body = json!({ "source": "fz-a", "destination": "fz-full", "amount": amount });
+        let started = Instant::now();
+        let (status, answer) = transfer(&app, body).await;
+        answers.push((status, answer, code, started.elapsed()));
+    }
+    daemons.daemons[2].signal(libc::SIGCONT);
+    for (status, answer, code, took) in answers {
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (422, Some(code)),
+            "{answer}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "{code} answered after {took:?}"
+        );
+    }
+}
+
 /// A debit refused for funds on eu, of an account that reserves nothing, has no expired
 /// hold to look for, on eu's log or any other: it is answered 422 at once while cn is
 /// frozen (it asked every other deployment's log for expired holds out of the account,

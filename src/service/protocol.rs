@@ -353,11 +353,12 @@ impl TransferService {
     /// the step is worth trying again.
     ///
     /// Holds are asked of `own`, the account's deployment, first (a one-leg hold out of
-    /// the account is logged there), then of every other deployment's log (a hold into the
-    /// account is logged where its source lives, a multi-leg one where its first leg's
-    /// source lives), but only for an account that reserves something on that side, and a
-    /// log that does not answer is passed over (as reads pass it over): a refusal of a
-    /// step that touches only answering deployments never waits for another one.
+    /// the account is logged there), then of every other deployment's log at once (a hold
+    /// into the account is logged where its source lives, a multi-leg one where its first
+    /// leg's source lives), but only for an account that reserves something on that side.
+    /// A log that is known not to answer, or does not answer the lookup within
+    /// [`OTHER_LOGS_LIMIT`], is passed over (as reads pass it over): a refusal of a step
+    /// that touches only answering deployments does not wait for another one's time-outs.
     async fn expire_holds_reserving(
         &self,
         own: &Store,
@@ -371,12 +372,25 @@ impl TransferService {
         let Some(account) = account.filter(reserves) else {
             return Ok(false);
         };
-        let mut freed = self.free_expired_in(own, account, side).await?;
-        for store in self.deployments.all() {
-            if store.deployment() == own.deployment() || store.check_answering().is_err() {
-                continue;
-            }
-            match self.free_expired_in(store, account, side).await {
+        let found = expired_reserving(own, account, side).await?;
+        let mut freed = self.free_all(found, account, side).await?;
+        let others = self.deployments.all().iter().filter(|store| {
+            store.deployment() != own.deployment() && store.check_answering().is_ok()
+        });
+        let looked = futures::future::join_all(others.map(|store| async move {
+            let found =
+                tokio::time::timeout(OTHER_LOGS_LIMIT, expired_reserving(store, account, side));
+            (store, found.await)
+        }));
+        for (store, found) in looked.await {
+            let freed_here = match found {
+                Ok(Ok(holds)) => self.free_all(holds, account, side).await,
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(StoreError::Unavailable(
+                    format!("no answer within {OTHER_LOGS_LIMIT:?}").into(),
+                )),
+            };
+            match freed_here {
                 Ok(here) => freed |= here,
                 Err(e) => {
                     tracing::warn!(deployment = %store.deployment(), account = %account.id, error = %crate::error_chain::Chain(&e), "expired holds of this log not looked for; a step may be refused until the sweeper expires them");
@@ -386,17 +400,16 @@ impl TransferService {
         Ok(freed)
     }
 
-    /// [`TransferService::expire_holds_reserving`] for the holds logged on `store`.
-    async fn free_expired_in(
+    /// Frees `account`'s reservation on `side` of each of `holds` (see
+    /// [`TransferService::expire_holds_reserving`]); whether any was freed.
+    async fn free_all(
         &self,
-        store: &Store,
+        holds: Vec<Transfer>,
         account: &Account,
         side: Side,
     ) -> StoreResult<bool> {
-        let now = store.server_time_lower_bound().await?;
         let mut freed = false;
-        let expired = store.expired_holds_reserving(&account.id, side, now, 100);
-        for hold in expired.await? {
+        for hold in holds {
             if account.pending_transactions.contains(&hold.id)
                 && self
                     .free_expired_reservation(hold, &account.id, side)
@@ -636,6 +649,27 @@ pub(super) fn next_state(transfer: &Transfer, event: TransferEvent) -> TransferS
         .state
         .transition(event)
         .unwrap_or_else(|e| panic!("bug: transfer {}: {e}", transfer.id))
+}
+
+/// How long a refused step waits for another deployment's log to say which expired holds
+/// it keeps on the account ([`TransferService::expire_holds_reserving`]): a fraction of
+/// the watcher's ping limit. A healthy log answers the indexed lookup in milliseconds;
+/// one frozen since the watcher's last ping would hold the answer until the driver's
+/// time-out.
+const OTHER_LOGS_LIMIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The holds logged on `store`, past their `expiresAt` by its clock and not captured, of
+/// which `account` (as read after the refusal) still carries a reservation on `side`.
+async fn expired_reserving(
+    store: &Store,
+    account: &Account,
+    side: Side,
+) -> StoreResult<Vec<Transfer>> {
+    let now = store.server_time_lower_bound().await?;
+    let markers = &account.pending_transactions;
+    store
+        .expired_holds_reserving(&account.id, side, markers, now, 100)
+        .await
 }
 
 #[cfg(test)]

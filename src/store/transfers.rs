@@ -447,21 +447,27 @@ impl Store {
             .await
     }
 
-    /// Holds reserving on `account`'s `side` (out of it as their source or a paying
-    /// party, into it as their destination or a receiving party) whose reservation reads
-    /// no longer count (see [`Store::expired_holds_touching`]), soonest expired first.
+    /// Holds among `markers` (the transfers whose marker the account carries) reserving
+    /// on `account`'s `side` (out of it as their source or a paying party, into it as
+    /// their destination or a receiving party) whose reservation reads no longer count
+    /// (see [`Store::expired_holds_touching`]), soonest expired first. By the markers, so
+    /// that holds already released there (a multi-leg hold stays `canceling` while another
+    /// party's deployment does not answer) cannot fill the page.
     pub async fn expired_holds_reserving(
         &self,
         account: &AccountId,
         side: Side,
+        markers: &[TransferId],
         now: Timestamp,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
+        let markers: Vec<ObjectId> = markers.iter().map(|&id| object_id(id)).collect();
         let (one_leg, net) = match side {
             Side::Source => ("source", doc! { "$lt": 0_i64 }),
             Side::Destination => ("destination", doc! { "$gt": 0_i64 }),
         };
         let filter = doc! {
+            "_id": { "$in": markers },
             "state": { "$in": uncaptured_states() },
             "expiresAt": { "$lte": stored_time(now) },
             "$or": [

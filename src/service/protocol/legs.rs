@@ -28,8 +28,8 @@ enum Prepared {
     /// Not applied, and nothing refuses it now: the account changed between the write
     /// and the read, or the lease ran out. Worth another round once the lease is renewed.
     Again,
-    /// Refused for funds, but holds past their expiry reserved some of them, and were
-    /// released: worth another round.
+    /// Refused for funds or room, but holds past their expiry reserved some of them, and
+    /// were released: worth another round.
     Freed,
 }
 
