@@ -2021,7 +2021,7 @@ async fn the_money_an_expired_multi_leg_hold_reserved_is_spendable_while_another
 
 /// A step refused on eu, of an account that does reserve something on that side (a live
 /// hold), asks the other deployments' logs for expired holds: while cn is frozen and not
-/// yet known silent, it passes cn's over after a short wait rather than wait for the
+/// yet known silent, it passes cn's over after at most a second rather than wait for the
 /// driver's time-out (about 15 s, found by a race review), for a credit refused as an
 /// overflow as for a debit refused for funds.
 #[tokio::test]
@@ -2055,8 +2055,9 @@ async fn a_step_refused_on_eu_of_an_account_with_a_live_hold_is_answered_soon_wh
             (422, Some(code)),
             "{answer}"
         );
+        // It waits at most 1 s for cn (`OTHER_LOGS_LIMIT`), not the driver's time-out.
         assert!(
-            took < Duration::from_secs(2),
+            took < Duration::from_secs(5),
             "{code} answered after {took:?}"
         );
     }

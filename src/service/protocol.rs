@@ -652,11 +652,12 @@ pub(super) fn next_state(transfer: &Transfer, event: TransferEvent) -> TransferS
 }
 
 /// How long a refused step waits for another deployment's log to say which expired holds
-/// it keeps on the account ([`TransferService::expire_holds_reserving`]): a fraction of
-/// the watcher's ping limit. A healthy log answers the indexed lookup in milliseconds;
-/// one frozen since the watcher's last ping would hold the answer until the driver's
-/// time-out.
-const OTHER_LOGS_LIMIT: std::time::Duration = std::time::Duration::from_millis(500);
+/// it keeps on the account ([`TransferService::expire_holds_reserving`]): half the
+/// watcher's ping limit. A healthy log answers the indexed lookup in milliseconds (the
+/// bound leaves room for a loaded machine: a log passed over only costs a refusal that
+/// the sweeper's expiry would have spared); one frozen since the watcher's last ping would
+/// hold the answer until the driver's time-out.
+const OTHER_LOGS_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The holds logged on `store`, past their `expiresAt` by its clock and not captured, of
 /// which `account` (as read after the refusal) still carries a reservation on `side`.
