@@ -21,8 +21,13 @@
 //! answered with the hold means `done` with that amount, a void answered with it means
 //! `canceled`, `AlreadyCaptured` means `done`, `Voided` means `canceled` voided or by
 //! request, `Expired` means `canceled` expired, and an expiry whose sweep expired a
-//! hold means `canceled` expired. A hold left `held` is voided after the check, so that
-//! no later schedule of the worker sees it expire.
+//! hold means `canceled` expired. A multi-leg hold (`hold:legs:`) the same, with each
+//! party's reservation on its side (a paying party's net out, a receiving party's in, a
+//! party whose net is zero its marker alone); and, told from the hold alone, each
+//! party's balance moved by its net if the hold was captured (whole) and not reversed,
+//! otherwise not at all, and nothing reserved on any party once it is no longer `held`.
+//! A hold left `held` is voided after the check, so that no later schedule of the worker
+//! sees it expire.
 //!
 //! And the ledger of the accounts (`support::ledger`): entries numbered without gaps,
 //! each the one before plus its changes, the last one the account's amounts and `seq`;
@@ -139,6 +144,7 @@ pub fn check(
     let v = &mut run.violations;
     check_accounts(scenario, accounts, transfers, v);
     check_legs(scenario, accounts, transfers, v);
+    check_legs_hold(scenario, accounts, transfers, v);
     let by_id: HashMap<TransferId, &Transfer> = transfers.iter().map(|t| (t.id, t)).collect();
     check_transfers(transfers, v);
     if scenario.hold {
@@ -415,18 +421,13 @@ fn check_cancel_answer(t: &Transfer, by_id: &HashMap<TransferId, &Transfer>, v: 
 /// holds still `held` (every other transfer has settled), and its available balance is
 /// not negative.
 fn check_reservations(acc: &Account, transfers: &[Transfer], v: &mut Vec<String>) {
-    let held: Vec<&Transfer> = transfers
+    let held: Vec<(TransferId, (i64, i64))> = transfers
         .iter()
         .filter(|t| t.state == TransferState::Held)
+        .filter_map(|t| reserved_on(t, &acc.id).map(|r| (t.id, r)))
         .collect();
-    let sum = |side: fn(&Transfer) -> &AccountId| -> i64 {
-        held.iter()
-            .filter(|t| side(t) == &acc.id)
-            .filter_map(|t| t.hold.map(|h| h.amount.minor_units()))
-            .sum()
-    };
-    let debits = sum(|t| &t.source);
-    let credits = sum(|t| &t.destination);
+    let debits: i64 = held.iter().map(|(_, (out, _))| out).sum();
+    let credits: i64 = held.iter().map(|(_, (_, into))| into).sum();
     if acc.pending_debits != debits {
         v.push(format!(
             "{}: pendingDebits {} != held holds out of it {debits}",
@@ -450,17 +451,86 @@ fn check_reservations(acc: &Account, transfers: &[Transfer], v: &mut Vec<String>
     }
     let mut markers = acc.pending_transactions.clone();
     markers.sort();
-    let mut expected: Vec<TransferId> = held
-        .iter()
-        .filter(|t| t.source == acc.id || t.destination == acc.id)
-        .map(|t| t.id)
-        .collect();
+    let mut expected: Vec<TransferId> = held.iter().map(|(id, _)| *id).collect();
     expected.sort();
     if markers != expected {
         v.push(format!(
             "{}: pendingTransactions {markers:?} != the held holds touching it {expected:?}",
             acc.id
         ));
+    }
+}
+
+/// What the hold `t` reserves on `account` while it is `held`, out of it and into it
+/// (its `pendingDebits` and `pendingCredits`); `None` when it does not touch the
+/// account. A one-leg hold: its amount out of its source and into its destination. A
+/// multi-leg one: each party's net on its side, a paying party's out and a receiving
+/// party's in; a party whose net is zero carries its marker only.
+fn reserved_on(t: &Transfer, account: &AccountId) -> Option<(i64, i64)> {
+    let held = t.hold?.amount.minor_units();
+    match t.legs.as_deref() {
+        Some(legs) => legs
+            .party(account)
+            .map(|p| if p.pays() { (-p.net, 0) } else { (0, p.net) }),
+        None => {
+            let out = if t.source == *account { held } else { 0 };
+            let into = if t.destination == *account { held } else { 0 };
+            (t.source == *account || t.destination == *account).then_some((out, into))
+        }
+    }
+}
+
+/// A multi-leg hold scenario: each party's balance moved by its net if the hold was
+/// captured (and back if a cancel reversed that), otherwise not at all, told from the
+/// hold alone rather than from every transfer's log; a capture took the whole of it;
+/// and once the hold is no longer `held`, nothing is reserved on any party.
+fn check_legs_hold(
+    scenario: &Scenario,
+    accounts: &[Account],
+    transfers: &[Transfer],
+    v: &mut Vec<String>,
+) {
+    if !(scenario.hold && scenario.legs) {
+        return;
+    }
+    let hold = transfers
+        .iter()
+        .find(|t| t.hold.is_some() && t.legs.is_some());
+    let state = hold.map(|h| h.state);
+    let done = |id: TransferId| {
+        transfers
+            .iter()
+            .any(|t| t.id == id && t.state == TransferState::Done)
+    };
+    let reversed = hold.and_then(|h| h.reversed_by).is_some_and(done);
+    let moved = state == Some(TransferState::Done) && !reversed;
+    if let Some(h) = hold.filter(|h| h.state == TransferState::Done) {
+        let total = h.legs.as_deref().map(|l| l.total());
+        if Some(h.amount) != total {
+            v.push(format!(
+                "multi-leg hold {} captured {} of its legs' {total:?}",
+                h.id,
+                h.amount.minor_units()
+            ));
+        }
+    }
+    for acc in accounts {
+        let party = hold.and_then(|h| h.legs.as_deref()?.party(&acc.id));
+        let net = party.map_or(0, |p| p.net);
+        let expected = OPENING + if moved { net } else { 0 };
+        if acc.balance != expected {
+            v.push(format!(
+                "{}: balance {} != {expected}: the multi-leg hold ended {state:?} (reversed: {reversed}), its net here {net}",
+                acc.id, acc.balance
+            ));
+        }
+        let settled = state != Some(TransferState::Held);
+        if settled && (acc.pending_debits != 0 || acc.pending_credits != 0) {
+            v.push(format!(
+                "{}: pendingDebits {}, pendingCredits {} left once the multi-leg hold ended {state:?}",
+                acc.id, acc.pending_debits, acc.pending_credits
+            ));
+        }
     }
 }
 

@@ -25,9 +25,12 @@ pub enum Job {
 pub struct Report {
     pub exhaustive: u64,
     pub random: u64,
-    /// Of those, the multi-leg ones (`legs:`).
+    /// Of those, the multi-leg ones (`legs:`), and of these the multi-leg holds
+    /// (`hold:legs:`).
     pub legs_exhaustive: u64,
     pub legs_random: u64,
+    pub legs_hold_exhaustive: u64,
+    pub legs_hold_random: u64,
     /// Schedules run per exhaustive scenario.
     pub per_scenario: Vec<(String, u64, bool)>,
     pub violations: Vec<String>,
@@ -81,8 +84,11 @@ impl Report {
             self.violations.len()
         );
         println!(
-            "multi-leg schedules among them: {} exhaustive + {} random",
-            self.legs_exhaustive, self.legs_random
+            "multi-leg schedules among them: {} exhaustive + {} random; of those multi-leg holds: {} exhaustive + {} random",
+            self.legs_exhaustive,
+            self.legs_random,
+            self.legs_hold_exhaustive,
+            self.legs_hold_random
         );
         println!(
             "ledger: {} checks over {} entries read at the ends of the schedules",
@@ -114,12 +120,12 @@ pub struct Search {
 }
 
 /// How many points the owner passes running alone (every point, not only writes), of a
-/// transfer, of a hold and of a multi-leg transfer, within one deployment and across
-/// two: the crash points. Run by `probe`, printed.
+/// transfer, of a hold, of a multi-leg transfer and of a multi-leg hold, within one
+/// deployment and across two: the crash points. Run by `probe`, printed.
 pub async fn crash_points(probe: &mut Worker) -> LayoutPoints {
     let mut points = Vec::new();
     for across in [false, true] {
-        for (hold, legs) in [(false, false), (true, false), (false, true)] {
+        for (hold, legs) in [(false, false), (true, false), (false, true), (true, true)] {
             let scenario = Scenario {
                 hold,
                 legs,
@@ -130,6 +136,7 @@ pub async fn crash_points(probe: &mut Worker) -> LayoutPoints {
             let n = solo.trace.len();
             assert!(n > 5, "owner points: {:?}", solo.trace);
             let what = match (hold, legs) {
+                (true, true) => "multi-leg hold",
                 (true, _) => "hold",
                 (_, true) => "multi-leg transfer",
                 _ => "transfer",
@@ -150,10 +157,11 @@ pub async fn crash_points(probe: &mut Worker) -> LayoutPoints {
         transfer: points[at],
         hold: points[at + 1],
         legs: points[at + 2],
+        legs_hold: points[at + 3],
     };
     LayoutPoints {
         within: of(0),
-        across: of(3),
+        across: of(4),
     }
 }
 
@@ -216,6 +224,7 @@ async fn work(
                     let mut r = report.lock().unwrap();
                     r.random += 1;
                     r.legs_random += u64::from(scenario.legs);
+                    r.legs_hold_random += u64::from(scenario.legs && scenario.hold);
                     r.split_random += u64::from(run.splits > 0);
                     r.tally(&run);
                     if failed {
@@ -279,6 +288,9 @@ async fn explore_exhaustively(
     r.exhaustive += count;
     if scenario.legs {
         r.legs_exhaustive += count;
+    }
+    if scenario.legs && scenario.hold {
+        r.legs_hold_exhaustive += count;
     }
     r.per_scenario.push((scenario.to_string(), count, complete));
 }

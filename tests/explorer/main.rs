@@ -14,9 +14,11 @@
 //! other actors between them (see [`nemesis`]).
 //!
 //! A scenario is a transfer scenario (the owner transfers AMOUNT from a to b), a hold
-//! scenario (named with the prefix `hold:`) or a multi-leg scenario (prefix `legs:`: the
+//! scenario (named with the prefix `hold:`), a multi-leg scenario (prefix `legs:`: the
 //! owner's transfer has legs a->b AMOUNT and b->c AMOUNT/2 over a third account c, so a
-//! pays and b and c receive; its reversal has b and c pay and a receive), after a
+//! pays and b and c receive; its reversal has b and c pay and a receive) or a multi-leg
+//! hold scenario (prefix `hold:legs:`: a hold of those legs, a reserving its net out and
+//! b and c theirs in, captured whole, voided, expired or canceled), after a
 //! prelude (`crash<k>:` the owner
 //! crashed at its k-th point, `done:` the transfer done, `held:` the hold held). In a
 //! scenario with the prefix `same:` (issue 17, item 1) the actors are tasks of one
@@ -38,9 +40,12 @@
 //!    hold: every pair of {capture,
 //!    void, expire, cancel} (two of a kind included) of a held hold, {owner creating it,
 //!    each of those four}, and {recoverer after a crash at point k of creating it,
-//!    cancel} for every point k; and of one process: {cancel with its reversal's credit
-//!    held back, cancel, net} and the same with the debit held back, of a done transfer,
-//!    and {owner with its credit held back, cancel or lapse, net};
+//!    cancel} for every point k; the same three for a multi-leg hold (`hold:legs:`, its
+//!    crash points counted as a multi-leg transfer's), across deployments with its stops
+//!    split as a multi-leg transfer's are (of the crashes, those at even points); and of
+//!    one process: {cancel with its reversal's credit held back, cancel, net} and the
+//!    same with the debit held back, of a done transfer, and {owner with its credit held
+//!    back, cancel or lapse, net};
 //! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors; by the seed, a quarter
 //!    of them `same:` scenarios (a cancel of a done transfer or an owner, with its debit,
 //!    credit or state change held back; a cancel or a lapse; net), a quarter of the others
@@ -49,7 +54,9 @@
 //!    stops split, one in three, `split:`), and
 //!    of the rest half transfer scenarios (owner or recoverer, cancel, and a second cancel
 //!    or a sweeper), half hold scenarios (three actors drawn from {capture, void, expire,
-//!    cancel, sweeper} after a held prelude, or owner or recoverer and two of those).
+//!    cancel, sweeper} after a held prelude, or owner or recoverer and two of those), a
+//!    third of these multi-leg holds (`hold:legs:`, their stops split, one in three, as
+//!    the multi-leg ones').
 //!
 //! Every scenario runs in two layouts: every account on one deployment, and (prefix
 //! `across:`) b on a second deployment, a second database server, so that the credit,
@@ -63,8 +70,9 @@
 //! let finish, and the invariants are checked (conservation, balances from the log, for
 //! a multi-leg transfer each party's net, no fences, no room left (`incoming`), at most
 //! one reversal mirroring its original, answers that agree with the final state, for
-//! holds their reservations and who won them, and the ledger's entries, none entered
-//! twice; see [`checker`]).
+//! holds their reservations and who won them, for a multi-leg hold each party's net
+//! moved if and only if it was captured, each party's reservation on its side and none
+//! left once it ended, and the ledger's entries, none entered twice; see [`checker`]).
 //!
 //! A violation prints the schedule as `EXPLORE_REPLAY='<scenario>/<choices>'` (random
 //! ones also as `EXPLORE_SEED=<seed>`) with the points it reached; either variable replays
@@ -120,16 +128,44 @@ fn every_scenario_reads_back_from_its_name() {
         transfer: 14,
         hold: 10,
         legs: 18,
+        legs_hold: 16,
     };
     let points = LayoutPoints {
         within: points,
         across: points,
     };
-    let random = (1..2_000).map(|seed| random_scenario(seed, points));
-    let all: Vec<Scenario> = exhaustive_scenarios(points)
-        .into_iter()
-        .chain(random)
+    let exhaustive = exhaustive_scenarios(points);
+    let random: Vec<Scenario> = (1..2_000)
+        .map(|seed| random_scenario(seed, points))
         .collect();
+    // Multi-leg holds, exhaustive and random, in both layouts: the pairs of a held one,
+    // its owner's, and a recoverer's after a crash at each point; split across
+    // deployments.
+    let legs_hold = |s: &Scenario| s.hold && s.legs;
+    for across in [false, true] {
+        let exhaustive = exhaustive
+            .iter()
+            .filter(|s| legs_hold(s) && s.across == across);
+        let preludes: Vec<Prelude> = exhaustive.map(|s| s.prelude).collect();
+        let count = |prelude| preludes.iter().filter(|p| **p == prelude).count();
+        // Every pair of {capture, void, expire, cancel} of a held one, and the owner
+        // with each of them.
+        let pairs = (count(Prelude::Held), count(Prelude::Nothing));
+        assert_eq!(pairs, (10, 4), "across: {across}");
+        for k in 0..points.within.legs_hold {
+            assert!(preludes.contains(&Prelude::Crash(k)), "across: {across}");
+        }
+        assert!(
+            random.iter().any(|s| legs_hold(s) && s.across == across),
+            "across: {across}"
+        );
+    }
+    assert!(
+        exhaustive
+            .iter()
+            .any(|s| legs_hold(s) && s.split && s.across && s.prelude == Prelude::Held)
+    );
+    let all: Vec<Scenario> = exhaustive.into_iter().chain(random).collect();
     assert!(all.iter().any(|s| s.same && s.held.is_some()));
     // Multi-leg ones, exhaustive and random, in both layouts, four actors among them.
     assert!(
@@ -167,8 +203,8 @@ async fn explore_interleavings() {
         _ => env_usize("EXPLORE_PREEMPTIONS", 1),
     };
 
-    // The points the owner passes running alone: the crash points, of a transfer and of
-    // a hold.
+    // The points the owner passes running alone: the crash points, of a transfer, of a
+    // hold, of a multi-leg transfer and of a multi-leg hold.
     let mut probe = Worker::new(uris.clone(), 0, all_points).await;
     let crash_points = exploration::crash_points(&mut probe).await;
     let (jobs, verbose) = jobs(crash_points, random);

@@ -57,7 +57,9 @@ pub struct Scenario {
     pub hold: bool,
     /// The owner makes a multi-leg transfer over three accounts instead (`docs/legs.md`):
     /// a pays b AMOUNT and b pays c AMOUNT/2, so a pays and b and c receive (see
-    /// `workload::legs`). Shown as the prefix `legs:`.
+    /// `workload::legs`). Shown as the prefix `legs:`. With `hold` too (`hold:legs:`), a
+    /// multi-leg hold of those legs: a reserves its net out, b and c theirs in, until a
+    /// capture of the whole, a void, an expiry or a cancel.
     pub legs: bool,
     pub prelude: Prelude,
     pub actors: Vec<Kind>,
@@ -147,6 +149,15 @@ impl Scenario {
         }
     }
 
+    /// A multi-leg hold scenario (`hold:legs:`).
+    pub fn legs_hold(prelude: Prelude, actors: &[Kind]) -> Scenario {
+        Scenario {
+            hold: true,
+            legs: true,
+            ..Scenario::new(prelude, actors)
+        }
+    }
+
     /// The same scenario, its stops split (`split:`).
     pub fn split(self) -> Scenario {
         Scenario {
@@ -184,10 +195,6 @@ impl Scenario {
             Some(rest) => (true, rest),
             None => (false, s),
         };
-        assert!(
-            !(hold && legs),
-            "a scenario is a hold or a multi-leg one, not both"
-        );
         let (prelude, actors) = match s.split_once(':') {
             Some(("done", rest)) => (Prelude::Done, rest),
             Some(("held", rest)) => (Prelude::Held, rest),
@@ -233,12 +240,14 @@ impl Scenario {
 }
 
 /// How many points the owner passes running alone (every point, not only writes): the
-/// crash points of a transfer, of a hold and of a multi-leg transfer.
+/// crash points of a transfer, of a hold, of a multi-leg transfer and of a multi-leg
+/// hold.
 #[derive(Clone, Copy)]
 pub struct CrashPoints {
     pub transfer: usize,
     pub hold: usize,
     pub legs: usize,
+    pub legs_hold: usize,
 }
 
 /// The crash points of each layout: across two deployments an owner passes more (the
@@ -253,8 +262,9 @@ pub struct LayoutPoints {
 /// [`random_same_scenario`]), a quarter of the others multi-leg ones (see
 /// [`random_legs_scenario`]); of the rest (each choice by a stream of its own, so that
 /// the transfer scenario of a seed is the one it always was) half hold scenarios (see
-/// [`random_hold_scenario`]), half: owner or a recoverer after a crash at a random
-/// point, a cancel, and a second cancel or a sweeper.
+/// [`random_hold_scenario`]; a third of them multi-leg holds, `hold:legs:`, split),
+/// half: owner or a recoverer after a crash at a random point, a cancel, and a second
+/// cancel or a sweeper.
 pub fn random_scenario(seed: u64, points: LayoutPoints) -> Scenario {
     // Half of them with b on the second deployment, by a stream of their own.
     let mut a = seed ^ 0x0ACE_5D15_7A1C_E000;
@@ -278,6 +288,18 @@ fn random_scenario_within(seed: u64, points: CrashPoints) -> Scenario {
     }
     let mut h = seed ^ 0x401D_5EED_0BAD_CAFE;
     if splitmix(&mut h) % 2 == 1 {
+        // A third of the hold scenarios multi-leg holds, by a stream of their own: the
+        // others are the ones they always were, and these have the same actors and
+        // prelude, over the legs, their stops split as the multi-leg ones' are.
+        let mut legs_hold = seed ^ 0x401D_1E65_0000_5EED;
+        if splitmix(&mut legs_hold) % 3 == 0 {
+            let scenario = random_hold_scenario(&mut h, points.legs_hold);
+            return Scenario {
+                legs: true,
+                ..scenario
+            }
+            .split();
+        }
         return random_hold_scenario(&mut h, points.hold);
     }
     let crash_points = points.transfer;
@@ -410,6 +432,9 @@ pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
         for k in 0..points.hold {
             add(Scenario::hold(Prelude::Crash(k), &[Recoverer, Cancel]));
         }
+        for scenario in legs_hold_scenarios(points.legs_hold, across) {
+            add(scenario);
+        }
         // Two tasks of one process, the first one's step held back so that its run
         // fails, and the network sending the held-back copies when the schedule says: a
         // second cancel driving the reversal whose debit or credit the first cancel could
@@ -425,6 +450,38 @@ pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
                 Held::Credit,
             ));
         }
+    }
+    all
+}
+
+/// The exhaustive multi-leg hold scenarios of one layout (`across` or not): the pairs of
+/// a hold, over the legs. Across deployments their stops split as the multi-leg
+/// transfers' are, and of the crashes, as theirs, those at even points only (right
+/// before a write).
+fn legs_hold_scenarios(crash_points: usize, across: bool) -> Vec<Scenario> {
+    use Kind::*;
+    let split = |scenario: Scenario, even: bool| {
+        if even && across {
+            scenario.split()
+        } else {
+            scenario
+        }
+    };
+    let mut all = Vec::new();
+    let settlers = [Capture, Void, Expire, Cancel];
+    for (i, &first) in settlers.iter().enumerate() {
+        for &second in &settlers[i..] {
+            let pair = Scenario::legs_hold(Prelude::Held, &[first, second]);
+            all.push(split(pair, true));
+        }
+    }
+    for settler in settlers {
+        let created = Scenario::legs_hold(Prelude::Nothing, &[Owner, settler]);
+        all.push(split(created, true));
+    }
+    for k in 0..crash_points {
+        let crashed = Scenario::legs_hold(Prelude::Crash(k), &[Recoverer, Cancel]);
+        all.push(split(crashed, k % 2 == 0));
     }
     all
 }

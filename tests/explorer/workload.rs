@@ -3,10 +3,12 @@
 //!
 //! A scenario is a transfer scenario (the owner transfers [`AMOUNT`] from a to b), a
 //! hold scenario (named with the prefix `hold:`: the owner creates a hold of [`AMOUNT`]
-//! from a to b, expiring in [`HOLD_EXPIRY`]) or a multi-leg scenario (prefix `legs:`:
+//! from a to b, expiring in [`HOLD_EXPIRY`]), a multi-leg scenario (prefix `legs:`:
 //! the owner makes the multi-leg transfer of [`legs`], a pays b [`AMOUNT`] and b pays c
-//! half of it; its reversal has two paying parties, b and c, and one receiving, a). The
-//! actors of a hold scenario: `capture` captures all of the hold, `void` voids it,
+//! half of it; its reversal has two paying parties, b and c, and one receiving, a) or a
+//! multi-leg hold scenario (prefix `hold:legs:`: the owner creates a hold of those legs,
+//! expiring in [`HOLD_EXPIRY`]: a reserves its net out, b and c theirs in; captured
+//! whole, its reversal is the multi-leg transfer's). The actors of a hold scenario: `capture` captures all of the hold, `void` voids it,
 //! `expire` makes the clock reach its `expiresAt` (a raw write sets it into the past,
 //! safe at any moment as time passing is) and then sweeps, which expires it if still
 //! `held`; `cancel` cancels it (voids it if `held`, rolls it back if pending, reverses
@@ -49,7 +51,8 @@ const HOLD_EXPIRY: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// `bank.transfer` of AMOUNT from a to b (a hold, in a hold scenario; the multi-leg
-    /// transfer of [`legs`], in a multi-leg scenario).
+    /// transfer of [`legs`], in a multi-leg scenario; a hold of those legs, in a
+    /// multi-leg hold scenario).
     Owner,
     /// `sweep_once` after the owner crashed.
     Recoverer,
@@ -106,7 +109,8 @@ impl Kind {
 }
 
 /// A schedule's accounts, and what its owner asks for: a transfer (or a hold) of
-/// [`AMOUNT`] from a to b, or the multi-leg transfer of [`legs`] over a, b and c.
+/// [`AMOUNT`] from a to b, or the multi-leg transfer (or hold) of [`legs`] over a, b and
+/// c.
 pub struct Setup {
     pub a: String,
     pub b: String,
@@ -162,7 +166,10 @@ pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> 
             .expect("open account");
     }
     let new_transfer = match &c {
-        Some(c) => NewTransfer::with_legs(legs(&a, &b, c), None),
+        Some(c) => NewTransfer {
+            hold: scenario.hold.then_some(HOLD_EXPIRY),
+            ..NewTransfer::with_legs(legs(&a, &b, c), None)
+        },
         None => NewTransfer {
             source: account_id(&a),
             destination: account_id(&b),
