@@ -44,7 +44,7 @@
 //!    crash points counted as a multi-leg transfer's), across deployments with its stops
 //!    split where a multi-leg transfer's are ({owner, cancel}, the crashes at even
 //!    points, {cancel, cancel}) and in {capture, capture} and {capture, cancel} (see
-//!    [`scenario::exhaustive_scenarios`]); and of one process: {cancel with its reversal's credit held back, cancel, net} and the
+//!    `scenario::legs_hold_scenarios`); and of one process: {cancel with its reversal's credit held back, cancel, net} and the
 //!    same with the debit held back, of a done transfer, and {owner with its credit held
 //!    back, cancel or lapse, net};
 //! 2. `EXPLORE_SCHEDULES` seeded random orderings of three actors; by the seed, a quarter

@@ -383,7 +383,8 @@ fn random_hold_scenario(s: &mut u64, crash_points: usize) -> Scenario {
 }
 
 /// Every exhaustive scenario, in both layouts: within one deployment, and with b on the
-/// second (c, of a multi-leg scenario, stays on the first).
+/// second (c, of a multi-leg scenario, stays on the first). The multi-leg holds' are
+/// [`legs_hold_scenarios`].
 pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
     use Kind::*;
     let mut all = Vec::new();
