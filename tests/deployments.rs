@@ -1803,6 +1803,25 @@ async fn an_accounts_entries_are_kept_on_its_own_deployment() {
     }
 }
 
+/// Each `(account, deployment, balance)` has that balance as stored on its deployment,
+/// and no reservation or marker left.
+async fn assert_settled(books: &Books, accounts: &[(&str, &str, i64)]) {
+    for &(account, deployment, balance) in accounts {
+        let a = books
+            .store(deployment)
+            .account(&values::account(account))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (a.balance, a.pending_debits, a.pending_credits),
+            (balance, 0, 0),
+            "{a:?}"
+        );
+        assert!(a.pending_transactions.is_empty(), "{a:?}");
+    }
+}
+
 /// A multi-leg hold is logged where its first leg's source lives (eu here); a paying
 /// party on another deployment (cn) that needs its money once the hold has expired asks
 /// every deployment's log, not only its own, and frees it at once, before any sweeper.
@@ -1853,26 +1872,17 @@ async fn the_money_a_multi_leg_hold_logged_elsewhere_reserved_is_spendable_once_
         (TransferState::Canceled, Some(CancelReason::Expired)),
         "{ended:?}"
     );
-    for (account, deployment, balance) in [
-        ("ml-a", "eu", 100),
-        ("ml-b", "eu", 0),
-        ("ml-c", "cn", 0),
-        ("ml-d", "us", 0),
-        ("ml-e", "cn", 500),
-    ] {
-        let a = books
-            .store(deployment)
-            .account(&values::account(account))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (a.balance, a.pending_debits, a.pending_credits),
-            (balance, 0, 0),
-            "{a:?}"
-        );
-        assert!(a.pending_transactions.is_empty(), "{a:?}");
-    }
+    assert_settled(
+        &books,
+        &[
+            ("ml-a", "eu", 100),
+            ("ml-b", "eu", 0),
+            ("ml-c", "cn", 0),
+            ("ml-d", "us", 0),
+            ("ml-e", "cn", 500),
+        ],
+    )
+    .await;
 }
 
 /// A hold is logged where its source lives (eu here); its destination on another
@@ -1912,24 +1922,15 @@ async fn the_room_a_hold_logged_elsewhere_kept_in_its_destination_is_free_once_i
         (TransferState::Canceled, Some(CancelReason::Expired)),
         "{ended:?}"
     );
-    for (account, deployment, balance) in [
-        ("rm-a", "eu", 1_000),
-        ("rm-full", "cn", MAX_MONEY - 40),
-        ("rm-c", "cn", 940),
-    ] {
-        let a = books
-            .store(deployment)
-            .account(&values::account(account))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (a.balance, a.pending_debits, a.pending_credits),
-            (balance, 0, 0),
-            "{a:?}"
-        );
-        assert!(a.pending_transactions.is_empty(), "{a:?}");
-    }
+    assert_settled(
+        &books,
+        &[
+            ("rm-a", "eu", 1_000),
+            ("rm-full", "cn", MAX_MONEY - 40),
+            ("rm-c", "cn", 940),
+        ],
+    )
+    .await;
 }
 
 /// A multi-leg hold logged on eu reserves three paying parties, one of them (`mp-q`) on

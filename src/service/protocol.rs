@@ -409,11 +409,11 @@ impl TransferService {
         side: Side,
     ) -> StoreResult<bool> {
         let mut freed = false;
+        // The lookup took only holds whose marker the account carries.
         for hold in holds {
-            if account.pending_transactions.contains(&hold.id)
-                && self
-                    .free_expired_reservation(hold, &account.id, side)
-                    .await?
+            if self
+                .free_expired_reservation(hold, &account.id, side)
+                .await?
             {
                 freed = true;
             }
