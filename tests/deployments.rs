@@ -1193,20 +1193,8 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
     .await
     .unwrap_or_else(|state| panic!("the hold is still {state} after cn came back"));
     assert_eq!(stored.reason, Some(CancelReason::Expired));
-    for (who, deployment, balance) in [("alice", "eu", 0), ("carol", "eu", 100), ("bob", "cn", 0)] {
-        let a = books
-            .store(deployment)
-            .account(&values::account(who))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (a.balance, a.pending_debits, a.pending_credits),
-            (balance, 0, 0),
-            "{who}"
-        );
-        assert!(a.pending_transactions.is_empty(), "{who}: {a:?}");
-    }
+    let settled = [("alice", "eu", 0), ("carol", "eu", 100), ("bob", "cn", 0)];
+    assert_settled(&books, &settled).await;
 }
 
 #[tokio::test]
