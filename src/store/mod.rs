@@ -50,8 +50,9 @@ use documents::{AccountDoc, TransferDoc};
 #[cfg(feature = "failpoints")]
 pub mod testing {
     pub use super::batch::{
-        AccountChange, MAX_BATCH, Pull, Settle, Transition, change_accounts, insert_transfers,
-        pull_markers, settle_parties, transition_all,
+        AccountChange, MAX_BATCH, Pull, Settle, Transition, change_accounts,
+        change_accounts_after_a_move, insert_transfers, pull_markers, settle_parties,
+        transition_all,
     };
     pub use super::documents::{AccountDoc, TransferDoc, object_id, transfer_id};
 

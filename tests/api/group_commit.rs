@@ -9,8 +9,9 @@ use transfer_service::domain::{
 use transfer_service::store::accounts::FenceWhen;
 use transfer_service::store::new_transfer_id;
 use transfer_service::store::testing::{
-    AccountChange, Pull, Settle, TransferDoc, Transition, change_accounts, insert_transfers,
-    object_id, pull_markers, settle_parties, transition_all,
+    AccountChange, Pull, Settle, TransferDoc, Transition, change_accounts,
+    change_accounts_after_a_move, insert_transfers, object_id, pull_markers, settle_parties,
+    transition_all,
 };
 use transfer_service::store::transfers::{Mover, StepFields};
 
@@ -155,8 +156,10 @@ async fn a_credit_in_a_batch_cannot_pass_the_largest_balance() {
 }
 
 /// The guards of a forward step are written once (`store::guards`) and used by the
-/// single-document write (a batch of one) and by the batched pipeline: both forms must
-/// take the same decision, and leave the same account, in every case a guard decides.
+/// single-document write (a batch of one), by a batch that changes each account once
+/// (the guards in its filter) and by the pipeline that walks several changes of an
+/// account: the three forms must take the same decision, and leave the same account, in
+/// every case a guard decides.
 #[tokio::test]
 async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
     const MAX: i64 = transfer_service::domain::MAX_MONEY;
@@ -177,7 +180,7 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
     ];
     for (name, balance, delta, applied_before, fenced, late, exists) in cases {
         let mut outcomes = Vec::new();
-        for form in ["alone", "batched"] {
+        for form in ["alone", "batched", "walked"] {
             let holder = format!("{name}-{form}");
             let ballast = format!("{name}-{form}-ballast");
             if exists {
@@ -208,21 +211,46 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
                 op.deadline = past;
             }
             let mut batch = vec![op];
-            if form == "batched" {
-                // A second change, on another account, makes it the pipeline's batch.
+            if form != "alone" {
+                // A change of another account makes it a batch of one change an account.
+                batch.push(change(&ballast, new_transfer_id(), 1));
+            }
+            if form == "walked" {
+                // A second change of that account makes it the walking pipeline's.
                 batch.push(change(&ballast, new_transfer_id(), 1));
             }
             let answers = change_accounts(accounts(&app), batch).await.unwrap();
             let applied = *answers[0].as_ref().unwrap();
+            assert!(
+                answers[1..].iter().all(|a| *a.as_ref().unwrap()),
+                "{name} {form}: the ballast's changes land"
+            );
             let stored = app.store.account(&account(&holder)).await.unwrap();
-            let left = stored.map(|a| (a.balance, a.pending_transactions.len()));
-            outcomes.push((applied, left));
+            let left = stored.map(|a| (a.balance, a.pending_transactions.len(), a.seq));
+            outcomes.push((applied, left, last_entry(&app, &holder).await));
         }
-        let [(alone, alone_left), (batched, batched_left)] = [outcomes[0], outcomes[1]];
+        let [
+            (alone, alone_left, alone_entry),
+            (batched, batched_left, batched_entry),
+            (walked, walked_left, walked_entry),
+        ] = <[_; 3]>::try_from(outcomes).unwrap();
+        assert_eq!(
+            alone_entry, batched_entry,
+            "{name}: the last entry, alone vs batched"
+        );
+        assert_eq!(
+            walked_entry, batched_entry,
+            "{name}: the last entry, walked vs batched"
+        );
         assert_eq!(
             alone_left, batched_left,
             "{name}: the account left, alone vs batched"
         );
+        assert_eq!(
+            walked_left, batched_left,
+            "{name}: the account left, walked vs batched"
+        );
+        assert_eq!(walked, batched, "{name}: the answer, walked vs batched");
         if applied_before {
             // The one difference, documented on `ForwardStep::applied`: a write alone
             // knows it changed nothing; a batch only sees the marker, already there.
@@ -234,6 +262,80 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
             assert_eq!(alone, batched, "{name}: the answer, alone vs batched");
         }
     }
+}
+
+/// A batch leaves out of the documents the entries its instance's mover copied to
+/// `entries`, in the same write, in both forms: one change an account (a and b) and
+/// several (c).
+#[tokio::test]
+async fn a_batch_leaves_out_of_each_document_the_entries_copied_to_entries() {
+    let app = spawn_app().await;
+    for name in ["a", "b", "c"] {
+        app.open_account(name, 100).await;
+    }
+    let batches = [
+        (
+            ["a", "b"].as_slice(),
+            vec![
+                change("a", new_transfer_id(), -10),
+                change("b", new_transfer_id(), 10),
+            ],
+        ),
+        (
+            ["c"].as_slice(),
+            vec![
+                change("c", new_transfer_id(), -10),
+                change("c", new_transfer_id(), 5),
+            ],
+        ),
+    ];
+    for (moved_first, batch) in batches {
+        let moved_first: Vec<String> = moved_first.iter().map(|&a| a.to_owned()).collect();
+        let answers = change_accounts_after_a_move(app.store.database(), &moved_first, batch)
+            .await
+            .unwrap();
+        assert!(answers.iter().all(|a| *a.as_ref().unwrap()), "{answers:?}");
+    }
+    let copied = app
+        .store
+        .database()
+        .collection::<Document>("entries")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(copied, 3, "each opening copied");
+    for (name, left) in [("a", vec![2]), ("b", vec![2]), ("c", vec![2, 3])] {
+        let stored = accounts(&app)
+            .find_one(doc! { "_id": name })
+            .await
+            .unwrap()
+            .unwrap();
+        let seqs: Vec<i64> = stored
+            .get_array("recentEntries")
+            .unwrap()
+            .iter()
+            .map(|e| e.as_document().unwrap().get_i64("seq").unwrap())
+            .collect();
+        assert_eq!(seqs, left, "{name}: the opening left the document");
+    }
+}
+
+/// The last entry in `holder`'s document, but for its time and transfer (which differ
+/// from one form of a change to another).
+async fn last_entry(app: &TestApp, holder: &str) -> Option<Document> {
+    let stored = accounts(app)
+        .find_one(doc! { "_id": holder })
+        .await
+        .unwrap()?;
+    let mut entry = stored
+        .get_array("recentEntries")
+        .ok()?
+        .last()?
+        .as_document()?
+        .clone();
+    entry.remove("at");
+    entry.remove("tx");
+    Some(entry)
 }
 
 #[tokio::test]
