@@ -39,8 +39,8 @@ use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::entries::{
-    EntryMover, LAST_AT, Marker, Moved, RECENT, Step, changed_with_entry, changed_with_entry_of,
-    entry_expr, entry_time, kept, room_changed, unless_zero,
+    EntryMover, LAST_AT, Marker, Moved, RECENT, changed_with_entry, entry_expr, entry_time, kept,
+    room_changed, unless_zero,
 };
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
@@ -404,13 +404,10 @@ async fn transition_group(
         .collect())
 }
 
-/// One `updateMany`: where each account has one change, the guards in its filter and the
-/// single-document step's pipeline ([`one_change_each`]); otherwise a pipeline that walks,
-/// for each account, the batch's changes to it in order and applies each one whose
-/// guards hold on the balance as the earlier ones left it ([`batched_changes`]). Then,
-/// unless every account changed, a read of the accounts: a change took effect iff its
-/// marker is there. Every entry stays in the documents
-/// ([`change_accounts_leaving_moved`] is the service's).
+/// One `updateMany` whose pipeline walks, for each account, the batch's changes to it in
+/// order and applies each one whose guards hold on the balance as the earlier ones left
+/// it; then a read of the accounts: a change took effect iff its marker is there. Every
+/// entry stays in the documents ([`change_accounts_leaving_moved`] is the service's).
 #[cfg(feature = "failpoints")]
 pub async fn change_accounts(
     accounts: Collection<Document>,
@@ -448,36 +445,14 @@ async fn change_accounts_leaving_moved(
     }
     let per_account = changes_by_account(&ops, &mover);
     let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
-    if let Some(rows) = one_change_each(&per_account) {
-        let landed = accounts
-            .update_many(once_guarded(&ids, &rows), changed_once(&rows))
-            .await?;
-        // Each account matched at most once, for its one change: all of them changed,
-        // all of them landed.
-        if landed.modified_count == rows.len() as u64 {
-            return Ok(ops.iter().map(|_| Ok(true)).collect());
-        }
-    } else {
-        accounts
-            .update_many(
-                doc! { "_id": { "$in": &ids } },
-                batched_changes(&per_account),
-            )
-            .await?;
-    }
-    marked_after(&accounts, &ids, &ops).await
-}
-
-/// Which of `ops` took effect, read back from their accounts (`ids`) after the batch's
-/// write: a change did iff its marker is there, whether it landed in this write or an
-/// earlier attempt of it did.
-async fn marked_after(
-    accounts: &Collection<Document>,
-    ids: &[&str],
-    ops: &[AccountChange],
-) -> StoreResult<Vec<StoreResult<bool>>> {
+    accounts
+        .update_many(
+            doc! { "_id": { "$in": &ids } },
+            batched_changes(&per_account),
+        )
+        .await?;
     let after: Vec<Document> = accounts
-        .find(doc! { "_id": { "$in": ids } })
+        .find(doc! { "_id": { "$in": &ids } })
         .max_time(super::READ_TIME_LIMIT)
         .projection(doc! { "pendingTransactions": 1 })
         .await?
@@ -541,75 +516,6 @@ fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String,
             (account.to_owned(), row)
         })
         .collect()
-}
-
-/// The rows of a batch that changes every account once, each change of the three amounts
-/// (the common case under load: many accounts, few of them twice), for
-/// [`once_guarded`] and [`changed_once`]: `{mv, ma}` and the change's own fields. `None`
-/// if an account has two changes, or one of the room alone, which take the `$reduce` of
-/// [`batched_changes`].
-fn one_change_each(per_account: &[(String, Document)]) -> Option<Vec<(String, Document)>> {
-    let mut rows = Vec::with_capacity(per_account.len());
-    for (account, row) in per_account {
-        let [Bson::Document(change)] = row.get_array("ops").ok()?.as_slice() else {
-            return None;
-        };
-        if !change.contains_key("k") {
-            return None;
-        }
-        let mut flat = change.clone();
-        flat.insert("mv", row.get("mv")?.clone());
-        flat.insert("ma", row.get("ma")?.clone());
-        rows.push((account.clone(), flat));
-    }
-    rows.sort_by(|a, b| a.0.cmp(&b.0));
-    Some(rows)
-}
-
-/// The filter of a batch of one change an account ([`one_change_each`]): the accounts,
-/// each where its change's guards hold (those of the tutorial's single `updateOne`), so
-/// the write changes exactly the accounts whose change lands.
-fn once_guarded(ids: &[&str], rows: &[(String, Document)]) -> Document {
-    let change = row_change("$$t");
-    let allowed = forward_step_allowed(
-        &Amounts::stored(),
-        "$pendingTransactions",
-        "$$t.tx",
-        &change,
-        "$$t.dl",
-    );
-    let rows: Vec<&(String, Document)> = rows.iter().collect();
-    doc! {
-        "_id": { "$in": ids },
-        "$expr": { "$let": { "vars": { "t": row_of_account(&rows, &doc! {}) }, "in": allowed } },
-    }
-}
-
-/// The update pipeline of a batch of one change an account ([`one_change_each`]): the
-/// single-document step's ([`changed_with_entry`]), its values read from the account's
-/// row.
-fn changed_once(rows: &[(String, Document)]) -> Vec<Document> {
-    let rows: Vec<&(String, Document)> = rows.iter().collect();
-    let step = Step {
-        kind: "$_t.k".into(),
-        tx: "$_t.tx".into(),
-        moved: ("$_t.mv".into(), "$_t.ma".into()),
-    };
-    let change = row_change("$_t");
-    let mut pipeline = vec![doc! { "$set": { "_t": row_of_account(&rows, &doc! {}) } }];
-    pipeline.extend(changed_with_entry_of(step, &change, Marker::Push));
-    pipeline.push(doc! { "$unset": "_t" });
-    pipeline
-}
-
-/// The change of the three amounts in the row at `row` (a variable or a field path).
-fn row_change(row: &str) -> Amounts {
-    Amounts {
-        balance: format!("{row}.d").into(),
-        debits: format!("{row}.pd").into(),
-        credits: format!("{row}.pc").into(),
-        incoming: 0_i64.into(),
-    }
 }
 
 /// The update pipeline that applies `per_account`'s changes to each account in order,

@@ -208,33 +208,12 @@ pub(super) fn changed_with_entry(
     marker: Marker,
     moved: Option<Moved>,
 ) -> Vec<Document> {
-    let moved = moved.unwrap_or(Moved::NOTHING);
-    let step = Step {
-        kind: kind.as_str().into(),
-        tx: tx.into(),
-        moved: (moved.seq.into(), moved.at.into()),
-    };
-    changed_with_entry_of(step, change, marker)
-}
-
-/// Who makes a single-document step and what is known moved, as expressions or literals:
-/// the entry's kind, the transfer, and the number and time of the last entry known to be
-/// in `entries` (see [`Moved`]).
-pub(super) struct Step {
-    pub kind: Bson,
-    pub tx: Bson,
-    pub moved: (Bson, Bson),
-}
-
-/// [`changed_with_entry`], its values given as expressions (a group-committed batch
-/// reads them from the account's row, `store::batch`) or literals.
-pub(super) fn changed_with_entry_of(step: Step, change: &Amounts, marker: Marker) -> Vec<Document> {
     let after = Amounts::stored().after(change);
     let seq = doc! { "$add": [{ "$ifNull": ["$seq", 0_i64] }, 1_i64] };
-    let Step { kind, tx, moved } = step;
-    let entry = entry_expr(seq, kind, tx.clone(), change, &after, entry_time());
+    let entry = entry_expr(seq, kind.as_str(), tx, change, &after, entry_time());
     let markers = marked(tx, marker);
-    let recent = doc! { "$concatArrays": [kept(moved.0, moved.1), ["$_entry"]] };
+    let moved = moved.unwrap_or(Moved::NOTHING);
+    let recent = doc! { "$concatArrays": [kept(moved.seq, moved.at), ["$_entry"]] };
     let mut set = doc! {
         "balance": "$_entry.b",
         "pendingDebits": { "$ifNull": ["$_entry.pd", 0_i64] },
@@ -264,13 +243,13 @@ pub(super) fn room_changed(tx: ObjectId, by: i64, marker: Marker) -> Vec<Documen
     let after: Bson = doc! { "$add": [after, by] }.into();
     vec![doc! { "$set": {
         "incoming": unless_zero(&after),
-        "pendingTransactions": marked(tx.into(), marker),
+        "pendingTransactions": marked(tx, marker),
         "updatedAt": "$$NOW",
     } }]
 }
 
 /// The account's markers after a step of `tx` that does `marker` to its own.
-fn marked(tx: Bson, marker: Marker) -> Bson {
+fn marked(tx: ObjectId, marker: Marker) -> Bson {
     match marker {
         Marker::Push => doc! { "$concatArrays": ["$pendingTransactions", [tx]] }.into(),
         Marker::Pull => doc! { "$filter": {
