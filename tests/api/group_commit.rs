@@ -290,17 +290,7 @@ async fn a_batch_leaves_out_of_each_document_the_entries_copied_to_entries() {
         .unwrap();
     assert_eq!(copied, 3, "each opening copied");
     for (name, left) in [("a", vec![2]), ("b", vec![2]), ("c", vec![2, 3])] {
-        let stored = accounts(&app)
-            .find_one(doc! { "_id": name })
-            .await
-            .unwrap()
-            .unwrap();
-        let seqs: Vec<i64> = stored
-            .get_array("recentEntries")
-            .unwrap()
-            .iter()
-            .map(|e| e.as_document().unwrap().get_i64("seq").unwrap())
-            .collect();
+        let seqs = crate::ledger::seqs_in_document(&app, name).await;
         assert_eq!(seqs, left, "{name}: the opening left the document");
     }
 }

@@ -218,7 +218,7 @@ async fn account_document(app: &TestApp, account: &str) -> Document {
 }
 
 /// The numbers of the entries still in `account`'s document.
-async fn seqs_in_document(app: &TestApp, account: &str) -> Vec<i64> {
+pub(crate) async fn seqs_in_document(app: &TestApp, account: &str) -> Vec<i64> {
     account_document(app, account)
         .await
         .get_array("recentEntries")
