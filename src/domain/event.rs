@@ -8,7 +8,10 @@
 //!
 //! The feed of one deployment is in [`Position`] order: the database's cluster time of
 //! the change the event reports, then the event's id. A [`FeedCursor`] holds one
-//! position per deployment: how far the reader has read each one's events.
+//! position per deployment: how far the reader has read each one's events. A client's
+//! cursor is read with [`FeedCursor::parse_for`]: it holds at most a position per
+//! deployment served, each an event's, so that what is built from it is bounded by the
+//! deployments, never by what was sent.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,7 +19,9 @@ use std::fmt;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-use super::{Account, DeploymentName, ParseError, Timestamp, Transfer, TransferState};
+use super::{
+    Account, AccountId, DeploymentName, ParseError, Timestamp, Transfer, TransferId, TransferState,
+};
 
 /// What an event reports. Stored and shown as `account.opened`, `transfer.held`, ...
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,7 +45,7 @@ impl EventType {
         EventType::TransferCanceled,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             EventType::AccountOpened => "account.opened",
             EventType::TransferHeld => "transfer.held",
@@ -177,6 +182,93 @@ pub struct FeedCursor {
 /// earlier one.
 const CURSOR_VERSION: u64 = 1;
 
+/// Deployments a cursor may name beyond those the instance reading it serves, each at the
+/// start of its feed: a deployment is added by a rolling restart (`docs/scaling.md`),
+/// before any account is opened on it, so while it runs an instance that already has it
+/// gives cursors naming it at [`Position::start`] to readers whose next request may reach
+/// an instance that does not have it yet. Such a position says nothing read and is left
+/// out of the cursor read. More than this many: no cursor of this service.
+pub const ADDED_AT_ONCE: usize = 4;
+
+/// The longest id an event has: its type, `:` and its subject, an account id for
+/// `account.opened` and a transfer id (24 hexadecimal digits) for the others.
+const LONGEST_EVENT_ID: usize = {
+    let mut longest = 0;
+    let mut i = 0;
+    while i < EventType::ALL.len() {
+        let subject = match EventType::ALL[i] {
+            EventType::AccountOpened => AccountId::MAX_LEN,
+            _ => 24,
+        };
+        let n = EventType::ALL[i].as_str().len() + 1 + subject;
+        if n > longest {
+            longest = n;
+        }
+        i += 1;
+    }
+    longest
+};
+
+impl Position {
+    /// The longest id a position of a real cursor holds (an event's, see
+    /// [`event_id`]).
+    pub const MAX_ID_LEN: usize = LONGEST_EVENT_ID;
+
+    /// Whether `id` is one a position of this service holds: empty ([`Position::start`])
+    /// or an event's id, `<type>:<account id>` for `account.opened`, `<type>:<transfer
+    /// id>` for the others.
+    fn is_real_id(id: &str) -> bool {
+        if id.is_empty() {
+            return true;
+        }
+        if id.len() > Self::MAX_ID_LEN {
+            return false;
+        }
+        let Some((kind, subject)) = id.split_once(':') else {
+            return false;
+        };
+        match EventType::parse(kind) {
+            Ok(EventType::AccountOpened) => AccountId::parse(subject).is_ok(),
+            Ok(_) => TransferId::parse(subject).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+/// A cursor as sent: `{"v": 1, "p": {"<deployment>": [seconds, increment, "<id>"]}}`,
+/// nothing more; the positions in the order sent, so that a name sent twice is seen.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    v: u64,
+    p: WirePositions,
+}
+
+struct WirePositions(Vec<(String, (u32, u32, String))>);
+
+impl<'de> serde::Deserialize<'de> for WirePositions {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = WirePositions;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of deployment names to positions")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<WirePositions, A::Error> {
+                let mut found = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    found.push(entry);
+                }
+                Ok(WirePositions(found))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
 impl FeedCursor {
     /// The opaque form a reader is given: unpadded URL-safe base64 of a small JSON
     /// document, safe in a query string and in a `Last-Event-ID` header.
@@ -193,37 +285,105 @@ impl FeedCursor {
         URL_SAFE_NO_PAD.encode(json.to_string())
     }
 
-    /// A cursor [`FeedCursor::encode`] made; anything else is refused.
+    /// A cursor [`FeedCursor::encode`] made, whichever deployments it names; anything
+    /// else is refused (a name twice, a position no event has). For a cursor of this
+    /// instance's own making (the dispatcher's); a client's goes through
+    /// [`FeedCursor::parse_for`].
     pub fn parse(raw: &str) -> Result<FeedCursor, ParseError> {
-        let refuse = || ParseError("is not a cursor this service gave".into());
-        let bytes = URL_SAFE_NO_PAD.decode(raw).map_err(|_| refuse())?;
-        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| refuse())?;
-        if json.get("v").and_then(|v| v.as_u64()) != Some(CURSOR_VERSION) {
-            return Err(refuse());
-        }
-        let Some(found) = json.get("p").and_then(|p| p.as_object()) else {
-            return Err(refuse());
-        };
         let mut positions = BTreeMap::new();
-        for (deployment, at) in found {
-            let deployment = DeploymentName::parse(deployment).map_err(|_| refuse())?;
-            let position = match at.as_array().map(Vec::as_slice) {
-                Some([seconds, increment, id]) => Position {
-                    seconds: seconds
-                        .as_u64()
-                        .and_then(|s| u32::try_from(s).ok())
-                        .ok_or_else(refuse)?,
-                    increment: increment
-                        .as_u64()
-                        .and_then(|i| u32::try_from(i).ok())
-                        .ok_or_else(refuse)?,
-                    id: id.as_str().ok_or_else(refuse)?.to_owned(),
-                },
-                _ => return Err(refuse()),
-            };
+        for (deployment, position) in Self::positions(raw)? {
             positions.insert(deployment, position);
         }
         Ok(FeedCursor { positions })
+    }
+
+    /// A cursor a client sent to an instance that serves `deployments`: refused unless
+    /// some instance of this service could have given it. At most
+    /// [`FeedCursor::max_encoded_len`] characters; a position per deployment served at
+    /// most, each name once, each id an event's ([`Position::MAX_ID_LEN`] at most); a
+    /// deployment not served only at its start (at most [`ADDED_AT_ONCE`] of them, left
+    /// out). So what the cursor holds, and every cursor made from it, is bounded by the
+    /// deployments served, never by what the client sent.
+    pub fn parse_for(raw: &str, deployments: &[DeploymentName]) -> Result<FeedCursor, ParseError> {
+        let longest = Self::max_encoded_len(deployments);
+        if raw.len() > longest {
+            return Err(ParseError(format!(
+                "is longer than any cursor this service gives ({longest} characters at most)"
+            )));
+        }
+        let mut positions = BTreeMap::new();
+        let mut added = 0;
+        for (deployment, position) in Self::positions(raw)? {
+            if deployments.contains(&deployment) {
+                positions.insert(deployment, position);
+            } else if position == Position::start() && added < ADDED_AT_ONCE {
+                added += 1;
+            } else if position == Position::start() {
+                return Err(ParseError(format!(
+                    "names more deployments than this service serves ({} and {ADDED_AT_ONCE} being added at most)",
+                    deployments.len()
+                )));
+            } else {
+                return Err(ParseError(format!(
+                    "names deployment {deployment}, which this service does not serve"
+                )));
+            }
+        }
+        Ok(FeedCursor { positions })
+    }
+
+    /// The length of the longest cursor [`FeedCursor::parse_for`] accepts for
+    /// `deployments`: each at the longest position, and [`ADDED_AT_ONCE`] more of the
+    /// longest name at the start.
+    pub fn max_encoded_len(deployments: &[DeploymentName]) -> usize {
+        let longest = Position {
+            seconds: u32::MAX,
+            increment: u32::MAX,
+            id: "x".repeat(Position::MAX_ID_LEN),
+        };
+        let mut cursor = FeedCursor::default();
+        for d in deployments {
+            cursor.positions.insert(d.clone(), longest.clone());
+        }
+        let mut n = 0;
+        while cursor.positions.len() < deployments.len() + ADDED_AT_ONCE {
+            let name = format!("{n:->width$}", width = DeploymentName::MAX_LEN);
+            let name = DeploymentName::parse(&name).expect("a deployment name");
+            cursor.positions.entry(name).or_insert_with(Position::start);
+            n += 1;
+        }
+        cursor.encode().len()
+    }
+
+    /// The positions `raw` holds, in the order sent, each name once, each checked.
+    fn positions(raw: &str) -> Result<Vec<(DeploymentName, Position)>, ParseError> {
+        let refuse = || ParseError("is not a cursor this service gave".into());
+        let bytes = URL_SAFE_NO_PAD.decode(raw).map_err(|_| refuse())?;
+        let wire: Wire = serde_json::from_slice(&bytes).map_err(|_| refuse())?;
+        if wire.v != CURSOR_VERSION {
+            return Err(refuse());
+        }
+        let mut found: Vec<(DeploymentName, Position)> = Vec::with_capacity(wire.p.0.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, (seconds, increment, id)) in wire.p.0 {
+            let deployment = DeploymentName::parse(&name).map_err(|_| refuse())?;
+            if !seen.insert(deployment.clone()) {
+                return Err(ParseError(format!("names deployment {deployment} twice")));
+            }
+            if !Position::is_real_id(&id) {
+                return Err(ParseError(format!(
+                    "holds a position for {deployment} that is no event's (an event id is at most {} characters)",
+                    Position::MAX_ID_LEN
+                )));
+            }
+            let position = Position {
+                seconds,
+                increment,
+                id,
+            };
+            found.push((deployment, position));
+        }
+        Ok(found)
     }
 }
 
@@ -272,6 +432,104 @@ mod tests {
         ] {
             assert!(FeedCursor::parse(raw).is_err(), "{raw:?} was accepted");
         }
+    }
+
+    fn names(raw: &[&str]) -> Vec<DeploymentName> {
+        raw.iter()
+            .map(|n| DeploymentName::parse(n).unwrap())
+            .collect()
+    }
+
+    fn wire(json: &str) -> String {
+        URL_SAFE_NO_PAD.encode(json)
+    }
+
+    /// The longest cursor a client of an instance serving `served` can hold: each served
+    /// deployment at the longest position, and as many deployments being added as may be.
+    fn largest(served: &[DeploymentName]) -> (String, FeedCursor) {
+        let mut cursor = FeedCursor::default();
+        for d in served {
+            let id = event_id(EventType::AccountOpened, &"a".repeat(AccountId::MAX_LEN));
+            cursor
+                .positions
+                .insert(d.clone(), position(u32::MAX, u32::MAX, &id));
+        }
+        let mut sent = cursor.clone();
+        for n in 0..ADDED_AT_ONCE {
+            let name = format!("{n:z>width$}", width = DeploymentName::MAX_LEN);
+            sent.positions
+                .insert(DeploymentName::parse(&name).unwrap(), Position::start());
+        }
+        (sent.encode(), cursor)
+    }
+
+    #[test]
+    fn a_client_cursor_is_bounded_by_the_deployments_served_and_refused_one_past_each_bound() {
+        let served = names(&["default", "eu"]);
+        // Length: the largest real cursor is accepted, one character more is not.
+        let (raw, read) = largest(&served);
+        assert_eq!(raw.len(), FeedCursor::max_encoded_len(&served));
+        assert_eq!(FeedCursor::parse_for(&raw, &served).unwrap(), read);
+        let longer = format!("{raw}A");
+        let refused = FeedCursor::parse_for(&longer, &served).unwrap_err();
+        assert!(refused.0.contains("longer than any cursor"), "{refused:?}");
+
+        // An id: an account's of the longest length is accepted, one more is not.
+        let subject = "a".repeat(AccountId::MAX_LEN);
+        let ok = wire(&format!(
+            r#"{{"v":1,"p":{{"eu":[1,2,"account.opened:{subject}"]}}}}"#
+        ));
+        assert!(FeedCursor::parse_for(&ok, &served).is_ok());
+        let too_long = wire(&format!(
+            r#"{{"v":1,"p":{{"eu":[1,2,"account.opened:{subject}a"]}}}}"#
+        ));
+        let refused = FeedCursor::parse_for(&too_long, &served).unwrap_err();
+        assert!(refused.0.contains("no event's"), "{refused:?}");
+
+        // Deployments not served: at their start, up to ADDED_AT_ONCE, left out; one more,
+        // or one with a position, refused.
+        let added = |n: usize| {
+            let p: Vec<String> = (0..n).map(|i| format!(r#""new{i}":[0,0,""]"#)).collect();
+            wire(&format!(
+                r#"{{"v":1,"p":{{"eu":[1,2,""],{}}}}}"#,
+                p.join(",")
+            ))
+        };
+        let read = FeedCursor::parse_for(&added(ADDED_AT_ONCE), &served).unwrap();
+        assert_eq!(read.positions.len(), 1, "{read:?}");
+        let refused = FeedCursor::parse_for(&added(ADDED_AT_ONCE + 1), &served).unwrap_err();
+        assert!(refused.0.contains("more deployments"), "{refused:?}");
+        let unknown = wire(r#"{"v":1,"p":{"us":[1,2,"transfer.done:6b0619d67d0e8af2ac0b1adf"]}}"#);
+        let refused = FeedCursor::parse_for(&unknown, &served).unwrap_err();
+        assert!(refused.0.contains("does not serve"), "{refused:?}");
+    }
+
+    #[test]
+    fn a_cursor_naming_a_deployment_twice_or_holding_what_no_event_has_is_refused() {
+        let served = names(&["default", "eu"]);
+        let cases = [
+            r#"{"v":1,"p":{"eu":[1,2,""],"eu":[3,4,""]}}"#,
+            r#"{"v":1,"v":1,"p":{}}"#,
+            r#"{"v":1,"p":{},"x":1}"#,
+            r#"{"v":1,"p":{"eu":[1,2,"",4]}}"#,
+            r#"{"v":1,"p":{"eu":[1,2,"transfer.done:alice"]}}"#,
+            r#"{"v":1,"p":{"eu":[1,2,"transfer.pending:6b0619d67d0e8af2ac0b1adf"]}}"#,
+            r#"{"v":1,"p":{"eu":[1,2,"account.opened:"]}}"#,
+            r#"{"v":1,"p":{"eu":[1,2,"alice"]}}"#,
+            r#"{"v":1,"p":{"eu":[-1,2,""]}}"#,
+        ];
+        for json in cases {
+            assert!(
+                FeedCursor::parse_for(&wire(json), &served).is_err(),
+                "{json} was accepted"
+            );
+            assert!(
+                FeedCursor::parse(&wire(json)).is_err(),
+                "{json} was accepted"
+            );
+        }
+        let twice = FeedCursor::parse_for(&wire(cases[0]), &served).unwrap_err();
+        assert!(twice.0.contains("twice"), "{twice:?}");
     }
 
     #[test]

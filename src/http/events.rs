@@ -112,15 +112,22 @@ pub struct EventParams {
 }
 
 impl EventParams {
-    fn parse(&self) -> Result<(Option<FeedCursor>, u32, Vec<EventType>), ApiError> {
+    fn parse(
+        &self,
+        service: &crate::service::TransferService,
+    ) -> Result<(Option<FeedCursor>, u32, Vec<EventType>), ApiError> {
         let after = match self.after.as_deref() {
             None => None,
-            Some(raw) => Some(
-                FeedCursor::parse(raw).map_err(|e| ApiError::InvalidParameter {
-                    field: "after".into(),
-                    detail: format!("after {}: pass a page's next", e.0),
-                })?,
-            ),
+            Some(raw) => {
+                Some(
+                    service
+                        .client_cursor(raw)
+                        .map_err(|e| ApiError::InvalidParameter {
+                            field: "after".into(),
+                            detail: format!("after {}: pass a page's next", e.0),
+                        })?,
+                )
+            }
         };
         let limit = match self.limit.as_deref() {
             None => DEFAULT_EVENTS,
@@ -170,7 +177,7 @@ pub async fn list_events(
     State(state): State<AppState>,
     query: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EventPage>, ApiError> {
-    let (after, limit, types) = super::query(query)?.parse()?;
+    let (after, limit, types) = super::query(query)?.parse(&state.service)?;
     let page = state.service.events(after, limit, &types).await?;
     Ok(Json(EventPage {
         items: page.events.into_iter().map(EventResponse::from).collect(),
@@ -229,14 +236,14 @@ pub async fn stream_events(
     let resume = match headers.get("last-event-id") {
         None => None,
         Some(value) => {
-            let refuse = || {
-                ApiError::InvalidParameter {
+            let refuse = |why: &str| ApiError::InvalidParameter {
                 field: "Last-Event-ID".into(),
-                detail: "Last-Event-ID is not an event id this service sent: pass the id: of the last event received".into(),
-            }
+                detail: format!("Last-Event-ID {why}: pass the id: of the last event received"),
             };
-            let raw = value.to_str().map_err(|_| refuse())?;
-            Some(FeedCursor::parse(raw).map_err(|_| refuse())?)
+            let raw = value
+                .to_str()
+                .map_err(|_| refuse("is not an event id this service sent"))?;
+            Some(state.service.client_cursor(raw).map_err(|e| refuse(&e.0))?)
         }
     };
     let (after, _, types) = EventParams {
@@ -244,7 +251,7 @@ pub async fn stream_events(
         limit: None,
         kind: params.kind,
     }
-    .parse()?;
+    .parse(&state.service)?;
     let after = resume.or(after);
     let follower = state
         .service

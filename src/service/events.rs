@@ -8,7 +8,7 @@
 //! missed an event: refused, with [`ServiceError::CursorExpired`], never served a gap.
 
 use super::{ServiceError, ServiceResult, TransferService};
-use crate::domain::{Event, EventType, FeedCursor, Position};
+use crate::domain::{DeploymentName, Event, EventType, FeedCursor, ParseError, Position};
 use crate::store::Store;
 
 /// A page of the feed and the cursor after it.
@@ -23,6 +23,19 @@ pub struct FeedPage {
 }
 
 impl TransferService {
+    /// A cursor a client sent, read for the deployments this instance serves (see
+    /// [`FeedCursor::parse_for`]): refused unless this service could have given it, and
+    /// bounded by those deployments whatever was sent.
+    pub fn client_cursor(&self, raw: &str) -> Result<FeedCursor, ParseError> {
+        let served: Vec<DeploymentName> = self
+            .deployments
+            .all()
+            .iter()
+            .map(|s| s.deployment().clone())
+            .collect();
+        FeedCursor::parse_for(raw, &served)
+    }
+
     /// Up to `limit` events after `after` (from the oldest retained when `None`), of
     /// `types` (every type when empty).
     pub async fn events(

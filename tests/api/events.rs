@@ -10,7 +10,8 @@
 //! page size, reads every event exactly once, and every cursor a run gave (an empty
 //! page's too, even before the first event) resumes with exactly the events after it; a
 //! type filter keeps the feed's order; a parameter the feed cannot read is a 400
-//! `invalid_parameter`, never a 500; a cursor whose next events the retention removed
+//! `invalid_parameter`, never a 500, and so is a cursor no instance of the service could
+//! have given (bounded by the deployments served, each bound tested at its edge); a cursor whose next events the retention removed
 //! answers 410 `cursor_expired` (one with nothing removed after it stays good), while a
 //! read without one starts at the oldest event kept; and instances sharing a database,
 //! each running a recorder, record each event once, also across a recorder that stops
@@ -856,6 +857,115 @@ async fn a_parameter_the_feed_cannot_read_is_refused_as_invalid() {
     for query in ["limit=1", "limit=1000", "type=account.opened"] {
         events_page(&app, &format!("?{query}")).await;
     }
+}
+
+/// A cursor as the service encodes it, from its JSON.
+fn cursor_of(json: &str) -> String {
+    URL_SAFE_NO_PAD.encode(json)
+}
+
+/// The longest cursor a client of a service with the one deployment `default` can hold:
+/// `default` at the last position there can be, with the longest event id, and four
+/// deployments being added (the most a cursor may name beyond those served), each at its
+/// start, with the longest names.
+fn largest_cursor() -> String {
+    let id = format!("account.opened:{}", "a".repeat(64));
+    let added: Vec<String> = (0..4).map(|i| format!(r#""{i:z>32}":[0,0,""]"#)).collect();
+    cursor_of(&format!(
+        r#"{{"v":1,"p":{{"default":[4294967295,4294967295,"{id}"],{}}}}}"#,
+        added.join(",")
+    ))
+}
+
+#[tokio::test]
+async fn a_forged_cursor_is_refused_400_saying_why_and_a_real_one_still_reads() {
+    let app = spawn_app().await;
+    open(&app, "alice", 10).await;
+    let next = eventually("alice's event", RECORDED_WITHIN, POLL_EVERY, async || {
+        let (items, next) = events_page(&app, "").await;
+        (!items.is_empty()).then_some(next)
+    })
+    .await;
+
+    // What the measured attack sent: deployments this service does not have (each kept in
+    // every cursor of the page before; 2,998 then, 500 here, as a URL's 64 KiB allow),
+    // and an id of tens of KB.
+    let many: Vec<String> = (0..500)
+        .map(|i| format!(r#""d{i}":[1,0,"account.opened:alice"]"#))
+        .collect();
+    let many = cursor_of(&format!(r#"{{"v":1,"p":{{{}}}}}"#, many.join(",")));
+    let huge_id = cursor_of(&format!(
+        r#"{{"v":1,"p":{{"default":[1,0,"account.opened:{}"]}}}}"#,
+        "a".repeat(40_000)
+    ));
+    let txn = "transfer.done:6b0619d67d0e8af2ac0b1adf";
+    let cases = [
+        (many, "longer than any cursor"),
+        (huge_id, "longer than any cursor"),
+        (
+            cursor_of(&format!(r#"{{"v":1,"p":{{"us":[1,0,"{txn}"]}}}}"#)),
+            "names deployment us, which this service does not serve",
+        ),
+        (
+            cursor_of(r#"{"v":1,"p":{"default":[1,0,""],"default":[2,0,""]}}"#),
+            "names deployment default twice",
+        ),
+        (
+            cursor_of(&format!(
+                r#"{{"v":1,"p":{{"default":[1,0,"account.opened:{}"]}}}}"#,
+                "a".repeat(65)
+            )),
+            "no event's",
+        ),
+        (
+            cursor_of(r#"{"v":1,"p":{"default":[1,0,"hello"]}}"#),
+            "no event's",
+        ),
+        (
+            cursor_of(
+                r#"{"v":1,"p":{"default":[1,0,""],"a":[0,0,""],"b":[0,0,""],"c":[0,0,""],"d":[0,0,""],"e":[0,0,""]}}"#,
+            ),
+            "names more deployments than this service serves",
+        ),
+    ];
+    for (cursor, why) in cases {
+        let response = app.get(&format!("/events?after={cursor}")).await;
+        let problem = assert_problem(response, 400, "invalid_parameter").await;
+        assert_eq!(problem["field"], "after", "{problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(why), "wanted {why:?}: {problem}");
+        assert!(
+            detail.len() < 300,
+            "the detail does not echo the cursor: {problem}"
+        );
+    }
+
+    // At the edge: the largest cursor a client can hold reads (nothing is after it);
+    // one character more is refused for its length.
+    let largest = largest_cursor();
+    let (items, after_largest) = events_page(&app, &format!("?after={largest}")).await;
+    assert!(items.is_empty(), "{items:?}");
+    assert!(
+        after_largest.len() < largest.len(),
+        "the deployments being added are left out of the next cursor"
+    );
+    let response = app.get(&format!("/events?after={largest}A")).await;
+    let problem = assert_problem(response, 400, "invalid_parameter").await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("longer than any cursor")),
+        "{problem}"
+    );
+
+    // A real cursor still reads, with a deployment being added (at its start) in it too.
+    open(&app, "bob", 0).await;
+    let (read, _) = read_after(&app, &next, 1).await;
+    assert_eq!(read, ["account.opened:bob"]);
+    let json = String::from_utf8(URL_SAFE_NO_PAD.decode(&next).unwrap()).unwrap();
+    let with_added = cursor_of(&json.replacen(r#""p":{"#, r#""p":{"new":[0,0,""],"#, 1));
+    let (read, _) = read_after(&app, &with_added, 1).await;
+    assert_eq!(read, ["account.opened:bob"]);
 }
 
 /// Reads from `cursor` until `count` events are there (within the recorder's delay);

@@ -10,8 +10,8 @@
 //! 256 events wait is disconnected with a final comment saying so, and resumes from its
 //! last id with exactly the rest; at most `MAX_EVENT_STREAMS` streams are open at once
 //! (one more is a 503 `too_many_streams` with `Retry-After`), and a closed stream's place
-//! is free again; a cursor or a type the stream cannot read is a 400, never a 500; a
-//! cursor whose next events the retention removed is a 410 at connect; a shutdown ends
+//! is free again; a cursor or a type the stream cannot read is a 400, never a 500, and a
+//! forged cursor is a 400 saying why; a cursor whose next events the retention removed is a 410 at connect; a shutdown ends
 //! every stream with a final comment and closes its connection; with API keys a
 //! read-only key may follow the stream, no key may not.
 //!
@@ -950,6 +950,64 @@ async fn a_cursor_or_a_type_the_stream_cannot_read_is_400_never_500() {
     let mut good = open_stream(&app, "?after=garbage", Some(&next)).await;
     open(&app, "bob", 0).await;
     assert_eq!(good.event().await.id(), "account.opened:bob");
+}
+
+/// A forged cursor, in `Last-Event-ID` or in `?after=`, is refused 400 saying why and
+/// holds no place; the largest a client can hold opens a stream, one character more is
+/// refused. (The cursor's bounds themselves are the feed's: tests/api/events.rs.)
+#[tokio::test]
+async fn a_forged_cursor_is_refused_400_saying_why_and_the_largest_real_one_opens_a_stream() {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let app = spawn_app_with(|s| s.max_event_streams = 1).await;
+    let forged = |json: &str| URL_SAFE_NO_PAD.encode(json);
+    let many: Vec<String> = (0..500)
+        .map(|i| format!(r#""d{i}":[1,0,"account.opened:alice"]"#))
+        .collect();
+    let cases = [
+        (
+            forged(&format!(r#"{{"v":1,"p":{{{}}}}}"#, many.join(","))),
+            "longer than any cursor",
+        ),
+        (
+            forged(r#"{"v":1,"p":{"us":[1,0,"account.opened:alice"]}}"#),
+            "does not serve",
+        ),
+        (
+            forged(r#"{"v":1,"p":{"default":[1,0,""],"default":[2,0,""]}}"#),
+            "twice",
+        ),
+        (
+            forged(r#"{"v":1,"p":{"default":[1,0,"a-forged-id"]}}"#),
+            "no event's",
+        ),
+    ];
+    for (cursor, why) in &cases {
+        for (query, header, field) in [
+            (format!("?after={cursor}"), None, "after"),
+            (String::new(), Some(cursor.as_str()), "Last-Event-ID"),
+        ] {
+            let response = connect(&app, &query, header, None).await;
+            let problem = assert_problem(response, 400, "invalid_parameter").await;
+            assert_eq!(problem["field"], field, "{problem}");
+            assert!(
+                problem["detail"].as_str().is_some_and(|d| d.contains(why)),
+                "wanted {why:?}: {problem}"
+            );
+        }
+    }
+    let id = format!("account.opened:{}", "a".repeat(64));
+    let added: Vec<String> = (0..4).map(|i| format!(r#""{i:z>32}":[0,0,""]"#)).collect();
+    let largest = forged(&format!(
+        r#"{{"v":1,"p":{{"default":[4294967295,4294967295,"{id}"],{}}}}}"#,
+        added.join(",")
+    ));
+    let response = connect(&app, "", Some(&format!("{largest}A")), None).await;
+    let problem = assert_problem(response, 400, "invalid_parameter").await;
+    assert_eq!(problem["field"], "Last-Event-ID", "{problem}");
+    // The refusals held no place (one here): the largest real cursor opens the stream.
+    let stream = open_stream(&app, "", Some(&largest)).await;
+    drop(stream);
 }
 
 /// A `Last-Event-ID` that is not even text (bytes beyond ASCII, which HTTP allows in a
