@@ -17,6 +17,12 @@
 //! - a connection must send each request's headers within `idle_timeout` of being
 //!   opened or answered: a quiet keep-alive connection is closed and gives its place
 //!   back, so clients that go quiet cannot lock the others out.
+//! - a write to the client must be taken by the socket within [`WRITE_STALL_LIMIT`]
+//!   ([`super::write_limit`]): a client that stops reading (an event stream's, above all)
+//!   is closed, and gives its place and its response's (a stream's) back.
+//! - at shutdown, connections still open [`CLOSE_WITHIN`] after it began (a response
+//!   still being written to a client that does not read) are closed: a shutdown ends
+//!   within a bounded time whatever the clients do.
 //!
 //! This is hyper's own HTTP/1 connection with its header-read timer (`axum::serve` runs
 //! it without a timer, so it has no such time-out) and hyper-util's graceful shutdown.
@@ -37,8 +43,10 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::problem::ApiError;
+use super::write_limit::WriteLimited;
 
 /// Connections served at once unless `MAX_CONNECTIONS` says otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -50,6 +58,22 @@ const REFUSAL_READ_TIMEOUT: Duration = Duration::from_secs(1);
 pub const REFUSED_ROUTE: &str = "(beyond MAX_CONNECTIONS)";
 /// How long answering a refused connection may take in all.
 const REFUSAL_TIME_LIMIT: Duration = Duration::from_secs(2);
+/// How long a write may wait for the client's socket to take any of it before the
+/// connection is closed. A reader that has taken nothing for this long, with the
+/// kernel's buffers on both sides full (a few MB on a fast path), has stopped reading; a
+/// slow one takes something now and then, which starts the wait afresh. Above the 15 s
+/// of an event stream's keep-alive, so that a proxy that forwards in bursts is not cut,
+/// and well under the minute that nginx gives (`send_timeout`), since a stalled event
+/// stream holds one of `MAX_EVENT_STREAMS` places meanwhile. A constant: nothing in a
+/// deployment calls for another value, and a stream cut so resumes with
+/// `Last-Event-ID`.
+pub const WRITE_STALL_LIMIT: Duration = Duration::from_secs(20);
+/// How long a shutdown lets the connections finish what they are answering before it
+/// closes them. A request takes milliseconds and an event stream ends at once with its
+/// final comment, so only a client that does not read is still open after it; well
+/// within a Kubernetes pod's 30 s grace, with the 10 s that background transfers are
+/// then given (`startup.rs`).
+pub const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// The bounds on client connections.
 #[derive(Debug, Clone)]
@@ -68,7 +92,8 @@ pub fn places(max_connections: usize) -> Arc<Semaphore> {
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then stops accepting, lets
-/// every request in progress finish, closes idle connections and returns.
+/// every request in progress finish (for [`CLOSE_WITHIN`] at most, then closes what is
+/// still open), closes idle connections and returns.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -81,6 +106,9 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.idle_timeout);
     let graceful = GracefulShutdown::new();
+    // Cancelled once the shutdown's grace has run out: every connection still open closes.
+    let closing = CancellationToken::new();
+    let connections = TaskTracker::new();
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -95,11 +123,15 @@ pub async fn serve(
         match places.clone().try_acquire_owned() {
             Ok(place) => {
                 let service = TowerToHyperService::new(app.clone());
-                let connection =
-                    graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::trace!(error = %e, "connection ended with an error");
+                let io = TokioIo::new(WriteLimited::new(stream, WRITE_STALL_LIMIT));
+                let connection = graceful.watch(http.serve_connection(io, service));
+                let closing = closing.clone();
+                connections.spawn(async move {
+                    tokio::select! {
+                        ended = connection => if let Err(e) = ended {
+                            tracing::trace!(error = %e, "connection ended with an error");
+                        },
+                        () = closing.cancelled() => {}
                     }
                     drop(place);
                 });
@@ -116,7 +148,19 @@ pub async fn serve(
         }
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(CLOSE_WITHIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace = ?CLOSE_WITHIN,
+            open = connections.len(),
+            "connections still answering after the shutdown's grace (clients not reading); closing them"
+        );
+        closing.cancel();
+    }
+    connections.close();
+    connections.wait().await;
     Ok(())
 }
 

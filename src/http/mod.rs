@@ -18,6 +18,7 @@ pub mod problem;
 pub mod responses;
 pub mod transfers;
 pub mod webhooks;
+pub mod write_limit;
 
 use std::time::Duration;
 

@@ -10,10 +10,13 @@
 //! 256 events wait is disconnected with a final comment saying so, and resumes from its
 //! last id with exactly the rest; at most `MAX_EVENT_STREAMS` streams are open at once
 //! (one more is a 503 `too_many_streams` with `Retry-After`), and a closed stream's place
-//! is free again; a cursor or a type the stream cannot read is a 400, never a 500, and a
-//! forged cursor is a 400 saying why; a cursor whose next events the retention removed is a 410 at connect; a shutdown ends
-//! every stream with a final comment and closes its connection; with API keys a
-//! read-only key may follow the stream, no key may not.
+//! is free again; a reader that stops reading gives its place back once a write to it has
+//! waited the server's limit; a cursor or a type the stream cannot read is a 400, never a
+//! 500, and a forged cursor is a 400 saying why; a cursor whose next events the retention
+//! removed is a 410 at connect; a shutdown ends every stream with a final comment and
+//! closes its connection, and a process with readers that stopped reading still exits
+//! within a bound after SIGTERM; with API keys a read-only key may follow the stream, no
+//! key may not.
 //!
 //! The recorder is asynchronous and a follower reads the feed a few times a second:
 //! tests wait for events (with a deadline), never for a fixed time, except for the
@@ -255,11 +258,20 @@ async fn raw_request(
     recv_buffer: Option<u32>,
     close: bool,
 ) -> TcpStream {
-    let addr: SocketAddr = app
-        .address
+    raw_request_to(&app.address, path, recv_buffer, close).await
+}
+
+/// [`raw_request`] to the service at `base` (`http://host:port`).
+async fn raw_request_to(
+    base: &str,
+    path: &str,
+    recv_buffer: Option<u32>,
+    close: bool,
+) -> TcpStream {
+    let addr: SocketAddr = base
         .trim_start_matches("http://")
         .parse()
-        .expect("the app's address");
+        .expect("the service's address");
     let socket = TcpSocket::new_v4().expect("a socket");
     if let Some(size) = recv_buffer {
         socket.set_recv_buffer_size(size).expect("SO_RCVBUF");
@@ -862,6 +874,184 @@ async fn a_reader_that_falls_256_events_behind_is_disconnected_and_resumes_with_
     assert_eq!(stream_data(&rest), feed[got.len()..]);
     open(&app, "after", 0).await;
     assert_eq!(resumed.event().await.id(), "account.opened:after");
+}
+
+/// Accounts inserted straight into the database, each an `account.opened` event of some
+/// 480 bytes on a stream: twice what a stream's connection held before a reader that
+/// reads nothing stopped taking them (the kernel's buffers on both sides, hyper's, and
+/// the follower's queue: some 6,000 events, 2.9 MB; see the test of a reader that falls
+/// behind).
+const FLOOD: usize = 12_000;
+
+/// Inserts [`FLOOD`] copies of the account `template` (opened already) into `database`.
+async fn flood(database: &mongodb::Database, template: &str) {
+    const BATCH: usize = 1_000;
+    let accounts = database.collection::<Document>("accounts");
+    let template = accounts
+        .find_one(doc! { "_id": template })
+        .await
+        .unwrap()
+        .expect("the account opened");
+    for batch in 0..FLOOD / BATCH {
+        let docs: Vec<Document> = (0..BATCH)
+            .map(|i| {
+                let mut account = template.clone();
+                account.insert("_id", format!("flood-{:05}", batch * BATCH + i));
+                account
+            })
+            .collect();
+        accounts
+            .insert_many(docs)
+            .await
+            .expect("insert the accounts");
+    }
+}
+
+/// A reader of the stream at `base` that reads the answer's head and then nothing, with
+/// a small receive buffer: once the events sent to it fill the kernel's buffers, the
+/// server's writes to it wait.
+async fn stalled_reader(base: &str) -> TcpStream {
+    let mut reader = raw_request_to(base, "/events/stream", Some(4096), false).await;
+    let (head, _) = read_head(&mut reader).await;
+    assert_stream_head(&head);
+    reader
+}
+
+/// Readers that stop reading hold their stream's place only until a write to them has
+/// waited the server's limit (20 s, `WRITE_STALL_LIMIT`): then their connections are
+/// closed, and new streams are served. Before, they held their places for ever and every
+/// new stream was refused 503.
+#[tokio::test]
+async fn readers_that_stop_reading_give_their_stream_places_back() {
+    /// The server's limit (20 s) and what filling the readers' buffers takes after the
+    /// feed is settled (it is done by then as a rule), with room for a loaded machine.
+    const SERVED_WITHIN: Duration = Duration::from_secs(60);
+    let app = spawn_app_with(|s| s.max_event_streams = 3).await;
+    open(&app, "template", 0).await;
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        stalled.push(stalled_reader(&app.address).await);
+    }
+    assert_problem(connect(&app, "", None, None).await, 503, "too_many_streams").await;
+
+    flood(app.store.database(), "template").await;
+    let feed = settle_within(&app, "barrier", Duration::from_secs(30)).await;
+    assert_eq!(
+        feed.len(),
+        FLOOD + 2,
+        "the template, the accounts, the barrier"
+    );
+
+    let started = Instant::now();
+    let mut stream = eventually(
+        "a new stream is served once the stalled readers are closed",
+        SERVED_WITHIN,
+        Duration::from_millis(250),
+        async || {
+            let response = connect(&app, "", None, None).await;
+            match response.status().as_u16() {
+                200 => Some(as_stream(response, "a new stream")),
+                503 => None,
+                other => panic!("{other}: {}", response.text().await.unwrap_or_default()),
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "a new stream served {:?} after the feed settled",
+        started.elapsed()
+    );
+    // The stalled readers' connections were closed by the server: what is left in them
+    // reads to the end (a reset, or the end of the stream).
+    for mut reader in stalled {
+        let mut buf = vec![0u8; 64 * 1024];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match reader.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "a stalled reader's connection is closed");
+    }
+    // The new stream reads the feed from its start.
+    assert_eq!(stream.event().await.id(), "account.opened:template");
+}
+
+/// SIGTERM ends the process within a bounded time even with readers that stopped reading
+/// (the shutdown's grace is 5 s, `CLOSE_WITHIN`, then open connections are closed):
+/// before, it waited for them for ever. A real process, signalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_process_within_a_bound_even_with_readers_that_stopped_reading() {
+    use support::process::{Instance, InstanceConfig};
+    /// The grace, the 10 s limit of the background transfers (none here) and slack; the
+    /// write limit (20 s) is above it, so the grace is what ends the stalled readers.
+    const EXITS_WITHIN: Duration = Duration::from_secs(15);
+    let uri = support::database_uri();
+    let database = support::fresh_database_name();
+    let config = InstanceConfig::new(support::service_binary!(), &uri, &database, "stopping");
+    let mut instance = Instance::start(&config).await;
+    let http = reqwest::Client::new();
+    let opened = http
+        .post(instance.url("/accounts"))
+        .json(&json!({ "id": "template", "balance": 0 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 201);
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        stalled.push(stalled_reader(&instance.base).await);
+    }
+    let store = transfer_service::store::Store::connect(&uri, &database)
+        .await
+        .expect("connect");
+    flood(store.database(), "template").await;
+    let opened = http
+        .post(instance.url("/accounts"))
+        .json(&json!({ "id": "barrier", "balance": 0 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), 201);
+    // Every event recorded (the followers send each within 100 ms of its recording, so
+    // the readers' buffers are full by then).
+    let mut query = "?limit=1000".to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page: Value = http
+            .get(instance.url(&format!("/events{query}")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let items = page["items"].as_array().expect("items");
+        if ids(items).iter().any(|id| id == "account.opened:barrier") {
+            break;
+        }
+        if items.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the barrier is not recorded in time"
+            );
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+        query = format!("?limit=1000&after={}", page["next"].as_str().expect("next"));
+    }
+
+    let signalled = Instant::now();
+    instance.signal(libc::SIGTERM);
+    let status = instance.wait_exit(EXITS_WITHIN).await;
+    let status = status.unwrap_or_else(|| {
+        panic!("still running {EXITS_WITHIN:?} after SIGTERM, with readers that stopped reading")
+    });
+    eprintln!("exited {:?} after SIGTERM: {status}", signalled.elapsed());
+    assert!(status.success(), "{status}");
+    drop(stalled);
 }
 
 #[tokio::test]
