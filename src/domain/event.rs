@@ -122,6 +122,62 @@ pub struct Event {
     pub position: Position,
 }
 
+/// What an event holds besides its strings: its fixed-size fields, its allocations'
+/// bookkeeping, and room for the small fields a later version adds.
+const EVENT_FIXED_BYTES: usize = 1024;
+/// What each item of a list in an event holds besides its strings.
+const ITEM_FIXED_BYTES: usize = 64;
+
+impl Event {
+    /// An upper bound of the memory the event holds (its strings' lengths and generous
+    /// constants for the rest), and so of its JSON: what a queue of events counts to be
+    /// bounded by bytes. Some 1.2 KB for an account's opening, up to some 8 KB for a
+    /// multi-leg transfer of 16 legs between 64-character account ids.
+    pub fn weight(&self) -> usize {
+        let data = match &self.data {
+            EventData::Account(a) => {
+                a.id.as_str().len()
+                    + a.deployment.as_str().len()
+                    + a.name.as_ref().map_or(0, |n| n.as_str().len())
+                    + (a.pending_transactions.len() + a.fenced_transactions.len())
+                        * ITEM_FIXED_BYTES
+            }
+            EventData::Transfer(t) => {
+                let legs = t.legs.as_deref().map_or(0, |l| {
+                    let legs: usize = l
+                        .legs()
+                        .iter()
+                        .map(|g| g.source.as_str().len() + g.destination.as_str().len())
+                        .sum();
+                    let parties: usize = l
+                        .parties()
+                        .iter()
+                        .map(|p| p.account.as_str().len() + p.deployment.as_str().len())
+                        .sum();
+                    legs + parties + (l.legs().len() + l.parties().len()) * ITEM_FIXED_BYTES
+                });
+                t.source.as_str().len()
+                    + t.destination.as_str().len()
+                    + t.source_deployment.as_str().len()
+                    + t.destination_deployment.as_str().len()
+                    + legs
+                    + t.owner.as_ref().map_or(0, String::len)
+                    + t.refused_account.as_ref().map_or(0, |a| a.as_str().len())
+                    + t.reference.as_ref().map_or(0, |r| r.as_str().len())
+                    + t.idempotency_key
+                        .as_ref()
+                        .map_or(0, |k| k.key.as_str().len())
+                    + t.request_hash.as_ref().map_or(0, String::len)
+            }
+        };
+        EVENT_FIXED_BYTES
+            + self.id.len()
+            + self.deployment.as_str().len()
+            + self.position.id.len()
+            + data
+    }
+}
+
 impl Transfer {
     /// This transfer as it was when it reached `state` (the data of the event reporting
     /// it), from a copy read at that moment or later: what only a later change sets is
@@ -353,6 +409,16 @@ impl FeedCursor {
             n += 1;
         }
         cursor.encode().len()
+    }
+
+    /// An upper bound of the memory the cursor holds (see [`Event::weight`]).
+    pub fn weight(&self) -> usize {
+        let positions: usize = self
+            .positions
+            .iter()
+            .map(|(d, p)| d.as_str().len() + p.id.len() + ITEM_FIXED_BYTES)
+            .sum();
+        ITEM_FIXED_BYTES + positions
     }
 
     /// The positions `raw` holds, in the order sent, each name once, each checked.

@@ -260,7 +260,7 @@ pub async fn stream_events(
     let ended = follower.ended.clone();
     let permit_and_queue = follower;
     let events = futures::stream::unfold(permit_and_queue, |mut f| async move {
-        let (event, cursor) = f.events.recv().await?;
+        let (event, cursor) = f.next().await?;
         Some(((event, cursor), f))
     })
     .map(|(event, cursor)| {
@@ -270,22 +270,30 @@ pub async fn stream_events(
     });
     let last = futures::stream::once(async move {
         let end = *ended.lock().unwrap_or_else(|e| e.into_inner());
-        let why = match end {
-            Some(crate::service::FollowEnd::FellBehind) => format!(
-                "disconnected: this reader fell {} events behind; reconnect with Last-Event-ID",
-                crate::service::FOLLOWER_QUEUE
-            ),
-            Some(crate::service::FollowEnd::Expired) => {
-                "disconnected: the events after this stream's position were removed after the retention; read GET /events without a cursor".to_owned()
-            }
-            Some(crate::service::FollowEnd::ShuttingDown) | None => {
-                "disconnected: the server is shutting down; reconnect with Last-Event-ID".to_owned()
-            }
-        };
-        Ok(Sse::default().comment(why))
+        Ok(Sse::default().comment(why_ended(end)))
     });
     let stream = events.chain(last);
     Ok(axum::response::sse::Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
         .into_response())
+}
+
+/// The final comment of a stream whose follower stopped for `end`.
+fn why_ended(end: Option<crate::service::FollowEnd>) -> String {
+    match end {
+        Some(crate::service::FollowEnd::FellBehind) => format!(
+            "disconnected: this reader fell {} events behind; reconnect with Last-Event-ID",
+            crate::service::FOLLOWER_QUEUE
+        ),
+        Some(crate::service::FollowEnd::FellBehindInBytes) => format!(
+            "disconnected: this reader fell {} KiB of events behind; reconnect with Last-Event-ID",
+            crate::service::FOLLOWER_QUEUE_BYTES / 1024
+        ),
+        Some(crate::service::FollowEnd::Expired) => {
+            "disconnected: the events after this stream's position were removed after the retention; read GET /events without a cursor".to_owned()
+        }
+        Some(crate::service::FollowEnd::ShuttingDown) | None => {
+            "disconnected: the server is shutting down; reconnect with Last-Event-ID".to_owned()
+        }
+    }
 }

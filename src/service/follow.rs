@@ -4,10 +4,12 @@
 //!
 //! - One task per instance ([`TransferService::signal_new_events`]) looks at the newest
 //!   event of each deployment a few times a second, and only while someone follows.
-//! - Each follower hands its events to a bounded queue ([`QUEUE`]). A consumer that lets
-//!   the queue fill is too slow: its follower stops ([`FollowEnd::FellBehind`]); the
-//!   consumer reconnects with its last event id and reads on from the feed, so nothing is
-//!   lost and the process never holds more than the queue for it.
+//! - Each follower hands its events to a queue bounded by count ([`QUEUE`]) and by bytes
+//!   ([`QUEUE_BYTES`], by [`Event::weight`]: a few multi-leg transfers weigh as much as
+//!   hundreds of openings). A consumer that lets the queue fill is too slow: its
+//!   follower stops ([`FollowEnd::FellBehind`]); the consumer reconnects with its last
+//!   event id and reads on from the feed, so nothing is lost and the process never holds
+//!   more than the queue for it.
 //! - At most `MAX_EVENT_STREAMS` followers at once, each holding a permit for its life.
 
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,12 @@ use crate::domain::{Event, EventType, FeedCursor};
 
 /// Events a follower may have waiting for its consumer; one more makes it too slow.
 pub const QUEUE: usize = 256;
+/// What the events waiting for a consumer may weigh ([`Event::weight`] and the cursor's),
+/// at most; one more that does not fit makes it too slow. 256 openings of accounts
+/// (some 1.3 KB each with its cursor) fit, so for most feeds the count binds first; 256
+/// multi-leg transfers of 16 legs would be some 2 MB, 64 of them fit. Held for each of
+/// up to `MAX_EVENT_STREAMS` followers: 128 MiB at most for the default 256.
+pub const QUEUE_BYTES: usize = 512 * 1024;
 /// Events a follower reads from the feed at a time.
 const PAGE: u32 = 100;
 /// How often the signal looks at the newest events while someone follows.
@@ -56,21 +64,44 @@ impl Followers {
 pub enum FollowEnd {
     /// Its consumer let [`QUEUE`] events wait: too slow to keep up.
     FellBehind,
+    /// Its consumer let events of [`QUEUE_BYTES`] wait (fewer than [`QUEUE`], but
+    /// large ones): too slow to keep up.
+    FellBehindInBytes,
     /// The events after its cursor were removed after the retention.
     Expired,
     /// The process is shutting down.
     ShuttingDown,
 }
 
-/// A live follower of the feed: its events, each with the cursor right after it.
+/// A live follower of the feed: its events, each with the cursor right after it
+/// ([`Follower::next`]).
 pub struct Follower {
-    pub events: mpsc::Receiver<(Event, FeedCursor)>,
+    events: mpsc::Receiver<(Event, FeedCursor)>,
+    /// What the events waiting in `events` may still weigh: the follower takes their
+    /// weight, [`Follower::next`] gives it back.
+    room: Arc<Semaphore>,
     /// Why it stopped, once it has (the queue then ends).
     pub ended: Arc<Mutex<Option<FollowEnd>>>,
     /// Held for the follower's life (`MAX_EVENT_STREAMS`).
     _permit: OwnedSemaphorePermit,
     /// Counts it in `event_streams_open` while it lives.
     _open: crate::metrics::OpenEventStream,
+}
+
+impl Follower {
+    /// The next event and the cursor right after it; `None` once the follower has stopped
+    /// ([`Follower::ended`] says why) and every event it queued was taken.
+    pub async fn next(&mut self) -> Option<(Event, FeedCursor)> {
+        let (event, cursor) = self.events.recv().await?;
+        self.room.add_permits(weight(&event, &cursor));
+        Some((event, cursor))
+    }
+}
+
+/// What an event and its cursor weigh in a follower's queue: never more than the whole
+/// queue, so that an event always fits in an empty one.
+fn weight(event: &Event, cursor: &FeedCursor) -> usize {
+    (event.weight() + cursor.weight()).min(QUEUE_BYTES)
 }
 
 impl TransferService {
@@ -100,16 +131,19 @@ impl TransferService {
         let first = self.events(after, PAGE, &types).await?;
         let (queue, events) = mpsc::channel(QUEUE);
         let ended = Arc::new(Mutex::new(None));
+        let room = Arc::new(Semaphore::new(QUEUE_BYTES));
         let run = Run {
             service: self.clone(),
             types,
             queue,
+            room: room.clone(),
             ended: ended.clone(),
             shutdown,
         };
         tokio::spawn(run.follow_from(first));
         Ok(Follower {
             events,
+            room,
             ended,
             _permit: permit,
             _open: crate::metrics::OpenEventStream::enter(),
@@ -172,6 +206,8 @@ struct Run {
     service: TransferService,
     types: Vec<EventType>,
     queue: mpsc::Sender<(Event, FeedCursor)>,
+    /// The queue's room in bytes, shared with the [`Follower`].
+    room: Arc<Semaphore>,
     ended: Arc<Mutex<Option<FollowEnd>>>,
     shutdown: CancellationToken,
 }
@@ -182,19 +218,33 @@ impl Run {
         let end = loop {
             let full = page.events.len() >= PAGE as usize;
             let next = page.next.clone();
-            let mut behind = false;
+            let mut behind = None;
             for (event, cursor) in page.events.into_iter().zip(page.cursors) {
+                let weight = weight(&event, &cursor);
+                // The weight is taken before the event is queued and given back once it is
+                // taken out, so the queue never weighs more than QUEUE_BYTES.
+                match u32::try_from(weight)
+                    .ok()
+                    .and_then(|w| self.room.try_acquire_many(w).ok())
+                {
+                    Some(taken) => taken.forget(),
+                    None => {
+                        behind = Some(FollowEnd::FellBehindInBytes);
+                        break;
+                    }
+                }
                 match self.queue.try_send((event, cursor)) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        behind = true;
+                        self.room.add_permits(weight);
+                        behind = Some(FollowEnd::FellBehind);
                         break;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
-            if behind {
-                break FollowEnd::FellBehind;
+            if let Some(end) = behind {
+                break end;
             }
             if !full {
                 tokio::select! {

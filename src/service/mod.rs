@@ -61,7 +61,10 @@ pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
 pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
 pub use events::FeedPage;
-pub use follow::{DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, QUEUE as FOLLOWER_QUEUE};
+pub use follow::{
+    DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, QUEUE as FOLLOWER_QUEUE,
+    QUEUE_BYTES as FOLLOWER_QUEUE_BYTES,
+};
 pub use holds::HoldConflict;
 use placement::Placements;
 pub use webhooks::{NewWebhook, UrlRefusal, WebhookSettings, allowed_addresses};

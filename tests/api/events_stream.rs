@@ -758,7 +758,7 @@ async fn read_resuming(
             match stream.next_frame_by(deadline).await {
                 Some(Frame::Event(event)) => events.push(event),
                 Some(Frame::Comment(c)) if c == "keep-alive" => {}
-                Some(Frame::Comment(c)) if c.starts_with(FELL_BEHIND) => {
+                Some(Frame::Comment(c)) if c.starts_with("disconnected: this reader fell") => {
                     assert!(
                         stream.next_frame_by(deadline).await.is_none(),
                         "{c}: the end"
@@ -876,36 +876,71 @@ async fn a_reader_that_falls_256_events_behind_is_disconnected_and_resumes_with_
     assert_eq!(resumed.event().await.id(), "account.opened:after");
 }
 
-/// Accounts inserted straight into the database, each an `account.opened` event of some
-/// 480 bytes on a stream: twice what a stream's connection held before a reader that
-/// reads nothing stopped taking them (the kernel's buffers on both sides, hyper's, and
-/// the follower's queue: some 6,000 events, 2.9 MB; see the test of a reader that falls
-/// behind).
-const FLOOD: usize = 12_000;
-
-/// Inserts [`FLOOD`] copies of the account `template` (opened already) into `database`.
-async fn flood(database: &mongodb::Database, template: &str) {
-    const BATCH: usize = 1_000;
-    let accounts = database.collection::<Document>("accounts");
-    let template = accounts
-        .find_one(doc! { "_id": template })
+/// A transfer of 16 legs between 64-character account ids, made through the service at
+/// `base`: its `transfer.done` event is some 3 KB of JSON on a stream. Its stored
+/// document, to be copied.
+async fn large_transfer(
+    http: &reqwest::Client,
+    base: &str,
+    database: &mongodb::Database,
+) -> Document {
+    let name = |i: usize| format!("{i:x>64}");
+    for (i, balance) in (0..16).map(|i| (i, 0)).chain([(99, 1_000_000)]) {
+        let opened = http
+            .post(format!("{base}/accounts"))
+            .json(&json!({ "id": name(i), "balance": balance }))
+            .send()
+            .await
+            .expect("open an account");
+        assert_eq!(opened.status(), 201);
+    }
+    let legs: Vec<Value> = (0..16)
+        .map(|i| json!({ "source": name(99), "destination": name(i), "amount": 1 }))
+        .collect();
+    let response = http
+        .post(format!("{base}/transfers"))
+        .json(&json!({ "legs": legs }))
+        .send()
+        .await
+        .expect("the transfer");
+    assert_eq!(response.status(), 201);
+    let transfer: Value = response.json().await.unwrap();
+    let id = mongodb::bson::oid::ObjectId::parse_str(transfer["id"].as_str().unwrap()).unwrap();
+    let mut template = database
+        .collection::<Document>("transactions")
+        .find_one(doc! { "_id": id })
         .await
         .unwrap()
-        .expect("the account opened");
-    for batch in 0..FLOOD / BATCH {
-        let docs: Vec<Document> = (0..BATCH)
-            .map(|i| {
-                let mut account = template.clone();
-                account.insert("_id", format!("flood-{:05}", batch * BATCH + i));
-                account
-            })
-            .collect();
-        accounts
-            .insert_many(docs)
+        .expect("the transfer logged");
+    for field in ["idempotencyKey", "requestHash"] {
+        template.remove(field);
+    }
+    template
+}
+
+/// Inserts `n` copies of the transfer `template` (each its own id) into `database`: a
+/// `transfer.done` event each.
+async fn flood(database: &mongodb::Database, template: &Document, n: usize) {
+    let transactions = database.collection::<Document>("transactions");
+    let docs: Vec<Document> = (0..n)
+        .map(|_| {
+            let mut copy = template.clone();
+            copy.insert("_id", mongodb::bson::oid::ObjectId::new());
+            copy
+        })
+        .collect();
+    for batch in docs.chunks(500) {
+        transactions
+            .insert_many(batch.to_vec())
             .await
-            .expect("insert the accounts");
+            .expect("insert the transfers");
     }
 }
+
+/// Copies of [`large_transfer`] that fill the buffers of a reader that reads nothing: some
+/// 6 MB of stream, twice what the connection's buffers and the follower's queue took
+/// before its writes waited (see the test of a reader that falls 256 events behind).
+const FILLS_A_READER: usize = 2_000;
 
 /// A reader of the stream at `base` that reads the answer's head and then nothing, with
 /// a small receive buffer: once the events sent to it fill the kernel's buffers, the
@@ -927,20 +962,16 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
     /// feed is settled (it is done by then as a rule), with room for a loaded machine.
     const SERVED_WITHIN: Duration = Duration::from_secs(60);
     let app = spawn_app_with(|s| s.max_event_streams = 3).await;
-    open(&app, "template", 0).await;
+    let template = large_transfer(&app.http, &app.address, app.store.database()).await;
     let mut stalled = Vec::new();
     for _ in 0..3 {
         stalled.push(stalled_reader(&app.address).await);
     }
     assert_problem(connect(&app, "", None, None).await, 503, "too_many_streams").await;
 
-    flood(app.store.database(), "template").await;
-    let feed = settle_within(&app, "barrier", Duration::from_secs(30)).await;
-    assert_eq!(
-        feed.len(),
-        FLOOD + 2,
-        "the template, the accounts, the barrier"
-    );
+    flood(app.store.database(), &template, FILLS_A_READER).await;
+    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
+    assert_eq!(feed.len(), 17 + 1 + FILLS_A_READER + 1);
 
     let started = Instant::now();
     let mut stream = eventually(
@@ -977,7 +1008,7 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
         assert!(closed.is_ok(), "a stalled reader's connection is closed");
     }
     // The new stream reads the feed from its start.
-    assert_eq!(stream.event().await.id(), "account.opened:template");
+    assert_eq!(stream.event().await.id(), event_id(&feed[0]));
 }
 
 /// SIGTERM ends the process within a bounded time even with readers that stopped reading
@@ -994,21 +1025,15 @@ async fn sigterm_ends_the_process_within_a_bound_even_with_readers_that_stopped_
     let config = InstanceConfig::new(support::service_binary!(), &uri, &database, "stopping");
     let mut instance = Instance::start(&config).await;
     let http = reqwest::Client::new();
-    let opened = http
-        .post(instance.url("/accounts"))
-        .json(&json!({ "id": "template", "balance": 0 }))
-        .send()
+    let store = transfer_service::store::Store::connect(&uri, &database)
         .await
-        .unwrap();
-    assert_eq!(opened.status(), 201);
+        .expect("connect");
+    let template = large_transfer(&http, &instance.base, store.database()).await;
     let mut stalled = Vec::new();
     for _ in 0..3 {
         stalled.push(stalled_reader(&instance.base).await);
     }
-    let store = transfer_service::store::Store::connect(&uri, &database)
-        .await
-        .expect("connect");
-    flood(store.database(), "template").await;
+    flood(store.database(), &template, FILLS_A_READER).await;
     let opened = http
         .post(instance.url("/accounts"))
         .json(&json!({ "id": "barrier", "balance": 0 }))
@@ -1019,7 +1044,7 @@ async fn sigterm_ends_the_process_within_a_bound_even_with_readers_that_stopped_
     // Every event recorded (the followers send each within 100 ms of its recording, so
     // the readers' buffers are full by then).
     let mut query = "?limit=1000".to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let page: Value = http
             .get(instance.url(&format!("/events{query}")))
@@ -1052,6 +1077,53 @@ async fn sigterm_ends_the_process_within_a_bound_even_with_readers_that_stopped_
     eprintln!("exited {:?} after SIGTERM: {status}", signalled.elapsed());
     assert!(status.success(), "{status}");
     drop(stalled);
+}
+
+/// A follower's queue is bounded by bytes too: with events each some 3 KB of JSON (a
+/// transfer of 16 legs between 64-character account ids), a reader that does not read is
+/// disconnected once 512 KiB of them wait, fewer than 256, with a final comment saying so,
+/// and resumes from its last id with exactly the rest.
+#[tokio::test]
+async fn a_reader_that_falls_512_kib_of_large_events_behind_is_disconnected_and_resumes() {
+    const FELL_BEHIND_IN_BYTES: &str = "disconnected: this reader fell 512 KiB of events behind";
+    let app = spawn_app().await;
+    let template = large_transfer(&app.http, &app.address, app.store.database()).await;
+    let mut slow = raw_request(&app, "/events/stream", Some(4096), true).await;
+    let (head, mut raw) = read_head(&mut slow).await;
+    assert_stream_head(&head);
+    flood(app.store.database(), &template, FILLS_A_READER).await;
+    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
+    assert_eq!(feed.len(), 17 + 1 + FILLS_A_READER + 1);
+
+    raw.extend(read_until_closed(&mut slow, Duration::from_secs(10)).await);
+    let (body, complete) = dechunk(&raw);
+    assert!(complete, "the body ends with its last chunk");
+    assert_eq!(
+        last_line(&body),
+        format!(": {FELL_BEHIND_IN_BYTES}; reconnect with Last-Event-ID"),
+        "the last line says why"
+    );
+    let (frames, _) = parse_frames(&body);
+    let got: Vec<StreamEvent> = frames
+        .iter()
+        .filter_map(|f| match f {
+            Frame::Event(e) => Some(e.clone()),
+            Frame::Comment(_) => None,
+        })
+        .collect();
+    assert!(got.len() < feed.len(), "{} of {}", got.len(), feed.len());
+    assert_eq!(
+        stream_data(&got),
+        feed[..got.len()],
+        "what it got, in order"
+    );
+    let resumed_from = got.last().expect("some events").cursor.clone();
+    let (rest, _, reconnections) = read_resuming(&app, &resumed_from, feed.len() - got.len()).await;
+    assert_eq!(
+        stream_ids(&rest),
+        ids(&feed[got.len()..]),
+        "resumed ({reconnections} reconnections): the events it missed, none twice"
+    );
 }
 
 #[tokio::test]
