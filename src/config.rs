@@ -122,6 +122,12 @@ pub struct Args {
     #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value = "75000", value_parser = millis())]
     pub http_idle_timeout_ms: u64,
 
+    /// Milliseconds a write to a client may wait for its socket to take any of it: a
+    /// client that stops reading (an event stream's, above all) is then closed, and gives
+    /// its places back (see `http/connections.rs`).
+    #[arg(long, env = "HTTP_WRITE_TIMEOUT_MS", default_value = "20000", value_parser = millis())]
+    pub http_write_timeout_ms: u64,
+
     /// Milliseconds start-up waits for the deployments to answer and be migrated. If none
     /// did by then, the process exits (non-zero). With several, once one is migrated the
     /// others are waited for 5 s more; then it serves those migrated and keeps migrating
@@ -319,6 +325,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// How long a connection may be idle before the headers of its next request.
     pub http_idle_timeout: Duration,
+    /// How long a write to a client may wait for its socket.
+    pub http_write_timeout: Duration,
     /// How long start-up waits for the deployments (see `startup`).
     pub startup_patience: Duration,
     /// How long a hold lasts when its request does not say.
@@ -722,6 +730,7 @@ impl Settings {
             admission_wait: Duration::from_millis(args.admission_wait_ms),
             max_connections: args.max_connections,
             http_idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
+            http_write_timeout: Duration::from_millis(args.http_write_timeout_ms),
             startup_patience: Duration::from_millis(args.startup_patience_ms),
             hold_expires: Duration::from_millis(args.hold_expires_ms),
             event_retention: Duration::from_millis(args.event_retention_ms),
@@ -782,6 +791,7 @@ mod tests {
         assert_eq!(s.admission_wait, Duration::from_millis(1000));
         assert_eq!(s.max_connections, 1024);
         assert_eq!(s.http_idle_timeout, Duration::from_millis(75_000));
+        assert_eq!(s.http_write_timeout, Duration::from_millis(20_000));
         assert_eq!(s.startup_patience, Duration::from_secs(60));
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
     }

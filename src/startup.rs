@@ -270,10 +270,7 @@ impl Application {
             }),
             shutdown.clone(),
         ));
-        let limits = http::connections::Limits {
-            places: self.places,
-            idle_timeout: self.settings.http_idle_timeout,
-        };
+        let limits = http::connections::Limits::new(self.places, &self.settings);
         http::connections::serve(self.listener, app, limits, shutdown.clone()).await?;
         let background = self.service.background_tasks();
         background.close();

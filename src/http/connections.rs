@@ -17,7 +17,7 @@
 //! - a connection must send each request's headers within `idle_timeout` of being
 //!   opened or answered: a quiet keep-alive connection is closed and gives its place
 //!   back, so clients that go quiet cannot lock the others out.
-//! - a write to the client must be taken by the socket within [`WRITE_STALL_LIMIT`]
+//! - a write to the client must be taken by the socket within `write_timeout`
 //!   ([`super::write_limit`]): a client that stops reading (an event stream's, above all)
 //!   is closed, and gives its place and its response's (a stream's) back.
 //! - at shutdown, connections still open [`CLOSE_WITHIN`] after it began (a response
@@ -58,16 +58,6 @@ const REFUSAL_READ_TIMEOUT: Duration = Duration::from_secs(1);
 pub const REFUSED_ROUTE: &str = "(beyond MAX_CONNECTIONS)";
 /// How long answering a refused connection may take in all.
 const REFUSAL_TIME_LIMIT: Duration = Duration::from_secs(2);
-/// How long a write may wait for the client's socket to take any of it before the
-/// connection is closed. A reader that has taken nothing for this long, with the
-/// kernel's buffers on both sides full (a few MB on a fast path), has stopped reading; a
-/// slow one takes something now and then, which starts the wait afresh. Above the 15 s
-/// of an event stream's keep-alive, so that a proxy that forwards in bursts is not cut,
-/// and well under the minute that nginx gives (`send_timeout`), since a stalled event
-/// stream holds one of `MAX_EVENT_STREAMS` places meanwhile. A constant: nothing in a
-/// deployment calls for another value, and a stream cut so resumes with
-/// `Last-Event-ID`.
-pub const WRITE_STALL_LIMIT: Duration = Duration::from_secs(20);
 /// How long a shutdown lets the connections finish what they are answering before it
 /// closes them. A request takes milliseconds and an event stream ends at once with its
 /// final comment, so only a client that does not read is still open after it; well
@@ -83,6 +73,28 @@ pub struct Limits {
     /// Longest wait for a request's headers, from the connection's opening or its
     /// previous answer.
     pub idle_timeout: Duration,
+    /// Longest wait of a write for the client's socket to take any of it
+    /// (`HTTP_WRITE_TIMEOUT_MS`, 20 s by default). The kernel lets a write in again once
+    /// about half of the socket's send buffer has drained, so a client is closed once it
+    /// has taken less than that for this long (on a fast path the buffer holds a few
+    /// MB): it has stopped reading, or reads so slowly that an event stream could only
+    /// fall further behind (it resumes with `Last-Event-ID`). Above the 15 s of an event
+    /// stream's keep-alive, so that a proxy that forwards in bursts is not cut, and under
+    /// the minute that nginx gives (`send_timeout`), since a stalled stream holds one of
+    /// `MAX_EVENT_STREAMS` places meanwhile. A setting, because what a client or a proxy
+    /// in front may need varies, and tests need both ends.
+    pub write_timeout: Duration,
+}
+
+impl Limits {
+    /// The bounds `settings` give, with the connection places `places` (from [`places`]).
+    pub fn new(places: Arc<Semaphore>, settings: &crate::config::Settings) -> Limits {
+        Limits {
+            places,
+            idle_timeout: settings.http_idle_timeout,
+            write_timeout: settings.http_write_timeout,
+        }
+    }
 }
 
 /// The places of `max_connections` connections: one permit each, held while a
@@ -123,7 +135,7 @@ pub async fn serve(
         match places.clone().try_acquire_owned() {
             Ok(place) => {
                 let service = TowerToHyperService::new(app.clone());
-                let io = TokioIo::new(WriteLimited::new(stream, WRITE_STALL_LIMIT));
+                let io = TokioIo::new(WriteLimited::new(stream, limits.write_timeout));
                 let connection = graceful.watch(http.serve_connection(io, service));
                 let closing = closing.clone();
                 connections.spawn(async move {

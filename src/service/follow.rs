@@ -7,9 +7,10 @@
 //! - Each follower hands its events to a queue bounded by count ([`QUEUE`]) and by bytes
 //!   ([`QUEUE_BYTES`], by [`Event::weight`]: a few multi-leg transfers weigh as much as
 //!   hundreds of openings). A consumer that lets the queue fill is too slow: its
-//!   follower stops ([`FollowEnd::FellBehind`]); the consumer reconnects with its last
-//!   event id and reads on from the feed, so nothing is lost and the process never holds
-//!   more than the queue for it.
+//!   follower stops ([`FollowEnd::FellBehind`]; full in bytes, once the consumer has
+//!   taken nothing for [`ROOM_WAIT`], since one page of large events may outweigh the
+//!   queue); the consumer reconnects with its last event id and reads on from the feed,
+//!   so nothing is lost and the process never holds more than the queue for it.
 //! - At most `MAX_EVENT_STREAMS` followers at once, each holding a permit for its life.
 
 use std::sync::{Arc, Mutex};
@@ -24,11 +25,17 @@ use crate::domain::{Event, EventType, FeedCursor};
 /// Events a follower may have waiting for its consumer; one more makes it too slow.
 pub const QUEUE: usize = 256;
 /// What the events waiting for a consumer may weigh ([`Event::weight`] and the cursor's),
-/// at most; one more that does not fit makes it too slow. 256 openings of accounts
+/// at most; one more that does not fit waits for room ([`ROOM_WAIT`]). 256 openings of
+/// accounts
 /// (some 1.3 KB each with its cursor) fit, so for most feeds the count binds first; 256
 /// multi-leg transfers of 16 legs would be some 2 MB, 64 of them fit. Held for each of
 /// up to `MAX_EVENT_STREAMS` followers: 128 MiB at most for the default 256.
 pub const QUEUE_BYTES: usize = 512 * 1024;
+/// How long an event that does not fit in the queue's bytes waits for the consumer to
+/// take some before the follower stops: a page of 100 large events (8 KB each) outweighs
+/// the queue, so a consumer that keeps reading is paced rather than cut off, and only one
+/// that takes nothing for this long (a stalled connection) is too slow.
+pub const ROOM_WAIT: Duration = Duration::from_secs(5);
 /// Events a follower reads from the feed at a time.
 const PAGE: u32 = 100;
 /// How often the signal looks at the newest events while someone follows.
@@ -65,7 +72,7 @@ pub enum FollowEnd {
     /// Its consumer let [`QUEUE`] events wait: too slow to keep up.
     FellBehind,
     /// Its consumer let events of [`QUEUE_BYTES`] wait (fewer than [`QUEUE`], but
-    /// large ones): too slow to keep up.
+    /// large ones) and took none of them for [`ROOM_WAIT`]: too slow to keep up.
     FellBehindInBytes,
     /// The events after its cursor were removed after the retention.
     Expired,
@@ -201,6 +208,16 @@ impl TransferService {
     }
 }
 
+/// Whether an event found room in the queue's bytes.
+enum Room {
+    Taken,
+    /// The consumer took nothing for [`ROOM_WAIT`].
+    TooSlow,
+    /// The consumer is gone.
+    Gone,
+    ShuttingDown,
+}
+
 /// One follower's task.
 struct Run {
     service: TransferService,
@@ -218,32 +235,34 @@ impl Run {
         let end = loop {
             let full = page.events.len() >= PAGE as usize;
             let next = page.next.clone();
-            let mut behind = None;
+            let mut stopped = None;
             for (event, cursor) in page.events.into_iter().zip(page.cursors) {
-                let weight = weight(&event, &cursor);
                 // The weight is taken before the event is queued and given back once it is
                 // taken out, so the queue never weighs more than QUEUE_BYTES.
-                match u32::try_from(weight)
-                    .ok()
-                    .and_then(|w| self.room.try_acquire_many(w).ok())
-                {
-                    Some(taken) => taken.forget(),
-                    None => {
-                        behind = Some(FollowEnd::FellBehindInBytes);
+                let weight = weight(&event, &cursor);
+                match self.take_room(weight).await {
+                    Room::Taken => {}
+                    Room::TooSlow => {
+                        stopped = Some(FollowEnd::FellBehindInBytes);
                         break;
                     }
+                    Room::ShuttingDown => {
+                        stopped = Some(FollowEnd::ShuttingDown);
+                        break;
+                    }
+                    Room::Gone => return,
                 }
                 match self.queue.try_send((event, cursor)) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         self.room.add_permits(weight);
-                        behind = Some(FollowEnd::FellBehind);
+                        stopped = Some(FollowEnd::FellBehind);
                         break;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
-            if let Some(end) = behind {
+            if let Some(end) = stopped {
                 break end;
             }
             if !full {
@@ -280,6 +299,28 @@ impl Run {
             };
         };
         self.stop(end);
+    }
+
+    /// Takes `weight` bytes of the queue's room for an event, waiting for the consumer to
+    /// take some for [`ROOM_WAIT`] at most.
+    async fn take_room(&self, weight: usize) -> Room {
+        // A weight is at most QUEUE_BYTES (512 KiB), which a u32 holds.
+        let weight = u32::try_from(weight).unwrap_or(u32::MAX);
+        if let Ok(taken) = self.room.try_acquire_many(weight) {
+            taken.forget();
+            return Room::Taken;
+        }
+        tokio::select! {
+            taken = tokio::time::timeout(ROOM_WAIT, self.room.acquire_many(weight)) => match taken {
+                Ok(Ok(taken)) => {
+                    taken.forget();
+                    Room::Taken
+                }
+                Ok(Err(_)) | Err(_) => Room::TooSlow,
+            },
+            () = self.queue.closed() => Room::Gone,
+            () = self.shutdown.cancelled() => Room::ShuttingDown,
+        }
     }
 
     /// Says why the follower stopped; dropping the queue's sender then ends its events.

@@ -250,8 +250,8 @@ async fn open_stream(app: &TestApp, query: &str, last_event_id: Option<&str>) ->
 // connection itself close.
 
 /// Opens a TCP connection to the app (with this receive buffer when given: set before
-/// connecting, so that the window the client offers stays that small) and sends
-/// `GET path` on it, with `Connection: close` when `close`.
+/// connecting, so that the window the client offers stays that small, and then with
+/// [`SMALL_SEGMENT`]) and sends `GET path` on it, with `Connection: close` when `close`.
 async fn raw_request(
     app: &TestApp,
     path: &str,
@@ -275,6 +275,7 @@ async fn raw_request_to(
     let socket = TcpSocket::new_v4().expect("a socket");
     if let Some(size) = recv_buffer {
         socket.set_recv_buffer_size(size).expect("SO_RCVBUF");
+        small_segments(&socket);
     }
     let mut stream = socket.connect(addr).await.expect("connect");
     let connection = if close { "Connection: close\r\n" } else { "" };
@@ -286,6 +287,31 @@ async fn raw_request_to(
         .await
         .expect("send the request");
     stream
+}
+
+/// The segment size a reader with a small receive buffer announces (TCP_MAXSEG, before
+/// connecting). The kernel sizes the server's send buffer from the segment size (on the
+/// loopback, 65,483 bytes a segment): with it, a reader that reads nothing held some
+/// 240 KB of events in the buffers and the queue before the server's writes waited,
+/// against 2.9 MB without it (measured: 524 against 6,247 openings), so that a test
+/// fills them with a twelfth of the events.
+const SMALL_SEGMENT: i32 = 536;
+
+/// Sets [`SMALL_SEGMENT`] on `socket`.
+fn small_segments(socket: &TcpSocket) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt(2) on a socket this function borrows, with a pointer to an i32
+    // that lives across the call and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&SMALL_SEGMENT as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
 }
 
 /// Reads the response's head, a little at a time; the head and what came after it.
@@ -782,12 +808,13 @@ async fn read_resuming(
 #[tokio::test]
 async fn a_reader_that_falls_256_events_behind_is_disconnected_and_resumes_with_exactly_the_rest() {
     /// Accounts inserted straight into the database, each an `account.opened` event:
-    /// twice what the connection's buffers and the queue held when this test was written
-    /// (the server's send buffer grows with the kernel's autotuning: the reader got some
-    /// 6,000 events, 2.9 MB, before the end).
-    const INSERTED: usize = 12_000;
+    /// some six times what the connection's buffers and the queue held (524 events with
+    /// the reader's small segments, see [`SMALL_SEGMENT`]; 6,000 without them).
+    const INSERTED: usize = 3_000;
     const BATCH: usize = 1_000;
-    let app = spawn_app().await;
+    // A reader that reads nothing until the end: the server's limit on a write that waits
+    // (HTTP_WRITE_TIMEOUT_MS, which would close it) set well beyond what the test takes.
+    let app = spawn_app_with(|s| s.http_write_timeout = Duration::from_secs(600)).await;
     open(&app, "template", 0).await;
     let accounts = app.store.database().collection::<Document>("accounts");
     let template = accounts
@@ -815,7 +842,7 @@ async fn a_reader_that_falls_256_events_behind_is_disconnected_and_resumes_with_
             .expect("insert the accounts");
     }
     // The recorder records a few thousand events a second.
-    let feed = settle_within(&app, "barrier", Duration::from_secs(30)).await;
+    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
     assert_eq!(
         feed.len(),
         INSERTED + 2,
@@ -937,10 +964,11 @@ async fn flood(database: &mongodb::Database, template: &Document, n: usize) {
     }
 }
 
-/// Copies of [`large_transfer`] that fill the buffers of a reader that reads nothing: some
-/// 6 MB of stream, twice what the connection's buffers and the follower's queue took
-/// before its writes waited (see the test of a reader that falls 256 events behind).
-const FILLS_A_READER: usize = 2_000;
+/// Copies of [`large_transfer`] that fill the buffers of a reader that reads nothing, with
+/// a small receive buffer and small segments: some 1.8 MB of stream, three times what
+/// the connection's buffers (some 240 KB) and the follower's queue (512 KiB) take before
+/// its writes wait.
+const FILLS_A_READER: usize = 600;
 
 /// A reader of the stream at `base` that reads the answer's head and then nothing, with
 /// a small receive buffer: once the events sent to it fill the kernel's buffers, the
@@ -953,15 +981,19 @@ async fn stalled_reader(base: &str) -> TcpStream {
 }
 
 /// Readers that stop reading hold their stream's place only until a write to them has
-/// waited the server's limit (20 s, `WRITE_STALL_LIMIT`): then their connections are
-/// closed, and new streams are served. Before, they held their places for ever and every
-/// new stream was refused 503.
+/// waited the server's limit (`HTTP_WRITE_TIMEOUT_MS`, 3 s here): then their connections
+/// are closed, and new streams are served. Before, they held their places for ever and
+/// every new stream was refused 503.
 #[tokio::test]
 async fn readers_that_stop_reading_give_their_stream_places_back() {
-    /// The server's limit (20 s) and what filling the readers' buffers takes after the
-    /// feed is settled (it is done by then as a rule), with room for a loaded machine.
+    /// The server's limit and what filling the readers' buffers takes after the feed is
+    /// settled (it is done by then as a rule), with room for a loaded machine.
     const SERVED_WITHIN: Duration = Duration::from_secs(60);
-    let app = spawn_app_with(|s| s.max_event_streams = 3).await;
+    let app = spawn_app_with(|s| {
+        s.max_event_streams = 3;
+        s.http_write_timeout = Duration::from_secs(3);
+    })
+    .await;
     let template = large_transfer(&app.http, &app.address, app.store.database()).await;
     let mut stalled = Vec::new();
     for _ in 0..3 {
@@ -1013,12 +1045,14 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
 
 /// SIGTERM ends the process within a bounded time even with readers that stopped reading
 /// (the shutdown's grace is 5 s, `CLOSE_WITHIN`, then open connections are closed):
-/// before, it waited for them for ever. A real process, signalled.
+/// before, it waited for them for ever. A real process, signalled, with the default
+/// settings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_the_process_within_a_bound_even_with_readers_that_stopped_reading() {
     use support::process::{Instance, InstanceConfig};
     /// The grace, the 10 s limit of the background transfers (none here) and slack; the
-    /// write limit (20 s) is above it, so the grace is what ends the stalled readers.
+    /// write limit (20 s by default) is above it, so the grace is what ends the stalled
+    /// readers.
     const EXITS_WITHIN: Duration = Duration::from_secs(15);
     let uri = support::database_uri();
     let database = support::fresh_database_name();
@@ -1079,14 +1113,29 @@ async fn sigterm_ends_the_process_within_a_bound_even_with_readers_that_stopped_
     drop(stalled);
 }
 
+/// A page of large events outweighs the queue's bytes: a reader that keeps reading is
+/// paced by it, never disconnected, and gets every event once, in the feed's order.
+#[tokio::test]
+async fn a_reader_that_keeps_reading_large_events_is_never_disconnected() {
+    const N: usize = 600;
+    let app = spawn_app().await;
+    let template = large_transfer(&app.http, &app.address, app.store.database()).await;
+    let mut stream = open_stream(&app, "", None).await;
+    flood(app.store.database(), &template, N).await;
+    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
+    let got = stream.events(feed.len(), Duration::from_secs(60)).await;
+    assert_eq!(stream_ids(&got), ids(&feed), "every event once, in order");
+}
+
 /// A follower's queue is bounded by bytes too: with events each some 3 KB of JSON (a
 /// transfer of 16 legs between 64-character account ids), a reader that does not read is
-/// disconnected once 512 KiB of them wait, fewer than 256, with a final comment saying so,
-/// and resumes from its last id with exactly the rest.
+/// disconnected once 512 KiB of them have waited 5 s, fewer than 256, with a final
+/// comment saying so, and resumes from its last id with exactly the rest.
 #[tokio::test]
 async fn a_reader_that_falls_512_kib_of_large_events_behind_is_disconnected_and_resumes() {
     const FELL_BEHIND_IN_BYTES: &str = "disconnected: this reader fell 512 KiB of events behind";
-    let app = spawn_app().await;
+    // A reader that reads nothing until the end (see the test of 256 events).
+    let app = spawn_app_with(|s| s.http_write_timeout = Duration::from_secs(600)).await;
     let template = large_transfer(&app.http, &app.address, app.store.database()).await;
     let mut slow = raw_request(&app, "/events/stream", Some(4096), true).await;
     let (head, mut raw) = read_head(&mut slow).await;
@@ -1094,6 +1143,10 @@ async fn a_reader_that_falls_512_kib_of_large_events_behind_is_disconnected_and_
     flood(app.store.database(), &template, FILLS_A_READER).await;
     let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
     assert_eq!(feed.len(), 17 + 1 + FILLS_A_READER + 1);
+    // The follower waits 5 s for room in its queue's bytes before it stops (a consumer
+    // that keeps reading is paced, not cut): the reader takes nothing for longer. The
+    // follower has read the last events within 2 s of their recording.
+    tokio::time::sleep(Duration::from_secs(10)).await;
 
     raw.extend(read_until_closed(&mut slow, Duration::from_secs(10)).await);
     let (body, complete) = dechunk(&raw);

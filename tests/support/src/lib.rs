@@ -297,6 +297,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         admission_wait: transfer_service::service::DEFAULT_ADMISSION_WAIT,
         max_connections: 1024,
         http_idle_timeout: Duration::from_secs(75),
+        http_write_timeout: Duration::from_secs(20),
         startup_patience: Duration::from_secs(60),
         hold_expires: transfer_service::service::DEFAULT_HOLD_EXPIRY,
         event_retention: transfer_service::recorder::DEFAULT_RETENTION,
