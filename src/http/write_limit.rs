@@ -10,7 +10,9 @@
 //! connection's task ends and drops the response, and with it everything it held.
 //!
 //! Only a write that waits counts: an idle connection (nothing to send) is not stalled,
-//! and a slow reader that takes a little at a time starts the wait afresh each time.
+//! and each time the socket takes something the wait starts afresh. A TCP socket takes
+//! more only once about half of its send buffer has drained, so a reader that takes less
+//! than that within the limit is closed too.
 
 use std::io;
 use std::pin::Pin;
