@@ -60,6 +60,8 @@ pub enum ServiceError {
     WebhookUrlNotAllowed(super::UrlRefusal),
     #[error("webhook {0} does not exist")]
     WebhookNotFound(String),
+    #[error("api key {0} does not exist")]
+    ApiKeyNotFound(String),
     #[error("delivery {0} does not exist")]
     DeliveryNotFound(String),
     /// Only a failed delivery is retried by hand; this one is in this state.
