@@ -21,13 +21,14 @@ pub(super) struct Route {
     pub(super) tenants: Tenants,
 }
 
-/// `place` of `account`, if `scope` sees the account; an account it does not see is
-/// refused as one that does not exist.
-fn seen(scope: &Scope, account: &AccountId, place: Placement) -> ServiceResult<Placement> {
-    if scope.sees_account(place.tenant.as_ref()) {
-        Ok(place)
-    } else {
-        Err(ServiceError::AccountNotFound(account.to_string()))
+/// `place` of `account` (`None`: it exists nowhere), if `scope` sees the account; an
+/// account it does not see is refused exactly as one that does not exist. Judged only
+/// once every account of a request was looked up, in the request's order, so that which
+/// account a refusal names does not depend on whether another tenant's account exists.
+fn seen(scope: &Scope, account: &AccountId, place: Option<Placement>) -> ServiceResult<Placement> {
+    match place {
+        Some(place) if scope.sees_account(place.tenant.as_ref()) => Ok(place),
+        _ => Err(ServiceError::AccountNotFound(account.to_string())),
     }
 }
 
@@ -102,11 +103,11 @@ impl TransferService {
         if new.source == new.destination {
             return Err(ServiceError::SameAccount);
         }
-        let (source, destination) = match (
+        let [source, destination] = match (
             self.placements.get(&new.source),
             self.placements.get(&new.destination),
         ) {
-            (Some(s), Some(d)) => (s, d),
+            (Some(s), Some(d)) => [Some(s), Some(d)],
             _ => self.locate(new).await?,
         };
         let source = seen(&new.scope, &new.source, source)?;
@@ -162,9 +163,10 @@ impl TransferService {
         Ok((route, legs.clone().placed(place_of)))
     }
 
-    /// The places of `accounts`, in their order: remembered, or found two at a time
-    /// (concurrently, with concurrent transfers' accounts), then remembered.
-    async fn place_all(&self, accounts: &[&AccountId]) -> ServiceResult<Vec<Placement>> {
+    /// The places of `accounts`, in their order (`None` for one that exists nowhere):
+    /// remembered, or found two at a time (concurrently, with concurrent transfers'
+    /// accounts), then remembered.
+    async fn place_all(&self, accounts: &[&AccountId]) -> ServiceResult<Vec<Option<Placement>>> {
         let mut places: Vec<Option<Placement>> =
             accounts.iter().map(|a| self.placements.get(a)).collect();
         let unknown: Vec<&AccountId> = accounts
@@ -180,32 +182,29 @@ impl TransferService {
         .await?;
         for (pair, found) in found {
             for (account, place) in pair.into_iter().zip(found) {
-                let place =
-                    place.ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))?;
+                let Some(place) = place else { continue };
                 self.placements.remember([(account.clone(), place.clone())]);
                 if let Some(i) = accounts.iter().position(|a| *a == account) {
                     places[i] = Some(place);
                 }
             }
         }
-        Ok(places.into_iter().flatten().collect())
+        Ok(places)
     }
 
     /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
-    /// deployment) and remembers where they are.
-    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placement, Placement)> {
-        let [source, destination] = self
+    /// deployment; `None` for one that exists nowhere) and remembers where they are.
+    async fn locate(&self, new: &NewTransfer) -> ServiceResult<[Option<Placement>; 2]> {
+        let found = self
             .deployments
             .locate([&new.source, &new.destination])
             .await?;
-        let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
-        let destination = destination
-            .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
-        self.placements.remember([
-            (new.source.clone(), source.clone()),
-            (new.destination.clone(), destination.clone()),
-        ]);
-        Ok((source, destination))
+        for (account, place) in [&new.source, &new.destination].into_iter().zip(&found) {
+            if let Some(place) = place {
+                self.placements.remember([(account.clone(), place.clone())]);
+            }
+        }
+        Ok(found)
     }
 }
 

@@ -763,3 +763,35 @@ async fn a_tenants_live_stream_carries_only_its_own_events() {
     expected.insert(format!("transfer.done:{}", across["id"].as_str().unwrap()));
     assert_eq!(ids, expected);
 }
+
+/// A probe cannot tell another tenant's account from one nobody has: with a second
+/// account nobody has beside it, the refusal names the same place in the request either
+/// way (the first unknown one), for a transfer and for legs.
+#[tokio::test]
+async fn a_refusal_names_the_same_account_whether_another_tenants_account_exists_or_not() {
+    let w = world().await;
+    let app = &w.platform.app;
+    let (_, acme) = &w.tenants[0];
+    let named = |problem: Value| problem["account"].as_str().unwrap().to_owned();
+    for probe in ["bolt-a", "nobody-1"] {
+        let body = json!({ "source": probe, "destination": "nobody-2", "amount": 1 });
+        let problem = assert_problem(
+            call(app, acme, Method::POST, "/transfers", Some(body)).await,
+            422,
+            "unknown_account",
+        )
+        .await;
+        assert_eq!(named(problem), probe, "a transfer from {probe}");
+        let legs = json!({ "legs": [
+            { "source": "acme-a", "destination": probe, "amount": 1 },
+            { "source": "acme-a", "destination": "nobody-3", "amount": 1 },
+        ]});
+        let problem = assert_problem(
+            call(app, acme, Method::POST, "/transfers", Some(legs)).await,
+            422,
+            "unknown_account",
+        )
+        .await;
+        assert_eq!(named(problem), probe, "legs paying {probe}");
+    }
+}
