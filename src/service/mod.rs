@@ -63,6 +63,7 @@ pub use error::{ServiceError, ServiceResult};
 pub use events::FeedPage;
 pub use follow::{DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, QUEUE as FOLLOWER_QUEUE};
 pub use holds::HoldConflict;
+pub use ledger::FINAL_AFTER;
 use placement::Placements;
 pub use webhooks::{NewWebhook, UrlRefusal, WebhookSettings, allowed_addresses};
 

@@ -44,7 +44,7 @@ use tokio::sync::Semaphore;
 use super::documents::transfer_id;
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult};
-use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Timestamp};
+use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Finality, Timestamp};
 
 /// The field of an account document that holds its entries not moved yet.
 pub(super) const RECENT: &str = "recentEntries";
@@ -401,6 +401,7 @@ impl Store {
             at,
             seq: e.map_or(0, |e| e.seq),
             amounts: e.map(|e| e.after).unwrap_or_default(),
+            finality: Finality::Provisional,
         };
         // `at` never goes back along an account's entries: the last at or before the
         // moment is the last of all when that one is, and in the document when the
@@ -449,6 +450,7 @@ impl Store {
             at: head.last_at.map_or(now, |last| last.max(now)),
             seq: head.seq,
             amounts: head.amounts,
+            finality: Finality::Provisional,
         }))
     }
 
