@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use mongodb::bson::{Document, doc, oid::ObjectId};
+use mongodb::bson::{Bson, Document, doc, oid::ObjectId};
 use serde_json::Value;
 
 use crate::observability::{CapturedLogs, sample, scrape};
@@ -92,10 +92,24 @@ async fn assert_expired(app: &TestApp, cursors: &[(&str, &str)]) {
 
 /// The recorder is stopped (its lease held by an instance that records nothing, as a
 /// paused one would) while accounts are opened, and where its stream was left cannot be
-/// resumed (as when the oplog no longer reaches back there). The instance that takes the
-/// lease then records from where it can, and says that the events in between are lost.
+/// resumed (as when the oplog no longer reaches back there): the server refuses the
+/// saved resume token. The instance that takes the lease then records from where it
+/// can, and says that the events in between are lost.
 #[tokio::test]
-async fn a_stream_that_cannot_resume_expires_the_cursors_before_its_gap_and_says_so() {
+async fn a_stream_the_server_cannot_resume_expires_the_cursors_before_its_gap_and_says_so() {
+    // Hex, but no resume token the server knows.
+    stream_that_cannot_resume(Bson::Document(doc! { "_data": "82000000010000000100" })).await;
+}
+
+/// The same with a saved resume point that is no resume token at all: SecantusDB would
+/// start a stream asked to resume from it at its tail, silently skipping the changes
+/// made meanwhile.
+#[tokio::test]
+async fn a_resume_token_that_is_no_token_is_a_gap_too() {
+    stream_that_cannot_resume(Bson::String("not a resume token".into())).await;
+}
+
+async fn stream_that_cannot_resume(saved: Bson) {
     let (logs, _capture) = CapturedLogs::start();
     let first = spawn_app().await;
     let before_any = page(&first, "").await.1;
@@ -117,11 +131,10 @@ async fn a_stream_that_cannot_resume_expires_the_cursors_before_its_gap_and_says
         },
     )
     .await;
-    // A token the server cannot resume from: hex, but no resume token it knows.
     let paused = doc! { "$set": {
         "owner": "paused-instance",
         "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
-        "resumeToken": { "_data": "82000000010000000100" },
+        "resumeToken": saved,
     } };
     let taken = lease
         .update_one(
@@ -192,6 +205,23 @@ async fn a_stream_that_cannot_resume_expires_the_cursors_before_its_gap_and_says
     assert_eq!(read, vec!["account.opened:dave".to_owned()]);
     let (none, _) = page(&app, &format!("?after={after}")).await;
     assert!(none.is_empty(), "{none:?}");
+    // What the gap left below the front is removed, as the retention removes events.
+    let events = app.store.database().collection::<Document>("events");
+    eventually(
+        "the events below the front are removed",
+        WITHIN,
+        POLL_EVERY,
+        async || {
+            let left = events
+                .count_documents(
+                    doc! { "_id": { "$in": ["account.opened:alice", "account.opened:bob"] } },
+                )
+                .await
+                .unwrap();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
     let recorder = lease.find_one(doc! { "_id": "recorder" }).await.unwrap();
     assert_eq!(
         recorder.as_ref().and_then(|r| r.get_str("owner").ok()),
