@@ -169,14 +169,8 @@ impl TransferService {
         }
     }
 
-    /// Transfers carried out by `strategy`. Native transactions move their accounts'
-    /// ledger entries themselves: the stores' entry movers stop (`store::entries`).
+    /// Transfers carried out by `strategy`.
     pub fn with_strategy(self, strategy: Strategy) -> TransferService {
-        if strategy == Strategy::Native {
-            for store in self.deployments.all() {
-                store.stop_moving_entries();
-            }
-        }
         TransferService { strategy, ..self }
     }
 

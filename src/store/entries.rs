@@ -317,15 +317,6 @@ impl Moved {
     }
 }
 
-/// The update pipeline that removes from an account document its entries numbered up
-/// to `up_to` (an expression or a literal), once they are in `entries`.
-pub(super) fn trimmed(up_to: impl Into<Bson>) -> Vec<Document> {
-    vec![doc! { "$set": { RECENT: { "$filter": {
-        "input": format!("${RECENT}"),
-        "cond": { "$gt": ["$$this.seq", up_to.into()] },
-    } } } }]
-}
-
 /// What an account's document says of its ledger, in one read: its last entry's number
 /// and the amounts it left (the account's own), that entry's time, and the entries not
 /// moved yet.
@@ -502,20 +493,6 @@ impl Store {
         }))
     }
 
-    /// Stops this store's [`EntryMover`] (every clone's): native transactions change its
-    /// accounts and move their entries themselves (see [`EntryMover`]'s `enabled`).
-    pub fn stop_moving_entries(&self) {
-        let mover = &self.batches.entry_mover;
-        mover
-            .enabled
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        mover
-            .touched
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-    }
-
     /// What this store's [`EntryMover`] knows is in `entries` of `account`.
     pub(super) fn entries_moved(&self, account: &AccountId) -> Option<Moved> {
         self.batches.entry_mover.moved(account.as_str())
@@ -568,11 +545,6 @@ pub struct EntryMover {
     /// entries in its document until the mover copies it again, the copies refused as
     /// duplicates, and remembers it).
     moved: Mutex<HashMap<String, Moved>>,
-    /// False once native transactions change the accounts (`TRANSFER_STRATEGY=native`):
-    /// a write of the mover from outside them, on an account one of them holds, can
-    /// stall them both (SecantusDB runs one write command at a time; the mover's waits
-    /// for the transaction, which cannot commit), and they move their entries themselves.
-    enabled: std::sync::atomic::AtomicBool,
 }
 
 impl EntryMover {
@@ -592,7 +564,6 @@ impl EntryMover {
             touched: Mutex::new(BTreeSet::new()),
             resume_after: Mutex::new(None),
             moved: Mutex::new(HashMap::new()),
-            enabled: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -614,9 +585,6 @@ impl EntryMover {
     }
 
     fn touched<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
-        if !self.enabled.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
         let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
         for account in accounts {
             if touched.len() >= MAX_REMEMBERED {
