@@ -431,19 +431,7 @@ impl Store {
         // A change that cannot be made an event never will be: the front of the feed moves
         // past its cluster time, in the write that saves the stream past it, so that the
         // cursors below it are refused rather than served the feed without its event.
-        let gap_before = match lost.iter().map(|l| l.time).max() {
-            None => None,
-            Some(Some(time)) => Some(tick_key(tick(time.time, time.increment) + 1)),
-            // A change without a cluster time: the gap reaches up to now.
-            Some(None) => match self.cluster_time().await? {
-                Some(now) => Some(tick_key(tick(now.time, now.increment) + 1)),
-                None => {
-                    return Err(StoreError::Other(
-                        "a change without a cluster time, and the database gives none".into(),
-                    ));
-                }
-            },
-        };
+        let gap_before = self.past(&lost).await?;
         let through = Self::publishable(&mut changes.unpublished, &found, drained);
         let token = changes.stream.resume_token();
         let due = token.as_ref().is_some_and(|token| match &changes.saved {
@@ -481,6 +469,21 @@ impl Store {
             }
         }
         Ok(recorded)
+    }
+
+    /// The key just past the cluster times of the changes `lost` (up to now for one
+    /// without a cluster time), if there are any.
+    async fn past(&self, lost: &[Unreadable]) -> StoreResult<Option<String>> {
+        let time = match lost.iter().map(|l| l.time).max() {
+            None => return Ok(None),
+            Some(Some(time)) => time,
+            Some(None) => self.cluster_time().await?.ok_or_else(|| {
+                StoreError::Other(
+                    "a change without a cluster time, and the database gives none".into(),
+                )
+            })?,
+        };
+        Ok(Some(tick_key(tick(time.time, time.increment).saturating_add(1))))
     }
 
     /// Says what the changes `lost` were, whose events could not be recorded, once the
