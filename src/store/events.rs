@@ -483,7 +483,9 @@ impl Store {
                 )
             })?,
         };
-        Ok(Some(tick_key(tick(time.time, time.increment).saturating_add(1))))
+        Ok(Some(tick_key(
+            tick(time.time, time.increment).saturating_add(1),
+        )))
     }
 
     /// Says what the changes `lost` were, whose events could not be recorded, once the
