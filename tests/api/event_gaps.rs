@@ -284,3 +284,65 @@ async fn a_change_that_cannot_be_an_event_expires_the_cursors_before_it_and_says
     let (none, _) = page(&app, &format!("?after={after_gap}")).await;
     assert!(none.is_empty(), "{none:?}");
 }
+
+/// The webhook dispatcher follows the feed with a cursor of its own: across a gap it is
+/// answered 410 like any reader, logs an error, and goes on from the front after the
+/// gap, so that the events recorded after it are still delivered (the lost one never
+/// is: it has no event).
+#[tokio::test]
+async fn the_webhook_dispatcher_goes_on_after_a_gap_and_says_so() {
+    let (logs, _capture) = CapturedLogs::start();
+    let app = spawn_app().await;
+    // Nothing listens there: each delivery is made (and retried), which is all this
+    // looks at.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let response = app
+        .post_json(
+            "/webhooks",
+            serde_json::json!({ "url": format!("http://127.0.0.1:{port}/hook") }),
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+    let hook: Value = response.json().await.unwrap();
+    let hook = hook["id"].as_str().unwrap().to_owned();
+    let delivered = async |event: &str| {
+        eventually(
+            &format!("a delivery of {event} is made"),
+            WITHIN,
+            POLL_EVERY,
+            async || {
+                let (status, page) = get_json(&app, &format!("/webhooks/{hook}/deliveries")).await;
+                assert_eq!(status, 200, "{page}");
+                page["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|d| d["eventId"] == event)
+                    .then_some(())
+            },
+        )
+        .await
+    };
+    opened_and_read(&app, &["alice"]).await;
+    delivered("account.opened:alice").await;
+    app.store
+        .database()
+        .collection::<Document>("transactions")
+        .insert_one(doc! { "_id": ObjectId::new(), "state": "done" })
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    opened_and_read(&app, &["carol"]).await;
+
+    delivered("account.opened:carol").await;
+    let told = logs
+        .lines()
+        .into_iter()
+        .filter(|l| l["level"] == "ERROR" && l["target"] == "transfer_service::deliverer")
+        .count();
+    assert!(told >= 1, "the dispatcher says it passed a gap");
+}
