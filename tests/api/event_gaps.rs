@@ -4,7 +4,8 @@
 //! Invariant protected here: a loss of events is never silent. A reader of a cursor from
 //! before the gap is answered 410 `cursor_expired` (never a 200 without the lost
 //! events), a read without a cursor starts after the gap, `event_feed_gaps_total` counts
-//! the gap by its cause, and an error log line says what was lost.
+//! the gap by its cause, and an error log line says what was lost. The webhook
+//! dispatcher, a reader with a cursor too, learns of the gap and goes on after it.
 //!
 //! The metrics are per process and this binary runs its tests concurrently, so counts
 //! are compared before and after, as lower bounds; the logs are this test's own (see
