@@ -14,7 +14,8 @@
 //! - [`Legs`] are the legs of a multi-leg transfer, and each account's net change over
 //!   them, its [`Party`];
 //! - [`Entry`] is one numbered change to an account's amounts ([`EntryKind`] says which
-//!   step made it), [`BalanceAt`] an account's amounts as of a moment;
+//!   step made it), [`BalanceAt`] an account's amounts as of a moment, [`Finality`]
+//!   whether that answer can still change;
 //! - [`Event`] is what the feed tells users happened ([`EventType`]), in [`Position`]
 //!   order, read with a [`FeedCursor`]; a [`Webhook`] is an endpoint sent them, each
 //!   [`Delivery`] signed with its [`WebhookSecret`];
@@ -32,7 +33,7 @@ mod transfer;
 mod values;
 mod webhook;
 
-pub use entry::{Amounts, BalanceAt, Entry, EntryKind};
+pub use entry::{Amounts, BalanceAt, Entry, EntryKind, Finality};
 pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
 pub use legs::{LEGS, Leg, Legs, LegsError, MAX_LEG_ACCOUNTS, Party};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};

@@ -248,7 +248,7 @@ impl ApiError {
             TransferCanceled { detail, .. }
             | UnknownAccount { detail, .. }
             | InsufficientFunds { detail, .. } => detail.clone(),
-            CursorExpired => "events after this cursor were removed after the retention (EVENT_RETENTION_MS); you may have missed some: read again from the oldest retained event, without a cursor".into(),
+            CursorExpired => "events after this cursor were removed after the retention (EVENT_RETENTION_MS), or could not be recorded; you may have missed some: read again from the oldest retained event, without a cursor".into(),
             PayloadTooLarge => "the request body is larger than the server accepts".into(),
             UnsupportedMediaType => "send the body as Content-Type: application/json".into(),
             SameAccount => "source and destination must be different accounts".into(),

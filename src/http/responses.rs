@@ -225,7 +225,7 @@ pub struct DeliveryNotFailed(pub Problem);
 /// `GET /events`: the cursor is too old.
 #[derive(ToResponse)]
 #[response(
-    description = "`cursor_expired`: events after the cursor were removed after the retention (`EVENT_RETENTION_MS`); read again from the oldest retained event, without `after`.",
+    description = "`cursor_expired`: events after the cursor were removed after the retention (`EVENT_RETENTION_MS`), or lost (the recorder could not record them: `event_feed_gaps_total`); read again from the oldest retained event, without `after`.",
     content_type = PROBLEM_JSON
 )]
 pub struct CursorExpired(pub Problem);

@@ -70,6 +70,7 @@ pub use error::{ServiceError, ServiceResult};
 pub use events::FeedPage;
 pub use follow::{DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, QUEUE as FOLLOWER_QUEUE};
 pub use holds::HoldConflict;
+pub use ledger::FINAL_AFTER;
 use placement::Placements;
 pub use webhooks::{NewWebhook, UrlRefusal, WebhookSettings, allowed_addresses};
 
@@ -175,14 +176,8 @@ impl TransferService {
         }
     }
 
-    /// Transfers carried out by `strategy`. Native transactions move their accounts'
-    /// ledger entries themselves: the stores' entry movers stop (`store::entries`).
+    /// Transfers carried out by `strategy`.
     pub fn with_strategy(self, strategy: Strategy) -> TransferService {
-        if strategy == Strategy::Native {
-            for store in self.deployments.all() {
-                store.stop_moving_entries();
-            }
-        }
         TransferService { strategy, ..self }
     }
 

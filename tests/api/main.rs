@@ -5,6 +5,7 @@ mod cancel;
 mod concurrency;
 mod docs;
 mod errors;
+mod event_gaps;
 mod events;
 mod events_stream;
 mod group_commit;
