@@ -56,7 +56,7 @@ pub struct CreateAccountRequest {
 #[serde(rename_all = "camelCase")]
 #[schema(example = json!({
     "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 7500,
-    "pendingDebits": 2500, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "seq": 3, "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+    "pendingDebits": 2500, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "seq": 3, "deployment": "eu", "tenant": "acme", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
 }))]
 pub struct AccountResponse {
     /// 1 to 64 characters from `A-Za-z0-9_.:@-`.
@@ -100,7 +100,7 @@ pub struct AccountResponse {
 #[schema(example = json!({
     "items": [{
         "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 10000,
-        "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "seq": 3, "deployment": "eu", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
+        "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "seq": 3, "deployment": "eu", "tenant": "acme", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
     }],
     "nextCursor": "YWNjb3VudHM6YWxpY2U"
 }))]
