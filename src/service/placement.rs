@@ -21,13 +21,15 @@ pub(super) struct Route {
     pub(super) tenants: Tenants,
 }
 
-/// `place` of `account`, if `scope` sees the account; an account it does not see is
-/// refused as one that does not exist.
-fn seen(scope: &Scope, account: &AccountId, place: Placement) -> ServiceResult<Placement> {
-    if scope.sees_account(place.tenant.as_ref()) {
-        Ok(place)
-    } else {
-        Err(ServiceError::AccountNotFound(account.to_string()))
+/// `place` of `account`, if it exists and `scope` sees it; an account it does not see is
+/// refused as one that does not exist. The accounts of a request are checked in its
+/// order, missing and unseen alike, so that the account named is the one a request of
+/// nobody's accounts would name: which one is refused says nothing about whether another
+/// tenant's account exists.
+fn seen(scope: &Scope, account: &AccountId, place: Option<Placement>) -> ServiceResult<Placement> {
+    match place {
+        Some(place) if scope.sees_account(place.tenant.as_ref()) => Ok(place),
+        _ => Err(ServiceError::AccountNotFound(account.to_string())),
     }
 }
 
@@ -106,7 +108,7 @@ impl TransferService {
             self.placements.get(&new.source),
             self.placements.get(&new.destination),
         ) {
-            (Some(s), Some(d)) => (s, d),
+            (Some(s), Some(d)) => (Some(s), Some(d)),
             _ => self.locate(new).await?,
         };
         let source = seen(&new.scope, &new.source, source)?;
@@ -162,9 +164,10 @@ impl TransferService {
         Ok((route, legs.clone().placed(place_of)))
     }
 
-    /// The places of `accounts`, in their order: remembered, or found two at a time
-    /// (concurrently, with concurrent transfers' accounts), then remembered.
-    async fn place_all(&self, accounts: &[&AccountId]) -> ServiceResult<Vec<Placement>> {
+    /// The places of `accounts`, in their order (`None`: no such account): remembered, or
+    /// found two at a time (concurrently, with concurrent transfers' accounts), then
+    /// remembered.
+    async fn place_all(&self, accounts: &[&AccountId]) -> ServiceResult<Vec<Option<Placement>>> {
         let mut places: Vec<Option<Placement>> =
             accounts.iter().map(|a| self.placements.get(a)).collect();
         let unknown: Vec<&AccountId> = accounts
@@ -180,31 +183,31 @@ impl TransferService {
         .await?;
         for (pair, found) in found {
             for (account, place) in pair.into_iter().zip(found) {
-                let place =
-                    place.ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))?;
+                let Some(place) = place else { continue };
                 self.placements.remember([(account.clone(), place.clone())]);
                 if let Some(i) = accounts.iter().position(|a| *a == account) {
                     places[i] = Some(place);
                 }
             }
         }
-        Ok(places.into_iter().flatten().collect())
+        Ok(places)
     }
 
     /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
-    /// deployment) and remembers where they are.
-    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placement, Placement)> {
+    /// deployment) and remembers where those that exist are.
+    async fn locate(
+        &self,
+        new: &NewTransfer,
+    ) -> ServiceResult<(Option<Placement>, Option<Placement>)> {
         let [source, destination] = self
             .deployments
             .locate([&new.source, &new.destination])
             .await?;
-        let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
-        let destination = destination
-            .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
-        self.placements.remember([
-            (new.source.clone(), source.clone()),
-            (new.destination.clone(), destination.clone()),
-        ]);
+        for (account, place) in [(&new.source, &source), (&new.destination, &destination)] {
+            if let Some(place) = place {
+                self.placements.remember([(account.clone(), place.clone())]);
+            }
+        }
         Ok((source, destination))
     }
 }

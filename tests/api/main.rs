@@ -17,6 +17,7 @@ mod native;
 mod observability;
 mod security;
 mod tenants;
+mod tenants_explored;
 mod transfers;
 mod webhooks;
 
