@@ -64,6 +64,9 @@ pub enum ApiError {
     Unauthorized,
     /// 403: a read-only API key on a write.
     Forbidden,
+    /// 403 `forbidden`: a tenant's key capturing, voiding or cancelling a transfer it
+    /// sees that moves accounts not its tenant's (`docs/tenants.md`).
+    TransferNotOwned(String),
     /// 404: no such account.
     AccountNotFound(String),
     /// 404: no such transfer.
@@ -147,7 +150,7 @@ impl ApiError {
         match self {
             MalformedJson(_) | InvalidParameter { .. } => StatusCode::BAD_REQUEST,
             Unauthorized => StatusCode::UNAUTHORIZED,
-            Forbidden => StatusCode::FORBIDDEN,
+            Forbidden | TransferNotOwned(_) => StatusCode::FORBIDDEN,
             AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) | WebhookNotFound(_)
             | ApiKeyNotFound(_) | DeliveryNotFound(_) => StatusCode::NOT_FOUND,
             DeliveryNotFailed(_) => StatusCode::CONFLICT,
@@ -182,7 +185,7 @@ impl ApiError {
             MalformedJson(_) => ("malformed_json", "Malformed JSON"),
             InvalidParameter { .. } => ("invalid_parameter", "Invalid parameter"),
             Unauthorized => ("unauthorized", "Unauthorized"),
-            Forbidden => ("forbidden", "Forbidden"),
+            Forbidden | TransferNotOwned(_) => ("forbidden", "Forbidden"),
             AccountNotFound(_) => ("account_not_found", "Account not found"),
             TransferNotFound(_) => ("transfer_not_found", "Transfer not found"),
             RouteNotFound(_) => ("not_found", "Not found"),
@@ -231,6 +234,9 @@ impl ApiError {
             InvalidHeader { header, detail } => format!("{header} {detail}"),
             Unauthorized => "send a valid API key as Authorization: Bearer <key>".into(),
             Forbidden => "this API key is read-only".into(),
+            TransferNotOwned(id) => format!(
+                "transfer {id} moves accounts of another tenant or of none: only a platform key may capture, void or cancel it"
+            ),
             AccountNotFound(id) => format!("there is no account {id}"),
             TransferNotFound(id) => format!("there is no transfer {id}"),
             RouteNotFound(path) => format!("there is no resource at {path}"),
@@ -494,6 +500,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::UnknownDeployment(name) => ApiError::UnknownDeployment(name.to_string()),
             ServiceError::AccountNotFound(id) => ApiError::AccountNotFound(id),
             ServiceError::TransferNotFound(id) => ApiError::TransferNotFound(id.to_string()),
+            ServiceError::TransferNotOwned(id) => ApiError::TransferNotOwned(id.to_string()),
             ServiceError::SameAccount => ApiError::SameAccount,
             e @ ServiceError::CurrencyMismatch { .. } => ApiError::CurrencyMismatch(e.to_string()),
             ServiceError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,

@@ -45,7 +45,7 @@ pub struct Unauthorized(pub Problem);
 
 #[derive(ToResponse)]
 #[response(
-    description = "`forbidden`: the API key's role does not allow this: a read-only key on a write or on `/webhooks`, a key that is not an admin on `/api-keys`, or a tenant's admin key making a key for another tenant.",
+    description = "`forbidden`: the API key's role does not allow this: a read-only key on a write or on `/webhooks`, a key that is not an admin on `/api-keys`, a tenant's admin key making a key for another tenant, or a tenant's key capturing, voiding or cancelling a transfer it sees that moves accounts not its tenant's.",
     content_type = PROBLEM_JSON
 )]
 pub struct Forbidden(pub Problem);

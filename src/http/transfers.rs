@@ -635,7 +635,7 @@ pub async fn cancel_transfer(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<TransferResponse>), ApiError> {
     let id = path_transfer(&id)?;
-    state.service.check_transfer_seen(&scope, id).await?;
+    state.service.check_transfer_owned(&scope, id).await?;
     let transfer = state.service.cancel(id).await?;
     // `reversing` stays set until the compensating transfer is done.
     let status = if transfer.reversing {
@@ -673,7 +673,7 @@ pub async fn capture_transfer(
     OptionalApiJson(body): OptionalApiJson<CaptureRequest>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    state.service.check_transfer_seen(&scope, id).await?;
+    state.service.check_transfer_owned(&scope, id).await?;
     let amount = body
         .amount
         .map(|raw| field("amount", Amount::parse(raw)))
@@ -703,7 +703,7 @@ pub async fn void_transfer(
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    state.service.check_transfer_seen(&scope, id).await?;
+    state.service.check_transfer_owned(&scope, id).await?;
     let transfer = state.service.void(id).await?;
     Ok(Json(transfer.into()))
 }

@@ -17,6 +17,10 @@ pub enum ServiceError {
     AccountNotFound(String),
     #[error("transfer {0} does not exist")]
     TransferNotFound(TransferId),
+    /// A tenant's scope sees the transfer (one of its accounts is the tenant's) but does
+    /// not own it (another is not): it may read it, never capture, void or cancel it.
+    #[error("transfer {0} moves accounts that are not the caller's tenant's")]
+    TransferNotOwned(TransferId),
     #[error("source and destination are the same account")]
     SameAccount,
     #[error(

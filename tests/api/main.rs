@@ -18,6 +18,7 @@ mod native;
 mod observability;
 mod security;
 mod tenants;
+mod tenants_explored;
 mod transfers;
 mod webhooks;
 
