@@ -62,7 +62,9 @@ pub enum ApiError {
     InvalidParameter { field: String, detail: String },
     /// 401: no or wrong API key.
     Unauthorized,
-    /// 403: a read-only API key on a write.
+    /// 403: the API key's role does not allow this (a read-only key on a write or on
+    /// `/webhooks`, a key that is not an admin on `/api-keys`, a tenant's admin naming
+    /// another tenant).
     Forbidden,
     /// 403 `forbidden`: a tenant's key capturing, voiding or cancelling a transfer it
     /// sees that moves accounts not its tenant's (`docs/tenants.md`).
@@ -233,7 +235,7 @@ impl ApiError {
             InvalidParameter { detail, .. } | InvalidField { detail, .. } => detail.clone(),
             InvalidHeader { header, detail } => format!("{header} {detail}"),
             Unauthorized => "send a valid API key as Authorization: Bearer <key>".into(),
-            Forbidden => "this API key is read-only".into(),
+            Forbidden => "this API key's role does not allow this request".into(),
             TransferNotOwned(id) => format!(
                 "transfer {id} moves accounts of another tenant or of none: only a platform key may capture, void or cancel it"
             ),
