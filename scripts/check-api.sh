@@ -9,12 +9,17 @@
 #      origin (a second instance of the service allows it through CORS);
 #   4. generates a Python client from openapi/openapi.json and runs
 #      scripts/client_smoke.py with it against the service;
-#   5. fuzzes the service from its own /openapi.json with Schemathesis: no 5xx, and every
+#   5. starts a third instance with an admin key in API_KEYS and walks tenants and API
+#      keys with that Python client (scripts/client_tenants.py), and with a TypeScript
+#      client typed from the document (scripts/ts-client: openapi-typescript's types,
+#      openapi-fetch), which must pass `tsc --strict` before it runs;
+#   6. fuzzes the service from its own /openapi.json with Schemathesis: no 5xx, and every
 #      status, content type, header and body as documented.
 #
 # On a fresh Debian machine it installs what it needs: apt packages (chromium, curl,
 # python3-venv, nodejs and npm when missing) and pinned npm and PyPI packages under
-# ~/.cache/transfer-service, so that later runs are fast. Everything it starts is stopped
+# ~/.cache/transfer-service (scripts/ts-client/package-lock.json with `npm ci`), so that
+# later runs are fast. Everything it starts is stopped
 # on exit. CI runs it after scripts/test.sh.
 #
 #   MONGODB_URI                 use this server instead of a local SecantusDB daemon
@@ -25,6 +30,7 @@ cd "$(dirname "$0")/.."
 
 redocly_version="1.34.20"
 python_requirements="scripts/check-api-requirements.txt"
+ts_client="scripts/ts-client"
 max_examples="${CHECK_API_MAX_EXAMPLES:-100}"
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/transfer-service"
@@ -32,6 +38,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/check-api.XXXXXX")
 daemon_pid=""
 service_pid=""
 browser_service_pid=""
+keys_service_pid=""
 page_server_pid=""
 
 stop() {
@@ -50,11 +57,15 @@ cleanup() {
   trap - EXIT INT TERM
   stop "$service_pid"
   stop "$browser_service_pid"
+  stop "$keys_service_pid"
   stop "$page_server_pid"
   stop "$daemon_pid"
-  if [[ $status -ne 0 && -s "$work/service.log" ]]; then
-    echo "-- last lines of the service's log:" >&2
-    tail -n 40 "$work/service.log" >&2
+  if [[ $status -ne 0 ]]; then
+    for log in service keys-service; do
+      [[ -s "$work/$log.log" ]] || continue
+      echo "-- last lines of $log.log:" >&2
+      tail -n 40 "$work/$log.log" >&2
+    done
   fi
   rm -rf "$work"
   exit "$status"
@@ -82,6 +93,17 @@ apt_install() {
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits up to 60 s for the instance at base URL $1, process $2, to answer /ready.
+wait_ready() {
+  local base=$1 pid=$2
+  for _ in $(seq 1 600); do
+    curl -fsS -o /dev/null "$base/ready" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || fail "the instance on $base stopped"
+    sleep 0.1
+  done
+  fail "the instance on $base was not ready within 60 s"
 }
 
 echo "== tools"
@@ -116,7 +138,40 @@ if [[ ! -x "$venv/bin/python" ]] || [[ "$(cat "$venv/.pins" 2>/dev/null)" != "$p
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$python_requirements" >&2
   echo "$pins" >"$venv/.pins"
 fi
+
+# openapi-typescript, openapi-fetch and TypeScript, every package pinned in the committed
+# lockfile, installed with `npm ci` into a folder of their own, again whenever the
+# lockfile changes. Every package must come from the npm registry's ordinary tarballs
+# with a sha512 integrity: a lockfile naming anything else (another host, a git URL, a
+# local path) fails here, before npm fetches anything.
+python3 - "$ts_client/package-lock.json" <<'EOF'
+import json, sys
+packages = json.load(open(sys.argv[1]))["packages"]
+bad = []
+for path, package in packages.items():
+    if path == "":
+        continue
+    name = path.rsplit("node_modules/", 1)[-1]
+    tarball = f"https://registry.npmjs.org/{name}/-/{name.split('/')[-1]}-{package.get('version')}.tgz"
+    if package.get("resolved") != tarball or not package.get("integrity", "").startswith("sha512-"):
+        bad.append(f"{path}: {package.get('resolved')}")
+if bad or len(packages) < 2:
+    sys.exit(f"{sys.argv[1]}: not all the npm registry's tarballs with a sha512 integrity: {bad}")
+EOF
+ts_tools="$cache/ts-client"
+ts_pins=$(cat "$ts_client/package.json" "$ts_client/package-lock.json" | sha256sum | cut -d ' ' -f 1)
+if [[ ! -d "$ts_tools/node_modules" ]] || [[ "$(cat "$ts_tools/.pins" 2>/dev/null)" != "$ts_pins" ]]; then
+  echo "installing $ts_client/package-lock.json (npm ci)" >&2
+  rm -rf "$ts_tools"
+  mkdir -p "$ts_tools"
+  cp "$ts_client/package.json" "$ts_client/package-lock.json" "$ts_tools/"
+  # No package of the lockfile has an install script, nor needs one run.
+  (cd "$ts_tools" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2)
+  echo "$ts_pins" >"$ts_tools/.pins"
+fi
 echo "redocly $("$redocly" --version), $("$venv/bin/openapi-python-client" --version), $("$venv/bin/schemathesis" --version), $(chromium --version 2>/dev/null)"
+ts_version() { node -p "require('$ts_tools/node_modules/$1/package.json').version"; }
+echo "openapi-typescript $(ts_version openapi-typescript), openapi-fetch $(ts_version openapi-fetch), typescript $(ts_version typescript), node $(node --version)"
 
 echo "== build"
 cargo build --bin transfer-service
@@ -153,16 +208,7 @@ env -u API_KEYS -u CORS_ALLOWED_ORIGINS \
   LOG_FORMAT=json RUST_LOG=warn \
   "$binary" >"$work/service.log" 2>&1 &
 service_pid=$!
-ready=""
-for _ in $(seq 1 600); do
-  if curl -fsS -o /dev/null "$base/ready" 2>/dev/null; then
-    ready=1
-    break
-  fi
-  kill -0 "$service_pid" 2>/dev/null || fail "the service stopped"
-  sleep 0.1
-done
-[[ -n "$ready" ]] || fail "the service was not ready within 60 s"
+wait_ready "$base" "$service_pid"
 echo "service on $base, database $database"
 # The committed document is the one the service serves (tests/openapi.rs keeps the file
 # in step with the code; this checks the binary under test).
@@ -229,11 +275,7 @@ env -u API_KEYS CORS_ALLOWED_ORIGINS="http://127.0.0.1:$page_port" \
   INSTANCE_ID="check-api-browser-$$" LOG_FORMAT=json RUST_LOG=warn \
   "$binary" >"$work/browser-service.log" 2>&1 &
 browser_service_pid=$!
-for _ in $(seq 1 600); do
-  curl -fsS -o /dev/null "http://127.0.0.1:$browser_port/ready" 2>/dev/null && break
-  kill -0 "$browser_service_pid" 2>/dev/null || fail "the second instance stopped"
-  sleep 0.1
-done
+wait_ready "http://127.0.0.1:$browser_port" "$browser_service_pid"
 # The feed holds the three events once they are recorded (a few hundred ms).
 expected=""
 for _ in $(seq 1 100); do
@@ -271,6 +313,37 @@ PATH="$venv/bin:$PATH" openapi-python-client generate --path openapi/openapi.jso
   --output-path "$work/client" --meta setup --fail-on-warning
 "$venv/bin/pip" install --quiet --disable-pip-version-check "$work/client"
 "$venv/bin/python" scripts/client_smoke.py "$base"
+
+echo "== tenants and API keys (python client; a third instance with API_KEYS)"
+# The same database, served by an instance that asks for keys: a platform admin key of
+# its own, random for this run, makes the tenants' keys through /api-keys.
+admin_key=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
+keys_port=$(free_port)
+keys_base="http://127.0.0.1:$keys_port"
+env -u CORS_ALLOWED_ORIGINS API_KEYS="admin:$admin_key" \
+  MONGODB_DATABASE="$database" BIND_ADDR="127.0.0.1:$keys_port" \
+  INSTANCE_ID="check-api-keys-$$" LOG_FORMAT=json RUST_LOG=warn \
+  "$binary" >"$work/keys-service.log" 2>&1 &
+keys_service_pid=$!
+wait_ready "$keys_base" "$keys_service_pid"
+"$venv/bin/python" scripts/client_tenants.py "$keys_base" "$admin_key"
+
+echo "== typescript client (openapi-typescript, openapi-fetch, tsc --strict)"
+# The types are generated from the committed document at each run, next to a copy of
+# smoke.ts; tsc (tsconfig.json: strict, nothing emitted on an error) must accept smoke.ts
+# against them before it runs.
+mkdir "$work/ts"
+cp "$ts_client/package.json" "$ts_client/tsconfig.json" "$ts_client/smoke.ts" "$work/ts/"
+ln -s "$ts_tools/node_modules" "$work/ts/node_modules"
+# Run from that folder: in the repository openapi-typescript would apply redocly.yaml's
+# lint rules without its ignore file (the lint step above applies both).
+(cd "$work/ts" && "$ts_tools/node_modules/.bin/openapi-typescript" "$OLDPWD/openapi/openapi.json" \
+  --output schema.d.ts >"$work/openapi-typescript.log" 2>&1) \
+  || fail "openapi-typescript failed: $(cat "$work/openapi-typescript.log")"
+"$ts_tools/node_modules/.bin/tsc" --project "$work/ts/tsconfig.json" \
+  || fail "$ts_client/smoke.ts does not type-check against the types of openapi/openapi.json"
+timeout 60 node "$work/ts/out/smoke.js" "$keys_base" "$admin_key"
+stop "$keys_service_pid"
 
 echo "== schemathesis (at most $max_examples cases per operation and phase)"
 # Run from the temporary folder: Schemathesis keeps no files in the repository. One

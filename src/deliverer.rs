@@ -35,7 +35,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::timeout_at;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{self, Attempt, Event, FeedCursor, Webhook, backoff_ms, is_public_address};
+use crate::domain::{
+    self, Attempt, Event, FeedCursor, Scope, Webhook, backoff_ms, is_public_address,
+};
 use crate::error_chain::Chain;
 use crate::service::{TransferService, WebhookSettings};
 use crate::store::webhooks::{AttemptOutcome, Claimed, Made, NewDelivery, claim_token};
@@ -246,7 +248,10 @@ impl Dispatching<'_> {
                 }
                 renewed = tokio::time::Instant::now();
             }
-            let page = match service.events(cursor.clone(), PAGE, &[]).await {
+            let page = match service
+                .events(&Scope::Platform, cursor.clone(), PAGE, &[])
+                .await
+            {
                 Ok(page) => page,
                 // The events after the cursor are gone: what is kept is dispatched from the
                 // front (deliveries already made are refused by their ids).

@@ -12,7 +12,9 @@
 //!   [`service::TransferService`] (`service/mod.rs`: the type and its construction, and
 //!   the list of the files beside it, one concern each: errors, admission, accounts and
 //!   where they live, a new transfer and its idempotency key, reads, cancels, holds,
-//!   routing, readiness). [`service::protocol`] is the two-phase commit itself, one
+//!   routing, readiness, what a tenant's scope sees). [`service::KeyBook`], beside it,
+//!   keeps the API keys made through the API. [`service::protocol`] is the two-phase
+//!   commit itself, one
 //!   function per step; what a run sent without an answer is kept for every later run of
 //!   the transfer in the process (`service/unanswered.rs`).
 //! - [`store`]: the only module that speaks MongoDB or names BSON; one guarded write per

@@ -11,6 +11,7 @@
 //! | `sweeper_recoveries_total` | counter | |
 //! | `db_operation_duration_seconds` | histogram | `deployment`, `command`, `outcome` (`ok`, `error`) |
 //! | `holds_total` | counter | `outcome` (`captured`, `voided`, `expired`, `refused`) |
+//! | `event_feed_gaps_total` | counter | `deployment`, `cause` (`history_lost`, `unreadable_change`) |
 //!
 //! Invariant: every label value comes from a bounded set, whatever clients send, so the
 //! number of series stays bounded. A route is the matched route template
@@ -46,6 +47,7 @@ const DB_DURATION: &str = "db_operation_duration_seconds";
 const HOLDS: &str = "holds_total";
 const ENTRIES_MOVED: &str = "ledger_entries_moved_total";
 const EVENTS_RECORDED: &str = "events_recorded_total";
+const EVENT_GAPS: &str = "event_feed_gaps_total";
 const EVENT_STREAMS: &str = "event_streams_open";
 const DELIVERIES: &str = "webhook_delivery_attempts_total";
 const OLDEST_PENDING: &str = "webhook_oldest_pending_delivery_seconds";
@@ -73,7 +75,7 @@ impl Kind {
 }
 
 /// Every family with its type and HELP text: what dashboards rely on.
-const FAMILIES: [(&str, Kind, &str); 12] = [
+const FAMILIES: [(&str, Kind, &str); 13] = [
     (
         HTTP_REQUESTS,
         Kind::Counter,
@@ -118,6 +120,11 @@ const FAMILIES: [(&str, Kind, &str); 12] = [
         EVENTS_RECORDED,
         Kind::Counter,
         "Events this process recorded into a deployment's feed, by type (docs/events.md); an event another instance recorded first is not counted.",
+    ),
+    (
+        EVENT_GAPS,
+        Kind::Counter,
+        "Gaps in a deployment's feed this process found, by deployment and cause: changes whose events could not be recorded (history_lost: the change stream could not resume; unreadable_change: a change could not be made an event). Readers of cursors from before a gap are answered 410 cursor_expired; the error log says what was lost.",
     ),
     (
         EVENT_STREAMS,
@@ -308,6 +315,32 @@ pub fn entries_moved(count: usize) {
 pub fn event_recorded(kind: EventType) {
     installed();
     counter!(EVENTS_RECORDED, "type" => kind.as_str()).increment(1);
+}
+
+/// Why a deployment's feed has a gap (`event_feed_gaps_total`'s `cause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedGap {
+    /// `history_lost`: the change stream could not resume where the last recorder left
+    /// it (its history is gone, or where it left it cannot be read).
+    HistoryLost,
+    /// `unreadable_change`: a change that should be an event could not be made one.
+    UnreadableChange,
+}
+
+impl FeedGap {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeedGap::HistoryLost => "history_lost",
+            FeedGap::UnreadableChange => "unreadable_change",
+        }
+    }
+}
+
+/// Records a gap in `deployment`'s feed (see `store::events`).
+pub fn feed_gap(deployment: &DeploymentName, cause: FeedGap) {
+    installed();
+    counter!(EVENT_GAPS, "deployment" => deployment.to_string(), "cause" => cause.as_str())
+        .increment(1);
 }
 
 /// Records an unfinished transfer that the recovery sweeper took over and drove to a

@@ -95,7 +95,10 @@ async fn record_while_owner(
     retention: Duration,
     shutdown: &CancellationToken,
 ) -> StoreResult<()> {
-    let mut changes = store.open_changes().await?;
+    let Some(mut changes) = store.open_changes(owner).await? else {
+        tracing::info!(deployment = %store.deployment(), "recorder lease taken by another instance");
+        return Ok(());
+    };
     let trim_every = trim_interval(retention);
     let mut renewed = Instant::now();
     let mut trimmed: Option<Instant> = None;

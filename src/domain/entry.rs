@@ -151,6 +151,20 @@ pub struct BalanceAt {
     /// The number of the last entry at or before `at`; 0 before the opening.
     pub seq: u64,
     pub amounts: Amounts,
+    /// Whether a later read may answer otherwise for the same moment.
+    pub finality: Finality,
+}
+
+/// Whether an answer about a moment can still change (`docs/ledger.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finality {
+    /// The deployment's clock has passed the moment by the margin: no entry can be
+    /// stamped at or before it any more, so the same question gets the same answer.
+    Final,
+    /// The moment is now, in the future, or within the margin of the deployment's clock:
+    /// an entry still in flight, or stamped by a member whose clock is behind after a
+    /// failover, may yet land at or before it.
+    Provisional,
 }
 
 #[cfg(test)]

@@ -14,10 +14,13 @@
 //! - [`Legs`] are the legs of a multi-leg transfer, and each account's net change over
 //!   them, its [`Party`];
 //! - [`Entry`] is one numbered change to an account's amounts ([`EntryKind`] says which
-//!   step made it), [`BalanceAt`] an account's amounts as of a moment;
+//!   step made it), [`BalanceAt`] an account's amounts as of a moment, [`Finality`]
+//!   whether that answer can still change;
 //! - [`Event`] is what the feed tells users happened ([`EventType`]), in [`Position`]
 //!   order, read with a [`FeedCursor`]; a [`Webhook`] is an endpoint sent them, each
 //!   [`Delivery`] signed with its [`WebhookSecret`];
+//! - [`TenantName`] owns accounts; a request's [`Scope`] (a tenant's own, or the
+//!   platform's everything) says what exists for it; [`Role`] what its key may do;
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
 //!   with its transitions as an explicit function ([`TransferState::transition`]).
 
@@ -25,15 +28,17 @@ mod entry;
 mod event;
 mod legs;
 mod state;
+mod tenant;
 mod transfer;
 mod values;
 mod webhook;
 
-pub use entry::{Amounts, BalanceAt, Entry, EntryKind};
+pub use entry::{Amounts, BalanceAt, Entry, EntryKind, Finality};
 pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
 pub use legs::{LEGS, Leg, Legs, LegsError, MAX_LEG_ACCOUNTS, Party};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
-pub use transfer::{Account, Hold, Strategy, Timestamp, Transfer, TransferFilter, now};
+pub use tenant::{KeyRecord, Role, Scope, TenantName, Tenants};
+pub use transfer::{Account, Hold, Placement, Strategy, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
     AccountId, AccountName, Amount, ApiKeyId, Currency, DeploymentName, HOLD_EXPIRY_MS,
     IdempotencyKey, KeyScope, MAX_MONEY, OpeningBalance, ParseError, Reference, ScopedKey,

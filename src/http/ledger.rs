@@ -2,7 +2,7 @@
 //! numbered entries and its amounts as of a moment (`docs/ledger.md`).
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -11,7 +11,7 @@ use super::AppState;
 use super::accounts::path_account;
 use super::problem::ApiError;
 use super::responses::{AccountNotFound, InvalidParameter, InvalidTime, Unavailable};
-use crate::domain::{BalanceAt, Entry, EntryKind};
+use crate::domain::{BalanceAt, Entry, EntryKind, Finality, Scope};
 
 /// Entries a page holds unless `limit` says otherwise.
 pub const DEFAULT_ENTRIES: u32 = 100;
@@ -195,10 +195,12 @@ impl EntryParams {
 )]
 pub async fn list_entries(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     query: Result<Query<EntryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EntryPage>, ApiError> {
     let id = path_account(&id)?;
+    state.service.check_account_seen(&scope, &id).await?;
     let (after, limit) = super::query(query)?.parse()?;
     let entries = state.service.entries(&id, after, limit).await?;
     let next = entries.last().map(|e| e.seq);
@@ -213,7 +215,8 @@ pub async fn list_entries(
 #[serde(rename_all = "camelCase")]
 #[schema(example = json!({
     "account": "alice", "at": "2026-10-31T23:59:59.999Z", "seq": 17,
-    "balance": 7500, "pendingDebits": 0, "pendingCredits": 0, "availableBalance": 7500
+    "balance": 7500, "pendingDebits": 0, "pendingCredits": 0, "availableBalance": 7500,
+    "final": true
 }))]
 pub struct BalanceResponse {
     pub account: String,
@@ -231,6 +234,13 @@ pub struct BalanceResponse {
     /// `balance - pendingDebits`.
     #[schema(minimum = 0, maximum = 9007199254740991_i64)]
     pub available_balance: i64,
+    /// Whether this answer is final: true once the deployment's clock has passed `at` by
+    /// a minute, and the same question is then answered the same way for ever; false for
+    /// a moment in the future, now, or within that minute, where an entry still in flight
+    /// (or stamped by a database member whose clock is behind, after a failover) may yet
+    /// land at or before `at`. Ask again after `at` plus a minute for the final answer.
+    #[serde(rename = "final")]
+    pub is_final: bool,
 }
 
 impl From<BalanceAt> for BalanceResponse {
@@ -243,6 +253,7 @@ impl From<BalanceAt> for BalanceResponse {
             pending_debits: b.amounts.pending_debits,
             pending_credits: b.amounts.pending_credits,
             available_balance: b.amounts.available_balance(),
+            is_final: b.finality == Finality::Final,
         }
     }
 }
@@ -263,6 +274,10 @@ pub struct BalanceParams {
 /// `seq` 0 and zeros before the account was opened; the current amounts for a time in the
 /// future or none. These are the amounts as stored: unlike `GET /accounts/{id}`, a hold
 /// past its expiry still counts until it is released (its release is an entry).
+///
+/// `final` says whether the answer can still change: it is true once the deployment's
+/// clock has passed the moment by a minute, and false for a moment in the future, now, or
+/// within that minute (an entry in flight may still land at or before it).
 #[utoipa::path(
     get, path = "/accounts/{id}/balance", tag = "accounts",
     params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice"), BalanceParams),
@@ -276,10 +291,12 @@ pub struct BalanceParams {
 )]
 pub async fn get_balance(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     query: Result<Query<BalanceParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<BalanceResponse>, ApiError> {
     let id = path_account(&id)?;
+    state.service.check_account_seen(&scope, &id).await?;
     let at = match super::query(query)?.at.as_deref() {
         None => None,
         Some(raw) => Some(

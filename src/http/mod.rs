@@ -5,6 +5,7 @@
 //! [`TransferService`], and turn the answer (or the [`ApiError`]) into a response.
 
 pub mod accounts;
+pub mod api_keys;
 pub mod auth;
 pub mod connections;
 pub mod docs;
@@ -35,7 +36,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::service::TransferService;
+use crate::service::{KeyBook, TransferService};
 pub use problem::{ApiError, PROBLEM_JSON, Problem};
 
 /// The largest request body accepted. A transfer request is well under 1 KiB.
@@ -45,6 +46,8 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub service: TransferService,
+    /// The API keys made through the API (`/api-keys`, and the key check).
+    pub keys: KeyBook,
     /// Cancelled at shutdown: ends the event streams, which would otherwise keep their
     /// connections (and the graceful shutdown) open for ever.
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -63,6 +66,7 @@ pub struct AppState {
         (name = "transfers", description = "Move money, read and cancel transfers."),
         (name = "events", description = "What happened: transfers that reached held, done or canceled, and accounts opened."),
         (name = "webhooks", description = "Endpoints sent the events, signed (Standard Webhooks), and their deliveries. A read-write key is needed, to read too."),
+        (name = "api-keys", description = "API keys made, listed and revoked through the API; a tenant's key sees only its tenant. An admin key is needed."),
         (name = "operations", description = "Health and readiness."),
     ),
     components(
@@ -88,6 +92,8 @@ pub struct AppState {
             responses::TooManyStreams,
             responses::WebhookRefused,
             responses::WebhookNotFound,
+            responses::ApiKeyNotFound,
+            responses::ApiKeyRefused,
             responses::DeliveryNotFound,
             responses::DeliveryNotFailed,
             responses::TransferRefused,
@@ -128,6 +134,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::get_webhook, webhooks::delete_webhook))
         .routes(routes!(webhooks::list_deliveries))
         .routes(routes!(webhooks::retry_delivery))
+        .routes(routes!(api_keys::create_api_key, api_keys::list_api_keys))
+        .routes(routes!(api_keys::delete_api_key))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))
@@ -152,6 +160,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn app(state: AppState, request_timeout: Duration, access: auth::Access) -> Router {
     let (router, _) = api_routes().split_for_parts();
     let doc = openapi();
+    let keys = state.keys.clone();
     let router = router
         .with_state(state)
         .merge(docs::swagger_ui(doc))
@@ -167,7 +176,7 @@ pub fn app(state: AppState, request_timeout: Duration, access: auth::Access) -> 
             ApiError::Internal.into_response()
         }))
         .layer(axum::middleware::from_fn_with_state(
-            access.api_keys(),
+            access.gate(keys),
             auth::require_api_key,
         ));
     let router = match access.cors_layer() {

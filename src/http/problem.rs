@@ -62,8 +62,13 @@ pub enum ApiError {
     InvalidParameter { field: String, detail: String },
     /// 401: no or wrong API key.
     Unauthorized,
-    /// 403: a read-only API key on a write.
+    /// 403: the API key's role does not allow this (a read-only key on a write or on
+    /// `/webhooks`, a key that is not an admin on `/api-keys`, a tenant's admin naming
+    /// another tenant).
     Forbidden,
+    /// 403 `forbidden`: a tenant's key capturing, voiding or cancelling a transfer it
+    /// sees that moves accounts not its tenant's (`docs/tenants.md`).
+    TransferNotOwned(String),
     /// 404: no such account.
     AccountNotFound(String),
     /// 404: no such transfer.
@@ -72,6 +77,8 @@ pub enum ApiError {
     RouteNotFound(String),
     /// 404: no such webhook.
     WebhookNotFound(String),
+    /// 404: no such API key (or one of another tenant).
+    ApiKeyNotFound(String),
     /// 404: no such delivery of the webhook.
     DeliveryNotFound(String),
     /// 409: a manual retry of a delivery that has not failed.
@@ -145,9 +152,9 @@ impl ApiError {
         match self {
             MalformedJson(_) | InvalidParameter { .. } => StatusCode::BAD_REQUEST,
             Unauthorized => StatusCode::UNAUTHORIZED,
-            Forbidden => StatusCode::FORBIDDEN,
+            Forbidden | TransferNotOwned(_) => StatusCode::FORBIDDEN,
             AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) | WebhookNotFound(_)
-            | DeliveryNotFound(_) => StatusCode::NOT_FOUND,
+            | ApiKeyNotFound(_) | DeliveryNotFound(_) => StatusCode::NOT_FOUND,
             DeliveryNotFailed(_) => StatusCode::CONFLICT,
             WebhookUrlNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -180,11 +187,12 @@ impl ApiError {
             MalformedJson(_) => ("malformed_json", "Malformed JSON"),
             InvalidParameter { .. } => ("invalid_parameter", "Invalid parameter"),
             Unauthorized => ("unauthorized", "Unauthorized"),
-            Forbidden => ("forbidden", "Forbidden"),
+            Forbidden | TransferNotOwned(_) => ("forbidden", "Forbidden"),
             AccountNotFound(_) => ("account_not_found", "Account not found"),
             TransferNotFound(_) => ("transfer_not_found", "Transfer not found"),
             RouteNotFound(_) => ("not_found", "Not found"),
             WebhookNotFound(_) => ("webhook_not_found", "Webhook not found"),
+            ApiKeyNotFound(_) => ("api_key_not_found", "API key not found"),
             DeliveryNotFound(_) => ("delivery_not_found", "Delivery not found"),
             DeliveryNotFailed(_) => ("delivery_not_failed", "Delivery not failed"),
             WebhookUrlNotAllowed(_) => ("webhook_url_not_allowed", "Webhook URL not allowed"),
@@ -227,11 +235,15 @@ impl ApiError {
             InvalidParameter { detail, .. } | InvalidField { detail, .. } => detail.clone(),
             InvalidHeader { header, detail } => format!("{header} {detail}"),
             Unauthorized => "send a valid API key as Authorization: Bearer <key>".into(),
-            Forbidden => "this API key is read-only".into(),
+            Forbidden => "this API key's role does not allow this request".into(),
+            TransferNotOwned(id) => format!(
+                "transfer {id} moves accounts of another tenant or of none: only a platform key may capture, void or cancel it"
+            ),
             AccountNotFound(id) => format!("there is no account {id}"),
             TransferNotFound(id) => format!("there is no transfer {id}"),
             RouteNotFound(path) => format!("there is no resource at {path}"),
             WebhookNotFound(id) => format!("there is no webhook {id}"),
+            ApiKeyNotFound(id) => format!("there is no API key {id}"),
             DeliveryNotFound(id) => format!("there is no delivery {id} of this webhook"),
             DeliveryNotFailed(state) => {
                 format!("this delivery is {state}; only a failed delivery is retried by hand")
@@ -244,7 +256,7 @@ impl ApiError {
             TransferCanceled { detail, .. }
             | UnknownAccount { detail, .. }
             | InsufficientFunds { detail, .. } => detail.clone(),
-            CursorExpired => "events after this cursor were removed after the retention (EVENT_RETENTION_MS); you may have missed some: read again from the oldest retained event, without a cursor".into(),
+            CursorExpired => "events after this cursor were removed after the retention (EVENT_RETENTION_MS), or could not be recorded; you may have missed some: read again from the oldest retained event, without a cursor".into(),
             PayloadTooLarge => "the request body is larger than the server accepts".into(),
             UnsupportedMediaType => "send the body as Content-Type: application/json".into(),
             SameAccount => "source and destination must be different accounts".into(),
@@ -490,6 +502,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::UnknownDeployment(name) => ApiError::UnknownDeployment(name.to_string()),
             ServiceError::AccountNotFound(id) => ApiError::AccountNotFound(id),
             ServiceError::TransferNotFound(id) => ApiError::TransferNotFound(id.to_string()),
+            ServiceError::TransferNotOwned(id) => ApiError::TransferNotOwned(id.to_string()),
             ServiceError::SameAccount => ApiError::SameAccount,
             e @ ServiceError::CurrencyMismatch { .. } => ApiError::CurrencyMismatch(e.to_string()),
             ServiceError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
@@ -528,6 +541,7 @@ impl From<ServiceError> for ApiError {
                 ApiError::WebhookUrlNotAllowed(why.to_string())
             }
             ServiceError::WebhookNotFound(id) => ApiError::WebhookNotFound(id),
+            ServiceError::ApiKeyNotFound(id) => ApiError::ApiKeyNotFound(id),
             ServiceError::DeliveryNotFound(id) => ApiError::DeliveryNotFound(id),
             ServiceError::DeliveryNotFailed(state) => {
                 ApiError::DeliveryNotFailed(state.as_str().to_owned())

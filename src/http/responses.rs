@@ -45,7 +45,7 @@ pub struct Unauthorized(pub Problem);
 
 #[derive(ToResponse)]
 #[response(
-    description = "`forbidden`: a read-only API key on a write.",
+    description = "`forbidden`: the API key's role does not allow this: a read-only key on a write or on `/webhooks`, a key that is not an admin on `/api-keys`, a tenant's admin key making a key for another tenant, or a tenant's key capturing, voiding or cancelling a transfer it sees that moves accounts not its tenant's.",
     content_type = PROBLEM_JSON
 )]
 pub struct Forbidden(pub Problem);
@@ -196,6 +196,20 @@ pub struct WebhookNotFound(pub Problem);
 
 #[derive(ToResponse)]
 #[response(
+    description = "`api_key_not_found`: no such API key (a key of another tenant is not found either).",
+    content_type = PROBLEM_JSON
+)]
+pub struct ApiKeyNotFound(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "`invalid_field`: `role` or `tenant` is missing or not valid.",
+    content_type = PROBLEM_JSON
+)]
+pub struct ApiKeyRefused(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
     description = "`webhook_not_found` or `delivery_not_found`: no such webhook, or no such delivery of it.",
     content_type = PROBLEM_JSON
 )]
@@ -211,7 +225,7 @@ pub struct DeliveryNotFailed(pub Problem);
 /// `GET /events`: the cursor is too old.
 #[derive(ToResponse)]
 #[response(
-    description = "`cursor_expired`: events after the cursor were removed after the retention (`EVENT_RETENTION_MS`); read again from the oldest retained event, without `after`.",
+    description = "`cursor_expired`: events after the cursor were removed after the retention (`EVENT_RETENTION_MS`), or lost (the recorder could not record them: `event_feed_gaps_total`); read again from the oldest retained event, without `after`.",
     content_type = PROBLEM_JSON
 )]
 pub struct CursorExpired(pub Problem);

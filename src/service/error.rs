@@ -17,6 +17,10 @@ pub enum ServiceError {
     AccountNotFound(String),
     #[error("transfer {0} does not exist")]
     TransferNotFound(TransferId),
+    /// A tenant's scope sees the transfer (one of its accounts is the tenant's) but does
+    /// not own it (another is not): it may read it, never capture, void or cancel it.
+    #[error("transfer {0} moves accounts that are not the caller's tenant's")]
+    TransferNotOwned(TransferId),
     #[error("source and destination are the same account")]
     SameAccount,
     #[error(
@@ -60,6 +64,8 @@ pub enum ServiceError {
     WebhookUrlNotAllowed(super::UrlRefusal),
     #[error("webhook {0} does not exist")]
     WebhookNotFound(String),
+    #[error("api key {0} does not exist")]
+    ApiKeyNotFound(String),
     #[error("delivery {0} does not exist")]
     DeliveryNotFound(String),
     /// Only a failed delivery is retried by hand; this one is in this state.

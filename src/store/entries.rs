@@ -44,7 +44,7 @@ use tokio::sync::Semaphore;
 use super::documents::transfer_id;
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult};
-use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Timestamp};
+use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Finality, Timestamp};
 
 /// The field of an account document that holds its entries not moved yet.
 pub(super) const RECENT: &str = "recentEntries";
@@ -317,15 +317,6 @@ impl Moved {
     }
 }
 
-/// The update pipeline that removes from an account document its entries numbered up
-/// to `up_to` (an expression or a literal), once they are in `entries`.
-pub(super) fn trimmed(up_to: impl Into<Bson>) -> Vec<Document> {
-    vec![doc! { "$set": { RECENT: { "$filter": {
-        "input": format!("${RECENT}"),
-        "cond": { "$gt": ["$$this.seq", up_to.into()] },
-    } } } }]
-}
-
 /// What an account's document says of its ledger, in one read: its last entry's number
 /// and the amounts it left (the account's own), that entry's time, and the entries not
 /// moved yet.
@@ -401,6 +392,7 @@ impl Store {
             at,
             seq: e.map_or(0, |e| e.seq),
             amounts: e.map(|e| e.after).unwrap_or_default(),
+            finality: Finality::Provisional,
         };
         // `at` never goes back along an account's entries: the last at or before the
         // moment is the last of all when that one is, and in the document when the
@@ -449,6 +441,7 @@ impl Store {
             at: head.last_at.map_or(now, |last| last.max(now)),
             seq: head.seq,
             amounts: head.amounts,
+            finality: Finality::Provisional,
         }))
     }
 
@@ -498,20 +491,6 @@ impl Store {
             last_at: d.last_entry_at.map(|at| at.to_chrono()),
             recent,
         }))
-    }
-
-    /// Stops this store's [`EntryMover`] (every clone's): native transactions change its
-    /// accounts and move their entries themselves (see [`EntryMover`]'s `enabled`).
-    pub fn stop_moving_entries(&self) {
-        let mover = &self.batches.entry_mover;
-        mover
-            .enabled
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        mover
-            .touched
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
     }
 
     /// What this store's [`EntryMover`] knows is in `entries` of `account`.
@@ -566,11 +545,6 @@ pub struct EntryMover {
     /// entries in its document until the mover copies it again, the copies refused as
     /// duplicates, and remembers it).
     moved: Mutex<HashMap<String, Moved>>,
-    /// False once native transactions change the accounts (`TRANSFER_STRATEGY=native`):
-    /// a write of the mover from outside them, on an account one of them holds, can
-    /// stall them both (SecantusDB runs one write command at a time; the mover's waits
-    /// for the transaction, which cannot commit), and they move their entries themselves.
-    enabled: std::sync::atomic::AtomicBool,
 }
 
 impl EntryMover {
@@ -590,7 +564,6 @@ impl EntryMover {
             touched: Mutex::new(BTreeSet::new()),
             resume_after: Mutex::new(None),
             moved: Mutex::new(HashMap::new()),
-            enabled: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -612,9 +585,6 @@ impl EntryMover {
     }
 
     fn touched<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
-        if !self.enabled.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
         let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
         for account in accounts {
             if touched.len() >= MAX_REMEMBERED {

@@ -25,6 +25,13 @@
 //! Keeping: events older than the retention are removed from the front of the feed
 //! ([`Store::trim_events`]). `trimmedThrough` is raised before they are deleted; a
 //! reader whose position is below it may have missed an event, and is told so.
+//!
+//! Gaps: events that cannot be recorded (the stream cannot resume where it was saved:
+//! [`Store::open_changes`]; a change cannot be made an event: [`Store::record_events`])
+//! are never skipped silently. `trimmedThrough` is raised past them, in the guarded write
+//! that moves the stream past them, so that every cursor from before the gap is refused
+//! as one from before a removal is; the events left below it are removed by the next
+//! trims. An error log says what was lost and `event_feed_gaps_total` counts it.
 
 use std::time::Duration;
 
@@ -39,7 +46,9 @@ use serde::{Deserialize, Serialize};
 
 use super::documents::{AccountDoc, Stored, TransferDoc, stored_time};
 use super::{Store, StoreError, StoreResult};
-use crate::domain::{Event, EventData, EventType, Position, Timestamp, TransferState, event_id};
+use crate::domain::{
+    Event, EventData, EventType, Position, TenantName, Timestamp, TransferState, event_id,
+};
 
 /// The collection of events.
 const EVENTS: &str = "events";
@@ -78,6 +87,10 @@ struct EventDoc {
     /// The account as it was opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     account: Option<AccountDoc>,
+    /// The tenants that see it (`docs/tenants.md`): its transfer's, or its account's;
+    /// index `tenants_key` walks one tenant's feed without the others' events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tenants: Vec<String>,
 }
 
 /// A position as the feed stores and compares it: ten digits of seconds, ten of
@@ -111,11 +124,53 @@ pub struct Changes {
     unpublished: Option<String>,
 }
 
+/// A change that should be an event and cannot be made one.
+struct Unreadable {
+    /// Its cluster time, if it has one.
+    time: Option<bson::Timestamp>,
+    /// What it changed: its operation, collection and document key.
+    what: String,
+    /// Why it cannot be made an event.
+    why: String,
+}
+
+impl Unreadable {
+    fn of(change: &ChangeStreamEvent<Document>, why: String) -> Unreadable {
+        let collection = change.ns.as_ref().and_then(|n| n.coll.as_deref());
+        Unreadable {
+            time: change.cluster_time,
+            what: format!(
+                "{:?} of {} {}",
+                change.operation_type,
+                collection.unwrap_or("?"),
+                change
+                    .document_key
+                    .as_ref()
+                    .map_or_else(|| "?".to_owned(), |k| k.to_string())
+            ),
+            why,
+        }
+    }
+}
+
+/// What [`Store::watch_from_saved`] found.
+enum Opened {
+    /// Boxed: a change stream is large (some 1.8 KB), the other variant small.
+    Changes(Box<Changes>),
+    /// The stream cannot resume where it was saved, and why: its events since are lost.
+    CannotResume(String),
+}
+
 /// How often a stream that reported no change saves its moving position.
 const SAVE_QUIET_EVERY: Duration = Duration::from_secs(10);
 
-/// MongoDB's ChangeStreamHistoryLost: the stream's resume point is older than the oplog.
-const HISTORY_LOST: i32 = 286;
+/// The server's answers to a resume point it cannot resume from, whatever is tried
+/// again: FailedToParse (9, a resume token that is not hex), InvalidResumeToken (260),
+/// ChangeStreamFatalError (280, the token's event is not in the oplog),
+/// ChangeStreamHistoryLost (286, the resume point is older than the oplog) and 40647 (a
+/// resume token without its `_data`). The pipeline and options sent with it are
+/// constants of this code: only the resume point differs from one opening to the next.
+const CANNOT_RESUME: [i32; 5] = [9, 260, 280, 286, 40647];
 
 /// What the recorder's document says of the feed.
 #[derive(Debug, Clone, Default)]
@@ -235,24 +290,59 @@ impl Store {
         Ok(())
     }
 
-    /// Opens the change stream where the last recorder left it. If the oplog no longer
-    /// reaches back there (the recorders were stopped for longer than it keeps), the
-    /// events in between cannot be recorded any more: says so loudly, and starts again
-    /// from now rather than never again.
-    pub async fn open_changes(&self) -> StoreResult<Changes> {
+    /// Opens the change stream where the last recorder left it, as `owner`; `None` when
+    /// `owner` no longer holds the lease.
+    ///
+    /// If it cannot resume there (the oplog no longer reaches back there: the recorders
+    /// were stopped for longer than it keeps; or what was saved cannot be read), the
+    /// events of the changes since then cannot be recorded any more. That is a gap, never
+    /// skipped silently: the front of the feed (`trimmedThrough`) moves up to the cluster
+    /// time the stream starts again from, in the same guarded write that makes it start
+    /// there, so that every cursor from before the gap is refused (410 `cursor_expired`)
+    /// rather than served the feed without the lost events; an error log says which
+    /// cluster times were lost and `event_feed_gaps_total` counts it.
+    pub async fn open_changes(&self, owner: &str) -> StoreResult<Option<Changes>> {
         self.bound_the_feed().await?;
-        match self.watch_from_saved().await {
-            Err(StoreError::Other(cause)) if history_lost(&cause) => {
-                tracing::error!(deployment = %self.deployment, "the change stream cannot resume where the last recorder left it (the oplog no longer reaches back there): the events of the changes made since then are lost; recording from now on");
-                self.recorder()
-                    .update_one(
-                        doc! { "_id": RECORDER_ID },
-                        doc! { "$unset": { "resumeToken": "", "startAt": "" } },
-                    )
-                    .await?;
-                self.watch_from_saved().await
-            }
-            opened => opened,
+        let why = match self.watch_from_saved().await? {
+            Opened::Changes(changes) => return Ok(Some(*changes)),
+            Opened::CannotResume(why) => why,
+        };
+        let recorded = self.feed_state().await?.recorded_through;
+        let Some(now) = self.cluster_time().await? else {
+            return Err(StoreError::Other(
+                format!("the change stream cannot resume ({why}), and the database gives no cluster time to start again from").into(),
+            ));
+        };
+        let front = tick_key(tick(now.time, now.increment));
+        // Guarded by the lease: another recorder that took it over handles the gap itself.
+        // The front only moves up ($max); a late copy of this write moves nothing back.
+        let moved = self
+            .recorder()
+            .update_one(
+                doc! { "_id": RECORDER_ID, "owner": owner },
+                doc! {
+                    "$max": { "trimmedThrough": &front },
+                    "$set": { "startAt": now },
+                    "$unset": { "resumeToken": "" },
+                },
+            )
+            .await?;
+        if moved.matched_count == 0 {
+            return Ok(None);
+        }
+        crate::metrics::feed_gap(&self.deployment, crate::metrics::FeedGap::HistoryLost);
+        tracing::error!(
+            deployment = %self.deployment,
+            cause = %why,
+            lost_after = %described(recorded.as_deref()),
+            lost_before = %described(Some(&front)),
+            "events lost: the change stream cannot resume where the last recorder left it; the events of the changes after the last one recorded and before the cluster time recording starts again from are gone. Readers of cursors from before are answered 410 cursor_expired; recording from now on"
+        );
+        match self.watch_from_saved().await? {
+            Opened::Changes(changes) => Ok(Some(*changes)),
+            Opened::CannotResume(why) => Err(StoreError::Other(
+                format!("the change stream cannot start again from now: {why}").into(),
+            )),
         }
     }
 
@@ -274,7 +364,9 @@ impl Store {
         Ok(())
     }
 
-    async fn watch_from_saved(&self) -> StoreResult<Changes> {
+    /// The change stream from where the last recorder left it (`resumeToken`), or from
+    /// `startAt`, or from now; or why it cannot resume there.
+    async fn watch_from_saved(&self) -> StoreResult<Opened> {
         let state = self
             .recorder()
             .find_one(doc! { "_id": RECORDER_ID })
@@ -286,21 +378,35 @@ impl Store {
             .pipeline([changes_that_are_events()])
             .full_document(FullDocumentType::UpdateLookup)
             .max_await_time(MAX_AWAIT);
-        let stream = match (state.get("resumeToken"), state.get_timestamp("startAt")) {
+        let resuming = state.contains_key("resumeToken") || state.contains_key("startAt");
+        let opened = match (state.get("resumeToken"), state.get_timestamp("startAt")) {
             (Some(token), _) => {
-                let token: ResumeToken = bson::from_bson(token.clone()).map_err(|e| {
-                    StoreError::Other(format!("the saved resume token is unreadable: {e}").into())
-                })?;
-                watch.start_after(token).await?
+                let token = match readable_token(token) {
+                    Ok(token) => token,
+                    Err(why) => return Ok(Opened::CannotResume(why)),
+                };
+                watch.start_after(token).await
             }
-            (None, Ok(start)) => watch.start_at_operation_time(start).await?,
-            (None, Err(_)) => watch.await?,
+            (None, Ok(start)) => watch.start_at_operation_time(start).await,
+            (None, Err(_)) => watch.await,
         };
-        Ok(Changes {
-            stream,
-            saved: None,
-            unpublished: None,
-        })
+        match opened {
+            Ok(stream) => Ok(Opened::Changes(Box::new(Changes {
+                stream,
+                saved: None,
+                unpublished: None,
+            }))),
+            Err(e) if resuming => match e.kind.as_ref() {
+                ErrorKind::Command(c) if CANNOT_RESUME.contains(&c.code) => {
+                    Ok(Opened::CannotResume(format!(
+                        "the server refused to resume: {} ({}): {}",
+                        c.code, c.code_name, c.message
+                    )))
+                }
+                _ => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Records the events of the changes the stream has now, at most [`MAX_RECORDED`]
@@ -308,6 +414,7 @@ impl Store {
     /// stream is, as `owner`. The events recorded by this call.
     pub async fn record_events(&self, changes: &mut Changes, owner: &str) -> StoreResult<usize> {
         let mut found = Vec::new();
+        let mut lost: Vec<Unreadable> = Vec::new();
         let mut changed = false;
         // Under steady load the server's batches never come back empty: the changes of
         // [`GATHER_FOR`] are recorded together, so that an event waits that long at most.
@@ -323,12 +430,14 @@ impl Store {
             match self.event_of(&change) {
                 Ok(Some(event)) => found.push(event),
                 Ok(None) => {}
-                Err(why) => {
-                    tracing::error!(deployment = %self.deployment, error = %why, "a change that should be an event cannot be read; no event recorded for it");
-                }
+                Err(why) => lost.push(Unreadable::of(&change, why)),
             }
         }
         let recorded = self.insert_in_order(&found).await?;
+        // A change that cannot be made an event never will be: the front of the feed moves
+        // past its cluster time, in the write that saves the stream past it, so that the
+        // cursors below it are refused rather than served the feed without its event.
+        let gap_before = self.past(&lost).await?;
         let through = Self::publishable(&mut changes.unpublished, &found, drained);
         let token = changes.stream.resume_token();
         let due = token.as_ref().is_some_and(|token| match &changes.saved {
@@ -342,18 +451,63 @@ impl Store {
             })?;
             update.insert("$set", doc! { "resumeToken": stored });
         }
+        let mut raised = doc! {};
         if let Some(through) = &through {
-            update.insert("$max", doc! { "recordedThrough": through });
+            raised.insert("recordedThrough", through);
+        }
+        if let Some(front) = &gap_before {
+            raised.insert("trimmedThrough", front);
+        }
+        if !raised.is_empty() {
+            update.insert("$max", raised);
         }
         if !update.is_empty() {
-            self.recorder()
+            let written = self
+                .recorder()
                 .update_one(doc! { "_id": RECORDER_ID, "owner": owner }, update)
                 .await?;
             if let (true, Some(token)) = (due, token) {
                 changes.saved = Some((token, std::time::Instant::now()));
             }
+            // The lease lost, nothing was saved: its next holder reads these changes again.
+            if let (1, Some(front)) = (written.matched_count, &gap_before) {
+                self.say_lost(&lost, front);
+            }
         }
         Ok(recorded)
+    }
+
+    /// The key just past the cluster times of the changes `lost` (up to now for one
+    /// without a cluster time), if there are any.
+    async fn past(&self, lost: &[Unreadable]) -> StoreResult<Option<String>> {
+        let time = match lost.iter().map(|l| l.time).max() {
+            None => return Ok(None),
+            Some(Some(time)) => time,
+            Some(None) => self.cluster_time().await?.ok_or_else(|| {
+                StoreError::Other(
+                    "a change without a cluster time, and the database gives none".into(),
+                )
+            })?,
+        };
+        Ok(Some(tick_key(
+            tick(time.time, time.increment).saturating_add(1),
+        )))
+    }
+
+    /// Says what the changes `lost` were, whose events could not be recorded, once the
+    /// front of the feed moved past them to `front`.
+    fn say_lost(&self, lost: &[Unreadable], front: &str) {
+        for change in lost {
+            crate::metrics::feed_gap(&self.deployment, crate::metrics::FeedGap::UnreadableChange);
+            tracing::error!(
+                deployment = %self.deployment,
+                change = %change.what,
+                cluster_time = %change.time.map_or_else(|| "none".to_owned(), |t| format!("{}.{}", t.time, t.increment)),
+                error = %change.why,
+                lost_before = %described(Some(front)),
+                "event lost: a change that should be an event cannot be made one; no event recorded for it. Readers of cursors from before it are answered 410 cursor_expired"
+            );
+        }
     }
 
     /// How far readers may read once `found` is recorded (`recordedThrough`): every event
@@ -517,9 +671,17 @@ impl Store {
             .await?
             .checked_sub_signed(retention)
             .unwrap_or(Timestamp::MIN_UTC);
+        let state = self.feed_state().await?;
+        // What a gap left below the front first: no read goes there, so they go in any
+        // order, a bounded round at a time.
+        if let Some(front) = &state.trimmed_through {
+            let left = self.remove_below(front).await?;
+            if left > 0 {
+                return Ok(left);
+            }
+        }
         // The front, from the last removal, up to the second after the cut-off (a
         // change's cluster time and its wall time are the same clock's).
-        let state = self.feed_state().await?;
         let from = state.trimmed_through.unwrap_or_else(Position::start);
         let cut = tick_key(tick(
             u32::try_from(cutoff.timestamp() + 1).unwrap_or(u32::MAX),
@@ -530,7 +692,7 @@ impl Store {
         };
         let up_to = recorded.min(cut);
         let (front, _) = self
-            .windows(&from, &up_to, MAX_TRIMMED as usize, &[])
+            .windows(&from, &up_to, MAX_TRIMMED as usize, &[], None)
             .await?;
         let old = front
             .iter()
@@ -553,6 +715,34 @@ impl Store {
         let deleted = self
             .events()
             .delete_many(doc! { "key": { "$lte": through } })
+            .await?;
+        Ok(deleted.deleted_count)
+    }
+
+    /// Removes up to [`MAX_TRIMMED`] events at or below `front`: those a gap left behind
+    /// when it moved the front past them ([`Store::open_changes`]), or a removal that
+    /// stopped between raising the front and deleting. The number removed. Nothing reads
+    /// below the front, so any instance may remove them at any time.
+    async fn remove_below(&self, front: &Position) -> StoreResult<u64> {
+        let below: Vec<Bson> = self
+            .events()
+            .clone_with_type::<Document>()
+            .find(doc! { "key": { "$lte": key(front) } })
+            .projection(doc! { "_id": 1 })
+            .limit(MAX_TRIMMED as i64)
+            .max_time(super::READ_TIME_LIMIT)
+            .await?
+            .try_collect::<Vec<_>>()
+            .await?
+            .into_iter()
+            .filter_map(|d| d.get("_id").cloned())
+            .collect();
+        if below.is_empty() {
+            return Ok(0);
+        }
+        let deleted = self
+            .events()
+            .delete_many(doc! { "_id": { "$in": below } })
             .await?;
         Ok(deleted.deleted_count)
     }
@@ -594,21 +784,25 @@ impl Store {
     }
 
     /// Up to `limit` events after `after` (from the front when `None`), of `types` (all
-    /// when empty), in feed order, no further than `recorded` (the
-    /// [`FeedState::recorded_through`] read before); and how far the feed was trimmed
-    /// once they were read.
+    /// when empty), `tenant`'s only when given, in feed order, no further than
+    /// `recorded` (the [`FeedState::recorded_through`] read before); and how far the feed
+    /// was trimmed once they were read.
     pub async fn read_feed(
         &self,
         after: Option<&Position>,
         limit: u32,
         types: &[EventType],
+        tenant: Option<&TenantName>,
         recorded: Option<String>,
     ) -> StoreResult<FeedPage> {
         let start = Position::start();
         let after = after.unwrap_or(&start);
         let end = self.read_bound(after, recorded).await?;
         let (found, examined) = match end {
-            Some(end) => self.windows(after, &end, limit as usize, types).await?,
+            Some(end) => {
+                self.windows(after, &end, limit as usize, types, tenant)
+                    .await?
+            }
             None => (Vec::new(), None),
         };
         let events = found
@@ -654,6 +848,7 @@ impl Store {
         end_key: &str,
         limit: usize,
         types: &[EventType],
+        tenant: Option<&TenantName>,
     ) -> StoreResult<(Vec<EventDoc>, Option<String>)> {
         let Some(last) = position(end_key) else {
             return Ok((Vec::new(), None));
@@ -675,9 +870,13 @@ impl Store {
                 limit.max(FILTERED_WINDOW)
             };
             let within = doc! { "$gt": &below, "$lt": tick_key(until), "$lte": end_key };
+            let mut filter = doc! { "key": within };
+            if let Some(tenant) = tenant {
+                filter.insert("tenants", tenant.as_str());
+            }
             let window: Vec<EventDoc> = self
                 .events()
-                .find(doc! { "key": within })
+                .find(filter)
                 .sort(doc! { "key": 1 })
                 .limit(room as i64)
                 .max_time(super::READ_TIME_LIMIT)
@@ -734,13 +933,28 @@ impl Store {
     }
 }
 
-/// Whether `cause` is the server saying the stream's history is gone.
-fn history_lost(cause: &super::Cause) -> bool {
-    match cause {
-        super::Cause::Driver(e) => {
-            matches!(e.kind.as_ref(), ErrorKind::Command(c) if c.code == HISTORY_LOST)
+/// The saved resume token, if it is one: a document with its `_data` a string.
+/// SecantusDB starts a stream asked to resume from anything else at its tail, silently.
+fn readable_token(saved: &Bson) -> Result<ResumeToken, String> {
+    let readable = saved
+        .as_document()
+        .is_some_and(|d| matches!(d.get("_data"), Some(Bson::String(_))));
+    if !readable {
+        return Err(format!("the saved resume token is unreadable: {saved}"));
+    }
+    bson::from_bson(saved.clone()).map_err(|e| format!("the saved resume token is unreadable: {e}"))
+}
+
+/// A feed key as a log line says it: its cluster time (seconds.increment) and that
+/// time's UTC date; "the start of the feed" for none.
+fn described(key: Option<&str>) -> String {
+    match key.and_then(position) {
+        Some(p) if p.seconds > 0 => {
+            let date = chrono::DateTime::from_timestamp(i64::from(p.seconds), 0)
+                .map_or_else(String::new, |d| d.to_rfc3339());
+            format!("cluster time {}.{} ({date})", p.seconds, p.increment)
         }
-        super::Cause::Found(_) => false,
+        _ => "the start of the feed".into(),
     }
 }
 
@@ -758,6 +972,11 @@ fn stored(
         increment: time.increment,
         id: id.clone(),
     };
+    let tenants = match (&transfer, &account) {
+        (Some(t), _) => t.tenants.clone(),
+        (None, Some(a)) => a.tenant.iter().cloned().collect(),
+        (None, None) => Vec::new(),
+    };
     EventDoc {
         key: key(&position),
         id,
@@ -765,6 +984,7 @@ fn stored(
         at,
         transfer,
         account,
+        tenants,
     }
 }
 

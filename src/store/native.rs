@@ -15,18 +15,16 @@
 
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use mongodb::ClientSession;
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Document, doc};
 use mongodb::options::ReadConcern;
-use mongodb::options::ReturnDocument;
 
 use super::documents::Stored;
-use super::entries::{EntryDoc, Marker, RECENT, changed_with_entry, trimmed};
+use super::entries::{Marker, changed_with_entry};
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
-use crate::domain::{CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
+use crate::domain::{AccountId, CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
 
 /// How long a transfer may keep starting new runs of its transaction before it gives up
 /// (the caller answers 503; nothing moved). The driver's own limit is 120 s, four times
@@ -47,10 +45,6 @@ pub enum AtomicOutcome {
     /// Nothing was written: the accounts refused it for this reason.
     Refused(CancelReason),
 }
-
-/// Entries a native transaction lets gather in an account document before it moves them
-/// (all of them, each now in `entries`) out of it itself (see [`Store::atomic_change`]'s doc).
-const NATIVE_MOVE_AFTER: usize = 16;
 
 /// The callback's own error: the time limit passed before a new run of the transaction
 /// started. Not labelled transient, so the driver aborts and hands it back at once.
@@ -111,9 +105,14 @@ impl Store {
             })
             .await;
         match refused {
-            Ok(None) => Ok(AtomicOutcome::Done(Box::new(
-                done.into_domain(&self.deployment)?,
-            ))),
+            Ok(None) => {
+                // Committed: the entry mover copies the new entries out of the documents,
+                // as after a two-phase step (see `atomic_change`).
+                self.entries_added([done.source.as_str(), done.destination.as_str()]);
+                Ok(AtomicOutcome::Done(Box::new(
+                    done.into_domain(&self.deployment)?,
+                )))
+            }
             Ok(Some(reason)) => Ok(AtomicOutcome::Refused(reason)),
             Err(e) if e.get_custom::<TimeLimitReached>().is_some() => Err(StoreError::Unavailable(
                 format!(
@@ -183,15 +182,17 @@ impl Store {
         Ok(None)
     }
 
-    /// Adds `value` to the balance of the account `filter` finds, with its entry (`kind`
-    /// of `tx`), inside the session's transaction; false when the filter found nothing.
+    /// Adds `value` to the balance of the account `filter` finds (by its `_id`), with its
+    /// entry (`kind` of `tx`), inside the session's transaction; false when the filter
+    /// found nothing.
     ///
-    /// No mover writes the document of an account that native transactions change: a
-    /// write from outside the transactions on a hot account makes them conflict, and
-    /// retry, until they give up. So the transaction copies its own entry to `entries`,
-    /// and every [`NATIVE_MOVE_AFTER`] entries it also moves the document's older ones
-    /// itself (those `entries` lacks: the opening, a reversal's two-phase steps), then
-    /// trims them, all in the same transaction.
+    /// Its entries are kept as a two-phase step's are (`store::entries`): appended to the
+    /// document by this write, which leaves out those the entry mover has copied; the
+    /// mover copies the new one once the transaction has committed. The transaction writes
+    /// nothing to `entries` itself, so no write of the mover (from outside it, on a key it
+    /// also writes) can wait for it while it waits to commit: on SecantusDB, which runs one
+    /// write command at a time, that stalled both (a native transfer after a hold timed
+    /// out in CI, when transactions copied their accounts' older entries themselves).
     async fn atomic_change(
         &self,
         session: &mut ClientSession,
@@ -200,83 +201,20 @@ impl Store {
         tx: ObjectId,
         value: i64,
     ) -> mongodb::error::Result<bool> {
-        #[derive(serde::Deserialize)]
-        struct Recent {
-            #[serde(rename = "_id")]
-            id: String,
-            #[serde(rename = "recentEntries", default)]
-            recent: Vec<EntryDoc>,
-        }
+        let moved = filter
+            .get_str("_id")
+            .ok()
+            .and_then(|id| AccountId::parse(id).ok())
+            .and_then(|account| self.entries_moved(&account));
         let changed = self
             .accounts
-            .clone_with_type::<Recent>()
-            .find_one_and_update(
+            .update_one(
                 filter,
-                changed_with_entry(kind, tx, &moved(value), Marker::Native, None),
+                changed_with_entry(kind, tx, &moved_by(value), Marker::Native, moved),
             )
-            .return_document(ReturnDocument::After)
-            .projection(doc! { RECENT: 1 })
             .session(&mut *session)
             .await?;
-        let Some(Recent { id, recent }) = changed else {
-            return Ok(false);
-        };
-        let Some(entry) = recent.last() else {
-            return Ok(true);
-        };
-        self.entries
-            .insert_one(EntryDoc {
-                account: Some(id.clone()),
-                ..entry.clone()
-            })
-            .session(&mut *session)
-            .await?;
-        if recent.len() >= NATIVE_MOVE_AFTER {
-            self.move_in_transaction(session, &id, &recent).await?;
-        }
-        Ok(true)
-    }
-
-    /// Moves `recent`, the entries in account `id`'s document, out of it within the
-    /// session's transaction: copies those `entries` lacks, then trims them all.
-    async fn move_in_transaction(
-        &self,
-        session: &mut ClientSession,
-        id: &str,
-        recent: &[EntryDoc],
-    ) -> mongodb::error::Result<()> {
-        let seqs: Vec<i64> = recent.iter().map(|e| e.seq).collect();
-        let copied: Vec<i64> = self
-            .entries
-            .clone_with_type::<Document>()
-            .find(doc! { "account": id, "seq": { "$in": &seqs } })
-            .projection(doc! { "seq": 1 })
-            .session(&mut *session)
-            .await?
-            .stream(&mut *session)
-            .try_filter_map(|d| async move { Ok(d.get_i64("seq").ok()) })
-            .try_collect()
-            .await?;
-        let missing: Vec<EntryDoc> = recent
-            .iter()
-            .filter(|e| !copied.contains(&e.seq))
-            .map(|e| EntryDoc {
-                account: Some(id.to_owned()),
-                ..e.clone()
-            })
-            .collect();
-        if !missing.is_empty() {
-            self.entries
-                .insert_many(missing)
-                .session(&mut *session)
-                .await?;
-        }
-        let up_to = recent.last().map_or(0, |e| e.seq);
-        self.accounts
-            .update_one(doc! { "_id": id }, trimmed(up_to))
-            .session(&mut *session)
-            .await?;
-        Ok(())
+        Ok(changed.matched_count == 1)
     }
 
     async fn account_exists(
@@ -295,6 +233,6 @@ impl Store {
 
 /// A change of the balance alone by `value`, as a native transaction's debit (negative)
 /// or credit makes.
-fn moved(value: i64) -> Amounts {
+fn moved_by(value: i64) -> Amounts {
     Amounts::change(value, 0, 0)
 }

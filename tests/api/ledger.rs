@@ -731,6 +731,47 @@ fn answered_balance(answer: &Value) -> (i64, (i64, i64, i64)) {
     (seq(answer), amounts(answer))
 }
 
+/// An answer for a moment can change while an entry may still be stamped at or before
+/// it: one in flight, or one stamped by a member whose clock is behind after a failover.
+/// It says whether it is final: only once the database's clock passed the moment by
+/// the margin (a minute), never for now, the future, or a moment within the margin.
+#[tokio::test]
+async fn a_balance_is_final_only_for_a_moment_the_databases_clock_passed_by_the_margin() {
+    let app = spawn_app().await;
+    alice_and_bob(&app, 1_000, 0).await;
+    done(&app, "alice", "bob", 10).await;
+    let entries = assert_ledger(&app, "alice").await;
+    let last = at(entries.last().unwrap());
+
+    let current = balance_at(&app, "alice", None).await;
+    assert_eq!(current["final"], false, "the amounts now: {current}");
+    let now: DateTime<Utc> = current["at"].as_str().unwrap().parse().unwrap();
+    let margin = TimeDelta::from_std(transfer_service::service::FINAL_AFTER).unwrap();
+    assert_eq!(
+        margin,
+        TimeDelta::minutes(1),
+        "the margin docs/ledger.md states"
+    );
+    for (moment, expected, which) in [
+        (now + TimeDelta::hours(1), false, "in the future"),
+        (last, false, "the last entry's, just made"),
+        (
+            now - margin + TimeDelta::seconds(10),
+            false,
+            "within the margin",
+        ),
+        (
+            now - margin - TimeDelta::seconds(10),
+            true,
+            "past the margin",
+        ),
+        ("2000-01-01T00:00:00Z".parse().unwrap(), true, "long ago"),
+    ] {
+        let answer = balance_at(&app, "alice", Some(&rfc3339(moment))).await;
+        assert_eq!(answer["final"], expected, "{which}: {answer}");
+    }
+}
+
 #[tokio::test]
 async fn the_balance_at_a_moment_is_what_the_last_entry_at_or_before_it_left() {
     let app = spawn_app().await;

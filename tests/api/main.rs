@@ -5,6 +5,7 @@ mod cancel;
 mod concurrency;
 mod docs;
 mod errors;
+mod event_gaps;
 mod events;
 mod events_stream;
 mod group_commit;
@@ -16,6 +17,8 @@ mod legs_holds;
 mod native;
 mod observability;
 mod security;
+mod tenants;
+mod tenants_explored;
 mod transfers;
 mod webhooks;
 
