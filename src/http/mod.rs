@@ -89,6 +89,8 @@ pub struct AppState {
             responses::WebhookNotFound,
             responses::DeliveryNotFound,
             responses::DeliveryNotFailed,
+            responses::WebhookLimitReached,
+            responses::InvalidRotation,
             responses::TransferRefused,
             responses::ReversalRefused,
             responses::InvalidCaptureAmount,
@@ -127,6 +129,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::get_webhook, webhooks::delete_webhook))
         .routes(routes!(webhooks::list_deliveries))
         .routes(routes!(webhooks::retry_delivery))
+        .routes(routes!(webhooks::rotate_secret))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))

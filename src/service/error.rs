@@ -60,6 +60,9 @@ pub enum ServiceError {
     WebhookUrlNotAllowed(super::UrlRefusal),
     #[error("webhook {0} does not exist")]
     WebhookNotFound(String),
+    /// As many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
+    #[error("{0} webhooks are registered, as many as allowed")]
+    TooManyWebhooks(usize),
     #[error("delivery {0} does not exist")]
     DeliveryNotFound(String),
     /// Only a failed delivery is retried by hand; this one is in this state.

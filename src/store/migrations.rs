@@ -52,6 +52,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/0009_webhooks.json"),
     ),
     ("0010_legs", include_str!("../../migrations/0010_legs.json")),
+    (
+        "0011_webhook_caps",
+        include_str!("../../migrations/0011_webhook_caps.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.
