@@ -205,7 +205,8 @@ pub struct Args {
     pub rust_log: String,
 
     /// API keys, comma-separated `role:key` pairs: role `rw` may read and write, `ro` only
-    /// read. Each key is 16 to 256 visible ASCII characters other than a comma. Unset or
+    /// read, `admin` also manage keys (`/api-keys`); all are platform keys, which see every
+    /// tenant. Each key is 16 to 256 visible ASCII characters other than a comma. Unset or
     /// empty: no key is needed. Prefer the variable to the flag, which `ps` shows.
     // `std::vec::Vec` spelled out: clap's derive then takes the whole list as one value,
     // as the variable gives it, instead of collecting the flag given several times.
@@ -218,14 +219,8 @@ pub struct Args {
     pub cors_allowed_origins: Option<std::vec::Vec<String>>,
 }
 
-/// What an API key may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// `ro`: safe methods only (GET, HEAD, OPTIONS).
-    ReadOnly,
-    /// `rw`: everything.
-    ReadWrite,
-}
+/// What an API key may do (`ro`, `rw`, `admin`).
+pub use crate::domain::Role;
 
 /// A configured API key. Only its SHA-256 digest is kept: equal-length digests are what
 /// the authentication compares in constant time, and the key itself then never sits in
@@ -623,18 +618,14 @@ pub fn parse_api_keys(raw: &str) -> Result<Vec<ApiKey>, ConfigError> {
         let Some((role, key)) = entry.split_once(':') else {
             return Err(invalid(
                 VARIABLE,
-                format!("entry {n} is not role:key (role rw or ro)"),
+                format!("entry {n} is not role:key (role rw, ro or admin)"),
             ));
         };
-        let role = match role.trim() {
-            "rw" => Role::ReadWrite,
-            "ro" => Role::ReadOnly,
-            _ => {
-                return Err(invalid(
-                    VARIABLE,
-                    format!("entry {n} has a role other than rw or ro"),
-                ));
-            }
+        let Ok(role) = Role::parse(role.trim()) else {
+            return Err(invalid(
+                VARIABLE,
+                format!("entry {n} has a role other than rw, ro or admin"),
+            ));
         };
         let key = key.trim();
         if !(16..=256).contains(&key.len()) || !key.chars().all(|c| c.is_ascii_graphic()) {
@@ -1125,12 +1116,12 @@ mod tests {
         let secret = "s3cret-0123456789abcdef";
         let cases = [
             (
-                format!("admin:{secret}"),
-                "entry 1 has a role other than rw or ro",
+                format!("root:{secret}"),
+                "entry 1 has a role other than rw, ro or admin",
             ),
             (
                 format!("{secret}:rw"),
-                "entry 1 has a role other than rw or ro",
+                "entry 1 has a role other than rw, ro or admin",
             ),
             (secret.to_owned(), "entry 1 is not role:key"),
             (format!("rw:{secret},"), "entry 2 is empty"),

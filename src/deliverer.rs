@@ -44,7 +44,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::timeout_at;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{self, Attempt, Event, FeedCursor, Webhook, backoff_ms, is_public_address};
+use crate::domain::{
+    self, Attempt, Event, FeedCursor, Scope, Webhook, backoff_ms, is_public_address,
+};
 use crate::error_chain::Chain;
 use crate::service::{TransferService, WebhookSettings};
 use crate::store::webhooks::{
@@ -278,29 +280,16 @@ impl Dispatching<'_> {
                 return Ok(());
             }
             let limit = page_limit(hooks_seen);
-            let page = match service.events(cursor.clone(), limit, &[]).await {
-                Ok(page) => page,
-                // The events after the cursor are gone: what is kept is dispatched from the
-                // front (deliveries already made are refused by their ids).
-                Err(crate::service::ServiceError::CursorExpired) => {
-                    tracing::error!(
-                        "webhook dispatch fell behind the event retention; events were removed before they were dispatched"
-                    );
-                    cursor = None;
-                    continue;
-                }
-                Err(e) => return Err(e),
+            let Some(page) = self.read(&mut cursor, limit).await? else {
+                continue;
             };
             if !page.events.is_empty() {
-                // The webhooks are read after the page: one missing from the list was
-                // registered after every event of the page was recorded.
-                let hooks = store.webhooks_all().await?;
-                hooks_seen = hooks.len();
-                let held = self
-                    .dispatch_page(&page.events, &hooks, give_up_after, &mut lease)
-                    .await?;
-                if !held {
-                    return Ok(());
+                match self
+                    .dispatch_page(&page.events, give_up_after, &mut lease)
+                    .await?
+                {
+                    Some(hooks) => hooks_seen = hooks,
+                    None => return Ok(()),
                 }
             }
             let full = page.events.len() >= limit as usize;
@@ -314,12 +303,40 @@ impl Dispatching<'_> {
                 cursor = Some(page.next);
             }
             if !full {
+                // On shutdown, round the loop: its top gives the lease up, so that another
+                // instance goes on at once rather than when the lease runs out.
                 tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = shutdown.cancelled() => {}
                     _ = signal.changed() => {}
                     _ = tokio::time::sleep(DISPATCH_IDLE) => {}
                 }
             }
+        }
+    }
+}
+
+impl Dispatching<'_> {
+    /// The next page of up to `limit` events after `cursor`; none when the events after
+    /// it are gone (removed after the retention): `cursor` is then the front, and what is
+    /// kept is dispatched from there (deliveries already made are refused by their ids).
+    async fn read(
+        &self,
+        cursor: &mut Option<FeedCursor>,
+        limit: u32,
+    ) -> Result<Option<crate::service::FeedPage>, crate::service::ServiceError> {
+        let read = self
+            .service
+            .events(&Scope::Platform, cursor.clone(), limit, &[]);
+        match read.await {
+            Ok(page) => Ok(Some(page)),
+            Err(crate::service::ServiceError::CursorExpired) => {
+                tracing::error!(
+                    "webhook dispatch fell behind the event retention; events were removed before they were dispatched"
+                );
+                *cursor = None;
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
     }
 }
@@ -402,17 +419,20 @@ pub fn batch<'a>(
 }
 
 impl Dispatching<'_> {
-    /// Makes a delivery of each of `events` to each of `hooks` that wants it, batch by
+    /// Makes a delivery of each of `events` to each webhook that wants it, batch by
     /// batch ([`batch`], within [`COMMAND_BYTES`]), renewing the lease between batches.
-    /// Each event's body is rendered once and shared by its deliveries. Whether the
-    /// lease is still held.
+    /// Each event's body is rendered once and shared by its deliveries. The number of
+    /// webhooks, or `None` if the lease was lost.
+    ///
+    /// The webhooks are read after the page: one missing from the list was registered
+    /// after every event of the page was recorded.
     async fn dispatch_page(
         &self,
         events: &[Event],
-        hooks: &[Webhook],
         give_up_after: chrono::TimeDelta,
         lease: &mut Lease,
-    ) -> Result<bool, crate::service::ServiceError> {
+    ) -> Result<Option<usize>, crate::service::ServiceError> {
+        let hooks = &self.store.webhooks_all().await?;
         let give_up_at = self.store.server_time_lower_bound().await? + give_up_after;
         let bodies: HashMap<&str, Arc<str>> = events
             .iter()
@@ -425,7 +445,7 @@ impl Dispatching<'_> {
         let mut made_for = std::collections::HashSet::new();
         while pairs.peek().is_some() {
             if !lease.renew_if_due(self.store, self.owner).await? {
-                return Ok(false);
+                return Ok(None);
             }
             let new = batch(&mut pairs, &token, COMMAND_BYTES);
             made_for.extend(new.iter().map(|d| d.webhook));
@@ -441,7 +461,7 @@ impl Dispatching<'_> {
                 self.store.delete_deliveries_of(gone).await?;
             }
         }
-        Ok(true)
+        Ok(Some(hooks.len()))
     }
 
     /// Makes the deliveries `new` (one batch).

@@ -221,18 +221,32 @@ impl Application {
         &self.service
     }
 
-    /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight
-    /// requests and background transfers finish (bounded), and returns.
-    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> std::io::Result<()> {
+    /// The HTTP application: routes, the key check (the settings' keys, and those made
+    /// through the API, kept on the first deployment) and CORS.
+    fn app(&self, shutdown: CancellationToken) -> axum::Router {
         let state = AppState {
             service: self.service.clone(),
-            shutdown: shutdown.clone(),
+            keys: crate::service::KeyBook::new(crate::store::ApiKeyStore::new(
+                self.service.deployments().first().database(),
+            )),
+            shutdown,
         };
         let access = http::auth::Access {
             api_keys: self.settings.api_keys.clone(),
             cors_allowed_origins: self.settings.cors_allowed_origins.clone(),
         };
-        let app = http::app(state, REQUEST_TIMEOUT, access);
+        if self.settings.api_keys.is_empty() {
+            tracing::warn!(
+                "NO API KEYS: API_KEYS is not set, so every caller may read and move every account of every tenant and manage keys. Fine for local development only: set API_KEYS (with an admin: key) anywhere else"
+            );
+        }
+        http::app(state, REQUEST_TIMEOUT, access)
+    }
+
+    /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight
+    /// requests and background transfers finish (bounded), and returns.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let app = self.app(shutdown.clone());
         tracing::info!(
             addr = %self.local_addr(),
             instance = %self.settings.instance_id,

@@ -366,6 +366,7 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
         .insert_account(&Account {
             id: bob.clone(),
             deployment: there.deployment().clone(),
+            tenant: None,
             name: None,
             balance: 0,
             pending_debits: 0,

@@ -124,7 +124,7 @@ impl Books {
     async fn totals(&self) -> (i64, usize) {
         let (mut total, mut markers) = (0, 0);
         for store in &self.stores {
-            for a in store.list_accounts(None, 10_000).await.unwrap() {
+            for a in store.list_accounts(None, None, 10_000).await.unwrap() {
                 total += a.balance;
                 markers += a.pending_transactions.len();
             }

@@ -1094,7 +1094,7 @@ async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_r
 /// `fenced`: the sweeper has collected every fence.
 async fn assert_fences_collected(app: &TestApp, limit: Duration) {
     support::poll_until(limit, Duration::from_millis(50), async || {
-        let accounts = app.store.list_accounts(None, 100).await.unwrap();
+        let accounts = app.store.list_accounts(None, None, 100).await.unwrap();
         let fenced: Vec<_> = accounts
             .iter()
             .filter(|a| !a.fenced_transactions.is_empty())
@@ -2450,6 +2450,7 @@ async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
             legs: None,
             reference: None,
             hold: None,
+            scope: transfer_service::domain::Scope::Platform,
         };
         tokio::spawn(async move { bank.transfer(new, None, Completion::Wait).await })
     };

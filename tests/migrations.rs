@@ -182,7 +182,8 @@ async fn an_account_opened_before_entries_is_carried_forward_as_entry_1_and_goes
             "0008_events",
             "0009_webhooks",
             "0010_legs",
-            "0011_webhook_caps"
+            "0011_tenants",
+            "0012_webhook_caps"
         ]
     );
     records(&store)

@@ -25,7 +25,7 @@ async fn open_accounts(http: &reqwest::Client, base: &str, count: usize, balance
 
 /// Every stored transfer is terminal, the total is `total`, and no marker is left.
 async fn assert_settled(store: &Store, total: i64) {
-    let accounts = store.list_accounts(None, 1000).await.unwrap();
+    let accounts = store.list_accounts(None, None, 1000).await.unwrap();
     assert_eq!(accounts.iter().map(|a| a.balance).sum::<i64>(), total);
     for account in &accounts {
         assert!(account.balance >= 0, "{account:?}");

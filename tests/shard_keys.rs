@@ -12,7 +12,8 @@ use std::time::Duration;
 use mongodb::bson::{Bson, Document};
 use support::{database_uris, fresh_database_name, values};
 use transfer_service::domain::{
-    Amount, ApiKeyId, Currency, DeploymentName, IdempotencyKey, KeyScope, OpeningBalance, ScopedKey,
+    Amount, ApiKeyId, Currency, DeploymentName, IdempotencyKey, KeyScope, OpeningBalance, Scope,
+    ScopedKey,
 };
 use transfer_service::service::{Completion, NewAccount, NewTransfer, TransferService};
 use transfer_service::store::Deployments;
@@ -115,6 +116,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     );
     for (id, deployment) in [("a", "eu"), ("b", "us"), ("c", "eu")] {
         bank.open_account(NewAccount {
+            tenant: None,
             id: Some(values::account(id)),
             name: None,
             balance: OpeningBalance::parse(10_000).unwrap(),
@@ -131,6 +133,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         legs: None,
         reference: None,
         hold: hold.then_some(Duration::from_secs(60)),
+        scope: Scope::Platform,
     };
     // Keyed: shared (no API keys); then of an API key, for the same request (it finds
     // the shared key taken before and answers with its transfer) and for a new one.

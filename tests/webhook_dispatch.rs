@@ -19,7 +19,7 @@ use mongodb::bson::Document;
 use support::{database_uri, eventually, fresh_database_name, values};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
-    Currency, DeploymentName, Event, OpeningBalance, WebhookSettings, WebhookUrl,
+    Currency, DeploymentName, Event, OpeningBalance, Scope, WebhookSettings, WebhookUrl,
 };
 use transfer_service::service::{NewAccount, NewWebhook, TransferService};
 use transfer_service::store::Deployments;
@@ -90,6 +90,7 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
         service
             .open_account(NewAccount {
                 id: Some(values::account(&format!("a{i}"))),
+                tenant: None,
                 name: None,
                 balance: OpeningBalance::parse(0).unwrap(),
                 currency: Currency::usd(),
@@ -104,7 +105,10 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
         Duration::from_secs(60),
         Duration::from_millis(100),
         async || {
-            let page = service.events(None, 1000, &[]).await.ok()?;
+            let page = service
+                .events(&Scope::Platform, None, 1000, &[])
+                .await
+                .ok()?;
             (page.events.len() >= EVENTS).then_some(())
         },
     )

@@ -18,6 +18,8 @@
 //! - [`Event`] is what the feed tells users happened ([`EventType`]), in [`Position`]
 //!   order, read with a [`FeedCursor`]; a [`Webhook`] is an endpoint sent them, each
 //!   [`Delivery`] signed with its [`WebhookSecret`];
+//! - [`TenantName`] owns accounts; a request's [`Scope`] (a tenant's own, or the
+//!   platform's everything) says what exists for it; [`Role`] what its key may do;
 //! - [`TransferState`] is the two-phase-commit state machine of the MongoDB tutorial,
 //!   with its transitions as an explicit function ([`TransferState::transition`]).
 
@@ -25,6 +27,7 @@ mod entry;
 mod event;
 mod legs;
 mod state;
+mod tenant;
 mod transfer;
 mod values;
 mod webhook;
@@ -33,7 +36,8 @@ pub use entry::{Amounts, BalanceAt, Entry, EntryKind};
 pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
 pub use legs::{LEGS, Leg, Legs, LegsError, MAX_LEG_ACCOUNTS, Party};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
-pub use transfer::{Account, Hold, Strategy, Timestamp, Transfer, TransferFilter, now};
+pub use tenant::{KeyRecord, Role, Scope, TenantName, Tenants};
+pub use transfer::{Account, Hold, Placement, Strategy, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
     AccountId, AccountName, Amount, ApiKeyId, Currency, DeploymentName, HOLD_EXPIRY_MS,
     IdempotencyKey, KeyScope, MAX_MONEY, OpeningBalance, ParseError, Reference, ScopedKey,

@@ -4,7 +4,7 @@
 
 use super::{
     AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Legs, Reference,
-    ScopedKey, TransferId, TransferState,
+    ScopedKey, TenantName, Tenants, TransferId, TransferState,
 };
 
 /// A point in time. Every time that another instance compares with another is the
@@ -43,6 +43,9 @@ pub struct Transfer {
     pub source_deployment: DeploymentName,
     /// Where the destination account lives.
     pub destination_deployment: DeploymentName,
+    /// The tenants of its accounts (`docs/tenants.md`), set when it is recorded: a
+    /// tenant's key sees it when one of them is its own.
+    pub tenants: Tenants,
     /// What moves: for a hold, the held amount until a capture sets the captured one.
     pub amount: Amount,
     pub currency: Currency,
@@ -105,6 +108,7 @@ impl Transfer {
             destination,
             source_deployment: DeploymentName::default(),
             destination_deployment: DeploymentName::default(),
+            tenants: Tenants::default(),
             amount,
             currency,
             state: TransferState::Initial,
@@ -149,6 +153,15 @@ pub struct Hold {
     pub expires_at: Timestamp,
 }
 
+/// What never changes about an account and a new transfer needs to know of it: where
+/// it lives, its currency and its tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub deployment: DeploymentName,
+    pub currency: Currency,
+    pub tenant: Option<TenantName>,
+}
+
 /// An account: its balance in minor units, and the transfers the protocol has applied
 /// to it whose markers are still there (not yet pulled, undone, released or captured).
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +169,8 @@ pub struct Account {
     pub id: AccountId,
     /// The deployment that keeps the account (and logs the transfers out of it).
     pub deployment: DeploymentName,
+    /// The tenant that owns it, for ever; `None`: no tenant, seen by platform keys only.
+    pub tenant: Option<TenantName>,
     pub name: Option<AccountName>,
     /// The posted balance in minor units, 0 ..= `MAX_MONEY`.
     pub balance: i64,
@@ -227,6 +242,8 @@ pub struct TransferFilter {
     pub account: Option<AccountId>,
     /// Keyset cursor: only transfers older than this one.
     pub before: Option<TransferId>,
+    /// Only transfers touching this tenant's accounts.
+    pub tenant: Option<TenantName>,
     /// Only holds not expired yet, by the clock of the deployment that logs each (for a
     /// listing of `held` ones).
     pub unexpired: bool,
@@ -290,6 +307,7 @@ mod tests {
         let account = |id: &str, debits, credits, markers: Vec<TransferId>| Account {
             id: AccountId::parse(id).unwrap(),
             deployment: DeploymentName::default(),
+            tenant: None,
             name: None,
             balance: 1_000,
             pending_debits: debits,

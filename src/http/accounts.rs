@@ -1,7 +1,7 @@
 //! `/accounts`: open, read and list accounts, and list an account's transfers.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
@@ -17,7 +17,9 @@ use super::responses::{
     PayloadTooLarge, Unavailable, UnsupportedMediaType,
 };
 use super::transfers::{TransferPage, TransferResponse};
-use crate::domain::{Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance};
+use crate::domain::{
+    Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance, Scope, TenantName,
+};
 use crate::service::NewAccount;
 
 /// A request to open an account.
@@ -41,6 +43,12 @@ pub struct CreateAccountRequest {
     /// characters from `a-z0-9_-`. Default: the first deployment configured.
     #[schema(pattern = "^[a-z0-9_-]{1,32}$")]
     pub deployment: Option<String>,
+    /// The tenant that owns the account, for ever (`docs/tenants.md`): 1 to 64
+    /// characters from `a-z0-9_-`. A tenant's API key opens accounts into its own tenant
+    /// (leave it out, or name that one); a platform key names it, or leaves it out for an
+    /// account of no tenant, which only platform keys see.
+    #[schema(pattern = "^[a-z0-9_-]{1,64}$")]
+    pub tenant: Option<String>,
 }
 
 /// An account.
@@ -56,6 +64,9 @@ pub struct AccountResponse {
     /// The deployment that keeps the account (`default` unless `DEPLOYMENTS` names
     /// several).
     pub deployment: String,
+    /// The tenant that owns the account; null for an account of no tenant.
+    #[schema(required = true)]
+    pub tenant: Option<String>,
     /// The name given at opening; null when none was.
     #[schema(required = true)]
     pub name: Option<String>,
@@ -115,6 +126,7 @@ impl From<Account> for AccountResponse {
         AccountResponse {
             id: a.id.to_string(),
             deployment: a.deployment.to_string(),
+            tenant: a.tenant.map(|t| t.to_string()),
             name: a.name.map(|n| n.as_str().to_owned()),
             balance: a.balance,
             available_balance,
@@ -130,6 +142,23 @@ impl From<Account> for AccountResponse {
             created_at: a.created_at,
             updated_at: a.updated_at,
         }
+    }
+}
+
+/// The tenant a new account goes into: a tenant's key opens accounts into its own tenant
+/// (naming another is refused); a platform key into the one it names, or none.
+fn account_tenant(
+    scope: &Scope,
+    named: Option<TenantName>,
+) -> Result<Option<TenantName>, ApiError> {
+    match (scope, named) {
+        (Scope::Platform, named) => Ok(named),
+        (Scope::Tenant(own), None) => Ok(Some(own.clone())),
+        (Scope::Tenant(own), Some(named)) if named == *own => Ok(Some(named)),
+        (Scope::Tenant(_), Some(_)) => Err(ApiError::InvalidField {
+            field: "tenant".into(),
+            detail: "tenant: a tenant's API key opens accounts into its own tenant only".into(),
+        }),
     }
 }
 
@@ -158,9 +187,16 @@ pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
 )]
 pub async fn create_account(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     ApiJson(body): ApiJson<CreateAccountRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let tenant = body
+        .tenant
+        .as_deref()
+        .map(|raw| field("tenant", TenantName::parse(raw)))
+        .transpose()?;
     let new = NewAccount {
+        tenant: account_tenant(&scope, tenant)?,
         id: body
             .id
             .as_deref()
@@ -206,10 +242,11 @@ pub async fn create_account(
 )]
 pub async fn get_account(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<AccountResponse>, ApiError> {
     let id = path_account(&id)?;
-    Ok(Json(state.service.account(&id).await?.into()))
+    Ok(Json(state.service.account_in(&scope, &id).await?.into()))
 }
 
 /// List accounts in id order.
@@ -224,6 +261,7 @@ pub async fn get_account(
 )]
 pub async fn list_accounts(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<AccountPage>, ApiError> {
     let params = super::query(query)?;
@@ -239,7 +277,7 @@ pub async fn list_accounts(
         })?;
     let fetched = state
         .service
-        .accounts(after.as_ref(), request.limit + 1)
+        .accounts(&scope, after.as_ref(), request.limit + 1)
         .await?;
     Ok(Json(
         page(
@@ -266,10 +304,12 @@ pub async fn list_accounts(
 )]
 pub async fn list_account_transfers(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TransferPage>, ApiError> {
     let id = path_account(&id)?;
+    state.service.check_account_seen(&scope, &id).await?;
     let params = super::query(query)?;
     let request = params.parse("transfers")?;
     let before = super::transfers::cursor_id(request.after.as_deref())?;

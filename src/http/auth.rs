@@ -3,14 +3,18 @@
 //!
 //! With `API_KEYS` set, every request needs `Authorization: Bearer <key>` except the
 //! public operational routes ([`is_public`]): `/health`, `/ready`, `/metrics`,
-//! `/openapi.json` and the documentation under `/docs`. A missing or unknown key is 401
-//! `unauthorized` with `WWW-Authenticate: Bearer`; a read-only key on anything but a safe
-//! method (GET, HEAD, OPTIONS, TRACE) is 403 `forbidden`. Without `API_KEYS` the layer
-//! lets everything through and the header is ignored.
+//! `/openapi.json` and the documentation under `/docs`. The key is one of `API_KEYS`
+//! (platform keys) or one made through `/api-keys` ([`KeyBook`], `docs/tenants.md`). A
+//! missing, unknown or revoked key is 401 `unauthorized` with `WWW-Authenticate: Bearer`;
+//! a read-only key on anything but a safe method (GET, HEAD, OPTIONS, TRACE) or on
+//! `/webhooks`, and a key that is not an admin on `/api-keys`, is 403 `forbidden`.
+//! Without `API_KEYS` the layer lets everything through as a platform admin and the
+//! header is ignored (`startup` says so loudly).
 //!
-//! The layer also says whose idempotency keys a request sends: it puts the request's
-//! [`KeyScope`] in its extensions, the id of the API key that authenticated it, or the
-//! shared scope without `API_KEYS`.
+//! The layer also says, in the request's extensions, whose idempotency keys a request
+//! sends ([`KeyScope`]: the id of the API key that authenticated it, or the shared scope
+//! without `API_KEYS`) and what exists for it ([`Scope`]: its key's tenant, or the
+//! platform's everything).
 //!
 //! The layer runs after routing, so it decides on the matched route template, never on
 //! the raw path: a path that only looks public (`/docs/../transfers`) matches no public
@@ -43,7 +47,8 @@ use utoipa::openapi::{Ref, RefOr};
 
 use super::problem::ApiError;
 use crate::config::{ApiKey, Role};
-use crate::domain::KeyScope;
+use crate::domain::{ApiKeyId, KeyScope, Scope};
+use crate::service::KeyBook;
 
 /// The name of the security scheme in the OpenAPI document.
 pub const SCHEME: &str = "bearerAuth";
@@ -60,10 +65,21 @@ pub struct Access {
     pub cors_allowed_origins: Vec<String>,
 }
 
+/// The state of [`require_api_key`]: the keys of the settings, and those made through
+/// the API.
+#[derive(Clone)]
+pub struct Gate {
+    configured: Arc<[ApiKey]>,
+    book: KeyBook,
+}
+
 impl Access {
-    /// The state of [`require_api_key`].
-    pub fn api_keys(&self) -> Arc<[ApiKey]> {
-        self.api_keys.as_slice().into()
+    /// The state of [`require_api_key`], with `book` for the keys made through the API.
+    pub fn gate(&self, book: KeyBook) -> Gate {
+        Gate {
+            configured: self.api_keys.as_slice().into(),
+            book,
+        }
     }
 
     /// The CORS layer, when origins are configured.
@@ -113,6 +129,18 @@ pub fn needs_read_write(route: &str) -> bool {
     route == "/webhooks" || route.starts_with("/webhooks/")
 }
 
+/// Routes only an admin key may use, reads included: who may call the API (`/api-keys...`).
+pub fn needs_admin(route: &str) -> bool {
+    route == "/api-keys" || route.starts_with("/api-keys/")
+}
+
+/// Who sent a request: its key's id, role and what it sees.
+struct Caller {
+    id: ApiKeyId,
+    role: Role,
+    scope: Scope,
+}
+
 /// The configured key presented, if it is one of `keys`. Compares the SHA-256 of the
 /// presented key with every configured digest in constant time and visits all of them,
 /// remembering the position of a match by a constant-time select, so the time taken says
@@ -141,12 +169,13 @@ fn bearer_token(request: &Request) -> Option<&str> {
 
 /// The middleware; with no keys configured it lets everything through.
 pub async fn require_api_key(
-    State(keys): State<Arc<[ApiKey]>>,
+    State(gate): State<Gate>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    if keys.is_empty() {
+    if gate.configured.is_empty() {
         request.extensions_mut().insert(KeyScope::Shared);
+        request.extensions_mut().insert(Scope::Platform);
         return next.run(request).await;
     }
     let route = request
@@ -160,18 +189,45 @@ pub async fn require_api_key(
         tracing::debug!("refused: no API key");
         return ApiError::Unauthorized.into_response();
     };
-    let Some(key) = authenticate(&keys, token) else {
-        tracing::info!("refused: unknown API key");
-        return ApiError::Unauthorized.into_response();
+    let caller = match authenticate(&gate.configured, token) {
+        Some(key) => Caller {
+            id: key.id.clone(),
+            role: key.role,
+            scope: Scope::Platform,
+        },
+        None => match gate.book.authenticate(token).await {
+            Ok(Some(key)) => Caller {
+                scope: key.scope(),
+                id: key.id,
+                role: key.role,
+            },
+            Ok(None) => {
+                tracing::info!("refused: unknown API key");
+                return ApiError::Unauthorized.into_response();
+            }
+            // The keys cannot be read: neither let in nor turned away as unknown.
+            Err(e) => return ApiError::from(e).into_response(),
+        },
     };
     // An unmatched path goes on to its 404 whatever the role.
-    let writes = !request.method().is_safe() || route.as_deref().is_some_and(needs_read_write);
-    if key.role == Role::ReadOnly && route.is_some() && writes {
-        tracing::info!(method = %request.method(), "refused: read-only API key on a write");
-        return ApiError::Forbidden.into_response();
+    if let Some(route) = route.as_deref() {
+        let writes = !request.method().is_safe() || needs_read_write(route);
+        if writes && !caller.role.writes() {
+            tracing::info!(api_key = %caller.id, method = %request.method(), "refused: read-only API key on a write");
+            return ApiError::Forbidden.into_response();
+        }
+        // Webhooks are not kept per tenant yet: a tenant's key may not see or send the
+        // platform's (removed once they are).
+        if needs_read_write(route) && caller.scope != Scope::Platform {
+            return ApiError::Forbidden.into_response();
+        }
+        if needs_admin(route) && caller.role != Role::Admin {
+            tracing::info!(api_key = %caller.id, "refused: an API key that is not an admin on /api-keys");
+            return ApiError::Forbidden.into_response();
+        }
     }
-    let scope = KeyScope::ApiKey(key.id.clone());
-    request.extensions_mut().insert(scope);
+    request.extensions_mut().insert(KeyScope::ApiKey(caller.id));
+    request.extensions_mut().insert(caller.scope);
     next.run(request).await
 }
 
@@ -188,7 +244,9 @@ impl utoipa::Modify for SecurityDoc {
         let mut bearer = Http::new(HttpAuthScheme::Bearer);
         bearer.description = Some(
             "An API key, when the server is configured with `API_KEYS`: `rw` keys may \
-             read and write, `ro` keys only read (not `/webhooks`, which needs `rw`). \
+             read and write, `ro` keys only read (not `/webhooks`, which needs `rw`), \
+             `admin` keys also manage keys (`/api-keys`). A tenant's key sees and moves \
+             only its tenant's accounts; anything else answers as if it did not exist. \
              Without `API_KEYS` no key is needed."
                 .to_owned(),
         );
@@ -197,7 +255,7 @@ impl utoipa::Modify for SecurityDoc {
             .add_security_scheme(SCHEME, SecurityScheme::Http(bearer));
         for (path, item) in doc.paths.paths.iter_mut() {
             let public = is_public(path);
-            let guarded = needs_read_write(path);
+            let guarded = needs_read_write(path) || needs_admin(path);
             let operations = [
                 (&mut item.get, guarded),
                 (&mut item.head, guarded),

@@ -187,11 +187,17 @@ fn webhook_sample(code: &str) -> Option<ApiError> {
     const WEBHOOK_ID: &str = "wh_6b0619d67d0e8af2ac0b1adf";
     Some(match code {
         "webhook_not_found" => ServiceError::WebhookNotFound(WEBHOOK_ID.into()).into(),
+        "api_key_not_found" => {
+            ServiceError::ApiKeyNotFound("4f1c2a0e9b7d6c5a4f1c2a0e9b7d6c5a".into()).into()
+        }
         "delivery_not_found" => {
             ServiceError::DeliveryNotFound(format!("{WEBHOOK_ID}:account.opened:alice")).into()
         }
         "delivery_not_failed" => {
             ServiceError::DeliveryNotFailed(crate::domain::DeliveryState::Succeeded).into()
+        }
+        "webhook_limit_reached" => {
+            ServiceError::TooManyWebhooks(crate::domain::DEFAULT_MAX_WEBHOOKS).into()
         }
         "webhook_url_not_allowed" => {
             ServiceError::WebhookUrlNotAllowed(crate::service::UrlRefusal::NotPublic {
@@ -286,8 +292,10 @@ mod tests {
         "transfer_not_found",
         "not_found",
         "webhook_not_found",
+        "api_key_not_found",
         "delivery_not_found",
         "delivery_not_failed",
+        "webhook_limit_reached",
         "webhook_url_not_allowed",
         "method_not_allowed",
         "account_exists",

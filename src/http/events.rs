@@ -1,7 +1,7 @@
 //! `/events`: the event feed (`docs/events.md`), read with a cursor.
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -11,7 +11,7 @@ use super::accounts::AccountResponse;
 use super::problem::ApiError;
 use super::responses::{CursorExpired, InvalidParameter, TooManyStreams, Unavailable};
 use super::transfers::TransferResponse;
-use crate::domain::{Event, EventData, EventType, FeedCursor};
+use crate::domain::{Event, EventData, EventType, FeedCursor, Scope};
 
 /// Events a page holds unless `limit` says otherwise.
 pub const DEFAULT_EVENTS: u32 = 100;
@@ -168,10 +168,11 @@ impl EventParams {
 )]
 pub async fn list_events(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     query: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EventPage>, ApiError> {
     let (after, limit, types) = super::query(query)?.parse()?;
-    let page = state.service.events(after, limit, &types).await?;
+    let page = state.service.events(&scope, after, limit, &types).await?;
     Ok(Json(EventPage {
         items: page.events.into_iter().map(EventResponse::from).collect(),
         next: page.next.encode(),
@@ -216,6 +217,7 @@ pub const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 )]
 pub async fn stream_events(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     headers: axum::http::HeaderMap,
     query: Result<Query<StreamParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::response::Response, ApiError> {
@@ -248,7 +250,7 @@ pub async fn stream_events(
     let after = resume.or(after);
     let follower = state
         .service
-        .follow(after, types, state.shutdown.clone())
+        .follow(scope, after, types, state.shutdown.clone())
         .await?;
     let ended = follower.ended.clone();
     let permit_and_queue = follower;

@@ -2,7 +2,7 @@
 //! numbered entries and its amounts as of a moment (`docs/ledger.md`).
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -11,7 +11,7 @@ use super::AppState;
 use super::accounts::path_account;
 use super::problem::ApiError;
 use super::responses::{AccountNotFound, InvalidParameter, InvalidTime, Unavailable};
-use crate::domain::{BalanceAt, Entry, EntryKind};
+use crate::domain::{BalanceAt, Entry, EntryKind, Scope};
 
 /// Entries a page holds unless `limit` says otherwise.
 pub const DEFAULT_ENTRIES: u32 = 100;
@@ -195,10 +195,12 @@ impl EntryParams {
 )]
 pub async fn list_entries(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     query: Result<Query<EntryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EntryPage>, ApiError> {
     let id = path_account(&id)?;
+    state.service.check_account_seen(&scope, &id).await?;
     let (after, limit) = super::query(query)?.parse()?;
     let entries = state.service.entries(&id, after, limit).await?;
     let next = entries.last().map(|e| e.seq);
@@ -276,10 +278,12 @@ pub struct BalanceParams {
 )]
 pub async fn get_balance(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     query: Result<Query<BalanceParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<BalanceResponse>, ApiError> {
     let id = path_account(&id)?;
+    state.service.check_account_seen(&scope, &id).await?;
     let at = match super::query(query)?.at.as_deref() {
         None => None,
         Some(raw) => Some(

@@ -5,6 +5,7 @@
 //! [`TransferService`], and turn the answer (or the [`ApiError`]) into a response.
 
 pub mod accounts;
+pub mod api_keys;
 pub mod auth;
 pub mod connections;
 pub mod docs;
@@ -34,7 +35,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::service::TransferService;
+use crate::service::{KeyBook, TransferService};
 pub use problem::{ApiError, PROBLEM_JSON, Problem};
 
 /// The largest request body accepted. A transfer request is well under 1 KiB.
@@ -44,6 +45,8 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub service: TransferService,
+    /// The API keys made through the API (`/api-keys`, and the key check).
+    pub keys: KeyBook,
     /// Cancelled at shutdown: ends the event streams, which would otherwise keep their
     /// connections (and the graceful shutdown) open for ever.
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -62,6 +65,7 @@ pub struct AppState {
         (name = "transfers", description = "Move money, read and cancel transfers."),
         (name = "events", description = "What happened: transfers that reached held, done or canceled, and accounts opened."),
         (name = "webhooks", description = "Endpoints sent the events, signed (Standard Webhooks), and their deliveries. A read-write key is needed, to read too."),
+        (name = "api-keys", description = "API keys made, listed and revoked through the API; a tenant's key sees only its tenant. An admin key is needed."),
         (name = "operations", description = "Health and readiness."),
     ),
     components(
@@ -87,6 +91,8 @@ pub struct AppState {
             responses::TooManyStreams,
             responses::WebhookRefused,
             responses::WebhookNotFound,
+            responses::ApiKeyNotFound,
+            responses::ApiKeyRefused,
             responses::DeliveryNotFound,
             responses::DeliveryNotFailed,
             responses::WebhookLimitReached,
@@ -130,6 +136,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::list_deliveries))
         .routes(routes!(webhooks::retry_delivery))
         .routes(routes!(webhooks::rotate_secret))
+        .routes(routes!(api_keys::create_api_key, api_keys::list_api_keys))
+        .routes(routes!(api_keys::delete_api_key))
         .routes(routes!(health::health))
         .routes(routes!(health::ready))
         .routes(routes!(metrics::metrics))
@@ -154,6 +162,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn app(state: AppState, request_timeout: Duration, access: auth::Access) -> Router {
     let (router, _) = api_routes().split_for_parts();
     let doc = openapi();
+    let keys = state.keys.clone();
     let router = router
         .with_state(state)
         .merge(docs::swagger_ui(doc))
@@ -169,7 +178,7 @@ pub fn app(state: AppState, request_timeout: Duration, access: auth::Access) -> 
             ApiError::Internal.into_response()
         }))
         .layer(axum::middleware::from_fn_with_state(
-            access.api_keys(),
+            access.gate(keys),
             auth::require_api_key,
         ));
     let router = match access.cors_layer() {

@@ -72,6 +72,8 @@ pub enum ApiError {
     RouteNotFound(String),
     /// 404: no such webhook.
     WebhookNotFound(String),
+    /// 404: no such API key (or one of another tenant).
+    ApiKeyNotFound(String),
     /// 404: no such delivery of the webhook.
     DeliveryNotFound(String),
     /// 409: a manual retry of a delivery that has not failed.
@@ -149,7 +151,7 @@ impl ApiError {
             Unauthorized => StatusCode::UNAUTHORIZED,
             Forbidden => StatusCode::FORBIDDEN,
             AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) | WebhookNotFound(_)
-            | DeliveryNotFound(_) => StatusCode::NOT_FOUND,
+            | ApiKeyNotFound(_) | DeliveryNotFound(_) => StatusCode::NOT_FOUND,
             DeliveryNotFailed(_) | WebhookLimitReached(_) => StatusCode::CONFLICT,
             WebhookUrlNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -187,6 +189,7 @@ impl ApiError {
             TransferNotFound(_) => ("transfer_not_found", "Transfer not found"),
             RouteNotFound(_) => ("not_found", "Not found"),
             WebhookNotFound(_) => ("webhook_not_found", "Webhook not found"),
+            ApiKeyNotFound(_) => ("api_key_not_found", "API key not found"),
             DeliveryNotFound(_) => ("delivery_not_found", "Delivery not found"),
             DeliveryNotFailed(_) => ("delivery_not_failed", "Delivery not failed"),
             WebhookUrlNotAllowed(_) => ("webhook_url_not_allowed", "Webhook URL not allowed"),
@@ -235,6 +238,7 @@ impl ApiError {
             TransferNotFound(id) => format!("there is no transfer {id}"),
             RouteNotFound(path) => format!("there is no resource at {path}"),
             WebhookNotFound(id) => format!("there is no webhook {id}"),
+            ApiKeyNotFound(id) => format!("there is no API key {id}"),
             DeliveryNotFound(id) => format!("there is no delivery {id} of this webhook"),
             DeliveryNotFailed(state) => {
                 format!("this delivery is {state}; only a failed delivery is retried by hand")
@@ -535,6 +539,7 @@ impl From<ServiceError> for ApiError {
             }
             ServiceError::WebhookNotFound(id) => ApiError::WebhookNotFound(id),
             ServiceError::TooManyWebhooks(cap) => ApiError::WebhookLimitReached(cap),
+            ServiceError::ApiKeyNotFound(id) => ApiError::ApiKeyNotFound(id),
             ServiceError::DeliveryNotFound(id) => ApiError::DeliveryNotFound(id),
             ServiceError::DeliveryNotFailed(state) => {
                 ApiError::DeliveryNotFailed(state.as_str().to_owned())

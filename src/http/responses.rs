@@ -45,7 +45,7 @@ pub struct Unauthorized(pub Problem);
 
 #[derive(ToResponse)]
 #[response(
-    description = "`forbidden`: a read-only API key on a write.",
+    description = "`forbidden`: the API key's role does not allow this: a read-only key on a write or on `/webhooks`, a key that is not an admin on `/api-keys`, or a tenant's admin key making a key for another tenant.",
     content_type = PROBLEM_JSON
 )]
 pub struct Forbidden(pub Problem);
@@ -193,6 +193,20 @@ pub struct WebhookRefused(pub Problem);
     content_type = PROBLEM_JSON
 )]
 pub struct WebhookNotFound(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "`api_key_not_found`: no such API key (a key of another tenant is not found either).",
+    content_type = PROBLEM_JSON
+)]
+pub struct ApiKeyNotFound(pub Problem);
+
+#[derive(ToResponse)]
+#[response(
+    description = "`invalid_field`: `role` or `tenant` is missing or not valid.",
+    content_type = PROBLEM_JSON
+)]
+pub struct ApiKeyRefused(pub Problem);
 
 #[derive(ToResponse)]
 #[response(

@@ -25,7 +25,7 @@ use super::responses::{
 };
 use crate::domain::{
     AccountId, Amount, CancelReason, HOLD_EXPIRY_MS, IdempotencyKey, KeyScope, Leg, Legs,
-    LegsError, Reference, ScopedKey, Transfer, TransferFilter, TransferId, TransferState,
+    LegsError, Reference, Scope, ScopedKey, Transfer, TransferFilter, TransferId, TransferState,
 };
 use crate::service::{Completion, NewTransfer, TransferOutcome};
 
@@ -423,13 +423,21 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
 )]
 pub async fn create_transfer(
     State(state): State<AppState>,
-    // Put there by `auth::require_api_key`: whose keys this request's key is among.
-    Extension(scope): Extension<KeyScope>,
+    // Put there by `auth::require_api_key`: whose keys this request's key is among, and
+    // what it sees.
+    Extension(key_scope): Extension<KeyScope>,
+    Extension(scope): Extension<Scope>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<TransferRequestBody>,
 ) -> Result<Response, ApiError> {
-    let new = new_transfer(body, state.service.default_hold_expiry())?;
-    let key = idempotency_key(&headers)?.map(|key| ScopedKey { scope, key });
+    let new = NewTransfer {
+        scope,
+        ..new_transfer(body, state.service.default_hold_expiry())?
+    };
+    let key = idempotency_key(&headers)?.map(|key| ScopedKey {
+        scope: key_scope,
+        key,
+    });
     let background = wants_async(&headers);
     let completion = if background {
         Completion::Background
@@ -480,6 +488,7 @@ fn new_transfer(
                 .hold
                 .map(|hold| hold_expiry(&hold, default_hold_expiry))
                 .transpose()?,
+            scope: Scope::Platform,
         });
     };
     let mixed = [
@@ -535,10 +544,11 @@ fn new_transfer(
 )]
 pub async fn get_transfer(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    Ok(Json(state.service.read_transfer(id).await?.into()))
+    Ok(Json(state.service.transfer_in(&scope, id).await?.into()))
 }
 
 /// List transfers, newest first.
@@ -553,6 +563,7 @@ pub async fn get_transfer(
 )]
 pub async fn list_transfers(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     filters: Result<Query<TransferQuery>, axum::extract::rejection::QueryRejection>,
     paging: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TransferPage>, ApiError> {
@@ -583,6 +594,7 @@ pub async fn list_transfers(
         state: state_filter,
         account,
         before: cursor_id(request.after.as_deref())?,
+        tenant: scope.tenant().cloned(),
         ..TransferFilter::default()
     };
     let fetched = state.service.transfers(&filter, request.limit + 1).await?;
@@ -619,9 +631,11 @@ pub async fn list_transfers(
 )]
 pub async fn cancel_transfer(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<TransferResponse>), ApiError> {
     let id = path_transfer(&id)?;
+    state.service.check_transfer_seen(&scope, id).await?;
     let transfer = state.service.cancel(id).await?;
     // `reversing` stays set until the compensating transfer is done.
     let status = if transfer.reversing {
@@ -654,10 +668,12 @@ pub async fn cancel_transfer(
 )]
 pub async fn capture_transfer(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     OptionalApiJson(body): OptionalApiJson<CaptureRequest>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
+    state.service.check_transfer_seen(&scope, id).await?;
     let amount = body
         .amount
         .map(|raw| field("amount", Amount::parse(raw)))
@@ -683,9 +699,11 @@ pub async fn capture_transfer(
 )]
 pub async fn void_transfer(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
+    state.service.check_transfer_seen(&scope, id).await?;
     let transfer = state.service.void(id).await?;
     Ok(Json(transfer.into()))
 }

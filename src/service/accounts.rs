@@ -3,7 +3,9 @@
 //! of holds past their expiry.
 
 use super::{ServiceError, ServiceResult, TransferService};
-use crate::domain::{Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance};
+use crate::domain::{
+    Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance, Scope, TenantName,
+};
 use crate::error_chain::Chain;
 use crate::store::deployments::Reservation;
 use crate::store::{StoreError, StoreResult};
@@ -12,6 +14,8 @@ use crate::store::{StoreError, StoreResult};
 #[derive(Debug, Clone)]
 pub struct NewAccount {
     pub id: Option<AccountId>,
+    /// The tenant that owns it (`docs/tenants.md`); `None`: no tenant.
+    pub tenant: Option<TenantName>,
     /// Where to keep it; the first deployment listed when not given.
     pub deployment: Option<DeploymentName>,
     pub name: Option<AccountName>,
@@ -46,6 +50,7 @@ impl TransferService {
         let account = Account {
             id,
             deployment: store.deployment().clone(),
+            tenant: new.tenant,
             name: new.name,
             balance: new.balance.minor_units(),
             pending_debits: 0,
@@ -79,7 +84,7 @@ impl TransferService {
     /// pending sums, whether or not a sweeper has released them yet.
     pub async fn account(&self, id: &AccountId) -> ServiceResult<Account> {
         let known = self.placements.get(id);
-        let found = match known.and_then(|(d, _)| self.deployments.get(&d)) {
+        let found = match known.and_then(|place| self.deployments.get(&place.deployment)) {
             Some(store) => {
                 store.check_answering()?;
                 store.account(id).await?
@@ -90,13 +95,18 @@ impl TransferService {
         Ok(self.as_of_now(vec![account]).await?.remove(0))
     }
 
-    /// Accounts in id order, as they stand now (see [`TransferService::account`]).
+    /// Accounts in id order, as they stand now (see [`TransferService::account`]): those
+    /// `scope` sees.
     pub async fn accounts(
         &self,
+        scope: &Scope,
         after: Option<&AccountId>,
         limit: u32,
     ) -> ServiceResult<Vec<Account>> {
-        let accounts = self.deployments.list_accounts(after, limit).await?;
+        let accounts = self
+            .deployments
+            .list_accounts(scope.tenant(), after, limit)
+            .await?;
         Ok(self.as_of_now(accounts).await?)
     }
 

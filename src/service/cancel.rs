@@ -533,6 +533,8 @@ impl TransferService {
             source_deployment: original.destination_deployment.clone(),
             destination_deployment: original.source_deployment.clone(),
             legs: original.legs.as_deref().map(|l| Box::new(l.reversed())),
+            // The same accounts, so the same tenants: whoever saw the original sees it.
+            tenants: original.tenants.clone(),
             ..Transfer::initial(
                 reversal_id,
                 original.destination.clone(),

@@ -8,7 +8,7 @@ use super::idempotency::{REPLAY_WAIT, Taken, read_majority};
 use super::placement::Route;
 use super::{AdmissionPermit, ServiceResult, TransferService};
 use crate::domain::{
-    AccountId, Amount, Hold, Legs, Reference, ScopedKey, Strategy, Transfer, TransferState,
+    AccountId, Amount, Hold, Legs, Reference, Scope, ScopedKey, Strategy, Transfer, TransferState,
 };
 use crate::error_chain::Chain;
 use crate::store::native::AtomicOutcome;
@@ -27,6 +27,9 @@ pub struct NewTransfer {
     /// A hold instead of a transfer: reserve `amount` now, until this long from now,
     /// for a capture or a void (`docs/holds.md`).
     pub hold: Option<Duration>,
+    /// What the caller sees (`docs/tenants.md`): an account outside it is refused as an
+    /// unknown one.
+    pub scope: Scope,
 }
 
 impl NewTransfer {
@@ -40,6 +43,7 @@ impl NewTransfer {
             legs: Some(legs),
             reference,
             hold: None,
+            scope: Scope::Platform,
         }
     }
 }
@@ -156,6 +160,7 @@ impl TransferService {
             idempotency_key: key.clone(),
             source_deployment: route.source.clone(),
             destination_deployment: route.destination.clone(),
+            tenants: route.tenants.clone(),
             ..Transfer::initial(id, new.source, new.destination, new.amount, route.currency)
         };
         // A hold outlives any multi-document transaction, and no transaction spans two
@@ -192,7 +197,7 @@ impl TransferService {
         Ok(match &new.legs {
             None => (self.check_accounts(new).await?, None),
             Some(legs) => {
-                let (route, legs) = self.check_legs(legs).await?;
+                let (route, legs) = self.check_legs(&new.scope, legs).await?;
                 (route, Some(Box::new(legs)))
             }
         })

@@ -63,6 +63,8 @@ pub enum ServiceError {
     /// As many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
     #[error("{0} webhooks are registered, as many as allowed")]
     TooManyWebhooks(usize),
+    #[error("api key {0} does not exist")]
+    ApiKeyNotFound(String),
     #[error("delivery {0} does not exist")]
     DeliveryNotFound(String),
     /// Only a failed delivery is retried by hand; this one is in this state.

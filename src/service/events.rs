@@ -8,7 +8,7 @@
 //! missed an event: refused, with [`ServiceError::CursorExpired`], never served a gap.
 
 use super::{ServiceError, ServiceResult, TransferService};
-use crate::domain::{Event, EventType, FeedCursor, Position};
+use crate::domain::{Event, EventType, FeedCursor, Position, Scope, TenantName};
 use crate::store::Store;
 
 /// A page of the feed and the cursor after it.
@@ -24,9 +24,11 @@ pub struct FeedPage {
 
 impl TransferService {
     /// Up to `limit` events after `after` (from the oldest retained when `None`), of
-    /// `types` (every type when empty).
+    /// `types` (every type when empty), that `scope` sees (`docs/tenants.md`: a tenant's
+    /// read walks its own events only).
     pub async fn events(
         &self,
+        scope: &Scope,
         after: Option<FeedCursor>,
         limit: u32,
         types: &[EventType],
@@ -37,7 +39,7 @@ impl TransferService {
             if store.check_answering().is_err() {
                 continue;
             }
-            match read_one(store, &mut next, limit, types).await {
+            match read_one(store, &mut next, limit, types, scope.tenant()).await {
                 Ok(feed) => feeds.push(feed),
                 Err(ServiceError::Unavailable(e)) => {
                     tracing::warn!(deployment = %store.deployment(), error = %crate::error_chain::Chain(&e), "events of this deployment left out of the page; they come once it answers");
@@ -78,8 +80,8 @@ struct Feed {
     deployment: crate::domain::DeploymentName,
     /// Its events, in its feed's order; those the page did not take stay here.
     events: std::collections::VecDeque<Event>,
-    /// With a type filter and fewer matches than the limit: the last event the read
-    /// looked at, of any type; every match up to it is in `events`.
+    /// With a type or tenant filter and fewer matches than the limit: the last event the
+    /// read looked at; every match up to it is in `events`.
     passed: Option<Position>,
 }
 
@@ -111,6 +113,7 @@ async fn read_one(
     cursor: &mut FeedCursor,
     limit: u32,
     types: &[EventType],
+    tenant: Option<&TenantName>,
 ) -> ServiceResult<Feed> {
     let deployment = store.deployment().clone();
     let given = cursor.positions.get(&deployment).cloned();
@@ -126,7 +129,13 @@ async fn read_one(
     };
     loop {
         let page = store
-            .read_feed(Some(&after), limit, types, state.recorded_through.clone())
+            .read_feed(
+                Some(&after),
+                limit,
+                types,
+                tenant,
+                state.recorded_through.clone(),
+            )
             .await?;
         // Read after the events: a removal that took some of them raised it first.
         match page.trimmed_through {
@@ -143,7 +152,9 @@ async fn read_one(
                 cursor.positions.insert(deployment.clone(), after);
                 return Ok(Feed {
                     deployment,
-                    passed: page.examined.filter(|_| all_matches && !types.is_empty()),
+                    passed: page
+                        .examined
+                        .filter(|_| all_matches && (!types.is_empty() || tenant.is_some())),
                     events: page.events.into(),
                 });
             }

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{ServiceError, ServiceResult, TransferService};
-use crate::domain::{Event, EventType, FeedCursor};
+use crate::domain::{Event, EventType, FeedCursor, Scope};
 
 /// Events a follower may have waiting for its consumer; one more makes it too slow.
 pub const QUEUE: usize = 256;
@@ -87,6 +87,7 @@ impl TransferService {
     /// first page is read before it returns, so that a bad cursor is refused at once.
     pub async fn follow(
         &self,
+        scope: Scope,
         after: Option<FeedCursor>,
         types: Vec<EventType>,
         shutdown: CancellationToken,
@@ -97,11 +98,12 @@ impl TransferService {
             .clone()
             .try_acquire_owned()
             .map_err(|_| ServiceError::TooManyFollowers)?;
-        let first = self.events(after, PAGE, &types).await?;
+        let first = self.events(&scope, after, PAGE, &types).await?;
         let (queue, events) = mpsc::channel(QUEUE);
         let ended = Arc::new(Mutex::new(None));
         let run = Run {
             service: self.clone(),
+            scope,
             types,
             queue,
             ended: ended.clone(),
@@ -169,6 +171,8 @@ impl TransferService {
 
 /// One follower's task.
 struct Run {
+    /// What the follower's caller sees: its events only.
+    scope: Scope,
     service: TransferService,
     types: Vec<EventType>,
     queue: mpsc::Sender<(Event, FeedCursor)>,
@@ -207,7 +211,7 @@ impl Run {
             page = loop {
                 match self
                     .service
-                    .events(Some(next.clone()), PAGE, &self.types)
+                    .events(&self.scope, Some(next.clone()), PAGE, &self.types)
                     .await
                 {
                     Ok(page) => break page,

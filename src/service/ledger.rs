@@ -43,7 +43,7 @@ impl TransferService {
     /// or found by asking the deployments.
     async fn home_of(&self, account: &AccountId) -> ServiceResult<&Store> {
         let deployment = match self.placements.get(account) {
-            Some((deployment, _)) => deployment,
+            Some(place) => place.deployment,
             None => {
                 self.deployments
                     .find_account(account)

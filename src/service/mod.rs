@@ -34,10 +34,15 @@
 //!   transfer goes to;
 //! - `cancel.rs`: cancels and reversals; `holds.rs`: capturing, voiding and expiring
 //!   holds;
-//! - `readiness.rs`: each deployment's ping, for `/ready`.
+//! - `readiness.rs`: each deployment's ping, for `/ready`;
+//! - `tenancy.rs`: what a caller's scope sees; anything else is not found.
+//!
+//! Beside it, [`KeyBook`] (`api_keys.rs`), a type of its own that shares nothing with
+//! transfers: the API keys made through the API.
 
 mod accounts;
 mod admission;
+pub mod api_keys;
 mod cancel;
 mod create;
 mod driving;
@@ -52,12 +57,14 @@ pub mod protocol;
 mod readiness;
 mod reads;
 mod routing;
+mod tenancy;
 mod unanswered;
 mod webhooks;
 
 pub use accounts::NewAccount;
 pub(crate) use admission::AdmissionPermit;
 pub use admission::{DEFAULT_ADMISSION_WAIT, DEFAULT_MAX_IN_FLIGHT};
+pub use api_keys::{KeyBook, MadeKey};
 pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
 pub use events::FeedPage;
@@ -113,7 +120,7 @@ pub struct TransferService {
     /// ([`ServiceError::Overloaded`]), having recorded nothing. This bounds every queue
     /// behind it, so that a burst cannot push steps past their deadlines.
     admission: admission::Admission,
-    /// Where the accounts this process has seen live, and their currencies (see
+    /// Where the accounts this process has seen live, their currencies and tenants (see
     /// [`Placements`]): a transfer between known accounts is validated and routed
     /// without a read.
     placements: Placements,

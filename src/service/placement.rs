@@ -1,6 +1,7 @@
-//! Placement: where each account lives (its deployment) and its currency, as a new
-//! transfer needs them to be validated and routed, found once and then remembered by the
-//! process in [`Placements`], a bounded cache.
+//! Placement: where each account lives (its deployment), its currency and its tenant, as
+//! a new transfer needs them to be validated and routed, found once and then remembered
+//! by the process in [`Placements`], a bounded cache. A new transfer names only accounts
+//! its caller's [`Scope`] sees: any other is refused as an unknown one.
 
 use std::sync::Arc;
 
@@ -8,17 +9,27 @@ use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, UnitWeighter};
 
 use super::{NewTransfer, ServiceError, ServiceResult, TransferService};
-use crate::domain::{AccountId, Currency, DeploymentName, Legs};
+use crate::domain::{AccountId, Currency, DeploymentName, Legs, Placement, Scope, Tenants};
 
-/// Where an account lives, and its currency.
-pub(super) type Placement = (DeploymentName, Currency);
-
-/// Where a new transfer goes: the deployments of its accounts, and its currency.
+/// Where a new transfer goes: the deployments of its accounts, its currency, and the
+/// tenants of its accounts.
 #[derive(Debug, Clone)]
 pub(super) struct Route {
     pub(super) source: DeploymentName,
     pub(super) destination: DeploymentName,
     pub(super) currency: Currency,
+    pub(super) tenants: Tenants,
+}
+
+/// `place` of `account` (`None`: it exists nowhere), if `scope` sees the account; an
+/// account it does not see is refused exactly as one that does not exist. Judged only
+/// once every account of a request was looked up, in the request's order, so that which
+/// account a refusal names does not depend on whether another tenant's account exists.
+fn seen(scope: &Scope, account: &AccountId, place: Option<Placement>) -> ServiceResult<Placement> {
+    match place {
+        Some(place) if scope.sees_account(place.tenant.as_ref()) => Ok(place),
+        _ => Err(ServiceError::AccountNotFound(account.to_string())),
+    }
 }
 
 /// Accounts whose place [`TransferService`] remembers, at most.
@@ -29,8 +40,8 @@ pub(super) const KNOWN_ACCOUNTS_MAX: usize = 100_000;
 /// [`Placements::bounded`].
 const SHARDS: usize = 8;
 
-/// The deployment and currency of every account this process has seen, by id, up to a
-/// bound. Neither ever changes and no account is ever deleted through the service, so a
+/// The deployment, currency and tenant of every account this process has seen, by id,
+/// up to a bound. None ever changes and no account is ever deleted through the service, so a
 /// transfer between known accounts is validated and routed without a read. Should an
 /// account vanish behind the service's back, the debit or credit finds it gone and the
 /// transfer rolls back with `account_not_found`: the cache can make an answer less
@@ -92,55 +103,70 @@ impl TransferService {
         if new.source == new.destination {
             return Err(ServiceError::SameAccount);
         }
-        let ((source, source_currency), (destination, destination_currency)) = match (
+        let [source, destination] = match (
             self.placements.get(&new.source),
             self.placements.get(&new.destination),
         ) {
-            (Some(s), Some(d)) => (s, d),
+            (Some(s), Some(d)) => [Some(s), Some(d)],
             _ => self.locate(new).await?,
         };
-        if source_currency != destination_currency {
+        let source = seen(&new.scope, &new.source, source)?;
+        let destination = seen(&new.scope, &new.destination, destination)?;
+        if source.currency != destination.currency {
             return Err(ServiceError::CurrencyMismatch {
-                source_currency: source_currency.to_string(),
-                destination_currency: destination_currency.to_string(),
+                source_currency: source.currency.to_string(),
+                destination_currency: destination.currency.to_string(),
             });
         }
         Ok(Route {
-            source,
-            destination,
-            currency: source_currency,
+            tenants: Tenants::of([source.tenant.as_ref(), destination.tenant.as_ref()]),
+            source: source.deployment,
+            destination: destination.deployment,
+            currency: source.currency,
         })
     }
 
     /// Checks the accounts of a multi-leg transfer: every one exists, all in one
     /// currency. Answers where the transfer goes (logged where its first leg's source
     /// lives) and the legs with each party placed.
-    pub(super) async fn check_legs(&self, legs: &Legs) -> ServiceResult<(Route, Legs)> {
+    pub(super) async fn check_legs(
+        &self,
+        scope: &Scope,
+        legs: &Legs,
+    ) -> ServiceResult<(Route, Legs)> {
         let accounts: Vec<&AccountId> = legs.parties().iter().map(|p| &p.account).collect();
-        let places = self.place_all(&accounts).await?;
-        let (_, currency) = &places[0];
-        if let Some((_, other)) = places.iter().find(|(_, c)| c != currency) {
+        let places = self
+            .place_all(&accounts)
+            .await?
+            .into_iter()
+            .zip(&accounts)
+            .map(|(place, account)| seen(scope, account, place))
+            .collect::<ServiceResult<Vec<Placement>>>()?;
+        let currency = &places[0].currency;
+        if let Some(other) = places.iter().find(|p| &p.currency != currency) {
             return Err(ServiceError::CurrencyMismatch {
                 source_currency: currency.to_string(),
-                destination_currency: other.to_string(),
+                destination_currency: other.currency.to_string(),
             });
         }
         let place_of = |account: &AccountId| {
             let i = accounts.iter().position(|a| *a == account);
-            i.map(|i| places[i].0.clone()).unwrap_or_default()
+            i.map(|i| places[i].deployment.clone()).unwrap_or_default()
         };
         let first = &legs.legs()[0];
         let route = Route {
             source: place_of(&first.source),
             destination: place_of(&first.destination),
             currency: currency.clone(),
+            tenants: Tenants::of(places.iter().map(|p| p.tenant.as_ref())),
         };
         Ok((route, legs.clone().placed(place_of)))
     }
 
-    /// The places of `accounts`, in their order: remembered, or found two at a time
-    /// (concurrently, with concurrent transfers' accounts), then remembered.
-    async fn place_all(&self, accounts: &[&AccountId]) -> ServiceResult<Vec<Placement>> {
+    /// The places of `accounts`, in their order (`None` for one that exists nowhere):
+    /// remembered, or found two at a time (concurrently, with concurrent transfers'
+    /// accounts), then remembered.
+    async fn place_all(&self, accounts: &[&AccountId]) -> ServiceResult<Vec<Option<Placement>>> {
         let mut places: Vec<Option<Placement>> =
             accounts.iter().map(|a| self.placements.get(a)).collect();
         let unknown: Vec<&AccountId> = accounts
@@ -156,32 +182,29 @@ impl TransferService {
         .await?;
         for (pair, found) in found {
             for (account, place) in pair.into_iter().zip(found) {
-                let place =
-                    place.ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))?;
+                let Some(place) = place else { continue };
                 self.placements.remember([(account.clone(), place.clone())]);
                 if let Some(i) = accounts.iter().position(|a| *a == account) {
                     places[i] = Some(place);
                 }
             }
         }
-        Ok(places.into_iter().flatten().collect())
+        Ok(places)
     }
 
     /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
-    /// deployment) and remembers where they are.
-    async fn locate(&self, new: &NewTransfer) -> ServiceResult<(Placement, Placement)> {
-        let [source, destination] = self
+    /// deployment; `None` for one that exists nowhere) and remembers where they are.
+    async fn locate(&self, new: &NewTransfer) -> ServiceResult<[Option<Placement>; 2]> {
+        let found = self
             .deployments
             .locate([&new.source, &new.destination])
             .await?;
-        let source = source.ok_or_else(|| ServiceError::AccountNotFound(new.source.to_string()))?;
-        let destination = destination
-            .ok_or_else(|| ServiceError::AccountNotFound(new.destination.to_string()))?;
-        self.placements.remember([
-            (new.source.clone(), source.clone()),
-            (new.destination.clone(), destination.clone()),
-        ]);
-        Ok((source, destination))
+        for (account, place) in [&new.source, &new.destination].into_iter().zip(&found) {
+            if let Some(place) = place {
+                self.placements.remember([(account.clone(), place.clone())]);
+            }
+        }
+        Ok(found)
     }
 }
 
@@ -198,7 +221,11 @@ mod tests {
         const BOUND: usize = 16;
         let place = |i: usize| {
             let id = AccountId::parse(&format!("a{i}")).unwrap();
-            let at = (DeploymentName::parse("main").unwrap(), Currency::usd());
+            let at = Placement {
+                deployment: DeploymentName::parse("main").unwrap(),
+                currency: Currency::usd(),
+                tenant: None,
+            };
             (id, at)
         };
         let known = Placements::bounded(BOUND);

@@ -8,12 +8,15 @@ use futures::TryStreamExt;
 use mongodb::bson::doc;
 use mongodb::options::FindOptions;
 
-use super::batch::{AccountChange, Pull, Settle};
+use super::batch::{AccountChange, Essentials, Pull, Settle};
 use super::documents::{Stored, domain, object_id, stored_time};
 use super::entries::{Marker, RECENT, changed_with_entry, opening_entry, room_changed};
 use super::guards::Amounts;
 use super::{AccountDoc, Store, StoreError, StoreResult};
-use crate::domain::{Account, AccountId, Amount, Currency, EntryKind, Timestamp, TransferId};
+use crate::domain::{
+    Account, AccountId, Amount, Currency, EntryKind, ParseError, Placement, TenantName, Timestamp,
+    TransferId,
+};
 
 impl Store {
     /// Opens `account` with its first entry, `opened`, in the same insert. The entry's
@@ -42,38 +45,52 @@ impl Store {
         found.map(|d| d.into_domain(&self.deployment)).transpose()
     }
 
-    /// The currencies of two accounts (`None` for one that does not exist), read
-    /// together with those of concurrent transfers (see `store::batch`).
-    pub async fn currencies(
+    /// The places (here), currencies and tenants of two accounts (`None` for one that
+    /// does not exist), read together with those of concurrent transfers (see
+    /// `store::batch`).
+    pub async fn placements(
         &self,
         accounts: [&AccountId; 2],
-    ) -> StoreResult<[Option<Currency>; 2]> {
+    ) -> StoreResult<[Option<Placement>; 2]> {
         let found = self
             .batches
-            .currencies
+            .placements
             .submit(accounts.map(AccountId::to_string))
             .await?;
-        let parse = |stored: Option<String>| {
+        let parse = |stored: Option<Essentials>| {
             stored
-                .map(|c| Currency::parse(&c))
+                .map(|(currency, tenant)| {
+                    Ok(Placement {
+                        deployment: self.deployment.clone(),
+                        currency: Currency::parse(&currency)?,
+                        tenant: tenant.as_deref().map(TenantName::parse).transpose()?,
+                    })
+                })
                 .transpose()
-                .map_err(|e| StoreError::Other(format!("a stored currency: {e}").into()))
+                .map_err(|e: ParseError| {
+                    StoreError::Other(format!("a stored currency or tenant: {e}").into())
+                })
         };
         let [source, destination] = found;
         Ok([parse(source)?, parse(destination)?])
     }
 
     /// Accounts in id order, after `after` when given: keyset pagination, so a page costs
-    /// the same however deep it is.
+    /// the same however deep it is. Only `tenant`'s when given (index `tenant_id`: a
+    /// tenant's page walks its own accounts only).
     pub async fn list_accounts(
         &self,
+        tenant: Option<&TenantName>,
         after: Option<&AccountId>,
         limit: u32,
     ) -> StoreResult<Vec<Account>> {
-        let filter = match after {
+        let mut filter = match after {
             Some(after) => doc! { "_id": { "$gt": after.as_str() } },
             None => doc! {},
         };
+        if let Some(tenant) = tenant {
+            filter.insert("tenant", tenant.as_str());
+        }
         let options = FindOptions::builder()
             .sort(doc! { "_id": 1 })
             .limit(i64::from(limit))

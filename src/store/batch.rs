@@ -191,10 +191,14 @@ pub struct Settle {
     pub net: i64,
 }
 
-/// The group-commit queues of one store (and one of reads: the accounts' currencies,
-/// which a transfer between accounts this process has not seen yet must read first).
+/// What a transfer reads of an account it has not seen yet: its currency and tenant.
+pub type Essentials = (String, Option<String>);
+
+/// The group-commit queues of one store (and one of reads: the accounts' currencies and
+/// tenants, which a transfer between accounts this process has not seen yet must read
+/// first).
 pub struct Batches {
-    pub currencies: Batcher<[String; 2], [Option<String>; 2]>,
+    pub placements: Batcher<[String; 2], [Option<Essentials>; 2]>,
     pub inserts: Batcher<TransferDoc, ()>,
     pub transitions: Batcher<Transition, Option<DateTime>>,
     pub account_changes: Batcher<AccountChange, bool>,
@@ -220,9 +224,9 @@ impl Batches {
         let slots = Some(Arc::new(Semaphore::new(group_commit_writes.max(1))));
         let entry_mover = EntryMover::start(db, slots.clone());
         Arc::new(Batches {
-            currencies: Batcher::start(None, {
+            placements: Batcher::start(None, {
                 let accounts = accounts.clone();
-                move |ops| read_currencies(accounts.clone(), ops)
+                move |ops| read_placements(accounts.clone(), ops)
             }),
             inserts: Batcher::start(slots.clone(), {
                 let transactions = transactions.clone();
@@ -249,23 +253,24 @@ impl Batches {
     }
 }
 
-/// One `find` for the currencies of every account the batch names; `None` for an
-/// account that does not exist.
-pub async fn read_currencies(
+/// One `find` for the currencies and tenants of every account the batch names; `None`
+/// for an account that does not exist.
+pub async fn read_placements(
     accounts: Collection<Document>,
     ops: Vec<[String; 2]>,
-) -> StoreResult<Vec<StoreResult<[Option<String>; 2]>>> {
+) -> StoreResult<Vec<StoreResult<[Option<Essentials>; 2]>>> {
     let mut ids: Vec<&str> = ops.iter().flatten().map(String::as_str).collect();
     ids.sort_unstable();
     ids.dedup();
-    let found: HashMap<String, String> = accounts
+    let found: HashMap<String, Essentials> = accounts
         .find(doc! { "_id": { "$in": &ids } })
         .max_time(super::READ_TIME_LIMIT)
-        .projection(doc! { "currency": 1 })
+        .projection(doc! { "currency": 1, "tenant": 1 })
         .await?
         .try_filter_map(|a| async move {
+            let tenant = a.get_str("tenant").ok().map(str::to_owned);
             Ok(match (a.get_str("_id"), a.get_str("currency")) {
-                (Ok(id), Ok(currency)) => Some((id.to_owned(), currency.to_owned())),
+                (Ok(id), Ok(currency)) => Some((id.to_owned(), (currency.to_owned(), tenant))),
                 _ => None,
             })
         })

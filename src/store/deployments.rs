@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
-    Account, AccountId, Currency, DeploymentName, Transfer, TransferFilter, TransferId,
+    Account, AccountId, DeploymentName, Placement, TenantName, Transfer, TransferFilter, TransferId,
 };
 
 /// The longest a watch ping may take before its deployment counts as not answering.
@@ -201,25 +201,22 @@ impl Deployments {
         self.first_found(|s| s.transfer(id)).await
     }
 
-    /// The deployment and currency of two accounts (`None` for one that exists nowhere),
-    /// read together with those of concurrent transfers on each deployment. Answers as
-    /// soon as both are found, without waiting for a deployment that is down.
-    pub async fn locate(
-        &self,
-        accounts: [&AccountId; 2],
-    ) -> StoreResult<[Option<(DeploymentName, Currency)>; 2]> {
+    /// The deployment, currency and tenant of two accounts (`None` for one that exists
+    /// nowhere), read together with those of concurrent transfers on each deployment.
+    /// Answers as soon as both are found, without waiting for a deployment that is down.
+    pub async fn locate(&self, accounts: [&AccountId; 2]) -> StoreResult<[Option<Placement>; 2]> {
         let (answering, mut failure) = self.to_ask();
         let mut asked: FuturesUnordered<_> = answering
             .into_iter()
-            .map(|s| async move { (s.deployment(), s.currencies(accounts).await) })
+            .map(|s| s.placements(accounts))
             .collect();
-        let mut found: [Option<(DeploymentName, Currency)>; 2] = [None, None];
-        while let Some((here, answer)) = asked.next().await {
+        let mut found: [Option<Placement>; 2] = [None, None];
+        while let Some(answer) = asked.next().await {
             match answer {
-                Ok(currencies) => {
-                    for (slot, currency) in found.iter_mut().zip(currencies) {
-                        if let (None, Some(c)) = (&slot, currency) {
-                            *slot = Some((here.clone(), c));
+                Ok(places) => {
+                    for (slot, place) in found.iter_mut().zip(places) {
+                        if slot.is_none() {
+                            *slot = place;
                         }
                     }
                     if found.iter().all(Option::is_some) {
@@ -235,15 +232,19 @@ impl Deployments {
         }
     }
 
-    /// Accounts in id order after `after`, from every deployment.
+    /// Accounts in id order after `after`, from every deployment; only `tenant`'s when
+    /// given.
     pub async fn list_accounts(
         &self,
+        tenant: Option<&TenantName>,
         after: Option<&AccountId>,
         limit: u32,
     ) -> StoreResult<Vec<Account>> {
         self.check_all_answering()?;
         let pages = futures::future::try_join_all(
-            self.stores.iter().map(|s| s.list_accounts(after, limit)),
+            self.stores
+                .iter()
+                .map(|s| s.list_accounts(tenant, after, limit)),
         )
         .await?;
         Ok(merged(pages, limit, |a| a.id.clone()))

@@ -12,8 +12,8 @@ use super::entries::EntryDoc;
 use super::{StoreError, StoreResult};
 use crate::domain::{
     Account, AccountId, AccountName, Amount, ApiKeyId, CancelReason, Currency, DeploymentName,
-    Hold, IdempotencyKey, KeyScope, Leg, Legs, ParseError, Reference, ScopedKey, Timestamp,
-    Transfer, TransferId, TransferState,
+    Hold, IdempotencyKey, KeyScope, Leg, Legs, ParseError, Reference, ScopedKey, TenantName,
+    Tenants, Timestamp, Transfer, TransferId, TransferState,
 };
 
 /// How an idempotency key is stored: the `_id` of its `idempotencyKeys` record and the
@@ -46,6 +46,9 @@ pub struct AccountDoc {
     /// The client's account id (see `domain::AccountId`).
     #[serde(rename = "_id")]
     pub id: String,
+    /// The tenant that owns the account (`docs/tenants.md`); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Minor units, always an Int64 in BSON.
@@ -96,6 +99,9 @@ pub struct TransferDoc {
     /// document. Nothing names the source's: a transfer is logged where its source lives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination_deployment: Option<String>,
+    /// The tenants of its accounts (`docs/tenants.md`), in name order; absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
     /// The amount in minor units (the tutorial's name).
     pub value: i64,
     pub currency: String,
@@ -209,6 +215,7 @@ impl From<&Transfer> for TransferDoc {
             destination: t.destination.to_string(),
             destination_deployment: (t.destination_deployment != t.source_deployment)
                 .then(|| t.destination_deployment.to_string()),
+            tenants: t.tenants.names().iter().map(|n| n.to_string()).collect(),
             value: t.amount.minor_units(),
             currency: t.currency.to_string(),
             state: t.state,
@@ -283,7 +290,14 @@ impl Stored for TransferDoc {
             None => here.clone(),
         };
         let legs = stored_legs(&d, here)?;
+        let tenants = d
+            .tenants
+            .iter()
+            .map(|name| TenantName::parse(name))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("tenants", e))?;
         Ok(Transfer {
+            tenants: Tenants::of(tenants.iter().map(Some)),
             legs,
             refused_account: d
                 .refused_account
@@ -379,6 +393,7 @@ impl From<&Account> for AccountDoc {
     fn from(a: &Account) -> AccountDoc {
         AccountDoc {
             id: a.id.to_string(),
+            tenant: a.tenant.as_ref().map(|t| t.to_string()),
             name: a.name.as_ref().map(|n| n.as_str().to_owned()),
             balance: a.balance,
             pending_debits: a.pending_debits,
@@ -415,6 +430,12 @@ impl Stored for AccountDoc {
         Ok(Account {
             id: AccountId::parse(&d.id).map_err(|e| bad("_id", e))?,
             deployment: here.clone(),
+            tenant: d
+                .tenant
+                .as_deref()
+                .map(TenantName::parse)
+                .transpose()
+                .map_err(|e| bad("tenant", e))?,
             name: d
                 .name
                 .as_deref()

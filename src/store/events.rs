@@ -39,7 +39,9 @@ use serde::{Deserialize, Serialize};
 
 use super::documents::{AccountDoc, Stored, TransferDoc, stored_time};
 use super::{Store, StoreError, StoreResult};
-use crate::domain::{Event, EventData, EventType, Position, Timestamp, TransferState, event_id};
+use crate::domain::{
+    Event, EventData, EventType, Position, TenantName, Timestamp, TransferState, event_id,
+};
 
 /// The collection of events.
 const EVENTS: &str = "events";
@@ -78,6 +80,10 @@ struct EventDoc {
     /// The account as it was opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     account: Option<AccountDoc>,
+    /// The tenants that see it (`docs/tenants.md`): its transfer's, or its account's;
+    /// index `tenants_key` walks one tenant's feed without the others' events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tenants: Vec<String>,
 }
 
 /// A position as the feed stores and compares it: ten digits of seconds, ten of
@@ -530,7 +536,7 @@ impl Store {
         };
         let up_to = recorded.min(cut);
         let (front, _) = self
-            .windows(&from, &up_to, MAX_TRIMMED as usize, &[])
+            .windows(&from, &up_to, MAX_TRIMMED as usize, &[], None)
             .await?;
         let old = front
             .iter()
@@ -594,21 +600,25 @@ impl Store {
     }
 
     /// Up to `limit` events after `after` (from the front when `None`), of `types` (all
-    /// when empty), in feed order, no further than `recorded` (the
-    /// [`FeedState::recorded_through`] read before); and how far the feed was trimmed
-    /// once they were read.
+    /// when empty), `tenant`'s only when given, in feed order, no further than
+    /// `recorded` (the [`FeedState::recorded_through`] read before); and how far the feed
+    /// was trimmed once they were read.
     pub async fn read_feed(
         &self,
         after: Option<&Position>,
         limit: u32,
         types: &[EventType],
+        tenant: Option<&TenantName>,
         recorded: Option<String>,
     ) -> StoreResult<FeedPage> {
         let start = Position::start();
         let after = after.unwrap_or(&start);
         let end = self.read_bound(after, recorded).await?;
         let (found, examined) = match end {
-            Some(end) => self.windows(after, &end, limit as usize, types).await?,
+            Some(end) => {
+                self.windows(after, &end, limit as usize, types, tenant)
+                    .await?
+            }
             None => (Vec::new(), None),
         };
         let events = found
@@ -654,6 +664,7 @@ impl Store {
         end_key: &str,
         limit: usize,
         types: &[EventType],
+        tenant: Option<&TenantName>,
     ) -> StoreResult<(Vec<EventDoc>, Option<String>)> {
         let Some(last) = position(end_key) else {
             return Ok((Vec::new(), None));
@@ -675,9 +686,13 @@ impl Store {
                 limit.max(FILTERED_WINDOW)
             };
             let within = doc! { "$gt": &below, "$lt": tick_key(until), "$lte": end_key };
+            let mut filter = doc! { "key": within };
+            if let Some(tenant) = tenant {
+                filter.insert("tenants", tenant.as_str());
+            }
             let window: Vec<EventDoc> = self
                 .events()
-                .find(doc! { "key": within })
+                .find(filter)
                 .sort(doc! { "key": 1 })
                 .limit(room as i64)
                 .max_time(super::READ_TIME_LIMIT)
@@ -758,6 +773,11 @@ fn stored(
         increment: time.increment,
         id: id.clone(),
     };
+    let tenants = match (&transfer, &account) {
+        (Some(t), _) => t.tenants.clone(),
+        (None, Some(a)) => a.tenant.iter().cloned().collect(),
+        (None, None) => Vec::new(),
+    };
     EventDoc {
         key: key(&position),
         id,
@@ -765,6 +785,7 @@ fn stored(
         at,
         transfer,
         account,
+        tenants,
     }
 }
 

@@ -53,8 +53,12 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
     ),
     ("0010_legs", include_str!("../../migrations/0010_legs.json")),
     (
-        "0011_webhook_caps",
-        include_str!("../../migrations/0011_webhook_caps.json"),
+        "0011_tenants",
+        include_str!("../../migrations/0011_tenants.json"),
+    ),
+    (
+        "0012_webhook_caps",
+        include_str!("../../migrations/0012_webhook_caps.json"),
     ),
 ];
 

@@ -12,6 +12,7 @@
 //!   that decides which failures mean "the database is unavailable".
 
 pub mod accounts;
+pub mod api_keys;
 mod batch;
 mod clock;
 pub mod deployments;
@@ -39,6 +40,7 @@ use crate::domain::{DeploymentName, Timestamp};
 use crate::metrics::DbOutcome;
 use crate::retry;
 
+pub use api_keys::ApiKeyStore;
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
 pub use deployments::Deployments;
 pub use documents::new_transfer_id;

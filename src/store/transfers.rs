@@ -572,6 +572,10 @@ impl Store {
         if let Some(before) = filter.before {
             query.insert("_id", doc! { "$lt": object_id(before) });
         }
+        // Index `tenants_id`: a tenant's listing walks its own transfers only.
+        if let Some(tenant) = &filter.tenant {
+            query.insert("tenants", tenant.as_str());
+        }
         self.find_sorted(query, doc! { "_id": -1 }, limit).await
     }
 }

@@ -11,7 +11,11 @@ use support::{TestApp, spawn_app};
 
 /// How many accounts are stored, read straight from the database.
 async fn stored_accounts(app: &TestApp) -> usize {
-    app.store.list_accounts(None, 1_000).await.unwrap().len()
+    app.store
+        .list_accounts(None, None, 1_000)
+        .await
+        .unwrap()
+        .len()
 }
 
 /// Opening an account with `body` is refused as an invalid `field`, and nothing is stored.

@@ -229,7 +229,7 @@ async fn concurrent_cancels_of_a_done_transfer_reverse_it_exactly_once() {
             .await
             .unwrap()
             .expect("the reversal is stored");
-        let accounts = app.store.list_accounts(None, 10).await.unwrap();
+        let accounts = app.store.list_accounts(None, None, 10).await.unwrap();
         assert_eq!(
             app.total_balance().await,
             1_500,
@@ -295,7 +295,7 @@ async fn a_cancel_racing_a_running_transfer_always_leaves_the_money_where_it_sta
         }
         let id = canceled["id"].as_str().unwrap();
         let stored = app.store.transfer(transfer_id(id)).await.unwrap().unwrap();
-        let accounts = app.store.list_accounts(None, 10).await.unwrap();
+        let accounts = app.store.list_accounts(None, None, 10).await.unwrap();
         assert!(
             app.accounts_with_pending().await.is_empty(),
             "round {round}: markers left after the cancel answered {canceled}\nstored: {stored:?}\naccounts: {accounts:?}"

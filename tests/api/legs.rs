@@ -36,7 +36,7 @@ async fn balances(app: &TestApp, accounts: &[&str]) -> Vec<i64> {
 
 /// Nothing of any transfer is left on any account: no marker, no room, no fence.
 async fn assert_settled(app: &TestApp) {
-    let accounts = app.store.list_accounts(None, 1_000).await.unwrap();
+    let accounts = app.store.list_accounts(None, None, 1_000).await.unwrap();
     for a in accounts {
         assert!(a.pending_transactions.is_empty(), "marker left on {a:?}");
         assert_eq!(a.incoming, 0, "room left on {a:?}");
@@ -380,7 +380,7 @@ async fn concurrent_multi_leg_and_plain_transfers_conserve_money() {
                 t["id"], t["state"], t["reason"], t["amount"]
             );
         }
-        for a in app.store.list_accounts(None, 100).await.unwrap() {
+        for a in app.store.list_accounts(None, None, 100).await.unwrap() {
             eprintln!(
                 "{} b={} in={} p={:?}",
                 a.id, a.balance, a.incoming, a.pending_transactions

@@ -55,7 +55,7 @@ async fn entry_kinds(app: &TestApp, account: &str) -> Vec<String> {
 
 /// No account carries a marker, a reservation or room.
 async fn assert_nothing_pending(app: &TestApp) {
-    for a in app.store.list_accounts(None, 1_000).await.unwrap() {
+    for a in app.store.list_accounts(None, None, 1_000).await.unwrap() {
         assert!(a.pending_transactions.is_empty(), "marker left on {a:?}");
         assert_eq!(
             (a.pending_debits, a.pending_credits, a.incoming),

@@ -16,6 +16,7 @@ mod legs_holds;
 mod native;
 mod observability;
 mod security;
+mod tenants;
 mod transfers;
 mod webhooks;
 

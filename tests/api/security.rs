@@ -328,8 +328,10 @@ fn the_document_declares_the_optional_bearer_scheme_and_its_refusals() {
                 "{method} {path}"
             );
             // A write refuses a read-only key; so does every route of `/webhooks`, reads
-            // too (where the events go is for whoever may change it).
-            let read_write_only = method != "get" || path.starts_with("/webhooks");
+            // too (where the events go is for whoever may change it), and of `/api-keys`
+            // (admin keys only).
+            let read_write_only =
+                method != "get" || path.starts_with("/webhooks") || path.starts_with("/api-keys");
             assert_eq!(
                 responses.get("403").map(|r| &r["$ref"]),
                 read_write_only.then_some(&json!("#/components/responses/Forbidden")),

@@ -129,7 +129,10 @@ pub async fn sample_accounts(books: Books, stop: CancellationToken) -> Sampled {
             _ = tokio::time::sleep(Duration::from_millis(SAMPLE_EVERY_MS)) => {}
         }
         let reads = books.stores.iter().map(|store| {
-            tokio::time::timeout(Duration::from_secs(2), store.list_accounts(None, 1000))
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                store.list_accounts(None, None, 1000),
+            )
         });
         let mut accounts = Vec::new();
         for read in futures::future::join_all(reads).await {

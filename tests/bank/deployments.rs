@@ -89,7 +89,7 @@ impl Books {
                     .await
                     .unwrap(),
             );
-            accounts.extend(store.list_accounts(None, 1000).await.unwrap());
+            accounts.extend(store.list_accounts(None, None, 1000).await.unwrap());
         }
         (transfers, accounts)
     }

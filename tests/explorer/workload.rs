@@ -30,7 +30,7 @@ use std::time::Duration;
 use mongodb::bson::{DateTime, Document, doc};
 use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{
-    AccountId, Amount, Currency, DeploymentName, Leg, Legs, OpeningBalance, Transfer,
+    AccountId, Amount, Currency, DeploymentName, Leg, Legs, OpeningBalance, Scope, Transfer,
     TransferFilter,
 };
 use transfer_service::failpoints;
@@ -156,6 +156,7 @@ pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> 
     for (id, deployment) in placed {
         setup
             .open_account(NewAccount {
+                tenant: None,
                 id: Some(account_id(id)),
                 name: None,
                 balance: OpeningBalance::parse(OPENING).unwrap(),
@@ -177,6 +178,7 @@ pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> 
             legs: None,
             reference: None,
             hold: scenario.hold.then_some(HOLD_EXPIRY),
+            scope: Scope::Platform,
         },
     };
     Setup {

@@ -428,13 +428,13 @@ impl TestApp {
 
     /// The sum of every stored balance: the invariant no transfer may change.
     pub async fn total_balance(&self) -> i64 {
-        let accounts = self.store.list_accounts(None, 10_000).await.unwrap();
+        let accounts = self.store.list_accounts(None, None, 10_000).await.unwrap();
         accounts.iter().map(|a| a.balance).sum()
     }
 
     /// Every account with a leftover `pendingTransactions` entry.
     pub async fn accounts_with_pending(&self) -> Vec<String> {
-        let accounts = self.store.list_accounts(None, 10_000).await.unwrap();
+        let accounts = self.store.list_accounts(None, None, 10_000).await.unwrap();
         accounts
             .into_iter()
             .filter(|a| !a.pending_transactions.is_empty())

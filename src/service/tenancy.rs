@@ -1,0 +1,62 @@
+//! What a caller's [`Scope`] sees (`docs/tenants.md`): a tenant's key sees the accounts of
+//! its tenant and the transfers touching one of them; anything else answers exactly as
+//! if it did not exist (`account_not_found`, `transfer_not_found`). A platform scope
+//! sees everything, and costs no read here.
+//!
+//! An account's tenant and a transfer's tenants never change once written, so a check
+//! made on a read still holds when the write it guards (a cancel, a capture) lands.
+
+use super::{ServiceError, ServiceResult, TransferService};
+use crate::domain::{Account, AccountId, Scope, Transfer, TransferId};
+
+impl TransferService {
+    /// `id`'s account as it stands now, if `scope` sees it.
+    pub async fn account_in(&self, scope: &Scope, id: &AccountId) -> ServiceResult<Account> {
+        let account = self.account(id).await?;
+        if scope.sees_account(account.tenant.as_ref()) {
+            Ok(account)
+        } else {
+            Err(ServiceError::AccountNotFound(id.to_string()))
+        }
+    }
+
+    /// The transfer `id` as it stands now, if `scope` sees it.
+    pub async fn transfer_in(&self, scope: &Scope, id: TransferId) -> ServiceResult<Transfer> {
+        let transfer = self.read_transfer(id).await?;
+        if scope.sees(&transfer.tenants) {
+            Ok(transfer)
+        } else {
+            Err(ServiceError::TransferNotFound(id))
+        }
+    }
+
+    /// Refuses, as not found, an account `scope` does not see.
+    pub async fn check_account_seen(&self, scope: &Scope, id: &AccountId) -> ServiceResult<()> {
+        if *scope == Scope::Platform {
+            return Ok(());
+        }
+        let tenant = match self.placements.get(id) {
+            Some(place) => place.tenant,
+            None => {
+                self.deployments
+                    .find_account(id)
+                    .await?
+                    .ok_or_else(|| ServiceError::AccountNotFound(id.to_string()))?
+                    .tenant
+            }
+        };
+        if scope.sees_account(tenant.as_ref()) {
+            Ok(())
+        } else {
+            Err(ServiceError::AccountNotFound(id.to_string()))
+        }
+    }
+
+    /// Refuses, as not found, a transfer `scope` does not see.
+    pub async fn check_transfer_seen(&self, scope: &Scope, id: TransferId) -> ServiceResult<()> {
+        if *scope == Scope::Platform {
+            return Ok(());
+        }
+        self.transfer_in(scope, id).await.map(|_| ())
+    }
+}
