@@ -76,8 +76,9 @@ pub const COMMAND_BYTES: usize = 4 << 20;
 /// Deliveries made in one batch, at most, whatever their size.
 pub const BATCH: usize = 5_000;
 /// The most first attempts the dispatcher starts for one batch before its deliveries
-/// are made: what a crash at that moment sends again without a record.
-pub const FIRSTS: usize = MAX_SENDING;
+/// are made ([`MAX_SENDING`] at a time, more as earlier ones end, within
+/// [`FIRST_WAIT`]): what a crash at that moment sends again without a record.
+pub const FIRSTS: usize = 256;
 /// How long the dispatcher waits for new events before it reads anyway.
 const DISPATCH_IDLE: Duration = Duration::from_millis(250);
 /// How long an attempt may take before it counts as failed (no answer within 5 s).
