@@ -44,7 +44,10 @@ const DISPATCHER_ID: &str = "dispatcher";
 /// registrations at once both write, so that they cannot both pass the cap.
 const WEBHOOK_CAPS: &str = "webhookCaps";
 
-/// The transaction of [`Store::insert_webhook_capped`], on owned handles.
+/// The transaction of [`Store::insert_webhook_capped`], on owned handles. Its callback
+/// holds only owned values, its documents built before it: with a `&str` in it, rustc
+/// could not prove the handler's future `Send` (rust-lang/rust#96865, named in
+/// `and_run2`'s documentation).
 async fn insert_capped(
     client: mongodb::Client,
     webhooks: Collection<WebhookDoc>,
@@ -264,13 +267,7 @@ impl Store {
                 .collect(),
         };
         let client = self.db.client().clone();
-        // Boxed as `Send` here, where its lifetimes are known: as a plain future, rustc
-        // cannot prove the transaction's callback `Send` in the handler that awaits it
-        // (rust-lang/rust#96865, named in `and_run2`'s documentation).
-        let capped: std::pin::Pin<Box<dyn Future<Output = StoreResult<bool>> + Send>> = Box::pin(
-            insert_capped(client, self.webhooks(), self.webhook_caps(), doc, cap),
-        );
-        capped.await
+        insert_capped(client, self.webhooks(), self.webhook_caps(), doc, cap).await
     }
 
     /// Every webhook, oldest first: all of them, however many (their number is capped
