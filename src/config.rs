@@ -182,6 +182,11 @@ pub struct Args {
     #[arg(long, env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub webhook_allow_private: bool,
 
+    /// The most webhooks registered at once, 1 to 10000; one more is refused with 409
+    /// `webhook_limit_reached`. Per tenant once tenants own webhooks.
+    #[arg(long, env = "MAX_WEBHOOKS", default_value = "1000", value_parser = whole_number(1..=10_000))]
+    pub max_webhooks: usize,
+
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
     #[arg(
@@ -731,6 +736,7 @@ impl Settings {
                 retry_max: Duration::from_millis(args.webhook_retry_max_ms),
                 give_up_after: Duration::from_millis(args.webhook_give_up_after_ms),
                 allow_private: args.webhook_allow_private,
+                max_webhooks: args.max_webhooks,
             },
             strategy: args.transfer_strategy,
             log_format: args.log_format,

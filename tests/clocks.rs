@@ -434,3 +434,116 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
     assert_eq!(stored.balance, 0, "{stored:?}");
     assert!(stored.pending_transactions.is_empty(), "{stored:?}");
 }
+
+/// A webhook endpoint of these tests: every request's `webhook-id` and
+/// `webhook-timestamp`, answered 200.
+async fn webhook_receiver() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+) {
+    use axum::http::HeaderMap;
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = got.clone();
+    let router = axum::Router::new().fallback(move |headers: HeaderMap| {
+        let sink = sink.clone();
+        async move {
+            let header = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            sink.lock()
+                .unwrap()
+                .push((header("webhook-id"), header("webhook-timestamp")));
+            axum::http::StatusCode::OK
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (url, got)
+}
+
+/// Registers `url` for every event on `instance`.
+async fn register_webhook(http: &reqwest::Client, instance: &Instance, url: &str) {
+    let answer = http
+        .post(instance.url("/webhooks"))
+        .json(&json!({ "url": url }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201, "{}", answer.text().await.unwrap());
+}
+
+/// The `webhook-timestamp` of event `id`, once it arrived.
+async fn delivered(got: &std::sync::Mutex<Vec<(String, String)>>, id: &str) -> i64 {
+    support::eventually(
+        &format!("{id} is delivered"),
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        async || {
+            let got = got.lock().unwrap();
+            got.iter()
+                .find(|(event, _)| event == id)
+                .map(|(_, at)| at.parse::<i64>().expect("webhook-timestamp is seconds"))
+        },
+    )
+    .await
+}
+
+/// Issue 33: `webhook-timestamp` is the database's time. An instance whose clock runs two
+/// minutes behind stamped its deliveries two minutes in the past, which a receiver
+/// refusing old timestamps (the Standard Webhooks libraries allow five minutes) drops.
+#[tokio::test]
+async fn a_webhook_timestamp_is_the_databases_time_not_the_instances() {
+    let database = fresh_database_name();
+    let mut config = instance_config(&database, "behind", -120);
+    config
+        .env
+        .push(("WEBHOOK_ALLOW_PRIVATE".into(), "true".into()));
+    let instance = Instance::start(&config).await;
+    let http = reqwest::Client::new();
+    assert_clock_offset(&http, &instance, -120).await;
+    let (url, got) = webhook_receiver().await;
+    register_webhook(&http, &instance, &url).await;
+    open_account(&http, &instance, "stamped", 0).await;
+    let stamp = delivered(&got, "account.opened:stamped").await;
+    let off = stamp - chrono::Utc::now().timestamp();
+    assert!(
+        off.abs() <= 10,
+        "webhook-timestamp is {off:+} s off the database's clock (the instance's is -120 s)"
+    );
+}
+
+/// Issue 33: a webhook is sent every event recorded after its registration on every
+/// deployment, whatever their clocks. Judged by the event's time against the
+/// registration's (the first deployment's clock), the events of a deployment whose clock
+/// runs 30 s behind were not sent for 30 s after a registration: they were skipped.
+#[tokio::test]
+async fn a_webhook_is_sent_the_events_of_a_deployment_whose_clock_runs_behind() {
+    let (daemon, _folder, deployments) = skewed_deployments(-30).await;
+    assert_database_clock_offset(&daemon.uri, -30).await;
+    let database = fresh_database_name();
+    let mut config = instance_config(&database, "hooks", 0);
+    config.deployments = Some(deployments);
+    config
+        .env
+        .push(("WEBHOOK_ALLOW_PRIVATE".into(), "true".into()));
+    let instance = Instance::start(&config).await;
+    let http = reqwest::Client::new();
+    let (url, got) = webhook_receiver().await;
+    register_webhook(&http, &instance, &url).await;
+    for (id, deployment) in [("there", "skewed"), ("here", "real")] {
+        let answer = http
+            .post(instance.url("/accounts"))
+            .json(&json!({ "id": id, "balance": 0, "deployment": deployment }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 201, "open {id}");
+    }
+    delivered(&got, "account.opened:here").await;
+    delivered(&got, "account.opened:there").await;
+}

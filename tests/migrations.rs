@@ -177,7 +177,14 @@ async fn an_account_opened_before_entries_is_carried_forward_as_entry_1_and_goes
 
     assert_eq!(
         store.migrate().await.unwrap(),
-        ["0007_entries", "0008_events", "0009_webhooks", "0010_legs"]
+        [
+            "0007_entries",
+            "0008_events",
+            "0009_webhooks",
+            "0010_legs",
+            "0011_tenants",
+            "0012_webhook_caps"
+        ]
     );
     records(&store)
         .delete_one(doc! { "_id": "0007_entries" })

@@ -10,7 +10,9 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{EventType, ParseError, Timestamp};
+use std::collections::BTreeMap;
+
+use super::{DeploymentName, Event, EventType, ParseError, Timestamp};
 
 /// Where deliveries are sent: an `http` or `https` URL with a host, at most
 /// [`WebhookUrl::MAX_LEN`] bytes. Whether its addresses may be reached is decided where
@@ -64,37 +66,85 @@ impl WebhookUrl {
 }
 
 /// Whether a delivery may connect to `ip` when private addresses are not allowed
-/// (`WEBHOOK_ALLOW_PRIVATE`): not loopback, private (RFC 1918), link-local, unique-local
-/// (fc00::/7), unspecified, broadcast, multicast, shared (100.64.0.0/10), documentation
-/// or an IPv4 address mapped into IPv6 that is one of those. What a server-side request
-/// forgery would aim at: this host, its network, the cloud's metadata (169.254.169.254).
+/// (`WEBHOOK_ALLOW_PRIVATE`): what a server-side request forgery would aim at (this host,
+/// its network, the cloud's metadata at 169.254.169.254) or what is no unicast address
+/// of the internet is refused.
+///
+/// IPv4: "this network" (0.0.0.0/8), loopback, private (RFC 1918), link-local, shared
+/// (100.64.0.0/10, carrier NAT), IETF protocol assignments (192.0.0.0/24), benchmarking
+/// (198.18.0.0/15), documentation, multicast and reserved (240.0.0.0/4, the broadcast
+/// address in it). IPv6: unspecified, loopback, multicast, unique-local (fc00::/7),
+/// link-local (fe80::/10), site-local (fec0::/10, deprecated but still routed by some
+/// networks), documentation (2001:db8::/32); and the forms that carry an IPv4 address,
+/// judged by that address: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
+/// (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::/48` for
+/// `A.B.C.D`). The local-use NAT64 prefix (`64:ff9b:1::/48`, a network's own) is
+/// refused whole.
 pub fn is_public_address(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            !(v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b)))
-        }
+        IpAddr::V4(v4) => is_public_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_public_address(IpAddr::V4(v4));
+            if let Some(v4) = embedded_ipv4(v6) {
+                return is_public_v4(v4);
             }
             let first = v6.segments()[0];
+            let second = v6.segments()[1];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80)
+                || (first & 0xffc0) == 0xfe80
+                || (first & 0xffc0) == 0xfec0
+                || (first == 0x2001 && second == 0x0db8)
+                || (first == 0x64 && second == 0xff9b && v6.segments()[2] == 1))
         }
     }
 }
+
+fn is_public_v4(v4: std::net::Ipv4Addr) -> bool {
+    let [a, b, c, _] = v4.octets();
+    !(v4.is_loopback()
+        || v4.is_private()
+        || v4.is_link_local()
+        || v4.is_unspecified()
+        || v4.is_broadcast()
+        || v4.is_multicast()
+        || v4.is_documentation()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b))
+        || (a == 192 && b == 0 && c == 0)
+        || (a == 198 && (18..20).contains(&b))
+        || a >= 240)
+}
+
+/// The IPv4 address an IPv6 address carries, when it is of a form that reaches it:
+/// IPv4-mapped, IPv4-compatible (`::a.b.c.d`, but not `::` nor `::1`), NAT64 (well-known
+/// `64:ff9b::/96`) or 6to4 (`2002::/16`).
+fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    let s = v6.segments();
+    let low = std::net::Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    let compatible = s[..6].iter().all(|x| *x == 0) && (s[6] != 0 || s[7] > 1);
+    let nat64 = s[0] == 0x64 && s[1] == 0xff9b && s[2..6].iter().all(|x| *x == 0);
+    if compatible || nat64 {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(std::net::Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            s[1] as u8,
+            (s[2] >> 8) as u8,
+            s[2] as u8,
+        ));
+    }
+    None
+}
+
+/// `MAX_WEBHOOKS` when unset: enough for every integration of a service, small enough
+/// that the dispatcher's list of webhooks stays a few megabytes.
+pub const DEFAULT_MAX_WEBHOOKS: usize = 1000;
 
 /// How deliveries are made (`WEBHOOK_*`).
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +158,9 @@ pub struct WebhookSettings {
     /// Whether deliveries may go to loopback, private, link-local and unique-local
     /// addresses (local development and tests).
     pub allow_private: bool,
+    /// The most webhooks registered at once (`MAX_WEBHOOKS`); one more is refused. Per
+    /// tenant once tenants own webhooks.
+    pub max_webhooks: usize,
 }
 
 impl Default for WebhookSettings {
@@ -117,6 +170,7 @@ impl Default for WebhookSettings {
             retry_max: Duration::from_secs(3600),
             give_up_after: Duration::from_secs(3 * 24 * 3600),
             allow_private: false,
+            max_webhooks: DEFAULT_MAX_WEBHOOKS,
         }
     }
 }
@@ -130,9 +184,18 @@ pub struct Webhook {
     /// The types it is sent; every type when empty.
     pub types: Vec<EventType>,
     pub description: Option<String>,
-    /// The signing secret, shown once, at registration.
+    /// The signing secret, shown once, at registration (or at the rotation that made it).
     pub secret: WebhookSecret,
+    /// The secret a rotation replaced, and until when (by the database's clock)
+    /// deliveries are signed with it too: the overlap in which a receiver moves to the
+    /// new secret.
+    pub previous: Option<(WebhookSecret, Timestamp)>,
     pub created_at: Timestamp,
+    /// Per deployment, its cluster time read at registration (seconds, increment), before
+    /// the webhook was written: the deployment's events after it are sent, those at or
+    /// before it are not. Judged by each deployment's own order, never by comparing
+    /// clocks, so a deployment whose clock runs behind loses nothing.
+    pub registered_at: BTreeMap<DeploymentName, (u32, u32)>,
 }
 
 impl Webhook {
@@ -140,7 +203,48 @@ impl Webhook {
     pub fn wants(&self, kind: EventType) -> bool {
         self.types.is_empty() || self.types.contains(&kind)
     }
+
+    /// Whether `event` came after its registration: after the position read from the
+    /// event's deployment at registration. A webhook registered before positions were
+    /// kept, or a deployment it has none of (none was read: a deployment without cluster
+    /// times), is judged by `created_at` against the event's time, as before.
+    pub fn registered_before(&self, event: &Event) -> bool {
+        match self.registered_at.get(&event.deployment) {
+            Some(&(seconds, increment)) => {
+                (event.position.seconds, event.position.increment) > (seconds, increment)
+            }
+            None => event.at >= self.created_at,
+        }
+    }
+
+    /// The `webhook-signature` header of a delivery sent at `now` (the database's time,
+    /// whose seconds are `timestamp`): the signature of the secret, then, during a
+    /// rotation's overlap, the previous secret's, separated by a space as Standard
+    /// Webhooks allow; a receiver that knows either secret verifies it.
+    pub fn signature(&self, id: &str, timestamp: i64, body: &str, now: Timestamp) -> String {
+        let mut header = self.secret.sign(id, timestamp, body);
+        if let Some((previous, until)) = &self.previous {
+            if now < *until {
+                header.push(' ');
+                header.push_str(&previous.sign(id, timestamp, body));
+            }
+        }
+        header
+    }
+
+    /// Until when the previous secret signs too, if it still does at `now`.
+    pub fn previous_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.previous
+            .as_ref()
+            .map(|(_, until)| *until)
+            .filter(|until| now < *until)
+    }
 }
+
+/// The longest overlap of a rotation (`POST /webhooks/{id}/rotate-secret`): 7 days.
+pub const MAX_ROTATION_OVERLAP: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The overlap of a rotation that names none: 24 hours.
+pub const DEFAULT_ROTATION_OVERLAP: Duration = Duration::from_secs(24 * 3600);
 
 /// A signing secret: 24 random bytes, shown as `whsec_<base64>` (the Standard Webhooks
 /// form, which its libraries take as is).
@@ -311,6 +415,65 @@ mod tests {
             assert!(!is_public_address(private.parse().unwrap()), "{private}");
         }
         for public in ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"] {
+            assert!(is_public_address(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    /// The ranges of issue 33, each at its edges, and the IPv6 forms that carry an IPv4
+    /// address judged by that address (a private one refused, a public one let through).
+    #[test]
+    fn reserved_ranges_and_ipv6_forms_of_private_ipv4_addresses_are_not_public() {
+        for refused in [
+            // Shared address space (carrier NAT), 100.64.0.0/10.
+            "100.64.0.0",
+            "100.127.255.255",
+            // IETF protocol assignments, 192.0.0.0/24.
+            "192.0.0.0",
+            "192.0.0.170",
+            "192.0.0.255",
+            // Benchmarking, 198.18.0.0/15.
+            "198.18.0.1",
+            "198.19.255.255",
+            // Reserved, 240.0.0.0/4 (the broadcast address with it).
+            "240.0.0.1",
+            "250.1.2.3",
+            "255.255.255.254",
+            "255.255.255.255",
+            // Site-local, fec0::/10.
+            "fec0::1",
+            "feff:ffff::1",
+            // Documentation.
+            "2001:db8::1",
+            // NAT64 of private and loopback addresses.
+            "64:ff9b::7f00:1",
+            "64:ff9b::a00:1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::5db8:d822",
+            // 6to4 of private and loopback addresses.
+            "2002:7f00:1::",
+            "2002:a00:1::1",
+            "2002:a9fe:a9fe::1",
+            // IPv4-compatible forms of private and loopback addresses.
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "::169.254.169.254",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(!is_public_address(refused.parse().unwrap()), "{refused}");
+        }
+        for public in [
+            "100.63.255.255",
+            "100.128.0.0",
+            "192.0.1.1",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.255",
+            "64:ff9b::5db8:d822",
+            "2002:5db8:d822::1",
+            "::93.184.216.34",
+            "::ffff:93.184.216.34",
+            "2606:4700::1111",
+        ] {
             assert!(is_public_address(public.parse().unwrap()), "{public}");
         }
     }

@@ -196,6 +196,9 @@ fn webhook_sample(code: &str) -> Option<ApiError> {
         "delivery_not_failed" => {
             ServiceError::DeliveryNotFailed(crate::domain::DeliveryState::Succeeded).into()
         }
+        "webhook_limit_reached" => {
+            ServiceError::TooManyWebhooks(crate::domain::DEFAULT_MAX_WEBHOOKS).into()
+        }
         "webhook_url_not_allowed" => {
             ServiceError::WebhookUrlNotAllowed(crate::service::UrlRefusal::NotPublic {
                 host: "localhost".into(),
@@ -292,6 +295,7 @@ mod tests {
         "api_key_not_found",
         "delivery_not_found",
         "delivery_not_failed",
+        "webhook_limit_reached",
         "webhook_url_not_allowed",
         "method_not_allowed",
         "account_exists",

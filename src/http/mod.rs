@@ -96,6 +96,8 @@ pub struct AppState {
             responses::ApiKeyRefused,
             responses::DeliveryNotFound,
             responses::DeliveryNotFailed,
+            responses::WebhookLimitReached,
+            responses::InvalidRotation,
             responses::TransferRefused,
             responses::ReversalRefused,
             responses::InvalidCaptureAmount,
@@ -134,6 +136,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::get_webhook, webhooks::delete_webhook))
         .routes(routes!(webhooks::list_deliveries))
         .routes(routes!(webhooks::retry_delivery))
+        .routes(routes!(webhooks::rotate_secret))
         .routes(routes!(api_keys::create_api_key, api_keys::list_api_keys))
         .routes(routes!(api_keys::delete_api_key))
         .routes(routes!(health::health))

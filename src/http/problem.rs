@@ -85,6 +85,8 @@ pub enum ApiError {
     DeliveryNotFailed(String),
     /// 422: the webhook URL resolves to an address deliveries may not go to.
     WebhookUrlNotAllowed(String),
+    /// 409: as many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
+    WebhookLimitReached(usize),
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
     /// 409: the account id is taken.
@@ -155,7 +157,7 @@ impl ApiError {
             Forbidden | TransferNotOwned(_) => StatusCode::FORBIDDEN,
             AccountNotFound(_) | TransferNotFound(_) | RouteNotFound(_) | WebhookNotFound(_)
             | ApiKeyNotFound(_) | DeliveryNotFound(_) => StatusCode::NOT_FOUND,
-            DeliveryNotFailed(_) => StatusCode::CONFLICT,
+            DeliveryNotFailed(_) | WebhookLimitReached(_) => StatusCode::CONFLICT,
             WebhookUrlNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AccountExists(_) | TransferCanceled { .. } | Hold { .. } => StatusCode::CONFLICT,
@@ -196,6 +198,7 @@ impl ApiError {
             DeliveryNotFound(_) => ("delivery_not_found", "Delivery not found"),
             DeliveryNotFailed(_) => ("delivery_not_failed", "Delivery not failed"),
             WebhookUrlNotAllowed(_) => ("webhook_url_not_allowed", "Webhook URL not allowed"),
+            WebhookLimitReached(_) => ("webhook_limit_reached", "Webhook limit reached"),
             MethodNotAllowed => ("method_not_allowed", "Method not allowed"),
             AccountExists(_) => ("account_exists", "Account already exists"),
             TransferCanceled { .. } => ("transfer_canceled", "Transfer canceled"),
@@ -250,6 +253,9 @@ impl ApiError {
             }
             WebhookUrlNotAllowed(why) => format!(
                 "the webhook URL is not allowed: {why} (only public addresses unless the server sets WEBHOOK_ALLOW_PRIVATE=true)"
+            ),
+            WebhookLimitReached(cap) => format!(
+                "{cap} webhooks are registered, as many as the server allows (MAX_WEBHOOKS); delete one first"
             ),
             MethodNotAllowed => "this resource does not support that method".into(),
             AccountExists(id) => format!("an account with id {id} already exists"),
@@ -541,6 +547,7 @@ impl From<ServiceError> for ApiError {
                 ApiError::WebhookUrlNotAllowed(why.to_string())
             }
             ServiceError::WebhookNotFound(id) => ApiError::WebhookNotFound(id),
+            ServiceError::TooManyWebhooks(cap) => ApiError::WebhookLimitReached(cap),
             ServiceError::ApiKeyNotFound(id) => ApiError::ApiKeyNotFound(id),
             ServiceError::DeliveryNotFound(id) => ApiError::DeliveryNotFound(id),
             ServiceError::DeliveryNotFailed(state) => {

@@ -182,7 +182,7 @@ pub struct InvalidCaptureAmount(pub Problem);
 /// `POST /webhooks`: refused, nothing registered.
 #[derive(ToResponse)]
 #[response(
-    description = "Refused, nothing registered: `invalid_field` (`field` names it: `url`, `types`, `description`), or `webhook_url_not_allowed` (the URL resolves to a loopback, private, link-local or unique-local address, or to none).",
+    description = "Refused, nothing registered: `invalid_field` (`field` names it: `url`, `types`, `description`), or `webhook_url_not_allowed` (the URL is, or resolves to, an address that is not public: loopback, private, link-local, unique-local, site-local, shared, reserved, benchmarking, documentation, or an IPv6 form of one of those; or to none).",
     content_type = PROBLEM_JSON
 )]
 pub struct WebhookRefused(pub Problem);
@@ -221,6 +221,22 @@ pub struct DeliveryNotFound(pub Problem);
     content_type = PROBLEM_JSON
 )]
 pub struct DeliveryNotFailed(pub Problem);
+
+/// `POST /webhooks/{id}/rotate-secret`: the overlap is refused.
+#[derive(ToResponse)]
+#[response(
+    description = "`invalid_field` (`field` is `overlapSeconds`): not a whole number from 0 to 604800; nothing rotated.",
+    content_type = PROBLEM_JSON
+)]
+pub struct InvalidRotation(pub Problem);
+
+/// `POST /webhooks`: the cap is reached.
+#[derive(ToResponse)]
+#[response(
+    description = "`webhook_limit_reached`: as many webhooks are registered as the server allows (`MAX_WEBHOOKS`, 1000 by default); nothing registered. Delete one first.",
+    content_type = PROBLEM_JSON
+)]
+pub struct WebhookLimitReached(pub Problem);
 
 /// `GET /events`: the cursor is too old.
 #[derive(ToResponse)]

@@ -2,6 +2,8 @@
 //! (`docs/webhooks.md`). Every route here needs a read-write API key (when keys are
 //! configured), reads too: a webhook's list says where the service's events go.
 
+use std::time::Duration;
+
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -12,13 +14,17 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::events::EventTypeSchema;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, OptionalApiJson};
 use super::problem::{ApiError, field};
 use super::responses::{
-    DeliveryNotFailed, DeliveryNotFound, InvalidParameter, MalformedJson, PayloadTooLarge,
-    Unavailable, UnsupportedMediaType, WebhookNotFound, WebhookRefused,
+    DeliveryNotFailed, DeliveryNotFound, InvalidParameter, InvalidRotation, MalformedJson,
+    PayloadTooLarge, Unavailable, UnsupportedMediaType, WebhookLimitReached, WebhookNotFound,
+    WebhookRefused,
 };
-use crate::domain::{Attempt, Delivery, DeliveryState, EventType, ParseError, Webhook, WebhookUrl};
+use crate::domain::{
+    Attempt, DEFAULT_ROTATION_OVERLAP, Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP,
+    ParseError, Webhook, WebhookUrl,
+};
 use crate::service::NewWebhook;
 
 /// Deliveries listed unless `limit` says otherwise.
@@ -44,8 +50,8 @@ pub struct CreateWebhookRequest {
     pub description: Option<String>,
 }
 
-/// A registered endpoint.
-#[derive(Debug, Serialize, ToSchema)]
+/// A registered endpoint. Its `Debug` leaves the secret out.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 #[schema(example = json!({"id": "wh_6b0619d67d0e8af2ac0b1adf", "url": "https://example.com/hooks/payments", "types": ["transfer.done"], "createdAt": "2026-11-26T13:00:00Z"}))]
 pub struct WebhookResponse {
@@ -58,16 +64,34 @@ pub struct WebhookResponse {
     pub description: Option<String>,
     pub created_at: DateTime<Utc>,
     /// The signing secret (`whsec_<base64>`, the Standard Webhooks form): in the answer
-    /// to the registration only, never again.
+    /// to the registration, or to the rotation that made it, only; never again.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub secret: Option<String>,
+    /// During a rotation's overlap: until when deliveries are also signed with the
+    /// secret the rotation replaced (each `webhook-signature` then has two signatures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub previous_secret_expires_at: Option<DateTime<Utc>>,
+}
+
+impl std::fmt::Debug for WebhookResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookResponse")
+            .field("id", &self.id)
+            .field("url", &self.url)
+            .field("types", &self.types)
+            .field("created_at", &self.created_at)
+            .field("secret", &self.secret.as_ref().map(|_| ".."))
+            .finish_non_exhaustive()
+    }
 }
 
 impl WebhookResponse {
     fn of(w: Webhook, with_secret: bool) -> WebhookResponse {
         WebhookResponse {
             secret: with_secret.then(|| w.secret.expose()),
+            previous_secret_expires_at: w.previous.as_ref().map(|(_, until)| *until),
             id: w.id,
             url: w.url.as_str().to_owned(),
             types: w.types.into_iter().map(EventTypeSchema::from).collect(),
@@ -75,6 +99,17 @@ impl WebhookResponse {
             created_at: w.created_at,
         }
     }
+}
+
+/// A request to rotate a webhook's secret.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schema(example = json!({"overlapSeconds": 86400}))]
+pub struct RotateSecretRequest {
+    /// How long deliveries are still signed with the secret replaced too, in seconds, 0
+    /// to 604800 (7 days). Absent: 86400 (24 hours).
+    #[schema(minimum = 0, maximum = 604800)]
+    pub overlap_seconds: Option<u64>,
 }
 
 /// The registered endpoints.
@@ -194,6 +229,7 @@ pub struct DeliveryParams {
         (status = 201, description = "Registered; the answer has the secret.", body = WebhookResponse,
             headers(("Location" = String, description = "The URL of the webhook: /webhooks/{id}."))),
         (status = 400, response = MalformedJson),
+        (status = 409, response = WebhookLimitReached),
         (status = 413, response = PayloadTooLarge),
         (status = 415, response = UnsupportedMediaType),
         (status = 422, response = WebhookRefused),
@@ -297,6 +333,48 @@ pub async fn delete_webhook(
 ) -> Result<StatusCode, ApiError> {
     state.service.delete_webhook(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Rotate a webhook's secret.
+///
+/// The answer carries the new secret, the only time it is shown. For the overlap
+/// (`overlapSeconds`, 24 hours by default, 7 days at most, by the database's clock) every
+/// delivery carries two signatures in `webhook-signature`, the new secret's and the
+/// replaced one's, so a receiver verifies with either while it moves to the new one;
+/// after it, the new secret's only. A rotation during an overlap ends that overlap: the
+/// secret it replaces (the newest) becomes the previous one.
+#[utoipa::path(
+    post, path = "/webhooks/{id}/rotate-secret", tag = "webhooks",
+    params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf")),
+    request_body(content = Option<RotateSecretRequest>, description = "Optional: the overlap."),
+    responses(
+        (status = 200, description = "Rotated; the answer has the new secret.", body = WebhookResponse),
+        (status = 400, response = MalformedJson),
+        (status = 404, response = WebhookNotFound),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = InvalidRotation),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub async fn rotate_secret(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OptionalApiJson(body): OptionalApiJson<RotateSecretRequest>,
+) -> Result<Json<WebhookResponse>, ApiError> {
+    let max = MAX_ROTATION_OVERLAP.as_secs();
+    let overlap = match body.overlap_seconds {
+        None => DEFAULT_ROTATION_OVERLAP,
+        Some(seconds) if seconds <= max => Duration::from_secs(seconds),
+        Some(_) => {
+            return Err(ApiError::InvalidField {
+                field: "overlapSeconds".into(),
+                detail: format!("overlapSeconds must be a whole number from 0 to {max}"),
+            });
+        }
+    };
+    let rotated = state.service.rotate_webhook_secret(&id, overlap).await?;
+    Ok(Json(WebhookResponse::of(rotated, true)))
 }
 
 /// List a webhook's deliveries.

@@ -64,6 +64,9 @@ pub enum ServiceError {
     WebhookUrlNotAllowed(super::UrlRefusal),
     #[error("webhook {0} does not exist")]
     WebhookNotFound(String),
+    /// As many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
+    #[error("{0} webhooks are registered, as many as allowed")]
+    TooManyWebhooks(usize),
     #[error("api key {0} does not exist")]
     ApiKeyNotFound(String),
     #[error("delivery {0} does not exist")]

@@ -3,10 +3,12 @@
 //! `deliverer` applies again at each attempt.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{
-    Delivery, DeliveryState, EventType, Webhook, WebhookSecret, WebhookUrl, is_public_address,
+    Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP, Webhook, WebhookSecret, WebhookUrl,
+    is_public_address,
 };
 use crate::store::Store;
 
@@ -78,35 +80,76 @@ impl TransferService {
         Ok(store)
     }
 
-    /// Registers an endpoint, after checking where it resolves; it is sent the events
-    /// recorded from now on. Its secret is in the answer, and only there.
+    /// Registers an endpoint, after checking where it resolves, unless as many are
+    /// registered as `MAX_WEBHOOKS` allows (decided in the write itself:
+    /// [`Store::insert_webhook_capped`]); it is sent the events recorded from now on. Its
+    /// secret is in the answer, and only there.
     pub async fn register_webhook(&self, new: NewWebhook) -> ServiceResult<Webhook> {
         allowed_addresses(&new.url, self.webhook_settings.allow_private)
             .await
             .map_err(ServiceError::WebhookUrlNotAllowed)?;
         let store = self.webhook_home()?;
+        // Each deployment's position first, then the write: an event a deployment
+        // records after the answer is after its position, whatever its clock.
+        let mut registered_at = std::collections::BTreeMap::new();
+        for deployment in self.deployments.all() {
+            deployment.check_answering()?;
+            if let Some(at) = deployment.cluster_time().await? {
+                registered_at.insert(deployment.deployment().clone(), (at.time, at.increment));
+            }
+        }
         let webhook = Webhook {
             id: format!("wh_{}", mongodb_free_id()),
             url: new.url,
             types: new.types,
             description: new.description,
             secret: WebhookSecret::random(),
+            previous: None,
             created_at: store.server_time_lower_bound().await?,
+            registered_at,
         };
-        store.insert_webhook(&webhook).await?;
+        let cap = self.webhook_settings.max_webhooks;
+        if !store.insert_webhook_capped(&webhook, cap).await? {
+            return Err(ServiceError::TooManyWebhooks(cap));
+        }
         tracing::info!(webhook = %webhook.id, url = %webhook.url.as_str(), "webhook registered");
         Ok(webhook)
     }
 
+    /// Every webhook, a previous secret whose overlap ended left out.
     pub async fn webhooks(&self) -> ServiceResult<Vec<Webhook>> {
-        Ok(self.webhook_home()?.webhooks_all().await?)
+        let store = self.webhook_home()?;
+        let found = store.webhooks_all().await?;
+        let now = store.server_time_lower_bound().await?;
+        Ok(found.into_iter().map(|w| current(w, now)).collect())
     }
 
+    /// Webhook `id`, a previous secret whose overlap ended left out.
     pub async fn webhook(&self, id: &str) -> ServiceResult<Webhook> {
-        self.webhook_home()?
+        let store = self.webhook_home()?;
+        let found = store
             .webhook(id)
             .await?
-            .ok_or_else(|| ServiceError::WebhookNotFound(id.to_owned()))
+            .ok_or_else(|| ServiceError::WebhookNotFound(id.to_owned()))?;
+        Ok(current(found, store.server_time_lower_bound().await?))
+    }
+
+    /// Gives webhook `id` a new secret, returned here and never again; deliveries carry
+    /// the signatures of both the new and the replaced secret for `overlap` (at most
+    /// [`MAX_ROTATION_OVERLAP`]; none when zero), by the database's clock.
+    pub async fn rotate_webhook_secret(
+        &self,
+        id: &str,
+        overlap: Duration,
+    ) -> ServiceResult<Webhook> {
+        let store = self.webhook_home()?;
+        let secret = WebhookSecret::random();
+        let rotated = store
+            .rotate_webhook_secret(id, &secret, overlap.min(MAX_ROTATION_OVERLAP))
+            .await?
+            .ok_or_else(|| ServiceError::WebhookNotFound(id.to_owned()))?;
+        tracing::info!(webhook = %id, overlap_s = overlap.as_secs(), "webhook secret rotated");
+        Ok(current(rotated, store.server_time_lower_bound().await?))
     }
 
     /// Deletes an endpoint and its deliveries; nothing more is sent to it.
@@ -150,6 +193,14 @@ impl TransferService {
         }
         Ok(found)
     }
+}
+
+/// `w` as it signs at `now`: its previous secret only while its overlap lasts.
+fn current(mut w: Webhook, now: crate::domain::Timestamp) -> Webhook {
+    if w.previous_until(now).is_none() {
+        w.previous = None;
+    }
+    w
 }
 
 /// 24 hexadecimal digits, random.

@@ -56,6 +56,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0011_tenants",
         include_str!("../../migrations/0011_tenants.json"),
     ),
+    (
+        "0012_webhook_caps",
+        include_str!("../../migrations/0012_webhook_caps.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

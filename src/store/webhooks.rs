@@ -2,12 +2,17 @@
 //! list of endpoints for the whole service, like `accountDirectory`).
 //!
 //! - `webhooks`: one document per endpoint, its secret with it (a delivery is signed
-//!   with it, so it is kept as is; the API shows it only at registration).
+//!   with it, so it is kept as is; the API shows it only at registration and rotation),
+//!   the secret a rotation replaced and until when it signs too, and each deployment's
+//!   cluster time at registration (`registeredAt`: its events after it are sent).
 //! - `deliveries`: one document per event and endpoint (`_id` `<webhook>:<event>`, so a
 //!   second dispatch of the same event is refused): the exact body to send, its state,
 //!   its attempts, when the next is due, until when to try, and the lease of the instance
 //!   sending it now.
 //! - `webhookDispatcher`: the dispatcher's lease and its cursor in the event feed.
+//! - `webhookCaps`: one document per scope of `MAX_WEBHOOKS`, written by every
+//!   registration in the transaction that counts and inserts, so that two registrations
+//!   at once cannot both pass the cap ([`Store::insert_webhook_capped`]).
 //!
 //! Every change to a delivery is guarded: a claim by the lease being free (by the
 //! database's clock), an attempt's outcome by the claimant still holding it, a manual
@@ -15,6 +20,8 @@
 //! by another; its late outcome is refused, and the delivery may be sent twice, never
 //! lost: at least once.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -25,15 +32,73 @@ use serde::{Deserialize, Serialize};
 use super::documents::stored_time;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
-    Attempt, Delivery, DeliveryState, EventType, Timestamp, Webhook, WebhookSecret, WebhookUrl,
+    Attempt, Delivery, DeliveryState, DeploymentName, EventType, Timestamp, Webhook, WebhookSecret,
+    WebhookUrl,
 };
 
 const WEBHOOKS: &str = "webhooks";
 const DELIVERIES: &str = "deliveries";
 const DISPATCHER: &str = "webhookDispatcher";
 const DISPATCHER_ID: &str = "dispatcher";
+/// One document per scope of the cap on webhooks (`MAX_WEBHOOKS`): what two
+/// registrations at once both write, so that they cannot both pass the cap.
+const WEBHOOK_CAPS: &str = "webhookCaps";
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The transaction of [`Store::insert_webhook_capped`], on owned handles. Its callback
+/// holds only owned values, its documents built before it: with a `&str` in it, rustc
+/// could not prove the handler's future `Send` (rust-lang/rust#96865, named in
+/// `and_run2`'s documentation).
+async fn insert_capped(
+    client: mongodb::Client,
+    webhooks: Collection<WebhookDoc>,
+    caps: Collection<Document>,
+    doc: WebhookDoc,
+    cap: usize,
+) -> StoreResult<bool> {
+    let (filter, scope) = cap_scope();
+    let (mark, inc) = (
+        doc! { "_id": scope },
+        doc! { "$inc": { "registrations": 1_i64 } },
+    );
+    let cap = u64::try_from(cap).unwrap_or(u64::MAX);
+    let mut session = client.start_session().await?;
+    let registered = session
+        .start_transaction()
+        .write_concern(super::majority_journaled())
+        .read_concern(mongodb::options::ReadConcern::snapshot())
+        .and_run2(async move |session| {
+            // The cap's document first: a registration running at the same time
+            // conflicts here, before either counts.
+            caps.update_one(mark.clone(), inc.clone())
+                .upsert(true)
+                .session(&mut *session)
+                .await?;
+            let count = webhooks
+                .count_documents(filter.clone())
+                .session(&mut *session)
+                .await?;
+            if count >= cap {
+                session.abort_transaction().await?;
+                return Ok(false);
+            }
+            webhooks
+                .insert_one(doc.clone())
+                .session(&mut *session)
+                .await?;
+            Ok(true)
+        })
+        .await?;
+    Ok(registered)
+}
+
+/// The webhooks the cap counts, and the `_id` of its document in `webhookCaps`: every
+/// webhook today. With tenants, the tenant's webhooks and the tenant's name.
+fn cap_scope() -> (Document, &'static str) {
+    (doc! {}, "all")
+}
+
+/// A webhook as stored. No `Debug`: it holds the secrets, which are never logged.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WebhookDoc {
     #[serde(rename = "_id")]
@@ -44,7 +109,17 @@ struct WebhookDoc {
     description: Option<String>,
     /// `whsec_<base64>`.
     secret: String,
+    /// The secret the last rotation replaced, and until when it signs too (the
+    /// database's clock when the rotation was written, plus its overlap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous_until: Option<DateTime>,
     created_at: DateTime,
+    /// Per deployment name, its cluster time read at registration: its events after it
+    /// are sent (absent in a webhook made before it was kept).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    registered_at: BTreeMap<String, mongodb::bson::Timestamp>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,7 +171,8 @@ pub struct Claimed {
     pub id: String,
     pub webhook: String,
     pub event_id: String,
-    pub body: String,
+    /// Shared by every delivery of the event this instance holds (rendered once).
+    pub body: Arc<str>,
     /// Attempts made before this one.
     pub tries: u32,
     pub give_up_at: Timestamp,
@@ -120,7 +196,9 @@ pub struct NewDelivery<'a> {
     pub webhook: &'a str,
     pub event_id: &'a str,
     pub event_type: EventType,
-    pub body: String,
+    /// The event's body, shared by all its deliveries in memory (rendered once per page);
+    /// each delivery's document holds a copy ([`stored_bytes`] counts it).
+    pub body: Arc<str>,
     pub give_up_at: Timestamp,
     pub made: Made,
 }
@@ -152,26 +230,54 @@ impl Store {
         self.db.collection(DISPATCHER)
     }
 
-    pub async fn insert_webhook(&self, w: &Webhook) -> StoreResult<()> {
+    fn webhook_caps(&self) -> Collection<Document> {
+        self.db.collection(WEBHOOK_CAPS)
+    }
+
+    /// Registers `w` unless `cap` webhooks are registered already: whether it was
+    /// registered.
+    ///
+    /// The count and the insert are one transaction that also writes the cap's document
+    /// (`webhookCaps`, one per scope): two registrations at once both write it, so one of
+    /// them conflicts and runs again (the driver retries a transient conflict), and then
+    /// counts the other's webhook. A count read before a plain insert would let both pass.
+    /// The count is of the webhooks themselves, never a counter kept beside them, so no
+    /// crash can leave it wrong and a deletion needs nothing more than its own delete.
+    /// The scope is the whole service today; a tenant's webhooks once tenants own them
+    /// (`cap_scope`).
+    pub async fn insert_webhook_capped(&self, w: &Webhook, cap: usize) -> StoreResult<bool> {
         let doc = WebhookDoc {
             id: w.id.clone(),
             url: w.url.as_str().to_owned(),
             types: w.types.iter().map(|t| t.as_str().to_owned()).collect(),
             description: w.description.clone(),
             secret: w.secret.expose(),
+            previous_secret: None,
+            previous_until: None,
             created_at: stored_time(w.created_at),
+            registered_at: w
+                .registered_at
+                .iter()
+                .map(|(name, &(time, increment))| {
+                    (
+                        name.as_str().to_owned(),
+                        mongodb::bson::Timestamp { time, increment },
+                    )
+                })
+                .collect(),
         };
-        self.webhooks().insert_one(doc).await?;
-        Ok(())
+        let client = self.db.client().clone();
+        insert_capped(client, self.webhooks(), self.webhook_caps(), doc, cap).await
     }
 
-    /// Every webhook, oldest first (at most a few thousand are expected).
+    /// Every webhook, oldest first: all of them, however many (their number is capped
+    /// where they are made, [`Store::insert_webhook_capped`]; a limit here left those
+    /// past it never served).
     pub async fn webhooks_all(&self) -> StoreResult<Vec<Webhook>> {
         let found: Vec<WebhookDoc> = self
             .webhooks()
             .find(doc! {})
             .sort(doc! { "createdAt": 1, "_id": 1 })
-            .limit(10_000)
             .max_time(super::READ_TIME_LIMIT)
             .await?
             .try_collect()
@@ -182,6 +288,39 @@ impl Store {
     pub async fn webhook(&self, id: &str) -> StoreResult<Option<Webhook>> {
         self.webhooks()
             .find_one(doc! { "_id": id })
+            .await?
+            .map(webhook_from)
+            .transpose()
+    }
+
+    /// Gives webhook `id` the secret `new`; the one it replaces signs too for `overlap`
+    /// more, by the database's clock (a lower bound of it; none when zero). One write:
+    /// two rotations at once are applied one after the other, the second keeping the
+    /// first's new secret as the previous one. The webhook after it, if it exists.
+    pub async fn rotate_webhook_secret(
+        &self,
+        id: &str,
+        new: &WebhookSecret,
+        overlap: Duration,
+    ) -> StoreResult<Option<Webhook>> {
+        let until = self.server_time_lower_bound().await?
+            + chrono::TimeDelta::from_std(overlap).unwrap_or(chrono::TimeDelta::MAX);
+        let rotate = if overlap.is_zero() {
+            doc! { "$set": {
+                "secret": new.expose(),
+                "previousSecret": "$$REMOVE",
+                "previousUntil": "$$REMOVE",
+            } }
+        } else {
+            doc! { "$set": {
+                "previousSecret": "$secret",
+                "previousUntil": stored_time(until),
+                "secret": new.expose(),
+            } }
+        };
+        self.webhooks()
+            .find_one_and_update(doc! { "_id": id }, vec![rotate])
+            .return_document(mongodb::options::ReturnDocument::After)
             .await?
             .map(webhook_from)
             .transpose()
@@ -244,43 +383,7 @@ impl Store {
         let until = now + chrono::TimeDelta::from_std(claim.1).unwrap_or(chrono::TimeDelta::MAX);
         let docs: Vec<DeliveryDoc> = new
             .into_iter()
-            .map(|d| {
-                let mut doc = DeliveryDoc {
-                    id: format!("{}:{}", d.webhook, d.event_id),
-                    webhook: d.webhook.to_owned(),
-                    event_id: d.event_id.to_owned(),
-                    event_type: d.event_type.as_str().to_owned(),
-                    body: d.body,
-                    state: DeliveryState::Pending.as_str().to_owned(),
-                    attempts: Vec::new(),
-                    tries: 0,
-                    next_attempt_at: Some(stored_time(now)),
-                    give_up_at: stored_time(d.give_up_at),
-                    owner: None,
-                    lease_until: None,
-                    created_at: stored_time(now),
-                };
-                match d.made {
-                    Made::Unclaimed => {}
-                    // Due only if the claim runs out.
-                    Made::Claimed => {
-                        doc.owner = Some(claim.0.to_owned());
-                        doc.lease_until = Some(stored_time(until));
-                        doc.next_attempt_at = Some(stored_time(until));
-                    }
-                    Made::Attempted(attempt, outcome) => {
-                        doc.attempts = vec![attempt_doc(&attempt)];
-                        doc.tries = 1;
-                        let (state, next) = after_attempt(outcome);
-                        doc.state = state.as_str().to_owned();
-                        doc.next_attempt_at = next;
-                        if matches!(outcome, AttemptOutcome::Succeeded) {
-                            doc.body = String::new();
-                        }
-                    }
-                }
-                doc
-            })
+            .map(|d| delivery_doc(d, now, (claim.0, until)))
             .collect();
         let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
         match self.deliveries().insert_many(docs).ordered(false).await {
@@ -354,7 +457,7 @@ impl Store {
                 id: d.id,
                 webhook: d.webhook,
                 event_id: d.event_id,
-                body: d.body,
+                body: d.body.into(),
             })
             .collect())
     }
@@ -602,6 +705,66 @@ impl Store {
     }
 }
 
+/// The document of new delivery `d`, made at `now` (under `claim`, a token and its end,
+/// if it is [`Made::Claimed`]).
+fn delivery_doc(d: NewDelivery<'_>, now: Timestamp, claim: (&str, Timestamp)) -> DeliveryDoc {
+    let mut doc = DeliveryDoc {
+        id: format!("{}:{}", d.webhook, d.event_id),
+        webhook: d.webhook.to_owned(),
+        event_id: d.event_id.to_owned(),
+        event_type: d.event_type.as_str().to_owned(),
+        body: String::from(&*d.body),
+        state: DeliveryState::Pending.as_str().to_owned(),
+        attempts: Vec::new(),
+        tries: 0,
+        next_attempt_at: Some(stored_time(now)),
+        give_up_at: stored_time(d.give_up_at),
+        owner: None,
+        lease_until: None,
+        created_at: stored_time(now),
+    };
+    match d.made {
+        Made::Unclaimed => {}
+        // Due only if the claim runs out.
+        Made::Claimed => {
+            doc.owner = Some(claim.0.to_owned());
+            doc.lease_until = Some(stored_time(claim.1));
+            doc.next_attempt_at = Some(stored_time(claim.1));
+        }
+        Made::Attempted(attempt, outcome) => {
+            doc.attempts = vec![attempt_doc(&attempt)];
+            doc.tries = 1;
+            let (state, next) = after_attempt(outcome);
+            doc.state = state.as_str().to_owned();
+            doc.next_attempt_at = next;
+            if matches!(outcome, AttemptOutcome::Succeeded) {
+                doc.body = String::new();
+            }
+        }
+    }
+    doc
+}
+
+/// The most bytes of an attempt's `error` kept: what an attempt adds to a delivery's
+/// document is bounded, so [`stored_bytes`] holds whatever the error.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// The bytes of a delivery's document other than its ids, body and claim token: the
+/// field names, the type, state, times and counters, and one attempt (its error at most
+/// [`MAX_ERROR_BYTES`]). Checked against the real encoding in this module's tests.
+const DELIVERY_FIXED_BYTES: usize = 512 + MAX_ERROR_BYTES;
+
+/// An upper bound of what new delivery `d` adds to each command that makes it, made
+/// under a claim of `token`: its document in the insert (however its first attempt
+/// ends, [`Made`] being decided after the batch is cut) and its id in the `$in` of the
+/// read of those already made. The dispatcher cuts its batches by this
+/// (`deliverer::batch`), so that no command it sends passes its bound.
+pub fn stored_bytes(d: &NewDelivery<'_>, token: &str) -> usize {
+    // The `_id` twice (the document and the `$in`), `webhook` and `eventId` once more.
+    let ids = 3 * (d.webhook.len() + 1 + d.event_id.len());
+    DELIVERY_FIXED_BYTES + ids + d.body.len() + token.len()
+}
+
 /// The filter and update that record `attempt` of `claimed` and what it decided.
 /// A claim's token: the instance's `owner` and a random suffix of this claim, so that a
 /// later claim of the same instance and a late record of an earlier one never mix.
@@ -636,7 +799,10 @@ fn attempt_doc(attempt: &Attempt) -> AttemptDoc {
     AttemptDoc {
         at: stored_time(attempt.at),
         status: attempt.status.map(i32::from),
-        error: attempt.error.clone(),
+        error: attempt
+            .error
+            .as_deref()
+            .map(|e| truncated(e, MAX_ERROR_BYTES)),
         duration_ms: i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
     }
 }
@@ -699,6 +865,15 @@ const CLAIMED_ELSEWHERE: i64 = 512;
 /// dozen; the bound keeps a document small whatever the settings.
 const MAX_ATTEMPTS_KEPT: i32 = 100;
 
+/// At most `max` bytes of `text`, cut at a character's boundary.
+fn truncated(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
 fn webhook_from(d: WebhookDoc) -> StoreResult<Webhook> {
     let bad = |why: String| StoreError::Other(format!("webhook {}: {why}", d.id).into());
     let types = d
@@ -706,9 +881,26 @@ fn webhook_from(d: WebhookDoc) -> StoreResult<Webhook> {
         .iter()
         .map(|t| EventType::parse(t).map_err(|e| bad(e.0)))
         .collect::<StoreResult<Vec<_>>>()?;
+    let previous = match (&d.previous_secret, d.previous_until) {
+        (Some(secret), Some(until)) => Some((
+            WebhookSecret::parse(secret).map_err(|e| bad(e.0))?,
+            until.to_chrono(),
+        )),
+        _ => None,
+    };
+    let registered_at = d
+        .registered_at
+        .iter()
+        .map(|(name, at)| {
+            let name = DeploymentName::parse(name).map_err(|e| bad(e.0))?;
+            Ok((name, (at.time, at.increment)))
+        })
+        .collect::<StoreResult<BTreeMap<_, _>>>()?;
     Ok(Webhook {
         url: WebhookUrl::parse(&d.url).map_err(|e| bad(e.0))?,
         secret: WebhookSecret::parse(&d.secret).map_err(|e| bad(e.0))?,
+        previous,
+        registered_at,
         types,
         description: d.description.clone(),
         created_at: d.created_at.to_chrono(),
@@ -737,4 +929,90 @@ fn delivery_from(d: DeliveryDoc) -> StoreResult<Delivery> {
         webhook: d.webhook,
         event_id: d.event_id,
     })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The bytes of `d`'s document, whichever way it is made, at most (the largest of a
+    /// delivery made under a claim and one made with an attempt of the longest error),
+    /// and of its id as one element of an `$in`.
+    pub(crate) fn encoded_bytes(d: &NewDelivery<'_>, token: &str) -> usize {
+        let now = chrono::Utc::now();
+        let until = now + chrono::TimeDelta::seconds(30);
+        let attempt = Attempt {
+            at: now,
+            status: Some(503),
+            error: Some("é".repeat(MAX_ERROR_BYTES)),
+            duration_ms: u64::MAX,
+        };
+        let made = [
+            Made::Unclaimed,
+            Made::Claimed,
+            Made::Attempted(attempt.clone(), AttemptOutcome::Retry(until)),
+            Made::Attempted(attempt, AttemptOutcome::GaveUp),
+        ];
+        let document = made
+            .into_iter()
+            .map(|made| {
+                let new = NewDelivery {
+                    webhook: d.webhook,
+                    event_id: d.event_id,
+                    event_type: d.event_type,
+                    body: d.body.clone(),
+                    give_up_at: d.give_up_at,
+                    made,
+                };
+                let doc = mongodb::bson::to_document(&delivery_doc(new, now, (token, until)))
+                    .expect("a delivery's document");
+                mongodb::bson::to_vec(&doc).expect("encoded").len()
+            })
+            .max()
+            .unwrap_or(0);
+        // In an array: a type byte, the index as a key ("1234567" and a NUL), the length,
+        // the id and its NUL.
+        let in_element = 1 + 8 + 4 + d.webhook.len() + 1 + d.event_id.len() + 1;
+        document + in_element
+    }
+
+    /// The bytes of the filter of the read of deliveries `ids` made already.
+    pub(crate) fn read_bytes(ids: &[String]) -> usize {
+        let filter = doc! { "_id": { "$in": ids } };
+        mongodb::bson::to_vec(&filter).expect("encoded").len()
+    }
+
+    #[test]
+    fn stored_bytes_bounds_a_deliverys_document_and_its_id_whatever_their_sizes() {
+        let webhook = format!("wh_{}", "a".repeat(24));
+        let long_event = format!("transfer.canceled:{}", "x".repeat(64));
+        let token = format!("{}#{:016x}", "i".repeat(128), u64::MAX);
+        for event_id in ["account.opened:a", long_event.as_str()] {
+            for body_len in [0, 1, 700, 65_536, 3 << 20] {
+                let d = NewDelivery {
+                    webhook: &webhook,
+                    event_id,
+                    event_type: EventType::TransferCanceled,
+                    body: Arc::from("b".repeat(body_len)),
+                    give_up_at: chrono::Utc::now(),
+                    made: Made::Unclaimed,
+                };
+                let (bound, real) = (stored_bytes(&d, &token), encoded_bytes(&d, &token));
+                assert!(
+                    real <= bound,
+                    "{event_id}, body {body_len}: {real} bytes encoded, bound {bound}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_attempts_error_is_kept_to_its_bound_at_a_characters_boundary() {
+        let error = "é".repeat(MAX_ERROR_BYTES);
+        let kept = truncated(&error, MAX_ERROR_BYTES);
+        assert_eq!(kept.len(), MAX_ERROR_BYTES);
+        let odd = truncated(&error, MAX_ERROR_BYTES - 1);
+        assert_eq!(odd.len(), MAX_ERROR_BYTES - 2);
+        assert_eq!(truncated("short", MAX_ERROR_BYTES), "short");
+    }
 }
