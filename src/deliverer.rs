@@ -654,9 +654,9 @@ enum Phase {
 }
 
 /// Whether `hook` is sent `event`: a type it wants, after it was registered (by the
-/// event's deployment's position, not by its clock).
+/// event's deployment's position, not by its clock), and one its tenant sees.
 fn wants(hook: &Webhook, event: &Event) -> bool {
-    hook.wants(event.kind) && hook.registered_before(event)
+    hook.wants(event.kind) && hook.registered_before(event) && hook.sees(event)
 }
 
 /// What this instance's attempts share: the bounds, and where finished ones go to be

@@ -74,6 +74,7 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
                 url,
                 types: Vec::new(),
                 description: None,
+                scope: transfer_service::domain::Scope::Platform,
             })
             .await
             .unwrap();

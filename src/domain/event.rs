@@ -19,7 +19,9 @@ use std::fmt;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-use super::{Account, AccountId, DeploymentName, ParseError, Timestamp, Transfer, TransferState};
+use super::{
+    Account, AccountId, DeploymentName, ParseError, Tenants, Timestamp, Transfer, TransferState,
+};
 
 /// What an event reports. Stored and shown as `account.opened`, `transfer.held`, ...
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -173,6 +175,16 @@ impl Event {
             + self.deployment.as_str().len()
             + self.position.id.len()
             + data
+    }
+}
+
+impl Event {
+    /// The tenants that see it: its transfer's, or its account's.
+    pub fn tenants(&self) -> Tenants {
+        match &self.data {
+            EventData::Transfer(t) => t.tenants.clone(),
+            EventData::Account(a) => Tenants::of([a.tenant.as_ref()]),
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use sha2::Sha256;
 
 use std::collections::BTreeMap;
 
-use super::{DeploymentName, Event, EventType, ParseError, Timestamp};
+use super::{DeploymentName, Event, EventType, ParseError, Scope, TenantName, Timestamp};
 
 /// Where deliveries are sent: an `http` or `https` URL with a host, at most
 /// [`WebhookUrl::MAX_LEN`] bytes. Whether its addresses may be reached is decided where
@@ -184,6 +184,9 @@ pub struct Webhook {
     /// The types it is sent; every type when empty.
     pub types: Vec<EventType>,
     pub description: Option<String>,
+    /// The tenant that registered it (`docs/tenants.md`): it is sent only the events
+    /// that tenant sees. `None`: a platform webhook, sent every event.
+    pub tenant: Option<TenantName>,
     /// The signing secret, shown once, at registration (or at the rotation that made it).
     pub secret: WebhookSecret,
     /// The secret a rotation replaced, and until when (by the database's clock)
@@ -202,6 +205,14 @@ impl Webhook {
     /// Whether it is sent events of `kind`.
     pub fn wants(&self, kind: EventType) -> bool {
         self.types.is_empty() || self.types.contains(&kind)
+    }
+
+    /// Whether its tenant sees `event` (a platform webhook sees every event).
+    pub fn sees(&self, event: &Event) -> bool {
+        match &self.tenant {
+            None => true,
+            Some(tenant) => Scope::Tenant(tenant.clone()).sees(&event.tenants()),
+        }
     }
 
     /// Whether `event` came after its registration: after the position read from the

@@ -216,11 +216,6 @@ pub async fn require_api_key(
             tracing::info!(api_key = %caller.id, method = %request.method(), "refused: read-only API key on a write");
             return ApiError::Forbidden.into_response();
         }
-        // Webhooks are not kept per tenant yet: a tenant's key may not see or send the
-        // platform's (removed once they are).
-        if needs_read_write(route) && caller.scope != Scope::Platform {
-            return ApiError::Forbidden.into_response();
-        }
         if needs_admin(route) && caller.role != Role::Admin {
             tracing::info!(api_key = %caller.id, "refused: an API key that is not an admin on /api-keys");
             return ApiError::Forbidden.into_response();

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
@@ -23,7 +23,7 @@ use super::responses::{
 };
 use crate::domain::{
     Attempt, DEFAULT_ROTATION_OVERLAP, Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP,
-    ParseError, Webhook, WebhookUrl,
+    ParseError, Scope, Webhook, WebhookUrl,
 };
 use crate::service::NewWebhook;
 
@@ -53,7 +53,7 @@ pub struct CreateWebhookRequest {
 /// A registered endpoint. Its `Debug` leaves the secret out.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-#[schema(example = json!({"id": "wh_6b0619d67d0e8af2ac0b1adf", "url": "https://example.com/hooks/payments", "types": ["transfer.done"], "createdAt": "2026-11-26T13:00:00Z"}))]
+#[schema(example = json!({"id": "wh_6b0619d67d0e8af2ac0b1adf", "url": "https://example.com/hooks/payments", "types": ["transfer.done"], "tenant": "acme", "createdAt": "2026-11-26T13:00:00Z"}))]
 pub struct WebhookResponse {
     pub id: String,
     pub url: String,
@@ -62,6 +62,10 @@ pub struct WebhookResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub description: Option<String>,
+    /// The tenant whose key registered it, sent only that tenant's events
+    /// (`docs/tenants.md`); null for a platform webhook, sent every event.
+    #[schema(required = true)]
+    pub tenant: Option<String>,
     pub created_at: DateTime<Utc>,
     /// The signing secret (`whsec_<base64>`, the Standard Webhooks form): in the answer
     /// to the registration, or to the rotation that made it, only; never again.
@@ -81,6 +85,7 @@ impl std::fmt::Debug for WebhookResponse {
             .field("id", &self.id)
             .field("url", &self.url)
             .field("types", &self.types)
+            .field("tenant", &self.tenant)
             .field("created_at", &self.created_at)
             .field("secret", &self.secret.as_ref().map(|_| ".."))
             .finish_non_exhaustive()
@@ -96,6 +101,7 @@ impl WebhookResponse {
             url: w.url.as_str().to_owned(),
             types: w.types.into_iter().map(EventTypeSchema::from).collect(),
             description: w.description,
+            tenant: w.tenant.map(|t| t.to_string()),
             created_at: w.created_at,
         }
     }
@@ -238,6 +244,7 @@ pub struct DeliveryParams {
 )]
 pub async fn create_webhook(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     ApiJson(body): ApiJson<CreateWebhookRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut types = Vec::new();
@@ -266,6 +273,7 @@ pub async fn create_webhook(
         url: field("url", WebhookUrl::parse(&body.url))?,
         types,
         description,
+        scope,
     };
     let webhook = state.service.register_webhook(new).await?;
     let mut headers = HeaderMap::new();
@@ -287,8 +295,11 @@ pub async fn create_webhook(
         (status = 503, response = Unavailable),
     )
 )]
-pub async fn list_webhooks(State(state): State<AppState>) -> Result<Json<WebhookList>, ApiError> {
-    let items = state.service.webhooks().await?;
+pub async fn list_webhooks(
+    State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Json<WebhookList>, ApiError> {
+    let items = state.service.webhooks(&scope).await?;
     Ok(Json(WebhookList {
         items: items
             .into_iter()
@@ -309,9 +320,10 @@ pub async fn list_webhooks(State(state): State<AppState>) -> Result<Json<Webhook
 )]
 pub async fn get_webhook(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<WebhookResponse>, ApiError> {
-    let webhook = state.service.webhook(&id).await?;
+    let webhook = state.service.webhook(&scope, &id).await?;
     Ok(Json(WebhookResponse::of(webhook, false)))
 }
 
@@ -329,9 +341,10 @@ pub async fn get_webhook(
 )]
 pub async fn delete_webhook(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.service.delete_webhook(&id).await?;
+    state.service.delete_webhook(&scope, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -359,6 +372,7 @@ pub async fn delete_webhook(
 )]
 pub async fn rotate_secret(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     OptionalApiJson(body): OptionalApiJson<RotateSecretRequest>,
 ) -> Result<Json<WebhookResponse>, ApiError> {
@@ -373,7 +387,10 @@ pub async fn rotate_secret(
             });
         }
     };
-    let rotated = state.service.rotate_webhook_secret(&id, overlap).await?;
+    let rotated = state
+        .service
+        .rotate_webhook_secret(&scope, &id, overlap)
+        .await?;
     Ok(Json(WebhookResponse::of(rotated, true)))
 }
 
@@ -393,6 +410,7 @@ pub async fn rotate_secret(
 )]
 pub async fn list_deliveries(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
     query: Result<Query<DeliveryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<DeliveryList>, ApiError> {
@@ -418,7 +436,7 @@ pub async fn list_deliveries(
                 detail: format!("limit must be a whole number from 1 to {MAX_DELIVERIES}"),
             })?,
     };
-    let found = state.service.deliveries(&id, wanted, limit).await?;
+    let found = state.service.deliveries(&scope, &id, wanted, limit).await?;
     Ok(Json(DeliveryList {
         items: found.into_iter().map(DeliveryResponse::from).collect(),
     }))
@@ -443,8 +461,9 @@ pub async fn list_deliveries(
 )]
 pub async fn retry_delivery(
     State(state): State<AppState>,
+    Extension(scope): Extension<Scope>,
     Path((id, delivery)): Path<(String, String)>,
 ) -> Result<Json<DeliveryResponse>, ApiError> {
-    let retried = state.service.retry_delivery(&id, &delivery).await?;
+    let retried = state.service.retry_delivery(&scope, &id, &delivery).await?;
     Ok(Json(retried.into()))
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{
-    Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP, Webhook, WebhookSecret, WebhookUrl,
-    is_public_address,
+    Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP, Scope, Webhook, WebhookSecret,
+    WebhookUrl, is_public_address,
 };
 use crate::store::Store;
 
@@ -58,6 +58,9 @@ pub struct NewWebhook {
     pub url: WebhookUrl,
     pub types: Vec<EventType>,
     pub description: Option<String>,
+    /// Who registers it (`docs/tenants.md`): a tenant's webhook is sent its tenant's
+    /// events only, and counts against its tenant's `MAX_WEBHOOKS`.
+    pub scope: Scope,
 }
 
 impl TransferService {
@@ -103,6 +106,7 @@ impl TransferService {
             url: new.url,
             types: new.types,
             description: new.description,
+            tenant: new.scope.tenant().cloned(),
             secret: WebhookSecret::random(),
             previous: None,
             created_at: store.server_time_lower_bound().await?,
@@ -116,20 +120,26 @@ impl TransferService {
         Ok(webhook)
     }
 
-    /// Every webhook, a previous secret whose overlap ended left out.
-    pub async fn webhooks(&self) -> ServiceResult<Vec<Webhook>> {
+    /// Every webhook `scope` sees (a tenant's own), a previous secret whose overlap ended
+    /// left out.
+    pub async fn webhooks(&self, scope: &Scope) -> ServiceResult<Vec<Webhook>> {
         let store = self.webhook_home()?;
-        let found = store.webhooks_all().await?;
+        let found = match scope.tenant() {
+            None => store.webhooks_all().await?,
+            Some(tenant) => store.webhooks_of(tenant).await?,
+        };
         let now = store.server_time_lower_bound().await?;
         Ok(found.into_iter().map(|w| current(w, now)).collect())
     }
 
-    /// Webhook `id`, a previous secret whose overlap ended left out.
-    pub async fn webhook(&self, id: &str) -> ServiceResult<Webhook> {
+    /// Webhook `id`, if `scope` sees it (a tenant, its own: another's is not found), a
+    /// previous secret whose overlap ended left out.
+    pub async fn webhook(&self, scope: &Scope, id: &str) -> ServiceResult<Webhook> {
         let store = self.webhook_home()?;
         let found = store
             .webhook(id)
             .await?
+            .filter(|w| *scope == Scope::Platform || w.tenant.as_ref() == scope.tenant())
             .ok_or_else(|| ServiceError::WebhookNotFound(id.to_owned()))?;
         Ok(current(found, store.server_time_lower_bound().await?))
     }
@@ -139,9 +149,12 @@ impl TransferService {
     /// [`MAX_ROTATION_OVERLAP`]; none when zero), by the database's clock.
     pub async fn rotate_webhook_secret(
         &self,
+        scope: &Scope,
         id: &str,
         overlap: Duration,
     ) -> ServiceResult<Webhook> {
+        // A webhook's tenant never changes: seen now, it is the same one rotated.
+        self.webhook(scope, id).await?;
         let store = self.webhook_home()?;
         let secret = WebhookSecret::random();
         let rotated = store
@@ -152,8 +165,10 @@ impl TransferService {
         Ok(current(rotated, store.server_time_lower_bound().await?))
     }
 
-    /// Deletes an endpoint and its deliveries; nothing more is sent to it.
-    pub async fn delete_webhook(&self, id: &str) -> ServiceResult<()> {
+    /// Deletes an endpoint (one `scope` sees) and its deliveries; nothing more is sent
+    /// to it.
+    pub async fn delete_webhook(&self, scope: &Scope, id: &str) -> ServiceResult<()> {
+        self.webhook(scope, id).await?;
         if !self.webhook_home()?.delete_webhook(id).await? {
             return Err(ServiceError::WebhookNotFound(id.to_owned()));
         }
@@ -164,11 +179,12 @@ impl TransferService {
     /// The deliveries of webhook `id` in `state` (all when `None`), newest first.
     pub async fn deliveries(
         &self,
+        scope: &Scope,
         id: &str,
         state: Option<DeliveryState>,
         limit: u32,
     ) -> ServiceResult<Vec<Delivery>> {
-        self.webhook(id).await?;
+        self.webhook(scope, id).await?;
         Ok(self
             .webhook_home()?
             .deliveries_of(id, state, i64::from(limit))
@@ -177,8 +193,13 @@ impl TransferService {
 
     /// Delivers failed delivery `delivery` of webhook `id` again: pending, due now,
     /// tried for `WEBHOOK_GIVE_UP_AFTER_MS` more.
-    pub async fn retry_delivery(&self, id: &str, delivery: &str) -> ServiceResult<Delivery> {
-        self.webhook(id).await?;
+    pub async fn retry_delivery(
+        &self,
+        scope: &Scope,
+        id: &str,
+        delivery: &str,
+    ) -> ServiceResult<Delivery> {
+        self.webhook(scope, id).await?;
         let store = self.webhook_home()?;
         let give_up_at = store.server_time_lower_bound().await?
             + chrono::TimeDelta::from_std(self.webhook_settings.give_up_after)

@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use super::documents::stored_time;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
-    Attempt, Delivery, DeliveryState, DeploymentName, EventType, Timestamp, Webhook, WebhookSecret,
-    WebhookUrl,
+    Attempt, Delivery, DeliveryState, DeploymentName, EventType, TenantName, Timestamp, Webhook,
+    WebhookSecret, WebhookUrl,
 };
 
 const WEBHOOKS: &str = "webhooks";
@@ -55,7 +55,7 @@ async fn insert_capped(
     doc: WebhookDoc,
     cap: usize,
 ) -> StoreResult<bool> {
-    let (filter, scope) = cap_scope();
+    let (filter, scope) = cap_scope(doc.tenant.as_deref());
     let (mark, inc) = (
         doc! { "_id": scope },
         doc! { "$inc": { "registrations": 1_i64 } },
@@ -91,10 +91,14 @@ async fn insert_capped(
     Ok(registered)
 }
 
-/// The webhooks the cap counts, and the `_id` of its document in `webhookCaps`: every
-/// webhook today. With tenants, the tenant's webhooks and the tenant's name.
-fn cap_scope() -> (Document, &'static str) {
-    (doc! {}, "all")
+/// The webhooks the cap counts, and the `_id` of its document in `webhookCaps`: a
+/// tenant's webhooks (`tenant:<name>`), or the platform's (those of no tenant, `all`: the
+/// name it had before tenants, when it counted every webhook).
+fn cap_scope(tenant: Option<&str>) -> (Document, String) {
+    match tenant {
+        Some(tenant) => (doc! { "tenant": tenant }, format!("tenant:{tenant}")),
+        None => (doc! { "tenant": null }, "all".to_owned()),
+    }
 }
 
 /// A webhook as stored. No `Debug`: it holds the secrets, which are never logged.
@@ -107,6 +111,9 @@ struct WebhookDoc {
     types: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     description: Option<String>,
+    /// The tenant that registered it (`docs/tenants.md`); absent: the platform's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<String>,
     /// `whsec_<base64>`.
     secret: String,
     /// The secret the last rotation replaced, and until when it signs too (the
@@ -251,6 +258,7 @@ impl Store {
             url: w.url.as_str().to_owned(),
             types: w.types.iter().map(|t| t.as_str().to_owned()).collect(),
             description: w.description.clone(),
+            tenant: w.tenant.as_ref().map(|t| t.to_string()),
             secret: w.secret.expose(),
             previous_secret: None,
             previous_until: None,
@@ -274,9 +282,19 @@ impl Store {
     /// where they are made, [`Store::insert_webhook_capped`]; a limit here left those
     /// past it never served).
     pub async fn webhooks_all(&self) -> StoreResult<Vec<Webhook>> {
+        self.webhooks_where(doc! {}).await
+    }
+
+    /// Tenant `tenant`'s webhooks, oldest first.
+    pub async fn webhooks_of(&self, tenant: &TenantName) -> StoreResult<Vec<Webhook>> {
+        self.webhooks_where(doc! { "tenant": tenant.as_str() })
+            .await
+    }
+
+    async fn webhooks_where(&self, filter: Document) -> StoreResult<Vec<Webhook>> {
         let found: Vec<WebhookDoc> = self
             .webhooks()
-            .find(doc! {})
+            .find(filter)
             .sort(doc! { "createdAt": 1, "_id": 1 })
             .max_time(super::READ_TIME_LIMIT)
             .await?
@@ -903,6 +921,12 @@ fn webhook_from(d: WebhookDoc) -> StoreResult<Webhook> {
         registered_at,
         types,
         description: d.description.clone(),
+        tenant: d
+            .tenant
+            .as_deref()
+            .map(TenantName::parse)
+            .transpose()
+            .map_err(|e| bad(e.0))?,
         created_at: d.created_at.to_chrono(),
         id: d.id,
     })

@@ -885,3 +885,186 @@ async fn a_tenant_reads_but_never_moves_a_transfer_touching_money_not_its_own() 
     .await;
     assert_eq!(captured["state"], "done");
 }
+
+/// The events a receiver got, by the feed item's id, once `barrier`'s opening is among
+/// them (the dispatcher sends in feed order: every event before it has been made too).
+async fn received_through(receiver: &crate::webhooks::Receiver, barrier: &str) -> BTreeSet<String> {
+    let wanted = format!("account.opened:{barrier}");
+    support::eventually(
+        &format!("{wanted} delivered"),
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let ids: BTreeSet<String> = receiver
+                .received()
+                .iter()
+                .map(|r| r.json()["id"].as_str().unwrap().to_owned())
+                .collect();
+            ids.contains(&wanted).then_some(ids)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_tenants_webhook_is_sent_only_its_tenants_events_and_is_its_own() {
+    use crate::webhooks::{Answer, Receiver};
+    let w = world().await;
+    let app = &w.platform.app;
+    let receiver = Receiver::start(Answer::Status(200)).await;
+    let mut hooks = Vec::new();
+    for (tenant, key) in &w.tenants {
+        let body = json!({ "url": receiver.url(&format!("/{tenant}")) });
+        let made = expect(
+            call(app, key, Method::POST, "/webhooks", Some(body)).await,
+            201,
+        )
+        .await;
+        assert_eq!(made["tenant"], *tenant);
+        hooks.push(made["id"].as_str().unwrap().to_owned());
+    }
+    let body = json!({ "url": receiver.url("/platform") });
+    let platform_hook = expect(
+        call(app, &w.platform_rw, Method::POST, "/webhooks", Some(body)).await,
+        201,
+    )
+    .await;
+    assert_eq!(platform_hook["tenant"], Value::Null);
+    // After the registrations: one transfer in each tenant, one across acme and bolt,
+    // then a barrier per tenant.
+    let mut sent = Vec::new();
+    for (tenant, key) in &w.tenants {
+        let t = pay(app, key, &format!("{tenant}-a"), &format!("{tenant}-b"), 1).await;
+        sent.push((
+            format!("transfer.done:{}", t["id"].as_str().unwrap()),
+            vec![*tenant],
+        ));
+    }
+    let across = pay(app, &w.platform_rw, "acme-a", "bolt-b", 1).await;
+    sent.push((
+        format!("transfer.done:{}", across["id"].as_str().unwrap()),
+        vec!["acme", "bolt"],
+    ));
+    for (tenant, key) in &w.tenants {
+        open(app, key, &format!("{tenant}-z"), 0, None).await;
+        sent.push((format!("account.opened:{tenant}-z"), vec![*tenant]));
+    }
+    let delivered = |path: &str| -> BTreeSet<String> {
+        receiver
+            .received()
+            .iter()
+            .filter(|r| r.path == path)
+            .map(|r| r.json()["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    received_through(&receiver, "cusp-z").await;
+    for (tenant, _) in &w.tenants {
+        support::eventually(
+            &format!("{tenant}'s barrier delivered to its webhook"),
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            async || {
+                delivered(&format!("/{tenant}"))
+                    .contains(&format!("account.opened:{tenant}-z"))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    support::eventually(
+        "every event delivered to the platform's webhook",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || (delivered("/platform").len() == sent.len()).then_some(()),
+    )
+    .await;
+    for (tenant, _) in &w.tenants {
+        let expected: BTreeSet<String> = sent
+            .iter()
+            .filter(|(_, who)| who.contains(tenant))
+            .map(|(id, _)| id.clone())
+            .collect();
+        assert_eq!(
+            delivered(&format!("/{tenant}")),
+            expected,
+            "{tenant}'s webhook"
+        );
+    }
+    let all: BTreeSet<String> = sent.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(delivered("/platform"), all, "the platform's webhook");
+
+    // Each tenant's webhooks are its own: another's is not found, whatever the route.
+    let (_, acme) = &w.tenants[0];
+    let listed = expect(call(app, acme, Method::GET, "/webhooks", None).await, 200).await;
+    let ids: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec![hooks[0].as_str()]);
+    let bolts = &hooks[1];
+    for (method, path, body) in [
+        (Method::GET, format!("/webhooks/{bolts}"), None),
+        (Method::GET, format!("/webhooks/{bolts}/deliveries"), None),
+        (
+            Method::POST,
+            format!("/webhooks/{bolts}/rotate-secret"),
+            Some(json!({})),
+        ),
+        (
+            Method::POST,
+            format!("/webhooks/{bolts}/deliveries/{bolts}:account.opened:bolt-z/retry"),
+            None,
+        ),
+        (Method::DELETE, format!("/webhooks/{bolts}"), None),
+    ] {
+        assert_problem(
+            call(app, acme, method.clone(), &path, body).await,
+            404,
+            "webhook_not_found",
+        )
+        .await;
+    }
+    let (_, bolt) = &w.tenants[1];
+    expect(
+        call(app, bolt, Method::GET, &format!("/webhooks/{bolts}"), None).await,
+        200,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn max_webhooks_is_counted_per_tenant() {
+    let admin = format!("admin-{}", ObjectId::new().to_hex());
+    let raw = format!("admin:{admin}");
+    let app = spawn_app_with(|s| {
+        s.api_keys = parse_api_keys(&raw).unwrap();
+        s.webhooks.max_webhooks = 1;
+    })
+    .await;
+    let acme = make_key(&app, &admin, Some("acme"), "rw").await;
+    let bolt = make_key(&app, &admin, Some("bolt"), "rw").await;
+    let body = || Some(json!({ "url": "http://127.0.0.1:9/hook" }));
+    expect(
+        call(&app, &acme, Method::POST, "/webhooks", body()).await,
+        201,
+    )
+    .await;
+    assert_problem(
+        call(&app, &acme, Method::POST, "/webhooks", body()).await,
+        409,
+        "webhook_limit_reached",
+    )
+    .await;
+    expect(
+        call(&app, &bolt, Method::POST, "/webhooks", body()).await,
+        201,
+    )
+    .await;
+    expect(
+        call(&app, &admin, Method::POST, "/webhooks", body()).await,
+        201,
+    )
+    .await;
+}

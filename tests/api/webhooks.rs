@@ -56,9 +56,9 @@ const POLL_EVERY: Duration = Duration::from_millis(25);
 
 /// One request a [`Receiver`] got.
 #[derive(Debug, Clone)]
-struct Received {
+pub(crate) struct Received {
     method: String,
-    path: String,
+    pub(crate) path: String,
     id: String,
     timestamp: String,
     signature: String,
@@ -74,7 +74,7 @@ impl Received {
         std::str::from_utf8(&self.body).expect("a delivery's body is UTF-8")
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("a delivery's body is JSON ({e}): {}", self.text()))
     }
@@ -82,7 +82,7 @@ impl Received {
 
 /// How a [`Receiver`] answers.
 #[derive(Debug, Clone, Copy)]
-enum Answer {
+pub(crate) enum Answer {
     /// This status, at once.
     Status(u16),
     /// 500 to the first `n` requests of each `webhook-id`, 200 after.
@@ -100,13 +100,13 @@ struct Inner {
 
 /// An endpoint on 127.0.0.1 that records every request and answers as told.
 #[derive(Clone)]
-struct Receiver {
+pub(crate) struct Receiver {
     inner: Arc<Inner>,
     addr: SocketAddr,
 }
 
 impl Receiver {
-    async fn start(answer: Answer) -> Receiver {
+    pub(crate) async fn start(answer: Answer) -> Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a receiver");
@@ -122,7 +122,7 @@ impl Receiver {
         Receiver { inner, addr }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
@@ -130,7 +130,7 @@ impl Receiver {
         *self.inner.answer.lock().unwrap() = answer;
     }
 
-    fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.inner.received.lock().unwrap().clone()
     }
 
@@ -1377,6 +1377,7 @@ async fn an_instance_that_does_not_allow_private_addresses_never_sends_to_one() 
             url: WebhookUrl::parse(&url).unwrap(),
             types: Vec::new(),
             description: None,
+            tenant: None,
             secret: WebhookSecret::random(),
             previous: None,
             created_at: app.store.server_time().await.unwrap(),
