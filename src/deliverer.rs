@@ -269,9 +269,10 @@ impl Dispatching<'_> {
         };
         let give_up_after = chrono::TimeDelta::from_std(service.webhook_settings().give_up_after)
             .unwrap_or(chrono::TimeDelta::MAX);
-        // How many webhooks the last page saw: the next page's events are as many as
-        // [`PAGE_PAIRS`] allows for that many (the first page reads the list first).
-        let mut hooks_seen = store.webhooks_all().await?.len();
+        // How many deliveries one event made at most for the webhooks the last page saw
+        // ([`fan_out`]): the next page's events are as many as [`PAGE_PAIRS`] allows for
+        // that many (the first page reads the list first).
+        let mut hooks_seen = fan_out(&store.webhooks_all().await?);
         loop {
             if shutdown.is_cancelled() {
                 store.release_dispatcher(owner).await?;
@@ -361,7 +362,27 @@ impl Lease {
     }
 }
 
-/// The events of a page read for `hooks` webhooks: [`PAGE`] at most, and no more than
+/// How many deliveries one event can make for `hooks` (one at least): every platform
+/// webhook, and those of the two tenants with the most (an event is seen by its
+/// transfer's tenants: one, or two for a transfer a platform key made across tenants).
+/// Tenants' webhooks that no event of a page goes to then do not shrink its page; a
+/// multi-leg transfer across more tenants may make more, its batches still bounded by
+/// bytes ([`COMMAND_BYTES`]).
+fn fan_out(hooks: &[Webhook]) -> usize {
+    let mut per_tenant: HashMap<&domain::TenantName, usize> = HashMap::new();
+    let mut platform = 0;
+    for hook in hooks {
+        match &hook.tenant {
+            None => platform += 1,
+            Some(tenant) => *per_tenant.entry(tenant).or_default() += 1,
+        }
+    }
+    let mut counts: Vec<usize> = per_tenant.into_values().collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    (platform + counts.iter().take(2).sum::<usize>()).max(1)
+}
+
+/// The events of a page read for `hooks` deliveries an event: [`PAGE`] at most, and no more than
 /// [`PAGE_PAIRS`] deliveries' worth (one at least), so that a page is made within a few
 /// batches whatever the number of webhooks, and a page dispatched again after a crash or
 /// a takeover repeats a bounded amount of work.
@@ -462,7 +483,7 @@ impl Dispatching<'_> {
                 self.store.delete_deliveries_of(gone).await?;
             }
         }
-        Ok(Some(hooks.len()))
+        Ok(Some(fan_out(hooks)))
     }
 
     /// Makes the deliveries `new` (one batch).
@@ -1208,6 +1229,35 @@ mod tests {
         assert_eq!(batch(&mut pairs, "t", 10).len(), 1);
         assert_eq!(batch(&mut pairs, "t", 10).len(), 1);
         assert!(pairs.peek().is_none());
+    }
+
+    #[test]
+    fn an_event_goes_to_the_platforms_webhooks_and_two_tenants_at_most() {
+        let hook = |tenant: Option<&str>| Webhook {
+            id: "wh_000000000000000000000000".into(),
+            url: domain::WebhookUrl::parse("https://example.com/h").unwrap(),
+            types: Vec::new(),
+            description: None,
+            tenant: tenant.map(|t| domain::TenantName::parse(t).unwrap()),
+            secret: domain::WebhookSecret::random(),
+            previous: None,
+            created_at: chrono::Utc::now(),
+            registered_at: Default::default(),
+        };
+        assert_eq!(fan_out(&[]), 1);
+        // 21 tenants with 1,000 webhooks each and one of the platform: an event reaches
+        // at most 2,001, so a page keeps 9 events, not one (20,000 / 21,001).
+        let mut hooks = vec![hook(None)];
+        for t in 0..21 {
+            let name = format!("t{t}");
+            hooks.extend((0..1000).map(|_| hook(Some(&name))));
+        }
+        assert_eq!(fan_out(&hooks), 2001);
+        assert_eq!(page_limit(fan_out(&hooks)), 9);
+        hooks.extend((0..5).map(|_| hook(Some("big"))));
+        assert_eq!(fan_out(&hooks), 2001, "the two largest tenants count");
+        hooks.extend((0..1500).map(|_| hook(Some("big"))));
+        assert_eq!(fan_out(&hooks), 1 + 1505 + 1000);
     }
 
     #[test]

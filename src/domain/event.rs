@@ -20,7 +20,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::{
-    Account, AccountId, DeploymentName, ParseError, Tenants, Timestamp, Transfer, TransferState,
+    Account, AccountId, DeploymentName, ParseError, TenantName, Timestamp, Transfer, TransferState,
 };
 
 /// What an event reports. Stored and shown as `account.opened`, `transfer.held`, ...
@@ -179,11 +179,11 @@ impl Event {
 }
 
 impl Event {
-    /// The tenants that see it: its transfer's, or its account's.
-    pub fn tenants(&self) -> Tenants {
+    /// Whether `tenant` sees it: one of its transfer's tenants, or its account's.
+    pub fn is_seen_by(&self, tenant: &TenantName) -> bool {
         match &self.data {
-            EventData::Transfer(t) => t.tenants.clone(),
-            EventData::Account(a) => Tenants::of([a.tenant.as_ref()]),
+            EventData::Transfer(t) => t.tenants.names().contains(tenant),
+            EventData::Account(a) => a.tenant.as_ref() == Some(tenant),
         }
     }
 }

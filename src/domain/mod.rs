@@ -37,7 +37,7 @@ pub use entry::{Amounts, BalanceAt, Entry, EntryKind, Finality};
 pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
 pub use legs::{LEGS, Leg, Legs, LegsError, MAX_LEG_ACCOUNTS, Party};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
-pub use tenant::{KeyRecord, Role, Scope, TenantName, Tenants};
+pub use tenant::{KeyRecord, OtherTenant, Role, Scope, TenantName, Tenants};
 pub use transfer::{Account, Hold, Placement, Strategy, Timestamp, Transfer, TransferFilter, now};
 pub use values::{
     AccountId, AccountName, Amount, ApiKeyId, Currency, DeploymentName, HOLD_EXPIRY_MS,

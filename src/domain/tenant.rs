@@ -66,6 +66,10 @@ impl Tenants {
     }
 }
 
+/// A tenant's scope asked to make something of another tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OtherTenant;
+
 /// What an API key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -124,6 +128,21 @@ impl Scope {
         match self {
             Scope::Platform => true,
             Scope::Tenant(mine) => tenants.0.contains(mine),
+        }
+    }
+
+    /// The tenant of something made in this scope with `named` asked for: a tenant
+    /// makes things of its own tenant only (naming none is naming its own; naming
+    /// another is refused), the platform of the one it names, or of none.
+    pub fn tenant_of_new(
+        &self,
+        named: Option<TenantName>,
+    ) -> Result<Option<TenantName>, OtherTenant> {
+        match (self, named) {
+            (Scope::Platform, named) => Ok(named),
+            (Scope::Tenant(own), None) => Ok(Some(own.clone())),
+            (Scope::Tenant(own), Some(named)) if named == *own => Ok(Some(named)),
+            (Scope::Tenant(_), Some(_)) => Err(OtherTenant),
         }
     }
 
@@ -200,6 +219,17 @@ mod tests {
         assert!(!acme.sees(&Tenants::of([Some(&b)])));
         assert!(!acme.sees(&Tenants::default()));
         assert!(Scope::Platform.sees(&Tenants::default()));
+    }
+
+    #[test]
+    fn a_tenant_makes_things_of_its_own_tenant_only_and_the_platform_of_any() {
+        let (a, b) = (t("acme"), t("bolt"));
+        let acme = Scope::Tenant(a.clone());
+        assert_eq!(acme.tenant_of_new(None), Ok(Some(a.clone())));
+        assert_eq!(acme.tenant_of_new(Some(a.clone())), Ok(Some(a.clone())));
+        assert_eq!(acme.tenant_of_new(Some(b.clone())), Err(OtherTenant));
+        assert_eq!(Scope::Platform.tenant_of_new(None), Ok(None));
+        assert_eq!(Scope::Platform.tenant_of_new(Some(b.clone())), Ok(Some(b)));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use sha2::Sha256;
 
 use std::collections::BTreeMap;
 
-use super::{DeploymentName, Event, EventType, ParseError, Scope, TenantName, Timestamp};
+use super::{DeploymentName, Event, EventType, ParseError, TenantName, Timestamp};
 
 /// Where deliveries are sent: an `http` or `https` URL with a host, at most
 /// [`WebhookUrl::MAX_LEN`] bytes. Whether its addresses may be reached is decided where
@@ -209,10 +209,7 @@ impl Webhook {
 
     /// Whether its tenant sees `event` (a platform webhook sees every event).
     pub fn sees(&self, event: &Event) -> bool {
-        match &self.tenant {
-            None => true,
-            Some(tenant) => Scope::Tenant(tenant.clone()).sees(&event.tenants()),
-        }
+        self.tenant.as_ref().is_none_or(|t| event.is_seen_by(t))
     }
 
     /// Whether `event` came after its registration: after the position read from the

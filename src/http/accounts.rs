@@ -145,23 +145,6 @@ impl From<Account> for AccountResponse {
     }
 }
 
-/// The tenant a new account goes into: a tenant's key opens accounts into its own tenant
-/// (naming another is refused); a platform key into the one it names, or none.
-fn account_tenant(
-    scope: &Scope,
-    named: Option<TenantName>,
-) -> Result<Option<TenantName>, ApiError> {
-    match (scope, named) {
-        (Scope::Platform, named) => Ok(named),
-        (Scope::Tenant(own), None) => Ok(Some(own.clone())),
-        (Scope::Tenant(own), Some(named)) if named == *own => Ok(Some(named)),
-        (Scope::Tenant(_), Some(_)) => Err(ApiError::InvalidField {
-            field: "tenant".into(),
-            detail: "tenant: a tenant's API key opens accounts into its own tenant only".into(),
-        }),
-    }
-}
-
 /// Parses an account id taken from the path; an id that cannot exist is simply not found.
 pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
     AccountId::parse(raw).map_err(|_| ApiError::AccountNotFound(raw.chars().take(80).collect()))
@@ -196,7 +179,12 @@ pub async fn create_account(
         .map(|raw| field("tenant", TenantName::parse(raw)))
         .transpose()?;
     let new = NewAccount {
-        tenant: account_tenant(&scope, tenant)?,
+        tenant: scope
+            .tenant_of_new(tenant)
+            .map_err(|_| ApiError::InvalidField {
+                field: "tenant".into(),
+                detail: "tenant: a tenant's API key opens accounts into its own tenant only".into(),
+            })?,
         id: body
             .id
             .as_deref()

@@ -95,17 +95,6 @@ impl From<KeyRecord> for ApiKeyResponse {
     }
 }
 
-/// The tenant a key made by a caller of `scope` belongs to: a tenant's admin makes keys
-/// of its own tenant only.
-fn key_tenant(scope: &Scope, named: Option<TenantName>) -> Result<Option<TenantName>, ApiError> {
-    match (scope, named) {
-        (Scope::Platform, named) => Ok(named),
-        (Scope::Tenant(own), None) => Ok(Some(own.clone())),
-        (Scope::Tenant(own), Some(named)) if named == *own => Ok(Some(named)),
-        (Scope::Tenant(_), Some(_)) => Err(ApiError::Forbidden),
-    }
-}
-
 /// Make an API key.
 ///
 /// The answer carries the key's secret, once: the service stores only its digest. The
@@ -134,7 +123,10 @@ pub async fn create_api_key(
         .as_deref()
         .map(|raw| field("tenant", TenantName::parse(raw)))
         .transpose()?;
-    let tenant = key_tenant(&scope, tenant)?;
+    // A tenant's admin makes keys of its own tenant only.
+    let tenant = scope
+        .tenant_of_new(tenant)
+        .map_err(|_| ApiError::Forbidden)?;
     let made = state.keys.make(tenant, role).await?;
     Ok((
         StatusCode::CREATED,

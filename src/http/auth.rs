@@ -134,11 +134,25 @@ pub fn needs_admin(route: &str) -> bool {
     route == "/api-keys" || route.starts_with("/api-keys/")
 }
 
+/// The key a request presented, when it is one made through the API, which may be
+/// revoked while the request is still answered: a stream checks it again
+/// (`events::stream_events`). Never logged.
+#[derive(Clone)]
+pub struct RevocableKey(String);
+
+impl RevocableKey {
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Who sent a request: its key's id, role and what it sees.
 struct Caller {
     id: ApiKeyId,
     role: Role,
     scope: Scope,
+    /// Set for a key made through the API.
+    revocable: Option<RevocableKey>,
 }
 
 /// The configured key presented, if it is one of `keys`. Compares the SHA-256 of the
@@ -194,12 +208,14 @@ pub async fn require_api_key(
             id: key.id.clone(),
             role: key.role,
             scope: Scope::Platform,
+            revocable: None,
         },
         None => match gate.book.authenticate(token).await {
             Ok(Some(key)) => Caller {
                 scope: key.scope(),
                 id: key.id,
                 role: key.role,
+                revocable: Some(RevocableKey(token.to_owned())),
             },
             Ok(None) => {
                 tracing::info!("refused: unknown API key");
@@ -223,6 +239,9 @@ pub async fn require_api_key(
     }
     request.extensions_mut().insert(KeyScope::ApiKey(caller.id));
     request.extensions_mut().insert(caller.scope);
+    if let Some(key) = caller.revocable {
+        request.extensions_mut().insert(key);
+    }
     next.run(request).await
 }
 

@@ -1,5 +1,8 @@
 //! `/events`: the event feed (`docs/events.md`), read with a cursor.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use axum::Json;
 use axum::extract::{Extension, Query, State};
 use chrono::{DateTime, Utc};
@@ -225,6 +228,7 @@ pub const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 pub async fn stream_events(
     State(state): State<AppState>,
     Extension(scope): Extension<Scope>,
+    revocable: Option<Extension<super::auth::RevocableKey>>,
     headers: axum::http::HeaderMap,
     query: Result<Query<StreamParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::response::Response, ApiError> {
@@ -270,14 +274,44 @@ pub async fn stream_events(
         let body = serde_json::to_string(&EventResponse::from(event)).unwrap_or_default();
         Ok::<_, std::convert::Infallible>(Sse::default().id(cursor.encode()).event(kind).data(body))
     });
+    let revoked = Arc::new(AtomicBool::new(false));
+    let events = match revocable {
+        Some(Extension(key)) => events
+            .take_until(until_revoked(state.keys.clone(), key, revoked.clone()))
+            .boxed(),
+        None => events.boxed(),
+    };
     let last = futures::stream::once(async move {
         let end = *ended.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(Sse::default().comment(why_ended(end)))
+        let why = if revoked.load(Ordering::SeqCst) {
+            "disconnected: this API key was revoked".to_owned()
+        } else {
+            why_ended(end)
+        };
+        Ok(Sse::default().comment(why))
     });
     let stream = events.chain(last);
     Ok(axum::response::sse::Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
         .into_response())
+}
+
+/// Ends when `key` is revoked (setting `revoked`): a stream outlives the check its
+/// request passed, so it checks its key again as often as a request would see a
+/// revocation ([`crate::service::api_keys::REVALIDATE_AFTER`]). A check the database
+/// cannot answer ends nothing: the next one decides.
+async fn until_revoked(
+    keys: crate::service::KeyBook,
+    key: super::auth::RevocableKey,
+    revoked: Arc<AtomicBool>,
+) {
+    loop {
+        tokio::time::sleep(crate::service::api_keys::REVALIDATE_AFTER).await;
+        if let Ok(None) = keys.authenticate(key.secret()).await {
+            revoked.store(true, Ordering::SeqCst);
+            return;
+        }
+    }
 }
 
 /// The final comment of a stream whose follower stopped for `end`.

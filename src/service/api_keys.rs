@@ -8,9 +8,12 @@
 //! instance works on every other at once (a key not found is looked for again after
 //! the same time).
 //!
-//! The keys of `API_KEYS` are the settings' (`http::auth`), not these.
+//! The keys of `API_KEYS` are the settings' (`http::auth`), not these. A presented token
+//! that does not have the form of a made key is no key of the book, refused without a
+//! read.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -29,7 +32,7 @@ use crate::store::ApiKeyStore;
 pub const REVALIDATE_AFTER: Duration = Duration::from_secs(1);
 
 /// How often, at most, one instance notes that a key was used.
-const TOUCH_EVERY: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+const TOUCH_EVERY: Duration = Duration::from_secs(60);
 
 /// Presented keys whose lookup this process remembers, at most: a flood of made-up keys
 /// evicts one another, never grows the memory.
@@ -52,6 +55,24 @@ pub struct KeyBook {
     store: ApiKeyStore,
     /// SHA-256 of a presented key → what its last lookup found. Shared by every clone.
     looked: Arc<Cache<[u8; 32], Looked>>,
+    /// Revocations made by this instance so far: a lookup that read a key before a
+    /// revocation here and finished after it is not remembered (it would let this
+    /// instance take the revoked key for another [`REVALIDATE_AFTER`]).
+    revocations: Arc<AtomicU64>,
+    /// When this instance last noted each key's use, by its own monotonic clock.
+    touched: Arc<Cache<ApiKeyId, Instant>>,
+}
+
+/// Whether `presented` has the form of a key [`KeyBook::make`] makes: anything else is
+/// no key of the book, answered without a read (a flood of made-up tokens costs the
+/// database nothing).
+fn is_made_key(presented: &str) -> bool {
+    presented.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
+        rest.len() == 43
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
 }
 
 /// A key just made: its record and its secret, which nothing stores.
@@ -65,12 +86,17 @@ impl KeyBook {
         KeyBook {
             store,
             looked: Arc::new(Cache::new(REMEMBERED_MAX)),
+            revocations: Arc::new(AtomicU64::new(0)),
+            touched: Arc::new(Cache::new(REMEMBERED_MAX)),
         }
     }
 
     /// The stored key `presented` is, if any. A lookup younger than
     /// [`REVALIDATE_AFTER`] answers without a read.
     pub async fn authenticate(&self, presented: &str) -> ServiceResult<Option<KeyRecord>> {
+        if !is_made_key(presented) {
+            return Ok(None);
+        }
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         if let Some(looked) = self.looked.get(&digest)
             && looked.at.elapsed() < REVALIDATE_AFTER
@@ -78,30 +104,34 @@ impl KeyBook {
             return Ok(looked.found);
         }
         let at = Instant::now();
+        let revocations = self.revocations.load(Ordering::SeqCst);
         let found = self.store.by_digest(&digest).await?;
-        self.looked.insert(
-            digest,
-            Looked {
-                at,
-                found: found.clone(),
-            },
-        );
+        if self.revocations.load(Ordering::SeqCst) == revocations {
+            self.looked.insert(
+                digest,
+                Looked {
+                    at,
+                    found: found.clone(),
+                },
+            );
+        }
         if let Some(key) = &found {
             self.note_use(key);
         }
         Ok(found)
     }
 
-    /// Notes in the background that `key` was used, if it was not noted in the last
-    /// minute (by this instance's clock: the time is only shown, never compared by
-    /// another instance).
+    /// Notes in the background that `key` was used, unless this instance noted it in
+    /// the last minute (by its monotonic clock; the time written is the database's).
     fn note_use(&self, key: &KeyRecord) {
-        let stale = key
-            .last_used_at
-            .is_none_or(|at| crate::domain::now() - at >= TOUCH_EVERY);
-        if !stale {
+        if self
+            .touched
+            .get(&key.id)
+            .is_some_and(|at| at.elapsed() < TOUCH_EVERY)
+        {
             return;
         }
+        self.touched.insert(key.id.clone(), Instant::now());
         let (store, id) = (self.store.clone(), key.id.clone());
         tokio::spawn(async move {
             if let Err(e) = store.touch(&id).await {
@@ -148,9 +178,33 @@ impl KeyBook {
         if !self.store.revoke(id, tenant).await? {
             return Err(ServiceError::ApiKeyNotFound(id.to_string()));
         }
+        // Before the memory is cleared: a lookup still under way is then not remembered.
+        self.revocations.fetch_add(1, Ordering::SeqCst);
         self.looked
             .retain(|_, looked| looked.found.as_ref().is_none_or(|k| k.id != *id));
         tracing::info!(api_key = %id, "api key revoked");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_token_of_the_made_form_is_looked_up() {
+        let made = format!("{KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode([7u8; 32]));
+        assert!(is_made_key(&made));
+        for other in [
+            "",
+            "tsk_",
+            &made[..made.len() - 1],
+            &format!("{made}x"),
+            &made.replace("tsk_", "tsx_"),
+            &format!("{KEY_PREFIX}{}", "+".repeat(43)),
+            "rw-0123456789abcdef0123456789",
+        ] {
+            assert!(!is_made_key(other), "{other:?}");
+        }
     }
 }

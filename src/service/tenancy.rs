@@ -81,12 +81,4 @@ impl TransferService {
         }
         Ok(())
     }
-
-    /// Refuses, as not found, a transfer `scope` does not see.
-    pub async fn check_transfer_seen(&self, scope: &Scope, id: TransferId) -> ServiceResult<()> {
-        if *scope == Scope::Platform {
-            return Ok(());
-        }
-        self.transfer_in(scope, id).await.map(|_| ())
-    }
 }

@@ -139,7 +139,7 @@ impl TransferService {
         let found = store
             .webhook(id)
             .await?
-            .filter(|w| *scope == Scope::Platform || w.tenant.as_ref() == scope.tenant())
+            .filter(|w| scope.sees_account(w.tenant.as_ref()))
             .ok_or_else(|| ServiceError::WebhookNotFound(id.to_owned()))?;
         Ok(current(found, store.server_time_lower_bound().await?))
     }

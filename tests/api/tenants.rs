@@ -1068,3 +1068,53 @@ async fn max_webhooks_is_counted_per_tenant() {
     )
     .await;
 }
+
+/// A stream outlives the key check its request passed: it ends, saying why, once its key
+/// is revoked, and sends nothing after.
+#[tokio::test]
+async fn a_stream_ends_once_its_key_is_revoked() {
+    let platform = spawn_platform().await;
+    let app = &platform.app;
+    let key = make_key(app, &platform.admin, Some("acme"), "ro").await;
+    let mut stream = app
+        .http
+        .get(app.url("/events/stream"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let listed = expect(
+        call(app, &platform.admin, Method::GET, "/api-keys", None).await,
+        200,
+    )
+    .await;
+    let id = listed["items"][0]["id"].as_str().unwrap().to_owned();
+    expect(
+        call(
+            app,
+            &platform.admin,
+            Method::DELETE,
+            &format!("/api-keys/{id}"),
+            None,
+        )
+        .await,
+        204,
+    )
+    .await;
+    let mut text = String::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = stream.chunk().await.unwrap() {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stream still runs 10 s after its key was revoked: {text:?}"
+    );
+    assert!(
+        text.contains(": disconnected: this API key was revoked"),
+        "{text:?}"
+    );
+}

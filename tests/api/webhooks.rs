@@ -474,7 +474,15 @@ async fn a_registration_answers_the_webhook_with_its_secret_once_and_it_is_liste
         .collect();
     assert_eq!(
         members,
-        HashSet::from(["id", "url", "types", "description", "createdAt", "secret"]),
+        HashSet::from([
+            "id",
+            "url",
+            "types",
+            "description",
+            "tenant",
+            "createdAt",
+            "secret"
+        ]),
         "{first}"
     );
     assert_eq!(first["url"], url);
