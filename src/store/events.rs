@@ -364,6 +364,20 @@ impl Store {
         Ok(())
     }
 
+    /// The newest event above `recordedThrough`, which the last recorder recorded but
+    /// did not publish (its batch was cut while its time could still have more) before
+    /// its stream was saved past it and it stopped or lost its lease: this recorder
+    /// resumes after it and would never see it again, so it publishes it once its own
+    /// stream has run dry (`publishable`), when every change up to then has been
+    /// recorded. Without this, the last events before a handover stayed unreadable
+    /// until a later event was recorded.
+    async fn left_unpublished(&self, state: &Document) -> StoreResult<Option<String>> {
+        let Some(through) = state.get_str("recordedThrough").ok().and_then(position) else {
+            return Ok(None);
+        };
+        Ok(self.newest_event_after(&through).await?.map(|p| key(&p)))
+    }
+
     /// The change stream from where the last recorder left it (`resumeToken`), or from
     /// `startAt`, or from now; or why it cannot resume there.
     async fn watch_from_saved(&self) -> StoreResult<Opened> {
@@ -394,7 +408,7 @@ impl Store {
             Ok(stream) => Ok(Opened::Changes(Box::new(Changes {
                 stream,
                 saved: None,
-                unpublished: None,
+                unpublished: self.left_unpublished(&state).await?,
             }))),
             Err(e) if resuming => match e.kind.as_ref() {
                 ErrorKind::Command(c) if CANNOT_RESUME.contains(&c.code) => {

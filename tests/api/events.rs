@@ -1283,3 +1283,63 @@ async fn a_filtered_reader_that_saw_every_match_keeps_its_cursor_when_other_even
         .await;
     assert_problem(response, 410, "cursor_expired").await;
 }
+
+/// A recorder that stopped with its last events recorded but not yet published (its
+/// batch was cut while their cluster time could still have had more, and its stream was
+/// saved past them) left them above `recordedThrough`: the next recorder, which resumes
+/// after them and never sees them again, publishes them once its stream has run dry, not
+/// only when a later event comes. (The webhook dispatcher's handover test met this now
+/// and then: the last event made never reached the feed.)
+#[tokio::test]
+async fn the_events_a_stopped_recorder_left_unpublished_are_published_by_the_next() {
+    let first = spawn_app().await;
+    let database = first.database.clone();
+    open(&first, "alice", 0).await;
+    settle(&first, "barrier").await;
+    let recorder = first
+        .store
+        .database()
+        .collection::<Document>("eventRecorder");
+    drop(first);
+    // The state a cut batch leaves: the events recorded and the stream saved past them,
+    // the bound not raised yet.
+    let tick_zero = "0".repeat(20);
+    eventually(
+        "the stopped instance gives its lease up",
+        RECORDED_WITHIN,
+        POLL_EVERY,
+        async || {
+            let lease = recorder
+                .find_one(doc! { "_id": "recorder" })
+                .await
+                .unwrap()
+                .unwrap();
+            (!lease.contains_key("leaseUntil")).then_some(())
+        },
+    )
+    .await;
+    recorder
+        .update_one(
+            doc! { "_id": "recorder" },
+            doc! { "$set": { "recordedThrough": &tick_zero } },
+        )
+        .await
+        .unwrap();
+    let next = spawn_app_with(|s| s.database = database).await;
+    eventually(
+        "the events left unpublished are in the feed",
+        RECORDED_WITHIN,
+        POLL_EVERY,
+        async || {
+            let ids: Vec<String> = events_page(&next, "?limit=100")
+                .await
+                .0
+                .iter()
+                .map(|e| e["id"].as_str().unwrap().to_owned())
+                .collect();
+            ids.contains(&"account.opened:barrier".to_owned())
+                .then_some(ids)
+        },
+    )
+    .await;
+}
