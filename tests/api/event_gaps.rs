@@ -121,17 +121,7 @@ async fn stream_that_cannot_resume(saved: Bson) {
         .database()
         .collection::<Document>("eventRecorder");
     drop(first);
-    eventually(
-        "the stopped instance gives its lease up",
-        WITHIN,
-        POLL_EVERY,
-        async || {
-            let now = lease.find_one(doc! { "_id": "recorder" }).await.unwrap();
-            now.is_some_and(|l| !l.contains_key("leaseUntil"))
-                .then_some(())
-        },
-    )
-    .await;
+    crate::events::recorder_lease_given_up(&lease, WITHIN).await;
     let paused = doc! { "$set": {
         "owner": "paused-instance",
         "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),

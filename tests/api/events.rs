@@ -461,17 +461,7 @@ async fn events_recorded_late_still_carry_each_subject_as_it_was_then() {
         .database()
         .collection::<Document>("eventRecorder");
     drop(first);
-    eventually(
-        "the stopped instance gives its lease up",
-        RECORDED_WITHIN,
-        POLL_EVERY,
-        async || {
-            let now = lease.find_one(doc! { "_id": "recorder" }).await.unwrap();
-            now.is_some_and(|l| !l.contains_key("leaseUntil"))
-                .then_some(())
-        },
-    )
-    .await;
+    recorder_lease_given_up(&lease, RECORDED_WITHIN).await;
     let paused = doc! { "$set": {
         "owner": "paused-instance",
         "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
@@ -1195,6 +1185,25 @@ async fn recorder_lease(app: &TestApp) -> Document {
         .expect("the recorder's document")
 }
 
+/// Waits until the recorder's lease in `recorder` (`eventRecorder`) is held by no one:
+/// a stopped instance gave it up.
+pub(crate) async fn recorder_lease_given_up(
+    recorder: &mongodb::Collection<Document>,
+    within: Duration,
+) {
+    eventually(
+        "the stopped instance gives its lease up",
+        within,
+        POLL_EVERY,
+        async || {
+            let now = recorder.find_one(doc! { "_id": "recorder" }).await.unwrap();
+            now.is_some_and(|l| !l.contains_key("leaseUntil"))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 fn owner(lease: &Document) -> &str {
     lease.get_str("owner").unwrap_or_default()
 }
@@ -1304,20 +1313,7 @@ async fn the_events_a_stopped_recorder_left_unpublished_are_published_by_the_nex
     // The state a cut batch leaves: the events recorded and the stream saved past them,
     // the bound not raised yet.
     let tick_zero = "0".repeat(20);
-    eventually(
-        "the stopped instance gives its lease up",
-        RECORDED_WITHIN,
-        POLL_EVERY,
-        async || {
-            let lease = recorder
-                .find_one(doc! { "_id": "recorder" })
-                .await
-                .unwrap()
-                .unwrap();
-            (!lease.contains_key("leaseUntil")).then_some(())
-        },
-    )
-    .await;
+    recorder_lease_given_up(&recorder, RECORDED_WITHIN).await;
     recorder
         .update_one(
             doc! { "_id": "recorder" },

@@ -97,6 +97,14 @@ async fn pay(app: &TestApp, key: &str, source: &str, destination: &str, amount: 
     .await
 }
 
+/// Revokes the one key made through the API so far, with `admin`.
+async fn revoke_the_only_made_key(app: &TestApp, admin: &str) {
+    let listed = expect(call(app, admin, Method::GET, "/api-keys", None).await, 200).await;
+    let id = listed["items"][0]["id"].as_str().unwrap().to_owned();
+    let path = format!("/api-keys/{id}");
+    expect(call(app, admin, Method::DELETE, &path, None).await, 204).await;
+}
+
 /// The ids of every item of a listing, following its pages.
 async fn listed(app: &TestApp, key: &str, path: &str) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
@@ -522,24 +530,7 @@ async fn a_revoked_key_is_refused_by_every_instance_within_two_seconds() {
         200,
     )
     .await;
-    let listed = expect(
-        call(first, &platform.admin, Method::GET, "/api-keys", None).await,
-        200,
-    )
-    .await;
-    let id = listed["items"][0]["id"].as_str().unwrap().to_owned();
-    expect(
-        call(
-            first,
-            &platform.admin,
-            Method::DELETE,
-            &format!("/api-keys/{id}"),
-            None,
-        )
-        .await,
-        204,
-    )
-    .await;
+    revoke_the_only_made_key(first, &platform.admin).await;
     let revoked_at = std::time::Instant::now();
     loop {
         let status = call(&second, &key, Method::GET, "/accounts", None)
@@ -1084,24 +1075,7 @@ async fn a_stream_ends_once_its_key_is_revoked() {
         .await
         .unwrap();
     assert_eq!(stream.status(), 200);
-    let listed = expect(
-        call(app, &platform.admin, Method::GET, "/api-keys", None).await,
-        200,
-    )
-    .await;
-    let id = listed["items"][0]["id"].as_str().unwrap().to_owned();
-    expect(
-        call(
-            app,
-            &platform.admin,
-            Method::DELETE,
-            &format!("/api-keys/{id}"),
-            None,
-        )
-        .await,
-        204,
-    )
-    .await;
+    revoke_the_only_made_key(app, &platform.admin).await;
     let mut text = String::new();
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(chunk) = stream.chunk().await.unwrap() {
