@@ -24,6 +24,9 @@
 //!   still being written to a client that does not read) are closed: a shutdown ends
 //!   within a bounded time whatever the clients do.
 //!
+//! - a request is copied out of the buffer it was read into as it arrives
+//!   ([`super::detached`]): a request waiting for a transfer permit holds no read buffer.
+//!
 //! This is hyper's own HTTP/1 connection with its header-read timer (`axum::serve` runs
 //! it without a timer, so it has no such time-out) and hyper-util's graceful shutdown.
 //! HTTP/2 without TLS (prior knowledge) is not served: hyper has no idle time-out for it.
@@ -45,6 +48,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::detached::detached;
 use super::problem::ApiError;
 use super::write_limit::WriteLimited;
 
@@ -134,7 +138,11 @@ pub async fn serve(
         };
         match places.clone().try_acquire_owned() {
             Ok(place) => {
-                let service = TowerToHyperService::new(app.clone());
+                let service = TowerToHyperService::new(
+                    tower::ServiceBuilder::new()
+                        .map_request(detached)
+                        .service(app.clone()),
+                );
                 let io = TokioIo::new(WriteLimited::new(stream, limits.write_timeout));
                 let connection = graceful.watch(http.serve_connection(io, service));
                 let closing = closing.clone();

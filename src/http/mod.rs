@@ -8,6 +8,7 @@ pub mod accounts;
 pub mod api_keys;
 pub mod auth;
 pub mod connections;
+pub mod detached;
 pub mod docs;
 pub mod events;
 pub mod extract;
