@@ -263,7 +263,9 @@ fn sample(code: &str) -> Option<ApiError> {
         },
         "database_unavailable" => ApiError::DatabaseUnavailable,
         "overloaded" => ApiError::Overloaded,
-        "too_many_streams" => ServiceError::TooManyFollowers.into(),
+        "too_many_streams" => {
+            ServiceError::TooManyFollowers(crate::service::FollowerLimit::Instance).into()
+        }
         "request_timeout" => ApiError::Timeout,
         "internal_error" => ApiError::Internal,
         "not_a_hold" => hold(HoldConflict::NotAHold),

@@ -135,8 +135,9 @@ pub enum ApiError {
     /// 503: this instance has as many transfers in flight as it admits; retry after
     /// `Retry-After` seconds. Nothing was recorded.
     Overloaded,
-    /// 503: as many event streams are open as `MAX_EVENT_STREAMS` allows.
-    TooManyStreams,
+    /// 503: as many event streams are open as `MAX_EVENT_STREAMS` allows, or as the
+    /// caller's tenant may hold (`MAX_EVENT_STREAMS_PER_TENANT`).
+    TooManyStreams(crate::service::FollowerLimit),
     /// 503: the request took longer than the server allows.
     Timeout,
     /// 500: a bug. The body says nothing more; the log has the cause.
@@ -176,7 +177,7 @@ impl ApiError {
             DatabaseUnavailable
             | DeploymentsUnavailable(_)
             | Overloaded
-            | TooManyStreams
+            | TooManyStreams(_)
             | Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -218,7 +219,7 @@ impl ApiError {
                 ("database_unavailable", "Database unavailable")
             }
             Overloaded => ("overloaded", "Overloaded"),
-            TooManyStreams => ("too_many_streams", "Too many event streams"),
+            TooManyStreams(_) => ("too_many_streams", "Too many event streams"),
             Timeout => ("request_timeout", "Request timeout"),
             Internal => ("internal_error", "Internal server error"),
             Hold { conflict, .. } => match conflict {
@@ -282,8 +283,11 @@ impl ApiError {
             Overloaded => {
                 "this instance is at its limit of transfers in flight or of connections; nothing was recorded, retry shortly".into()
             }
-            TooManyStreams => {
+            TooManyStreams(crate::service::FollowerLimit::Instance) => {
                 "this instance has as many event streams open as it allows (MAX_EVENT_STREAMS); retry shortly, or read GET /events".into()
+            }
+            TooManyStreams(crate::service::FollowerLimit::Share) => {
+                "this tenant has as many event streams open on this instance as one tenant may (MAX_EVENT_STREAMS_PER_TENANT; the platform's keys count as one tenant); close one or retry shortly, or read GET /events".into()
             }
             Timeout => "the request took too long; retry later".into(),
             Internal => "an internal error occurred".into(),
@@ -468,7 +472,7 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if self == ApiError::TooManyStreams {
+        if matches!(self, ApiError::TooManyStreams(_)) {
             // A stream lasts as long as its reader stays: no hurry.
             response
                 .headers_mut()
@@ -553,7 +557,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::DeliveryNotFailed(state) => {
                 ApiError::DeliveryNotFailed(state.as_str().to_owned())
             }
-            ServiceError::TooManyFollowers => ApiError::TooManyStreams,
+            ServiceError::TooManyFollowers(limit) => ApiError::TooManyStreams(limit),
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");
                 ApiError::DatabaseUnavailable

@@ -249,7 +249,7 @@ pub struct CursorExpired(pub Problem);
 /// `GET /events/stream`: no room for another stream.
 #[derive(ToResponse)]
 #[response(
-    description = "`too_many_streams`: as many event streams are open on this instance as `MAX_EVENT_STREAMS` allows; retry after `Retry-After` seconds, or read `GET /events`. Or `database_unavailable`.",
+    description = "`too_many_streams`: as many event streams are open on this instance as `MAX_EVENT_STREAMS` allows, or as many of the caller's tenant as `MAX_EVENT_STREAMS_PER_TENANT` allows (the platform's keys count as one tenant); retry after `Retry-After` seconds, or read `GET /events`. Or `database_unavailable`.",
     content_type = PROBLEM_JSON,
     headers(("Retry-After" = Option<String>, description = "Seconds to wait before retrying."))
 )]

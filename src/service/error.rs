@@ -74,9 +74,10 @@ pub enum ServiceError {
     /// Only a failed delivery is retried by hand; this one is in this state.
     #[error("the delivery is {0:?}, not failed")]
     DeliveryNotFailed(crate::domain::DeliveryState),
-    /// As many event streams are open as `MAX_EVENT_STREAMS` allows.
-    #[error("too many event streams are open")]
-    TooManyFollowers,
+    /// As many event streams are open as `MAX_EVENT_STREAMS` allows, or as the caller's
+    /// tenant may hold (`MAX_EVENT_STREAMS_PER_TENANT`).
+    #[error("too many event streams are open ({0:?})")]
+    TooManyFollowers(super::FollowerLimit),
     /// Too many transfers in flight in this instance: refused before anything was
     /// recorded; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]
