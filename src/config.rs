@@ -831,6 +831,16 @@ mod tests {
         assert_eq!(share(&set), 2);
         let over = [&few[..], &["--max-event-streams-per-tenant", "9"]].concat();
         assert_eq!(share(&over), 3, "never more than MAX_EVENT_STREAMS");
+        for bad in ["0", "100001", "-1", "1.5"] {
+            let line = settings(&[&format!("--max-event-streams-per-tenant={bad}")])
+                .unwrap_err()
+                .to_string();
+            let complaint = "is not a whole number from 1 to 100000";
+            assert_eq!(
+                line,
+                format!("invalid MAX_EVENT_STREAMS_PER_TENANT: {bad:?} {complaint}")
+            );
+        }
     }
 
     #[test]
@@ -948,13 +958,6 @@ mod tests {
             (
                 "--max-transfers-in-flight",
                 "MAX_TRANSFERS_IN_FLIGHT",
-                1,
-                100_000,
-                "is not a whole number from 1 to 100000",
-            ),
-            (
-                "--max-event-streams-per-tenant",
-                "MAX_EVENT_STREAMS_PER_TENANT",
                 1,
                 100_000,
                 "is not a whole number from 1 to 100000",

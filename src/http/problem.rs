@@ -283,12 +283,7 @@ impl ApiError {
             Overloaded => {
                 "this instance is at its limit of transfers in flight or of connections; nothing was recorded, retry shortly".into()
             }
-            TooManyStreams(crate::service::FollowerLimit::Instance) => {
-                "this instance has as many event streams open as it allows (MAX_EVENT_STREAMS); retry shortly, or read GET /events".into()
-            }
-            TooManyStreams(crate::service::FollowerLimit::Share) => {
-                "this tenant has as many event streams open on this instance as one tenant may (MAX_EVENT_STREAMS_PER_TENANT; the platform's keys count as one tenant); close one or retry shortly, or read GET /events".into()
-            }
+            TooManyStreams(limit) => too_many_streams(*limit).into(),
             Timeout => "the request took too long; retry later".into(),
             Internal => "an internal error occurred".into(),
             Hold { conflict, .. } => match conflict {
@@ -453,6 +448,18 @@ impl ApiError {
                     }
                 },
             },
+        }
+    }
+}
+
+/// The detail of a 503 `too_many_streams`: which limit refused the stream.
+fn too_many_streams(limit: crate::service::FollowerLimit) -> &'static str {
+    match limit {
+        crate::service::FollowerLimit::Instance => {
+            "this instance has as many event streams open as it allows (MAX_EVENT_STREAMS); retry shortly, or read GET /events"
+        }
+        crate::service::FollowerLimit::Share => {
+            "this tenant has as many event streams open on this instance as one tenant may (MAX_EVENT_STREAMS_PER_TENANT; the platform's keys count as one tenant); close one or retry shortly, or read GET /events"
         }
     }
 }
