@@ -190,10 +190,15 @@ pub struct Args {
     #[arg(long, env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub webhook_allow_private: bool,
 
-    /// The most webhooks registered at once, 1 to 10000; one more is refused with 409
-    /// `webhook_limit_reached`. Per tenant once tenants own webhooks.
+    /// The most webhooks of one tenant (or of the platform's keys) registered at once, 1
+    /// to 10000; one more is refused with 409 `webhook_limit_reached`.
     #[arg(long, env = "MAX_WEBHOOKS", default_value = "1000", value_parser = whole_number(1..=10_000))]
     pub max_webhooks: usize,
+
+    /// The most webhooks registered at once in all, every tenant's and the platform's, 1
+    /// to 100000; one more is refused with 409 `webhook_limit_reached`.
+    #[arg(long, env = "MAX_WEBHOOKS_TOTAL", default_value = "10000", value_parser = whole_number(1..=100_000))]
+    pub max_webhooks_total: usize,
 
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
@@ -763,6 +768,7 @@ impl Settings {
                 give_up_after: Duration::from_millis(args.webhook_give_up_after_ms),
                 allow_private: args.webhook_allow_private,
                 max_webhooks: args.max_webhooks,
+                max_webhooks_total: args.max_webhooks_total,
             },
             strategy: args.transfer_strategy,
             log_format: args.log_format,
@@ -817,6 +823,24 @@ mod tests {
         assert_eq!(s.http_write_timeout, Duration::from_millis(20_000));
         assert_eq!(s.startup_patience, Duration::from_secs(60));
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
+    }
+
+    #[test]
+    fn max_webhooks_total_is_ten_thousand_unless_set_from_1_to_100000() {
+        let total = |extra: &[&str]| settings(extra).map(|s| s.webhooks.max_webhooks_total);
+        assert_eq!(total(&[]).unwrap(), 10_000);
+        assert_eq!(total(&["--max-webhooks-total", "1"]).unwrap(), 1);
+        assert_eq!(total(&["--max-webhooks-total", "100000"]).unwrap(), 100_000);
+        for bad in ["0", "100001", "-1", "1.5"] {
+            let line = total(&[&format!("--max-webhooks-total={bad}")])
+                .unwrap_err()
+                .to_string();
+            let complaint = "is not a whole number from 1 to 100000";
+            assert_eq!(
+                line,
+                format!("invalid MAX_WEBHOOKS_TOTAL: {bad:?} {complaint}")
+            );
+        }
     }
 
     #[test]

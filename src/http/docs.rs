@@ -197,7 +197,8 @@ fn webhook_sample(code: &str) -> Option<ApiError> {
             ServiceError::DeliveryNotFailed(crate::domain::DeliveryState::Succeeded).into()
         }
         "webhook_limit_reached" => {
-            ServiceError::TooManyWebhooks(crate::domain::DEFAULT_MAX_WEBHOOKS).into()
+            let cap = crate::domain::WebhookCap::Scope(crate::domain::DEFAULT_MAX_WEBHOOKS);
+            ServiceError::TooManyWebhooks(cap).into()
         }
         "webhook_url_not_allowed" => {
             ServiceError::WebhookUrlNotAllowed(crate::service::UrlRefusal::NotPublic {

@@ -85,8 +85,9 @@ pub enum ApiError {
     DeliveryNotFailed(String),
     /// 422: the webhook URL resolves to an address deliveries may not go to.
     WebhookUrlNotAllowed(String),
-    /// 409: as many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
-    WebhookLimitReached(usize),
+    /// 409: as many webhooks are registered as `MAX_WEBHOOKS` allows the caller's
+    /// tenant (or the platform), or `MAX_WEBHOOKS_TOTAL` all together (this cap).
+    WebhookLimitReached(crate::domain::WebhookCap),
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
     /// 409: the account id is taken.
@@ -255,9 +256,7 @@ impl ApiError {
             WebhookUrlNotAllowed(why) => format!(
                 "the webhook URL is not allowed: {why} (only public addresses unless the server sets WEBHOOK_ALLOW_PRIVATE=true)"
             ),
-            WebhookLimitReached(cap) => format!(
-                "{cap} webhooks are registered, as many as the server allows (MAX_WEBHOOKS); delete one first"
-            ),
+            WebhookLimitReached(cap) => webhook_limit_reached(*cap),
             MethodNotAllowed => "this resource does not support that method".into(),
             AccountExists(id) => format!("an account with id {id} already exists"),
             TransferCanceled { detail, .. }
@@ -449,6 +448,18 @@ impl ApiError {
                 },
             },
         }
+    }
+}
+
+/// The detail of a 409 `webhook_limit_reached`: which cap refused the registration.
+fn webhook_limit_reached(cap: crate::domain::WebhookCap) -> String {
+    match cap {
+        crate::domain::WebhookCap::Scope(n) => format!(
+            "{n} webhooks are registered, as many as the server allows (MAX_WEBHOOKS); delete one first"
+        ),
+        crate::domain::WebhookCap::Total(n) => format!(
+            "{n} webhooks are registered in all, every tenant's together, as many as the server allows (MAX_WEBHOOKS_TOTAL); delete one first"
+        ),
     }
 }
 

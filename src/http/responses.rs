@@ -233,7 +233,7 @@ pub struct InvalidRotation(pub Problem);
 /// `POST /webhooks`: the cap is reached.
 #[derive(ToResponse)]
 #[response(
-    description = "`webhook_limit_reached`: as many webhooks are registered as the server allows (`MAX_WEBHOOKS`, 1000 by default); nothing registered. Delete one first.",
+    description = "`webhook_limit_reached`: as many webhooks are registered as the server allows the caller's tenant, or the platform's keys (`MAX_WEBHOOKS`, 1000 by default), or as it allows all together (`MAX_WEBHOOKS_TOTAL`, 10000 by default); nothing registered. Delete one first.",
     content_type = PROBLEM_JSON
 )]
 pub struct WebhookLimitReached(pub Problem);

@@ -64,9 +64,10 @@ pub enum ServiceError {
     WebhookUrlNotAllowed(super::UrlRefusal),
     #[error("webhook {0} does not exist")]
     WebhookNotFound(String),
-    /// As many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
-    #[error("{0} webhooks are registered, as many as allowed")]
-    TooManyWebhooks(usize),
+    /// As many webhooks are registered as this cap allows (`MAX_WEBHOOKS` of the
+    /// caller's scope, or `MAX_WEBHOOKS_TOTAL` in all).
+    #[error("as many webhooks are registered as allowed ({0:?})")]
+    TooManyWebhooks(crate::domain::WebhookCap),
     #[error("api key {0} does not exist")]
     ApiKeyNotFound(String),
     #[error("delivery {0} does not exist")]

@@ -3,8 +3,12 @@
 //! Invariants protected here: a tenant's keys (and the platform's, counted as one more
 //! tenant) hold at most `MAX_EVENT_STREAMS_PER_TENANT` of an instance's live streams: one
 //! more is 503 `too_many_streams` with `Retry-After`, while another tenant still gets a
-//! stream; a place of the share is usable again once one of its streams ends.
+//! stream; a place of the share is usable again once one of its streams ends. Webhooks
+//! are bounded in all (`MAX_WEBHOOKS_TOTAL`), not only per tenant, also against
+//! registrations of every tenant at once, and every webhook registered is served; which
+//! of a list of webhooks exist is read in bounded reads however long the list.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use mongodb::bson::oid::ObjectId;
@@ -12,6 +16,7 @@ use serde_json::{Value, json};
 use transfer_service::config::{Settings, parse_api_keys};
 
 use crate::assert_problem;
+use crate::webhooks::{Answer, Receiver};
 use support::{TestApp, eventually, spawn_app_with};
 
 /// A service with one platform admin key in `API_KEYS`, adjusted by `adjust`: the app and
@@ -124,4 +129,157 @@ async fn a_tenant_holds_its_share_of_the_stream_places_and_the_others_still_get_
     )
     .await;
     assert_refused(connect(&app, &acme).await, SHARE_FULL).await;
+}
+
+/// Registers a webhook at `url` with `key`: the answer, whatever it is.
+async fn register(app: &TestApp, key: &str, url: &str) -> reqwest::Response {
+    app.http
+        .post(app.url("/webhooks"))
+        .bearer_auth(key)
+        .json(&json!({ "url": url }))
+        .send()
+        .await
+        .expect("request")
+}
+
+/// Asserts a 409 `webhook_limit_reached` naming `MAX_WEBHOOKS_TOTAL`.
+async fn assert_total_reached(response: reqwest::Response) {
+    let problem = assert_problem(response, 409, "webhook_limit_reached").await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("MAX_WEBHOOKS_TOTAL")),
+        "{problem}"
+    );
+}
+
+/// Webhooks are bounded in all, not only per tenant: two registrations from each of three
+/// tenants and the platform, sent at once (each within its tenant's `MAX_WEBHOOKS` of 2),
+/// register `MAX_WEBHOOKS_TOTAL` (5) and refuse the rest with 409 naming it (decided in
+/// the write: a count read before the insert would let racing ones pass); a deletion
+/// makes room for one; a tenant with none of its own is refused too; and every webhook
+/// registered is sent its events. Before, each tenant had its own 2 and all 8 were
+/// registered: the total grew with the tenants.
+#[tokio::test]
+async fn webhooks_are_bounded_in_all_whatever_the_number_of_tenants() {
+    let (app, admin) = spawn_with_admin(|s| {
+        s.webhooks.max_webhooks = 2;
+        s.webhooks.max_webhooks_total = 5;
+    })
+    .await;
+    let receiver = Receiver::start(Answer::Status(200)).await;
+    let mut keys = vec![("platform", admin.clone())];
+    for tenant in ["acme", "bolt", "cusp"] {
+        keys.push((tenant, make_key(&app, &admin, tenant, "rw").await));
+    }
+    let sent: Vec<_> = keys
+        .iter()
+        .flat_map(|(who, key)| (0..2).map(move |i| (*who, key.clone(), i)))
+        .map(|(who, key, i)| {
+            let (http, to) = (app.http.clone(), app.url("/webhooks"));
+            let url = receiver.url(&format!("/{who}/{i}"));
+            tokio::spawn(async move {
+                let answer = http
+                    .post(to)
+                    .bearer_auth(&key)
+                    .json(&json!({ "url": url }))
+                    .send()
+                    .await
+                    .unwrap();
+                (who, key, answer)
+            })
+        })
+        .collect();
+    let (mut registered, mut refused) = (Vec::new(), 0);
+    for answer in futures::future::join_all(sent).await {
+        let (who, key, answer) = answer.unwrap();
+        if answer.status() == 201 {
+            let made: Value = answer.json().await.unwrap();
+            let url = made["url"].as_str().unwrap().to_owned();
+            registered.push((who, key, made["id"].as_str().unwrap().to_owned(), url));
+        } else {
+            assert_total_reached(answer).await;
+            refused += 1;
+        }
+    }
+    assert_eq!((registered.len(), refused), (5, 3), "5 registered in all");
+
+    let (who, key, gone, _) = registered.remove(0);
+    let deleted = app
+        .http
+        .delete(app.url(&format!("/webhooks/{gone}")))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    let again = register(&app, &key, &receiver.url(&format!("/{who}/again"))).await;
+    assert_eq!(again.status(), 201, "the deletion made room for one");
+    let made: Value = again.json().await.unwrap();
+    let url = made["url"].as_str().unwrap().to_owned();
+    registered.push((who, key, made["id"].as_str().unwrap().to_owned(), url));
+    let dusk = make_key(&app, &admin, "dusk", "rw").await;
+    assert_total_reached(register(&app, &dusk, &receiver.url("/dusk/0")).await).await;
+
+    // Each registered webhook is sent the events its tenant sees: an account of each
+    // tenant, opened by the platform (whose webhooks are sent all three).
+    for tenant in ["acme", "bolt", "cusp"] {
+        let opened = app
+            .http
+            .post(app.url("/accounts"))
+            .bearer_auth(&admin)
+            .json(&json!({ "id": format!("{tenant}-a"), "balance": 0, "tenant": tenant }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(opened.status(), 201);
+    }
+    let expected: BTreeSet<(String, String)> = registered
+        .iter()
+        .flat_map(|(who, _, _, url)| {
+            let path = url.split_once("//").unwrap().1;
+            let path = &path[path.find('/').unwrap()..];
+            ["acme", "bolt", "cusp"]
+                .into_iter()
+                .filter(|t| *who == "platform" || t == who)
+                .map(|t| (path.to_owned(), format!("account.opened:{t}-a")))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    eventually(
+        "every registered webhook is sent its events",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let got: BTreeSet<(String, String)> = receiver
+                .received()
+                .iter()
+                .map(|r| (r.path.clone(), r.json()["id"].as_str().unwrap().to_owned()))
+                .collect();
+            expected.is_subset(&got).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Which of a list of webhooks exist (what the dispatcher reads after a page, instead of
+/// the whole list again) is answered for every id however long the list: of 60,000 ids
+/// (some 2.5 MB of them, more than one read of `IDS_READ_BYTES` holds), the two that
+/// exist, first and last, are found.
+#[tokio::test]
+async fn which_webhooks_exist_is_read_in_bounded_reads_however_many_are_asked() {
+    let (app, admin) = spawn_with_admin(|_| {}).await;
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let made = register(&app, &admin, &format!("http://127.0.0.1:9/{i}")).await;
+        assert_eq!(made.status(), 201);
+        let made: Value = made.json().await.unwrap();
+        ids.push(made["id"].as_str().unwrap().to_owned());
+    }
+    let missing: Vec<String> = (0..60_000).map(|i| format!("wh_{i:024x}")).collect();
+    let mut asked: Vec<&str> = vec![&ids[0]];
+    asked.extend(missing.iter().map(String::as_str));
+    asked.push(&ids[1]);
+    let found = app.store.webhooks_among(&asked).await.unwrap();
+    assert_eq!(found, ids.iter().cloned().collect());
 }
