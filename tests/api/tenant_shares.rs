@@ -3,7 +3,8 @@
 //! Invariants protected here: a tenant's keys (and the platform's, counted as one more
 //! tenant) hold at most `MAX_EVENT_STREAMS_PER_TENANT` of an instance's live streams: one
 //! more is 503 `too_many_streams` with `Retry-After`, while another tenant still gets a
-//! stream; a place of the share is usable again once one of its streams ends. Webhooks
+//! stream; a place of the share is usable again once one of its streams ends (its client
+//! left, or its key was revoked). Webhooks
 //! are bounded in all (`MAX_WEBHOOKS_TOTAL`), not only per tenant, also against
 //! registrations of every tenant at once, and every webhook registered is served; which
 //! of a list of webhooks exist is read in bounded reads however long the list.
@@ -34,6 +35,16 @@ async fn spawn_with_admin(adjust: impl FnOnce(&mut Settings)) -> (TestApp, Strin
 
 /// Makes a key of `tenant` with `role`: its secret.
 async fn make_key(app: &TestApp, admin: &str, tenant: &str, role: &str) -> String {
+    make_key_with_id(app, admin, tenant, role).await.0
+}
+
+/// Makes a key of `tenant` with `role`: its secret and its public id.
+async fn make_key_with_id(
+    app: &TestApp,
+    admin: &str,
+    tenant: &str,
+    role: &str,
+) -> (String, String) {
     let made = app
         .http
         .post(app.url("/api-keys"))
@@ -44,7 +55,8 @@ async fn make_key(app: &TestApp, admin: &str, tenant: &str, role: &str) -> Strin
         .unwrap();
     assert_eq!(made.status(), 201);
     let made: Value = made.json().await.unwrap();
-    made["key"].as_str().expect("the secret").to_owned()
+    let secret = made["key"].as_str().expect("the secret").to_owned();
+    (secret, made["id"].as_str().expect("the id").to_owned())
 }
 
 /// `GET /events/stream` with `key`: the answer, whatever it is.
@@ -282,4 +294,51 @@ async fn which_webhooks_exist_is_read_in_bounded_reads_however_many_are_asked() 
     asked.push(&ids[1]);
     let found = app.store.webhooks_among(&asked).await.unwrap();
     assert_eq!(found, ids.iter().cloned().collect());
+}
+
+/// A stream ended by its key's revocation gives its place in its tenant's share back:
+/// acme (a share of one) follows with a key that is then revoked; once that stream has
+/// ended, acme's other key gets a stream.
+#[tokio::test]
+async fn a_stream_ended_by_a_revoked_key_gives_its_tenants_place_back() {
+    let (app, admin) = spawn_with_admin(|s| {
+        s.max_event_streams = 4;
+        s.max_event_streams_per_tenant = Some(1);
+    })
+    .await;
+    let (doomed, doomed_id) = make_key_with_id(&app, &admin, "acme", "ro").await;
+    let other = make_key(&app, &admin, "acme", "ro").await;
+    let mut stream = open_stream(&app, &doomed, "acme's stream").await;
+    assert_refused(connect(&app, &other).await, SHARE_FULL).await;
+
+    let deleted = app
+        .http
+        .delete(app.url(&format!("/api-keys/{doomed_id}")))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while stream.chunk().await.unwrap().is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream ends once its key is revoked");
+    let _again = eventually(
+        "the revoked key's stream gives acme's place back",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let response = connect(&app, &other).await;
+            match response.status().as_u16() {
+                200 => Some(response),
+                503 => {
+                    assert_refused(response, SHARE_FULL).await;
+                    None
+                }
+                code => panic!("{code}: {}", response.text().await.unwrap_or_default()),
+            }
+        },
+    )
+    .await;
 }
