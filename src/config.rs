@@ -708,7 +708,7 @@ pub fn parse_cors_origins(raw: &str) -> Result<Vec<String>, ConfigError> {
 impl Settings {
     /// Event streams one tenant (or the platform, counted as one more) may hold at once:
     /// `MAX_EVENT_STREAMS_PER_TENANT`, or by default a quarter of `MAX_EVENT_STREAMS`
-    /// (at least 1), so that at least four tenants always find room, but all of them
+    /// (at least 1), so that one tenant leaves three quarters to the others; all of them
     /// without `API_KEYS`, where every caller is the platform and there is no one to
     /// share with. Never more than `MAX_EVENT_STREAMS`.
     pub fn streams_per_tenant(&self) -> usize {
