@@ -179,8 +179,8 @@ pub struct WebhookSettings {
     /// The most webhooks registered at once in all (`MAX_WEBHOOKS_TOTAL`), every
     /// tenant's and the platform's; one more is refused. At most 100,000 as a setting:
     /// a sender's claim names every webhook it has room for in one `$in` (`wh_` and 24
-    /// digits, about 40 bytes each with the array's framing: about 4 MB at 100,000, under the
-    /// 16 MiB of a MongoDB command).
+    /// digits, about 40 bytes each with the array's framing: about 4 MB at 100,000,
+    /// under the 16 MiB of a MongoDB command).
     pub max_webhooks_total: usize,
 }
 
