@@ -455,7 +455,7 @@ impl ApiError {
 fn webhook_limit_reached(cap: crate::domain::WebhookCap) -> String {
     match cap {
         crate::domain::WebhookCap::Scope(n) => format!(
-            "{n} webhooks are registered, as many as the server allows (MAX_WEBHOOKS); delete one first"
+            "{n} webhooks of this tenant (or of the platform's keys) are registered, as many as the server allows one (MAX_WEBHOOKS); delete one first"
         ),
         crate::domain::WebhookCap::Total(n) => format!(
             "{n} webhooks are registered in all, every tenant's together, as many as the server allows (MAX_WEBHOOKS_TOTAL); delete one first"
