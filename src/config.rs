@@ -162,6 +162,14 @@ pub struct Args {
     #[arg(long, env = "MAX_EVENT_STREAMS", default_value = "256", value_parser = whole_number(1..=100_000))]
     pub max_event_streams: usize,
 
+    /// Event streams one tenant may hold open at once on this instance (the platform's
+    /// keys count as one more tenant), 1 to 100000; one more is refused with 503
+    /// `too_many_streams` while other tenants still get streams. Default: a quarter of
+    /// `MAX_EVENT_STREAMS` (at least 1) with `API_KEYS`, all of them without (every caller
+    /// is then the platform).
+    #[arg(long, env = "MAX_EVENT_STREAMS_PER_TENANT", value_parser = whole_number(1..=100_000))]
+    pub max_event_streams_per_tenant: Option<usize>,
+
     /// Milliseconds before the second attempt of a webhook delivery, doubled after each
     /// further failure (with jitter), 1 to 86400000.
     #[arg(long, env = "WEBHOOK_RETRY_BASE_MS", default_value = "1000", value_parser = millis())]
@@ -182,10 +190,15 @@ pub struct Args {
     #[arg(long, env = "WEBHOOK_ALLOW_PRIVATE", default_value = "false", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub webhook_allow_private: bool,
 
-    /// The most webhooks registered at once, 1 to 10000; one more is refused with 409
-    /// `webhook_limit_reached`. Per tenant once tenants own webhooks.
+    /// The most webhooks of one tenant (or of the platform's keys) registered at once, 1
+    /// to 10000; one more is refused with 409 `webhook_limit_reached`.
     #[arg(long, env = "MAX_WEBHOOKS", default_value = "1000", value_parser = whole_number(1..=10_000))]
     pub max_webhooks: usize,
+
+    /// The most webhooks registered at once in all, every tenant's and the platform's, 1
+    /// to 100000; one more is refused with 409 `webhook_limit_reached`.
+    #[arg(long, env = "MAX_WEBHOOKS_TOTAL", default_value = "10000", value_parser = whole_number(1..=100_000))]
+    pub max_webhooks_total: usize,
 
     /// How a transfer is carried out: `two-phase` (the tutorial's protocol, the default) or
     /// `native` (one MongoDB multi-document transaction per transfer, for comparison).
@@ -335,6 +348,9 @@ pub struct Settings {
     pub event_retention: Duration,
     /// Event streams open at once, at most.
     pub max_event_streams: usize,
+    /// Event streams one tenant (or the platform) may hold at once; `None`: the default
+    /// ([`Settings::streams_per_tenant`]).
+    pub max_event_streams_per_tenant: Option<usize>,
     /// How webhooks are delivered (`WEBHOOK_*`).
     pub webhooks: crate::domain::WebhookSettings,
     /// Two-phase commit or one native transaction per transfer.
@@ -690,6 +706,20 @@ pub fn parse_cors_origins(raw: &str) -> Result<Vec<String>, ConfigError> {
 }
 
 impl Settings {
+    /// Event streams one tenant (or the platform, counted as one more) may hold at once:
+    /// `MAX_EVENT_STREAMS_PER_TENANT`, or by default a quarter of `MAX_EVENT_STREAMS`
+    /// (at least 1), so that one tenant leaves three quarters to the others; all of them
+    /// without `API_KEYS`, where every caller is the platform and there is no one to
+    /// share with. Never more than `MAX_EVENT_STREAMS`.
+    pub fn streams_per_tenant(&self) -> usize {
+        let share = match self.max_event_streams_per_tenant {
+            Some(share) => share,
+            None if self.api_keys.is_empty() => self.max_event_streams,
+            None => self.max_event_streams / 4,
+        };
+        share.clamp(1, self.max_event_streams.max(1))
+    }
+
     /// Reads the process's flags and environment. `--help`, `--version` and a misused
     /// command line (an unknown flag) are answered by clap, which then exits.
     pub fn from_env() -> Result<Settings, ConfigError> {
@@ -731,12 +761,14 @@ impl Settings {
             hold_expires: Duration::from_millis(args.hold_expires_ms),
             event_retention: Duration::from_millis(args.event_retention_ms),
             max_event_streams: args.max_event_streams,
+            max_event_streams_per_tenant: args.max_event_streams_per_tenant,
             webhooks: crate::domain::WebhookSettings {
                 retry_base: Duration::from_millis(args.webhook_retry_base_ms),
                 retry_max: Duration::from_millis(args.webhook_retry_max_ms),
                 give_up_after: Duration::from_millis(args.webhook_give_up_after_ms),
                 allow_private: args.webhook_allow_private,
                 max_webhooks: args.max_webhooks,
+                max_webhooks_total: args.max_webhooks_total,
             },
             strategy: args.transfer_strategy,
             log_format: args.log_format,
@@ -791,6 +823,48 @@ mod tests {
         assert_eq!(s.http_write_timeout, Duration::from_millis(20_000));
         assert_eq!(s.startup_patience, Duration::from_secs(60));
         assert!(s.instance_id.ends_with(&format!("-{}", std::process::id())));
+    }
+
+    #[test]
+    fn max_webhooks_total_is_ten_thousand_unless_set_from_1_to_100000() {
+        let total = |extra: &[&str]| settings(extra).map(|s| s.webhooks.max_webhooks_total);
+        assert_eq!(total(&[]).unwrap(), 10_000);
+        assert_eq!(total(&["--max-webhooks-total", "1"]).unwrap(), 1);
+        assert_eq!(total(&["--max-webhooks-total", "100000"]).unwrap(), 100_000);
+        for bad in ["0", "100001", "-1", "1.5"] {
+            let line = total(&[&format!("--max-webhooks-total={bad}")])
+                .unwrap_err()
+                .to_string();
+            let complaint = "is not a whole number from 1 to 100000";
+            assert_eq!(
+                line,
+                format!("invalid MAX_WEBHOOKS_TOTAL: {bad:?} {complaint}")
+            );
+        }
+    }
+
+    #[test]
+    fn a_tenants_share_of_the_streams_is_a_quarter_with_keys_and_all_without() {
+        let keys = ["--api-keys", "admin:0123456789abcdef0123"];
+        let share = |extra: &[&str]| settings(extra).unwrap().streams_per_tenant();
+        assert_eq!(share(&keys), 64, "a quarter of the default 256");
+        assert_eq!(share(&[]), 256, "without keys every caller is the platform");
+        let few = [&keys[..], &["--max-event-streams", "3"]].concat();
+        assert_eq!(share(&few), 1, "at least one");
+        let set = [&few[..], &["--max-event-streams-per-tenant", "2"]].concat();
+        assert_eq!(share(&set), 2);
+        let over = [&few[..], &["--max-event-streams-per-tenant", "9"]].concat();
+        assert_eq!(share(&over), 3, "never more than MAX_EVENT_STREAMS");
+        for bad in ["0", "100001", "-1", "1.5"] {
+            let line = settings(&[&format!("--max-event-streams-per-tenant={bad}")])
+                .unwrap_err()
+                .to_string();
+            let complaint = "is not a whole number from 1 to 100000";
+            assert_eq!(
+                line,
+                format!("invalid MAX_EVENT_STREAMS_PER_TENANT: {bad:?} {complaint}")
+            );
+        }
     }
 
     #[test]

@@ -446,8 +446,9 @@ impl Dispatching<'_> {
     /// Each event's body is rendered once and shared by its deliveries. The number of
     /// webhooks, or `None` if the lease was lost.
     ///
-    /// The webhooks are read after the page: one missing from the list was registered
-    /// after every event of the page was recorded.
+    /// The webhooks are read after the page, once: one missing from the list was
+    /// registered after every event of the page was recorded. After the page, only
+    /// whether the webhooks it made deliveries for still exist is read (their ids).
     async fn dispatch_page(
         &self,
         events: &[Event],
@@ -473,13 +474,16 @@ impl Dispatching<'_> {
             made_for.extend(new.iter().map(|d| d.webhook));
             self.deliver(new, &by_id, &token).await?;
         }
-        // Deliveries made for a webhook deleted meanwhile are removed.
+        // Deliveries made for a webhook deleted meanwhile are removed. A deletion removes
+        // the webhook, then its deliveries: read before the first, the webhook is there
+        // and the deletion's second write removes what this page made for it (made
+        // before this read); read after it, the webhook is missing and they are removed
+        // here. Only the webhooks the page made deliveries for are read, by id: the list
+        // itself is read once per page.
         if !made_for.is_empty() {
-            let live = self.store.webhooks_all().await?;
-            for gone in made_for
-                .iter()
-                .filter(|h| !live.iter().any(|l| l.id == **h))
-            {
+            let made_for: Vec<&str> = made_for.into_iter().collect();
+            let live = self.store.webhooks_among(&made_for).await?;
+            for gone in made_for.iter().filter(|h| !live.contains(**h)) {
                 self.store.delete_deliveries_of(gone).await?;
             }
         }

@@ -197,7 +197,7 @@ impl Application {
         .with_admission_wait(settings.admission_wait)
         .with_connection_places(places.clone())
         .with_default_hold_expiry(settings.hold_expires)
-        .with_max_followers(settings.max_event_streams)
+        .with_max_followers(settings.max_event_streams, settings.streams_per_tenant())
         .with_webhook_settings(settings.webhooks);
         Ok(Application {
             listener,

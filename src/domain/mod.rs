@@ -45,7 +45,7 @@ pub use values::{
     TransferId,
 };
 pub use webhook::{
-    Attempt, DEFAULT_MAX_WEBHOOKS, DEFAULT_ROTATION_OVERLAP, Delivery, DeliveryState,
-    MAX_ROTATION_OVERLAP, Webhook, WebhookSecret, WebhookSettings, WebhookUrl, backoff_ms,
-    is_public_address,
+    Attempt, DEFAULT_MAX_WEBHOOKS, DEFAULT_MAX_WEBHOOKS_TOTAL, DEFAULT_ROTATION_OVERLAP, Delivery,
+    DeliveryState, MAX_ROTATION_OVERLAP, Webhook, WebhookCap, WebhookSecret, WebhookSettings,
+    WebhookUrl, backoff_ms, is_public_address,
 };

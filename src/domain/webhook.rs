@@ -146,6 +146,21 @@ fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
 /// that the dispatcher's list of webhooks stays a few megabytes.
 pub const DEFAULT_MAX_WEBHOOKS: usize = 1000;
 
+/// `MAX_WEBHOOKS_TOTAL` when unset: ten tenants' worth of [`DEFAULT_MAX_WEBHOOKS`]. The
+/// dispatcher and every sender read the whole list, so it is bounded in all, not only
+/// per tenant, whatever the number of tenants.
+pub const DEFAULT_MAX_WEBHOOKS_TOTAL: usize = 10_000;
+
+/// Which cap a registration met: what it counts, and how many it allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookCap {
+    /// The registering scope's own webhooks (its tenant's, or the platform's):
+    /// `MAX_WEBHOOKS`.
+    Scope(usize),
+    /// Every webhook of every tenant and the platform: `MAX_WEBHOOKS_TOTAL`.
+    Total(usize),
+}
+
 /// How deliveries are made (`WEBHOOK_*`).
 #[derive(Debug, Clone, Copy)]
 pub struct WebhookSettings {
@@ -158,9 +173,15 @@ pub struct WebhookSettings {
     /// Whether deliveries may go to loopback, private, link-local and unique-local
     /// addresses (local development and tests).
     pub allow_private: bool,
-    /// The most webhooks registered at once (`MAX_WEBHOOKS`); one more is refused. Per
-    /// tenant once tenants own webhooks.
+    /// The most webhooks of one tenant (or of the platform) registered at once
+    /// (`MAX_WEBHOOKS`); one more is refused.
     pub max_webhooks: usize,
+    /// The most webhooks registered at once in all (`MAX_WEBHOOKS_TOTAL`), every
+    /// tenant's and the platform's; one more is refused. At most 100,000 as a setting:
+    /// a sender's claim names every webhook it has room for in one `$in` (`wh_` and 24
+    /// digits, about 40 bytes each with the array's framing: about 4 MB at 100,000,
+    /// under the 16 MiB of a MongoDB command).
+    pub max_webhooks_total: usize,
 }
 
 impl Default for WebhookSettings {
@@ -171,6 +192,7 @@ impl Default for WebhookSettings {
             give_up_after: Duration::from_secs(3 * 24 * 3600),
             allow_private: false,
             max_webhooks: DEFAULT_MAX_WEBHOOKS,
+            max_webhooks_total: DEFAULT_MAX_WEBHOOKS_TOTAL,
         }
     }
 }

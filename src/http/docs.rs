@@ -197,7 +197,8 @@ fn webhook_sample(code: &str) -> Option<ApiError> {
             ServiceError::DeliveryNotFailed(crate::domain::DeliveryState::Succeeded).into()
         }
         "webhook_limit_reached" => {
-            ServiceError::TooManyWebhooks(crate::domain::DEFAULT_MAX_WEBHOOKS).into()
+            let cap = crate::domain::WebhookCap::Scope(crate::domain::DEFAULT_MAX_WEBHOOKS);
+            ServiceError::TooManyWebhooks(cap).into()
         }
         "webhook_url_not_allowed" => {
             ServiceError::WebhookUrlNotAllowed(crate::service::UrlRefusal::NotPublic {
@@ -263,7 +264,9 @@ fn sample(code: &str) -> Option<ApiError> {
         },
         "database_unavailable" => ApiError::DatabaseUnavailable,
         "overloaded" => ApiError::Overloaded,
-        "too_many_streams" => ServiceError::TooManyFollowers.into(),
+        "too_many_streams" => {
+            ServiceError::TooManyFollowers(crate::service::FollowerLimit::Instance).into()
+        }
         "request_timeout" => ApiError::Timeout,
         "internal_error" => ApiError::Internal,
         "not_a_hold" => hold(HoldConflict::NotAHold),

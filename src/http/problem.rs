@@ -85,8 +85,9 @@ pub enum ApiError {
     DeliveryNotFailed(String),
     /// 422: the webhook URL resolves to an address deliveries may not go to.
     WebhookUrlNotAllowed(String),
-    /// 409: as many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
-    WebhookLimitReached(usize),
+    /// 409: as many webhooks are registered as `MAX_WEBHOOKS` allows the caller's
+    /// tenant (or the platform), or `MAX_WEBHOOKS_TOTAL` all together (this cap).
+    WebhookLimitReached(crate::domain::WebhookCap),
     /// 405: the route exists, the method does not.
     MethodNotAllowed,
     /// 409: the account id is taken.
@@ -135,8 +136,9 @@ pub enum ApiError {
     /// 503: this instance has as many transfers in flight as it admits; retry after
     /// `Retry-After` seconds. Nothing was recorded.
     Overloaded,
-    /// 503: as many event streams are open as `MAX_EVENT_STREAMS` allows.
-    TooManyStreams,
+    /// 503: as many event streams are open as `MAX_EVENT_STREAMS` allows, or as the
+    /// caller's tenant may hold (`MAX_EVENT_STREAMS_PER_TENANT`).
+    TooManyStreams(crate::service::FollowerLimit),
     /// 503: the request took longer than the server allows.
     Timeout,
     /// 500: a bug. The body says nothing more; the log has the cause.
@@ -176,7 +178,7 @@ impl ApiError {
             DatabaseUnavailable
             | DeploymentsUnavailable(_)
             | Overloaded
-            | TooManyStreams
+            | TooManyStreams(_)
             | Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -218,7 +220,7 @@ impl ApiError {
                 ("database_unavailable", "Database unavailable")
             }
             Overloaded => ("overloaded", "Overloaded"),
-            TooManyStreams => ("too_many_streams", "Too many event streams"),
+            TooManyStreams(_) => ("too_many_streams", "Too many event streams"),
             Timeout => ("request_timeout", "Request timeout"),
             Internal => ("internal_error", "Internal server error"),
             Hold { conflict, .. } => match conflict {
@@ -254,9 +256,7 @@ impl ApiError {
             WebhookUrlNotAllowed(why) => format!(
                 "the webhook URL is not allowed: {why} (only public addresses unless the server sets WEBHOOK_ALLOW_PRIVATE=true)"
             ),
-            WebhookLimitReached(cap) => format!(
-                "{cap} webhooks are registered, as many as the server allows (MAX_WEBHOOKS); delete one first"
-            ),
+            WebhookLimitReached(cap) => webhook_limit_reached(*cap),
             MethodNotAllowed => "this resource does not support that method".into(),
             AccountExists(id) => format!("an account with id {id} already exists"),
             TransferCanceled { detail, .. }
@@ -282,9 +282,7 @@ impl ApiError {
             Overloaded => {
                 "this instance is at its limit of transfers in flight or of connections; nothing was recorded, retry shortly".into()
             }
-            TooManyStreams => {
-                "this instance has as many event streams open as it allows (MAX_EVENT_STREAMS); retry shortly, or read GET /events".into()
-            }
+            TooManyStreams(limit) => too_many_streams(*limit).into(),
             Timeout => "the request took too long; retry later".into(),
             Internal => "an internal error occurred".into(),
             Hold { conflict, .. } => match conflict {
@@ -453,6 +451,30 @@ impl ApiError {
     }
 }
 
+/// The detail of a 409 `webhook_limit_reached`: which cap refused the registration.
+fn webhook_limit_reached(cap: crate::domain::WebhookCap) -> String {
+    match cap {
+        crate::domain::WebhookCap::Scope(n) => format!(
+            "{n} webhooks of this tenant (or of the platform's keys) are registered, as many as the server allows one (MAX_WEBHOOKS); delete one first"
+        ),
+        crate::domain::WebhookCap::Total(n) => format!(
+            "{n} webhooks are registered in all, every tenant's together, as many as the server allows (MAX_WEBHOOKS_TOTAL); delete one first"
+        ),
+    }
+}
+
+/// The detail of a 503 `too_many_streams`: which limit refused the stream.
+fn too_many_streams(limit: crate::service::FollowerLimit) -> &'static str {
+    match limit {
+        crate::service::FollowerLimit::Instance => {
+            "this instance has as many event streams open as it allows (MAX_EVENT_STREAMS); retry shortly, or read GET /events"
+        }
+        crate::service::FollowerLimit::Share => {
+            "this tenant has as many event streams open on this instance as one tenant may (MAX_EVENT_STREAMS_PER_TENANT; the platform's keys count as one tenant); close one or retry shortly, or read GET /events"
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.to_problem();
@@ -468,7 +490,7 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if self == ApiError::TooManyStreams {
+        if matches!(self, ApiError::TooManyStreams(_)) {
             // A stream lasts as long as its reader stays: no hurry.
             response
                 .headers_mut()
@@ -553,7 +575,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::DeliveryNotFailed(state) => {
                 ApiError::DeliveryNotFailed(state.as_str().to_owned())
             }
-            ServiceError::TooManyFollowers => ApiError::TooManyStreams,
+            ServiceError::TooManyFollowers(limit) => ApiError::TooManyStreams(limit),
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");
                 ApiError::DatabaseUnavailable

@@ -233,7 +233,7 @@ pub struct InvalidRotation(pub Problem);
 /// `POST /webhooks`: the cap is reached.
 #[derive(ToResponse)]
 #[response(
-    description = "`webhook_limit_reached`: as many webhooks are registered as the server allows (`MAX_WEBHOOKS`, 1000 by default); nothing registered. Delete one first.",
+    description = "`webhook_limit_reached`: as many webhooks are registered as the server allows the caller's tenant, or the platform's keys (`MAX_WEBHOOKS`, 1000 by default), or as it allows all together (`MAX_WEBHOOKS_TOTAL`, 10000 by default); nothing registered. Delete one first.",
     content_type = PROBLEM_JSON
 )]
 pub struct WebhookLimitReached(pub Problem);
@@ -249,7 +249,7 @@ pub struct CursorExpired(pub Problem);
 /// `GET /events/stream`: no room for another stream.
 #[derive(ToResponse)]
 #[response(
-    description = "`too_many_streams`: as many event streams are open on this instance as `MAX_EVENT_STREAMS` allows; retry after `Retry-After` seconds, or read `GET /events`. Or `database_unavailable`.",
+    description = "`too_many_streams`: as many event streams are open on this instance as `MAX_EVENT_STREAMS` allows, or as many of the caller's tenant as `MAX_EVENT_STREAMS_PER_TENANT` allows (the platform's keys count as one tenant); retry after `Retry-After` seconds, or read `GET /events`. Or `database_unavailable`.",
     content_type = PROBLEM_JSON,
     headers(("Retry-After" = Option<String>, description = "Seconds to wait before retrying."))
 )]

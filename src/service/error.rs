@@ -64,9 +64,10 @@ pub enum ServiceError {
     WebhookUrlNotAllowed(super::UrlRefusal),
     #[error("webhook {0} does not exist")]
     WebhookNotFound(String),
-    /// As many webhooks are registered as `MAX_WEBHOOKS` allows (this many).
-    #[error("{0} webhooks are registered, as many as allowed")]
-    TooManyWebhooks(usize),
+    /// As many webhooks are registered as this cap allows (`MAX_WEBHOOKS` of the
+    /// caller's scope, or `MAX_WEBHOOKS_TOTAL` in all).
+    #[error("as many webhooks are registered as allowed ({0:?})")]
+    TooManyWebhooks(crate::domain::WebhookCap),
     #[error("api key {0} does not exist")]
     ApiKeyNotFound(String),
     #[error("delivery {0} does not exist")]
@@ -74,9 +75,10 @@ pub enum ServiceError {
     /// Only a failed delivery is retried by hand; this one is in this state.
     #[error("the delivery is {0:?}, not failed")]
     DeliveryNotFailed(crate::domain::DeliveryState),
-    /// As many event streams are open as `MAX_EVENT_STREAMS` allows.
-    #[error("too many event streams are open")]
-    TooManyFollowers,
+    /// As many event streams are open as `MAX_EVENT_STREAMS` allows, or as the caller's
+    /// tenant may hold (`MAX_EVENT_STREAMS_PER_TENANT`).
+    #[error("too many event streams are open ({0:?})")]
+    TooManyFollowers(super::FollowerLimit),
     /// Too many transfers in flight in this instance: refused before anything was
     /// recorded; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]

@@ -11,8 +11,16 @@
 //!   taken nothing for [`ROOM_WAIT`], since one page of large events may outweigh the
 //!   queue); the consumer reconnects with its last event id and reads on from the feed,
 //!   so nothing is lost and the process never holds more than the queue for it.
-//! - At most `MAX_EVENT_STREAMS` followers at once, each holding a permit for its life.
+//! - At most `MAX_EVENT_STREAMS` followers at once, each holding a permit for its life;
+//!   and at most `MAX_EVENT_STREAMS_PER_TENANT` of them per scope (a tenant, or the
+//!   platform counted as one more), so that one tenant's keys cannot take every place and
+//!   deny the feed to the others. A follower's place in its scope's share is held by the
+//!   same guard as its permit ([`Place`]): both are given back exactly when the follower
+//!   is dropped, whichever way its stream ended, and a scope with no follower left has no
+//!   entry (the map holds at most one entry per open follower, never one per tenant ever
+//!   seen).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,15 +63,102 @@ pub(super) struct Followers {
     signal: Arc<watch::Sender<u64>>,
     /// One permit per follower (`MAX_EVENT_STREAMS`).
     permits: Arc<Semaphore>,
+    /// The followers of each scope (`MAX_EVENT_STREAMS_PER_TENANT`).
+    shares: Arc<Shares>,
 }
 
 impl Followers {
-    pub(super) fn new(max: usize) -> Followers {
+    /// At most `max` followers, `share` of them per scope (both at least 1).
+    pub(super) fn new(max: usize, share: usize) -> Followers {
         Followers {
             signal: Arc::new(watch::Sender::new(0)),
             permits: Arc::new(Semaphore::new(max)),
+            shares: Arc::new(Shares {
+                share: share.max(1),
+                held: Mutex::new(HashMap::new()),
+            }),
         }
     }
+
+    /// A place for one more follower of `scope`: one of its scope's share first, then one
+    /// of the instance's permits. A refusal holds nothing (what was taken is dropped).
+    fn place(&self, scope: &Scope) -> Result<Place, FollowerLimit> {
+        let share = self.shares.take(scope).ok_or(FollowerLimit::Share)?;
+        let permit = self
+            .permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| FollowerLimit::Instance)?;
+        Ok(Place {
+            _share: share,
+            _permit: permit,
+        })
+    }
+}
+
+/// Why a follower was refused (503 `too_many_streams` either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowerLimit {
+    /// Every place of the instance is taken (`MAX_EVENT_STREAMS`).
+    Instance,
+    /// The caller's scope (its tenant, or the platform) holds its share of them
+    /// (`MAX_EVENT_STREAMS_PER_TENANT`); other scopes may still have room.
+    Share,
+}
+
+/// How many followers each scope has open, at most `share` each. A scope is in `held`
+/// only while it has one: the map never holds more entries than there are followers.
+struct Shares {
+    share: usize,
+    held: Mutex<HashMap<Scope, usize>>,
+}
+
+impl Shares {
+    /// One of `scope`'s places, if it has one left.
+    fn take(self: &Arc<Self>, scope: &Scope) -> Option<SharePlace> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let open = held.get(scope).copied().unwrap_or(0);
+        if open >= self.share {
+            return None;
+        }
+        held.insert(scope.clone(), open + 1);
+        Some(SharePlace {
+            shares: self.clone(),
+            scope: scope.clone(),
+        })
+    }
+
+    /// The scopes with a follower open (for tests: the map's size).
+    #[cfg(test)]
+    fn scopes(&self) -> usize {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// One place of a scope's share, given back when dropped.
+struct SharePlace {
+    shares: Arc<Shares>,
+    scope: Scope,
+}
+
+impl Drop for SharePlace {
+    fn drop(&mut self) {
+        let mut held = self.shares.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(open) = held.get_mut(&self.scope) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                held.remove(&self.scope);
+            }
+        }
+    }
+}
+
+/// What a follower holds for its life: its place in its scope's share and its permit,
+/// both given back when it is dropped (its stream ended: the client left, a write timed
+/// out, its key was revoked, the process stops), on every path alike.
+struct Place {
+    _share: SharePlace,
+    _permit: OwnedSemaphorePermit,
 }
 
 /// Why a follower stopped.
@@ -89,8 +184,8 @@ pub struct Follower {
     room: Arc<Semaphore>,
     /// Why it stopped, once it has (the queue then ends).
     pub ended: Arc<Mutex<Option<FollowEnd>>>,
-    /// Held for the follower's life (`MAX_EVENT_STREAMS`).
-    _permit: OwnedSemaphorePermit,
+    /// Held for the follower's life (`MAX_EVENT_STREAMS`, and its scope's share).
+    _place: Place,
     /// Counts it in `event_streams_open` while it lives.
     _open: crate::metrics::OpenEventStream,
 }
@@ -112,10 +207,11 @@ fn weight(event: &Event, cursor: &FeedCursor) -> usize {
 }
 
 impl TransferService {
-    /// At most `max` followers at once (`MAX_EVENT_STREAMS`).
-    pub fn with_max_followers(self, max: usize) -> TransferService {
+    /// At most `max` followers at once (`MAX_EVENT_STREAMS`), `share` of them per scope
+    /// (`MAX_EVENT_STREAMS_PER_TENANT`: a tenant, or the platform).
+    pub fn with_max_followers(self, max: usize, share: usize) -> TransferService {
         TransferService {
-            followers: Followers::new(max),
+            followers: Followers::new(max, share),
             ..self
         }
     }
@@ -130,12 +226,10 @@ impl TransferService {
         types: Vec<EventType>,
         shutdown: CancellationToken,
     ) -> ServiceResult<Follower> {
-        let permit = self
+        let place = self
             .followers
-            .permits
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ServiceError::TooManyFollowers)?;
+            .place(&scope)
+            .map_err(ServiceError::TooManyFollowers)?;
         let first = self.events(&scope, after, PAGE, &types).await?;
         let (queue, events) = mpsc::channel(QUEUE);
         let ended = Arc::new(Mutex::new(None));
@@ -154,7 +248,7 @@ impl TransferService {
             events,
             room,
             ended,
-            _permit: permit,
+            _place: place,
             _open: crate::metrics::OpenEventStream::enter(),
         })
     }
@@ -330,5 +424,52 @@ impl Run {
     /// Says why the follower stopped; dropping the queue's sender then ends its events.
     fn stop(self, end: FollowEnd) {
         *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::TenantName;
+
+    fn tenant(name: &str) -> Scope {
+        Scope::Tenant(TenantName::parse(name).unwrap())
+    }
+
+    #[test]
+    fn a_scope_holds_its_share_at_most_and_its_entry_goes_with_its_last_place() {
+        let followers = Followers::new(4, 2);
+        let a1 = followers.place(&tenant("acme")).unwrap();
+        let a2 = followers.place(&tenant("acme")).unwrap();
+        assert_eq!(
+            followers.place(&tenant("acme")).err(),
+            Some(FollowerLimit::Share)
+        );
+        let p = followers.place(&Scope::Platform).unwrap();
+        let b = followers.place(&tenant("bolt")).unwrap();
+        // Four places in all: the fifth is refused by the instance's limit, and the
+        // refusal holds no share (cusp has no entry).
+        assert_eq!(
+            followers.place(&tenant("cusp")).err(),
+            Some(FollowerLimit::Instance)
+        );
+        assert_eq!(followers.shares.scopes(), 3, "acme, the platform, bolt");
+        drop(a1);
+        assert_eq!(followers.shares.scopes(), 3);
+        drop((b, p));
+        let a3 = followers.place(&tenant("acme")).unwrap();
+        drop((a2, a3));
+        assert_eq!(followers.shares.scopes(), 0, "no entry without a follower");
+        assert_eq!(followers.permits.available_permits(), 4);
+    }
+
+    #[test]
+    fn the_map_of_shares_does_not_grow_with_the_tenants_ever_seen() {
+        let followers = Followers::new(2, 1);
+        for i in 0..10_000 {
+            let place = followers.place(&tenant(&format!("t{i}"))).unwrap();
+            drop(place);
+        }
+        assert_eq!(followers.shares.scopes(), 0);
     }
 }

@@ -69,7 +69,7 @@ pub use create::{Completion, NewTransfer, TransferOutcome};
 pub use error::{ServiceError, ServiceResult};
 pub use events::FeedPage;
 pub use follow::{
-    DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, QUEUE as FOLLOWER_QUEUE,
+    DEFAULT_MAX_FOLLOWERS, FollowEnd, Follower, FollowerLimit, QUEUE as FOLLOWER_QUEUE,
     QUEUE_BYTES as FOLLOWER_QUEUE_BYTES,
 };
 pub use holds::HoldConflict;
@@ -158,7 +158,7 @@ impl TransferService {
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,
             admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
             placements: Placements::bounded(placement::KNOWN_ACCOUNTS_MAX),
-            followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS),
+            followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS, DEFAULT_MAX_FOLLOWERS),
             webhook_settings: WebhookSettings::default(),
         }
     }

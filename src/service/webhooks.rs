@@ -59,7 +59,8 @@ pub struct NewWebhook {
     pub types: Vec<EventType>,
     pub description: Option<String>,
     /// Who registers it (`docs/tenants.md`): a tenant's webhook is sent its tenant's
-    /// events only, and counts against its tenant's `MAX_WEBHOOKS`.
+    /// events only, and counts against its tenant's `MAX_WEBHOOKS` (and, as every
+    /// webhook, against `MAX_WEBHOOKS_TOTAL`).
     pub scope: Scope,
 }
 
@@ -84,7 +85,8 @@ impl TransferService {
     }
 
     /// Registers an endpoint, after checking where it resolves, unless as many are
-    /// registered as `MAX_WEBHOOKS` allows (decided in the write itself:
+    /// registered as `MAX_WEBHOOKS` allows its scope, or `MAX_WEBHOOKS_TOTAL` all
+    /// together (decided in the write itself:
     /// [`Store::insert_webhook_capped`]); it is sent the events recorded from now on. Its
     /// secret is in the answer, and only there.
     pub async fn register_webhook(&self, new: NewWebhook) -> ServiceResult<Webhook> {
@@ -112,10 +114,14 @@ impl TransferService {
             created_at: store.server_time_lower_bound().await?,
             registered_at,
         };
-        let cap = self.webhook_settings.max_webhooks;
-        if !store.insert_webhook_capped(&webhook, cap).await? {
-            return Err(ServiceError::TooManyWebhooks(cap));
-        }
+        let (cap, total) = (
+            self.webhook_settings.max_webhooks,
+            self.webhook_settings.max_webhooks_total,
+        );
+        store
+            .insert_webhook_capped(&webhook, cap, total)
+            .await?
+            .map_err(ServiceError::TooManyWebhooks)?;
         tracing::info!(webhook = %webhook.id, url = %webhook.url.as_str(), "webhook registered");
         Ok(webhook)
     }

@@ -10,9 +10,10 @@
 //!   its attempts, when the next is due, until when to try, and the lease of the instance
 //!   sending it now.
 //! - `webhookDispatcher`: the dispatcher's lease and its cursor in the event feed.
-//! - `webhookCaps`: one document per scope of `MAX_WEBHOOKS`, written by every
-//!   registration in the transaction that counts and inserts, so that two registrations
-//!   at once cannot both pass the cap ([`Store::insert_webhook_capped`]).
+//! - `webhookCaps`: one document per scope of `MAX_WEBHOOKS`, and `total` for
+//!   `MAX_WEBHOOKS_TOTAL`, written by every registration in the transaction that counts
+//!   and inserts, so that two registrations at once cannot both pass a cap
+//!   ([`Store::insert_webhook_capped`]).
 //!
 //! Every change to a delivery is guarded: a claim by the lease being free (by the
 //! database's clock), an attempt's outcome by the claimant still holding it, a manual
@@ -33,16 +34,18 @@ use super::documents::stored_time;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
     Attempt, Delivery, DeliveryState, DeploymentName, EventType, TenantName, Timestamp, Webhook,
-    WebhookSecret, WebhookUrl,
+    WebhookCap, WebhookSecret, WebhookUrl,
 };
 
 const WEBHOOKS: &str = "webhooks";
 const DELIVERIES: &str = "deliveries";
 const DISPATCHER: &str = "webhookDispatcher";
 const DISPATCHER_ID: &str = "dispatcher";
-/// One document per scope of the cap on webhooks (`MAX_WEBHOOKS`): what two
-/// registrations at once both write, so that they cannot both pass the cap.
+/// One document per scope of the cap on webhooks (`MAX_WEBHOOKS`), and [`TOTAL_CAP`]:
+/// what two registrations at once both write, so that they cannot both pass a cap.
 const WEBHOOK_CAPS: &str = "webhookCaps";
+/// The `_id` in `webhookCaps` of the cap on every webhook (`MAX_WEBHOOKS_TOTAL`).
+const TOTAL_CAP: &str = "total";
 
 /// The transaction of [`Store::insert_webhook_capped`], on owned handles. Its callback
 /// holds only owned values, its documents built before it: with a `&str` in it, rustc
@@ -53,39 +56,55 @@ async fn insert_capped(
     webhooks: Collection<WebhookDoc>,
     caps: Collection<Document>,
     doc: WebhookDoc,
-    cap: usize,
-) -> StoreResult<bool> {
+    (cap, total): (usize, usize),
+) -> StoreResult<Result<(), WebhookCap>> {
     let (filter, scope) = cap_scope(doc.tenant.as_deref());
-    let (mark, inc) = (
-        doc! { "_id": scope },
+    let (marks, inc) = (
+        [doc! { "_id": scope }, doc! { "_id": TOTAL_CAP }],
         doc! { "$inc": { "registrations": 1_i64 } },
     );
-    let cap = u64::try_from(cap).unwrap_or(u64::MAX);
+    let counted = [
+        (
+            filter,
+            u64::try_from(cap).unwrap_or(u64::MAX),
+            WebhookCap::Scope(cap),
+        ),
+        (
+            doc! {},
+            u64::try_from(total).unwrap_or(u64::MAX),
+            WebhookCap::Total(total),
+        ),
+    ];
     let mut session = client.start_session().await?;
     let registered = session
         .start_transaction()
         .write_concern(super::majority_journaled())
         .read_concern(mongodb::options::ReadConcern::snapshot())
         .and_run2(async move |session| {
-            // The cap's document first: a registration running at the same time
-            // conflicts here, before either counts.
-            caps.update_one(mark.clone(), inc.clone())
-                .upsert(true)
-                .session(&mut *session)
-                .await?;
-            let count = webhooks
-                .count_documents(filter.clone())
-                .session(&mut *session)
-                .await?;
-            if count >= cap {
-                session.abort_transaction().await?;
-                return Ok(false);
+            // The caps' documents first: a registration running at the same time
+            // conflicts here, before either counts (on `total` whatever its scope; on
+            // its scope's too, for an instance of a version without `total`).
+            for mark in &marks {
+                caps.update_one(mark.clone(), inc.clone())
+                    .upsert(true)
+                    .session(&mut *session)
+                    .await?;
+            }
+            for (filter, cap, met) in &counted {
+                let count = webhooks
+                    .count_documents(filter.clone())
+                    .session(&mut *session)
+                    .await?;
+                if count >= *cap {
+                    session.abort_transaction().await?;
+                    return Ok(Err(*met));
+                }
             }
             webhooks
                 .insert_one(doc.clone())
                 .session(&mut *session)
                 .await?;
-            Ok(true)
+            Ok(Ok(()))
         })
         .await?;
     Ok(registered)
@@ -241,18 +260,25 @@ impl Store {
         self.db.collection(WEBHOOK_CAPS)
     }
 
-    /// Registers `w` unless `cap` webhooks are registered already: whether it was
-    /// registered.
+    /// Registers `w` unless `cap` webhooks of its scope (its tenant's, or the
+    /// platform's: `cap_scope`), or `total` webhooks in all, are registered already; the
+    /// cap it met otherwise (its scope's first).
     ///
-    /// The count and the insert are one transaction that also writes the cap's document
-    /// (`webhookCaps`, one per scope): two registrations at once both write it, so one of
-    /// them conflicts and runs again (the driver retries a transient conflict), and then
-    /// counts the other's webhook. A count read before a plain insert would let both pass.
-    /// The count is of the webhooks themselves, never a counter kept beside them, so no
-    /// crash can leave it wrong and a deletion needs nothing more than its own delete.
-    /// The scope is the whole service today; a tenant's webhooks once tenants own them
-    /// (`cap_scope`).
-    pub async fn insert_webhook_capped(&self, w: &Webhook, cap: usize) -> StoreResult<bool> {
+    /// The counts and the insert are one transaction that also writes the caps' documents
+    /// (`webhookCaps`: its scope's, and `total`, which every registration writes): two
+    /// registrations at once, of any scopes, both write `total`, so one of them conflicts
+    /// and runs again (the driver retries a transient conflict), and then counts the
+    /// other's webhook. A count read before a plain insert would let both pass, on two
+    /// instances as on one. The counts are of the webhooks themselves, never a counter
+    /// kept beside them, so no crash can leave them wrong and a deletion needs nothing
+    /// more than its own delete. Registrations are thus made one at a time service-wide,
+    /// which their rarity allows.
+    pub async fn insert_webhook_capped(
+        &self,
+        w: &Webhook,
+        cap: usize,
+        total: usize,
+    ) -> StoreResult<Result<(), WebhookCap>> {
         let doc = WebhookDoc {
             id: w.id.clone(),
             url: w.url.as_str().to_owned(),
@@ -275,7 +301,8 @@ impl Store {
                 .collect(),
         };
         let client = self.db.client().clone();
-        insert_capped(client, self.webhooks(), self.webhook_caps(), doc, cap).await
+        let caps = (cap, total);
+        insert_capped(client, self.webhooks(), self.webhook_caps(), doc, caps).await
     }
 
     /// Every webhook, oldest first: all of them, however many (their number is capped
@@ -301,6 +328,44 @@ impl Store {
             .try_collect()
             .await?;
         found.into_iter().map(webhook_from).collect()
+    }
+
+    /// Which of the webhooks `ids` exist: their ids only, read by `_id` in reads whose
+    /// `$in` holds [`IDS_READ_BYTES`] of ids at most, however many are asked (at most
+    /// every webhook, `MAX_WEBHOOKS_TOTAL`).
+    pub async fn webhooks_among(
+        &self,
+        ids: &[&str],
+    ) -> StoreResult<std::collections::HashSet<String>> {
+        let mut found = std::collections::HashSet::new();
+        let mut rest = ids;
+        while !rest.is_empty() {
+            let mut bytes = 0;
+            let take = rest
+                .iter()
+                .take_while(|id| {
+                    bytes += id.len() + IN_ELEMENT_BYTES;
+                    bytes <= IDS_READ_BYTES
+                })
+                .count()
+                .max(1);
+            let (chunk, after) = rest.split_at(take);
+            rest = after;
+            let read: Vec<Document> = self
+                .webhooks()
+                .clone_with_type::<Document>()
+                .find(doc! { "_id": { "$in": chunk } })
+                .projection(doc! { "_id": 1 })
+                .max_time(super::READ_TIME_LIMIT)
+                .await?
+                .try_collect()
+                .await?;
+            found.extend(
+                read.iter()
+                    .filter_map(|d| d.get_str("_id").ok().map(str::to_owned)),
+            );
+        }
+        Ok(found)
     }
 
     pub async fn webhook(&self, id: &str) -> StoreResult<Option<Webhook>> {
@@ -874,6 +939,13 @@ fn recorded(records: Vec<Document>) -> Vec<Document> {
         "in": { "$cond": [holds, { "$mergeObjects": ["$$ROOT", after] }, "$$ROOT"] },
     } } }]
 }
+
+/// The most bytes of ids in one read of [`Store::webhooks_among`]: well under the 16 MiB
+/// a MongoDB command may be.
+const IDS_READ_BYTES: usize = 1 << 20;
+/// What an id adds to an `$in` besides its own bytes, at most: a type byte, its index as
+/// a key (up to seven digits and a NUL), its length and its NUL.
+const IN_ELEMENT_BYTES: usize = 1 + 8 + 4 + 1;
 
 /// How many due deliveries under live claims a claim's read looks past: the attempts
 /// in flight across the instances.

@@ -17,6 +17,7 @@ mod legs_holds;
 mod native;
 mod observability;
 mod security;
+mod tenant_shares;
 mod tenants;
 mod tenants_explored;
 mod transfers;

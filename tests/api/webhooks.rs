@@ -1391,7 +1391,8 @@ async fn an_instance_that_does_not_allow_private_addresses_never_sends_to_one() 
             created_at: app.store.server_time().await.unwrap(),
             registered_at: Default::default(),
         };
-        assert!(app.store.insert_webhook_capped(&webhook, 10).await.unwrap());
+        let registered = app.store.insert_webhook_capped(&webhook, 10, 10).await;
+        assert_eq!(registered.unwrap(), Ok(()));
         hooks.push(webhook.id);
     }
     let event = open(&app, "alice", 10).await;
@@ -2275,7 +2276,12 @@ async fn registrations_past_max_webhooks_are_refused_with_409_even_when_sent_at_
 /// a type no event here has) and one registered after them: it is served.
 #[tokio::test]
 async fn the_newest_of_more_than_ten_thousand_webhooks_is_served() {
-    let app = spawn_app_with(|s| s.webhooks.max_webhooks = 20_000).await;
+    // Room for them in all too (`MAX_WEBHOOKS_TOTAL`, 10,000 by default).
+    let app = spawn_app_with(|s| {
+        s.webhooks.max_webhooks = 20_000;
+        s.webhooks.max_webhooks_total = 20_000;
+    })
+    .await;
     let receiver = Receiver::start(Answer::Status(200)).await;
     let old =
         mongodb::bson::DateTime::from_chrono(chrono::Utc::now() - chrono::TimeDelta::hours(1));

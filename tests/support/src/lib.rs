@@ -302,6 +302,7 @@ pub fn settings(uri: &str, database: &str) -> Settings {
         hold_expires: transfer_service::service::DEFAULT_HOLD_EXPIRY,
         event_retention: transfer_service::recorder::DEFAULT_RETENTION,
         max_event_streams: transfer_service::service::DEFAULT_MAX_FOLLOWERS,
+        max_event_streams_per_tenant: None,
         // Tests send webhooks to receivers on this host.
         webhooks: transfer_service::service::WebhookSettings {
             allow_private: true,
