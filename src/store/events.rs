@@ -23,8 +23,11 @@
 //!   this version first started ([`Store::prepare_feed`]), before it served a request.
 //!
 //! Keeping: events older than the retention are removed from the front of the feed
-//! ([`Store::trim_events`]). `trimmedThrough` is raised before they are deleted; a
-//! reader whose position is below it may have missed an event, and is told so.
+//! ([`Store::trim_events`]), whole cluster times at a time. `trimmedThrough` is raised
+//! before they are deleted; a reader whose position is below it may have missed an
+//! event, and is told so. It is the last event removed, anyone's, so a reader without a
+//! position is not handed it: it starts at a position that names no event, after the
+//! front's whole cluster time ([`Store::reader_start`]).
 //!
 //! Gaps: events that cannot be recorded (the stream cannot resume where it was saved:
 //! [`Store::open_changes`]; a change cannot be made an event: [`Store::record_events`])
