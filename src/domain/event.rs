@@ -218,7 +218,9 @@ impl Transfer {
 
 /// Where an event stands in its deployment's feed: the cluster time (seconds and
 /// increment) of the change it reports, then its id for the changes that share a cluster
-/// time (those of one native transaction, or of several shards).
+/// time (those of one native transaction, or of several shards). With an empty id, the
+/// start of a cluster time, before every event of it: a position that names no event,
+/// where a reader without one starts (`docs/events.md`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position {
     pub seconds: u32,

@@ -23,8 +23,11 @@
 //!   this version first started ([`Store::prepare_feed`]), before it served a request.
 //!
 //! Keeping: events older than the retention are removed from the front of the feed
-//! ([`Store::trim_events`]). `trimmedThrough` is raised before they are deleted; a
-//! reader whose position is below it may have missed an event, and is told so.
+//! ([`Store::trim_events`]), whole cluster times at a time. `trimmedThrough` is raised
+//! before they are deleted; a reader whose position is below it may have missed an
+//! event, and is told so. It is the last event removed, anyone's, so a reader without a
+//! position is not handed it: it starts at a position that names no event, after the
+//! front's whole cluster time ([`Store::reader_start`]).
 //!
 //! Gaps: events that cannot be recorded (the stream cannot resume where it was saved:
 //! [`Store::open_changes`]; a change cannot be made an event: [`Store::record_events`])
@@ -202,6 +205,32 @@ type Tick = u64;
 
 fn tick(seconds: u32, increment: u32) -> Tick {
     (u64::from(seconds) << 32) | u64::from(increment)
+}
+
+/// The cluster time of a [`key`] (0 for what is no key: below every event's).
+fn key_tick(raw: &str) -> Tick {
+    position(raw).map_or(0, |p| tick(p.seconds, p.increment))
+}
+
+/// The position at the start of `t`: before every event at `t`, after every event
+/// before it; it names no event.
+fn tick_start(t: Tick) -> Position {
+    Position {
+        seconds: u32::try_from(t >> 32).unwrap_or(u32::MAX),
+        increment: u32::try_from(t & 0xffff_ffff).unwrap_or(u32::MAX),
+        id: String::new(),
+    }
+}
+
+/// Where a reader without a position starts ([`Store::reader_start`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Start {
+    /// A position that names no event: the start of the feed, or of a cluster time.
+    Clear(Position),
+    /// The front itself, an event's position: events of its cluster time that the
+    /// reader sees are still kept after it (a front an older version left inside a
+    /// cluster time). Read from there; the position is another's event, as often as not.
+    AtFront(Position),
 }
 
 /// The start of [`key`]s at `t`: every event at `t` or later sorts after it (an id is
@@ -711,26 +740,114 @@ impl Store {
         let old = front
             .iter()
             .take_while(|d| d.at.to_chrono() < cutoff)
-            .map(|d| d.key.as_str())
-            .last();
-        let Some(through) = old else {
+            .count();
+        let Some(through) = self.whole_ticks(&front[..old], &up_to, cutoff).await? else {
             return Ok(0);
         };
+        // Guarded by the lease: an instance that lost it raises nothing. `$max`: a late
+        // copy of this write, or another owner's smaller front, moves nothing back; every
+        // front this version writes ends a cluster time, so whichever wins does too.
         let raised = self
             .recorder()
             .update_one(
                 doc! { "_id": RECORDER_ID, "owner": owner },
-                doc! { "$max": { "trimmedThrough": through } },
+                doc! { "$max": { "trimmedThrough": &through } },
             )
             .await?;
         if raised.matched_count == 0 {
             return Ok(0);
         }
+        // At most the window's events: a cluster time that goes on past it (more events
+        // than a round removes) is below the front now, and its rest goes in the next
+        // rounds (`remove_below`).
+        let window_end = front.last().map_or(through.as_str(), |d| d.key.as_str());
         let deleted = self
             .events()
-            .delete_many(doc! { "key": { "$lte": through } })
+            .delete_many(doc! { "key": { "$lte": through.as_str().min(window_end) } })
             .await?;
         Ok(deleted.deleted_count)
+    }
+
+    /// How far a round may move the front, given `old`, the events at its head older than
+    /// the retention, and `up_to`, how far it read: to the end of a cluster time, never
+    /// inside one, so that a reader starting there may start after that whole time
+    /// ([`Store::reader_start`]). The last old event's time is taken whole (one indexed
+    /// read of its last event) when all of it is readable (up to `up_to`; a time
+    /// `recordedThrough` cuts may still have events to come) and older than `cutoff`
+    /// (events sharing a time are as old, as a rule); else the round stops at the end of
+    /// the time before, if `old` has one. `None`: nothing to remove yet.
+    async fn whole_ticks(
+        &self,
+        old: &[EventDoc],
+        up_to: &str,
+        cutoff: Timestamp,
+    ) -> StoreResult<Option<String>> {
+        let Some(last) = old.last() else {
+            return Ok(None);
+        };
+        let t = key_tick(&last.key);
+        let end = self
+            .events()
+            .clone_with_type::<Document>()
+            .find_one(doc! { "key": { "$gte": &last.key, "$lt": tick_key(t.saturating_add(1)) } })
+            .sort(doc! { "key": -1 })
+            .projection(doc! { "key": 1, "at": 1 })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
+        let whole = end.and_then(|e| {
+            let key = e.get_str("key").ok()?.to_owned();
+            let at = e.get_datetime("at").ok()?.to_chrono();
+            (key.as_str() <= up_to && at < cutoff).then_some(key)
+        });
+        Ok(whole.or_else(|| {
+            old.iter()
+                .rev()
+                .find(|d| key_tick(&d.key) < t)
+                .map(|d| d.key.clone())
+        }))
+    }
+
+    /// Where a reader without a position starts, in front of a feed trimmed through
+    /// `front` (`trimmedThrough`, read before), for `tenant` (every event when `None`).
+    ///
+    /// The front is the position of the last event removed: another tenant's, as often
+    /// as not, so it is never handed out as it is. With none, the start of the feed; a
+    /// front that is a cluster time's start (a gap's), the front itself; an event's
+    /// position, the start of the next cluster time, after every event of the front's:
+    /// this version removes whole cluster times ([`Store::trim_events`]), and no event of
+    /// a removed time comes later (a time is removed only once `recordedThrough` is at
+    /// its end or past it). That start is above the front, so never refused as expired,
+    /// and names no event. One indexed read checks that nothing `tenant` sees of the
+    /// front's time is left after it: a front an older version left inside a time (its
+    /// rounds stopped at a count) until a round of this version moves it to the time's
+    /// end. Then the reader starts at the front itself, [`Start::AtFront`].
+    pub async fn reader_start(
+        &self,
+        front: Option<Position>,
+        tenant: Option<&TenantName>,
+    ) -> StoreResult<Start> {
+        let Some(front) = front else {
+            return Ok(Start::Clear(Position::start()));
+        };
+        if front.id.is_empty() {
+            return Ok(Start::Clear(front));
+        }
+        let next = tick(front.seconds, front.increment).saturating_add(1);
+        let mut left = doc! { "key": { "$gt": key(&front), "$lt": tick_key(next) } };
+        if let Some(tenant) = tenant {
+            left.insert("tenants", tenant.as_str());
+        }
+        let kept = self
+            .events()
+            .clone_with_type::<Document>()
+            .find_one(left)
+            .projection(doc! { "_id": 1 })
+            .max_time(super::READ_TIME_LIMIT)
+            .await?;
+        Ok(match kept {
+            None => Start::Clear(tick_start(next)),
+            Some(_) => Start::AtFront(front),
+        })
     }
 
     /// Removes up to [`MAX_TRIMMED`] events at or below `front`: those a gap left behind

@@ -8,6 +8,7 @@ mod errors;
 mod event_gaps;
 mod events;
 mod events_stream;
+mod feed_fronts;
 mod group_commit;
 mod holds;
 mod idempotency;
