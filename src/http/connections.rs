@@ -39,6 +39,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -47,6 +48,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::util::MapRequest;
 
 use super::detached::detached;
 use super::problem::ApiError;
@@ -138,11 +140,8 @@ pub async fn serve(
         };
         match places.clone().try_acquire_owned() {
             Ok(place) => {
-                let service = TowerToHyperService::new(
-                    tower::ServiceBuilder::new()
-                        .map_request(detached)
-                        .service(app.clone()),
-                );
+                let app = MapRequest::new(app.clone(), detached::<Incoming>);
+                let service = TowerToHyperService::new(app);
                 let io = TokioIo::new(WriteLimited::new(stream, limits.write_timeout));
                 let connection = graceful.watch(http.serve_connection(io, service));
                 let closing = closing.clone();
