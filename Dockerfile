@@ -96,9 +96,10 @@ RUN groupadd --system --gid 10001 transfer \
 
 COPY --from=builder /usr/local/bin/transfer-service /usr/local/bin/transfer-service
 
-# Every other setting keeps the service's default (see README.md, Configuration). The
-# default INSTANCE_ID is hostname-pid; in a container the hostname is the container's
-# id, so each container stays unique and a restarted one keeps its name.
+# Every other setting keeps the service's default (see README.md, Configuration, and
+# docs/operations.md, Settings that tune). The default INSTANCE_ID is hostname-pid; in a
+# container the hostname is the container's id, so each container stays unique and a
+# restarted one keeps its name.
 ENV BIND_ADDR=0.0.0.0:8080 \
     LOG_FORMAT=json
 
