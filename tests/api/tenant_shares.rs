@@ -102,6 +102,28 @@ async fn assert_refused(response: reqwest::Response, limit: &str) {
 /// 4 here) it is refused, while another tenant and the platform still get a stream; once
 /// one of its streams ends (the client drops the connection) its place is usable again.
 /// Before, the tenant took all four and every other caller was refused.
+/// A stream of `key`'s, opened once its tenant's share has a place again (`what` says
+/// whose place is expected back); until then every answer is the share's refusal.
+async fn served_once_a_place_is_back(app: &TestApp, key: &str, what: &str) -> reqwest::Response {
+    eventually(
+        what,
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let response = connect(app, key).await;
+            match response.status().as_u16() {
+                200 => Some(response),
+                503 => {
+                    assert_refused(response, SHARE_FULL).await;
+                    None
+                }
+                code => panic!("{code}: {}", response.text().await.unwrap_or_default()),
+            }
+        },
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_tenant_holds_its_share_of_the_stream_places_and_the_others_still_get_theirs() {
     let (app, admin) = spawn_with_admin(|s| {
@@ -123,21 +145,10 @@ async fn a_tenant_holds_its_share_of_the_stream_places_and_the_others_still_get_
     drop(first);
     // The server learns that the reader left when it next writes to the connection or
     // polls it (as for the instance's places, tests/api/events_stream.rs).
-    let _again = eventually(
+    let _again = served_once_a_place_is_back(
+        &app,
+        &acme,
         "acme's closed stream gives its place in acme's share back",
-        Duration::from_secs(5),
-        Duration::from_millis(50),
-        async || {
-            let response = connect(&app, &acme).await;
-            match response.status().as_u16() {
-                200 => Some(response),
-                503 => {
-                    assert_refused(response, SHARE_FULL).await;
-                    None
-                }
-                other => panic!("{other}: {}", response.text().await.unwrap_or_default()),
-            }
-        },
     )
     .await;
     assert_refused(connect(&app, &acme).await, SHARE_FULL).await;
@@ -324,21 +335,10 @@ async fn a_stream_ended_by_a_revoked_key_gives_its_tenants_place_back() {
     })
     .await;
     assert!(ended.is_ok(), "the stream ends once its key is revoked");
-    let _again = eventually(
+    let _again = served_once_a_place_is_back(
+        &app,
+        &other,
         "the revoked key's stream gives acme's place back",
-        Duration::from_secs(5),
-        Duration::from_millis(50),
-        async || {
-            let response = connect(&app, &other).await;
-            match response.status().as_u16() {
-                200 => Some(response),
-                503 => {
-                    assert_refused(response, SHARE_FULL).await;
-                    None
-                }
-                code => panic!("{code}: {}", response.text().await.unwrap_or_default()),
-            }
-        },
     )
     .await;
 }
