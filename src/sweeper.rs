@@ -48,10 +48,10 @@ use std::time::Duration;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::Side;
 use crate::domain::{Timestamp, Transfer};
 use crate::error_chain::Chain;
 use crate::service::{AdmissionPermit, ServiceError, TransferService};
-use crate::store::accounts::Side;
 use crate::store::transfers::Scan;
 use crate::store::{Store, StoreResult};
 

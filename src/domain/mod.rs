@@ -38,7 +38,9 @@ pub use event::{Event, EventData, EventType, FeedCursor, Position, event_id};
 pub use legs::{LEGS, Leg, Legs, LegsError, MAX_LEG_ACCOUNTS, Party};
 pub use state::{CancelReason, InvalidTransition, TransferEvent, TransferState};
 pub use tenant::{KeyRecord, OtherTenant, Role, Scope, TenantName, Tenants};
-pub use transfer::{Account, Hold, Placement, Strategy, Timestamp, Transfer, TransferFilter, now};
+pub use transfer::{
+    Account, Hold, Placement, Side, Strategy, Timestamp, Transfer, TransferFilter, now,
+};
 pub use values::{
     AccountId, AccountName, Amount, ApiKeyId, Currency, DeploymentName, HOLD_EXPIRY_MS,
     IdempotencyKey, KeyScope, MAX_MONEY, OpeningBalance, ParseError, Reference, ScopedKey,

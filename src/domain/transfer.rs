@@ -342,3 +342,12 @@ mod tests {
         );
     }
 }
+
+/// Which account of a one-leg transfer: its source or its destination. The account a
+/// protocol step is on, and the account a refusal names (the source for funds, the
+/// destination for overflow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Source,
+    Destination,
+}

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::{AccountId, CancelReason, Transfer, TransferId};
+use crate::domain::{AccountId, CancelReason, Side, Transfer, TransferId};
 use crate::error_chain::Chain;
 use crate::service::{HoldConflict, ServiceError};
 
@@ -342,14 +342,6 @@ pub fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Res
         field: name.to_owned(),
         detail: format!("{name} {e}"),
     })
-}
-
-/// Which account of a one-leg transfer refused it: the source for funds, the
-/// destination for overflow.
-#[derive(Debug, Clone, Copy)]
-enum Side {
-    Source,
-    Destination,
 }
 
 impl Canceled<'_> {

@@ -14,10 +14,11 @@
 //! released and the client is told, with nothing changed.
 
 use super::{HoldConflict, ServiceError, ServiceResult, TransferService};
+use crate::domain::Side;
 use crate::domain::{
     AccountId, CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState,
 };
-use crate::store::accounts::{Fence, FenceWhen, Side};
+use crate::store::accounts::{Fence, FenceWhen};
 use crate::store::transfers::{Fenced, Mover, StepFields};
 use crate::store::{Store, StoreError, StoreResult};
 

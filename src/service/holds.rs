@@ -13,11 +13,11 @@
 
 use super::idempotency::REPLAY_WAIT;
 use super::{ServiceError, ServiceResult, TransferService};
+use crate::domain::Side;
 use crate::domain::{
     AccountId, Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState,
 };
 use crate::error_chain::Chain;
-use crate::store::accounts::Side;
 use crate::store::transfers::{Mover, Resolution, StepFields};
 use crate::store::{StoreError, StoreResult};
 

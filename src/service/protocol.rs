@@ -29,11 +29,12 @@ mod legs;
 
 use super::TransferService;
 use super::unanswered::StateChange;
+use crate::domain::Side;
 use crate::domain::{
     Account, AccountId, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent,
     TransferState,
 };
-use crate::store::accounts::{Forward, Side};
+use crate::store::accounts::Forward;
 use crate::store::transfers::{Mover, StepFields};
 use crate::store::{Store, StoreError, StoreResult};
 

@@ -3,8 +3,8 @@
 //! deployment that keeps that account.
 
 use super::TransferService;
+use crate::domain::Side;
 use crate::domain::{AccountId, Transfer};
-use crate::store::accounts::Side;
 use crate::store::{Store, StoreResult};
 
 impl TransferService {

@@ -14,8 +14,8 @@ use super::entries::{Marker, RECENT, changed_with_entry, opening_entry, room_cha
 use super::guards::Amounts;
 use super::{AccountDoc, Store, StoreError, StoreResult};
 use crate::domain::{
-    Account, AccountId, Amount, Currency, EntryKind, ParseError, Placement, TenantName, Timestamp,
-    TransferId,
+    Account, AccountId, Amount, Currency, EntryKind, ParseError, Placement, Side, TenantName,
+    Timestamp, TransferId,
 };
 
 impl Store {
@@ -481,13 +481,6 @@ impl Store {
 /// moved yet are read only by the ledger (`store::entries`).
 fn without_entries() -> mongodb::bson::Document {
     doc! { RECENT: 0 }
-}
-
-/// Which account of a transfer a step is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    Source,
-    Destination,
 }
 
 /// What a forward step does to its account (see `docs/holds.md`).

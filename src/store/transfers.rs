@@ -11,13 +11,13 @@ use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
-use super::accounts::{Fence, Side};
+use super::accounts::Fence;
 use super::batch::Transition;
 use super::documents::{Stored, domain, object_id, stored_key, stored_time, transfer_id};
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreError, StoreResult, TransferDoc};
 use crate::domain::{
-    AccountId, Amount, CancelReason, DeploymentName, ScopedKey, Timestamp, Transfer,
+    AccountId, Amount, CancelReason, DeploymentName, ScopedKey, Side, Timestamp, Transfer,
     TransferFilter, TransferId, TransferState,
 };
 

@@ -649,7 +649,7 @@ async fn a_multi_leg_transfer_is_one_event_carrying_its_legs() {
 #[tokio::test]
 async fn an_account_left_above_the_largest_balance_can_still_be_spent_from() {
     use support::values::{account, amount, from_now};
-    use transfer_service::store::accounts::Side;
+    use transfer_service::domain::Side;
     let app = spawn_app().await;
     let max = 9_007_199_254_740_991_i64;
     open(&app, &[("n", max - 100), ("other", 0)]).await;

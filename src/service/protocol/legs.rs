@@ -12,10 +12,10 @@
 //! write on one account, as in the one-leg protocol.
 
 use super::{ACCOUNT_STEP_ATTEMPTS, Refusal, TransferService, classify, contended};
+use crate::domain::Side;
 use crate::domain::{
     Account, Amount, CancelReason, Legs, MAX_MONEY, Party, Transfer, TransferEvent,
 };
-use crate::store::accounts::Side;
 use crate::store::transfers::StepFields;
 use crate::store::{StoreError, StoreResult};
 
