@@ -11,26 +11,22 @@
 //! allocations of their own as the request arrives; once its body has been read, nothing
 //! of the request holds the buffer it was read into, and the buffer is freed.
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
+use axum::http::{HeaderValue, Request, Uri};
 
-/// `request` with its URI and headers copied out of the buffer hyper parsed them in. A
+/// `request` with its URI and header values copied out of the buffer hyper parsed them in
+/// (header names are copies already: hyper makes them with `HeaderName::from_bytes`). A
 /// part that cannot be copied as it is (never for what hyper accepts) is kept as it came.
-pub fn detached<B>(request: Request<B>) -> Request<B> {
-    let (mut parts, body) = request.into_parts();
-    let mut headers = HeaderMap::with_capacity(parts.headers.len());
-    for (name, value) in &parts.headers {
-        let copied = HeaderValue::from_bytes(value.as_bytes()).map(|mut copy| {
+pub fn detached<B>(mut request: Request<B>) -> Request<B> {
+    for value in request.headers_mut().values_mut() {
+        if let Ok(mut copy) = HeaderValue::from_bytes(value.as_bytes()) {
             copy.set_sensitive(value.is_sensitive());
-            copy
-        });
-        let name = HeaderName::from_bytes(name.as_str().as_bytes()).unwrap_or(name.clone());
-        headers.append(name, copied.unwrap_or_else(|_| value.clone()));
+            *value = copy;
+        }
     }
-    parts.headers = headers;
-    if let Ok(uri) = Uri::try_from(parts.uri.to_string()) {
-        parts.uri = uri;
+    if let Ok(uri) = Uri::try_from(request.uri().to_string()) {
+        *request.uri_mut() = uri;
     }
-    Request::from_parts(parts, body)
+    request
 }
 
 #[cfg(test)]
