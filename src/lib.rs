@@ -56,6 +56,15 @@ macro_rules! failpoint {
         #[cfg(feature = "failpoints")]
         $crate::failpoints::hit($crate::failpoints::Point::$point, $service.instance_id()).await;
     }};
+    // The first point if `$first`, else the second.
+    ($service:expr, if $first:expr => $a:ident else $b:ident) => {{
+        #[cfg(feature = "failpoints")]
+        {
+            use $crate::failpoints::Point;
+            let point = if $first { Point::$a } else { Point::$b };
+            $crate::failpoints::hit(point, $service.instance_id()).await;
+        }
+    }};
 }
 
 pub mod config;

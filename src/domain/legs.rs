@@ -50,6 +50,8 @@ pub enum LegsError {
     SameAccount(usize),
     /// The legs together move more than `MAX_MONEY`: their sum is not an amount.
     Total,
+    /// Every account gets back what it pays: no money moves.
+    MovesNothing,
 }
 
 impl std::fmt::Display for LegsError {
@@ -64,6 +66,9 @@ impl std::fmt::Display for LegsError {
                 )
             }
             LegsError::Total => write!(f, "the legs' amounts must add up to at most {MAX_MONEY}"),
+            LegsError::MovesNothing => {
+                write!(f, "must move money: every account gets back what it pays")
+            }
         }
     }
 }
@@ -74,13 +79,14 @@ impl std::fmt::Display for LegsError {
 pub struct Legs {
     legs: Vec<Leg>,
     parties: Vec<Party>,
-    total: Amount,
+    moved: Amount,
 }
 
 impl Legs {
     /// The legs as sent, checked: 2 to 16 of them (so at most [`MAX_LEG_ACCOUNTS`]
-    /// accounts), none paying its own account, and a sum that is itself an amount. Every party is placed on the
-    /// default deployment until [`Legs::placed`] says where it lives.
+    /// accounts), none paying its own account, a sum that is itself an amount, and some
+    /// money moved. Every party is placed on the default deployment until
+    /// [`Legs::placed`] says where it lives.
     pub fn new(legs: Vec<Leg>) -> Result<Legs, LegsError> {
         if !LEGS.contains(&legs.len()) {
             return Err(LegsError::Count(legs.len()));
@@ -109,11 +115,14 @@ impl Legs {
             add(&leg.destination, value);
         }
         debug_assert!(parties.len() <= MAX_LEG_ACCOUNTS);
-        let total = Amount::parse(total).map_err(|_| LegsError::Total)?;
+        Amount::parse(total).map_err(|_| LegsError::Total)?;
+        // At most the sum of the legs, so an amount unless it is zero.
+        let paid: i64 = parties.iter().filter(|p| p.pays()).map(|p| -p.net).sum();
+        let moved = Amount::parse(paid).map_err(|_| LegsError::MovesNothing)?;
         Ok(Legs {
             legs,
             parties,
-            total,
+            moved,
         })
     }
 
@@ -133,9 +142,11 @@ impl Legs {
         &self.parties
     }
 
-    /// The sum of the legs' amounts: the transfer's `amount`.
-    pub fn total(&self) -> Amount {
-        self.total
+    /// The money that changes hands: what the paying parties pay, which is what the
+    /// receiving parties receive (a buyer paying 10000 that a seller passes on in part
+    /// moves 10000, whatever the legs add up to). The transfer's `amount`.
+    pub fn moved(&self) -> Amount {
+        self.moved
     }
 
     /// The party of `account`, if the legs touch it.
@@ -201,7 +212,8 @@ mod tests {
                 ("tax", 1_900)
             ]
         );
-        assert_eq!(legs.total().minor_units(), 12_200);
+        // What the buyer pays, which is what the others receive; not the legs' sum.
+        assert_eq!(legs.moved().minor_units(), 10_000);
         assert_eq!(legs.parties().iter().map(|p| p.net).sum::<i64>(), 0);
         assert!(
             legs.party(&AccountId::parse("buyer").unwrap())
@@ -266,6 +278,14 @@ mod tests {
     }
 
     #[test]
+    fn legs_that_move_no_money_are_refused() {
+        assert_eq!(
+            Legs::new(vec![leg("a", "b", 100), leg("b", "a", 100)]),
+            Err(LegsError::MovesNothing)
+        );
+    }
+
+    #[test]
     fn the_reversal_swaps_every_leg_and_every_net() {
         let legs = Legs::new(vec![leg("a", "b", 100), leg("a", "c", 50)]).unwrap();
         let back = legs.reversed();
@@ -273,6 +293,6 @@ mod tests {
         // As if sent so: its parties are those the service would make of its legs.
         assert_eq!(Legs::new(back.legs().to_vec()).unwrap(), back);
         assert_eq!(back.legs()[1], leg("c", "a", 50));
-        assert_eq!(back.total(), legs.total());
+        assert_eq!(back.moved(), legs.moved());
     }
 }

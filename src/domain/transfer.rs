@@ -3,7 +3,7 @@
 //! (`store::documents`); the HTTP layer builds its responses from them.
 
 use super::{
-    AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Legs, Reference,
+    AccountId, AccountName, Amount, CancelReason, Currency, DeploymentName, Legs, Party, Reference,
     ScopedKey, TenantName, Tenants, TransferId, TransferState,
 };
 
@@ -54,8 +54,14 @@ pub struct Transfer {
     pub hold: Option<Hold>,
     /// Set on a multi-leg transfer (`docs/legs.md`): its legs and parties. `source` and
     /// `destination` are then its first leg's (the log is its source's deployment) and
-    /// `amount` the sum of the legs; the protocol moves the parties.
+    /// `amount` the money that changes hands ([`Legs::moved`]).
     pub legs: Option<Box<Legs>>,
+    /// Recorded before one protocol moved every transfer (a one-leg transfer whose
+    /// document names no parties): its receiving party was credited by its prepare (the
+    /// old step 4, its commit point), after its paying party, and only loses its marker
+    /// at its settle. Every transfer recorded since makes room at its prepare and pays in
+    /// at its settle. See `service::protocol`.
+    pub credits_at_prepare: bool,
     /// When the transfer last changed, by the database's clock (`lastModified`, stored as
     /// a lower bound of it, and only ever moving forward): its owner's lease runs from
     /// here, and the sweeper takes it over once that lease has lapsed.
@@ -114,6 +120,7 @@ impl Transfer {
             state: TransferState::Initial,
             hold: None,
             legs: None,
+            credits_at_prepare: true,
             created_at: now,
             owner: None,
             reason: None,
@@ -125,6 +132,46 @@ impl Transfer {
             reversed_by: None,
             fenced: false,
             reversing: false,
+        }
+    }
+}
+
+impl Transfer {
+    /// The accounts the protocol moves, each once with its net change: a multi-leg
+    /// transfer's parties, or a one-leg transfer's two (its source paying what moves,
+    /// its destination receiving it; for a hold, what it reserves).
+    pub fn parties(&self) -> std::borrow::Cow<'_, [Party]> {
+        if let Some(legs) = &self.legs {
+            return std::borrow::Cow::Borrowed(legs.parties());
+        }
+        let value = self.hold.map_or(self.amount, |h| h.amount).minor_units();
+        std::borrow::Cow::Owned(vec![
+            Party {
+                account: self.source.clone(),
+                net: -value,
+                deployment: self.source_deployment.clone(),
+            },
+            Party {
+                account: self.destination.clone(),
+                net: value,
+                deployment: self.destination_deployment.clone(),
+            },
+        ])
+    }
+
+    /// Whether its receiving party is paid in by its prepare, the credit being its
+    /// commit point: a one-leg transfer recorded before one protocol
+    /// ([`Transfer::credits_at_prepare`]). Never a multi-leg one.
+    pub fn pays_in_at_prepare(&self) -> bool {
+        self.credits_at_prepare && self.legs.is_none()
+    }
+
+    /// What a capture moves on `party`, a party of this hold: a one-leg hold's captured
+    /// `amount` (all or part of what it reserves), a multi-leg hold's whole net.
+    pub fn captured(&self, party: &Party) -> i64 {
+        match &self.legs {
+            Some(_) => party.net.abs(),
+            None => self.amount.minor_units(),
         }
     }
 }

@@ -16,7 +16,7 @@
 use super::{HoldConflict, ServiceError, ServiceResult, TransferService};
 use crate::domain::Side;
 use crate::domain::{
-    AccountId, CancelReason, Timestamp, Transfer, TransferEvent, TransferId, TransferState,
+    AccountId, CancelReason, Party, Timestamp, Transfer, TransferEvent, TransferId, TransferState,
 };
 use crate::store::accounts::{Fence, FenceWhen};
 use crate::store::transfers::{Fenced, Mover, StepFields};
@@ -164,89 +164,9 @@ impl TransferService {
         };
         // By the log's clock; each account's deployment checks it by its own.
         let deadline = self.lease_deadline_from(since);
-        if transfer.legs.is_some() {
-            return self
-                .take_over_legs_fenced(log, transfer, reason, deadline)
-                .await;
-        }
-        let Some((plan, destination_fence)) =
-            self.plan_takeover(log, &transfer, reason, deadline).await?
-        else {
-            return Ok(self.reload(&transfer).await?);
-        };
-        let Some(fenced) = self
-            .fence_both(log, &transfer, deadline, destination_fence)
-            .await?
-        else {
-            return Ok(self.reload(&transfer).await?);
-        };
-        self.execute_takeover(log, transfer, plan, fenced).await
-    }
-
-    /// What to do once both accounts are fenced, and the destination's fence if this
-    /// placed it: for a `pending` transfer, decided by fencing the destination first.
-    /// `None` when the transfer is past what a cancel takes over, or the fence reached
-    /// the server too late.
-    async fn plan_takeover(
-        &self,
-        log: &Store,
-        transfer: &Transfer,
-        reason: CancelReason,
-        deadline: Timestamp,
-    ) -> StoreResult<Option<(Takeover, Option<Fence>)>> {
-        // A hold being reserved has no commit point yet (a reservation is not spendable),
-        // so it always rolls back; a transfer's commit point is its credit.
-        let when = match transfer.hold {
-            None => FenceWhen::UnlessApplied,
-            Some(_) => FenceWhen::Always,
-        };
-        Ok(Some(match transfer.state {
-            // The commit point is the credit: fence the destination only if it has not
-            // landed, in one write, which decides between rolling back and completing.
-            TransferState::Pending => match self
-                .fence(log, transfer, Side::Destination, when, deadline)
-                .await?
-            {
-                Fence::TooLate => return Ok(None),
-                placed @ (Fence::Placed | Fence::Missing) => {
-                    let fields = StepFields {
-                        reason: Some(reason),
-                        ..StepFields::default()
-                    };
-                    (
-                        Takeover::Force(TransferEvent::BeginRollback, fields),
-                        Some(placed),
-                    )
-                }
-                Fence::Applied => {
-                    // The money may be spent already: complete, then reverse.
-                    tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
-                    let fields = StepFields::default();
-                    (Takeover::Force(TransferEvent::MarkApplied, fields), None)
-                }
-            },
-            // Only pulls, undos, releases or a capture's writes remain, which no
-            // fence refuses.
-            TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
-                (Takeover::Claim, None)
-            }
-            _ => return Ok(None),
-        }))
-    }
-
-    /// [`TransferService::take_over_fenced`] for a multi-leg transfer (`docs/legs.md`):
-    /// its commit point is its own state change, not an account's, so every party is
-    /// fenced unconditionally and the state decides. A `pending` one is rolled back by
-    /// `pending -> canceling`, which loses only to the owner's commit (both guarded by
-    /// `pending`); an `applied` one is settled, then reversed.
-    async fn take_over_legs_fenced(
-        &self,
-        log: &Store,
-        transfer: Transfer,
-        reason: CancelReason,
-        deadline: Timestamp,
-    ) -> ServiceResult<Transfer> {
-        let plan = match transfer.state {
+        let mut plan = match transfer.state {
+            // Rolled back by `pending -> canceling`, which loses only to the owner's
+            // commit (both guarded by `pending`).
             TransferState::Pending => {
                 let fields = StepFields {
                     reason: Some(reason),
@@ -254,26 +174,40 @@ impl TransferService {
                 };
                 Takeover::Force(TransferEvent::BeginRollback, fields)
             }
+            // Only settles, pulls, undos, releases or a capture's writes remain, which
+            // no fence refuses.
             TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
                 Takeover::Claim
             }
             _ => return Ok(self.reload(&transfer).await?),
         };
-        let Some(legs) = transfer.legs.as_deref() else {
-            return Ok(self.reload(&transfer).await?);
-        };
-        let fences = futures::future::join_all(legs.parties().iter().map(|p| async move {
-            let store = self.deployments.of(&p.deployment)?;
-            let deadline = log
-                .deadline_on(deadline, store, self.clock_allowance())
-                .await?;
-            store
-                .fence(&p.account, transfer.id, FenceWhen::Always, deadline)
-                .await
-        }))
-        .await
-        .into_iter()
-        .collect::<StoreResult<Vec<Fence>>>()?;
+        let parties = transfer.parties();
+        let mut fences = Vec::with_capacity(parties.len());
+        let mut rest: Vec<&Party> = parties.iter().collect();
+        if let Some(i) = deciding_party(&transfer, &parties) {
+            // Its commit point is that credit: the party is fenced only if it has not
+            // landed, in one write, which decides between rolling back and completing.
+            let party = rest.remove(i);
+            match self
+                .fence(log, &transfer, party, FenceWhen::UnlessApplied, deadline)
+                .await?
+            {
+                Fence::TooLate => return Ok(self.reload(&transfer).await?),
+                Fence::Applied => {
+                    // The money may be spent already: complete, then reverse.
+                    tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
+                    plan = Takeover::Force(TransferEvent::MarkApplied, StepFields::default());
+                    rest.insert(i, party);
+                }
+                placed => fences.push(placed),
+            }
+        }
+        let others = futures::future::join_all(
+            rest.iter()
+                .map(|p| self.fence(log, &transfer, p, FenceWhen::Always, deadline)),
+        )
+        .await;
+        fences.extend(others.into_iter().collect::<StoreResult<Vec<Fence>>>()?);
         if fences.contains(&Fence::TooLate) {
             return Ok(self.reload(&transfer).await?);
         }
@@ -286,68 +220,23 @@ impl TransferService {
         self.execute_takeover(log, transfer, plan, fenced).await
     }
 
-    /// Fences both accounts, each unconditionally, but the destination if `destination`
-    /// says its fence is placed already: both accounts refuse the transfer's forward
-    /// steps from here on, applied or not, so no late step can land once the markers are
-    /// pulled or undone. The proof of it, or `None` when a fence reached the server too
-    /// late.
-    async fn fence_both(
-        &self,
-        log: &Store,
-        transfer: &Transfer,
-        deadline: Timestamp,
-        destination: Option<Fence>,
-    ) -> StoreResult<Option<Fenced>> {
-        let destination = match destination {
-            Some(placed) => placed,
-            None => match self
-                .fence(
-                    log,
-                    transfer,
-                    Side::Destination,
-                    FenceWhen::Always,
-                    deadline,
-                )
-                .await?
-            {
-                Fence::TooLate => return Ok(None),
-                placed => placed,
-            },
-        };
-        let source = match self
-            .fence(log, transfer, Side::Source, FenceWhen::Always, deadline)
-            .await?
-        {
-            Fence::TooLate => return Ok(None),
-            placed => placed,
-        };
-        let fenced = Fenced::both(destination, source).unwrap_or_else(|| {
-            panic!(
-                "bug: transfer {}: an unconditional fence neither placed nor refused",
-                transfer.id
-            )
-        });
-        Ok(Some(fenced))
-    }
-
-    /// Fences `transfer`'s account on `side` against its forward steps (as `when` says),
-    /// by `deadline` on the clock of `log`, carried over to the account's deployment.
+    /// Fences `party`'s account against `transfer`'s forward steps (as `when` says), by
+    /// `deadline` on the clock of `log`, carried over to the account's deployment.
     async fn fence(
         &self,
         log: &Store,
         transfer: &Transfer,
-        side: Side,
+        party: &Party,
         when: FenceWhen,
         deadline: Timestamp,
     ) -> StoreResult<Fence> {
-        let (store, account) = (
-            self.store_of(transfer, side)?,
-            self.account_of(transfer, side),
-        );
+        let store = self.deployments.of(&party.deployment)?;
         let deadline = log
             .deadline_on(deadline, store, self.clock_allowance())
             .await?;
-        store.fence(account, transfer.id, when, deadline).await
+        store
+            .fence(&party.account, transfer.id, when, deadline)
+            .await
     }
 
     /// Carries out `plan`, with the proof that both accounts are fenced, and drives the
@@ -534,6 +423,7 @@ impl TransferService {
             source_deployment: original.destination_deployment.clone(),
             destination_deployment: original.source_deployment.clone(),
             legs: original.legs.as_deref().map(|l| Box::new(l.reversed())),
+            credits_at_prepare: original.legs.is_none(),
             // The same accounts, so the same tenants: whoever saw the original sees it.
             tenants: original.tenants.clone(),
             ..Transfer::initial(
@@ -555,4 +445,19 @@ impl TransferService {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Where a cancel of `transfer` must decide by one party's fence, the index of that party
+/// in `parties`: a `pending` one-leg transfer that credits at its prepare
+/// ([`Transfer::pays_in_at_prepare`]) commits by that credit, so its receiving party is
+/// fenced first and only where the credit has not landed. Any other transfer commits by
+/// its own state change, so every party is fenced unconditionally and the state decides.
+fn deciding_party(transfer: &Transfer, parties: &[Party]) -> Option<usize> {
+    let commits_at_credit = transfer.state == TransferState::Pending
+        && transfer.pays_in_at_prepare()
+        && transfer.hold.is_none();
+    if !commits_at_credit {
+        return None;
+    }
+    parties.iter().position(|p| !p.pays())
 }

@@ -21,7 +21,7 @@ pub struct NewTransfer {
     pub destination: AccountId,
     pub amount: Amount,
     /// A multi-leg transfer's legs (`docs/legs.md`): then `source` and `destination` are
-    /// its first leg's and `amount` the sum of its legs ([`NewTransfer::with_legs`]).
+    /// its first leg's and `amount` the money its legs move ([`NewTransfer::with_legs`]).
     pub legs: Option<Legs>,
     pub reference: Option<Reference>,
     /// A hold instead of a transfer: reserve `amount` now, until this long from now,
@@ -39,7 +39,7 @@ impl NewTransfer {
         NewTransfer {
             source: first.source.clone(),
             destination: first.destination.clone(),
-            amount: legs.total(),
+            amount: legs.moved(),
             legs: Some(legs),
             reference,
             hold: None,
@@ -154,6 +154,7 @@ impl TransferService {
         };
         let transfer = Transfer {
             hold,
+            credits_at_prepare: legs.is_none(),
             legs,
             reference: new.reference,
             request_hash: key.as_ref().map(|_| fingerprint.clone()),

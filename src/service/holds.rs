@@ -100,22 +100,24 @@ impl TransferService {
     /// is). Releasing a reservation moves no money, so the order of the releases does not
     /// matter.
     ///
-    /// A multi-leg hold: `account`'s reservation (a paying party's on the source side, a
-    /// receiving party's on the destination side) first, then every paying party's, as
-    /// far as their deployments answer (a failure there is left to the hold's driver);
-    /// whether `account` no longer carries it.
+    /// `account`'s reservation (a paying party's on the source side, a receiving party's
+    /// on the destination side) first, then every other paying party's, as far as their
+    /// deployments answer (a failure there is left to the hold's driver); whether
+    /// `account` no longer carries it.
     pub(super) async fn free_expired_reservation(
         &self,
         hold: Transfer,
         account: &AccountId,
         side: Side,
     ) -> StoreResult<bool> {
-        let reserves = |hold: &Transfer| match hold.legs.as_deref() {
-            Some(legs) => legs.party(account).is_some_and(|p| match side {
-                Side::Source => p.net < 0,
-                Side::Destination => p.net > 0,
-            }),
-            None => self.account_of(hold, side) == account,
+        let reserves = |hold: &Transfer| {
+            hold.parties().iter().any(|p| {
+                p.account == *account
+                    && match side {
+                        Side::Source => p.net < 0,
+                        Side::Destination => p.net > 0,
+                    }
+            })
         };
         if !reserves(&hold) {
             return Ok(false);
@@ -142,7 +144,7 @@ impl TransferService {
             // Captured (the capture takes the reservation), or not expired after all.
             _ => return Ok(false),
         }
-        self.release_expired(&hold, account, side).await?;
+        self.release_expired(&hold, account).await?;
         if expired_here {
             tracing::info!(transfer_id = %hold.id, %account, ?side, "hold expired before a step that needed what it reserved");
             // The rest of its release, as its new owner: the destination's deployment may
@@ -156,33 +158,19 @@ impl TransferService {
     }
 
     /// The releases of [`TransferService::free_expired_reservation`], once `hold` is
-    /// `canceling` (or this call expired it): `account`'s reservation on `side`; of a
-    /// multi-leg hold, then every other paying party's, best effort.
-    async fn release_expired(
-        &self,
-        hold: &Transfer,
-        account: &AccountId,
-        side: Side,
-    ) -> StoreResult<()> {
-        let Some(legs) = hold.legs.as_deref() else {
-            let held = hold
-                .hold
-                .unwrap_or_else(|| panic!("bug: transfer {} freed as a hold but is none", hold.id))
-                .amount;
-            self.store_of(hold, side)?
-                .release(account, hold.id, side, held)
-                .await?;
-            return Ok(());
-        };
-        if let Some(own) = legs.party(account) {
+    /// `canceling` (or this call expired it): `account`'s reservation, then every other
+    /// paying party's, best effort.
+    async fn release_expired(&self, hold: &Transfer, account: &AccountId) -> StoreResult<()> {
+        let parties = hold.parties();
+        if let Some(own) = parties.iter().find(|p| p.account == *account) {
             self.release_party(hold, own).await?;
         }
-        for party in legs.parties().iter().filter(|p| p.pays()) {
+        for party in parties.iter().filter(|p| p.pays()) {
             if party.account == *account {
                 continue;
             }
             if let Err(e) = self.release_party(hold, party).await {
-                tracing::warn!(transfer_id = %hold.id, account = %party.account, error = %Chain(&e), "a paying party of an expired multi-leg hold not released yet; the hold's driver releases it");
+                tracing::warn!(transfer_id = %hold.id, account = %party.account, error = %Chain(&e), "a paying party of an expired hold not released yet; the hold's driver releases it");
             }
         }
         Ok(())

@@ -7,34 +7,35 @@
 //! | state       | steps taken                                                     |
 //! |-------------|-----------------------------------------------------------------|
 //! | `initial`   | 2. `initial -> pending`, setting `application`                  |
-//! | `pending`   | 3. debit source, 4. credit destination, 5. `pending -> applied` |
-//! | `applied`   | 6. pull source marker, 7. pull destination marker, 8. `-> done` |
-//! | `canceling` | undo destination, undo source, `canceling -> canceled`          |
+//! | `pending`   | 3. prepare every party, 4. `pending -> applied`: the commit point |
+//! | `applied`   | 5. settle every party, 6. `applied -> done`                     |
+//! | `canceling` | undo every prepared party, `canceling -> canceled`              |
 //!
-//! A hold (`docs/holds.md`) takes the same path with reservations for steps 3 and 4
+//! The steps on the accounts are the same for every transfer, one leg or many
+//! (`protocol/parties.rs`): they move each account of it once, by its net change.
+//!
+//! A hold (`docs/holds.md`) takes the same path with reservations for step 3
 //! (`pendingDebits`, `pendingCredits` instead of the balances) and stops at `held`
 //! (`pending -> held`); a capture moves it to `capturing`, whose steps move the captured
 //! amount and release the reservations, then `done`; a void moves it to `canceling`,
 //! whose steps release the reservations.
 //!
-//! Every step is one guarded write, so running it again is a no-op. A guarded write that
-//! loses means another actor moved the transfer (a cancel, another instance): we re-read
-//! and carry on from whatever state it is in now. A debit or credit that is refused for
-//! lack of funds, for overflow, or because the account is gone rolls the transfer back
-//! with that reason. The rollback never takes money back from a destination: a transfer
-//! only rolls back while its credit is not applied (see `cancel.rs` for the fence that
-//! guarantees it when a client cancels).
+//! Every step is one guarded write per account, so running it again is a no-op. A
+//! guarded write that loses means another actor moved the transfer (a cancel, another
+//! instance): we re-read and carry on from whatever state it is in now. A prepare that is
+//! refused for lack of funds, for overflow, or because the account is gone rolls the
+//! transfer back with that reason. The rollback never takes money back from a receiving
+//! party: nothing is paid in before the commit point (see `cancel.rs` for the fences
+//! that keep a late prepare from landing once a client cancels).
 
-mod legs;
+mod parties;
 
 use super::TransferService;
 use super::unanswered::StateChange;
 use crate::domain::Side;
 use crate::domain::{
-    Account, AccountId, Amount, CancelReason, MAX_MONEY, Timestamp, Transfer, TransferEvent,
-    TransferState,
+    Account, AccountId, CancelReason, Timestamp, Transfer, TransferEvent, TransferState,
 };
-use crate::store::accounts::Forward;
 use crate::store::transfers::{Mover, StepFields};
 use crate::store::{Store, StoreError, StoreResult};
 
@@ -75,14 +76,6 @@ fn classify(
     } else {
         Refusal::Retry
     }
-}
-
-/// What an account step concluded.
-enum StepResult {
-    Applied,
-    RollBack(CancelReason),
-    /// Another instance took the transfer over; stop driving it.
-    LostLease,
 }
 
 impl TransferService {
@@ -138,28 +131,16 @@ impl TransferService {
             }
             transfer = match transfer.state {
                 TransferState::Initial => self.start(transfer).await?,
-                TransferState::Pending if transfer.legs.is_some() => {
-                    self.prepare_and_commit(transfer).await?
-                }
-                TransferState::Pending => self.apply(transfer).await?,
+                TransferState::Pending => self.prepare_and_commit(transfer).await?,
                 TransferState::Applied => {
                     self.wait_until_quiet(&transfer).await?;
-                    match transfer.legs {
-                        Some(_) => self.settle_and_finish(transfer).await?,
-                        None => self.complete(transfer).await?,
-                    }
+                    self.settle_and_finish(transfer).await?
                 }
                 TransferState::Canceling => {
                     self.wait_until_quiet(&transfer).await?;
-                    match transfer.legs {
-                        Some(_) => self.roll_back_legs(transfer).await?,
-                        None => self.roll_back(transfer).await?,
-                    }
+                    self.roll_back(transfer).await?
                 }
-                TransferState::Capturing if transfer.legs.is_some() => {
-                    self.capture_legs(transfer).await?
-                }
-                TransferState::Capturing => self.capture_steps(transfer).await?,
+                TransferState::Capturing => self.capture_and_finish(transfer).await?,
                 // A hold waits for a capture, a void or its expiry.
                 TransferState::Held => return Ok(transfer),
                 TransferState::Done | TransferState::Canceled => return Ok(transfer),
@@ -225,34 +206,6 @@ impl TransferService {
         Ok(transfer)
     }
 
-    /// Steps 3 to 5: debit, credit, `pending -> applied`.
-    async fn apply(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
-        // The debit (or reservation out) on the source, then the credit on the destination.
-        for side in [Side::Source, Side::Destination] {
-            match self.forward(&mut transfer, side).await? {
-                StepResult::Applied => {}
-                StepResult::LostLease => return self.reload(&transfer).await,
-                StepResult::RollBack(reason) => {
-                    return self.begin_rollback(transfer, reason).await;
-                }
-            }
-            match side {
-                Side::Source => failpoint!(self, AfterDebit),
-                Side::Destination => failpoint!(self, AfterCredit),
-            }
-        }
-        if transfer.hold.is_some() {
-            // No copy of a reservation may land after `held`: whoever resolves the hold
-            // moves it by the state guard alone (see `Mover::Resolver`).
-            self.wait_until_quiet(&transfer).await?;
-            return self
-                .advance(transfer, TransferEvent::Hold, StepFields::default())
-                .await;
-        }
-        self.advance(transfer, TransferEvent::MarkApplied, StepFields::default())
-            .await
-    }
-
     /// A guarded account step matched nothing and a re-read shows no reason to refuse
     /// it: the balance moved in between, or our lease ran out. Renews the lease and says
     /// whether we still own the transfer.
@@ -268,79 +221,6 @@ impl TransferService {
             }
             None => Ok(false),
         }
-    }
-
-    /// Step 3 (debit: take the amount from the source) or 4 (credit: give it to the
-    /// destination), unless already done; for a hold, the reservations instead. An attempt
-    /// that failed without an answer leaves in [`TransferService::unanswered`] the deadline
-    /// until which it may still land, whether the step then succeeded or failed.
-    async fn forward(&self, t: &mut Transfer, side: Side) -> StoreResult<StepResult> {
-        let account = self.account_of(t, side).clone();
-        let (log, store) = (self.log_store(t)?, self.store_of(t, side)?);
-        for _ in 0..ACCOUNT_STEP_ATTEMPTS {
-            // By the log's clock, which judges the lease; the account's deployment checks
-            // the step against its own clock (see `Store::deadline_on`).
-            let deadline = self.lease_deadline(t);
-            let deadline_there = log
-                .deadline_on(deadline, store, self.clock_allowance())
-                .await?;
-            let (kind, amount) = match (side, t.hold) {
-                (Side::Source, None) => (Forward::Debit, t.amount),
-                (Side::Destination, None) => (Forward::Credit, t.amount),
-                (Side::Source, Some(h)) => (Forward::ReserveOut, h.amount),
-                (Side::Destination, Some(h)) => (Forward::ReserveIn, h.amount),
-            };
-            // A copy that may still land does so before the log's clock reaches the
-            // lease deadline.
-            let step = match store
-                .forward(kind, &account, t.id, amount, deadline_there)
-                .await
-            {
-                Ok(step) => step,
-                Err(e) => {
-                    self.unanswered.note_late(t.id, deadline);
-                    return Err(e);
-                }
-            };
-            if step.uncertain_until.is_some() {
-                self.unanswered.note_late(t.id, deadline);
-            }
-            if step.applied {
-                tracing::debug!(transfer_id = %t.id, %account, ?side, "account changed");
-                return Ok(StepResult::Applied);
-            }
-            let found = store.account(&account).await?;
-            // The invariants the step's guard keeps (`store::guards`).
-            let value = t.hold.map_or(t.amount, |h| h.amount).minor_units();
-            let fits = |a: &Account| match side {
-                Side::Source => a.balance - a.pending_debits >= value,
-                Side::Destination => {
-                    a.balance + a.pending_credits + a.incoming <= MAX_MONEY - value
-                }
-            };
-            let reason = match classify(found.as_ref(), t, fits) {
-                Refusal::AlreadyApplied => return Ok(StepResult::Applied),
-                Refusal::Retry if self.renew(t).await? => continue,
-                Refusal::Retry => return Ok(StepResult::LostLease),
-                Refusal::Fenced => CancelReason::CanceledByRequest,
-                Refusal::Missing => CancelReason::AccountNotFound,
-                // Holds past their expiry no longer reserve anything, even before a
-                // sweeper has released them: release them now and try again.
-                Refusal::Balance
-                    if self
-                        .expire_holds_reserving(store, found.as_ref(), side)
-                        .await? =>
-                {
-                    continue;
-                }
-                Refusal::Balance => match side {
-                    Side::Source => CancelReason::InsufficientFunds,
-                    Side::Destination => CancelReason::BalanceOverflow,
-                },
-            };
-            return Ok(StepResult::RollBack(reason));
-        }
-        Err(contended(t))
     }
 
     /// Frees the reservations that `account` (as read after a step it refused) still
@@ -443,28 +323,6 @@ impl TransferService {
         }
     }
 
-    /// Steps 6 to 8, which complete an applied transfer: pull both markers, then
-    /// `applied -> done`.
-    async fn complete(&self, transfer: Transfer) -> StoreResult<Transfer> {
-        // Both pulls in one write where one deployment has both accounts: each is
-        // idempotent and neither depends on the other.
-        for (store, accounts) in self.by_deployment(&transfer)? {
-            store.pull_markers(accounts, transfer.id).await?;
-        }
-        failpoint!(self, AfterPull);
-        self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
-            .await
-    }
-
-    /// `pending -> canceling`, recording why.
-    pub(super) async fn begin_rollback(
-        &self,
-        transfer: Transfer,
-        reason: CancelReason,
-    ) -> StoreResult<Transfer> {
-        self.begin_rollback_at(transfer, reason, None).await
-    }
-
     /// `pending -> canceling`, recording why, and which account refused a multi-leg
     /// transfer's step.
     pub(super) async fn begin_rollback_at(
@@ -481,89 +339,6 @@ impl TransferService {
             ..StepFields::default()
         };
         self.advance(transfer, TransferEvent::BeginRollback, fields)
-            .await
-    }
-
-    /// Undo whatever each account carries, destination first, then `canceling -> canceled`.
-    async fn roll_back(&self, transfer: Transfer) -> StoreResult<Transfer> {
-        if let Some(hold) = transfer.hold {
-            return self.release(transfer, hold.amount).await;
-        }
-        // Never expected to find anything: the credit is the commit point, so a rollback
-        // only begins once the credit was refused (by the owner's own guard, or by a
-        // cancel's fence placed only where the credit was not), and nothing can land it
-        // afterwards. Kept so that a broken invariant still leaves the books balanced,
-        // and said loudly.
-        if self
-            .store_of(&transfer, Side::Destination)?
-            .undo(
-                &transfer.destination,
-                transfer.id,
-                Side::Destination,
-                transfer.amount,
-            )
-            .await?
-        {
-            tracing::error!(transfer_id = %transfer.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
-        }
-        failpoint!(self, AfterUndoDestination);
-        self.store_of(&transfer, Side::Source)?
-            .undo(&transfer.source, transfer.id, Side::Source, transfer.amount)
-            .await?;
-        failpoint!(self, AfterUndoSource);
-        self.advance(
-            transfer,
-            TransferEvent::FinishRollback,
-            StepFields::default(),
-        )
-        .await
-    }
-
-    /// A void's (or a hold's rollback's) steps: release both reservations wherever they
-    /// were made, then `canceling -> canceled`. The source's first: it frees money the
-    /// account's owner may spend, and a reservation moves no money, so the order is free
-    /// (see `TransferService::free_expired_reservation`); with the destination's deployment
-    /// down, the money is spendable at once rather than after its outage.
-    async fn release(&self, transfer: Transfer, held: Amount) -> StoreResult<Transfer> {
-        let id = transfer.id;
-        self.store_of(&transfer, Side::Source)?
-            .release(&transfer.source, id, Side::Source, held)
-            .await?;
-        failpoint!(self, AfterUndoSource);
-        self.store_of(&transfer, Side::Destination)?
-            .release(&transfer.destination, id, Side::Destination, held)
-            .await?;
-        failpoint!(self, AfterUndoDestination);
-        self.advance(
-            transfer,
-            TransferEvent::FinishRollback,
-            StepFields::default(),
-        )
-        .await
-    }
-
-    /// A capture's steps 6 to 8: move the captured amount and release the reservation
-    /// on each account, then `capturing -> done`.
-    async fn capture_steps(&self, transfer: Transfer) -> StoreResult<Transfer> {
-        let hold = transfer
-            .hold
-            .unwrap_or_else(|| panic!("bug: transfer {} is capturing but no hold", transfer.id));
-        let (id, captured) = (transfer.id, transfer.amount);
-        self.store_of(&transfer, Side::Source)?
-            .capture(&transfer.source, id, Side::Source, hold.amount, captured)
-            .await?;
-        failpoint!(self, AfterCaptureSource);
-        self.store_of(&transfer, Side::Destination)?
-            .capture(
-                &transfer.destination,
-                id,
-                Side::Destination,
-                hold.amount,
-                captured,
-            )
-            .await?;
-        failpoint!(self, AfterCaptureDestination);
-        self.advance(transfer, TransferEvent::MarkDone, StepFields::default())
             .await
     }
 

@@ -66,12 +66,4 @@ impl TransferService {
         }
         Ok(grouped)
     }
-
-    /// `transfer`'s account on `side`.
-    pub(crate) fn account_of<'t>(&self, transfer: &'t Transfer, side: Side) -> &'t AccountId {
-        match side {
-            Side::Source => &transfer.source,
-            Side::Destination => &transfer.destination,
-        }
-    }
 }

@@ -236,8 +236,9 @@ impl From<&Transfer> for TransferDoc {
                     })
                     .collect()
             }),
-            parties: t.legs.as_ref().map(|legs| {
-                legs.parties()
+            // Every transfer's, but one recorded before one protocol, which has none.
+            parties: (t.legs.is_some() || !t.credits_at_prepare).then(|| {
+                t.parties()
                     .iter()
                     .map(|p| PartyDoc {
                         account: p.account.to_string(),
@@ -290,6 +291,23 @@ impl Stored for TransferDoc {
             None => here.clone(),
         };
         let legs = stored_legs(&d, here)?;
+        // A one-leg transfer recorded before one protocol: no parties stored.
+        let credits_at_prepare = d.parties.is_none();
+        // A multi-leg transfer's amount is what its legs move, whatever an older
+        // version stored (the legs' sum); so is its hold's.
+        let (amount, hold) = match &legs {
+            Some(legs) => (
+                legs.moved(),
+                hold.map(|h| Hold {
+                    amount: legs.moved(),
+                    ..h
+                }),
+            ),
+            None => {
+                one_leg_parties_agree(&d)?;
+                (Amount::parse(d.value).map_err(|e| bad("value", e))?, hold)
+            }
+        };
         let tenants = d
             .tenants
             .iter()
@@ -310,10 +328,11 @@ impl Stored for TransferDoc {
             destination: AccountId::parse(&d.destination).map_err(|e| bad("destination", e))?,
             source_deployment: here.clone(),
             destination_deployment,
-            amount: Amount::parse(d.value).map_err(|e| bad("value", e))?,
+            amount,
             currency: Currency::parse(&d.currency).map_err(|e| bad("currency", e))?,
             state: d.state,
             hold,
+            credits_at_prepare,
             last_modified: d.last_modified.to_chrono(),
             created_at: d.created_at.to_chrono(),
             owner: d.application,
@@ -339,16 +358,43 @@ impl Stored for TransferDoc {
     }
 }
 
+/// The parties a one-leg transfer's document stores, if any, must be its source paying
+/// and its destination receiving what it moves (for a hold, what it reserves), each on
+/// its deployment: the protocol moves the parties, the answers show the rest.
+fn one_leg_parties_agree(d: &TransferDoc) -> StoreResult<()> {
+    let Some(parties) = &d.parties else {
+        return Ok(());
+    };
+    let value = d.held_amount.unwrap_or(d.value);
+    let destination_deployment = d.destination_deployment.as_deref();
+    let expected = [
+        (d.source.as_str(), -value, None),
+        (d.destination.as_str(), value, destination_deployment),
+    ];
+    let agree = parties.len() == 2
+        && parties
+            .iter()
+            .zip(expected)
+            .all(|(p, (account, net, place))| {
+                p.account == account && p.net == net && p.deployment.as_deref() == place
+            });
+    if !agree {
+        let why = "not the transfer's source and destination";
+        return Err(corrupt("transfer", &d.id, "parties", why));
+    }
+    Ok(())
+}
+
 /// The legs a document stores, placed where its parties say (the log's deployment,
 /// `here`, unless one names another), or `None` for a one-leg transfer. Refused if they
 /// are not legs the service would make, or the parties are not theirs.
 fn stored_legs(d: &TransferDoc, here: &DeploymentName) -> StoreResult<Option<Box<Legs>>> {
     let bad = |field: &str, why: String| corrupt("transfer", &d.id, field, why);
-    let (Some(legs), Some(parties)) = (&d.legs, &d.parties) else {
-        if d.legs.is_some() || d.parties.is_some() {
-            return Err(bad("legs", "legs and parties go together".into()));
-        }
+    let Some(legs) = &d.legs else {
         return Ok(None);
+    };
+    let Some(parties) = &d.parties else {
+        return Err(bad("legs", "legs and parties go together".into()));
     };
     let parse = |l: &LegDoc| -> Result<Leg, ParseError> {
         Ok(Leg {
@@ -530,12 +576,14 @@ mod tests {
         });
         let transfer = Transfer {
             legs: Some(Box::new(legs)),
+            credits_at_prepare: false,
             refused_account: Some(AccountId::parse("seller").unwrap()),
             ..Transfer::initial(
                 new_transfer_id(),
                 AccountId::parse("buyer").unwrap(),
                 AccountId::parse("seller").unwrap(),
-                Amount::parse(1_030).unwrap(),
+                // What the legs move: the buyer's 1000, not their sum.
+                Amount::parse(1_000).unwrap(),
                 Currency::usd(),
             )
         };
@@ -554,6 +602,45 @@ mod tests {
         let mut half = stored;
         half.parties = None;
         assert!(half.into_domain(&here).is_err());
+    }
+
+    /// A one-leg transfer recorded since one protocol stores its two parties (its source
+    /// paying what it moves, its destination receiving it, each on its deployment), which
+    /// must be those; one recorded before stores none, and comes back as crediting at its
+    /// prepare, as it was recorded to.
+    #[test]
+    fn a_one_leg_transfer_stores_its_parties_and_one_without_them_credits_at_prepare() {
+        let eu = DeploymentName::parse("eu").unwrap();
+        let transfer = Transfer {
+            destination_deployment: eu,
+            credits_at_prepare: false,
+            ..Transfer::initial(
+                new_transfer_id(),
+                AccountId::parse("alice").unwrap(),
+                AccountId::parse("bob").unwrap(),
+                Amount::parse(250).unwrap(),
+                Currency::usd(),
+            )
+        };
+        let stored = TransferDoc::from(&transfer);
+        let parties = stored.parties.clone().unwrap();
+        let sides: Vec<(&str, i64, Option<&str>)> = parties
+            .iter()
+            .map(|p| (p.account.as_str(), p.net, p.deployment.as_deref()))
+            .collect();
+        assert_eq!(sides, vec![("alice", -250, None), ("bob", 250, Some("eu"))]);
+        let here = DeploymentName::default();
+        assert_eq!(stored.clone().into_domain(&here).unwrap(), transfer);
+
+        let mut wrong = stored.clone();
+        wrong.parties.as_mut().unwrap()[1].net = 249;
+        assert!(wrong.into_domain(&here).is_err());
+
+        let mut before = stored;
+        before.parties = None;
+        let old = before.into_domain(&here).unwrap();
+        assert!(old.credits_at_prepare && old.pays_in_at_prepare());
+        assert_eq!(TransferDoc::from(&old).parties, None, "stays as recorded");
     }
 
     #[test]

@@ -505,7 +505,7 @@ fn check_legs_hold(
     let reversed = hold.and_then(|h| h.reversed_by).is_some_and(done);
     let moved = state == Some(TransferState::Done) && !reversed;
     if let Some(h) = hold.filter(|h| h.state == TransferState::Done) {
-        let total = h.legs.as_deref().map(|l| l.total());
+        let total = h.legs.as_deref().map(|l| l.moved());
         if Some(h.amount) != total {
             v.push(format!(
                 "multi-leg hold {} captured {} of its legs' {total:?}",
