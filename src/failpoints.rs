@@ -79,33 +79,35 @@ points! {
     AfterInsert = "after_insert",
     /// `initial -> pending`: the run owns the transfer.
     AfterPending = "after_pending",
-    /// The source is debited and marked; for a hold, its reservation out of the source.
+    /// The paying parties are prepared: debited and marked; for a hold, their
+    /// reservations made. A transfer's receiving parties are prepared in the same round
+    /// (their room made), but for a one-leg transfer recorded before one protocol, whose
+    /// destination is credited after this.
     AfterDebit = "after_debit",
-    /// The destination is credited and marked; for a hold, its reservation into the
-    /// destination.
+    /// Every party is prepared (for a transfer recorded before one protocol, its
+    /// destination credited); before the commit (`-> applied`, a hold's `-> held`).
     AfterCredit = "after_credit",
     /// `pending -> applied`.
     AfterApplied = "after_applied",
-    /// Both markers of an applied transfer are pulled (one write where one deployment
-    /// has both accounts).
+    /// Every party of an applied transfer is settled: paid in, every marker pulled.
     AfterPull = "after_pull",
     /// A rollback began (`-> canceling`).
     AfterCanceling = "after_canceling",
-    /// A rollback gave the destination's credit back (before the source's debit); for a
-    /// hold, the destination's reservation is released (after the source's).
+    /// A rollback gave the receiving parties' room back (before the paying parties'
+    /// debits); for a hold, their reservations are released (after the paying parties').
     AfterUndoDestination = "after_undo_destination",
-    /// A rollback gave the source's debit back (after the destination's credit); for a
-    /// hold, the source's reservation is released (first).
+    /// A rollback gave the paying parties' debits back (after the receiving parties');
+    /// for a hold, their reservations are released (first).
     AfterUndoSource = "after_undo_source",
     /// A hold's reservations are both made and it is recorded `held`.
     AfterHeld = "after_held",
     /// A capture, void or expiry won a `held` hold (`resolve_hold`, the state change of
     /// a `Mover::Resolver`).
     AfterResolve = "after_resolve",
-    /// A capture moved the money out of the source and released its reservation there.
+    /// A capture moved the money of every party and released its reservations (one
+    /// round for all of them); the next point follows at once.
     AfterCaptureSource = "after_capture_source",
-    /// A capture moved the money into the destination and released its reservation
-    /// there.
+    /// As [`Point::AfterCaptureSource`]; before `capturing -> done`.
     AfterCaptureDestination = "after_capture_destination",
     /// An idempotency key is taken; its transfer is not recorded yet.
     AfterTakeKey = "after_take_key",

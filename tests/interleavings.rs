@@ -286,16 +286,24 @@ async fn a_cancel_between_debit_and_credit_rolls_back_and_the_paused_credit_neve
     assert_balances_and_no_markers(&owner, 1000, 0).await;
 }
 
+/// The commit point is `pending -> applied`: a cancel after it completes the transfer
+/// (every party settled) and reverses it, once. (Until one protocol, the commit point was
+/// the credit, and this test paused after the credit.)
 #[tokio::test]
-async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once() {
+async fn a_cancel_after_the_commit_point_completes_the_transfer_then_reverses_it_once() {
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
     let (id, reversal_id) = race(
         &owner,
         Post::Transfer(300),
-        Point::AfterCredit,
+        Point::AfterApplied,
         async |id| {
-            assert_eq!(owner.balance("bob").await, 300, "the credit landed");
+            assert_eq!(transfer(&owner, id).await.state, TransferState::Applied);
+            assert_eq!(
+                owner.balance("bob").await,
+                0,
+                "not paid in before its settle"
+            );
 
             let original = cancel(&other, id).await;
             assert_eq!(original["state"], "done", "{original}");
@@ -306,7 +314,7 @@ async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once(
         },
     )
     .await
-    // The owner resumes with `pending -> applied`: it lost the transfer and stops.
+    // The owner resumes with its settle: it lost the transfer and stops.
     .answers(Answer::State(201, "done"));
 
     let reversal = transfer(&owner, reversal_id.parse().unwrap()).await;
@@ -323,6 +331,38 @@ async fn a_cancel_after_the_credit_completes_the_transfer_then_reverses_it_once(
             .len(),
         2
     );
+    assert_balances_and_no_markers(&owner, 1000, 0).await;
+}
+
+/// Every party is prepared (alice debited, room made on bob), but the transfer is not
+/// committed yet: a cancel rolls it back, and the owner's commit loses to it. Nothing was
+/// paid in, so nothing is taken back from bob.
+#[tokio::test]
+async fn a_cancel_after_every_party_is_prepared_but_before_the_commit_rolls_it_back() {
+    let (owner, other) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&owner).await;
+    let (id, _) = race(
+        &owner,
+        Post::Transfer(300),
+        Point::AfterCredit,
+        async |id| {
+            assert_eq!(owner.balance("alice").await, 700, "the debit landed");
+            let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+            assert_eq!((bob.balance, bob.incoming), (0, 300), "room made on bob");
+
+            let canceled = cancel(&other, id).await;
+            assert_eq!(canceled["state"], "canceled", "{canceled}");
+            assert_eq!(canceled["reason"], "canceled_by_request");
+            assert_balances_and_no_markers(&owner, 1000, 0).await;
+        },
+    )
+    .await
+    // The owner resumes with `pending -> applied`: the cancel won it.
+    .answers(Answer::Code(409, "transfer_canceled"));
+    let t = transfer(&owner, id).await;
+    assert_eq!(t.state, TransferState::Canceled);
+    let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+    assert_eq!(bob.incoming, 0, "bob's room given back");
     assert_balances_and_no_markers(&owner, 1000, 0).await;
 }
 
@@ -644,11 +684,13 @@ async fn instance_on(database: &str, stale_after: Duration, sweep_interval: Dura
     .await
 }
 
-/// Issue 10's first failure. Instance A dies right after its credit (here: stays paused
+/// Issue 10's first failure. Instance A dies right after its prepare (here: stays paused
 /// there for good). After the lease, B's sweeper takes the transfer over and re-runs the
-/// debit, which reaches the server late (paused before it is sent). Meanwhile a client
-/// cancels on C, which finds the credit applied, completes the transfer and reverses
-/// it. Then B's debit lands: it must be refused, or the source pays twice.
+/// prepare, whose debit reaches the server late (paused before it is sent). Meanwhile a
+/// client cancels on C, which fences every party and rolls the uncommitted transfer back.
+/// Then B's debit lands: it must be refused, or the source pays and is never paid back.
+/// (Until one protocol, the credit was the commit point and the cancel completed and
+/// reversed the transfer instead; the late debit is refused either way.)
 #[tokio::test]
 async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() {
     let lease = Duration::from_millis(1000);
@@ -677,8 +719,7 @@ async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() 
     );
 
     let answer = cancel(&canceler, id).await;
-    assert_eq!(answer["state"], "done", "{answer}");
-    assert!(answer["reversedBy"].is_string(), "{answer}");
+    assert_eq!(answer["state"], "canceled", "{answer}");
     assert_balances_and_no_markers(&dead, 1000, 0).await;
 
     // The recoverer's debit lands now, then it goes on as far as it may.
@@ -690,9 +731,8 @@ async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() 
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_balances_and_no_markers(&dead, 1000, 0).await;
     let original = transfer(&dead, id).await;
-    assert_eq!(original.state, TransferState::Done);
-    let reversal = transfer(&dead, original.reversed_by.expect("reversed")).await;
-    assert_eq!(reversal.state, TransferState::Done);
+    assert_eq!(original.state, TransferState::Canceled);
+    assert_eq!(original.reversed_by, None);
 }
 
 /// Admission control: with one transfer in flight allowed and one paused mid-way, the
@@ -1267,10 +1307,13 @@ async fn a_cancels_destination_fence_arriving_too_late_is_tried_again_not_taken_
 async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() {
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(3600)).await;
     open_alice_and_bob(&app).await;
-    let (id, _) = race(&app, Post::Transfer(300), Point::AfterDebit, async |id| {
-        // Alice's account holds the transfer's marker, Bob's does not.
+    let (id, _) = race(&app, Post::Transfer(300), Point::AfterPending, async |id| {
+        // Alice's account holds the transfer's marker (its debit, as a prepare of its
+        // owner would land it), Bob's does not.
         let now = transfer(&app, id).await.last_modified;
         let (past, future) = (after(now, -60_000), after(now, 60_000));
+        let debit = app.store.prepare(&account("alice"), id, -300, future).await;
+        assert!(debit.unwrap().applied);
         use FenceWhen::{Always, UnlessApplied};
         let fence = |name: &'static str, when: FenceWhen, deadline| {
             let store = app.store.clone();
@@ -1292,7 +1335,7 @@ async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() 
         assert_eq!(fence("alice", Always, future).await, Fence::Placed);
     })
     .await
-    // Both fenced: the owner's credit is refused, and it rolls the transfer back.
+    // Both fenced: the owner's prepare of bob is refused, and it rolls the transfer back.
     .answers(Answer::Code(409, "transfer_canceled"));
     assert_eq!(transfer(&app, id).await.state, TransferState::Canceled);
     assert_balances_and_no_markers(&app, 1000, 0).await;

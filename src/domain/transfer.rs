@@ -120,7 +120,7 @@ impl Transfer {
             state: TransferState::Initial,
             hold: None,
             legs: None,
-            credits_at_prepare: true,
+            credits_at_prepare: false,
             created_at: now,
             owner: None,
             reason: None,

@@ -202,14 +202,18 @@ impl TransferService {
                 placed => fences.push(placed),
             }
         }
-        let others = futures::future::join_all(
-            rest.iter()
-                .map(|p| self.fence(log, &transfer, p, FenceWhen::Always, deadline)),
-        )
-        .await;
-        fences.extend(others.into_iter().collect::<StoreResult<Vec<Fence>>>()?);
-        if fences.contains(&Fence::TooLate) {
-            return Ok(self.reload(&transfer).await?);
+        // The receiving parties first, then the paying ones, each group at once: a
+        // fixed order, so that a test can stop a cancel between the two.
+        for paying in [false, true] {
+            let group = rest.iter().filter(|p| p.pays() == paying);
+            let placed = futures::future::join_all(
+                group.map(|p| self.fence(log, &transfer, p, FenceWhen::Always, deadline)),
+            )
+            .await;
+            fences.extend(placed.into_iter().collect::<StoreResult<Vec<Fence>>>()?);
+            if fences.contains(&Fence::TooLate) {
+                return Ok(self.reload(&transfer).await?);
+            }
         }
         let fenced = Fenced::all(fences).unwrap_or_else(|| {
             panic!(
@@ -423,7 +427,6 @@ impl TransferService {
             source_deployment: original.destination_deployment.clone(),
             destination_deployment: original.source_deployment.clone(),
             legs: original.legs.as_deref().map(|l| Box::new(l.reversed())),
-            credits_at_prepare: original.legs.is_none(),
             // The same accounts, so the same tenants: whoever saw the original sees it.
             tenants: original.tenants.clone(),
             ..Transfer::initial(

@@ -154,7 +154,6 @@ impl TransferService {
         };
         let transfer = Transfer {
             hold,
-            credits_at_prepare: legs.is_none(),
             legs,
             reference: new.reference,
             request_hash: key.as_ref().map(|_| fingerprint.clone()),
@@ -195,13 +194,8 @@ impl TransferService {
     /// Where `new` goes, checked against its stored accounts; and for a multi-leg
     /// transfer, its legs with every party placed.
     async fn route(&self, new: &NewTransfer) -> ServiceResult<(Route, Option<Box<Legs>>)> {
-        Ok(match &new.legs {
-            None => (self.check_accounts(new).await?, None),
-            Some(legs) => {
-                let (route, legs) = self.check_legs(&new.scope, legs).await?;
-                (route, Some(Box::new(legs)))
-            }
-        })
+        let (route, legs) = self.check_accounts(new).await?;
+        Ok((route, legs.map(Box::new)))
     }
 
     /// Step 1: records `transfer`, for this request to drive; or, where a transfer

@@ -98,49 +98,25 @@ impl Placements {
 }
 
 impl TransferService {
-    /// Checks what the stored accounts must agree to; returns where the transfer goes.
-    pub(super) async fn check_accounts(&self, new: &NewTransfer) -> ServiceResult<Route> {
-        if new.source == new.destination {
-            return Err(ServiceError::SameAccount);
-        }
-        let [source, destination] = match (
-            self.placements.get(&new.source),
-            self.placements.get(&new.destination),
-        ) {
-            (Some(s), Some(d)) => [Some(s), Some(d)],
-            _ => self.locate(new).await?,
-        };
-        let source = seen(&new.scope, &new.source, source)?;
-        let destination = seen(&new.scope, &new.destination, destination)?;
-        if source.currency != destination.currency {
-            return Err(ServiceError::CurrencyMismatch {
-                source_currency: source.currency.to_string(),
-                destination_currency: destination.currency.to_string(),
-            });
-        }
-        Ok(Route {
-            tenants: Tenants::of([source.tenant.as_ref(), destination.tenant.as_ref()]),
-            source: source.deployment,
-            destination: destination.deployment,
-            currency: source.currency,
-        })
-    }
-
-    /// Checks the accounts of a multi-leg transfer: every one exists, all in one
-    /// currency. Answers where the transfer goes (logged where its first leg's source
-    /// lives) and the legs with each party placed.
-    pub(super) async fn check_legs(
+    /// Checks what the stored accounts of `new` must agree to (one check for one leg and
+    /// many: every account exists and the caller sees it, all in one currency); answers
+    /// where the transfer goes (logged where its first leg's source lives) and, for a
+    /// multi-leg transfer, its legs with each party placed.
+    pub(super) async fn check_accounts(
         &self,
-        scope: &Scope,
-        legs: &Legs,
-    ) -> ServiceResult<(Route, Legs)> {
-        let accounts: Vec<&AccountId> = legs.parties().iter().map(|p| &p.account).collect();
+        new: &NewTransfer,
+    ) -> ServiceResult<(Route, Option<Legs>)> {
+        let accounts: Vec<&AccountId> = match &new.legs {
+            Some(legs) => legs.parties().iter().map(|p| &p.account).collect(),
+            None if new.source == new.destination => return Err(ServiceError::SameAccount),
+            None => vec![&new.source, &new.destination],
+        };
         let places = self
             .place_all(&accounts)
             .await?
             .into_iter()
             .zip(&accounts)
-            .map(|(place, account)| seen(scope, account, place))
+            .map(|(place, account)| seen(&new.scope, account, place))
             .collect::<ServiceResult<Vec<Placement>>>()?;
         let currency = &places[0].currency;
         if let Some(other) = places.iter().find(|p| &p.currency != currency) {
@@ -153,14 +129,14 @@ impl TransferService {
             let i = accounts.iter().position(|a| *a == account);
             i.map(|i| places[i].deployment.clone()).unwrap_or_default()
         };
-        let first = &legs.legs()[0];
         let route = Route {
-            source: place_of(&first.source),
-            destination: place_of(&first.destination),
+            source: place_of(&new.source),
+            destination: place_of(&new.destination),
             currency: currency.clone(),
             tenants: Tenants::of(places.iter().map(|p| p.tenant.as_ref())),
         };
-        Ok((route, legs.clone().placed(place_of)))
+        let legs = new.legs.clone().map(|legs| legs.placed(place_of));
+        Ok((route, legs))
     }
 
     /// The places of `accounts`, in their order (`None` for one that exists nowhere):
@@ -190,21 +166,6 @@ impl TransferService {
             }
         }
         Ok(places)
-    }
-
-    /// Finds both accounts (with concurrent transfers' accounts, in one round trip per
-    /// deployment; `None` for one that exists nowhere) and remembers where they are.
-    async fn locate(&self, new: &NewTransfer) -> ServiceResult<[Option<Placement>; 2]> {
-        let found = self
-            .deployments
-            .locate([&new.source, &new.destination])
-            .await?;
-        for (account, place) in [&new.source, &new.destination].into_iter().zip(&found) {
-            if let Some(place) = place {
-                self.placements.remember([(account.clone(), place.clone())]);
-            }
-        }
-        Ok(found)
     }
 }
 

@@ -304,8 +304,9 @@ impl Stored for TransferDoc {
                 }),
             ),
             None => {
+                let value = Amount::parse(d.value).map_err(|e| bad("value", e))?;
                 one_leg_parties_agree(&d)?;
-                (Amount::parse(d.value).map_err(|e| bad("value", e))?, hold)
+                (value, hold)
             }
         };
         let tenants = d

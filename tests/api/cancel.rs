@@ -45,6 +45,29 @@ async fn mark_applied_as_the_dead_instance(app: &TestApp, id: TransferId) -> boo
 /// Records a transfer and takes it `initial -> pending` as the dead instance (step 2).
 async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
     let id = record_initial(app, source, destination, value).await;
+    start_as_the_dead_instance(app, id).await;
+    id
+}
+
+/// As [`record_pending`], a transfer recorded by a version before one protocol: its
+/// document names no parties, and its destination is credited by its prepare, the
+/// commit point of that protocol.
+async fn record_pending_before_one_protocol(
+    app: &TestApp,
+    source: &str,
+    destination: &str,
+    value: i64,
+) -> TransferId {
+    let transfer = transfer_service::domain::Transfer {
+        credits_at_prepare: true,
+        ..initial(source, destination, value)
+    };
+    app.store.insert_transfer(&transfer).await.unwrap();
+    start_as_the_dead_instance(app, transfer.id).await;
+    transfer.id
+}
+
+async fn start_as_the_dead_instance(app: &TestApp, id: TransferId) {
     let started = app
         .store
         .change_state(
@@ -58,7 +81,6 @@ async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i
         .unwrap()
         .is_some();
     assert!(started, "the dead instance takes the transfer");
-    id
 }
 
 /// The end of the dead instance's lease as it believes it to be: far in the future, so
@@ -67,16 +89,27 @@ fn unexpired_lease() -> Timestamp {
     from_now(60_000)
 }
 
-/// The dead instance's step 3: debit the source. Whether it landed.
+/// The dead instance's prepare of the source: its debit. Whether it landed.
 async fn try_debit(app: &TestApp, source: &str, id: TransferId, value: i64) -> bool {
     app.store
-        .apply_debit(&account(source), id, amount(value), unexpired_lease())
+        .prepare(&account(source), id, -value, unexpired_lease())
         .await
         .unwrap()
         .applied
 }
 
-/// The dead instance's step 4: credit the destination. Whether it landed.
+/// The dead instance's prepare of the destination: room for what it will be paid in.
+/// Whether it landed.
+async fn try_room(app: &TestApp, destination: &str, id: TransferId, value: i64) -> bool {
+    app.store
+        .prepare(&account(destination), id, value, unexpired_lease())
+        .await
+        .unwrap()
+        .applied
+}
+
+/// The credit of a transfer recorded before one protocol, as its dead instance's prepare
+/// of the destination made it. Whether it landed.
 async fn try_credit(app: &TestApp, destination: &str, id: TransferId, value: i64) -> bool {
     app.store
         .apply_credit(&account(destination), id, amount(value), unexpired_lease())
@@ -87,6 +120,10 @@ async fn try_credit(app: &TestApp, destination: &str, id: TransferId, value: i64
 
 async fn apply_debit(app: &TestApp, source: &str, id: TransferId, value: i64) {
     assert!(try_debit(app, source, id, value).await, "debit {id}");
+}
+
+async fn make_room(app: &TestApp, destination: &str, id: TransferId, value: i64) {
+    assert!(try_room(app, destination, id, value).await, "room {id}");
 }
 
 async fn apply_credit(app: &TestApp, destination: &str, id: TransferId, value: i64) {
@@ -300,7 +337,7 @@ async fn cancelling_a_pending_transfer_with_nothing_applied_cancels_it() {
     assert_eq!(answered["state"], "canceled");
     assert_eq!(answered["reason"], "canceled_by_request");
     assert!(!try_debit(&app, "alice", id, 300).await);
-    assert!(!try_credit(&app, "bob", id, 300).await);
+    assert!(!try_room(&app, "bob", id, 300).await);
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
     assert!(app.accounts_with_pending().await.is_empty());
@@ -329,8 +366,8 @@ async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_th
 
     // The dead instance wakes up and carries on where it stopped: every step is refused.
     assert!(
-        !try_credit(&app, "bob", id, 300).await,
-        "a late credit landed after the rollback"
+        !try_room(&app, "bob", id, 300).await,
+        "a late prepare landed after the rollback"
     );
     assert!(
         !try_debit(&app, "alice", id, 300).await,
@@ -344,12 +381,14 @@ async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_th
     assert!(app.accounts_with_pending().await.is_empty());
 }
 
+/// A transfer recorded before one protocol commits by its credit: a cancel that finds it
+/// landed completes the transfer and reverses it.
 #[tokio::test]
 async fn cancelling_a_pending_transfer_whose_credit_landed_completes_and_reverses_it() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending(&app, "alice", "bob", 300).await;
+    let id = record_pending_before_one_protocol(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     apply_credit(&app, "bob", id, 300).await;
 
@@ -362,12 +401,55 @@ async fn cancelling_a_pending_transfer_whose_credit_landed_completes_and_reverse
     assert!(app.accounts_with_pending().await.is_empty());
 }
 
+/// A transfer commits by `pending -> applied`: one whose every party is prepared but that
+/// is still `pending` is rolled back by a cancel, its room on the destination given back.
+#[tokio::test]
+async fn cancelling_a_pending_transfer_whose_parties_are_all_prepared_rolls_it_back() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending(&app, "alice", "bob", 300).await;
+    apply_debit(&app, "alice", id, 300).await;
+    make_room(&app, "bob", id, 300).await;
+
+    let answered = cancel_ok(&app, &id.to_string()).await;
+
+    assert_eq!(answered["state"], "canceled", "{answered}");
+    assert_eq!(answered["reason"], "canceled_by_request", "{answered}");
+    assert!(answered.get("reversedBy").is_none(), "{answered}");
+    assert!(!mark_applied_as_the_dead_instance(&app, id).await);
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
 #[tokio::test]
 async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
     let id = record_pending(&app, "alice", "bob", 300).await;
+    apply_debit(&app, "alice", id, 300).await;
+    make_room(&app, "bob", id, 300).await;
+    let applied = mark_applied_as_the_dead_instance(&app, id).await;
+    assert!(applied);
+
+    let answered = cancel_ok(&app, &id.to_string()).await;
+
+    assert_reversed(&app, &answered).await;
+    assert_eq!(app.balance("alice").await, 1_000);
+    assert_eq!(app.balance("bob").await, 0);
+    assert!(app.accounts_with_pending().await.is_empty());
+}
+
+/// The same, for a transfer recorded before one protocol: its destination was credited
+/// at its prepare, and its settle only pulls the markers.
+#[tokio::test]
+async fn cancelling_an_applied_transfer_recorded_before_one_protocol_completes_and_reverses_it() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let id = record_pending_before_one_protocol(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     apply_credit(&app, "bob", id, 300).await;
     let applied = mark_applied_as_the_dead_instance(&app, id).await;
@@ -378,6 +460,7 @@ async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
     assert_reversed(&app, &answered).await;
     assert_eq!(app.balance("alice").await, 1_000);
     assert_eq!(app.balance("bob").await, 0);
+    assert_eq!(app.total_balance().await, 1_000);
     assert!(app.accounts_with_pending().await.is_empty());
 }
 

@@ -594,6 +594,16 @@ fn expect(model: &Model, key: &Key, action: &Action, revocable: &[Key]) -> Expec
                     accounts.push(account);
                 }
             }
+            // Legs that move no money (every account gets back what it pays) are refused
+            // before any account is looked up.
+            let net = |account: &String| -> i64 {
+                let paid_in: i64 = legs.iter().filter(|l| &l.1 == account).map(|l| l.2).sum();
+                let paid_out: i64 = legs.iter().filter(|l| &l.0 == account).map(|l| l.2).sum();
+                paid_in - paid_out
+            };
+            if accounts.iter().all(|a| net(a) == 0) {
+                return Problem(422, "invalid_field", vec![]);
+            }
             if let Some(first) = not_seen(&accounts).into_iter().next() {
                 return Problem(422, "unknown_account", vec![first]);
             }

@@ -56,12 +56,12 @@ fn first_error<T>(results: Vec<StoreResult<T>>) -> StoreResult<Vec<T>> {
     results.into_iter().collect()
 }
 
-/// The groups a step takes `t`'s parties in, one after the other: the paying parties,
-/// then the receiving ones, for a one-leg transfer (see the module's doc); all at once
-/// otherwise.
+/// The groups a step takes `t`'s parties in, one after the other: all at once, but for
+/// a one-leg transfer that pays in at its prepare (see the module's doc), whose paying
+/// party goes first, then its receiving one.
 fn in_turn(t: &Transfer) -> Vec<Vec<Party>> {
     let parties = t.parties().into_owned();
-    if t.legs.is_some() {
+    if !t.pays_in_at_prepare() {
         return vec![parties];
     }
     let (paying, receiving) = parties.into_iter().partition(Party::pays);
@@ -89,17 +89,15 @@ impl TransferService {
     /// (a hold's `pending -> held`); or, if a party refuses, `pending -> canceling` with
     /// its reason (and, for a multi-leg transfer, its account).
     pub(super) async fn prepare_and_commit(&self, mut t: Transfer) -> StoreResult<Transfer> {
-        let groups = in_turn(&t);
-        let last = groups.len() - 1;
-        for (i, group) in groups.iter().enumerate() {
-            if let Round::Moved(moved) = self.prepare_all(&mut t, group).await? {
+        for group in in_turn(&t) {
+            if let Round::Moved(moved) = self.prepare_all(&mut t, &group).await? {
                 return Ok(*moved);
             }
-            if i < last {
+            if group.iter().any(Party::pays) {
                 failpoint!(self, AfterDebit);
             }
         }
-        failpoint!(self, if t.legs.is_some() => AfterDebit else AfterCredit);
+        failpoint!(self, AfterCredit);
         if t.hold.is_some() {
             // No copy of a reservation may land after `held`: whoever resolves the hold
             // moves it by the state guard alone (see `Mover::Resolver`).
@@ -298,27 +296,23 @@ impl TransferService {
     /// reservation made room for it. A one-leg hold's capture moves its captured amount,
     /// all or part of what it reserves; a multi-leg one's is always whole.
     pub(super) async fn capture_and_finish(&self, t: Transfer) -> StoreResult<Transfer> {
-        let groups = in_turn(&t);
-        for group in &groups {
-            let captures = futures::future::join_all(group.iter().map(|p| async {
-                let store = self.deployments.of(&p.deployment)?;
-                match reserved(&t, p) {
-                    Some((side, held)) => {
-                        let captured = amount(&t, t.captured(p));
-                        store
-                            .capture(&p.account, t.id, side, held, captured)
-                            .await?;
-                        Ok(())
-                    }
-                    None => store.pull_marker(&p.account, t.id).await,
+        let parties = t.parties();
+        let captures = futures::future::join_all(parties.iter().map(|p| async {
+            let store = self.deployments.of(&p.deployment)?;
+            match reserved(&t, p) {
+                Some((side, held)) => {
+                    let captured = amount(&t, t.captured(p));
+                    store
+                        .capture(&p.account, t.id, side, held, captured)
+                        .await?;
+                    Ok(())
                 }
-            }))
-            .await;
-            first_error(captures)?;
-            if groups.len() > 1 && group.iter().all(Party::pays) {
-                failpoint!(self, AfterCaptureSource);
+                None => store.pull_marker(&p.account, t.id).await,
             }
-        }
+        }))
+        .await;
+        first_error(captures)?;
+        failpoint!(self, AfterCaptureSource);
         failpoint!(self, AfterCaptureDestination);
         self.advance(t, TransferEvent::MarkDone, StepFields::default())
             .await
