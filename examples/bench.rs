@@ -133,6 +133,10 @@ struct Cli {
         value_parser = ["two-phase", "native"]
     )]
     seed_strategies: Vec<String>,
+    /// Runs this service binary instead of building the project's: to compare two builds
+    /// in one session, alternating runs of each.
+    #[arg(long)]
+    server: Option<PathBuf>,
 }
 
 struct Plans {
@@ -357,7 +361,9 @@ async fn run(cli: Cli, out: PathBuf, started_at: chrono::DateTime<chrono::Utc>) 
         || wants(Part::Ledger)
         || wants(Part::Events)
         || wants(Part::Legs);
-    let server_binary = if needs_server {
+    let server_binary = if let Some(given) = cli.server.clone().filter(|_| needs_server) {
+        Some(given)
+    } else if needs_server {
         let t = Instant::now();
         match tokio::task::spawn_blocking(procs::build_server)
             .await
