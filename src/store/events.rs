@@ -338,7 +338,7 @@ impl Store {
         };
         let recorded = self.feed_state().await?.recorded_through;
         let Some(now) = self.cluster_time().await? else {
-            return Err(StoreError::Other(
+            return Err(StoreError::Malformed(
                 format!("the change stream cannot resume ({why}), and the database gives no cluster time to start again from").into(),
             ));
         };
@@ -369,7 +369,7 @@ impl Store {
         );
         match self.watch_from_saved().await? {
             Opened::Changes(changes) => Ok(Some(*changes)),
-            Opened::CannotResume(why) => Err(StoreError::Other(
+            Opened::CannotResume(why) => Err(StoreError::Refused(
                 format!("the change stream cannot start again from now: {why}").into(),
             )),
         }
@@ -489,9 +489,9 @@ impl Store {
         });
         let mut update = doc! {};
         if let (true, Some(token)) = (due, &token) {
-            let stored = bson::to_bson(token).map_err(|e| {
-                StoreError::Other(format!("a resume token cannot be stored: {e}").into())
-            })?;
+            // A token is a document the server sent: it is BSON already.
+            let stored = bson::to_bson(token)
+                .unwrap_or_else(|e| panic!("bug: a resume token cannot be stored: {e}"));
             update.insert("$set", doc! { "resumeToken": stored });
         }
         let mut raised = doc! {};
@@ -527,7 +527,7 @@ impl Store {
             None => return Ok(None),
             Some(Some(time)) => time,
             Some(None) => self.cluster_time().await?.ok_or_else(|| {
-                StoreError::Other(
+                StoreError::Malformed(
                     "a change without a cluster time, and the database gives none".into(),
                 )
             })?,
@@ -1045,7 +1045,7 @@ impl Store {
     }
 
     fn event_from(&self, d: EventDoc) -> StoreResult<Event> {
-        let bad = |why: String| StoreError::Other(format!("event {}: {why}", d.id).into());
+        let bad = |why: String| StoreError::Malformed(format!("event {}: {why}", d.id).into());
         let kind = EventType::parse(&d.kind).map_err(|e| bad(e.0))?;
         let position = position(&d.key).ok_or_else(|| bad("its key is unreadable".into()))?;
         let data = match (d.transfer.clone(), d.account.clone()) {

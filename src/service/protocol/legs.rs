@@ -16,8 +16,8 @@ use crate::domain::Side;
 use crate::domain::{
     Account, Amount, CancelReason, Legs, MAX_MONEY, Party, Transfer, TransferEvent,
 };
+use crate::store::StoreResult;
 use crate::store::transfers::StepFields;
-use crate::store::{StoreError, StoreResult};
 
 /// What one party's prepare came to.
 enum Prepared {
@@ -180,9 +180,8 @@ impl TransferService {
         let undos = futures::future::join_all(legs.parties().iter().map(|p| async {
             let store = self.deployments.of(&p.deployment)?;
             if p.pays() {
-                let paid = Amount::parse(-p.net).map_err(|e| {
-                    StoreError::Other(format!("transfer {}: a party's net: {e}", t.id).into())
-                })?;
+                let paid = Amount::parse(-p.net)
+                    .unwrap_or_else(|e| panic!("bug: transfer {}: a party's net: {e}", t.id));
                 store.undo(&p.account, t.id, Side::Source, paid).await
             } else {
                 store.release_room(&p.account, t.id, p.net).await
@@ -287,6 +286,6 @@ fn reserved(t: &Transfer, party: &Party) -> StoreResult<Option<(Side, Amount)>> 
     }
     let side = party_side(party);
     let held = Amount::parse(party.net.abs())
-        .map_err(|e| StoreError::Other(format!("transfer {}: a party's net: {e}", t.id).into()))?;
+        .unwrap_or_else(|e| panic!("bug: transfer {}: a party's net: {e}", t.id));
     Ok(Some((side, held)))
 }
