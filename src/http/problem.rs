@@ -469,9 +469,9 @@ fn webhook_limit_reached(cap: crate::domain::WebhookCap) -> String {
 fn contended(transfer_id: Option<&str>) -> String {
     match transfer_id {
         Some(id) => format!(
-            "transfer {id} kept losing to concurrent changes (of its accounts, or of the transfer itself) and this request stopped trying; what was recorded stands and the transfer will be finished: read it with GET /transfers/{id}, or send the same request again after Retry-After seconds (POST /transfers with the same Idempotency-Key)"
+            "transfer {id} kept losing to concurrent changes (of its accounts, or of the transfer itself) and this request stopped trying; what was recorded stands and the transfer will be finished: read it with GET /transfers/{id}, or send the same request again after Retry-After seconds (a POST /transfers only with the same Idempotency-Key: without one it would make another transfer)"
         ),
-        None => "this request kept losing to concurrent requests (on the same account, or with the same Idempotency-Key); send it again after Retry-After seconds (POST /transfers with the same Idempotency-Key)".into(),
+        None => "this request kept losing to concurrent requests (on the same account, or with the same Idempotency-Key) and recorded nothing; send it again after Retry-After seconds, with the same Idempotency-Key if it had one".into(),
     }
 }
 

@@ -275,7 +275,7 @@ pub struct UnavailableOrOverloaded(pub Problem);
 /// `POST /transfers`: safe to retry only with the same Idempotency-Key.
 #[derive(ToResponse)]
 #[response(
-    description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key. `overloaded` (with `Retry-After`): nothing was recorded; retry after that many seconds. `contended` (with `Retry-After`): the request kept losing to concurrent ones (on the same account, or with the same Idempotency-Key); with `transferId` the transfer is recorded and will be finished (read it, or retry with the same Idempotency-Key to be answered with it), without, nothing was recorded under it: retry with the same Idempotency-Key after that many seconds.",
+    description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key. `overloaded` (with `Retry-After`): nothing was recorded; retry after that many seconds. `contended` (with `Retry-After`): the request kept losing to concurrent ones (on the same account, or with the same Idempotency-Key); with `transferId` the transfer is recorded and will be finished (read it, or retry with the same Idempotency-Key to be answered with it; without a key a retry makes another transfer); without `transferId` this request recorded nothing: retry after that many seconds, with the same Idempotency-Key if it had one.",
     content_type = PROBLEM_JSON,
     headers(("Retry-After" = Option<String>, description = "Seconds to wait before retrying, with `overloaded` and `contended`."))
 )]

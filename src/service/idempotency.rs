@@ -100,7 +100,10 @@ impl TransferService {
         fingerprint: &str,
     ) -> ServiceResult<TransferOutcome> {
         let key = transfer.idempotency_key.as_ref().unwrap_or_else(|| {
-            panic!("bug: transfer {} replayed by a key it has not", transfer.id)
+            panic!(
+                "bug: transfer {} has no idempotency key to replay",
+                transfer.id
+            )
         });
         // The key was taken (the insert met it) by a request whose transfer no majority
         // read finds yet: that request's write is not acknowledged yet.

@@ -30,10 +30,9 @@ use crate::domain::{AccountId, CancelReason, EntryKind, MAX_MONEY, Transfer, Tra
 
 /// How long a transfer may keep starting new runs of its transaction before it gives up
 /// (the caller answers 503, `contended` if the last run lost to a write conflict; nothing
-/// moved). The driver's own limit is 120 s, four times
-/// the service's request timeout (`startup::REQUEST_TIMEOUT`, 30 s): left alone, a
-/// transfer on a hot account would be cut by that timeout at an arbitrary point, perhaps
-/// inside its commit. A `tokio::time::timeout` around the run would have the same flaw,
+/// moved). The driver's own limit is 120 s, four times the service's request timeout
+/// (`startup::REQUEST_TIMEOUT`, 30 s): left alone, a transfer on a hot account would be
+/// cut by that timeout at an arbitrary point, perhaps inside its commit. A `tokio::time::timeout` around the run would have the same flaw,
 /// so the limit is checked where the callback starts, before any write of that run:
 /// giving up never leaves a commit in doubt. It leaves 20 s of the request for the last
 /// run and its commit (a commit whose result is unknown the driver sends again; that,

@@ -258,7 +258,7 @@ fn a_lost_race_answers_503_contended_with_retry_after_byte_for_byte() {
         (
             503,
             Some("1".to_owned()),
-            r#"{"type":"urn:transfer-service:problem:contended","title":"Contended","status":503,"detail":"transfer 65a1b2c3d4e5f60718293a4b kept losing to concurrent changes (of its accounts, or of the transfer itself) and this request stopped trying; what was recorded stands and the transfer will be finished: read it with GET /transfers/65a1b2c3d4e5f60718293a4b, or send the same request again after Retry-After seconds (POST /transfers with the same Idempotency-Key)","code":"contended","transferId":"65a1b2c3d4e5f60718293a4b"}"#.to_owned()
+            r#"{"type":"urn:transfer-service:problem:contended","title":"Contended","status":503,"detail":"transfer 65a1b2c3d4e5f60718293a4b kept losing to concurrent changes (of its accounts, or of the transfer itself) and this request stopped trying; what was recorded stands and the transfer will be finished: read it with GET /transfers/65a1b2c3d4e5f60718293a4b, or send the same request again after Retry-After seconds (a POST /transfers only with the same Idempotency-Key: without one it would make another transfer)","code":"contended","transferId":"65a1b2c3d4e5f60718293a4b"}"#.to_owned()
         )
     );
     assert_eq!(
@@ -266,7 +266,7 @@ fn a_lost_race_answers_503_contended_with_retry_after_byte_for_byte() {
         (
             503,
             Some("1".to_owned()),
-            r#"{"type":"urn:transfer-service:problem:contended","title":"Contended","status":503,"detail":"this request kept losing to concurrent requests (on the same account, or with the same Idempotency-Key); send it again after Retry-After seconds (POST /transfers with the same Idempotency-Key)","code":"contended"}"#.to_owned()
+            r#"{"type":"urn:transfer-service:problem:contended","title":"Contended","status":503,"detail":"this request kept losing to concurrent requests (on the same account, or with the same Idempotency-Key) and recorded nothing; send it again after Retry-After seconds, with the same Idempotency-Key if it had one","code":"contended"}"#.to_owned()
         )
     );
 }
