@@ -524,52 +524,71 @@ fn one_of<E: ValueEnum + Clone + Send + Sync + 'static>() -> Trimmed<EnumValuePa
     }
 }
 
-fn mongodb_uri(raw: &str) -> Result<String, String> {
+/// Why one of the value parsers below refused a value: what follows `invalid VARIABLE: `
+/// on the line [`ConfigError::from_clap`] makes of it.
+#[derive(Debug, thiserror::Error)]
+enum BadValue {
+    #[error("must start with mongodb:// or mongodb+srv://")]
+    MongodbUri,
+    #[error("must be 1 to 63 characters without / \\ . space \" or $")]
+    DatabaseName,
+    /// The value as given.
+    #[error("{0:?} is not host:port, such as 127.0.0.1:8080")]
+    SocketAddr(String),
+    #[error("must be 1 to 128 visible ASCII characters")]
+    InstanceId,
+    #[error(transparent)]
+    LogFilter(#[from] tracing_subscriber::filter::ParseError),
+    /// A list's parser (`parse_api_keys`, `parse_deployments`, `parse_cors_origins`)
+    /// refused it: its message, without the variable, which the line names already.
+    #[error("{}", .0.message)]
+    List(#[from] ConfigError),
+}
+
+fn mongodb_uri(raw: &str) -> Result<String, BadValue> {
     let uri = raw.trim();
     if uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://") {
         Ok(uri.to_owned())
     } else {
-        Err("must start with mongodb:// or mongodb+srv://".to_owned())
+        Err(BadValue::MongodbUri)
     }
 }
 
 /// MongoDB's rules for a database name.
-fn database_name(raw: &str) -> Result<String, String> {
+fn database_name(raw: &str) -> Result<String, BadValue> {
     let name = raw.trim();
     if name.is_empty() || name.len() > 63 || name.chars().any(|c| "/\\. \"$\0".contains(c)) {
-        return Err("must be 1 to 63 characters without / \\ . space \" or $".to_owned());
+        return Err(BadValue::DatabaseName);
     }
     Ok(name.to_owned())
 }
 
-fn socket_addr(raw: &str) -> Result<SocketAddr, String> {
+fn socket_addr(raw: &str) -> Result<SocketAddr, BadValue> {
     raw.trim()
         .parse()
-        .map_err(|_| format!("{raw:?} is not host:port, such as 127.0.0.1:8080"))
+        .map_err(|_| BadValue::SocketAddr(raw.to_owned()))
 }
 
-fn instance_id(raw: &str) -> Result<String, String> {
+fn instance_id(raw: &str) -> Result<String, BadValue> {
     let id = raw.trim();
     if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
-        return Err("must be 1 to 128 visible ASCII characters".to_owned());
+        return Err(BadValue::InstanceId);
     }
     Ok(id.to_owned())
 }
 
-fn log_filter(raw: &str) -> Result<String, String> {
+fn log_filter(raw: &str) -> Result<String, BadValue> {
     let filter = raw.trim();
-    match tracing_subscriber::EnvFilter::try_new(filter) {
-        Ok(_) => Ok(filter.to_owned()),
-        Err(e) => Err(e.to_string()),
-    }
+    tracing_subscriber::EnvFilter::try_new(filter)?;
+    Ok(filter.to_owned())
 }
 
-fn api_keys(raw: &str) -> Result<Vec<ApiKey>, String> {
-    parse_api_keys(raw).map_err(|e| e.message)
+fn api_keys(raw: &str) -> Result<Vec<ApiKey>, BadValue> {
+    Ok(parse_api_keys(raw)?)
 }
 
-fn deployments(raw: &str) -> Result<Vec<Deployment>, String> {
-    parse_deployments(raw).map_err(|e| e.message)
+fn deployments(raw: &str) -> Result<Vec<Deployment>, BadValue> {
+    Ok(parse_deployments(raw)?)
 }
 
 /// Parses `DEPLOYMENTS`: comma-separated `name=uri` pairs. The messages name an entry
@@ -620,8 +639,8 @@ pub fn parse_deployments(raw: &str) -> Result<Vec<Deployment>, ConfigError> {
     Ok(list)
 }
 
-fn cors_origins(raw: &str) -> Result<Vec<String>, String> {
-    parse_cors_origins(raw).map_err(|e| e.message)
+fn cors_origins(raw: &str) -> Result<Vec<String>, BadValue> {
+    Ok(parse_cors_origins(raw)?)
 }
 
 /// Parses `API_KEYS`: comma-separated `role:key` pairs. Blank: no keys. The messages
@@ -1022,7 +1041,7 @@ mod tests {
 
     #[test]
     fn a_rejected_value_reads_as_before() {
-        let cases: [(&[&str], &str); 7] = [
+        let cases: [(&[&str], &str); 9] = [
             (
                 &["--max-connections", "0"],
                 r#"invalid MAX_CONNECTIONS: "0" is not a whole number from 1 to 100000"#,
@@ -1050,6 +1069,14 @@ mod tests {
             (
                 &["--mongodb-uri", "http://x"],
                 "invalid MONGODB_URI: must start with mongodb:// or mongodb+srv://",
+            ),
+            (
+                &["--mongodb-database", "a.b"],
+                r#"invalid MONGODB_DATABASE: must be 1 to 63 characters without / \ . space " or $"#,
+            ),
+            (
+                &["--api-keys", "rw"],
+                "invalid API_KEYS: entry 1 is not role:key (role rw, ro or admin)",
             ),
         ];
         for (flags, line) in cases {

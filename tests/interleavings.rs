@@ -2428,12 +2428,61 @@ async fn a_capture_answers_hold_expired_only_when_the_hold_is_stored_expired() {
     assert_balances_and_no_markers(&app, 700, 300).await;
 }
 
+/// Issue 34: a capture whose every round loses (its capture write reads the clock past
+/// the hold's expiry, then the expiry it makes instead reads it before: a clock going back
+/// and forth, so the hold stays `held` under it) gives up after its rounds. That is a lost
+/// race, not a database that is down: 503 `contended` (before: `database_unavailable`),
+/// with `Retry-After`, naming the hold, which stands as it was; the same capture sent
+/// again once the clock settles captures it.
+#[tokio::test]
+async fn a_capture_that_keeps_losing_to_the_clock_answers_contended_and_can_be_sent_again() {
+    let app = spawn_app_with(|_| {}).await;
+    open_alice_and_bob(&app).await;
+    let (id, expires_at) = held_hold(&app).await;
+    let second = chrono::TimeDelta::seconds(1);
+    let back_and_forth = [expires_at + second, expires_at - second];
+    failpoints::set_clocks(&app.instance_id, back_and_forth.repeat(64));
+
+    let response = app
+        .http
+        .post(app.url(&format!("/transfers/{id}/capture")))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    failpoints::set_clocks(&app.instance_id, std::iter::empty());
+    let status = response.status().as_u16();
+    let retry_after = response.headers().get("retry-after").cloned();
+    let contended: Value = response.json().await.unwrap();
+    assert_eq!(
+        (status, contended["code"].as_str()),
+        (503, Some("contended")),
+        "{contended}"
+    );
+    assert_eq!(
+        contended["transferId"],
+        json!(id.to_string()),
+        "{contended}"
+    );
+    assert_eq!(retry_after.as_ref().map(|v| v.as_bytes()), Some(&b"1"[..]));
+    assert_eq!(transfer(&app, id).await.state, TransferState::Held);
+
+    let (status, captured) = hold_answer(&app, id, "capture").await;
+    assert_eq!(
+        (status, &captured["state"]),
+        (200, &json!("done")),
+        "{captured}"
+    );
+    assert_balances_and_no_markers(&app, 700, 300).await;
+}
+
 /// A request with a key already taken reads the key's record and its transfer with
 /// majority read concern, and on a replica set such a read may lag behind the primary
 /// that refused the key: it must not believe a "not there" at once. A lag of a few reads
 /// is retried through, and the retry is answered as the replay it is (not 503, not a
-/// second transfer); a lag that outlasts the retries is answered 503, retryable, with
-/// nothing moved twice. (The lag is a failpoint: a single-node server never lags.)
+/// second transfer); a lag that outlasts the retries is answered 503 `contended` (the key
+/// is another request's whose write is not acknowledged yet), retryable, with nothing
+/// moved twice. (The lag is a failpoint: a single-node server never lags.)
 #[tokio::test]
 async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_as_a_replay() {
     let app = spawn_app_with(|_| {}).await;
@@ -2458,8 +2507,8 @@ async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_a
     failpoints::lag_reads(&app.instance_id, 0);
     assert_eq!(
         (status, unavailable["code"].as_str()),
-        (503, Some("database_unavailable")),
-        "a record no read sees: {unavailable}"
+        (503, Some("contended")),
+        "a record no read sees, taken by a request not acknowledged yet: {unavailable}"
     );
 
     let all = app

@@ -263,6 +263,9 @@ fn sample(code: &str) -> Option<ApiError> {
             account: "bob".into(),
         },
         "database_unavailable" => ApiError::DatabaseUnavailable,
+        "contended" => ApiError::Contended {
+            transfer_id: Some(TRANSFER_ID.into()),
+        },
         "overloaded" => ApiError::Overloaded,
         "too_many_streams" => {
             ServiceError::TooManyFollowers(crate::service::FollowerLimit::Instance).into()
@@ -316,6 +319,7 @@ mod tests {
         "insufficient_funds",
         "balance_overflow",
         "database_unavailable",
+        "contended",
         "overloaded",
         "request_timeout",
         "internal_error",

@@ -133,6 +133,12 @@ pub enum ApiError {
     DatabaseUnavailable,
     /// 503: these deployments do not answer (`/ready`).
     DeploymentsUnavailable(Vec<String>),
+    /// 503: the request kept losing to concurrent writers (a hot account, a transfer
+    /// moving under a cancel or capture, another request with the same idempotency key);
+    /// retry after `Retry-After` seconds. `transfer_id` names the transfer when one is
+    /// recorded: what was recorded stands, and the transfer is finished by its driver or
+    /// the sweeper.
+    Contended { transfer_id: Option<String> },
     /// 503: this instance has as many transfers in flight as it admits; retry after
     /// `Retry-After` seconds. Nothing was recorded.
     Overloaded,
@@ -177,6 +183,7 @@ impl ApiError {
             | BalanceOverflow { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             DatabaseUnavailable
             | DeploymentsUnavailable(_)
+            | Contended { .. }
             | Overloaded
             | TooManyStreams(_)
             | Timeout => StatusCode::SERVICE_UNAVAILABLE,
@@ -219,6 +226,7 @@ impl ApiError {
             DatabaseUnavailable | DeploymentsUnavailable(_) => {
                 ("database_unavailable", "Database unavailable")
             }
+            Contended { .. } => ("contended", "Contended"),
             Overloaded => ("overloaded", "Overloaded"),
             TooManyStreams(_) => ("too_many_streams", "Too many event streams"),
             Timeout => ("request_timeout", "Request timeout"),
@@ -279,6 +287,7 @@ impl ApiError {
                 "the database is unavailable; these deployments do not answer: {}",
                 names.join(", ")
             ),
+            Contended { transfer_id } => contended(transfer_id.as_deref()),
             Overloaded => {
                 "this instance is at its limit of transfers in flight or of connections; nothing was recorded, retry shortly".into()
             }
@@ -315,6 +324,7 @@ impl ApiError {
             ApiError::UnknownAccount { transfer_id, .. }
             | ApiError::InsufficientFunds { transfer_id, .. } => transfer_id.clone(),
             ApiError::Hold { transfer_id, .. } => Some(transfer_id.clone()),
+            ApiError::Contended { transfer_id } => transfer_id.clone(),
             _ => None,
         };
         let account = match self {
@@ -455,6 +465,16 @@ fn webhook_limit_reached(cap: crate::domain::WebhookCap) -> String {
     }
 }
 
+/// The detail of a 503 `contended`: what stands, and how to retry.
+fn contended(transfer_id: Option<&str>) -> String {
+    match transfer_id {
+        Some(id) => format!(
+            "transfer {id} kept losing to concurrent changes (of its accounts, or of the transfer itself) and this request stopped trying; what was recorded stands and the transfer will be finished: read it with GET /transfers/{id}, or send the same request again after Retry-After seconds (a POST /transfers only with the same Idempotency-Key: without one it would make another transfer)"
+        ),
+        None => "this request kept losing to concurrent requests (on the same account, or with the same Idempotency-Key) and recorded nothing; send it again after Retry-After seconds, with the same Idempotency-Key if it had one".into(),
+    }
+}
+
 /// The detail of a 503 `too_many_streams`: which limit refused the stream.
 fn too_many_streams(limit: crate::service::FollowerLimit) -> &'static str {
     match limit {
@@ -475,9 +495,10 @@ impl IntoResponse for ApiError {
         response
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if self == ApiError::Overloaded {
+        if matches!(self, ApiError::Overloaded | ApiError::Contended { .. }) {
             // RFC 9110: when to come back. A transfer takes milliseconds; one second
-            // lets the burst drain without making clients wait long.
+            // lets the burst drain without making clients wait long (a burst of
+            // transfers, or of writers on one hot account).
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -571,6 +592,11 @@ impl From<ServiceError> for ApiError {
             ServiceError::Unavailable(e) => {
                 tracing::warn!(cause = %Chain(&e), "database unavailable");
                 ApiError::DatabaseUnavailable
+            }
+            ServiceError::Contended(e) => {
+                tracing::warn!(cause = %Chain(&e), "gave up on a lost race");
+                let transfer_id = e.transfer().map(|id| id.to_string());
+                ApiError::Contended { transfer_id }
             }
             ServiceError::Internal(e) => {
                 tracing::error!(cause = %Chain(&e), "internal error");

@@ -266,16 +266,18 @@ pub struct Unavailable(pub Problem);
 /// each such route answers the same when sent again.
 #[derive(ToResponse)]
 #[response(
-    description = "`database_unavailable`, `request_timeout` or `overloaded` (with `Retry-After`): sending the same request again is safe.",
-    content_type = PROBLEM_JSON
+    description = "`database_unavailable`, `request_timeout`, `overloaded` (with `Retry-After`) or `contended` (with `Retry-After`: the transfer kept changing under the request, which stopped trying; `transferId` names it): sending the same request again is safe.",
+    content_type = PROBLEM_JSON,
+    headers(("Retry-After" = Option<String>, description = "Seconds to wait before retrying, with `overloaded` and `contended`."))
 )]
 pub struct UnavailableOrOverloaded(pub Problem);
 
 /// `POST /transfers`: safe to retry only with the same Idempotency-Key.
 #[derive(ToResponse)]
 #[response(
-    description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key. `overloaded` (with `Retry-After`): nothing was recorded; retry after that many seconds.",
-    content_type = PROBLEM_JSON
+    description = "`database_unavailable` or `request_timeout`: retry with the same Idempotency-Key. `overloaded` (with `Retry-After`): nothing was recorded; retry after that many seconds. `contended` (with `Retry-After`): the request kept losing to concurrent ones (on the same account, or with the same Idempotency-Key); with `transferId` the transfer is recorded and will be finished (read it, or retry with the same Idempotency-Key to be answered with it; without a key a retry makes another transfer); without `transferId` this request recorded nothing: retry after that many seconds, with the same Idempotency-Key if it had one.",
+    content_type = PROBLEM_JSON,
+    headers(("Retry-After" = Option<String>, description = "Seconds to wait before retrying, with `overloaded` and `contended`."))
 )]
 pub struct TransferUnavailable(pub Problem);
 

@@ -77,8 +77,9 @@ impl TransferService {
                 },
                 tracing::Span::current(),
             ));
-        run.await.unwrap_or_else(|e| {
-            Err(StoreError::Other(format!("{what} of transfer {id} failed: {e}").into()).into())
+        run.await.unwrap_or_else(|ended| {
+            tracing::error!(transfer_id = %id, "the {what} of this transfer panicked");
+            super::error::panicked(ended)
         })
     }
 
@@ -135,8 +136,9 @@ impl TransferService {
                 TransferState::Done => return self.reverse(transfer).await,
             };
         }
-        Err(StoreError::Unavailable(
-            format!("cancel of transfer {id}: the transfer kept moving under it").into(),
+        Err(StoreError::contended(
+            Some(id),
+            format!("cancel of transfer {id}: the transfer kept moving under it"),
         )
         .into())
     }

@@ -70,8 +70,7 @@ pub struct TransferOutcome {
 async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
     match run.await {
         Ok(result) => Ok(result?),
-        // Only a panic gets here (runs are never aborted): a bug, said as one.
-        Err(e) => Err(StoreError::Other(format!("protocol run failed: {e}").into()).into()),
+        Err(ended) => super::error::panicked(ended),
     }
 }
 
@@ -249,8 +248,11 @@ impl TransferService {
                 self.replay_by_key(&transfer, fingerprint).await?,
             )),
             None => {
+                // Its `_id` is new: the copy the insert met is its own earlier one, which
+                // no majority read finds yet (the database has not made it durable, or a
+                // failover rolled it back).
                 let said = format!("transfer {}: a duplicate key, but no transfer", transfer.id);
-                Err(StoreError::Other(said.into()).into())
+                Err(StoreError::Unavailable(said.into()).into())
             }
         }
     }

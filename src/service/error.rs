@@ -1,6 +1,7 @@
 //! What can refuse a request of the service, as its caller should see it:
 //! [`ServiceError`], and the one mapping of a storage error onto it (a lost database is
-//! [`ServiceError::Unavailable`], anything else [`ServiceError::Internal`]).
+//! [`ServiceError::Unavailable`], a lost race [`ServiceError::Contended`], anything else
+//! [`ServiceError::Internal`]).
 
 use super::HoldConflict;
 use crate::domain::{AccountId, Amount, CancelReason, DeploymentName, TransferId};
@@ -86,7 +87,12 @@ pub enum ServiceError {
     /// The database cannot be reached or cannot take the write now; retry later.
     #[error(transparent)]
     Unavailable(StoreError),
-    /// A bug or a misconfigured database: nothing the caller can do about it.
+    /// The request kept losing to concurrent writers ([`StoreError::Contended`]); what
+    /// was recorded stands. Retry shortly.
+    #[error(transparent)]
+    Contended(StoreError),
+    /// Stored data this version cannot read, a database that refuses what it is sent, or
+    /// settings that do not match the data: nothing the caller can do about it.
     #[error(transparent)]
     Internal(StoreError),
 }
@@ -95,12 +101,26 @@ impl From<StoreError> for ServiceError {
     fn from(err: StoreError) -> ServiceError {
         match err {
             StoreError::Unavailable(_) => ServiceError::Unavailable(err),
-            StoreError::DuplicateKey(_) | StoreError::Other(_) => ServiceError::Internal(err),
+            StoreError::Contended { .. } => ServiceError::Contended(err),
+            StoreError::DuplicateKey(_)
+            | StoreError::Malformed(_)
+            | StoreError::Refused(_)
+            | StoreError::Misconfigured(_) => ServiceError::Internal(err),
         }
     }
 }
 
 pub type ServiceResult<T> = Result<T, ServiceError>;
+
+/// The end of a task of ours that gave no result: only a panic gets here (the tasks are
+/// never aborted), a bug. The panic goes on in the task that waited for it, so that a
+/// request answers as any panic does (500 `internal_error`, `CatchPanicLayer`).
+pub(super) fn panicked(ended: tokio::task::JoinError) -> ! {
+    match ended.try_into_panic() {
+        Ok(panic) => std::panic::resume_unwind(panic),
+        Err(ended) => panic!("bug: a task of the service was aborted: {ended}"),
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -225,8 +225,9 @@ impl TransferService {
         }
         // Only a hold that kept moving (or a clock that kept jumping) under the capture
         // gets here: its answer would not be the stored state's.
-        Err(StoreError::Unavailable(
-            format!("capture of hold {id}: the hold kept moving under it").into(),
+        Err(StoreError::contended(
+            Some(id),
+            format!("capture of hold {id}: the hold kept moving under it"),
         )
         .into())
     }

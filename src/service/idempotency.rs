@@ -99,8 +99,16 @@ impl TransferService {
         transfer: &Transfer,
         fingerprint: &str,
     ) -> ServiceResult<TransferOutcome> {
-        let taken = || StoreError::Other("idempotency key taken but no transfer carries it".into());
-        let key = transfer.idempotency_key.as_ref().ok_or_else(taken)?;
+        let key = transfer.idempotency_key.as_ref().unwrap_or_else(|| {
+            panic!(
+                "bug: transfer {} has no idempotency key to replay",
+                transfer.id
+            )
+        });
+        // The key was taken (the insert met it) by a request whose transfer no majority
+        // read finds yet: that request's write is not acknowledged yet.
+        let taken =
+            || StoreError::contended(None, "idempotency key taken but no transfer carries it");
         let log = self.log_store(transfer)?;
         let record = read_majority(|| log.idempotency_record(key)).await?;
         let existing = match &record {
@@ -166,8 +174,9 @@ impl TransferService {
             Err(StoreError::DuplicateKey(_)) => read_majority(|| log.idempotency_record(key))
                 .await?
                 .ok_or_else(|| {
-                    // Taken on the primary, not yet on the majority this read asks for.
-                    StoreError::Unavailable("idempotency key taken but not readable yet".into())
+                    // Taken on the primary, not yet on the majority this read asks for:
+                    // by a request with this key whose write is not acknowledged yet.
+                    StoreError::contended(None, "idempotency key taken but not readable yet")
                 })?,
             Err(e) => return Err(e.into()),
         };

@@ -401,20 +401,19 @@ impl TransferService {
     }
 
     pub(super) async fn reload(&self, transfer: &Transfer) -> StoreResult<Transfer> {
-        self.log_store(transfer)?
-            .transfer(transfer.id)
-            .await?
-            .ok_or_else(|| StoreError::Other(format!("transfer {} vanished", transfer.id).into()))
+        let found = self.log_store(transfer)?.transfer(transfer.id).await?;
+        // A transfer is never deleted, and a step holds only one the majority has.
+        Ok(found.unwrap_or_else(|| panic!("bug: transfer {} vanished", transfer.id)))
     }
 }
 
 fn contended(t: &Transfer) -> StoreError {
-    StoreError::Unavailable(
+    StoreError::contended(
+        Some(t.id),
         format!(
             "transfer {}: account step kept losing to concurrent updates",
             t.id
-        )
-        .into(),
+        ),
     )
 }
 

@@ -68,7 +68,7 @@ impl Store {
                 })
                 .transpose()
                 .map_err(|e: ParseError| {
-                    StoreError::Other(format!("a stored currency or tenant: {e}").into())
+                    StoreError::Malformed(format!("a stored currency or tenant: {e}").into())
                 })
         };
         let [source, destination] = found;

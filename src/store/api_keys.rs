@@ -38,7 +38,7 @@ struct ApiKeyDoc {
 impl ApiKeyDoc {
     fn into_domain(self) -> StoreResult<KeyRecord> {
         let bad = |field: &str, why: ParseError| {
-            StoreError::Other(
+            StoreError::Malformed(
                 format!("api key {}: stored {field} is not valid: {why}", self.id).into(),
             )
         };

@@ -302,7 +302,7 @@ pub async fn insert_transfers(
                 let refused = if error.code == 11000 {
                     StoreError::DuplicateKey(error.message.clone().into())
                 } else {
-                    StoreError::Other(error.message.clone().into())
+                    StoreError::Refused(error.message.clone().into())
                 };
                 if let Some(slot) = results.get_mut(error.index) {
                     *slot = Err(refused);

@@ -104,7 +104,7 @@ impl Deployments {
     /// an error for the log, 500 for the caller, and nothing is moved.
     pub fn of(&self, name: &DeploymentName) -> StoreResult<&Store> {
         let store = self.get(name).ok_or_else(|| {
-            StoreError::Other(
+            StoreError::Misconfigured(
                 format!("deployment {name} is named in the data but not in DEPLOYMENTS").into(),
             )
         })?;

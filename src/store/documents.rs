@@ -204,7 +204,7 @@ fn corrupt(
     field: &str,
     why: impl std::fmt::Display,
 ) -> StoreError {
-    StoreError::Other(format!("{collection} {id}: stored {field} is not valid: {why}").into())
+    StoreError::Malformed(format!("{collection} {id}: stored {field} is not valid: {why}").into())
 }
 
 impl From<&Transfer> for TransferDoc {
@@ -684,7 +684,7 @@ mod tests {
             ..TransferDoc::from(&transfer)
         };
         let err = corrupt.into_domain(&DeploymentName::default()).unwrap_err();
-        assert!(matches!(err, StoreError::Other(_)), "{err:?}");
+        assert!(matches!(err, StoreError::Malformed(_)), "{err:?}");
         let said = crate::error_chain::Chain(&err).to_string();
         assert!(said.contains("stored value is not valid"), "{said}");
     }

@@ -99,7 +99,9 @@ pub struct EntryDoc {
 impl EntryDoc {
     fn into_domain(self, account: &AccountId) -> StoreResult<Entry> {
         let seq = u64::try_from(self.seq).map_err(|_| {
-            StoreError::Other(format!("account {account}: stored entry seq {}", self.seq).into())
+            StoreError::Malformed(
+                format!("account {account}: stored entry seq {}", self.seq).into(),
+            )
         })?;
         Ok(Entry {
             account: account.clone(),
@@ -474,7 +476,7 @@ impl Store {
             .await?;
         let Some(d) = found else { return Ok(None) };
         let seq = u64::try_from(d.seq).map_err(|_| {
-            StoreError::Other(format!("account {account}: stored seq {}", d.seq).into())
+            StoreError::Malformed(format!("account {account}: stored seq {}", d.seq).into())
         })?;
         let recent = d
             .recent_entries
@@ -513,7 +515,7 @@ fn seq_i64(seq: u64) -> i64 {
 fn check_numbered(account: &AccountId, after: u64, found: &[Entry]) -> StoreResult<()> {
     for (i, e) in found.iter().enumerate() {
         if e.seq != after + 1 + i as u64 {
-            return Err(StoreError::Other(
+            return Err(StoreError::Malformed(
                 format!(
                     "account {account}: entry {} found where {} was expected",
                     e.seq,
@@ -777,7 +779,7 @@ mod tests {
         assert!(check_numbered(&alice, 7, &page(&[])).is_ok());
         for hole in [&[1, 3][..], &[2, 3], &[1, 1], &[8]] {
             let err = check_numbered(&alice, 0, &page(hole)).unwrap_err();
-            assert!(matches!(err, StoreError::Other(_)), "{hole:?}: {err:?}");
+            assert!(matches!(err, StoreError::Malformed(_)), "{hole:?}: {err:?}");
         }
     }
 

@@ -338,7 +338,7 @@ impl Store {
         };
         let recorded = self.feed_state().await?.recorded_through;
         let Some(now) = self.cluster_time().await? else {
-            return Err(StoreError::Other(
+            return Err(StoreError::Malformed(
                 format!("the change stream cannot resume ({why}), and the database gives no cluster time to start again from").into(),
             ));
         };
@@ -369,7 +369,7 @@ impl Store {
         );
         match self.watch_from_saved().await? {
             Opened::Changes(changes) => Ok(Some(*changes)),
-            Opened::CannotResume(why) => Err(StoreError::Other(
+            Opened::CannotResume(why) => Err(StoreError::Refused(
                 format!("the change stream cannot start again from now: {why}").into(),
             )),
         }
@@ -426,7 +426,7 @@ impl Store {
             (Some(token), _) => {
                 let token = match readable_token(token) {
                     Ok(token) => token,
-                    Err(why) => return Ok(Opened::CannotResume(why)),
+                    Err(why) => return Ok(Opened::CannotResume(why.to_string())),
                 };
                 watch.start_after(token).await
             }
@@ -473,7 +473,10 @@ impl Store {
             match self.event_of(&change) {
                 Ok(Some(event)) => found.push(event),
                 Ok(None) => {}
-                Err(why) => lost.push(Unreadable::of(&change, why)),
+                Err(why) => {
+                    let why = crate::error_chain::Chain(&why).to_string();
+                    lost.push(Unreadable::of(&change, why));
+                }
             }
         }
         let recorded = self.insert_in_order(&found).await?;
@@ -489,9 +492,9 @@ impl Store {
         });
         let mut update = doc! {};
         if let (true, Some(token)) = (due, &token) {
-            let stored = bson::to_bson(token).map_err(|e| {
-                StoreError::Other(format!("a resume token cannot be stored: {e}").into())
-            })?;
+            // A token is a document the server sent: it is BSON already.
+            let stored = bson::to_bson(token)
+                .unwrap_or_else(|e| panic!("bug: a resume token cannot be stored: {e}"));
             update.insert("$set", doc! { "resumeToken": stored });
         }
         let mut raised = doc! {};
@@ -527,7 +530,7 @@ impl Store {
             None => return Ok(None),
             Some(Some(time)) => time,
             Some(None) => self.cluster_time().await?.ok_or_else(|| {
-                StoreError::Other(
+                StoreError::Malformed(
                     "a change without a cluster time, and the database gives none".into(),
                 )
             })?,
@@ -633,18 +636,21 @@ impl Store {
         Ok(inserted)
     }
 
-    /// The event `change` reports, if it reports one.
-    fn event_of(&self, change: &ChangeStreamEvent<Document>) -> Result<Option<EventDoc>, String> {
+    /// The event `change` reports, if it reports one; [`StoreError::Malformed`] for a
+    /// change that should be an event and cannot be made one.
+    fn event_of(&self, change: &ChangeStreamEvent<Document>) -> StoreResult<Option<EventDoc>> {
+        let bad = |why: String| StoreError::Malformed(why.into());
         let collection = change.ns.as_ref().and_then(|n| n.coll.as_deref());
         let Some(time) = change.cluster_time else {
-            return Err("a change without a cluster time".into());
+            return Err(bad("a change without a cluster time".into()));
         };
         let full = change.full_document.as_ref();
         match (collection, &change.operation_type) {
             (Some("accounts"), OperationType::Insert) => {
-                let full = full.ok_or("an account's insert without its document")?;
+                let full =
+                    full.ok_or_else(|| bad("an account's insert without its document".into()))?;
                 let account: AccountDoc =
-                    bson::from_document(full.clone()).map_err(|e| e.to_string())?;
+                    bson::from_document(full.clone()).map_err(|e| bad(e.to_string()))?;
                 let account = AccountDoc {
                     recent_entries: Vec::new(),
                     last_entry_at: None,
@@ -678,16 +684,16 @@ impl Store {
                 let Some(state) = state.cloned() else {
                     return Ok(None);
                 };
-                let state: TransferState = bson::from_bson(state).map_err(|e| e.to_string())?;
+                let state: TransferState =
+                    bson::from_bson(state).map_err(|e| bad(e.to_string()))?;
                 let Some(kind) = EventType::of_state(state) else {
                     return Ok(None);
                 };
-                let full = full.ok_or("a transfer's change without its document")?;
+                let full =
+                    full.ok_or_else(|| bad("a transfer's change without its document".into()))?;
                 let transfer: TransferDoc =
-                    bson::from_document(full.clone()).map_err(|e| e.to_string())?;
-                let transfer = transfer
-                    .into_domain(&self.deployment)
-                    .map_err(|e| crate::error_chain::Chain(&e).to_string())?;
+                    bson::from_document(full.clone()).map_err(|e| bad(e.to_string()))?;
+                let transfer = transfer.into_domain(&self.deployment)?;
                 let stamp = updated
                     .and_then(|f| f.get_datetime("lastModified").ok())
                     .map(|t| t.to_chrono());
@@ -1045,7 +1051,7 @@ impl Store {
     }
 
     fn event_from(&self, d: EventDoc) -> StoreResult<Event> {
-        let bad = |why: String| StoreError::Other(format!("event {}: {why}", d.id).into());
+        let bad = |why: String| StoreError::Malformed(format!("event {}: {why}", d.id).into());
         let kind = EventType::parse(&d.kind).map_err(|e| bad(e.0))?;
         let position = position(&d.key).ok_or_else(|| bad("its key is unreadable".into()))?;
         let data = match (d.transfer.clone(), d.account.clone()) {
@@ -1066,14 +1072,24 @@ impl Store {
 
 /// The saved resume token, if it is one: a document with its `_data` a string.
 /// SecantusDB starts a stream asked to resume from anything else at its tail, silently.
-fn readable_token(saved: &Bson) -> Result<ResumeToken, String> {
+fn readable_token(saved: &Bson) -> Result<ResumeToken, UnreadableToken> {
     let readable = saved
         .as_document()
         .is_some_and(|d| matches!(d.get("_data"), Some(Bson::String(_))));
     if !readable {
-        return Err(format!("the saved resume token is unreadable: {saved}"));
+        return Err(UnreadableToken::Shape(saved.clone()));
     }
-    bson::from_bson(saved.clone()).map_err(|e| format!("the saved resume token is unreadable: {e}"))
+    Ok(bson::from_bson(saved.clone())?)
+}
+
+/// Why a saved resume token cannot be resumed from.
+#[derive(Debug, thiserror::Error)]
+enum UnreadableToken {
+    /// Not a document with its `_data` a string.
+    #[error("the saved resume token is unreadable: {0}")]
+    Shape(Bson),
+    #[error("the saved resume token is unreadable: {0}")]
+    Decode(#[from] bson::de::Error),
 }
 
 /// A feed key as a log line says it: its cluster time (seconds.increment) and that

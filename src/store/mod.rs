@@ -36,7 +36,7 @@ use mongodb::{Client, Collection, Database};
 
 use backon::Retryable;
 
-use crate::domain::{DeploymentName, Timestamp};
+use crate::domain::{DeploymentName, Timestamp, TransferId};
 use crate::metrics::DbOutcome;
 use crate::retry;
 
@@ -111,12 +111,59 @@ pub enum StoreError {
     /// failure, shutdown, time-out). Retrying later may succeed; HTTP says 503.
     #[error("the database is unavailable")]
     Unavailable(#[source] Cause),
+    /// A step kept losing to concurrent writers of the same documents until its caller's
+    /// rounds ran out: other requests' steps on a hot account, a transfer or hold that
+    /// kept moving under a cancel or a capture, another request with the same idempotency
+    /// key whose write is not readable yet, a native transaction that kept meeting write
+    /// conflicts. Nothing is wrong with the database, and what was recorded stands:
+    /// `transfer`, when there is one, is finished by its driver or the sweeper. Retrying
+    /// shortly may succeed; HTTP says 503 `contended`, with `Retry-After`.
+    #[error("kept losing to concurrent writers")]
+    Contended {
+        /// The transfer the step was on, when one is recorded (the answer names it).
+        transfer: Option<TransferId>,
+        #[source]
+        cause: Cause,
+    },
     /// A unique index refused the write (an `_id` or idempotency key already taken).
     #[error("a unique index refused the write")]
     DuplicateKey(#[source] Cause),
-    /// Anything else: a bug or a misconfigured database. HTTP says 500, opaquely.
-    #[error("the database operation failed")]
-    Other(#[source] Cause),
+    /// What the database holds or answered is not what this version reads: a stored
+    /// value the domain refuses (a document written by hand, or by a version that allowed
+    /// what this one does not), stored data that breaks an invariant (entries with a
+    /// hole), a reply without a field it always has. HTTP says 500, opaquely.
+    #[error("the database holds or answered what this version cannot read")]
+    Malformed(#[source] Cause),
+    /// The database refused the operation for a reason that retrying does not change (a
+    /// command error that is neither about availability nor a duplicate key: not
+    /// authorized, a document too large, a feature the server lacks). HTTP says 500,
+    /// opaquely.
+    #[error("the database refused the operation")]
+    Refused(#[source] Cause),
+    /// This instance's settings or build do not match the database: a deployment the
+    /// data names but `DEPLOYMENTS` does not, a URI that does not parse, a migration
+    /// changed after it was applied. HTTP says 500, opaquely.
+    #[error("the settings do not match the database")]
+    Misconfigured(#[source] Cause),
+}
+
+impl StoreError {
+    /// [`StoreError::Contended`] on `transfer` (when one is recorded), for `what`.
+    pub fn contended(transfer: Option<TransferId>, what: impl Into<Cause>) -> StoreError {
+        StoreError::Contended {
+            transfer,
+            cause: what.into(),
+        }
+    }
+
+    /// The transfer the error is about, when it names one (only
+    /// [`StoreError::Contended`] does): what its answer names.
+    pub fn transfer(&self) -> Option<TransferId> {
+        match self {
+            StoreError::Contended { transfer, .. } => *transfer,
+            _ => None,
+        }
+    }
 }
 
 /// The cause of a [`StoreError`]: the driver's error, with its own sources, or what the
@@ -189,7 +236,7 @@ impl From<mongodb::error::Error> for StoreError {
                 } else if !codes.is_empty() && codes.iter().all(|&c| c == 11000) {
                     StoreError::DuplicateKey(err.into())
                 } else {
-                    StoreError::Other(err.into())
+                    StoreError::Refused(err.into())
                 }
             }
             ErrorKind::Command(e) if e.code == 11000 => StoreError::DuplicateKey(err.into()),
@@ -201,7 +248,7 @@ impl From<mongodb::error::Error> for StoreError {
             {
                 StoreError::Unavailable(err.into())
             }
-            _ => StoreError::Other(err.into()),
+            _ => StoreError::Refused(err.into()),
         }
     }
 }
@@ -280,7 +327,9 @@ impl Store {
     ) -> StoreResult<Store> {
         // The driver's message may quote the URI, which may carry a password: not echoed.
         let mut options = ClientOptions::parse(uri).await.map_err(|_| {
-            StoreError::Other(format!("the URI of deployment {deployment} is not valid").into())
+            StoreError::Misconfigured(
+                format!("the URI of deployment {deployment} is not valid").into(),
+            )
         })?;
         options
             .app_name
@@ -400,7 +449,7 @@ impl Store {
         let time = reply
             .get_datetime("localTime")
             .copied()
-            .map_err(|e| StoreError::Other(format!("hello has no localTime: {e}").into()))?;
+            .map_err(|e| StoreError::Malformed(format!("hello has no localTime: {e}").into()))?;
         if let Some(jump_ms) = self.clock.observe(time, sent, arrived) {
             tracing::warn!(deployment = %self.deployment, jump_ms, "the database's clock jumped; steps across deployments tolerate jumps up to a tenth of a lease");
         }
@@ -436,7 +485,10 @@ impl Store {
         }
         self.read_server_time().await?;
         bound(&self.clock)
-            .ok_or_else(|| StoreError::Other("the server's clock reading is already stale".into()))
+            // Only an instance stalled for longer than a reading stays fresh gets here.
+            .ok_or_else(|| {
+                StoreError::Unavailable("the server's clock reading is already stale".into())
+            })
     }
 
     /// `deadline`, a time by this deployment's clock, as a time by the clock of
@@ -611,7 +663,7 @@ mod tests {
                 mongodb::bson::from_document(doc! { "writeErrors": errors.clone() })
                     .expect("an insertMany failure");
             let err = StoreError::from(Error::from(ErrorKind::InsertMany(failure)));
-            assert!(matches!(err, StoreError::Other(_)), "{errors:?}: {err:?}");
+            assert!(matches!(err, StoreError::Refused(_)), "{errors:?}: {err:?}");
         }
     }
 
@@ -643,7 +695,8 @@ mod tests {
             match StoreError::from(err) {
                 StoreError::Unavailable(_) => "unavailable",
                 StoreError::DuplicateKey(_) => "duplicate key",
-                StoreError::Other(_) => "other",
+                StoreError::Refused(_) => "refused",
+                other => panic!("no driver error is {other:?}"),
             }
         }
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
@@ -651,12 +704,12 @@ mod tests {
             (write_error(11000), "duplicate key"),
             (write_error(10107), "unavailable"), // a stepped-down primary
             (write_error(11600), "unavailable"), // interrupted by a shutdown
-            (write_error(121), "other"),         // a validator refused it
+            (write_error(121), "refused"),       // a validator refused it
             (write_concern_error(64), "unavailable"), // not acknowledged in time
             (command_error(11000), "duplicate key"),
             (command_error(189), "unavailable"), // a stepped-down primary
             (command_error(50), "unavailable"),  // a time-out
-            (command_error(2), "other"),         // a bad value
+            (command_error(2), "refused"),       // a bad value
             (
                 Error::from(ErrorKind::Io(std::sync::Arc::new(reset))),
                 "unavailable",

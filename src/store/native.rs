@@ -13,11 +13,13 @@
 //! Invariants: nothing is ever half-applied (until the commit, nothing is visible); a
 //! refused transfer writes nothing; giving up writes nothing.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use mongodb::ClientSession;
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Document, doc};
+use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::ReadConcern;
 
 use super::documents::Stored;
@@ -27,10 +29,10 @@ use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
 use crate::domain::{AccountId, CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
 
 /// How long a transfer may keep starting new runs of its transaction before it gives up
-/// (the caller answers 503; nothing moved). The driver's own limit is 120 s, four times
-/// the service's request timeout (`startup::REQUEST_TIMEOUT`, 30 s): left alone, a
-/// transfer on a hot account would be cut by that timeout at an arbitrary point, perhaps
-/// inside its commit. A `tokio::time::timeout` around the run would have the same flaw,
+/// (the caller answers 503, `contended` if the last run lost to a write conflict; nothing
+/// moved). The driver's own limit is 120 s, four times the service's request timeout
+/// (`startup::REQUEST_TIMEOUT`, 30 s): left alone, a transfer on a hot account would be
+/// cut by that timeout at an arbitrary point, perhaps inside its commit. A `tokio::time::timeout` around the run would have the same flaw,
 /// so the limit is checked where the callback starts, before any write of that run:
 /// giving up never leaves a commit in doubt. It leaves 20 s of the request for the last
 /// run and its commit (a commit whose result is unknown the driver sends again; that,
@@ -55,7 +57,9 @@ impl Store {
     /// Records `transfer` as `done` and moves its money in one transaction, or, if an
     /// account refuses, writes nothing and says why. A taken idempotency key is
     /// [`StoreError::DuplicateKey`], as for an insert; a transaction that keeps failing
-    /// for [`TRANSACTION_TIME_LIMIT`] is [`StoreError::Unavailable`], with nothing moved.
+    /// for [`TRANSACTION_TIME_LIMIT`] gives up with nothing moved: as
+    /// [`StoreError::Contended`] when its last run lost to a write conflict (another
+    /// transaction on the same account), else as [`StoreError::Unavailable`].
     pub async fn transfer_atomically(
         &self,
         transfer: &Transfer,
@@ -89,6 +93,9 @@ impl Store {
         // `self`: with borrowed captures, rustc cannot prove the request's future `Send`
         // (rust-lang/rust#96865, named in `and_run2`'s documentation).
         let (store, steps_doc) = (self.clone(), done.clone());
+        // Whether the last failed run lost to a write conflict: what giving up says.
+        let conflicted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let lost = conflicted.clone();
         let refused = session
             .start_transaction()
             .write_concern(majority_journaled())
@@ -97,7 +104,13 @@ impl Store {
                 if Instant::now() >= deadline {
                     return Err(mongodb::error::Error::custom(TimeLimitReached));
                 }
-                let refused = store.atomic_steps(session, &steps_doc).await?;
+                let refused = match store.atomic_steps(session, &steps_doc).await {
+                    Ok(refused) => refused,
+                    Err(e) => {
+                        lost.store(is_write_conflict(&e), Ordering::Relaxed);
+                        return Err(e);
+                    }
+                };
                 if refused.is_some() {
                     session.abort_transaction().await?;
                 }
@@ -114,13 +127,10 @@ impl Store {
                 )))
             }
             Ok(Some(reason)) => Ok(AtomicOutcome::Refused(reason)),
-            Err(e) if e.get_custom::<TimeLimitReached>().is_some() => Err(StoreError::Unavailable(
-                format!(
-                    "transfer {}: transaction kept failing for {} ms",
-                    transfer.id,
-                    time_limit.as_millis()
-                )
-                .into(),
+            Err(e) if e.get_custom::<TimeLimitReached>().is_some() => Err(gave_up(
+                transfer,
+                time_limit,
+                conflicted.load(Ordering::Relaxed),
             )),
             Err(e) => Err(e.into()),
         }
@@ -235,4 +245,33 @@ impl Store {
 /// or credit makes.
 fn moved_by(value: i64) -> Amounts {
     Amounts::change(value, 0, 0)
+}
+
+/// Why a transaction that kept failing for `time_limit` gave up: contended when its last
+/// run lost to a write conflict (`conflicted`), else unavailable. Nothing is recorded, so
+/// the error names no transfer.
+fn gave_up(transfer: &Transfer, time_limit: Duration, conflicted: bool) -> StoreError {
+    let said = format!(
+        "transfer {}: transaction kept failing for {} ms",
+        transfer.id,
+        time_limit.as_millis()
+    );
+    if conflicted {
+        StoreError::contended(None, said)
+    } else {
+        StoreError::Unavailable(said.into())
+    }
+}
+
+/// MongoDB's WriteConflict: another transaction (or write) changed a document this
+/// transaction writes since it started.
+const WRITE_CONFLICT: i32 = 112;
+
+/// Whether a run of the transaction failed because it lost to a concurrent writer.
+fn is_write_conflict(e: &mongodb::error::Error) -> bool {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => c.code == WRITE_CONFLICT,
+        ErrorKind::Write(WriteFailure::WriteError(w)) => w.code == WRITE_CONFLICT,
+        _ => false,
+    }
 }

@@ -269,7 +269,8 @@ impl Store {
         let Some(found) = found else {
             return Ok(None);
         };
-        let bad = |why: String| StoreError::Other(format!("idempotency key {id}: {why}").into());
+        let bad =
+            |why: String| StoreError::Malformed(format!("idempotency key {id}: {why}").into());
         Ok(Some(KeyRecord {
             transfer: transfer_id(
                 found

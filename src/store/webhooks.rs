@@ -865,7 +865,8 @@ fn attempt_record(
     outcome: AttemptOutcome,
 ) -> StoreResult<Document> {
     let stored = mongodb::bson::to_bson(&attempt_doc(attempt))
-        .map_err(|e| StoreError::Other(format!("an attempt cannot be stored: {e}").into()))?;
+        // Its fields are a date, integers and a string: always BSON.
+        .unwrap_or_else(|e| panic!("bug: an attempt cannot be stored: {e}"));
     let (state, next) = after_attempt(outcome);
     let next = next.map_or(Bson::Null, Bson::DateTime);
     Ok(doc! {
@@ -965,7 +966,7 @@ fn truncated(text: &str, max: usize) -> String {
 }
 
 fn webhook_from(d: WebhookDoc) -> StoreResult<Webhook> {
-    let bad = |why: String| StoreError::Other(format!("webhook {}: {why}", d.id).into());
+    let bad = |why: String| StoreError::Malformed(format!("webhook {}: {why}", d.id).into());
     let types = d
         .types
         .iter()
@@ -1005,7 +1006,7 @@ fn webhook_from(d: WebhookDoc) -> StoreResult<Webhook> {
 }
 
 fn delivery_from(d: DeliveryDoc) -> StoreResult<Delivery> {
-    let bad = |why: String| StoreError::Other(format!("delivery {}: {why}", d.id).into());
+    let bad = |why: String| StoreError::Malformed(format!("delivery {}: {why}", d.id).into());
     Ok(Delivery {
         event_type: EventType::parse(&d.event_type).map_err(|e| bad(e.0))?,
         state: DeliveryState::parse(&d.state).map_err(|e| bad(e.0))?,

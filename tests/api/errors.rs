@@ -219,3 +219,54 @@ async fn the_served_openapi_document_is_the_committed_one() {
     .unwrap();
     assert_eq!(served, committed);
 }
+
+/// Issue 34: a step that kept losing to concurrent writers is not a database that is
+/// down. The store's error on a recorded transfer, through the service's, answers 503
+/// `contended` naming the transfer, with `Retry-After`, byte for byte; without a recorded
+/// transfer it names none. This is the mapping alone, on the real types: the protocol's
+/// own rounds (an account step that loses 16 times) cannot be made to lose without timing;
+/// `tests/interleavings.rs` provokes a capture's and an idempotency key's lost races, and
+/// `native::a_native_transaction_that_keeps_conflicting_gives_up_contended_and_moves_nothing`
+/// a native transaction's, on a real server.
+#[test]
+fn a_lost_race_answers_503_contended_with_retry_after_byte_for_byte() {
+    use axum::response::IntoResponse;
+    use transfer_service::domain::TransferId;
+    use transfer_service::http::problem::ApiError;
+    use transfer_service::service::ServiceError;
+    use transfer_service::store::StoreError;
+
+    let answer = |transfer: Option<TransferId>| {
+        let service = ServiceError::from(StoreError::contended(transfer, "kept losing"));
+        assert!(matches!(service, ServiceError::Contended(_)), "{service:?}");
+        let response = ApiError::from(service).into_response();
+        let retry_after = response.headers().get("retry-after").cloned();
+        let status = response.status().as_u16();
+        let body =
+            futures::executor::block_on(axum::body::to_bytes(response.into_body(), usize::MAX))
+                .unwrap();
+        let retry_after = retry_after.map(|v| v.to_str().unwrap().to_owned());
+        (
+            status,
+            retry_after,
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    };
+    let id = "65a1b2c3d4e5f60718293a4b";
+    assert_eq!(
+        answer(Some(TransferId::parse(id).unwrap())),
+        (
+            503,
+            Some("1".to_owned()),
+            r#"{"type":"urn:transfer-service:problem:contended","title":"Contended","status":503,"detail":"transfer 65a1b2c3d4e5f60718293a4b kept losing to concurrent changes (of its accounts, or of the transfer itself) and this request stopped trying; what was recorded stands and the transfer will be finished: read it with GET /transfers/65a1b2c3d4e5f60718293a4b, or send the same request again after Retry-After seconds (a POST /transfers only with the same Idempotency-Key: without one it would make another transfer)","code":"contended","transferId":"65a1b2c3d4e5f60718293a4b"}"#.to_owned()
+        )
+    );
+    assert_eq!(
+        answer(None),
+        (
+            503,
+            Some("1".to_owned()),
+            r#"{"type":"urn:transfer-service:problem:contended","title":"Contended","status":503,"detail":"this request kept losing to concurrent requests (on the same account, or with the same Idempotency-Key) and recorded nothing; send it again after Retry-After seconds, with the same Idempotency-Key if it had one","code":"contended"}"#.to_owned()
+        )
+    );
+}

@@ -314,11 +314,12 @@ async fn concurrent_native_requests_with_one_key_make_exactly_one_transfer() {
 }
 
 #[tokio::test]
-async fn a_native_transaction_that_keeps_conflicting_gives_up_unavailable_and_moves_nothing() {
+async fn a_native_transaction_that_keeps_conflicting_gives_up_contended_and_moves_nothing() {
     // Another transaction holds an uncommitted write on the source account, so every run
     // of the transfer's transaction meets a write conflict. The driver retries it; past
-    // the time limit the transfer gives up as unavailable (503) and nothing of it is
-    // stored. Once the other transaction ends, the same transfer goes through.
+    // the time limit the transfer gives up as contended (503 `contended`: a lost race,
+    // not a database that is down) and nothing of it is stored. Once the other
+    // transaction ends, the same transfer goes through.
     let app = native_app().await;
     app.open_account("alice", 1000).await;
     app.open_account("bob", 0).await;
@@ -339,7 +340,7 @@ async fn a_native_transaction_that_keeps_conflicting_gives_up_unavailable_and_mo
         .await;
 
     assert!(
-        matches!(gave_up, Err(StoreError::Unavailable(_))),
+        matches!(gave_up, Err(StoreError::Contended { transfer: None, .. })),
         "{gave_up:?}"
     );
     assert!(

@@ -288,7 +288,11 @@ pub fn code_of(answer: &Value) -> &str {
 
 /// The answers a transfer request may get and go on, with a retry, to another one.
 pub fn retryable(status: u16, code: &str) -> bool {
-    status == 503 && matches!(code, "database_unavailable" | "request_timeout")
+    status == 503
+        && matches!(
+            code,
+            "database_unavailable" | "contended" | "request_timeout"
+        )
 }
 
 /// One transfer request, retried on another instance with the same idempotency key when
