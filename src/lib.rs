@@ -28,6 +28,8 @@
 //!   driver.
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
 //!   instance left behind, with the same step functions.
+//! - [`lease`]: one lease type for the tasks that run on one instance at a time
+//!   ([`lease::Lease`], judged by the database's clock, and the loop they run under it).
 //! - [`recorder`]: the task that records each deployment's events from its change
 //!   stream into its feed (`store::events`), under a lease, one instance at a time.
 //! - [`deliverer`]: the webhook tasks: the dispatcher (one instance at a time) makes a
@@ -65,6 +67,7 @@ pub mod error_chain;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod http;
+pub mod lease;
 pub mod metrics;
 pub mod recorder;
 pub mod retry;
