@@ -32,8 +32,10 @@
 //!   ([`lease::Lease`], judged by the database's clock, and the loop they run under it).
 //! - [`recorder`]: the task that records each deployment's events from its change
 //!   stream into its feed (`store::events`), under a lease, one instance at a time.
-//! - [`deliverer`]: the webhook tasks: the dispatcher (one instance at a time) makes a
-//!   delivery per event and endpoint; every instance's sender claims and sends them.
+//! - [`deliverer`]: the webhook tasks, one file per concern (`deliverer/mod.rs` lists
+//!   them): the dispatcher (one instance at a time, under a lease) makes a delivery per
+//!   event and endpoint; every instance's sender claims and sends them; the attempt log
+//!   writes each attempt to its delivery.
 //! - [`telemetry`]: log set-up.
 //! - [`error_chain`]: [`error_chain::Chain`], an error and its sources on one line for a
 //!   log field; a leaf every layer logs with, naming no module of the crate.
