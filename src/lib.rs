@@ -28,10 +28,14 @@
 //!   driver.
 //! - [`sweeper`]: the recovery task that finishes or rolls back what a crashed
 //!   instance left behind, with the same step functions.
+//! - [`lease`]: one lease type for the tasks that run on one instance at a time
+//!   ([`lease::Lease`], judged by the database's clock, and the loop they run under it).
 //! - [`recorder`]: the task that records each deployment's events from its change
 //!   stream into its feed (`store::events`), under a lease, one instance at a time.
-//! - [`deliverer`]: the webhook tasks: the dispatcher (one instance at a time) makes a
-//!   delivery per event and endpoint; every instance's sender claims and sends them.
+//! - [`deliverer`]: the webhook tasks, one file per concern (`deliverer/mod.rs` lists
+//!   them): the dispatcher (one instance at a time, under a lease) makes a delivery per
+//!   event and endpoint; every instance's sender claims and sends them; the attempt log
+//!   writes each attempt to its delivery.
 //! - [`telemetry`]: log set-up.
 //! - [`error_chain`]: [`error_chain::Chain`], an error and its sources on one line for a
 //!   log field; a leaf every layer logs with, naming no module of the crate.
@@ -74,6 +78,7 @@ pub mod error_chain;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod http;
+pub mod lease;
 pub mod metrics;
 pub mod recorder;
 pub mod retry;

@@ -4,8 +4,8 @@
 //! repeated event cannot come of it).
 //!
 //! Every instance runs one per deployment; one instance at a time records each
-//! deployment. The others try the lease every [`CLAIM_INTERVAL`], so a killed recorder
-//! is replaced within [`LEASE`] plus that; one stopped by a shutdown gives its lease up.
+//! deployment, under the deployment's recorder lease ([`crate::lease`]: its length, its
+//! renewal, and how a killed or stopped holder is replaced).
 
 use std::time::Duration;
 
@@ -13,18 +13,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error_chain::Chain;
+use crate::lease::{Lease, RecorderLease, Task};
 use crate::store::events::MAX_TRIMMED;
-use crate::store::{Deployments, Store, StoreResult};
+use crate::store::{Deployments, Store, StoreError, StoreResult};
 
 /// How long an event stays in the feed unless `EVENT_RETENTION_MS` says otherwise.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
-/// How long a recorder's lease lasts, by the database's clock, from its last renewal.
-pub const LEASE: Duration = Duration::from_secs(10);
-/// How often the holder renews its lease: well within it.
-const RENEW_EVERY: Duration = Duration::from_secs(3);
-/// How often an instance without the lease tries to take it, and a recorder that failed
-/// tries again.
-pub const CLAIM_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Records the events of every deployment of `deployments` while this instance, named
 /// `owner`, holds its lease, and keeps them for `retention`, until `shutdown`.
@@ -59,71 +53,66 @@ async fn record_deployment(
     retention: Duration,
     shutdown: CancellationToken,
 ) {
-    // Said once when recording starts failing, and once when it works again.
-    let mut failing = false;
-    while !shutdown.is_cancelled() {
-        let outcome = match store.claim_recorder(&owner, LEASE).await {
-            Ok(true) => record_while_owner(&store, &owner, retention, &shutdown).await,
-            Ok(false) => Ok(()),
-            Err(e) => Err(e),
-        };
-        match outcome {
-            Ok(()) if failing => {
-                failing = false;
-                tracing::info!(deployment = %store.deployment(), "events recorded again");
-            }
-            Ok(()) => {}
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(deployment = %store.deployment(), error = %Chain(&e), "events not recorded; their changes wait in the database's change stream, tried again");
-                }
-                failing = true;
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            _ = tokio::time::sleep(CLAIM_INTERVAL) => {}
-        }
-    }
+    let mut lease = Lease::new(RecorderLease(store.clone()), owner);
+    let mut recorder = Recorder {
+        store,
+        retention,
+        shutdown: shutdown.clone(),
+    };
+    lease.hold(&shutdown, &mut recorder).await;
 }
 
-/// Records until the lease is lost, a database call fails, or `shutdown` (then gives
-/// the lease up).
-async fn record_while_owner(
-    store: &Store,
-    owner: &str,
+/// One deployment's recorder, while its instance holds the lease.
+struct Recorder {
+    store: Store,
+    /// How long events stay in the feed.
     retention: Duration,
-    shutdown: &CancellationToken,
-) -> StoreResult<()> {
-    let Some(mut changes) = store.open_changes(owner).await? else {
-        tracing::info!(deployment = %store.deployment(), "recorder lease taken by another instance");
-        return Ok(());
-    };
-    let trim_every = trim_interval(retention);
-    let mut renewed = Instant::now();
-    let mut trimmed: Option<Instant> = None;
-    loop {
-        if shutdown.is_cancelled() {
-            return store.release_recorder(owner).await;
-        }
-        if renewed.elapsed() >= RENEW_EVERY {
-            if !store.claim_recorder(owner, LEASE).await? {
+    shutdown: CancellationToken,
+}
+
+impl Task<RecorderLease> for Recorder {
+    type Error = StoreError;
+
+    /// Records until the lease is lost, a database call fails, or shutdown (after which
+    /// the lease is given up).
+    async fn work(&mut self, lease: &mut Lease<RecorderLease>, (): ()) -> StoreResult<()> {
+        let store = &self.store;
+        let owner = lease.owner().to_owned();
+        let Some(mut changes) = store.open_changes(&owner).await? else {
+            tracing::info!(deployment = %store.deployment(), "recorder lease taken by another instance");
+            return Ok(());
+        };
+        let trim_every = trim_interval(self.retention);
+        let mut trimmed: Option<Instant> = None;
+        loop {
+            if self.shutdown.is_cancelled() {
+                return Ok(());
+            }
+            if !lease.renew_if_due().await? {
                 tracing::info!(deployment = %store.deployment(), "recorder lease taken by another instance");
                 return Ok(());
             }
-            renewed = Instant::now();
-        }
-        if trimmed.is_none_or(|t| t.elapsed() >= trim_every) {
-            let removed = store.trim_events(owner, retention).await?;
-            if removed > 0 {
-                tracing::debug!(deployment = %store.deployment(), removed, "events past the retention removed");
+            if trimmed.is_none_or(|t| t.elapsed() >= trim_every) {
+                let removed = store.trim_events(&owner, self.retention).await?;
+                if removed > 0 {
+                    tracing::debug!(deployment = %store.deployment(), removed, "events past the retention removed");
+                }
+                // A full round: more are due; the next round comes after this recording
+                // one.
+                trimmed = (removed < MAX_TRIMMED).then(Instant::now);
             }
-            // A full round: more are due; the next round comes after this recording one.
-            trimmed = (removed < MAX_TRIMMED).then(Instant::now);
+            // Waits up to the stream's await time when nothing happens, so the loop turns
+            // a few times a second when quiet.
+            store.record_events(&mut changes, &owner).await?;
         }
-        // Waits up to the stream's await time when nothing happens, so the loop turns a
-        // few times a second when quiet.
-        store.record_events(&mut changes, owner).await?;
+    }
+
+    fn failed(&self, e: &StoreError) {
+        tracing::warn!(deployment = %self.store.deployment(), error = %Chain(e), "events not recorded; their changes wait in the database's change stream, tried again");
+    }
+
+    fn recovered(&self) {
+        tracing::info!(deployment = %self.store.deployment(), "events recorded again");
     }
 }
 

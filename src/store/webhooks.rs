@@ -625,16 +625,16 @@ impl Store {
             .collect())
     }
 
-    /// Records attempts and what each decided, in one `updateMany`, each only if its
-    /// claim still holds (same claim token, still pending, at the same attempt): a claim
-    /// that ran out and was taken by another instance refuses the late record. How many
-    /// were recorded.
+    /// Logs attempts and what each decided (the deliverer's attempt log), in one
+    /// `updateMany`, each only if its claim still holds (same claim token, still pending,
+    /// at the same attempt): a claim that ran out and was taken by another instance
+    /// refuses the late write. How many were logged.
     ///
     /// One `updateMany` with a pipeline that finds each delivery's record by its id,
     /// rather than one statement per delivery: SecantusDB commits (and syncs) each
     /// statement of an `update` on its own (44 ms for 64, against 5 ms for the same 64
     /// in one `updateMany`).
-    pub async fn record_attempts(
+    pub async fn log_attempts(
         &self,
         done: &[(Claimed, Attempt, AttemptOutcome)],
     ) -> StoreResult<u64> {
@@ -855,7 +855,7 @@ pub fn claim_token(owner: &str) -> String {
     format!("{owner}#{:016x}", rand::random::<u64>())
 }
 
-/// What [`record_attempts`](Store::record_attempts) writes into one delivery, if its
+/// What [`log_attempts`](Store::log_attempts) writes into one delivery, if its
 /// claim holds: the delivery (`i`), the claim (`o` its token, `t` the attempts before),
 /// the attempt (`a`), the state after it (`s`) and when the next is due (`n`, null when
 /// none is).
@@ -901,7 +901,7 @@ fn after_attempt(outcome: AttemptOutcome) -> (DeliveryState, Option<DateTime>) {
     }
 }
 
-/// The update pipeline of [`Store::record_attempts`]: each delivery takes the record
+/// The update pipeline of [`Store::log_attempts`]: each delivery takes the record
 /// made under the claim it is under now (its id, claim token and attempts before all
 /// the same: a batch may hold a late record of an earlier claim of the same delivery
 /// beside the live one), if it is still pending, and is left as it is otherwise. The

@@ -333,7 +333,11 @@ async fn the_webhook_dispatcher_goes_on_after_a_gap_and_says_so() {
     let told = logs
         .lines()
         .into_iter()
-        .filter(|l| l["level"] == "ERROR" && l["target"] == "transfer_service::deliverer")
+        .filter(|l| {
+            // The deliverer's files are modules of their own (its dispatcher says it).
+            let target = l["target"].as_str().unwrap_or_default();
+            l["level"] == "ERROR" && target.starts_with("transfer_service::deliverer")
+        })
         .count();
     assert!(told >= 1, "the dispatcher says it passed a gap");
 }

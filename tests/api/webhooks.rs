@@ -2146,7 +2146,7 @@ async fn an_attempt_recorded_under_a_claim_taken_again_since_is_refused_and_the_
         .iter()
         .map(|c| (c.clone(), attempt(204, 1), AttemptOutcome::Succeeded))
         .collect();
-    assert_eq!(store.record_attempts(&late).await.unwrap(), 0);
+    assert_eq!(store.log_attempts(&late).await.unwrap(), 0);
     for d in [&live[0], &live[1]] {
         let stored = deliveries
             .find_one(doc! { "_id": &d.id })
@@ -2172,9 +2172,9 @@ async fn an_attempt_recorded_under_a_claim_taken_again_since_is_refused_and_the_
             AttemptOutcome::Retry(again),
         ),
     ];
-    assert_eq!(store.record_attempts(&mixed).await.unwrap(), 2);
+    assert_eq!(store.log_attempts(&mixed).await.unwrap(), 2);
     // Sent again, as after a reply lost: nothing more.
-    assert_eq!(store.record_attempts(&mixed).await.unwrap(), 0);
+    assert_eq!(store.log_attempts(&mixed).await.unwrap(), 0);
     let done = deliveries
         .find_one(doc! { "_id": &live[0].id })
         .await
