@@ -122,6 +122,24 @@ async function run(baseUrl: string, adminKey: string): Promise<string> {
     !JSON.stringify(page).includes(made.key) && listed.every((k) => !("key" in k)),
     "a listing of keys carries a secret",
   );
+  // Page by page, one key a page: each page's `next`, passed as `after`, gives the
+  // next one (the one form every listing pages in; tsc checks the types line up).
+  const walked: string[] = [];
+  let after: string | undefined = undefined;
+  for (let n = 0; n <= listed.length; n++) {
+    const one = answer(
+      await platform.GET("/api-keys", { params: { query: { limit: 1, after } } }),
+      200,
+      "GET /api-keys page by page",
+    );
+    walked.push(...one.items.map((k) => k.id));
+    if (one.next === null) break;
+    after = one.next;
+  }
+  expect(
+    JSON.stringify(walked) === JSON.stringify(listed.map((k) => k.id)),
+    `the keys page by page (${walked}) are not the listing (${listed.map((k) => k.id)})`,
+  );
 
   // Revoked, the key is refused.
   const revoked = await platform.DELETE("/api-keys/{id}", { params: { path: { id: made.id } } });

@@ -39,14 +39,21 @@ const MAX_DESCRIPTION_CHARS: usize = 500;
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"url": "https://example.com/hooks/payments", "types": ["transfer.done", "transfer.canceled"], "description": "payments backend"}))]
 pub struct CreateWebhookRequest {
-    /// An `http` or `https` URL, at most 2048 bytes, that resolves to public addresses
-    /// only (unless the server sets `WEBHOOK_ALLOW_PRIVATE=true`).
-    #[schema(max_length = 2048, example = "https://example.com/hooks/payments")]
+    /// An `http` or `https` URL, at most 2048 bytes, without credentials, whose host
+    /// resolves to public addresses only (unless the server sets
+    /// `WEBHOOK_ALLOW_PRIVATE=true`): checked when it is registered, so a host that does
+    /// not resolve is refused (422 `webhook_url_not_allowed`).
+    #[schema(
+        max_length = 2048,
+        pattern = r"^[hH][tT][tT][pP][sS]?://([A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f]{0,4}(:[0-9A-Fa-f]{0,4}){2,7}\])(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?([/?#][!-~]*)?$",
+        example = "https://example.com/hooks/payments"
+    )]
     pub url: String,
     /// The types it is sent; absent or empty: every type.
+    #[schema(value_type = Option<Vec<EventTypeSchema>>)]
     pub types: Option<Vec<String>>,
-    /// For people, at most 500 characters.
-    #[schema(max_length = 500)]
+    /// For people, at most 500 characters, no control characters.
+    #[schema(max_length = 500, pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$")]
     pub description: Option<String>,
 }
 
@@ -233,7 +240,13 @@ pub struct DeliveryParams {
     request_body = CreateWebhookRequest,
     responses(
         (status = 201, description = "Registered; the answer has the secret.", body = WebhookResponse,
-            headers(("Location" = String, description = "The URL of the webhook: /webhooks/{id}."))),
+            headers(("Location" = String, description = "The URL of the webhook: /webhooks/{id}.")),
+            links(
+                ("GetWebhook" = (operation_id = "get_webhook", parameters(("id" = "$response.body#/id")))),
+                ("ListDeliveries" = (operation_id = "list_deliveries", parameters(("id" = "$response.body#/id")))),
+                ("RotateSecret" = (operation_id = "rotate_secret", parameters(("id" = "$response.body#/id")))),
+                ("DeleteWebhook" = (operation_id = "delete_webhook", parameters(("id" = "$response.body#/id")))),
+            )),
         (status = 400, response = MalformedJson),
         (status = 409, response = WebhookLimitReached),
         (status = 413, response = PayloadTooLarge),
@@ -359,7 +372,7 @@ pub async fn delete_webhook(
 #[utoipa::path(
     post, path = "/webhooks/{id}/rotate-secret", tag = "webhooks",
     params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf")),
-    request_body(content = Option<RotateSecretRequest>, description = "Optional: the overlap."),
+    request_body(content = RotateSecretRequest, description = "Optional: the overlap."),
     responses(
         (status = 200, description = "Rotated; the answer has the new secret.", body = WebhookResponse),
         (status = 400, response = MalformedJson),
@@ -402,7 +415,12 @@ pub async fn rotate_secret(
     get, path = "/webhooks/{id}/deliveries", tag = "webhooks",
     params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf"), DeliveryParams),
     responses(
-        (status = 200, description = "The deliveries, newest first.", body = DeliveryList),
+        (status = 200, description = "The deliveries, newest first.", body = DeliveryList,
+            links(
+                ("RetryDelivery" = (operation_id = "retry_delivery",
+                    parameters(("id" = "$request.path.id"), ("deliveryId" = "$response.body#/items/0/id")),
+                    description = "Deliver the newest again (when it failed).")),
+            )),
         (status = 400, response = InvalidParameter),
         (status = 404, response = WebhookNotFound),
         (status = 503, response = Unavailable),
