@@ -255,12 +255,6 @@ pub async fn get_account(
         (status = 200, description = "A page of accounts.", body = AccountPage,
             links(
                 ("NextPage" = (operation_id = "list_accounts", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")),
-                ("TransferBetweenListed" = (operation_id = "create_transfer",
-                    request_body = json!({"source": "$response.body#/items/0/id", "destination": "$response.body#/items/1/id"}),
-                    description = "Move money from the first account of the page to the second (they must hold the same currency).")),
-                ("HoldBetweenListed" = (operation_id = "create_transfer",
-                    request_body = json!({"source": "$response.body#/items/0/id", "destination": "$response.body#/items/1/id", "hold": {}}),
-                    description = "Hold money of the first account of the page for the second, to capture or void.")),
             )),
         (status = 400, response = InvalidParameter),
         (status = 503, response = Unavailable),
@@ -294,7 +288,8 @@ pub async fn list_accounts(
     get, path = "/accounts/{id}/transfers", tag = "accounts",
     params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice"), PageParams),
     responses(
-        (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
+        (status = 200, description = "A page of transfers, newest first.", body = TransferPage,
+            links(("NextPage" = (operation_id = "list_account_transfers", parameters(("id" = "$request.path.id"), ("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
         (status = 400, response = InvalidParameter),
         (status = 404, response = AccountNotFound),
         (status = 503, response = Unavailable),

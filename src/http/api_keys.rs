@@ -143,7 +143,8 @@ pub async fn create_api_key(
     get, path = "/api-keys", tag = "api-keys",
     params(PageParams),
     responses(
-        (status = 200, description = "A page of API keys, without their secrets.", body = ApiKeyPage),
+        (status = 200, description = "A page of API keys, without their secrets.", body = ApiKeyPage,
+            links(("NextPage" = (operation_id = "list_api_keys", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
         (status = 400, response = InvalidParameter),
         (status = 403, response = Forbidden),
         (status = 503, response = Unavailable),

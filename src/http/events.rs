@@ -170,7 +170,8 @@ impl EventParams {
     get, path = "/events", tag = "events",
     params(EventParams),
     responses(
-        (status = 200, description = "A page of events and the cursor after it.", body = EventPage),
+        (status = 200, description = "A page of events and the cursor after it.", body = EventPage,
+            links(("NextPage" = (operation_id = "list_events", parameters(("after" = "$response.body#/next")), description = "The events after this page, now or later.")))),
         (status = 400, response = InvalidParameter),
         (status = 410, response = CursorExpired),
         (status = 503, response = Unavailable),

@@ -189,7 +189,8 @@ impl EntryParams {
     get, path = "/accounts/{id}/entries", tag = "accounts",
     params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice"), EntryParams),
     responses(
-        (status = 200, description = "A page of entries, oldest first.", body = EntryPage),
+        (status = 200, description = "A page of entries, oldest first.", body = EntryPage,
+            links(("NextPage" = (operation_id = "list_entries", parameters(("id" = "$request.path.id"), ("after" = "$response.body#/next")), description = "The entries after this page (none yet when `next` is null).")))),
         (status = 400, response = InvalidParameter),
         (status = 404, response = AccountNotFound),
         (status = 503, response = Unavailable),

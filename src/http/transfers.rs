@@ -386,7 +386,15 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
 /// Move money from one account to another.
 #[utoipa::path(
     post, path = "/transfers", tag = "transfers",
-    request_body = TransferRequest,
+    request_body(content = TransferRequest, examples(
+        ("transfer" = (summary = "Alice pays Bob 25.00", value = json!({"source": "alice", "destination": "bob", "amount": 2500, "reference": "invoice 42"}))),
+        ("hold" = (summary = "Alice holds 18.00 for Bob for 15 minutes", value = json!({"source": "alice", "destination": "bob", "amount": 1800, "hold": {"expiresInMs": 900000}}))),
+        ("legs" = (summary = "A buyer pays a seller, who pays a fee and a tax", value = json!({"legs": [
+            {"source": "buyer", "destination": "seller", "amount": 10000},
+            {"source": "seller", "destination": "platform", "amount": 300},
+            {"source": "seller", "destination": "tax", "amount": 1900}
+        ], "reference": "order 7"}))),
+    )),
     params(
         ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", example = "order-42",
             description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money; the same key with another body is 422 `idempotency_key_reused`. With API keys, a key belongs to the API key that sent it: the same key from another API key is another request, so retry with the same API key."),
@@ -400,7 +408,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
             links(
                 ("GetTransfer" = (operation_id = "get_transfer", parameters(("id" = "$response.body#/id")))),
                 ("CancelTransfer" = (operation_id = "cancel_transfer", parameters(("id" = "$response.body#/id")), description = "Reverse it.")),
-                ("CaptureTransfer" = (operation_id = "capture_transfer", parameters(("id" = "$response.body#/id")), description = "Capture it, when it is a hold.")),
+                ("CaptureTransfer" = (operation_id = "capture_transfer", parameters(("id" = "$response.body#/id")), request_body = json!({"amount": "$response.body#/amount"}), description = "Capture all of it, when it is a hold (a held transfer's `amount` is what it holds).")),
                 ("VoidTransfer" = (operation_id = "void_transfer", parameters(("id" = "$response.body#/id")), description = "Void it, when it is a hold.")),
             )),
         (status = 202, description = "The transfer is recorded and still running (`Prefer: respond-async`, or a retry whose original has not finished); poll its Location.", body = TransferResponse, headers(
@@ -554,7 +562,8 @@ pub async fn get_transfer(
     get, path = "/transfers", tag = "transfers",
     params(TransferQuery, PageParams),
     responses(
-        (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
+        (status = 200, description = "A page of transfers, newest first.", body = TransferPage,
+            links(("NextPage" = (operation_id = "list_transfers", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
         (status = 400, response = InvalidParameter),
         (status = 503, response = Unavailable),
     )
