@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
 
 use super::problem::ApiError;
+use crate::domain::Timestamp;
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;
@@ -74,10 +75,10 @@ impl PageParams {
                 }
             },
         };
-        let (name, raw) = match (&self.after, &self.cursor) {
-            (None, None) => return Ok(PageRequest { limit, after: None }),
-            (Some(raw), None) => ("after", raw),
-            (None, Some(raw)) => ("cursor", raw),
+        let after = match (&self.after, &self.cursor) {
+            (None, None) => None,
+            (Some(raw), None) => Some(after(kind, "after", raw, key)?),
+            (None, Some(raw)) => Some(after(kind, "cursor", raw, key)?),
             (Some(_), Some(_)) => {
                 return Err(ApiError::InvalidParameter {
                     field: "cursor".into(),
@@ -85,17 +86,44 @@ impl PageParams {
                 });
             }
         };
-        let after = decode(kind, raw).as_deref().and_then(key).ok_or_else(|| {
-            ApiError::InvalidParameter {
-                field: name.into(),
-                detail: format!("{name} is not a next this listing handed out"),
-            }
-        })?;
-        Ok(PageRequest {
-            limit,
-            after: Some(after),
-        })
+        Ok(PageRequest { limit, after })
     }
+}
+
+/// The key in `raw`, the value of the parameter `name` of listing `kind`: refused unless
+/// it is one this listing handed out as `next`.
+pub fn after<K>(
+    kind: &str,
+    name: &str,
+    raw: &str,
+    key: impl Fn(&str) -> Option<K>,
+) -> Result<K, ApiError> {
+    decode(kind, raw)
+        .as_deref()
+        .and_then(key)
+        .ok_or_else(|| ApiError::InvalidParameter {
+            field: name.into(),
+            detail: format!("{name} is not a next this listing handed out"),
+        })
+}
+
+/// The key of an item of a listing in creation order: its creation time in
+/// milliseconds and its id (unique, so two items made in one millisecond keep an order).
+pub fn time_and_id(created_at: Timestamp, id: &str) -> String {
+    format!("{}:{id}", created_at.timestamp_millis())
+}
+
+/// The longest id a [`time_and_id`] key carries: longer than any id the service makes
+/// (a delivery's, `<webhook id>:<event id>`, is under 200 bytes).
+const MAX_KEY_ID_BYTES: usize = 256;
+
+/// Reads a [`time_and_id`] key; `None` for anything else.
+pub fn read_time_and_id(key: &str) -> Option<(Timestamp, String)> {
+    let (millis, id) = key.split_once(':')?;
+    let at = chrono::DateTime::from_timestamp_millis(millis.parse().ok()?)?;
+    let fits =
+        !id.is_empty() && id.len() <= MAX_KEY_ID_BYTES && id.bytes().all(|b| b.is_ascii_graphic());
+    fits.then(|| (at, id.to_owned()))
 }
 
 pub fn encode(kind: &str, key: &str) -> String {
@@ -171,6 +199,28 @@ mod tests {
             ..PageParams::default()
         };
         assert!(both.parse("accounts", any).is_err());
+    }
+
+    #[test]
+    fn a_time_and_id_key_round_trips_and_nothing_else_reads_as_one() {
+        let at = chrono::DateTime::from_timestamp_millis(1_764_000_000_123).unwrap();
+        let key = time_and_id(at, "wh_1:transfer.done:6b06");
+        assert_eq!(
+            read_time_and_id(&key),
+            Some((at, "wh_1:transfer.done:6b06".to_owned()))
+        );
+        let long = format!("1:{}", "a".repeat(MAX_KEY_ID_BYTES + 1));
+        for bad in [
+            "",
+            "1",
+            "1:",
+            "x:wh_1",
+            "1:a b",
+            long.as_str(),
+            "99999999999999999:a",
+        ] {
+            assert_eq!(read_time_and_id(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::events::EventTypeSchema;
 use super::extract::{ApiJson, OptionalApiJson};
+use super::pagination::{PageParams, after, page, read_time_and_id, time_and_id};
 use super::problem::{ApiError, field};
 use super::responses::{
     DeliveryNotFailed, DeliveryNotFound, InvalidParameter, InvalidRotation, MalformedJson,
@@ -125,10 +126,13 @@ pub struct RotateSecretRequest {
     pub overlap_seconds: Option<u64>,
 }
 
-/// The registered endpoints.
+/// A page of the registered endpoints, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookList {
     pub items: Vec<WebhookResponse>,
+    /// Pass as `after` to get the next page; null on the last page.
+    #[schema(required = true)]
+    pub next: Option<String>,
 }
 
 /// Where a delivery stands.
@@ -211,10 +215,13 @@ impl From<Delivery> for DeliveryResponse {
     }
 }
 
-/// A webhook's deliveries, newest first.
+/// A page of a webhook's deliveries, newest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveryList {
     pub items: Vec<DeliveryResponse>,
+    /// Pass as `after` to get the older deliveries; null on the last page.
+    #[schema(required = true)]
+    pub next: Option<String>,
 }
 
 /// The listing of deliveries, as sent.
@@ -227,6 +234,9 @@ pub struct DeliveryParams {
     /// How many to return, 1 to 1000. Default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, example = 100)]
     pub limit: Option<String>,
+    /// The `next` of the previous page (with the same `state`): the deliveries older
+    /// than it. Opaque. Absent: from the newest.
+    pub after: Option<String>,
 }
 
 /// Register a webhook.
@@ -300,24 +310,38 @@ pub async fn create_webhook(
     ))
 }
 
-/// List the webhooks.
+/// List the webhooks, oldest first.
 #[utoipa::path(
     get, path = "/webhooks", tag = "webhooks",
+    params(PageParams),
     responses(
-        (status = 200, description = "Every webhook, oldest first, without secrets.", body = WebhookList),
+        (status = 200, description = "A page of webhooks, oldest first, without secrets.", body = WebhookList,
+            links(("NextPage" = (operation_id = "list_webhooks", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
+        (status = 400, response = InvalidParameter),
         (status = 503, response = Unavailable),
     )
 )]
 pub async fn list_webhooks(
     State(state): State<AppState>,
     Extension(scope): Extension<Scope>,
+    query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<WebhookList>, ApiError> {
-    let items = state.service.webhooks(&scope).await?;
+    let request = super::query(query)?.parse("webhooks", read_time_and_id)?;
+    let after = request.after.as_ref().map(|(at, id)| (*at, id.as_str()));
+    let fetched = state
+        .service
+        .webhooks(&scope, after, request.limit + 1)
+        .await?;
+    let page = page(
+        fetched,
+        request.limit,
+        "webhooks",
+        |w| time_and_id(w.created_at, &w.id),
+        |w| WebhookResponse::of(w, false),
+    );
     Ok(Json(WebhookList {
-        items: items
-            .into_iter()
-            .map(|w| WebhookResponse::of(w, false))
-            .collect(),
+        items: page.items,
+        next: page.next,
     }))
 }
 
@@ -415,11 +439,14 @@ pub async fn rotate_secret(
     get, path = "/webhooks/{id}/deliveries", tag = "webhooks",
     params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf"), DeliveryParams),
     responses(
-        (status = 200, description = "The deliveries, newest first.", body = DeliveryList,
+        (status = 200, description = "A page of deliveries, newest first.", body = DeliveryList,
             links(
                 ("RetryDelivery" = (operation_id = "retry_delivery",
                     parameters(("id" = "$request.path.id"), ("deliveryId" = "$response.body#/items/0/id")),
                     description = "Deliver the newest again (when it failed).")),
+                ("NextPage" = (operation_id = "list_deliveries",
+                    parameters(("id" = "$request.path.id"), ("after" = "$response.body#/next")),
+                    description = "The older deliveries, while `next` is not null.")),
             )),
         (status = 400, response = InvalidParameter),
         (status = 404, response = WebhookNotFound),
@@ -454,9 +481,26 @@ pub async fn list_deliveries(
                 detail: format!("limit must be a whole number from 1 to {MAX_DELIVERIES}"),
             })?,
     };
-    let found = state.service.deliveries(&scope, &id, wanted, limit).await?;
+    let before = params
+        .after
+        .as_deref()
+        .map(|raw| after("deliveries", "after", raw, read_time_and_id))
+        .transpose()?;
+    let before = before.as_ref().map(|(at, id)| (*at, id.as_str()));
+    let found = state
+        .service
+        .deliveries(&scope, &id, wanted, before, limit + 1)
+        .await?;
+    let page = page(
+        found,
+        limit,
+        "deliveries",
+        |d| time_and_id(d.created_at, &d.id),
+        DeliveryResponse::from,
+    );
     Ok(Json(DeliveryList {
-        items: found.into_iter().map(DeliveryResponse::from).collect(),
+        items: page.items,
+        next: page.next,
     }))
 }
 

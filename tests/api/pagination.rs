@@ -2,8 +2,10 @@
 //! previous page's `next` said, `next` is null on the last page; `cursor`, the old name
 //! of `after`, is still read; anything not handed out is a 400, never a 500.
 
-use serde_json::Value;
-use support::spawn_app;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{eventually, spawn_app};
 
 use crate::{assert_problem, get_json, item_ids};
 
@@ -112,5 +114,68 @@ async fn an_after_not_handed_out_is_400_on_every_listing() {
             let problem = assert_problem(response, 400, "invalid_parameter").await;
             assert_eq!(problem["field"], "after", "{listing}?after={forged}");
         }
+    }
+}
+
+/// A URL on 127.0.0.1 nothing listens on: registered (the test service allows private
+/// addresses), its deliveries fail and stay listed.
+fn nowhere() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!(
+        "http://127.0.0.1:{}/hook",
+        listener.local_addr().unwrap().port()
+    )
+}
+
+#[tokio::test]
+async fn webhooks_and_their_deliveries_page_with_after_and_next() {
+    let app = spawn_app().await;
+    let mut hooks = Vec::new();
+    for _ in 0..5 {
+        let response = app
+            .post_json(
+                "/webhooks",
+                json!({ "url": nowhere(), "types": ["account.opened"] }),
+            )
+            .await;
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.unwrap();
+        hooks.push(body["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        follow_next(&app, "/webhooks?limit=2", "id").await,
+        hooks,
+        "every webhook once, oldest first"
+    );
+
+    for id in ["a", "b", "c", "d", "e"] {
+        app.open_account(id, 0).await;
+    }
+    let hook = &hooks[0];
+    let all: Vec<String> = eventually(
+        "five deliveries",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let (_, page) = get_json(&app, &format!("/webhooks/{hook}/deliveries")).await;
+            let ids = item_ids(&page);
+            (ids.len() == 5).then_some(ids)
+        },
+    )
+    .await;
+    assert_eq!(
+        follow_next(&app, &format!("/webhooks/{hook}/deliveries?limit=2"), "id").await,
+        all,
+        "every delivery once, newest first"
+    );
+    for forged in ["garbage!!", "YWNjb3VudHM6YSBi", "ZGVsaXZlcmllczp4"] {
+        let response = app
+            .get(&format!("/webhooks/{hook}/deliveries?after={forged}"))
+            .await;
+        let problem = assert_problem(response, 400, "invalid_parameter").await;
+        assert_eq!(problem["field"], "after", "{forged}: {problem}");
+        let response = app.get(&format!("/webhooks?after={forged}")).await;
+        let problem = assert_problem(response, 400, "invalid_parameter").await;
+        assert_eq!(problem["field"], "after", "{forged}: {problem}");
     }
 }
