@@ -17,6 +17,7 @@ declare const process: { argv: string[]; exitCode?: number };
 
 type AccountResponse = components["schemas"]["AccountResponse"];
 type ApiKeyResponse = components["schemas"]["ApiKeyResponse"];
+type ApiKeyPage = components["schemas"]["ApiKeyPage"];
 type Problem = components["schemas"]["Problem"];
 
 // The listed key's type has no secret: this line does not compile if the document gives
@@ -127,7 +128,7 @@ async function run(baseUrl: string, adminKey: string): Promise<string> {
   const walked: string[] = [];
   let after: string | undefined = undefined;
   for (let n = 0; n <= listed.length; n++) {
-    const one = answer(
+    const one: ApiKeyPage = answer(
       await platform.GET("/api-keys", { params: { query: { limit: 1, after } } }),
       200,
       "GET /api-keys page by page",
