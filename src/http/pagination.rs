@@ -28,9 +28,11 @@ pub struct PageParams {
     pub limit: Option<String>,
     /// The `next` of the previous page of the same listing: the items after it. Opaque.
     /// Absent: from the first item.
+    #[param(min_length = 1, pattern = "^[A-Za-z0-9_-]+$")]
     pub after: Option<String>,
     /// The old name of `after`, still read for clients generated before it was renamed.
     /// Send `after`.
+    #[param(min_length = 1, pattern = "^[A-Za-z0-9_-]+$")]
     #[deprecated = "send `after`"]
     pub cursor: Option<String>,
 }

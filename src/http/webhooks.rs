@@ -236,6 +236,7 @@ pub struct DeliveryParams {
     pub limit: Option<String>,
     /// The `next` of the previous page (with the same `state`): the deliveries older
     /// than it. Opaque. Absent: from the newest.
+    #[param(min_length = 1, pattern = "^[A-Za-z0-9_-]+$")]
     pub after: Option<String>,
 }
 
