@@ -94,15 +94,15 @@ def all_keys(admin: AuthenticatedClient, what: str) -> tuple[list[ApiKeyResponse
     """Every key `admin` may list, page by page, and the raw bodies of the pages."""
     items: list[ApiKeyResponse] = []
     bodies: list[bytes] = []
-    cursor = None
+    after = None
     for _ in range(100):
-        kwargs = {"cursor": cursor} if cursor is not None else {}
+        kwargs = {"after": after} if after is not None else {}
         response = list_api_keys.sync_detailed(client=admin, limit=100, **kwargs)
         page = answer(response, HTTPStatus.OK, ApiKeyPage, what)
         items += page.items
         bodies.append(response.content)
-        cursor = page.next_cursor
-        if cursor is None:
+        after = page.next_
+        if after is None:
             return items, bodies
     raise Mismatch(f"{what}: more than 100 pages")
 
@@ -191,7 +191,7 @@ def run(base_url: str, admin_key: str) -> None:
             page = answer(response, HTTPStatus.OK, AccountPage, "GET /accounts as acme")
             expect(
                 [(a.id, a.tenant) for a in page.items] == [(acme_a, acme), (acme_b, acme)]
-                and page.next_cursor is None,
+                and page.next_ is None,
                 f"acme lists {[(a.id, a.tenant) for a in page.items]}",
             )
             # The platform sees every tenant's accounts, and what the refused transfer

@@ -477,23 +477,23 @@ async fn a_hold_across_deployments_reserves_and_is_captured_or_voided() {
     assert_eq!(books.totals().await, (1_000, 0));
 }
 
-/// Follows `nextCursor` from `path` with pages of `limit`; every item's `key`.
+/// Follows `next` (as `after`) from `path` with pages of `limit`; every item's `key`.
 async fn walk(app: &TestApp, path: &str, limit: u32, key: &str) -> Vec<String> {
     let mut seen = Vec::new();
-    let mut cursor: Option<String> = None;
+    let mut after: Option<String> = None;
     loop {
         let separator = if path.contains('?') { '&' } else { '?' };
         let mut url = format!("{path}{separator}limit={limit}");
-        if let Some(c) = &cursor {
-            url.push_str(&format!("&cursor={c}"));
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={a}"));
         }
         let (status, page) = get(app, &url).await;
         assert_eq!(status, 200, "{url}: {page}");
         let items = page["items"].as_array().unwrap();
         assert!(items.len() <= limit as usize);
         seen.extend(items.iter().map(|i| i[key].as_str().unwrap().to_owned()));
-        match page["nextCursor"].as_str() {
-            Some(next) => cursor = Some(next.to_owned()),
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
             None => return seen,
         }
     }
@@ -1787,7 +1787,7 @@ async fn an_accounts_entries_are_kept_on_its_own_deployment() {
             .map(|e| e["kind"].as_str().unwrap())
             .collect();
         assert_eq!(read, kinds, "{account}");
-        assert_eq!(page["next"], 4);
+        assert_eq!(page["next"], "4");
     }
 }
 

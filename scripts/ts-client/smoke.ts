@@ -17,6 +17,7 @@ declare const process: { argv: string[]; exitCode?: number };
 
 type AccountResponse = components["schemas"]["AccountResponse"];
 type ApiKeyResponse = components["schemas"]["ApiKeyResponse"];
+type ApiKeyPage = components["schemas"]["ApiKeyPage"];
 type Problem = components["schemas"]["Problem"];
 
 // The listed key's type has no secret: this line does not compile if the document gives
@@ -121,6 +122,24 @@ async function run(baseUrl: string, adminKey: string): Promise<string> {
   expect(
     !JSON.stringify(page).includes(made.key) && listed.every((k) => !("key" in k)),
     "a listing of keys carries a secret",
+  );
+  // Page by page, one key a page: each page's `next`, passed as `after`, gives the
+  // next one (the one form every listing pages in; tsc checks the types line up).
+  const walked: string[] = [];
+  let after: string | undefined = undefined;
+  for (let n = 0; n <= listed.length; n++) {
+    const one: ApiKeyPage = answer(
+      await platform.GET("/api-keys", { params: { query: { limit: 1, after } } }),
+      200,
+      "GET /api-keys page by page",
+    );
+    walked.push(...one.items.map((k) => k.id));
+    if (one.next === null) break;
+    after = one.next;
+  }
+  expect(
+    JSON.stringify(walked) === JSON.stringify(listed.map((k) => k.id)),
+    `the keys page by page (${walked}) are not the listing (${listed.map((k) => k.id)})`,
   );
 
   // Revoked, the key is refused.

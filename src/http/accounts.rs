@@ -19,13 +19,14 @@ use super::responses::{
 use super::transfers::{TransferPage, TransferResponse};
 use crate::domain::{
     Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance, Scope, TenantName,
+    TransferId,
 };
 use crate::service::NewAccount;
 
 /// A request to open an account.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[schema(example = json!({"id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR", "deployment": "eu"}))]
+#[schema(example = json!({"id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR"}))]
 pub struct CreateAccountRequest {
     /// 1 to 64 characters from `A-Za-z0-9_.:@-`; generated when absent.
     #[schema(pattern = "^[A-Za-z0-9_.:@-]{1,64}$")]
@@ -102,20 +103,20 @@ pub struct AccountResponse {
         "id": "alice", "name": "Alice", "balance": 10000, "availableBalance": 10000,
         "pendingDebits": 0, "pendingCredits": 0, "currency": "EUR", "pendingTransactions": [], "seq": 3, "deployment": "eu", "tenant": "acme", "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z"
     }],
-    "nextCursor": "YWNjb3VudHM6YWxpY2U"
+    "next": "YWNjb3VudHM6YWxpY2U"
 }))]
 pub struct AccountPage {
     pub items: Vec<AccountResponse>,
-    /// Pass as `cursor` to get the next page; null on the last page.
+    /// Pass as `after` to get the next page; null on the last page.
     #[schema(required = true)]
-    pub next_cursor: Option<String>,
+    pub next: Option<String>,
 }
 
 impl From<Page<AccountResponse>> for AccountPage {
     fn from(page: Page<AccountResponse>) -> Self {
         AccountPage {
             items: page.items,
-            next_cursor: page.next_cursor,
+            next: page.next,
         }
     }
 }
@@ -156,10 +157,19 @@ pub(super) fn path_account(raw: &str) -> Result<AccountId, ApiError> {
 /// ids, and the account's own; while either does not, the answer is 503.
 #[utoipa::path(
     post, path = "/accounts", tag = "accounts",
-    request_body = CreateAccountRequest,
+    request_body(content = CreateAccountRequest, examples(
+        ("alice" = (summary = "Alice, with 100.00 EUR", value = json!({"id": "alice", "name": "Alice", "balance": 10000, "currency": "EUR"}))),
+        ("bob" = (summary = "Bob, in EUR, empty", value = json!({"id": "bob", "name": "Bob", "currency": "EUR"}))),
+    )),
     responses(
         (status = 201, description = "The account was opened.", body = AccountResponse,
-            headers(("Location" = String, description = "The URL of the new account: /accounts/{id}."))),
+            headers(("Location" = String, description = "The URL of the new account: /accounts/{id}.")),
+            links(
+                ("GetAccount" = (operation_id = "get_account", parameters(("id" = "$response.body#/id")), description = "Read the account.")),
+                ("ListEntries" = (operation_id = "list_entries", parameters(("id" = "$response.body#/id")), description = "Its ledger.")),
+                ("GetBalance" = (operation_id = "get_balance", parameters(("id" = "$response.body#/id")), description = "Its amounts as of a moment.")),
+                ("ListAccountTransfers" = (operation_id = "list_account_transfers", parameters(("id" = "$response.body#/id")), description = "The transfers touching it.")),
+            )),
         (status = 400, response = MalformedJson),
         (status = 409, response = AccountExists),
         (status = 413, response = PayloadTooLarge),
@@ -242,7 +252,10 @@ pub async fn get_account(
     get, path = "/accounts", tag = "accounts",
     params(PageParams),
     responses(
-        (status = 200, description = "A page of accounts.", body = AccountPage),
+        (status = 200, description = "A page of accounts.", body = AccountPage,
+            links(
+                ("NextPage" = (operation_id = "list_accounts", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")),
+            )),
         (status = 400, response = InvalidParameter),
         (status = 503, response = Unavailable),
     )
@@ -253,19 +266,10 @@ pub async fn list_accounts(
     query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<AccountPage>, ApiError> {
     let params = super::query(query)?;
-    let request = params.parse("accounts")?;
-    let after = request
-        .after
-        .as_deref()
-        .map(AccountId::parse)
-        .transpose()
-        .map_err(|_| ApiError::InvalidParameter {
-            field: "cursor".into(),
-            detail: "cursor is not one this listing handed out".into(),
-        })?;
+    let request = params.parse("accounts", |key| AccountId::parse(key).ok())?;
     let fetched = state
         .service
-        .accounts(&scope, after.as_ref(), request.limit + 1)
+        .accounts(&scope, request.after.as_ref(), request.limit + 1)
         .await?;
     Ok(Json(
         page(
@@ -284,7 +288,8 @@ pub async fn list_accounts(
     get, path = "/accounts/{id}/transfers", tag = "accounts",
     params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice"), PageParams),
     responses(
-        (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
+        (status = 200, description = "A page of transfers, newest first.", body = TransferPage,
+            links(("NextPage" = (operation_id = "list_account_transfers", parameters(("id" = "$request.path.id"), ("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
         (status = 400, response = InvalidParameter),
         (status = 404, response = AccountNotFound),
         (status = 503, response = Unavailable),
@@ -299,11 +304,10 @@ pub async fn list_account_transfers(
     let id = path_account(&id)?;
     state.service.check_account_seen(&scope, &id).await?;
     let params = super::query(query)?;
-    let request = params.parse("transfers")?;
-    let before = super::transfers::cursor_id(request.after.as_deref())?;
+    let request = params.parse("transfers", |key| TransferId::parse(key).ok())?;
     let fetched = state
         .service
-        .account_transfers(&id, before, request.limit + 1)
+        .account_transfers(&id, request.after, request.limit + 1)
         .await?;
     Ok(Json(
         page(

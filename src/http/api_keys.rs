@@ -69,16 +69,16 @@ pub struct CreatedApiKey {
 #[serde(rename_all = "camelCase")]
 pub struct ApiKeyPage {
     pub items: Vec<ApiKeyResponse>,
-    /// Pass as `cursor` to get the next page; null on the last page.
+    /// Pass as `after` to get the next page; null on the last page.
     #[schema(required = true)]
-    pub next_cursor: Option<String>,
+    pub next: Option<String>,
 }
 
 impl From<Page<ApiKeyResponse>> for ApiKeyPage {
     fn from(page: Page<ApiKeyResponse>) -> Self {
         ApiKeyPage {
             items: page.items,
-            next_cursor: page.next_cursor,
+            next: page.next,
         }
     }
 }
@@ -103,7 +103,8 @@ impl From<KeyRecord> for ApiKeyResponse {
     post, path = "/api-keys", tag = "api-keys",
     request_body = CreateApiKeyRequest,
     responses(
-        (status = 201, description = "The key was made; `key` is its secret, shown only here.", body = CreatedApiKey),
+        (status = 201, description = "The key was made; `key` is its secret, shown only here.", body = CreatedApiKey,
+            links(("DeleteApiKey" = (operation_id = "delete_api_key", parameters(("id" = "$response.body#/id")), description = "Revoke it.")))),
         (status = 400, response = MalformedJson),
         (status = 403, response = Forbidden),
         (status = 413, response = PayloadTooLarge),
@@ -142,7 +143,8 @@ pub async fn create_api_key(
     get, path = "/api-keys", tag = "api-keys",
     params(PageParams),
     responses(
-        (status = 200, description = "A page of API keys, without their secrets.", body = ApiKeyPage),
+        (status = 200, description = "A page of API keys, without their secrets.", body = ApiKeyPage,
+            links(("NextPage" = (operation_id = "list_api_keys", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
         (status = 400, response = InvalidParameter),
         (status = 403, response = Forbidden),
         (status = 503, response = Unavailable),
@@ -153,19 +155,10 @@ pub async fn list_api_keys(
     Extension(scope): Extension<Scope>,
     query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<ApiKeyPage>, ApiError> {
-    let request = super::query(query)?.parse("api-keys")?;
-    let after = request
-        .after
-        .as_deref()
-        .map(ApiKeyId::parse)
-        .transpose()
-        .map_err(|_| ApiError::InvalidParameter {
-            field: "cursor".into(),
-            detail: "cursor is not one this listing handed out".into(),
-        })?;
+    let request = super::query(query)?.parse("api-keys", |key| ApiKeyId::parse(key).ok())?;
     let fetched = state
         .keys
-        .list(scope.tenant(), after.as_ref(), request.limit + 1)
+        .list(scope.tenant(), request.after.as_ref(), request.limit + 1)
         .await?;
     Ok(Json(
         page(

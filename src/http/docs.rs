@@ -10,7 +10,11 @@
 //!   declared `String` is always sent (`required: true`, which utoipa 6 cannot set);
 //! - every `application/problem+json` response has one example per `code` that its
 //!   description names in backticks, built from the [`ApiError`] the server answers
-//!   with, so that an example cannot drift from the real body.
+//!   with, so that an example cannot drift from the real body;
+//! - a request body described as `Optional: ...` (read with `OptionalApiJson`) is
+//!   `required: false`, with the object's schema only: utoipa 6 writes a body of
+//!   `Option<T>` as required-less `T` or `null`, but the service reads no body or an
+//!   object, never a JSON `null`.
 
 use serde_json::Value;
 use utoipa::openapi::example::ExampleBuilder;
@@ -54,6 +58,14 @@ pub fn complete(doc: &mut OpenApi) {
     }
     for item in doc.paths.paths.values_mut() {
         for operation in operations(item) {
+            if let Some(RefOr::T(body)) = operation.request_body.as_mut()
+                && body
+                    .description
+                    .as_deref()
+                    .is_some_and(|d| d.starts_with("Optional:"))
+            {
+                body.required = Some(utoipa::openapi::Required::False);
+            }
             for (status, response) in operation.responses.responses.iter_mut() {
                 // A reference to a shared response: finished above, where it is.
                 let RefOr::T(response) = response else {

@@ -103,6 +103,7 @@ pub struct EventPage {
 #[into_params(parameter_in = Query)]
 pub struct EventParams {
     /// A page's `next`: the events after it. Absent: from the oldest retained event.
+    #[param(min_length = 1, pattern = "^[A-Za-z0-9_-]+$")]
     pub after: Option<String>,
     /// How many events to return, 1 to 1000. Default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, example = 100)]
@@ -170,7 +171,8 @@ impl EventParams {
     get, path = "/events", tag = "events",
     params(EventParams),
     responses(
-        (status = 200, description = "A page of events and the cursor after it.", body = EventPage),
+        (status = 200, description = "A page of events and the cursor after it.", body = EventPage,
+            links(("NextPage" = (operation_id = "list_events", parameters(("after" = "$response.body#/next")), description = "The events after this page, now or later.")))),
         (status = 400, response = InvalidParameter),
         (status = 410, response = CursorExpired),
         (status = 503, response = Unavailable),
@@ -195,6 +197,7 @@ pub async fn list_events(
 pub struct StreamParams {
     /// A cursor (a page's `next`, or an event's `id:` line): the events after it.
     /// `Last-Event-ID`, when sent, wins. Neither: from the oldest retained event.
+    #[param(min_length = 1, pattern = "^[A-Za-z0-9_-]+$")]
     pub after: Option<String>,
     /// Only these types, comma-separated. Absent: every type.
     #[param(example = "transfer.done,transfer.canceled")]

@@ -130,19 +130,21 @@ impl From<Entry> for EntryResponse {
 #[serde(rename_all = "camelCase")]
 pub struct EntryPage {
     pub items: Vec<EntryResponse>,
-    /// The `seq` of the last entry returned: pass it as `after` for the entries after
-    /// it. Null when the page is empty (nothing after `after` yet): keep your `after` and
-    /// ask again later.
-    #[schema(required = true, minimum = 1)]
-    pub next: Option<u64>,
+    /// Pass as `after` for the entries after this page: the `seq` of its last entry, in
+    /// decimal. Null when the page is empty (nothing after `after` yet): keep your
+    /// `after` and ask again later.
+    #[schema(required = true, pattern = "^[1-9][0-9]{0,18}$", example = "17")]
+    pub next: Option<String>,
 }
 
 /// The paging of an account's entries, as sent.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EntryParams {
-    /// Only entries with a greater `seq`; 0 (the default) for all.
-    #[param(value_type = Option<u64>, minimum = 0, example = 0)]
+    /// A page's `next`: the entries after it, those with a greater `seq` (it is the
+    /// last one's `seq`, in decimal; any `seq` or 0 is read the same way). Absent or 0:
+    /// from the first entry.
+    #[param(pattern = "^[0-9]{1,19}$", example = "17")]
     pub after: Option<String>,
     /// How many entries to return, 1 to 1000. Default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, example = 100)]
@@ -159,7 +161,7 @@ impl EntryParams {
                 .filter(|&n| n <= i64::MAX as u64)
                 .ok_or_else(|| ApiError::InvalidParameter {
                     field: "after".into(),
-                    detail: "after must be a whole number, 0 or more (an entry's seq)".into(),
+                    detail: "after must be a page's next: an entry's seq, or 0".into(),
                 })?,
         };
         let limit = match self.limit.as_deref() {
@@ -187,7 +189,8 @@ impl EntryParams {
     get, path = "/accounts/{id}/entries", tag = "accounts",
     params(("id" = String, Path, description = "The account id.", pattern = "^[A-Za-z0-9_.:@-]{1,64}$", example = "alice"), EntryParams),
     responses(
-        (status = 200, description = "A page of entries, oldest first.", body = EntryPage),
+        (status = 200, description = "A page of entries, oldest first.", body = EntryPage,
+            links(("NextPage" = (operation_id = "list_entries", parameters(("id" = "$request.path.id"), ("after" = "$response.body#/next")), description = "The entries after this page (none yet when `next` is null).")))),
         (status = 400, response = InvalidParameter),
         (status = 404, response = AccountNotFound),
         (status = 503, response = Unavailable),
@@ -203,7 +206,7 @@ pub async fn list_entries(
     state.service.check_account_seen(&scope, &id).await?;
     let (after, limit) = super::query(query)?.parse()?;
     let entries = state.service.entries(&id, after, limit).await?;
-    let next = entries.last().map(|e| e.seq);
+    let next = entries.last().map(|e| e.seq.to_string());
     Ok(Json(EntryPage {
         items: entries.into_iter().map(EntryResponse::from).collect(),
         next,

@@ -243,20 +243,20 @@ pub struct TransferResponse {
         "currency": "EUR", "state": "done", "reference": "invoice 42",
         "createdAt": "2026-11-22T10:00:00Z", "lastModified": "2026-11-22T10:00:00.012Z"
     }],
-    "nextCursor": null
+    "next": null
 }))]
 pub struct TransferPage {
     pub items: Vec<TransferResponse>,
-    /// Pass as `cursor` to get the next page; null on the last page.
+    /// Pass as `after` to get the next page; null on the last page.
     #[schema(required = true)]
-    pub next_cursor: Option<String>,
+    pub next: Option<String>,
 }
 
 impl From<Page<TransferResponse>> for TransferPage {
     fn from(page: Page<TransferResponse>) -> Self {
         TransferPage {
             items: page.items,
-            next_cursor: page.next_cursor,
+            next: page.next,
         }
     }
 }
@@ -312,18 +312,6 @@ fn location(id: &TransferId) -> HeaderValue {
 
 fn path_transfer(raw: &str) -> Result<TransferId, ApiError> {
     TransferId::parse(raw).map_err(|_| ApiError::TransferNotFound(raw.chars().take(80).collect()))
-}
-
-/// The keyset cursor of transfer listings: the last id of the previous page.
-pub(super) fn cursor_id(after: Option<&str>) -> Result<Option<TransferId>, ApiError> {
-    after
-        .map(|raw| {
-            TransferId::parse(raw).map_err(|_| ApiError::InvalidParameter {
-                field: "cursor".into(),
-                detail: "cursor is not one this listing handed out".into(),
-            })
-        })
-        .transpose()
 }
 
 /// The answer to a transfer request, from how the transfer stands.
@@ -398,7 +386,15 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
 /// Move money from one account to another.
 #[utoipa::path(
     post, path = "/transfers", tag = "transfers",
-    request_body = TransferRequest,
+    request_body(content = TransferRequest, examples(
+        ("transfer" = (summary = "Alice pays Bob 25.00", value = json!({"source": "alice", "destination": "bob", "amount": 2500, "reference": "invoice 42"}))),
+        ("hold" = (summary = "Alice holds 18.00 for Bob for 15 minutes", value = json!({"source": "alice", "destination": "bob", "amount": 1800, "hold": {"expiresInMs": 900000}}))),
+        ("legs" = (summary = "A buyer pays a seller, who pays a fee and a tax", value = json!({"legs": [
+            {"source": "buyer", "destination": "seller", "amount": 10000},
+            {"source": "seller", "destination": "platform", "amount": 300},
+            {"source": "seller", "destination": "tax", "amount": 1900}
+        ], "reference": "order 7"}))),
+    )),
     params(
         ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$", example = "order-42",
             description = "1 to 255 visible ASCII characters. A retry with the same key and body answers with the same transfer and moves no money; the same key with another body is 422 `idempotency_key_reused`. With API keys, a key belongs to the API key that sent it: the same key from another API key is another request, so retry with the same API key."),
@@ -406,13 +402,23 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
             description = "RFC 7240 preferences; `respond-async` answers 202 at once while the transfer runs in the background. Others are ignored."),
     ),
     responses(
-        (status = 201, description = "The transfer is done.", body = TransferResponse, headers(
+        (status = 201, description = "The transfer is done, or held.", body = TransferResponse, headers(
             ("Location" = String, description = "The URL of the transfer: /transfers/{id}."),
-            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."))),
+            ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key.")),
+            links(
+                ("GetTransfer" = (operation_id = "get_transfer", parameters(("id" = "$response.body#/id")))),
+                ("CancelTransfer" = (operation_id = "cancel_transfer", parameters(("id" = "$response.body#/id")), description = "Reverse it.")),
+                ("CaptureTransfer" = (operation_id = "capture_transfer", parameters(("id" = "$response.body#/id")), request_body = json!({"amount": "$response.body#/amount"}), description = "Capture all of it, when it is a hold (a held transfer's `amount` is what it holds).")),
+                ("VoidTransfer" = (operation_id = "void_transfer", parameters(("id" = "$response.body#/id")), description = "Void it, when it is a hold.")),
+            )),
         (status = 202, description = "The transfer is recorded and still running (`Prefer: respond-async`, or a retry whose original has not finished); poll its Location.", body = TransferResponse, headers(
             ("Location" = String, description = "The URL of the transfer: /transfers/{id}."),
             ("Idempotent-Replayed" = Option<String>, description = "`true` when this answers a retry with the same Idempotency-Key."),
-            ("Preference-Applied" = Option<String>, description = "`respond-async` when that preference was honoured."))),
+            ("Preference-Applied" = Option<String>, description = "`respond-async` when that preference was honoured.")),
+            links(
+                ("GetTransfer" = (operation_id = "get_transfer", parameters(("id" = "$response.body#/id")), description = "Poll it.")),
+                ("CancelTransfer" = (operation_id = "cancel_transfer", parameters(("id" = "$response.body#/id")))),
+            )),
         (status = 400, response = MalformedJson),
         (status = 409, response = TransferCanceled),
         (status = 413, response = PayloadTooLarge),
@@ -556,7 +562,8 @@ pub async fn get_transfer(
     get, path = "/transfers", tag = "transfers",
     params(TransferQuery, PageParams),
     responses(
-        (status = 200, description = "A page of transfers, newest first.", body = TransferPage),
+        (status = 200, description = "A page of transfers, newest first.", body = TransferPage,
+            links(("NextPage" = (operation_id = "list_transfers", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
         (status = 400, response = InvalidParameter),
         (status = 503, response = Unavailable),
     )
@@ -568,7 +575,7 @@ pub async fn list_transfers(
     paging: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TransferPage>, ApiError> {
     let filters = super::query(filters)?;
-    let request = super::query(paging)?.parse("transfers")?;
+    let request = super::query(paging)?.parse("transfers", |key| TransferId::parse(key).ok())?;
     let state_filter = filters
         .state
         .as_deref()
@@ -593,7 +600,7 @@ pub async fn list_transfers(
     let filter = TransferFilter {
         state: state_filter,
         account,
-        before: cursor_id(request.after.as_deref())?,
+        before: request.after,
         tenant: scope.tenant().cloned(),
         ..TransferFilter::default()
     };
@@ -655,7 +662,7 @@ pub async fn cancel_transfer(
 #[utoipa::path(
     post, path = "/transfers/{id}/capture", tag = "transfers",
     params(("id" = String, Path, description = "The hold's id, 24 hexadecimal digits.", pattern = "^[0-9a-fA-F]{24}$", example = "65a1b2c3d4e5f60718293a4b")),
-    request_body(content = Option<CaptureRequest>, description = "Optional: the amount to capture."),
+    request_body(content = CaptureRequest, description = "Optional: the amount to capture."),
     responses(
         (status = 200, description = "The hold, `done`: `amount` is the captured amount, `heldAmount` what was held.", body = TransferResponse),
         (status = 400, response = MalformedJson),

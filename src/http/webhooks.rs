@@ -15,6 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::events::EventTypeSchema;
 use super::extract::{ApiJson, OptionalApiJson};
+use super::pagination::{PageParams, after, page, read_time_and_id, time_and_id};
 use super::problem::{ApiError, field};
 use super::responses::{
     DeliveryNotFailed, DeliveryNotFound, InvalidParameter, InvalidRotation, MalformedJson,
@@ -39,14 +40,21 @@ const MAX_DESCRIPTION_CHARS: usize = 500;
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"url": "https://example.com/hooks/payments", "types": ["transfer.done", "transfer.canceled"], "description": "payments backend"}))]
 pub struct CreateWebhookRequest {
-    /// An `http` or `https` URL, at most 2048 bytes, that resolves to public addresses
-    /// only (unless the server sets `WEBHOOK_ALLOW_PRIVATE=true`).
-    #[schema(max_length = 2048, example = "https://example.com/hooks/payments")]
+    /// An `http` or `https` URL, at most 2048 bytes, without credentials, whose host
+    /// resolves to public addresses only (unless the server sets
+    /// `WEBHOOK_ALLOW_PRIVATE=true`): checked when it is registered, so a host that does
+    /// not resolve is refused (422 `webhook_url_not_allowed`).
+    #[schema(
+        max_length = 2048,
+        pattern = r"^[hH][tT][tT][pP][sS]?://([A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f]{0,4}(:[0-9A-Fa-f]{0,4}){2,7}\])(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?([/?#][!-~]*)?$",
+        example = "https://example.com/hooks/payments"
+    )]
     pub url: String,
     /// The types it is sent; absent or empty: every type.
+    #[schema(value_type = Option<Vec<EventTypeSchema>>)]
     pub types: Option<Vec<String>>,
-    /// For people, at most 500 characters.
-    #[schema(max_length = 500)]
+    /// For people, at most 500 characters, no control characters.
+    #[schema(max_length = 500, pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$")]
     pub description: Option<String>,
 }
 
@@ -118,10 +126,13 @@ pub struct RotateSecretRequest {
     pub overlap_seconds: Option<u64>,
 }
 
-/// The registered endpoints.
+/// A page of the registered endpoints, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookList {
     pub items: Vec<WebhookResponse>,
+    /// Pass as `after` to get the next page; null on the last page.
+    #[schema(required = true)]
+    pub next: Option<String>,
 }
 
 /// Where a delivery stands.
@@ -204,10 +215,13 @@ impl From<Delivery> for DeliveryResponse {
     }
 }
 
-/// A webhook's deliveries, newest first.
+/// A page of a webhook's deliveries, newest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveryList {
     pub items: Vec<DeliveryResponse>,
+    /// Pass as `after` to get the older deliveries; null on the last page.
+    #[schema(required = true)]
+    pub next: Option<String>,
 }
 
 /// The listing of deliveries, as sent.
@@ -220,6 +234,10 @@ pub struct DeliveryParams {
     /// How many to return, 1 to 1000. Default 100.
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, example = 100)]
     pub limit: Option<String>,
+    /// The `next` of the previous page (with the same `state`): the deliveries older
+    /// than it. Opaque. Absent: from the newest.
+    #[param(min_length = 1, pattern = "^[A-Za-z0-9_-]+$")]
+    pub after: Option<String>,
 }
 
 /// Register a webhook.
@@ -233,7 +251,13 @@ pub struct DeliveryParams {
     request_body = CreateWebhookRequest,
     responses(
         (status = 201, description = "Registered; the answer has the secret.", body = WebhookResponse,
-            headers(("Location" = String, description = "The URL of the webhook: /webhooks/{id}."))),
+            headers(("Location" = String, description = "The URL of the webhook: /webhooks/{id}.")),
+            links(
+                ("GetWebhook" = (operation_id = "get_webhook", parameters(("id" = "$response.body#/id")))),
+                ("ListDeliveries" = (operation_id = "list_deliveries", parameters(("id" = "$response.body#/id")))),
+                ("RotateSecret" = (operation_id = "rotate_secret", parameters(("id" = "$response.body#/id")))),
+                ("DeleteWebhook" = (operation_id = "delete_webhook", parameters(("id" = "$response.body#/id")))),
+            )),
         (status = 400, response = MalformedJson),
         (status = 409, response = WebhookLimitReached),
         (status = 413, response = PayloadTooLarge),
@@ -287,24 +311,38 @@ pub async fn create_webhook(
     ))
 }
 
-/// List the webhooks.
+/// List the webhooks, oldest first.
 #[utoipa::path(
     get, path = "/webhooks", tag = "webhooks",
+    params(PageParams),
     responses(
-        (status = 200, description = "Every webhook, oldest first, without secrets.", body = WebhookList),
+        (status = 200, description = "A page of webhooks, oldest first, without secrets.", body = WebhookList,
+            links(("NextPage" = (operation_id = "list_webhooks", parameters(("after" = "$response.body#/next")), description = "The next page, while `next` is not null.")))),
+        (status = 400, response = InvalidParameter),
         (status = 503, response = Unavailable),
     )
 )]
 pub async fn list_webhooks(
     State(state): State<AppState>,
     Extension(scope): Extension<Scope>,
+    query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<WebhookList>, ApiError> {
-    let items = state.service.webhooks(&scope).await?;
+    let request = super::query(query)?.parse("webhooks", read_time_and_id)?;
+    let after = request.after.as_ref().map(|(at, id)| (*at, id.as_str()));
+    let fetched = state
+        .service
+        .webhooks(&scope, after, request.limit + 1)
+        .await?;
+    let page = page(
+        fetched,
+        request.limit,
+        "webhooks",
+        |w| time_and_id(w.created_at, &w.id),
+        |w| WebhookResponse::of(w, false),
+    );
     Ok(Json(WebhookList {
-        items: items
-            .into_iter()
-            .map(|w| WebhookResponse::of(w, false))
-            .collect(),
+        items: page.items,
+        next: page.next,
     }))
 }
 
@@ -359,7 +397,7 @@ pub async fn delete_webhook(
 #[utoipa::path(
     post, path = "/webhooks/{id}/rotate-secret", tag = "webhooks",
     params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf")),
-    request_body(content = Option<RotateSecretRequest>, description = "Optional: the overlap."),
+    request_body(content = RotateSecretRequest, description = "Optional: the overlap."),
     responses(
         (status = 200, description = "Rotated; the answer has the new secret.", body = WebhookResponse),
         (status = 400, response = MalformedJson),
@@ -402,7 +440,15 @@ pub async fn rotate_secret(
     get, path = "/webhooks/{id}/deliveries", tag = "webhooks",
     params(("id" = String, Path, description = "The webhook id.", example = "wh_6b0619d67d0e8af2ac0b1adf"), DeliveryParams),
     responses(
-        (status = 200, description = "The deliveries, newest first.", body = DeliveryList),
+        (status = 200, description = "A page of deliveries, newest first.", body = DeliveryList,
+            links(
+                ("RetryDelivery" = (operation_id = "retry_delivery",
+                    parameters(("id" = "$request.path.id"), ("deliveryId" = "$response.body#/items/0/id")),
+                    description = "Deliver the newest again (when it failed).")),
+                ("NextPage" = (operation_id = "list_deliveries",
+                    parameters(("id" = "$request.path.id"), ("after" = "$response.body#/next")),
+                    description = "The older deliveries, while `next` is not null.")),
+            )),
         (status = 400, response = InvalidParameter),
         (status = 404, response = WebhookNotFound),
         (status = 503, response = Unavailable),
@@ -436,9 +482,26 @@ pub async fn list_deliveries(
                 detail: format!("limit must be a whole number from 1 to {MAX_DELIVERIES}"),
             })?,
     };
-    let found = state.service.deliveries(&scope, &id, wanted, limit).await?;
+    let before = params
+        .after
+        .as_deref()
+        .map(|raw| after("deliveries", "after", raw, read_time_and_id))
+        .transpose()?;
+    let before = before.as_ref().map(|(at, id)| (*at, id.as_str()));
+    let found = state
+        .service
+        .deliveries(&scope, &id, wanted, before, limit + 1)
+        .await?;
+    let page = page(
+        found,
+        limit,
+        "deliveries",
+        |d| time_and_id(d.created_at, &d.id),
+        DeliveryResponse::from,
+    );
     Ok(Json(DeliveryList {
-        items: found.into_iter().map(DeliveryResponse::from).collect(),
+        items: page.items,
+        next: page.next,
     }))
 }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::{ServiceError, ServiceResult, TransferService};
 use crate::domain::{
-    Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP, Scope, Webhook, WebhookSecret,
-    WebhookUrl, is_public_address,
+    Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP, Scope, Timestamp, Webhook,
+    WebhookSecret, WebhookUrl, is_public_address,
 };
 use crate::store::Store;
 
@@ -126,14 +126,19 @@ impl TransferService {
         Ok(webhook)
     }
 
-    /// Every webhook `scope` sees (a tenant's own), a previous secret whose overlap ended
-    /// left out.
-    pub async fn webhooks(&self, scope: &Scope) -> ServiceResult<Vec<Webhook>> {
+    /// A page of the webhooks `scope` sees (a tenant's own), oldest first: at most `limit`
+    /// after `after` (the creation time and id of the last of the previous page), a
+    /// previous secret whose overlap ended left out.
+    pub async fn webhooks(
+        &self,
+        scope: &Scope,
+        after: Option<(Timestamp, &str)>,
+        limit: u32,
+    ) -> ServiceResult<Vec<Webhook>> {
         let store = self.webhook_home()?;
-        let found = match scope.tenant() {
-            None => store.webhooks_all().await?,
-            Some(tenant) => store.webhooks_of(tenant).await?,
-        };
+        let found = store
+            .webhooks_page(scope.tenant(), after, i64::from(limit))
+            .await?;
         let now = store.server_time_lower_bound().await?;
         Ok(found.into_iter().map(|w| current(w, now)).collect())
     }
@@ -188,12 +193,13 @@ impl TransferService {
         scope: &Scope,
         id: &str,
         state: Option<DeliveryState>,
+        before: Option<(Timestamp, &str)>,
         limit: u32,
     ) -> ServiceResult<Vec<Delivery>> {
         self.webhook(scope, id).await?;
         Ok(self
             .webhook_home()?
-            .deliveries_of(id, state, i64::from(limit))
+            .deliveries_of(id, state, before, i64::from(limit))
             .await?)
     }
 

@@ -312,17 +312,47 @@ impl Store {
         self.webhooks_where(doc! {}).await
     }
 
-    /// Tenant `tenant`'s webhooks, oldest first.
-    pub async fn webhooks_of(&self, tenant: &TenantName) -> StoreResult<Vec<Webhook>> {
-        self.webhooks_where(doc! { "tenant": tenant.as_str() })
-            .await
+    async fn webhooks_where(&self, filter: Document) -> StoreResult<Vec<Webhook>> {
+        self.webhooks_sorted(filter, None).await
     }
 
-    async fn webhooks_where(&self, filter: Document) -> StoreResult<Vec<Webhook>> {
+    /// A page of the webhooks of `tenant` (every webhook when `None`), oldest first: at
+    /// most `limit` after `after`, the creation time and id of the last of the previous
+    /// page (the listing's order, so that a webhook registered meanwhile is met once, at
+    /// its place).
+    pub async fn webhooks_page(
+        &self,
+        tenant: Option<&TenantName>,
+        after: Option<(Timestamp, &str)>,
+        limit: i64,
+    ) -> StoreResult<Vec<Webhook>> {
+        let mut filter = match tenant {
+            Some(tenant) => doc! { "tenant": tenant.as_str() },
+            None => doc! {},
+        };
+        if let Some((created_at, id)) = after {
+            let at = stored_time(created_at);
+            filter.insert(
+                "$or",
+                vec![
+                    doc! { "createdAt": { "$gt": at } },
+                    doc! { "createdAt": at, "_id": { "$gt": id } },
+                ],
+            );
+        }
+        self.webhooks_sorted(filter, Some(limit)).await
+    }
+
+    async fn webhooks_sorted(
+        &self,
+        filter: Document,
+        limit: Option<i64>,
+    ) -> StoreResult<Vec<Webhook>> {
         let found: Vec<WebhookDoc> = self
             .webhooks()
             .find(filter)
             .sort(doc! { "createdAt": 1, "_id": 1 })
+            .limit(limit.unwrap_or(0))
             .max_time(super::READ_TIME_LIMIT)
             .await?
             .try_collect()
@@ -662,16 +692,28 @@ impl Store {
     }
 
     /// The deliveries of `webhook` in `state` (all when `None`), newest first, at most
-    /// `limit`.
+    /// `limit`, those before `before` only (the creation time and id of the last of the
+    /// previous page) when it is given.
     pub async fn deliveries_of(
         &self,
         webhook: &str,
         state: Option<DeliveryState>,
+        before: Option<(Timestamp, &str)>,
         limit: i64,
     ) -> StoreResult<Vec<Delivery>> {
         let mut filter = doc! { "webhook": webhook };
         if let Some(state) = state {
             filter.insert("state", state.as_str());
+        }
+        if let Some((created_at, id)) = before {
+            let at = stored_time(created_at);
+            filter.insert(
+                "$or",
+                vec![
+                    doc! { "createdAt": { "$lt": at } },
+                    doc! { "createdAt": at, "_id": { "$lt": id } },
+                ],
+            );
         }
         let found: Vec<DeliveryDoc> = self
             .deliveries()

@@ -225,12 +225,12 @@ async fn listing_accounts_page_by_page_visits_every_account_once_in_id_order() {
 }
 
 #[tokio::test]
-async fn a_listing_that_fits_one_page_has_no_next_cursor() {
+async fn a_listing_that_fits_one_page_has_no_next() {
     let app = spawn_app().await;
     let (status, empty) = get_json(&app, "/accounts").await;
     assert_eq!(status, 200);
     assert_eq!(empty["items"], json!([]));
-    assert!(crate::next_cursor(&empty).is_none(), "{empty}");
+    assert!(crate::next_page(&empty).is_none(), "{empty}");
 
     for id in ["a", "b"] {
         app.open_account(id, 0).await;
@@ -249,8 +249,9 @@ async fn a_bad_limit_or_cursor_on_the_account_listing_is_400_invalid_parameter()
         ("limit=101", "limit"),
         ("limit=abc", "limit"),
         ("limit=-1", "limit"),
+        ("after=garbage!!", "after"),
+        ("after=Z2FyYmFnZQ", "after"),
         ("cursor=garbage!!", "cursor"),
-        ("cursor=Z2FyYmFnZQ", "cursor"),
     ] {
         let response = app.get(&format!("/accounts?{query}")).await;
         let problem = assert_problem(response, 400, "invalid_parameter").await;
@@ -272,11 +273,11 @@ async fn a_cursor_of_the_transfer_listing_is_refused_by_the_account_listing() {
     app.transfer("a", "b", 1).await;
     app.transfer("a", "c", 1).await;
     let (_, page) = get_json(&app, "/transfers?limit=1").await;
-    let cursor = crate::next_cursor(&page).expect("a second page");
+    let next = crate::next_page(&page).expect("a second page");
 
-    let response = app.get(&format!("/accounts?cursor={cursor}")).await;
+    let response = app.get(&format!("/accounts?after={next}")).await;
     let problem = assert_problem(response, 400, "invalid_parameter").await;
-    assert_eq!(problem["field"], "cursor");
+    assert_eq!(problem["field"], "after");
 }
 
 #[tokio::test]
@@ -328,7 +329,7 @@ async fn an_account_with_no_transfers_lists_an_empty_page() {
     let (status, page) = get_json(&app, "/accounts/alice/transfers").await;
     assert_eq!(status, 200, "{page}");
     assert_eq!(page["items"], json!([]));
-    assert!(crate::next_cursor(&page).is_none());
+    assert!(crate::next_page(&page).is_none());
 }
 
 #[tokio::test]
@@ -338,6 +339,7 @@ async fn a_bad_limit_or_cursor_on_an_accounts_transfers_is_400_invalid_parameter
     for (query, field) in [
         ("limit=0", "limit"),
         ("limit=101", "limit"),
+        ("after=garbage", "after"),
         ("cursor=garbage", "cursor"),
     ] {
         let response = app.get(&format!("/accounts/alice/transfers?{query}")).await;

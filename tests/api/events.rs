@@ -1120,8 +1120,8 @@ async fn instances_sharing_a_database_record_each_event_exactly_once() {
                 transfer["state"].as_str().unwrap().to_owned(),
             );
         }
-        match page["nextCursor"].as_str() {
-            Some(cursor) => path = format!("/transfers?limit=100&cursor={cursor}"),
+        match page["next"].as_str() {
+            Some(next) => path = format!("/transfers?limit=100&after={next}"),
             None => break,
         }
     }

@@ -17,6 +17,8 @@ mod legs;
 mod legs_holds;
 mod native;
 mod observability;
+mod openapi_data;
+mod pagination;
 mod security;
 mod tenant_shares;
 mod tenants;
@@ -80,14 +82,12 @@ pub fn item_ids(page: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The `nextCursor` of a page; `None` on the last page (absent or null).
-pub fn next_cursor(page: &Value) -> Option<String> {
-    page.get("nextCursor")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
+/// The `next` of a page; `None` on the last page (absent or null).
+pub fn next_page(page: &Value) -> Option<String> {
+    page.get("next").and_then(Value::as_str).map(str::to_owned)
 }
 
-/// Follows `nextCursor` from `first_path` (which must already carry a `?`) to the last
+/// Follows `next` (as `after`) from `first_path` (which must already carry a `?`) to the last
 /// page; the item ids of every page, page by page.
 pub async fn walk_pages(app: &support::TestApp, first_path: &str) -> Vec<Vec<String>> {
     let mut pages = Vec::new();
@@ -97,8 +97,8 @@ pub async fn walk_pages(app: &support::TestApp, first_path: &str) -> Vec<Vec<Str
         assert_eq!(status, 200, "GET {path}: {page}");
         pages.push(item_ids(&page));
         assert!(pages.len() <= 100, "the listing never ends");
-        match next_cursor(&page) {
-            Some(cursor) => path = format!("{first_path}&cursor={cursor}"),
+        match next_page(&page) {
+            Some(next) => path = format!("{first_path}&after={next}"),
             None => return pages,
         }
     }

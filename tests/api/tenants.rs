@@ -108,19 +108,19 @@ async fn revoke_the_only_made_key(app: &TestApp, admin: &str) {
 /// The ids of every item of a listing, following its pages.
 async fn listed(app: &TestApp, key: &str, path: &str) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
-    let mut cursor: Option<String> = None;
+    let mut after: Option<String> = None;
     loop {
         let sep = if path.contains('?') { '&' } else { '?' };
-        let url = match &cursor {
-            Some(c) => format!("{path}{sep}limit=2&cursor={c}"),
+        let url = match &after {
+            Some(a) => format!("{path}{sep}limit=2&after={a}"),
             None => format!("{path}{sep}limit=2"),
         };
         let page = expect(call(app, key, Method::GET, &url, None).await, 200).await;
         for item in page["items"].as_array().unwrap() {
             ids.insert(item["id"].as_str().unwrap().to_owned());
         }
-        match page["nextCursor"].as_str() {
-            Some(next) => cursor = Some(next.to_owned()),
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
             None => return ids,
         }
     }

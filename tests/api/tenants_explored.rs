@@ -262,11 +262,11 @@ impl Run {
         what: &str,
     ) -> Vec<Value> {
         let mut items = Vec::new();
-        let mut cursor: Option<String> = None;
+        let mut after: Option<String> = None;
         for _ in 0..pages {
             let sep = if path.contains('?') { '&' } else { '?' };
-            let url = match &cursor {
-                Some(c) => format!("{path}{sep}limit={limit}&cursor={c}"),
+            let url = match &after {
+                Some(a) => format!("{path}{sep}limit={limit}&after={a}"),
                 None => format!("{path}{sep}limit={limit}"),
             };
             let (status, page) = self.call(key, Method::GET, &url, None).await;
@@ -276,8 +276,8 @@ impl Run {
                 self.seed
             );
             items.extend(page["items"].as_array().cloned().unwrap_or_default());
-            match page["nextCursor"].as_str() {
-                Some(next) => cursor = Some(next.to_owned()),
+            match page["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
                 None => break,
             }
         }

@@ -531,6 +531,7 @@ async fn a_bad_transfer_listing_parameter_is_400_invalid_parameter() {
         ("limit=0", "limit"),
         ("limit=101", "limit"),
         ("limit=abc", "limit"),
+        ("after=garbage", "after"),
         ("cursor=garbage", "cursor"),
     ] {
         let response = app.get(&format!("/transfers?{query}")).await;

@@ -585,7 +585,10 @@ async fn a_registration_answers_the_webhook_with_its_secret_once_and_it_is_liste
     )
     .await;
     let (_, list) = get_json(&app, "/webhooks").await;
-    assert_eq!(list, json!({ "items": [without_secret(&second)] }));
+    assert_eq!(
+        list,
+        json!({ "items": [without_secret(&second)], "next": null })
+    );
     for unknown in [
         "/webhooks/wh_000000000000000000000000",
         "/webhooks/nope",
@@ -1340,7 +1343,7 @@ async fn a_url_of_a_private_address_or_not_http_is_refused_unless_private_addres
         assert_eq!(refused["field"], "url", "{url}: {refused}");
     }
     let (_, list) = get_json(&app, "/webhooks").await;
-    assert_eq!(list, json!({ "items": [] }));
+    assert_eq!(list, json!({ "items": [], "next": null }));
     assert_eq!(receiver.count(), 0);
 
     // Allowed (every other test registers 127.0.0.1 so).

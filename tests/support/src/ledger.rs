@@ -1175,7 +1175,8 @@ pub async fn read_via_api(
         let last = items.last().and_then(|e| e["seq"].as_u64());
         f.check(
             "ledger: a page of entries names its last as next, and holds at most limit",
-            page["next"].as_u64() == last && items.len() <= limit as usize,
+            page["next"].as_str().and_then(|n| n.parse::<u64>().ok()) == last
+                && items.len() <= limit as usize,
             || {
                 format!(
                     "{url}: {} items, last seq {last:?}, next {}",
