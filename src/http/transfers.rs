@@ -198,8 +198,9 @@ pub struct TransferResponse {
     #[schema(nullable = false)]
     pub legs: Option<Vec<TransferLeg>>,
     /// Minor units, 1 to 9007199254740991: what moves (for a hold, the held amount until
-    /// a capture, then the captured amount; for a multi-leg transfer, the sum of its
-    /// legs).
+    /// a capture, then the captured amount; for a multi-leg transfer, the money its legs
+    /// move: what its paying accounts pay, which is what its receiving accounts receive,
+    /// not the sum of the legs).
     #[schema(minimum = 1, maximum = 9007199254740991_i64)]
     pub amount: i64,
     /// ISO-4217 code, the currency of both accounts.
