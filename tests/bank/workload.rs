@@ -75,7 +75,7 @@ pub struct Request {
     pub hold: Option<u64>,
     /// A multi-leg transfer's legs (`source`, `destination`, `amount` each): then the
     /// request sends these instead, and `source`, `destination` and `amount` are its
-    /// first leg's and the sum (`docs/legs.md`).
+    /// first leg's and the money the legs move (`docs/legs.md`).
     pub legs: Option<Vec<(String, String, i64)>>,
 }
 
@@ -589,11 +589,33 @@ fn with_legs(request: Request, rng: &mut impl Rng) -> Request {
             rng.random_range(1..=200),
         ));
     }
+    // Legs in which every account gets back what it pays move nothing and are refused.
+    if moved_by(&legs) == 0 {
+        legs[0].2 += 1;
+    }
     Request {
-        amount: legs.iter().map(|(_, _, a)| a).sum(),
+        amount: moved_by(&legs),
         legs: Some(legs),
         ..request
     }
+}
+
+/// The money `legs` move, a multi-leg transfer's `amount`: what the accounts that pay
+/// more than they receive pay on balance (`domain::Legs::moved`).
+fn moved_by(legs: &[(String, String, i64)]) -> i64 {
+    let mut nets: Vec<(&str, i64)> = Vec::new();
+    for (source, destination, amount) in legs {
+        for (account, change) in [(source, -amount), (destination, *amount)] {
+            match nets.iter_mut().find(|(a, _)| *a == account.as_str()) {
+                Some((_, net)) => *net += change,
+                None => nets.push((account.as_str(), change)),
+            }
+        }
+    }
+    nets.iter()
+        .filter(|(_, net)| *net < 0)
+        .map(|(_, net)| -net)
+        .sum()
 }
 
 /// Whether a request asks for an asynchronous answer: now and then.
