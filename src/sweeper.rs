@@ -49,7 +49,7 @@ use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::Side;
-use crate::domain::{Timestamp, Transfer};
+use crate::domain::{AccountId, Timestamp, Transfer};
 use crate::error_chain::Chain;
 use crate::service::{AdmissionPermit, ServiceError, TransferService};
 use crate::store::transfers::Scan;
@@ -379,6 +379,7 @@ pub async fn collect_fences(
             // pass drops the (already gone) fences again.
             let dropped_here = async {
                 for (on, accounts) in service.accounts_by_deployment(&transfer)? {
+                    let accounts: Vec<&AccountId> = accounts.iter().collect();
                     on.drop_fences(&accounts, transfer.id).await?;
                 }
                 store.unmark_fenced(transfer.id).await

@@ -1362,7 +1362,7 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     // The first copy of the debit, arriving now: it must not land.
     let late = app
         .store
-        .apply_debit(&account("alice"), id, amount(300), deadline)
+        .prepare(&account("alice"), id, -300, deadline)
         .await
         .unwrap();
     assert!(
@@ -1635,7 +1635,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     let far = from_now(86_400_000);
     assert!(
         app.store
-            .apply_debit(&account("alice"), stuck.id, amount(100), far)
+            .prepare(&account("alice"), stuck.id, -100, far)
             .await
             .unwrap()
             .applied

@@ -164,8 +164,8 @@ impl Books {
         // away only keeps the writes from being refused while this test makes them.
         let deadline = from_now(60_000);
         if rank >= AfterDebit as u8 {
-            let (a, value) = (account("a"), amount(200));
-            let debit = self.a.apply_debit(&a, id, value, deadline).await;
+            let a = account("a");
+            let debit = self.a.prepare(&a, id, -200, deadline).await;
             assert!(debit.unwrap().applied);
         }
         if stopped >= AfterCanceling {

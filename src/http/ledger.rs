@@ -20,7 +20,7 @@ pub const MAX_ENTRIES: u32 = 1000;
 
 /// What changed the account (`docs/ledger.md`): `opened`; a transfer's `debit` of its
 /// source and `credit` of its destination; a rollback's `debit_undone` (and
-/// `credit_undone`, never expected: the credit is the commit point); a hold's
+/// `credit_undone`, never expected: nothing is credited before the commit point); a hold's
 /// reservations `debit_reserved` and `credit_reserved`, their release by a void, an
 /// expiry or a rollback (`debit_released`, `credit_released`), and a capture
 /// (`debit_captured`, `credit_captured`: the captured amount moves and the reservation

@@ -2,11 +2,13 @@
 //! applied is rolled back; one that is applied is completed and then reversed by a
 //! compensating transfer from the destination back to the source.
 //!
-//! The commit point is the credit of the destination. Before it, the cancel fences both
-//! accounts (the destination only if its credit is not there, atomically), and from then
-//! on no forward step of the transfer can land on them, even one already in flight from
-//! another instance. If the destination's fence fails because the credit is there, the
-//! money may already be spent, so the transfer goes forward and is reversed instead.
+//! The commit point is `pending -> applied`. Before it, the cancel fences every party of
+//! the transfer, the receiving ones first, and from then on no forward step of the
+//! transfer can land on them, even one already in flight from another instance; then it
+//! takes `pending -> canceling`, which loses only to the owner's own commit. If the commit
+//! won, the transfer goes forward and is reversed instead. (A one-leg transfer inserted
+//! before one protocol commits by its credit: its destination is fenced only if the
+//! credit is not there, in one write, which decides.)
 //!
 //! A reversal is claimed on the original (`reversedBy`, set once, guarded) before the
 //! compensating transfer is inserted, so two cancels never make two reversals; if the
@@ -150,7 +152,7 @@ impl TransferService {
     /// **The rule for moving a transfer someone else owns**: its owner may still have a
     /// debit or credit on its way to the server (sent before a pause, a slow link, a
     /// failover), and once the markers are pulled or undone nothing in that step's own
-    /// filter would stop it. So before taking over, a cancel fences both accounts against
+    /// filter would stop it. So before taking over, a cancel fences every account against
     /// the transfer's forward steps. Every other takeover (the sweeper's) waits for the
     /// owner's lease instead, which outlives the deadline every such step carries.
     async fn take_over_fenced(
@@ -166,55 +168,59 @@ impl TransferService {
         };
         // By the log's clock; each account's deployment checks it by its own.
         let deadline = self.lease_deadline_from(since);
-        let mut plan = match transfer.state {
-            // Rolled back by `pending -> canceling`, which loses only to the owner's
-            // commit (both guarded by `pending`).
-            TransferState::Pending => {
-                let fields = StepFields {
-                    reason: Some(reason),
-                    ..StepFields::default()
-                };
-                Takeover::Force(TransferEvent::BeginRollback, fields)
-            }
-            // Only settles, pulls, undos, releases or a capture's writes remain, which
-            // no fence refuses.
-            TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
-                Takeover::Claim
-            }
-            _ => return Ok(self.reload(&transfer).await?),
+        let Some(mut plan) = plan_takeover(&transfer, reason) else {
+            return Ok(self.reload(&transfer).await?);
         };
+        let Some(fenced) = self
+            .fence_parties(log, &transfer, deadline, &mut plan)
+            .await?
+        else {
+            return Ok(self.reload(&transfer).await?); // a fence came too late
+        };
+        self.execute_takeover(log, transfer, plan, fenced).await
+    }
+
+    /// Fences every party of `transfer` against its forward steps, by `deadline` on the
+    /// clock of `log`: the receiving parties first, then the paying ones, each group at
+    /// once (a fixed order, so that a test can stop a cancel between the two). The proof
+    /// of it, or `None` when a fence reached the server too late. For a transfer that
+    /// commits by its credit, the receiving party is fenced only if the credit has not
+    /// landed, which decides `plan`: completed, then reversed, if it has.
+    async fn fence_parties(
+        &self,
+        log: &Store,
+        transfer: &Transfer,
+        deadline: Timestamp,
+        plan: &mut Takeover,
+    ) -> StoreResult<Option<Fenced>> {
         let parties = transfer.parties();
         let mut fences = Vec::with_capacity(parties.len());
         let mut rest: Vec<&Party> = parties.iter().collect();
-        if let Some(i) = deciding_party(&transfer, &parties) {
-            // Its commit point is that credit: the party is fenced only if it has not
-            // landed, in one write, which decides between rolling back and completing.
+        if let Some(i) = deciding_party(transfer, &parties) {
             let party = rest.remove(i);
             match self
-                .fence(log, &transfer, party, FenceWhen::UnlessApplied, deadline)
+                .fence(log, transfer, party, FenceWhen::UnlessApplied, deadline)
                 .await?
             {
-                Fence::TooLate => return Ok(self.reload(&transfer).await?),
+                Fence::TooLate => return Ok(None),
                 Fence::Applied => {
                     // The money may be spent already: complete, then reverse.
                     tracing::info!(transfer_id = %transfer.id, "cancel found the credit applied; completing, then reversing");
-                    plan = Takeover::Force(TransferEvent::MarkApplied, StepFields::default());
+                    *plan = Takeover::Force(TransferEvent::MarkApplied, StepFields::default());
                     rest.insert(i, party);
                 }
                 placed => fences.push(placed),
             }
         }
-        // The receiving parties first, then the paying ones, each group at once: a
-        // fixed order, so that a test can stop a cancel between the two.
         for paying in [false, true] {
             let group = rest.iter().filter(|p| p.pays() == paying);
             let placed = futures::future::join_all(
-                group.map(|p| self.fence(log, &transfer, p, FenceWhen::Always, deadline)),
+                group.map(|p| self.fence(log, transfer, p, FenceWhen::Always, deadline)),
             )
             .await;
             fences.extend(placed.into_iter().collect::<StoreResult<Vec<Fence>>>()?);
             if fences.contains(&Fence::TooLate) {
-                return Ok(self.reload(&transfer).await?);
+                return Ok(None);
             }
         }
         let fenced = Fenced::all(fences).unwrap_or_else(|| {
@@ -223,7 +229,7 @@ impl TransferService {
                 transfer.id
             )
         });
-        self.execute_takeover(log, transfer, plan, fenced).await
+        Ok(Some(fenced))
     }
 
     /// Fences `party`'s account against `transfer`'s forward steps (as `when` says), by
@@ -245,7 +251,7 @@ impl TransferService {
             .await
     }
 
-    /// Carries out `plan`, with the proof that both accounts are fenced, and drives the
+    /// Carries out `plan`, with the proof that every account is fenced, and drives the
     /// transfer to its end if the takeover won.
     async fn execute_takeover(
         &self,
@@ -450,6 +456,27 @@ impl TransferService {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// What a cancel does with `transfer` once every party is fenced, by its state: a
+/// `pending` one is rolled back by `pending -> canceling` (which loses only to the owner's
+/// commit, both guarded by `pending`); one past it only has settles, pulls, undos,
+/// releases or a capture's writes left, which no fence refuses, and is claimed. `None`
+/// for a transfer past what a cancel takes over.
+fn plan_takeover(transfer: &Transfer, reason: CancelReason) -> Option<Takeover> {
+    Some(match transfer.state {
+        TransferState::Pending => {
+            let fields = StepFields {
+                reason: Some(reason),
+                ..StepFields::default()
+            };
+            Takeover::Force(TransferEvent::BeginRollback, fields)
+        }
+        TransferState::Applied | TransferState::Canceling | TransferState::Capturing => {
+            Takeover::Claim
+        }
+        _ => return None,
+    })
 }
 
 /// Where a cancel of `transfer` must decide by one party's fence, the index of that party

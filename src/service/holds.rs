@@ -92,7 +92,7 @@ impl TransferService {
     /// recoverer, this call) exactly one lands, and no capture can race it (`canceling`
     /// only ever goes to `canceled`). No copy of a reservation can land after it either: a
     /// hold that came from `held` (expired, voided) had none in flight any more (see
-    /// `Mover::Resolver`); one rolled back from `pending` by a cancel has both accounts
+    /// `Mover::Resolver`); one rolled back from `pending` by a cancel has every account
     /// fenced; one rolled back by its owner may still see its reservation land again, but
     /// the owner (or, after its lease, a recoverer) releases it only once no copy can land,
     /// and that later release takes it away again (a destination's only where the room is

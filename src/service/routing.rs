@@ -21,47 +21,21 @@ impl TransferService {
         })
     }
 
-    /// The deployments of `transfer`'s accounts, each with the accounts it keeps, for a
-    /// write on both accounts: one entry with both where one deployment keeps both (one
-    /// write serves them), else one per deployment, its one account named twice.
-    pub(crate) fn by_deployment<'t>(
+    /// Every account of `transfer` (its parties), grouped by the deployment that keeps
+    /// them.
+    pub(crate) fn accounts_by_deployment(
         &self,
-        transfer: &'t Transfer,
-    ) -> StoreResult<Vec<(&Store, [&'t AccountId; 2])>> {
-        let (source, destination) = (
-            self.store_of(transfer, Side::Source)?,
-            self.store_of(transfer, Side::Destination)?,
-        );
-        let (a, b) = (&transfer.source, &transfer.destination);
-        Ok(if source.deployment() == destination.deployment() {
-            vec![(source, [a, b])]
-        } else {
-            vec![(source, [a, a]), (destination, [b, b])]
-        })
-    }
-
-    /// Every account of `transfer` (its parties, for a multi-leg transfer), grouped by
-    /// the deployment that keeps them.
-    pub(crate) fn accounts_by_deployment<'t>(
-        &self,
-        transfer: &'t Transfer,
-    ) -> StoreResult<Vec<(&Store, Vec<&'t AccountId>)>> {
-        let Some(legs) = transfer.legs.as_deref() else {
-            return Ok(self
-                .by_deployment(transfer)?
-                .into_iter()
-                .map(|(store, accounts)| (store, accounts.to_vec()))
-                .collect());
-        };
-        let mut grouped: Vec<(&Store, Vec<&AccountId>)> = Vec::new();
-        for party in legs.parties() {
+        transfer: &Transfer,
+    ) -> StoreResult<Vec<(&Store, Vec<AccountId>)>> {
+        let mut grouped: Vec<(&Store, Vec<AccountId>)> = Vec::new();
+        for party in transfer.parties().iter() {
             let store = self.deployments.of(&party.deployment)?;
             match grouped
                 .iter_mut()
                 .find(|(s, _)| s.deployment() == store.deployment())
             {
-                Some((_, accounts)) => accounts.push(&party.account),
-                None => grouped.push((store, vec![&party.account])),
+                Some((_, accounts)) => accounts.push(party.account.clone()),
+                None => grouped.push((store, vec![party.account.clone()])),
             }
         }
         Ok(grouped)

@@ -6,7 +6,7 @@
 //! Another process needs none of this. It moves a transfer this process owns only once
 //! our lease has lapsed (the sweeper), which outlives the deadline every forward step of
 //! ours carries, and its claim changes `application`, which refuses our late state
-//! changes; or once it has fenced both accounts (a cancel). A second run in this process
+//! changes; or once it has fenced every account (a cancel). A second run in this process
 //! (a second cancel driving the same reversal, the sweeper claiming back a transfer of
 //! ours, a capture) has the same owner: neither the lease nor `application` stops the
 //! late writes of the first. So:

@@ -105,26 +105,14 @@ impl Store {
         domain(cursor.try_collect().await?, &self.deployment)
     }
 
-    /// Step 3: debit the source, unless already applied, fenced by a cancel, or the
-    /// available balance is short.
+    /// The prepare of the receiving party of a one-leg transfer inserted before one
+    /// protocol (`Transfer::pays_in_at_prepare`): credit the destination, unless already
+    /// applied, fenced by a cancel, or the balance and pending credits would pass
+    /// `MAX_MONEY`.
     ///
     /// `deadline` is the end of the caller's lease on the transfer, compared with the
     /// server's clock (`$$NOW`): a step that reaches the server late, after another
     /// instance may have taken the transfer over, is refused there.
-    pub async fn apply_debit(
-        &self,
-        account: &AccountId,
-        tx: TransferId,
-        amount: Amount,
-        deadline: Timestamp,
-    ) -> StoreResult<ForwardStep> {
-        self.forward(Forward::Debit, account, tx, amount, deadline)
-            .await
-    }
-
-    /// Step 4: credit the destination, unless already applied, fenced by a cancel, or the
-    /// balance and pending credits would pass `MAX_MONEY`. `deadline` as for
-    /// [`Store::apply_debit`].
     pub async fn apply_credit(
         &self,
         account: &AccountId,
@@ -163,7 +151,7 @@ impl Store {
     /// A multi-leg transfer's prepare of one party (`docs/legs.md`, step 3): a paying
     /// party's debit of its net (`net` < 0, with its entry), or a receiving party's room
     /// for it (`incoming`, no entry), under the guards of every forward step. `deadline`
-    /// as for [`Store::apply_debit`].
+    /// as for [`Store::apply_credit`].
     pub async fn prepare(
         &self,
         account: &AccountId,
@@ -293,31 +281,16 @@ impl Store {
         })
     }
 
-    /// Steps 6 and 7 in one write: forget the markers of an applied transfer on both its
-    /// accounts (group-committed, see `store::batch`).
-    pub async fn pull_markers(&self, accounts: [&AccountId; 2], tx: TransferId) -> StoreResult<()> {
-        failpoint!(self, BeforePull);
-        self.batches
-            .pulls
-            .submit(Pull {
-                accounts: accounts.map(AccountId::to_string),
-                tx: object_id(tx),
-                exact: false,
-            })
-            .await
-    }
-
-    /// A multi-leg transfer's settle of a paying party (`docs/legs.md`, step 5): forget
-    /// its marker on `account` and on no other account (group-committed, see
-    /// `store::batch::Pull::exact`).
+    /// A settle of a paying party (and of a receiving one already paid in): forget the
+    /// marker of `tx` on `account` and on no other account (group-committed, see
+    /// `store::batch::Pull`).
     pub async fn pull_marker(&self, account: &AccountId, tx: TransferId) -> StoreResult<()> {
         failpoint!(self, BeforePull);
         self.batches
             .pulls
             .submit(Pull {
-                accounts: [account.to_string(), account.to_string()],
+                account: account.to_string(),
                 tx: object_id(tx),
-                exact: true,
             })
             .await
     }

@@ -18,7 +18,7 @@
 //! | insert | `insertMany`, unordered; a taken idempotency key fails only its own document |
 //! | state change | `updateMany {_id: {$in}, state: from, application: owner}`, one per (owner, from, to), written at once |
 //! | debit, credit | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
-//! | pulls | `updateMany {_id: {$in: accounts}}` pulling every marker of the batch |
+//! | pulls | `updateMany` with a pipeline that rids each account of its own pulls' markers |
 //!
 //! Every document is still updated atomically under its own guards, exactly as the
 //! single-document step would be, and a crash in the middle of a batch leaves each
@@ -167,18 +167,13 @@ pub struct Transition {
     pub at: DateTime,
 }
 
-/// The markers of one transfer to pull from its accounts.
+/// The marker of one transfer to pull from one account, and from no other: another
+/// account may carry the same transfer's marker as a receiving party, which only its
+/// settle may take (`docs/protocol.md`).
 #[derive(Debug, Clone)]
 pub struct Pull {
-    pub accounts: [String; 2],
+    pub account: String,
     pub tx: ObjectId,
-    /// Pull the marker from these accounts and no other. A one-leg transfer's pull may
-    /// go out with the others' (every account of the batch rid of every marker of the
-    /// batch: an account only carries the marker of a transfer whose pull is in the
-    /// batch if it is that transfer's, whose markers all go). A multi-leg transfer's
-    /// paying party may not: another account may carry the same transfer's marker as a
-    /// receiving party, whose marker only its settle may take (`docs/legs.md`).
-    pub exact: bool,
 }
 
 /// A multi-leg transfer's settle of a receiving party (`docs/legs.md`, step 5): `net`
@@ -748,70 +743,24 @@ async fn change_one(
     Ok(result.modified_count == 1)
 }
 
-/// One `updateMany` pulling every marker of the batch's one-leg pulls from every account
-/// of them, and one pulling each exact pull's marker from its own accounts alone (see
-/// [`Pull::exact`]). Pulling a marker that is not there is a no-op, so this is each
-/// pull's own guard.
+/// One `updateMany` rid each account of the batch of the markers its own pulls name,
+/// and no other: an update pipeline that finds the account's row (its markers to pull)
+/// as the forward steps' batch does. Pulling a marker that is not there is a no-op, so
+/// this is each pull's own guard.
 pub async fn pull_markers(
     accounts: Collection<Document>,
     ops: Vec<Pull>,
 ) -> StoreResult<Vec<StoreResult<()>>> {
-    let (exact, shared): (Vec<&Pull>, Vec<&Pull>) = ops.iter().partition(|op| op.exact);
-    if !shared.is_empty() {
-        pull_shared(&accounts, &shared).await?;
-    }
-    if !exact.is_empty() {
-        pull_exact(&accounts, &exact).await?;
-    }
-    Ok(vec![Ok(()); ops.len()])
-}
-
-/// Every account of `ops` rid of every marker of `ops`.
-async fn pull_shared(accounts: &Collection<Document>, ops: &[&Pull]) -> StoreResult<()> {
-    let mut ids: Vec<&str> = ops
-        .iter()
-        .flat_map(|op| op.accounts.iter().map(String::as_str))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let txs: Vec<ObjectId> = ops.iter().map(|op| op.tx).collect();
-    // Repeatable: a pull that lands twice, or late, finds nothing more to pull (nothing
-    // adds a marker back once its transfer is applied, see the protocol's rules).
-    let (pulled, _) = super::retried(|| async {
-        accounts
-            .update_many(
-                doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
-                doc! {
-                    "$pull": { "pendingTransactions": { "$in": &txs } },
-                    "$set": { "updatedAt": DateTime::now() },
-                },
-            )
-            .await
-            .map_err(StoreError::from)
-    })
-    .await;
-    pulled?;
-    Ok(())
-}
-
-/// Each account of `ops` rid of the markers its own pulls name, and no other: an update
-/// pipeline that finds the account's row (its markers to pull) as the forward steps'
-/// batch does.
-async fn pull_exact(accounts: &Collection<Document>, ops: &[&Pull]) -> StoreResult<()> {
-    let mut per_account: Vec<(String, Vec<ObjectId>)> = Vec::new();
-    for op in ops {
-        let mut own = op.accounts.iter().collect::<Vec<_>>();
-        own.dedup();
-        for account in own {
-            match per_account.iter_mut().find(|(a, _)| a == account) {
-                Some((_, txs)) => txs.push(op.tx),
-                None => per_account.push((account.clone(), vec![op.tx])),
-            }
+    let mut per_account: Vec<(&str, Vec<ObjectId>)> = Vec::new();
+    for op in &ops {
+        match per_account.iter_mut().find(|(a, _)| *a == op.account) {
+            Some((_, txs)) => txs.push(op.tx),
+            None => per_account.push((op.account.as_str(), vec![op.tx])),
         }
     }
     let rows: Vec<(String, Document)> = per_account
         .into_iter()
-        .map(|(account, txs)| (account, doc! { "txs": txs }))
+        .map(|(account, txs)| (account.to_owned(), doc! { "txs": txs }))
         .collect();
     let mut sorted: Vec<&(String, Document)> = rows.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -828,6 +777,8 @@ async fn pull_exact(accounts: &Collection<Document>, ops: &[&Pull]) -> StoreResu
         } },
         "updatedAt": "$$NOW",
     } }];
+    // Repeatable: a pull that lands twice, or late, finds nothing more to pull (nothing
+    // adds a marker back once its transfer is applied, see the protocol's rules).
     let (pulled, _) = super::retried(|| async {
         accounts
             .update_many(
@@ -839,7 +790,7 @@ async fn pull_exact(accounts: &Collection<Document>, ops: &[&Pull]) -> StoreResu
     })
     .await;
     pulled?;
-    Ok(())
+    Ok(vec![Ok(()); ops.len()])
 }
 
 /// [`settle_all`] for tests: every entry stays in the documents.

@@ -273,17 +273,7 @@ impl Stored for TransferDoc {
     fn into_domain(self, here: &DeploymentName) -> StoreResult<Transfer> {
         let d = self;
         let bad = |field: &str, why: ParseError| corrupt("transfer", &d.id, field, why);
-        let hold = match (d.held_amount, d.expires_at) {
-            (None, None) => None,
-            (Some(held), Some(expires_at)) => Some(Hold {
-                amount: Amount::parse(held).map_err(|e| bad("heldAmount", e))?,
-                expires_at: expires_at.to_chrono(),
-            }),
-            _ => {
-                let why = ParseError("a hold needs both heldAmount and expiresAt".into());
-                return Err(bad("hold", why));
-            }
-        };
+        let hold = stored_hold(&d)?;
         let destination_deployment = match &d.destination_deployment {
             Some(name) => {
                 DeploymentName::parse(name).map_err(|e| bad("destinationDeployment", e))?
@@ -293,22 +283,7 @@ impl Stored for TransferDoc {
         let legs = stored_legs(&d, here)?;
         // A one-leg transfer inserted before one protocol: no parties stored.
         let credits_at_prepare = d.parties.is_none();
-        // A multi-leg transfer's amount is what its legs move, whatever an older
-        // version stored (the legs' sum); so is its hold's.
-        let (amount, hold) = match &legs {
-            Some(legs) => (
-                legs.moved(),
-                hold.map(|h| Hold {
-                    amount: legs.moved(),
-                    ..h
-                }),
-            ),
-            None => {
-                let value = Amount::parse(d.value).map_err(|e| bad("value", e))?;
-                one_leg_parties_agree(&d)?;
-                (value, hold)
-            }
-        };
+        let (amount, hold) = amounts(&d, legs.as_deref(), hold)?;
         let tenants = d
             .tenants
             .iter()
@@ -357,6 +332,39 @@ impl Stored for TransferDoc {
             reversing: d.reversing,
         })
     }
+}
+
+/// The hold `d` stores, if it is one: both its fields or neither.
+fn stored_hold(d: &TransferDoc) -> StoreResult<Option<Hold>> {
+    let bad = |field: &str, why: ParseError| corrupt("transfer", &d.id, field, why);
+    Ok(match (d.held_amount, d.expires_at) {
+        (None, None) => None,
+        (Some(held), Some(expires_at)) => Some(Hold {
+            amount: Amount::parse(held).map_err(|e| bad("heldAmount", e))?,
+            expires_at: expires_at.to_chrono(),
+        }),
+        _ => {
+            let why = ParseError("a hold needs both heldAmount and expiresAt".into());
+            return Err(bad("hold", why));
+        }
+    })
+}
+
+/// What `d` moves, and its hold: a multi-leg transfer's amount is what its legs move,
+/// whatever an older version stored (the legs' sum), and so is its hold's; a one-leg
+/// transfer's is its `value`, which its parties, if stored, must agree with.
+fn amounts(
+    d: &TransferDoc,
+    legs: Option<&Legs>,
+    hold: Option<Hold>,
+) -> StoreResult<(Amount, Option<Hold>)> {
+    let Some(legs) = legs else {
+        let value = Amount::parse(d.value).map_err(|e| corrupt("transfer", &d.id, "value", e))?;
+        one_leg_parties_agree(d)?;
+        return Ok((value, hold));
+    };
+    let moved = legs.moved();
+    Ok((moved, hold.map(|h| Hold { amount: moved, ..h })))
 }
 
 /// The parties a one-leg transfer's document stores, if any, must be its source paying

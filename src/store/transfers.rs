@@ -99,20 +99,14 @@ pub enum Resolution {
     Expire,
 }
 
-/// Proof that both accounts of a transfer refuse its forward steps (see
-/// [`Store::fence`]); only [`Fenced::both`] makes one.
+/// Proof that every account of a transfer refuses its forward steps (see
+/// [`Store::fence`]); only [`Fenced::all`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub struct Fenced(());
 
 impl Fenced {
-    /// Both accounts fenced, or gone (which refuses every step as well); `None` if either
-    /// is not.
-    pub fn both(destination: Fence, source: Fence) -> Option<Fenced> {
-        let refuses = |fence| matches!(fence, Fence::Placed | Fence::Missing);
-        (refuses(destination) && refuses(source)).then_some(Fenced(()))
-    }
-
-    /// Every account of a multi-leg transfer fenced, or gone; `None` if one is not.
+    /// Every account of a transfer fenced, or gone (which refuses every step as well);
+    /// `None` if one is not.
     pub fn all(fences: impl IntoIterator<Item = Fence>) -> Option<Fenced> {
         fences
             .into_iter()
@@ -856,14 +850,14 @@ impl Store {
 mod tests {
     use super::*;
 
-    /// The proof is made only when both accounts refuse: one fence that found the
-    /// transfer applied (not placed) proves nothing about that account.
+    /// The proof is made only when every account refuses: one fence that found the
+    /// transfer applied (not placed), or came too late, proves nothing about that account.
     #[test]
-    fn only_two_refusing_accounts_make_a_fence_proof() {
+    fn only_refusing_accounts_make_a_fence_proof() {
         let refusing = [Fence::Placed, Fence::Missing];
-        for destination in refusing {
-            for source in refusing {
-                assert!(Fenced::both(destination, source).is_some());
+        for a in refusing {
+            for b in refusing {
+                assert!(Fenced::all([a, b, a]).is_some());
             }
         }
         for open in [Fence::Applied, Fence::TooLate] {
@@ -873,8 +867,10 @@ mod tests {
                 Fence::Applied,
                 Fence::TooLate,
             ] {
-                assert!(Fenced::both(open, other).is_none(), "{open:?}, {other:?}");
-                assert!(Fenced::both(other, open).is_none(), "{other:?}, {open:?}");
+                assert!(Fenced::all([open, other]).is_none(), "{open:?}, {other:?}");
+                assert!(Fenced::all([other, open]).is_none(), "{other:?}, {open:?}");
+                let third = [Fence::Placed, other, open];
+                assert!(Fenced::all(third).is_none(), "{third:?}");
             }
         }
     }

@@ -42,9 +42,7 @@ fn change(account: &str, tx: TransferId, delta: i64) -> AccountChange {
 /// Whether the debit of `tx` from `source` landed, with a minute of lease.
 async fn debit(app: &TestApp, source: &str, tx: TransferId, value: i64) -> bool {
     let source = account(source);
-    let step = app
-        .store
-        .apply_debit(&source, tx, amount(value), from_now(60_000));
+    let step = app.store.prepare(&source, tx, -value, from_now(60_000));
     step.await.unwrap().applied
 }
 
@@ -396,25 +394,25 @@ async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
         assert!(debit(&app, "a", t, 10).await);
         assert!(credit(&app, "b", t, 10).await);
     }
-    let pull = |tx| Pull {
-        accounts: ["a".to_owned(), "b".to_owned()],
+    let pull = |name: &str, tx| Pull {
+        account: name.to_owned(),
         tx: object_id(tx),
-        exact: false,
     };
-    pull_markers(accounts(&app), vec![pull(t1), pull(t3)])
-        .await
-        .unwrap();
+    let pulls = [t1, t3]
+        .into_iter()
+        .flat_map(|t| [pull("a", t), pull("b", t)]);
+    pull_markers(accounts(&app), pulls.collect()).await.unwrap();
     for name in ["a", "b"] {
         let stored = app.store.account(&account(name)).await.unwrap().unwrap();
         assert_eq!(stored.pending_transactions, vec![t2], "{name}");
     }
 }
 
-/// A multi-leg transfer's paying party is settled by an exact pull: in a batch with
+/// A paying party is settled by a pull of its own account's marker: in a batch with
 /// other pulls, its marker leaves its own account and no other, so a receiving party of
-/// the same transfer keeps its marker (and the room behind it) for its own settle. The
-/// one-leg pulls of the batch still go as before. (A shared pull here took the
-/// receiving party's marker too, and its credit was never made.)
+/// the same transfer keeps its marker (and the room behind it) for its own settle. (A
+/// pull shared across the batch's accounts took the receiving party's marker too, and
+/// its credit was never made.)
 #[tokio::test]
 async fn an_exact_pull_takes_its_marker_from_its_own_account_only() {
     let app = spawn_app().await;
@@ -442,23 +440,16 @@ async fn an_exact_pull_takes_its_marker_from_its_own_account_only() {
     assert!(debit(&app, "x", plain, 10).await);
     assert!(credit(&app, "y", plain, 10).await);
     let exact = Pull {
-        accounts: ["payer".to_owned(), "payer".to_owned()],
+        account: "payer".to_owned(),
         tx: object_id(legs),
-        exact: true,
     };
-    // A one-leg pull naming the receiving party's account, and an exact one naming
-    // another account of it, in one batch.
-    let shared = Pull {
-        accounts: ["receiver".to_owned(), "x".to_owned()],
+    // The one-leg transfer's pulls, of accounts other than the receiving party's, in
+    // the same batch.
+    let pull = |name: &str| Pull {
+        account: name.to_owned(),
         tx: object_id(plain),
-        exact: false,
     };
-    let also = Pull {
-        accounts: ["y".to_owned(), "receiver".to_owned()],
-        tx: object_id(plain),
-        exact: true,
-    };
-    pull_markers(accounts(&app), vec![exact, shared, also])
+    pull_markers(accounts(&app), vec![exact, pull("x"), pull("y")])
         .await
         .unwrap();
     let markers = async |name: &str| {

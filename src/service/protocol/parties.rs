@@ -25,7 +25,6 @@ use super::{ACCOUNT_STEP_ATTEMPTS, Refusal, TransferService, classify, contended
 use crate::domain::Side;
 use crate::domain::{Account, Amount, CancelReason, MAX_MONEY, Party, Transfer, TransferEvent};
 use crate::store::StoreResult;
-use crate::store::accounts::Forward;
 use crate::store::transfers::StepFields;
 
 /// What one party's prepare came to.
@@ -169,7 +168,7 @@ impl TransferService {
         } else if t.pays_in_at_prepare() && !party.pays() {
             let credit = amount(t, net);
             store
-                .forward(Forward::Credit, account, t.id, credit, deadline_there)
+                .apply_credit(account, t.id, credit, deadline_there)
                 .await
         } else {
             store.prepare(account, t.id, net, deadline_there).await

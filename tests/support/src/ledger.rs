@@ -561,7 +561,7 @@ fn side_of(kind: EntryKind) -> Option<Side> {
 /// The entries `t` may have on `side` in its state, each allowed sequence of kinds
 /// oldest first (`docs/protocol.md`, `docs/holds.md`). A plain transfer: its debit from
 /// the start on, undone only by a rollback; its credit only on the way to `done` (the
-/// credit is the commit point: a `credit_undone` is never expected). A hold: its
+/// credit lands after the commit point: a `credit_undone` is never expected). A hold: its
 /// reservations, then their capture (`done`) or release (`canceled`; a rollback before
 /// the destination's reservation releases the source's alone). An unfinished transfer
 /// may be anywhere on the way to the ends its state leads to. Empty: no state a
