@@ -24,7 +24,7 @@
 //!   would, until [`let_through`]: each attempt is told it failed, so the step fails, and
 //!   is kept; [`send_held`] sends what was kept, as the late landings of requests stuck in
 //!   the network.
-//! - Recorded twice: [`record_twice`] makes the next transfer an instance records be
+//! - Inserted twice: [`insert_twice`] makes the next transfer an instance inserts be
 //!   sent twice, as a driver's retry of an insert whose reply was lost would be on a
 //!   server that does not recognise the retry: the instance sees the second answer, a
 //!   duplicate key.
@@ -75,16 +75,16 @@ macro_rules! points {
 }
 
 points! {
-    /// A new transfer is recorded (`initial`, no owner yet); before its run starts.
+    /// A new transfer is inserted (`initial`, no owner yet); before its run starts.
     AfterInsert = "after_insert",
     /// `initial -> pending`: the run owns the transfer.
     AfterPending = "after_pending",
     /// The paying parties are prepared: debited and marked; for a hold, their
     /// reservations made. A transfer's receiving parties are prepared in the same round
-    /// (their room made), but for a one-leg transfer recorded before one protocol, whose
+    /// (their room made), but for a one-leg transfer inserted before one protocol, whose
     /// destination is credited after this.
     AfterDebit = "after_debit",
-    /// Every party is prepared (for a transfer recorded before one protocol, its
+    /// Every party is prepared (for a transfer inserted before one protocol, its
     /// destination credited); before the commit (`-> applied`, a hold's `-> held`).
     AfterCredit = "after_credit",
     /// `pending -> applied`.
@@ -99,7 +99,7 @@ points! {
     /// A rollback gave the paying parties' debits back (after the receiving parties');
     /// for a hold, their reservations are released (first).
     AfterUndoSource = "after_undo_source",
-    /// A hold's reservations are both made and it is recorded `held`.
+    /// A hold's reservations are both made and it is stored `held`.
     AfterHeld = "after_held",
     /// A capture, void or expiry won a `held` hold (`resolve_hold`, the state change of
     /// a `Mover::Resolver`).
@@ -109,7 +109,7 @@ points! {
     AfterCaptureSource = "after_capture_source",
     /// As [`Point::AfterCaptureSource`]; before `capturing -> done`.
     AfterCaptureDestination = "after_capture_destination",
-    /// An idempotency key is taken; its transfer is not recorded yet.
+    /// An idempotency key is taken; its transfer is not inserted yet.
     AfterTakeKey = "after_take_key",
     /// An account's id is reserved in the directory; the account is not written yet.
     AfterReserveAccount = "after_reserve_account",
@@ -122,7 +122,7 @@ points! {
     /// drive lock. Only under a [`Hook`] (see [`hooked`]): it tries the lock again each
     /// time it is let go, so that a scheduler sees it wait.
     WaitDrive = "wait_drive",
-    /// Before a transfer is recorded.
+    /// Before a transfer is inserted.
     BeforeInsert = "before_insert",
     /// Before an owner's state change.
     BeforeTransition = "before_transition",
@@ -356,22 +356,22 @@ fn lost_replies() -> &'static Mutex<Vec<String>> {
     LOST.get_or_init(Default::default)
 }
 
-/// The instances whose next transfer insert is sent twice ([`record_twice`]).
+/// The instances whose next transfer insert is sent twice ([`insert_twice`]).
 fn doubled_inserts() -> &'static Mutex<Vec<String>> {
     static DOUBLED: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
     DOUBLED.get_or_init(Default::default)
 }
 
-/// Makes the next transfer `instance` records be sent twice (see the module's doc).
-pub fn record_twice(instance: &str) {
+/// Makes the next transfer `instance` inserts be sent twice (see the module's doc).
+pub fn insert_twice(instance: &str) {
     doubled_inserts()
         .lock()
         .expect("doubled inserts")
         .push(instance.to_owned());
 }
 
-/// Called by the store before it records a transfer: whether to send it twice (once per
-/// [`record_twice`]).
+/// Called by the store before it inserts a transfer: whether to send it twice (once per
+/// [`insert_twice`]).
 pub fn recorded_twice(instance: &str) -> bool {
     let mut doubled = doubled_inserts().lock().expect("doubled inserts");
     match doubled.iter().position(|i| i == instance) {

@@ -48,6 +48,18 @@
 //! `main` and `startup`, name none of the layers), and no module imports itself through
 //! others; `tests/architecture.rs` checks both on the source. Who may move a transfer is
 //! decided in one place, `store::transfers::Mover`.
+//!
+//! Words that name one thing each:
+//! - *insert*: step 1 of the protocol, a new transfer written `initial` into its
+//!   transfer log (`service/create.rs`, `Store::insert_transfer`, the `after_insert`
+//!   point).
+//! - *record*: the event [`recorder`], which records a deployment's changes as events.
+//!   A webhook attempt is *logged* (the attempt log); an entry is *copied* out of its
+//!   account's document (`store::entries::EntryCopier`).
+//! - *mover*: [`store::transfers::Mover`], who may make a transfer's state change.
+//! - *settle*: step 5, pay a receiving party in and pull every party's marker. A hold
+//!   ends by being *resolved* (a capture, a void, an expiry: `Mover::Resolver`).
+//!
 //! `docs/architecture.md` draws how a request, a recovery and a cancel flow through
 //! these modules.
 

@@ -8,7 +8,7 @@
 //! debit or credit is now refused rolls back with the reason), `applied` finishes its
 //! pulls, `canceling` finishes its undo. Batches are bounded.
 //!
-//! A stale `initial` transfer is processed, not canceled: it was durably recorded with
+//! A stale `initial` transfer is processed, not canceled: it was durably inserted with
 //! the client's intent, a `Prefer: respond-async` client was told it would run, and a
 //! client that lost the answer and retries with its idempotency key is answered with the
 //! outcome. Only a cancel request cancels a transfer that has not failed.

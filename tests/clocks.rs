@@ -155,7 +155,7 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: Poin
 
     let store = Store::connect(&database_uri(), &database).await.unwrap();
     let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
-    assert_eq!(stuck.len(), 1, "one transfer recorded");
+    assert_eq!(stuck.len(), 1, "one transfer inserted");
     assert!(
         !stuck[0].state.is_terminal(),
         "a crash at {step} leaves it unfinished"
@@ -204,7 +204,7 @@ async fn an_instance_whose_clock_runs_far_behind_is_taken_over_without_paying_tw
 /// first stamp is the database's time too, not the instance's (found by cargo mutants:
 /// stamping the insert with the caller's clock survived the other tests).
 #[tokio::test]
-async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken_over_in_time() {
+async fn a_transfer_only_inserted_by_an_instance_whose_clock_runs_ahead_is_taken_over_in_time() {
     a_correct_instance_takes_over_in_time_from(30, Point::AfterInsert).await;
 }
 
@@ -213,7 +213,7 @@ async fn a_transfer_only_recorded_by_an_instance_whose_clock_runs_ahead_is_taken
 /// transfer is stale. Found by cargo mutants: the stamp left out of the insert went
 /// unnoticed (a transfer then looks abandoned the moment it is recorded).
 #[tokio::test]
-async fn a_recorded_transfer_is_stamped_by_the_database_whatever_its_copy_says() {
+async fn an_inserted_transfer_is_stamped_by_the_database_whatever_its_copy_says() {
     let app = support::spawn_app().await;
     let transfer = support::values::initial("alice", "bob", 100);
     assert_eq!(transfer.last_modified, chrono::DateTime::UNIX_EPOCH);

@@ -1193,8 +1193,8 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
     .await
     .unwrap_or_else(|state| panic!("the hold is still {state} after cn came back"));
     assert_eq!(stored.reason, Some(CancelReason::Expired));
-    let settled = [("alice", "eu", 0), ("carol", "eu", 100), ("bob", "cn", 0)];
-    assert_settled(&books, &settled).await;
+    let at_rest = [("alice", "eu", 0), ("carol", "eu", 100), ("bob", "cn", 0)];
+    assert_at_rest(&books, &at_rest).await;
 }
 
 #[tokio::test]
@@ -1793,7 +1793,7 @@ async fn an_accounts_entries_are_kept_on_its_own_deployment() {
 
 /// Each `(account, deployment, balance)` has that balance as stored on its deployment,
 /// and no reservation or marker left.
-async fn assert_settled(books: &Books, accounts: &[(&str, &str, i64)]) {
+async fn assert_at_rest(books: &Books, accounts: &[(&str, &str, i64)]) {
     for &(account, deployment, balance) in accounts {
         let a = books
             .store(deployment)
@@ -1860,7 +1860,7 @@ async fn the_money_a_multi_leg_hold_logged_elsewhere_reserved_is_spendable_once_
         (TransferState::Canceled, Some(CancelReason::Expired)),
         "{ended:?}"
     );
-    assert_settled(
+    assert_at_rest(
         &books,
         &[
             ("ml-a", "eu", 100),
@@ -1910,7 +1910,7 @@ async fn the_room_a_hold_logged_elsewhere_kept_in_its_destination_is_free_once_i
         (TransferState::Canceled, Some(CancelReason::Expired)),
         "{ended:?}"
     );
-    assert_settled(
+    assert_at_rest(
         &books,
         &[
             ("rm-a", "eu", 1_000),

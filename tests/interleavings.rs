@@ -741,7 +741,7 @@ async fn a_cancel_during_a_recovery_never_lets_the_recoverers_late_debit_land() 
 /// recorded for them, and `/ready` says so. Once the first one finishes, the instance
 /// admits again.
 #[tokio::test]
-async fn beyond_its_limit_an_instance_refuses_new_work_after_the_admission_wait_and_records_nothing()
+async fn beyond_its_limit_an_instance_refuses_new_work_after_the_admission_wait_and_inserts_nothing()
  {
     let wait = Duration::from_millis(300);
     let app = spawn_app_with(|s| {
@@ -1499,7 +1499,7 @@ async fn a_slow_void_of_a_hold_being_reserved_never_reverses_a_capture_that_won(
     assert_balances_and_no_markers(&owner, 700, 300).await;
 }
 
-/// A cancel of a held hold that a capture beats (the capture settles the hold between
+/// A cancel of a held hold that a capture beats (the capture resolves the hold between
 /// the cancel's read and its void) does what a cancel of a captured hold does: it
 /// reverses the capture once done. (A void in its place answers
 /// `hold_already_captured`.)
@@ -1927,7 +1927,7 @@ fn spawn_keyed_transfer(
 /// and runs it. When the first request goes on, its insert loses on that `_id` and it
 /// answers the same transfer: one transfer, money moved once.
 #[tokio::test]
-async fn a_retry_completes_a_key_whose_request_stopped_before_recording_and_both_answer_one_transfer()
+async fn a_retry_completes_a_key_whose_request_stopped_before_inserting_and_both_answer_one_transfer()
  {
     let (first, second) = two_instances(Duration::from_millis(1000)).await;
     open_alice_and_bob(&first).await;
@@ -2023,7 +2023,7 @@ async fn a_native_request_whose_retry_made_its_transfer_meanwhile_answers_that_t
 /// the first's record (a duplicate key) and answers it: the same 422 naming the same
 /// transfer (before, a 500).
 #[tokio::test]
-async fn a_native_request_refused_for_funds_whose_retry_recorded_the_refusal_answers_it() {
+async fn a_native_request_refused_for_funds_whose_retry_inserted_the_refusal_answers_it() {
     let (first, second) = two_native_instances().await;
     open_alice_and_bob(&first).await;
     // The first request's transaction is refused; it stops before recording that.
@@ -2065,7 +2065,7 @@ async fn a_native_request_refused_for_funds_whose_retry_recorded_the_refusal_ans
 async fn an_insert_refused_for_its_own_first_attempt_still_runs_its_transfer() {
     let app = spawn_app_with(|_| {}).await;
     open_alice_and_bob(&app).await;
-    failpoints::record_twice(&app.instance_id);
+    failpoints::insert_twice(&app.instance_id);
     let (status, plain) = app.transfer("alice", "bob", 100).await;
     assert_eq!(
         (status, plain["state"].as_str()),
@@ -2073,7 +2073,7 @@ async fn an_insert_refused_for_its_own_first_attempt_still_runs_its_transfer() {
         "{plain}"
     );
 
-    failpoints::record_twice(&app.instance_id);
+    failpoints::insert_twice(&app.instance_id);
     let keyed = app
         .http
         .post(app.url("/transfers"))
@@ -2255,7 +2255,7 @@ async fn short_hold(app: &TestApp, ms: u64) -> (TransferId, chrono::DateTime<chr
 }
 
 /// A debit that needs the money of a hold past its `expiresAt` expires the hold first;
-/// when the expiry loses because the settling write reads the database's clock before
+/// when the expiry loses because the resolving write reads the database's clock before
 /// `expiresAt` (a clock that went backwards), the hold is not expired: it keeps its
 /// reservation, and the debit is refused for funds.
 #[tokio::test]
@@ -2280,7 +2280,7 @@ async fn a_debit_does_not_free_a_hold_the_database_clock_says_has_not_expired() 
 }
 
 /// A debit that needs the money of an expired hold, whose expiry loses to another
-/// instance's (here a sweeper that expired and released it while the debit's settling
+/// instance's (here a sweeper that expired and released it while the debit's resolving
 /// write was on its way), reads the hold again: released, so the money is free, and the
 /// debit is done.
 #[tokio::test]
@@ -2362,7 +2362,7 @@ async fn hold_answer(app: &TestApp, id: TransferId, action: &str) -> (u16, Value
     (status, response.json().await.unwrap())
 }
 
-/// A held hold on a fresh app whose next two settling writes read the clock a second
+/// A held hold on a fresh app whose next two resolving writes read the clock a second
 /// past the hold's expiry, then a second before it: a clock going backwards.
 async fn held_hold_under_a_clock_going_back() -> (TestApp, TransferId) {
     let app = spawn_app_with(|_| {}).await;
@@ -2375,11 +2375,12 @@ async fn held_hold_under_a_clock_going_back() -> (TestApp, TransferId) {
 
 /// Issue 17, item 3: the database's clock may go backwards between two commands (two
 /// routers, a failover). A void whose first write reads the clock past the hold's expiry
-/// and whose second reads it before: before, neither settled, the void answered 200 with
+/// and whose second reads it before: before, neither resolved the hold, the void answered 200 with
 /// the hold still `held`, and a capture then won too. A void is now one write that cannot
 /// lose to the clock: both answers agree with the stored state.
 #[tokio::test]
-async fn a_void_settles_the_hold_even_when_the_clock_goes_backwards_and_a_capture_then_conflicts() {
+async fn a_void_resolves_the_hold_even_when_the_clock_goes_backwards_and_a_capture_then_conflicts()
+{
     let (app, id) = held_hold_under_a_clock_going_back().await;
 
     let (void_status, void) = hold_answer(&app, id, "void").await;
@@ -2433,7 +2434,7 @@ async fn a_capture_answers_hold_expired_only_when_the_hold_is_stored_expired() {
 /// and forth, so the hold stays `held` under it) gives up after its rounds. That is a lost
 /// race, not a database that is down: 503 `contended` (before: `database_unavailable`),
 /// with `Retry-After`, naming the hold, which stands as it was; the same capture sent
-/// again once the clock settles captures it.
+/// again once the clock is steady again captures it.
 #[tokio::test]
 async fn a_capture_that_keeps_losing_to_the_clock_answers_contended_and_can_be_sent_again() {
     let app = spawn_app_with(|_| {}).await;

@@ -24,7 +24,7 @@ async fn open_accounts(http: &reqwest::Client, base: &str, count: usize, balance
 }
 
 /// Every stored transfer is terminal, the total is `total`, and no marker is left.
-async fn assert_settled(store: &Store, total: i64) {
+async fn assert_at_rest(store: &Store, total: i64) {
     let accounts = store.list_accounts(None, None, 1000).await.unwrap();
     assert_eq!(accounts.iter().map(|a| a.balance).sum::<i64>(), total);
     for account in &accounts {
@@ -98,7 +98,7 @@ async fn signal_drains_in_flight_transfers_and_exits_0(signal: i32) {
     assert!(answered > 0, "no request was in flight at the signal");
     let refused = http.get(instance.url("/health")).send().await;
     assert!(refused.is_err(), "still serving after exit");
-    assert_settled(&store, 40_000).await;
+    assert_at_rest(&store, 40_000).await;
 }
 
 #[tokio::test]
@@ -130,7 +130,7 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
         app.open_account(&format!("acct-{i}"), 1_000).await;
     }
 
-    // Load running across the outage: every transfer must end settled.
+    // Load running across the outage: every transfer must come to rest.
     let stop = tokio_util::sync::CancellationToken::new();
     let mut load = Vec::new();
     for worker in 0..6 {
@@ -215,7 +215,7 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
             .then_some(())
     })
     .await;
-    assert_settled(&app.store, 6_000).await;
+    assert_at_rest(&app.store, 6_000).await;
 }
 
 /// A database that is not there yet when an instance starts (an orchestrator starting
@@ -454,5 +454,5 @@ async fn a_burst_beyond_the_limit_is_refused_after_the_admission_wait_and_everyt
             .then_some(())
     })
     .await;
-    assert_settled(&app.store, 1_000_000 * accounts as i64).await;
+    assert_at_rest(&app.store, 1_000_000 * accounts as i64).await;
 }

@@ -166,7 +166,7 @@ async fn crash_and_recover(layout: Layout, step: Point, amount: i64) -> String {
     assert_eq!(
         stuck.len(),
         1,
-        "one transfer recorded, on the source's deployment"
+        "one transfer inserted, on the source's deployment"
     );
     assert!(
         !stuck[0].state.is_terminal(),
@@ -348,7 +348,7 @@ async fn crash_hold_and_recover(layout: Layout, step: Point, what: HoldStep) {
     assert_eq!(
         listed.len(),
         1,
-        "one hold recorded, on the source's deployment"
+        "one hold inserted, on the source's deployment"
     );
     let id = listed[0].id;
     match what {
@@ -550,7 +550,7 @@ async fn crash_legs_and_recover(layout: Layout, step: Point, short: bool, left_i
 
     let store = &books.a;
     let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
-    assert_eq!(stuck.len(), 1, "one transfer recorded, where a lives");
+    assert_eq!(stuck.len(), 1, "one transfer inserted, where a lives");
     assert_eq!(
         stuck[0].state.to_string(),
         left_in,
@@ -749,7 +749,7 @@ async fn crash_legs_hold_and_recover(layout: Layout, step: Point, what: HoldStep
         .await;
     let store = &books.a;
     let listed = store.list_transfers(&Default::default(), 10).await.unwrap();
-    assert_eq!(listed.len(), 1, "one hold recorded, where a lives");
+    assert_eq!(listed.len(), 1, "one hold inserted, where a lives");
     let id = listed[0].id;
     match what {
         HoldStep::Create => assert!(created.is_err(), "no crash at {step}: {created:?}"),

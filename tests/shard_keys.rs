@@ -23,7 +23,7 @@ use transfer_service::domain::{
 };
 use transfer_service::service::{Completion, KeyBook, NewAccount, NewTransfer, TransferService};
 use transfer_service::store::accounts::FenceWhen;
-use transfer_service::store::testing::{Recorded, connect_recording};
+use transfer_service::store::testing::{SentCommands, connect_keeping_commands};
 use transfer_service::store::{ApiKeyStore, Deployments};
 
 /// Each collection the service writes, and its shard key (`docs/scaling.md`).
@@ -84,7 +84,7 @@ fn targets(filter: &Document, key: &str) -> bool {
     }
 }
 
-fn checked(recorded: &Recorded) -> (usize, Vec<String>) {
+fn checked(recorded: &SentCommands) -> (usize, Vec<String>) {
     let recorded = recorded.lock().unwrap();
     let mut count = 0;
     let mut scattered = Vec::new();
@@ -118,7 +118,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     let mut records = Vec::new();
     for (name, uri) in ["eu", "us"].iter().zip(&uris) {
         let (store, recorded) =
-            connect_recording(DeploymentName::parse(name).unwrap(), uri, &database)
+            connect_keeping_commands(DeploymentName::parse(name).unwrap(), uri, &database)
                 .await
                 .unwrap();
         store.migrate().await.unwrap();
@@ -222,7 +222,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         .unwrap();
     us.drop_fences(&[&values::account("b")], id).await.unwrap();
     // The ledger: reads of a statement and of a balance as of a moment, and the moves
-    // of entries out of the account documents (by each store's mover, in the background).
+    // of entries out of the account documents (by each store's copier, in the background).
     for id in ["a", "b"] {
         let account = values::account(id);
         assert!(bank.entries(&account, 0, 1000).await.unwrap().len() > 2);
@@ -299,7 +299,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     keys.revoke(&made.record.id, Some(&TenantName::parse("acme").unwrap()))
         .await
         .unwrap();
-    let key_commands = |recorded: &Recorded| {
+    let key_commands = |recorded: &SentCommands| {
         recorded
             .lock()
             .unwrap()
@@ -326,13 +326,13 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         "made-up tokens were looked up"
     );
 
-    let moved_on = |recorded: &Recorded| {
+    let moved_on = |recorded: &SentCommands| {
         recorded.lock().unwrap().iter().any(|(name, command)| {
             name == "insert" && command.get_str("insert").ok() == Some("entries")
         })
     };
     support::eventually(
-        "each store's mover moved entries",
+        "each store's copier moved entries",
         Duration::from_secs(10),
         Duration::from_millis(20),
         async || records.iter().all(moved_on).then_some(()),

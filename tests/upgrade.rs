@@ -1,4 +1,4 @@
-//! The upgrade to one protocol: a one-leg transfer recorded by a version before it
+//! The upgrade to one protocol: a one-leg transfer inserted by a version before it
 //! (its document names no parties; its destination was credited by its own step, the
 //! commit point of that protocol) and left in flight at the upgrade, at each point that
 //! version could stop at, is finished by the new binary's sweeper as that version would
@@ -212,7 +212,7 @@ async fn upgrade_and_recover(across: bool, stopped: Stopped) -> TransferState {
     opener.kill();
     let id = books.leave(stopped).await;
     let left = books.a.transfer(id).await.unwrap().unwrap();
-    assert!(left.credits_at_prepare, "recorded before one protocol");
+    assert!(left.credits_at_prepare, "inserted before one protocol");
 
     let started = Instant::now();
     let rescuer = books.start_instance("rescuer").await;

@@ -23,7 +23,7 @@ use transfer_service::domain::{
 };
 use transfer_service::service::{NewAccount, NewWebhook, TransferService};
 use transfer_service::store::Deployments;
-use transfer_service::store::testing::connect_recording;
+use transfer_service::store::testing::connect_keeping_commands;
 
 /// What a MongoDB server takes in one command at most (`maxBsonObjectSize`).
 const MONGODB_MAX_COMMAND_BYTES: usize = 16 * 1024 * 1024;
@@ -35,7 +35,7 @@ const BODY_BYTES: usize = 8 * 1024;
 async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_once() {
     let database = fresh_database_name();
     let name = DeploymentName::parse("main").unwrap();
-    let (store, recorded) = connect_recording(name, &database_uri(), &database)
+    let (store, recorded) = connect_keeping_commands(name, &database_uri(), &database)
         .await
         .unwrap();
     store.migrate().await.unwrap();

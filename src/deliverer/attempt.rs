@@ -103,7 +103,7 @@ impl Attempting {
         let outcome = match self.outcome(succeeded).await {
             Ok(outcome) => outcome,
             Err(e) => {
-                tracing::warn!(delivery = %self.claimed.id, error = %Chain(&e), "a webhook attempt not recorded; the delivery is sent again once its claim runs out");
+                tracing::warn!(delivery = %self.claimed.id, error = %Chain(&e), "a webhook attempt not logged; the delivery is sent again once its claim runs out");
                 return;
             }
         };

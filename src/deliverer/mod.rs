@@ -41,7 +41,7 @@
 //! Bounded by bytes, whatever the number of webhooks: a page covers at most
 //! [`PAGE_PAIRS`] deliveries, made in batches of at most [`COMMAND_BYTES`] as stored
 //! ([`batch`]), so that no command the dispatcher sends passes MongoDB's 16 MiB (which
-//! SecantusDB does not enforce: `tests/webhook_dispatch.rs` records every command and
+//! SecantusDB does not enforce: `tests/webhook_dispatch.rs` keeps every command and
 //! checks it); each event's body is rendered once and shared by its deliveries in
 //! memory; at most [`FIRSTS`] attempts of a batch go out before their deliveries are
 //! written.

@@ -14,7 +14,7 @@
 //!      └──────────────────────────────────────▶    ▲     FinishRollback
 //! ```
 //!
-//! - `initial`: the transfer is recorded; no account has been touched, and none can be
+//! - `initial`: the transfer is inserted; no account has been touched, and none can be
 //!   until some instance wins `initial -> pending`.
 //! - `pending`: the owner applies the transfer to the two accounts, each change guarded
 //!   by `pendingTransactions: {$ne: id}` so that a retry never applies it twice.

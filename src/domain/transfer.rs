@@ -43,7 +43,7 @@ pub struct Transfer {
     pub source_deployment: DeploymentName,
     /// Where the destination account lives.
     pub destination_deployment: DeploymentName,
-    /// The tenants of its accounts (`docs/tenants.md`), set when it is recorded: a
+    /// The tenants of its accounts (`docs/tenants.md`), set when it is inserted: a
     /// tenant's key sees it when one of them is its own.
     pub tenants: Tenants,
     /// What moves: for a hold, the held amount until a capture sets the captured one.
@@ -56,10 +56,10 @@ pub struct Transfer {
     /// `destination` are then its first leg's (the log is its source's deployment) and
     /// `amount` the money that changes hands ([`Legs::moved`]).
     pub legs: Option<Box<Legs>>,
-    /// Recorded before one protocol moved every transfer (a one-leg transfer whose
+    /// Inserted before one protocol moved every transfer (a one-leg transfer whose
     /// document names no parties): its receiving party was credited by its prepare (the
     /// old step 4, its commit point), after its paying party, and only loses its marker
-    /// at its settle. Every transfer recorded since makes room at its prepare and pays in
+    /// at its settle. Every transfer inserted since makes room at its prepare and pays in
     /// at its settle. See `service::protocol`.
     pub credits_at_prepare: bool,
     /// When the transfer last changed, by the database's clock (`lastModified`, stored as
@@ -92,10 +92,10 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    /// A transfer as step 1 records it: `initial`, owned by nobody yet, between accounts
+    /// A transfer as step 1 inserts it: `initial`, owned by nobody yet, between accounts
     /// of the `default` deployment. Optional fields (the deployments, reference,
     /// idempotency key, reversal link) are set by the caller; the store
-    /// stamps `last_modified` with the database's clock when it records it.
+    /// stamps `last_modified` with the database's clock when it inserts it.
     pub fn initial(
         id: TransferId,
         source: AccountId,
@@ -106,7 +106,7 @@ impl Transfer {
         let now = now();
         Transfer {
             // Not stamped yet: no lease. The store stamps a transfer with the database's
-            // clock when it records it (the caller takes that stamp); a copy that missed
+            // clock when it inserts it (the caller takes that stamp); a copy that missed
             // it has a lease that ended long ago, so its steps are refused, never late.
             last_modified: Timestamp::UNIX_EPOCH,
             id,
@@ -160,7 +160,7 @@ impl Transfer {
     }
 
     /// Whether its receiving party is paid in by its prepare, the credit being its
-    /// commit point: a one-leg transfer recorded before one protocol
+    /// commit point: a one-leg transfer inserted before one protocol
     /// ([`Transfer::credits_at_prepare`]). Never a multi-leg one.
     pub fn pays_in_at_prepare(&self) -> bool {
         self.credits_at_prepare && self.legs.is_none()

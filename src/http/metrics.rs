@@ -38,7 +38,7 @@ pub async fn metrics() -> Response {
 }
 
 /// Counts and times every request by method, route template and status.
-pub async fn record(request: Request, next: Next) -> Response {
+pub async fn count_and_time(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let route = request

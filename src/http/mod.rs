@@ -204,7 +204,7 @@ pub fn app(state: AppState, request_timeout: Duration, access: auth::Access) -> 
             .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
         )
         .layer(SetRequestIdLayer::new(x_request_id(), MakeRequestUuid))
-        .layer(axum::middleware::from_fn(metrics::record))
+        .layer(axum::middleware::from_fn(metrics::count_and_time))
 }
 
 async fn not_found(uri: Uri) -> ApiError {

@@ -136,11 +136,11 @@ pub enum ApiError {
     /// 503: the request kept losing to concurrent writers (a hot account, a transfer
     /// moving under a cancel or capture, another request with the same idempotency key);
     /// retry after `Retry-After` seconds. `transfer_id` names the transfer when one is
-    /// recorded: what was recorded stands, and the transfer is finished by its driver or
+    /// inserted: what was inserted stands, and the transfer is finished by its driver or
     /// the sweeper.
     Contended { transfer_id: Option<String> },
     /// 503: this instance has as many transfers in flight as it admits; retry after
-    /// `Retry-After` seconds. Nothing was recorded.
+    /// `Retry-After` seconds. Nothing was inserted.
     Overloaded,
     /// 503: as many event streams are open as `MAX_EVENT_STREAMS` allows, or as the
     /// caller's tenant may hold (`MAX_EVENT_STREAMS_PER_TENANT`).
@@ -355,7 +355,7 @@ pub fn field<T>(name: &str, parsed: Result<T, crate::domain::ParseError>) -> Res
 }
 
 impl Canceled<'_> {
-    /// The account that refused: the one a multi-leg transfer recorded, else a one-leg
+    /// The account that refused: the one a multi-leg transfer stored, else a one-leg
     /// transfer's account on `side`; a reversal names its own.
     fn refused_account(self, side: Side) -> String {
         match self {
@@ -375,11 +375,11 @@ impl Canceled<'_> {
 /// answer words the [`CancelReason`] and which transfer its `transferId` names.
 #[derive(Debug, Clone, Copy)]
 pub enum Canceled<'a> {
-    /// The transfer the request asked for: it was recorded, then canceled.
+    /// The transfer the request asked for: it was inserted, then canceled.
     Transfer(&'a Transfer),
     /// The compensating transfer of a cancel, refused at `account` (the original
     /// destination for a lack of funds, the original source otherwise); `attempt` is its
-    /// id when it was recorded. Nothing changed.
+    /// id when it was inserted. Nothing changed.
     Reversal {
         account: &'a AccountId,
         attempt: Option<TransferId>,
@@ -390,7 +390,7 @@ impl ApiError {
     /// The answer to a transfer that ended canceled for `reason`, the one mapping of a
     /// [`CancelReason`] to an answer: a business refusal is 422 (`insufficient_funds`,
     /// `balance_overflow`, `unknown_account`), anything else (a cancel by request, and for
-    /// holds a void or an expiry; or no recorded reason) is 409 `transfer_canceled`.
+    /// holds a void or an expiry; or no stored reason) is 409 `transfer_canceled`.
     pub fn canceled(reason: Option<CancelReason>, canceled: Canceled<'_>) -> ApiError {
         let transfer_id = match canceled {
             Canceled::Transfer(transfer) => Some(transfer.id.to_string()),
@@ -614,7 +614,7 @@ mod tests {
     const ID: &str = "65a1b2c3d4e5f60718293a4b";
 
     /// The body of the answer to a cancel whose reversal `reason` refused at bob, with
-    /// or without a recorded compensating transfer.
+    /// or without an inserted compensating transfer.
     fn refused_reversal(reason: CancelReason, attempt: Option<&str>) -> (u16, String) {
         let error = ApiError::from(ServiceError::ReversalRefused {
             reason,

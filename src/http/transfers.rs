@@ -1,7 +1,7 @@
 //! `/transfers`: make, read, list and cancel transfers.
 //!
 //! A transfer request answers with the transfer as the protocol left it, and its status
-//! says how it ended: 201 `done`; 422 when it was recorded but canceled for a business
+//! says how it ended: 201 `done`; 422 when it was inserted but canceled for a business
 //! reason (insufficient funds, overflow, account gone), with `transferId`; 409 when it was
 //! canceled by request; 202 while it is still running (`Prefer: respond-async`, or a
 //! replay whose original has not finished).

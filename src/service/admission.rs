@@ -10,7 +10,7 @@
 //!   most one write waiting in the group commit, so a batch waits behind at most
 //!   `permits / MAX_BATCH` others, milliseconds against a lease of seconds: however many
 //!   requests wait here, no admitted step is pushed past its deadline by queueing.
-//! - Nothing is recorded before a permit is held: a request that waited and was refused
+//! - Nothing is inserted before a permit is held: a request that waited and was refused
 //!   leaves no trace, so retrying it (here or elsewhere) is always safe.
 //! - Waiting is bounded in time (`wait`) and in number. A request waits in the HTTP
 //!   handler that serves its connection, and a connection carries one request at a time
@@ -149,7 +149,7 @@ impl Admission {
 
 impl TransferService {
     /// A permit to work on one more transfer: at once, or within the admission wait,
-    /// else [`ServiceError::Overloaded`]. Called before anything is recorded.
+    /// else [`ServiceError::Overloaded`]. Called before anything is inserted.
     pub(super) async fn admit(&self) -> ServiceResult<AdmissionPermit> {
         if let Some(permit) = self.admission.now() {
             return Ok(permit);

@@ -6,12 +6,12 @@
 //! the transfer, the receiving ones first, and from then on no forward step of the
 //! transfer can land on them, even one already in flight from another instance; then it
 //! takes `pending -> canceling`, which loses only to the owner's own commit. If the commit
-//! won, the transfer goes forward and is reversed instead. (A one-leg transfer recorded
+//! won, the transfer goes forward and is reversed instead. (A one-leg transfer inserted
 //! before one protocol commits by its credit: its destination is fenced only if the
 //! credit is not there, in one write, which decides.)
 //!
 //! A reversal is claimed on the original (`reversedBy`, set once, guarded) before the
-//! compensating transfer is recorded, so two cancels never make two reversals; if the
+//! compensating transfer is inserted, so two cancels never make two reversals; if the
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
@@ -26,7 +26,7 @@ use crate::store::{Store, StoreError, StoreResult};
 
 /// How a cancel takes a transfer over once its accounts are fenced.
 enum Takeover {
-    /// Take this event from the state the cancel read, recording these fields too.
+    /// Take this event from the state the cancel read, storing these fields too.
     Force(TransferEvent, StepFields),
     /// Only become the owner: the remaining steps are the same whoever runs them.
     Claim,
@@ -85,7 +85,7 @@ impl TransferService {
         })
     }
 
-    /// Cancels transfer `id`, recording `reason` (`canceled_by_request`, or `voided` for
+    /// Cancels transfer `id`, storing `reason` (`canceled_by_request`, or `voided` for
     /// a void of a hold still being reserved) if it rolls back.
     pub(super) async fn cancel_admitted(
         &self,
@@ -335,7 +335,7 @@ impl TransferService {
     /// The account that cannot give back what `original` paid into it, as it stands
     /// now: the destination of a one-leg transfer, or a receiving party of a multi-leg
     /// one. A check before the claim, so that a reversal that would surely be refused
-    /// is not even recorded; the compensation's own guards decide.
+    /// is not even inserted; the compensation's own guards decide.
     async fn short_of_funds_to_reverse(
         &self,
         original: &Transfer,
@@ -368,7 +368,7 @@ impl TransferService {
         Ok(None)
     }
 
-    /// Drives the claimed reversal of `original` to its end: records the compensating
+    /// Drives the claimed reversal of `original` to its end: inserts the compensating
     /// transfer if a crash came between the claim and its insert, runs it, then marks the
     /// reversal finished or, if the compensation was refused (the destination spent the
     /// money between our check and its debit), releases the claim so a later cancel may
@@ -415,7 +415,7 @@ impl TransferService {
         }
     }
 
-    /// The compensating transfer claimed as `reversal_id`, recorded now if a crash came
+    /// The compensating transfer claimed as `reversal_id`, inserted now if a crash came
     /// between the claim and the insert.
     async fn claimed_reversal(
         &self,
@@ -451,7 +451,7 @@ impl TransferService {
                 last_modified: stamp,
                 ..reversal
             }),
-            // A concurrent cancel recorded it first.
+            // A concurrent cancel inserted it first.
             Err(StoreError::DuplicateKey(_)) => Ok(self.find_transfer(reversal_id).await?),
             Err(e) => Err(e.into()),
         }

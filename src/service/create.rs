@@ -1,4 +1,4 @@
-//! A new transfer: recorded (step 1, once its accounts are placed and its idempotency key
+//! A new transfer: inserted (step 1, once its accounts are placed and its idempotency key
 //! taken), then run by the two-phase commit in a task of its own, or made in one native
 //! transaction where the strategy says so and one deployment keeps both accounts.
 
@@ -53,7 +53,7 @@ impl NewTransfer {
 pub enum Completion {
     /// Run the protocol to a terminal state before answering.
     Wait,
-    /// Record the transfer, answer at once, and run the protocol in the background
+    /// Insert the transfer, answer at once, and run the protocol in the background
     /// (`Prefer: respond-async`).
     Background,
 }
@@ -74,11 +74,11 @@ async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceR
     }
 }
 
-/// What recording a new transfer came to.
-enum Recorded {
+/// What inserting a new transfer came to.
+enum Inserted {
     /// The transfer as stored, which this request drives.
     ToDrive(Transfer),
-    /// The answer: the transfer was recorded, and is driven, by another request with
+    /// The answer: the transfer was inserted, and is driven, by another request with
     /// the same key (or a sweeper), or made by an earlier version.
     Answered(TransferOutcome),
 }
@@ -95,7 +95,7 @@ async fn hold_expiring(log: &Store, amount: Amount, expires_in: Duration) -> Sto
 }
 
 impl TransferService {
-    /// Records a transfer and runs the two-phase commit.
+    /// Inserts a transfer and runs the two-phase commit.
     ///
     /// With an idempotency key, a request that repeats an earlier one answers with the
     /// earlier transfer (waiting briefly for it to finish) and moves no money; the same
@@ -135,12 +135,12 @@ impl TransferService {
         let id = match &key {
             None => crate::store::new_transfer_id(),
             Some(key) => match self.take_key(log, key, &fingerprint).await? {
-                Taken::New(id) | Taken::Unrecorded(id) => id,
+                Taken::New(id) | Taken::NotInserted(id) => id,
                 Taken::Replay(existing) => return self.replay(*existing, &fingerprint).await,
             },
         };
         // The destination's deployment must answer too (every party's, for legs):
-        // refused at once, before the transfer is recorded, while it is known not to
+        // refused at once, before the transfer is inserted, while it is known not to
         // (the transfer would only wait for it). A key taken meanwhile is completed by
         // the request's retry.
         self.deployments.of(&route.destination)?;
@@ -172,11 +172,11 @@ impl TransferService {
         {
             return self.transfer_natively(log, transfer, &fingerprint).await;
         }
-        let transfer = match self.record(log, transfer, &fingerprint).await? {
-            Recorded::ToDrive(transfer) => transfer,
-            Recorded::Answered(outcome) => return Ok(outcome),
+        let transfer = match self.insert(log, transfer, &fingerprint).await? {
+            Inserted::ToDrive(transfer) => transfer,
+            Inserted::Answered(outcome) => return Ok(outcome),
         };
-        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer recorded");
+        tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer inserted");
         failpoint!(self, AfterInsert);
         let run = self.spawn_run(transfer.clone(), permit);
         let transfer = match completion {
@@ -197,54 +197,54 @@ impl TransferService {
         Ok((route, legs.map(Box::new)))
     }
 
-    /// Step 1: records `transfer`, for this request to drive; or, where a transfer
+    /// Step 1: inserts `transfer`, for this request to drive; or, where a transfer
     /// already has its id or its key, answers with what is there.
-    async fn record(
+    async fn insert(
         &self,
         log: &Store,
         mut transfer: Transfer,
         fingerprint: &str,
-    ) -> ServiceResult<Recorded> {
+    ) -> ServiceResult<Inserted> {
         match log.insert_transfer(&transfer).await {
             Ok(stamp) => {
                 transfer.last_modified = stamp;
-                Ok(Recorded::ToDrive(transfer))
+                Ok(Inserted::ToDrive(transfer))
             }
             Err(StoreError::DuplicateKey(_)) => {
-                self.recorded_already(log, transfer, fingerprint).await
+                self.inserted_already(log, transfer, fingerprint).await
             }
             Err(e) => Err(e.into()),
         }
     }
 
-    /// The insert of `transfer` met a duplicate key: what is recorded under its id, or
+    /// The insert of `transfer` met a duplicate key: what is stored under its id, or
     /// under its idempotency key.
-    async fn recorded_already(
+    async fn inserted_already(
         &self,
         log: &Store,
         transfer: Transfer,
         fingerprint: &str,
-    ) -> ServiceResult<Recorded> {
+    ) -> ServiceResult<Inserted> {
         let keyed = transfer.idempotency_key.is_some();
         match read_majority(|| log.transfer(transfer.id)).await? {
             // This request's own transfer: its id is new, or the one its key
             // names. Its insert landed on an attempt whose answer was lost and
             // the retry was refused for it (a server that does not recognise a
-            // driver's retry), or another request with its key recorded it.
+            // driver's retry), or another request with its key inserted it.
             // Nobody drives it yet: this request does.
             Some(stored) if stored.state == TransferState::Initial && stored.owner.is_none() => {
-                Ok(Recorded::ToDrive(stored))
+                Ok(Inserted::ToDrive(stored))
             }
             // Already driven (by the other request with its key, or a sweeper).
             Some(stored) => {
                 let transfer = self.wait_until_at_rest(stored, REPLAY_WAIT).await?;
-                Ok(Recorded::Answered(TransferOutcome {
+                Ok(Inserted::Answered(TransferOutcome {
                     transfer,
                     replayed: keyed,
                 }))
             }
             // The key is on an older transfer (a version before idempotencyKeys).
-            None if keyed => Ok(Recorded::Answered(
+            None if keyed => Ok(Inserted::Answered(
                 self.replay_by_key(&transfer, fingerprint).await?,
             )),
             None => {
@@ -257,8 +257,8 @@ impl TransferService {
         }
     }
 
-    /// The native strategy: one transaction records the transfer `done` and moves the
-    /// money; if an account refuses, the transfer is recorded `canceled` with the reason
+    /// The native strategy: one transaction inserts the transfer `done` and moves the
+    /// money; if an account refuses, the transfer is inserted `canceled` with the reason
     /// instead, so that the answer and the log are those of the two-phase path.
     async fn transfer_natively(
         &self,

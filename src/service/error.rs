@@ -34,7 +34,7 @@ pub enum ServiceError {
     #[error("this idempotency key was used for a different request")]
     IdempotencyKeyReused,
     /// A reversal was refused and nothing changed: its compensating transfer (`attempt`,
-    /// when one was recorded) ended `canceled` for `reason`. `account` is the account at
+    /// when one was inserted) ended `canceled` for `reason`. `account` is the account at
     /// fault: the original destination for a lack of funds, the original source for an
     /// overflow or a vanished account.
     #[error("the reversal was refused ({reason}) at account {account}")]
@@ -81,14 +81,14 @@ pub enum ServiceError {
     #[error("too many event streams are open ({0:?})")]
     TooManyFollowers(super::FollowerLimit),
     /// Too many transfers in flight in this instance: refused before anything was
-    /// recorded; retry shortly (or on another instance).
+    /// inserted; retry shortly (or on another instance).
     #[error("too many transfers in flight; retry shortly")]
     Overloaded,
     /// The database cannot be reached or cannot take the write now; retry later.
     #[error(transparent)]
     Unavailable(StoreError),
     /// The request kept losing to concurrent writers ([`StoreError::Contended`]); what
-    /// was recorded stands. Retry shortly.
+    /// was inserted stands. Retry shortly.
     #[error(transparent)]
     Contended(StoreError),
     /// Stored data this version cannot read, a database that refuses what it is sent, or

@@ -2,7 +2,7 @@
 //!
 //! A `held` hold is resolved by one guarded write that anyone may make
 //! (`Mover::Resolver`): `held -> capturing` (a capture, before `expiresAt` by the
-//! database's clock) or `held -> canceling` (a void, recorded `voided` before `expiresAt`
+//! database's clock) or `held -> canceling` (a void, stored `voided` before `expiresAt`
 //! and `expired` from then on; an expiry, from then on). Of captures, voids, expiries and
 //! cancels racing for one hold, exactly one wins that write; the others read what won
 //! and answer it: the same result again when they asked for the same thing, a conflict

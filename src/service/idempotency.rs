@@ -2,7 +2,7 @@
 //! answers with the earlier transfer and moves no money; the same key for another request
 //! is refused. The key is taken first, in `idempotencyKeys` on the deployment that logs
 //! the transfer, whose unique `_id` lets exactly one of two concurrent requests take it;
-//! keys taken before they were scoped by API key, and transfers recorded before
+//! keys taken before they were scoped by API key, and transfers inserted before
 //! `idempotencyKeys` existed, answer their retries too.
 
 use std::time::Duration;
@@ -47,9 +47,9 @@ where
 pub(super) enum Taken {
     /// The key is ours now, for a transfer of this id.
     New(TransferId),
-    /// The key was taken by the same request, whose transfer is not recorded yet:
-    /// record it under this id.
-    Unrecorded(TransferId),
+    /// The key was taken by the same request, whose transfer is not inserted yet:
+    /// insert it under this id.
+    NotInserted(TransferId),
     /// The transfer the key made.
     Replay(Box<Transfer>),
 }
@@ -117,7 +117,7 @@ impl TransferService {
         };
         let existing = match existing {
             Some(existing) => existing,
-            // Recorded by a version before `idempotencyKeys` (its unique index on
+            // Inserted by a version before `idempotencyKeys` (its unique index on
             // `transactions` refused this insert): the record, ours, names a transfer
             // that will never exist; it is made to name the one that does.
             None => {
@@ -135,15 +135,15 @@ impl TransferService {
 
     /// Takes idempotency key `key` on `log` for a new transfer, or finds what took it.
     ///
-    /// The key is taken before the transfer is recorded, naming the transfer's id: of
+    /// The key is taken before the transfer is inserted, naming the transfer's id: of
     /// two requests with one key, one takes it, the other finds it. A key found taken
-    /// for the same request but with no transfer recorded yet (its request is between
+    /// for the same request but with no transfer inserted yet (its request is between
     /// the two writes, or died there) is completed under the same id: the log's unique
     /// `_id` then lets exactly one of the two inserts win, and the loser replays.
     ///
     /// A key of an API key may have been taken before keys were scoped, as a shared key
     /// ([`TransferService::made_before_scoping`]): a retry of that request is answered with
-    /// its transfer, whichever way this request found its own key, and never records a new
+    /// its transfer, whichever way this request found its own key, and never inserts a new
     /// one. Of two retries at once, the one that took the key may not have made its record
     /// name the earlier transfer yet when the other reads it: the other then finds a record
     /// naming nothing, and the earlier transfer decides for it too.
@@ -189,7 +189,7 @@ impl TransferService {
         if let Some(earlier) = earlier? {
             return self.adopt(log, key, taken.transfer, earlier).await;
         }
-        // Or one recorded with this key by a version before `idempotencyKeys` may exist
+        // Or one inserted with this key by a version before `idempotencyKeys` may exist
         // (a rolling upgrade): the record is made to name it, and it answers. Only here,
         // off the hot path: on a sharded log this query goes to every shard. (No such
         // version scoped keys: a key of an API key is looked for as it took it, above.)
@@ -203,7 +203,7 @@ impl TransferService {
         if taken.request_hash.as_deref() != Some(fingerprint) {
             return Err(ServiceError::IdempotencyKeyReused);
         }
-        Ok(Taken::Unrecorded(taken.transfer))
+        Ok(Taken::NotInserted(taken.transfer))
     }
 
     /// For a key of an API key: the transfer this very request made before keys were
@@ -212,8 +212,8 @@ impl TransferService {
     /// (its fingerprint). Such a transfer answers the request's retry.
     ///
     /// A shared key taken for another request is not this caller's concern: the
-    /// service cannot tell which API key took it (nothing recorded that), so it refuses
-    /// no one. A shared key whose request never recorded its transfer moved no money:
+    /// service cannot tell which API key took it (nothing stored that), so it refuses
+    /// no one. A shared key whose request never inserted its transfer moved no money:
     /// the retry makes it. One read by `_id` when no shared key was taken, the common
     /// case; none for a shared key.
     async fn made_before_scoping(
@@ -231,14 +231,14 @@ impl TransferService {
         };
         let earlier = match log.transfer(record.transfer).await? {
             Some(earlier) => Some(earlier),
-            // Recorded by a version before `idempotencyKeys`, after migration 0006
+            // Inserted by a version before `idempotencyKeys`, after migration 0006
             // copied the keys: it carries the key itself.
             None => log.transfer_by_idempotency_key(&shared).await?,
         };
         Ok(earlier.filter(|t| t.request_hash.as_deref() == Some(fingerprint)))
     }
 
-    /// Makes the record of `key`, taken for transfer `taken` (never to be recorded now),
+    /// Makes the record of `key`, taken for transfer `taken` (never to be inserted now),
     /// name `earlier`, the transfer the same request made before keys were scoped, so
     /// that later retries find it directly; `earlier` answers.
     async fn adopt(

@@ -21,7 +21,7 @@ pub const FINAL_AFTER: Duration = Duration::from_secs(60);
 fn finality(at: Timestamp, now: Timestamp) -> Finality {
     let margin = chrono::TimeDelta::from_std(FINAL_AFTER).unwrap_or(chrono::TimeDelta::MAX);
     match at.checked_add_signed(margin) {
-        Some(settled) if settled <= now => Finality::Final,
+        Some(final_from) if final_from <= now => Finality::Final,
         _ => Finality::Provisional,
     }
 }

@@ -1,12 +1,12 @@
 //! The service layer: what the HTTP handlers (and the recovery sweeper) ask for, in
-//! domain terms. It validates against the stored accounts, records transfers, runs the
+//! domain terms. It validates against the stored accounts, inserts transfers, runs the
 //! two-phase commit ([`protocol`]) and answers with the domain's
 //! [`Transfer`](crate::domain::Transfer) and [`Account`](crate::domain::Account), as
 //! stored.
 //!
 //! - [`TransferService::open_account`], [`TransferService::account`],
 //!   [`TransferService::accounts`]: the account book.
-//! - [`TransferService::transfer`]: record a transfer and run it (or start it in the
+//! - [`TransferService::transfer`]: insert a transfer and run it (or start it in the
 //!   background), with idempotency keys: a replay returns the existing transfer, never a
 //!   second one.
 //! - [`TransferService::cancel`]: roll back a transfer that has not been applied, or
@@ -14,7 +14,7 @@
 //!
 //! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
 //! `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits its turn up to
-//! `ADMISSION_WAIT_MS`, then is refused), before anything is recorded.
+//! `ADMISSION_WAIT_MS`, then is refused), before anything is inserted.
 //!
 //! This file holds [`TransferService`] and its construction; each concern has a file of its
 //! own:
@@ -25,7 +25,7 @@
 //!   moment; `events.rs`: the event feed across the deployments; `follow.rs`: following
 //!   it live, for the event stream; `webhooks.rs`: registering endpoints, their
 //!   deliveries, and where a delivery may connect;
-//! - `create.rs`: a new transfer, recorded and run; `idempotency.rs`: its idempotency
+//! - `create.rs`: a new transfer, inserted and run; `idempotency.rs`: its idempotency
 //!   key, and replays;
 //! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
 //! - `protocol.rs`: the two-phase commit, one function per step; `driving.rs`: the drive
@@ -121,7 +121,7 @@ pub struct TransferService {
     /// Admission control (see [`admission`]): one permit per transfer this process
     /// works on (a new one, a cancel, a recovery), held until its run ends. A request
     /// that finds none waits for one, at most `ADMISSION_WAIT_MS`, then is refused
-    /// ([`ServiceError::Overloaded`]), having recorded nothing. This bounds every queue
+    /// ([`ServiceError::Overloaded`]), having inserted nothing. This bounds every queue
     /// behind it, so that a burst cannot push steps past their deadlines.
     admission: admission::Admission,
     /// Where the accounts this process has seen live, their currencies and tenants (see
@@ -166,7 +166,7 @@ impl TransferService {
     /// Fault injection: another task of this same process, as the interleaving explorer
     /// (`tests/explorer/`) runs two actors of one process. It shares everything the
     /// process shares between its tasks (the owner written to `application`, the drive
-    /// locks, the record of unanswered writes, admission, the account cache, the
+    /// locks, the deadlines of unanswered writes, admission, the account cache, the
     /// background tasks), but names its points, and its store handles' points, with
     /// `instance_id`, so that a scheduler, a pause or a held-back step can tell it from
     /// its siblings.

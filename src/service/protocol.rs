@@ -117,7 +117,7 @@ impl TransferService {
         let _in_flight = crate::metrics::InFlightTransfer::enter();
         // The caller's copy may be stale (another task finished the transfer and pulled
         // its markers, so a re-run debit would apply again): start from the stored state.
-        // Not needed for a copy in `initial` (one just recorded, say): its first step,
+        // Not needed for a copy in `initial` (one just inserted, say): its first step,
         // `initial -> pending`, is guarded, and if the transfer moved on, it loses and
         // re-reads.
         if transfer.state != TransferState::Initial {
@@ -323,7 +323,7 @@ impl TransferService {
         }
     }
 
-    /// `pending -> canceling`, recording why, and which account refused a multi-leg
+    /// `pending -> canceling`, storing why, and which account refused a multi-leg
     /// transfer's step.
     pub(super) async fn begin_rollback_at(
         &self,

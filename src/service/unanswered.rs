@@ -12,7 +12,7 @@
 //! late writes of the first. So:
 //! - a forward step (debit, credit, reservation) that failed without an answer leaves its
 //!   deadline here ([`Unanswered::late_until`]): every run waits until the log's clock has
-//!   passed it before pulling or undoing the transfer's markers, or recording a hold
+//!   passed it before pulling or undoing the transfer's markers, or storing a hold
 //!   `held`, exactly as the run that sent it would have (a copy landing after the pull
 //!   would apply the step a second time);
 //! - a state change of the owner that failed without an answer leaves itself here

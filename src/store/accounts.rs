@@ -105,7 +105,7 @@ impl Store {
         domain(cursor.try_collect().await?, &self.deployment)
     }
 
-    /// The prepare of the receiving party of a one-leg transfer recorded before one
+    /// The prepare of the receiving party of a one-leg transfer inserted before one
     /// protocol (`Transfer::pays_in_at_prepare`): credit the destination, unless already
     /// applied, fenced by a cancel, or the balance and pending credits would pass
     /// `MAX_MONEY`.

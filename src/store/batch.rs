@@ -15,7 +15,7 @@
 //!
 //! | step | one statement for the batch |
 //! |---|---|
-//! | record | `insertMany`, unordered; a taken idempotency key fails only its own document |
+//! | insert | `insertMany`, unordered; a taken idempotency key fails only its own document |
 //! | state change | `updateMany {_id: {$in}, state: from, application: owner}`, one per (owner, from, to), written at once |
 //! | debit, credit | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
 //! | pulls | `updateMany` with a pipeline that rids each account of its own pulls' markers |
@@ -39,7 +39,7 @@ use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::entries::{
-    EntryMover, LAST_AT, Marker, Moved, RECENT, changed_with_entry, entry_expr, entry_time, kept,
+    EntryCopier, LAST_AT, Marker, Moved, RECENT, changed_with_entry, entry_expr, entry_time, kept,
     room_changed, unless_zero,
 };
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
@@ -201,7 +201,7 @@ pub struct Batches {
     pub settles: Batcher<Settle, ()>,
     /// Moves the entries the writes append to account documents into `entries`; it
     /// takes a writer slot like any batch.
-    pub entry_mover: Arc<EntryMover>,
+    pub entry_copier: Arc<EntryCopier>,
 }
 
 impl std::fmt::Debug for Batches {
@@ -217,7 +217,7 @@ impl Batches {
         let transactions: Collection<TransferDoc> = db.collection("transactions");
         let accounts: Collection<Document> = db.collection("accounts");
         let slots = Some(Arc::new(Semaphore::new(group_commit_writes.max(1))));
-        let entry_mover = EntryMover::start(db, slots.clone());
+        let entry_copier = EntryCopier::start(db, slots.clone());
         Arc::new(Batches {
             placements: Batcher::start(None, {
                 let accounts = accounts.clone();
@@ -232,18 +232,18 @@ impl Batches {
                 move |ops| transition_all(transactions.clone(), ops)
             }),
             account_changes: Batcher::start(slots.clone(), {
-                let (accounts, mover) = (accounts.clone(), entry_mover.clone());
-                move |ops| change_accounts_leaving_moved(accounts.clone(), mover.clone(), ops)
+                let (accounts, copier) = (accounts.clone(), entry_copier.clone());
+                move |ops| change_accounts_leaving_moved(accounts.clone(), copier.clone(), ops)
             }),
             pulls: Batcher::start(slots.clone(), {
                 let accounts = accounts.clone();
                 move |ops| pull_markers(accounts.clone(), ops)
             }),
             settles: Batcher::start(slots, {
-                let mover = entry_mover.clone();
-                move |ops| settle_all(accounts.clone(), mover.clone(), ops)
+                let copier = entry_copier.clone();
+                move |ops| settle_all(accounts.clone(), copier.clone(), ops)
             }),
-            entry_mover,
+            entry_copier,
         })
     }
 }
@@ -413,10 +413,10 @@ pub async fn change_accounts(
     accounts: Collection<Document>,
     ops: Vec<AccountChange>,
 ) -> StoreResult<Vec<StoreResult<bool>>> {
-    change_accounts_leaving_moved(accounts, Arc::new(EntryMover::new()), ops).await
+    change_accounts_leaving_moved(accounts, Arc::new(EntryCopier::new()), ops).await
 }
 
-/// [`change_accounts`] after one round of an entry mover that copies `moved_first`'s
+/// [`change_accounts`] after one round of an entry copier that copies `moved_first`'s
 /// entries to `entries`: the batch leaves those out of the documents.
 #[cfg(feature = "failpoints")]
 pub async fn change_accounts_after_a_move(
@@ -424,26 +424,26 @@ pub async fn change_accounts_after_a_move(
     moved_first: &[String],
     ops: Vec<AccountChange>,
 ) -> StoreResult<Vec<StoreResult<bool>>> {
-    let mover = Arc::new(EntryMover::new());
+    let copier = Arc::new(EntryCopier::new());
     let accounts: Collection<Document> = db.collection("accounts");
-    mover
+    copier
         .move_entries(&accounts, &db.collection("entries"), moved_first)
         .await?;
-    change_accounts_leaving_moved(accounts, mover, ops).await
+    change_accounts_leaving_moved(accounts, copier, ops).await
 }
 
-/// [`change_accounts`], where the entries `mover` has copied to `entries` leave the
+/// [`change_accounts`], where the entries `copier` has copied to `entries` leave the
 /// documents in the same write.
 async fn change_accounts_leaving_moved(
     accounts: Collection<Document>,
-    mover: Arc<EntryMover>,
+    copier: Arc<EntryCopier>,
     ops: Vec<AccountChange>,
 ) -> StoreResult<Vec<StoreResult<bool>>> {
     if let [op] = ops.as_slice() {
-        let moved = mover.moved(&op.account);
+        let moved = copier.moved(&op.account);
         return Ok(vec![Ok(change_one(&accounts, op, moved).await?)]);
     }
-    let per_account = changes_by_account(&ops, &mover);
+    let per_account = changes_by_account(&ops, &copier);
     let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
     accounts
         .update_many(
@@ -469,9 +469,9 @@ async fn change_accounts_leaving_moved(
 }
 
 /// The batch's changes, account by account, each account's in the batch's order, with
-/// what `mover` knows is in `entries` of it: the table the pipeline of
+/// what `copier` knows is in `entries` of it: the table the pipeline of
 /// [`batched_changes`] walks, a row `{mv, ma, ops}` per account.
-fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String, Document)> {
+fn changes_by_account(ops: &[AccountChange], copier: &EntryCopier) -> Vec<(String, Document)> {
     let mut per_account: Vec<(&str, Vec<&AccountChange>)> = Vec::new();
     let mut deadlines: HashMap<(&str, ObjectId), DateTime> = HashMap::new();
     for op in ops {
@@ -511,7 +511,7 @@ fn changes_by_account(ops: &[AccountChange], mover: &EntryMover) -> Vec<(String,
                     Bson::Document(change)
                 })
                 .collect();
-            let moved = mover.moved(account).unwrap_or(Moved::NOTHING);
+            let moved = copier.moved(account).unwrap_or(Moved::NOTHING);
             let row = doc! { "mv": moved.seq, "ma": moved.at, "ops": changes };
             (account.to_owned(), row)
         })
@@ -799,7 +799,7 @@ pub async fn settle_parties(
     accounts: Collection<Document>,
     ops: Vec<Settle>,
 ) -> StoreResult<Vec<StoreResult<()>>> {
-    settle_all(accounts, Arc::new(EntryMover::new()), ops).await
+    settle_all(accounts, Arc::new(EntryCopier::new()), ops).await
 }
 
 /// One `updateMany` settling every receiving party of the batch ([`Settle`]): per
@@ -808,7 +808,7 @@ pub async fn settle_parties(
 /// marker pulled. Repeatable: a settle that landed finds no marker the second time.
 async fn settle_all(
     accounts: Collection<Document>,
-    mover: Arc<EntryMover>,
+    copier: Arc<EntryCopier>,
     ops: Vec<Settle>,
 ) -> StoreResult<Vec<StoreResult<()>>> {
     let mut per_account: Vec<(&str, Vec<Bson>)> = Vec::new();
@@ -823,7 +823,7 @@ async fn settle_all(
     let rows: Vec<(String, Document)> = per_account
         .into_iter()
         .map(|(account, changes)| {
-            let moved = mover.moved(account).unwrap_or(Moved::NOTHING);
+            let moved = copier.moved(account).unwrap_or(Moved::NOTHING);
             let row = doc! { "mv": moved.seq, "ma": moved.at, "ops": changes };
             (account.to_owned(), row)
         })

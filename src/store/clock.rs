@@ -57,7 +57,7 @@ struct Reading {
 }
 
 impl ServerClock {
-    /// Records a reply that carried the server's time `server`, to a request sent at
+    /// Notes a reply that carried the server's time `server`, to a request sent at
     /// `sent` and received at `arrived`. Returns by how many milliseconds the server's
     /// clock jumped since the previous reading, when it moved more than [`JUMP_MS`]
     /// beyond what the time elapsed here allows (a step of its clock, or a failover to a

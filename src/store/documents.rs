@@ -236,7 +236,7 @@ impl From<&Transfer> for TransferDoc {
                     })
                     .collect()
             }),
-            // Every transfer's, but one recorded before one protocol, which has none.
+            // Every transfer's, but one inserted before one protocol, which has none.
             parties: (t.legs.is_some() || !t.credits_at_prepare).then(|| {
                 t.parties()
                     .iter()
@@ -281,7 +281,7 @@ impl Stored for TransferDoc {
             None => here.clone(),
         };
         let legs = stored_legs(&d, here)?;
-        // A one-leg transfer recorded before one protocol: no parties stored.
+        // A one-leg transfer inserted before one protocol: no parties stored.
         let credits_at_prepare = d.parties.is_none();
         let (amount, hold) = amounts(&d, legs.as_deref(), hold)?;
         let tenants = d
@@ -613,10 +613,10 @@ mod tests {
         assert!(half.into_domain(&here).is_err());
     }
 
-    /// A one-leg transfer recorded since one protocol stores its two parties (its source
+    /// A one-leg transfer inserted since one protocol stores its two parties (its source
     /// paying what it moves, its destination receiving it, each on its deployment), which
-    /// must be those; one recorded before stores none, and comes back as crediting at its
-    /// prepare, as it was recorded to.
+    /// must be those; one inserted before stores none, and comes back as crediting at its
+    /// prepare, as it was written to.
     #[test]
     fn a_one_leg_transfer_stores_its_parties_and_one_without_them_credits_at_prepare() {
         let eu = DeploymentName::parse("eu").unwrap();
@@ -649,7 +649,7 @@ mod tests {
         before.parties = None;
         let old = before.into_domain(&here).unwrap();
         assert!(old.credits_at_prepare && old.pays_in_at_prepare());
-        assert_eq!(TransferDoc::from(&old).parties, None, "stays as recorded");
+        assert_eq!(TransferDoc::from(&old).parties, None, "stays as inserted");
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //!   make a gap, a repeat or a running balance that disagrees with the balance: there
 //!   is no second write to lose.
 //! - **Then in `entries`** (`{account, seq}` unique), copied there by the
-//!   [`EntryMover`] of the instance that made the change, a few milliseconds later, in
-//!   one `insertMany` for many accounts. Once the copies are acknowledged the mover
+//!   [`EntryCopier`] of the instance that made the change, a few milliseconds later, in
+//!   one `insertMany` for many accounts. Once the copies are acknowledged the copier
 //!   remembers them ([`Moved`]), and the next write that changes the account, which
 //!   rewrites its document anyway, leaves them out ([`kept`]). What the next entry and a
 //!   read of "now" need of the last one stays in the document anyway: its number
@@ -49,7 +49,7 @@ use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Finality, Time
 /// The field of an account document that holds its entries not moved yet.
 pub(super) const RECENT: &str = "recentEntries";
 
-/// How long the mover waits, after the first change it was told of, before it moves
+/// How long the copier waits, after the first change it was told of, before it moves
 /// what has gathered: long enough to move many accounts' entries in one command, short
 /// enough that the documents stay small.
 const MOVE_INTERVAL: Duration = Duration::from_millis(50);
@@ -57,7 +57,7 @@ const MOVE_INTERVAL: Duration = Duration::from_millis(50);
 /// Accounts moved in one round, at most; the rest wait for the next round.
 const MAX_ACCOUNTS_PER_MOVE: usize = 256;
 
-/// Accounts the mover remembers to move, at most. Beyond it a change is not remembered:
+/// Accounts the copier remembers to move, at most. Beyond it a change is not remembered:
 /// its entries stay in the document (read from there), until the next change to the
 /// account moves them.
 const MAX_REMEMBERED: usize = 100_000;
@@ -200,7 +200,7 @@ pub(super) enum Marker {
 }
 
 /// The update pipeline of a single-document step of `tx` on an account: add `change`
-/// to its amounts, append the entry that records it (numbered one after the account's
+/// to its amounts, append the entry of it (numbered one after the account's
 /// last, with the values it leaves), and push or pull the marker, all in the one write;
 /// the entries `moved` says are in `entries` leave the document in the same write.
 pub(super) fn changed_with_entry(
@@ -495,14 +495,14 @@ impl Store {
         }))
     }
 
-    /// What this store's [`EntryMover`] knows is in `entries` of `account`.
+    /// What this store's [`EntryCopier`] knows is in `entries` of `account`.
     pub(super) fn entries_moved(&self, account: &AccountId) -> Option<Moved> {
-        self.batches.entry_mover.moved(account.as_str())
+        self.batches.entry_copier.moved(account.as_str())
     }
 
-    /// Tells this store's [`EntryMover`] that `accounts` have new entries.
+    /// Tells this store's [`EntryCopier`] that `accounts` have new entries.
     pub(super) fn entries_added<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
-        self.batches.entry_mover.touched(accounts);
+        self.batches.entry_copier.touched(accounts);
     }
 }
 
@@ -535,34 +535,34 @@ fn check_numbered(account: &AccountId, after: u64, found: &[Entry]) -> StoreResu
 /// `insertMany`), holding one of the group-commit writer slots like any batch. It then
 /// remembers, per account, up to which entry the copies are durable ([`Moved`]); the next
 /// write that changes the account, which rewrites its document anyway, leaves those
-/// entries out ([`kept`], asked through [`EntryMover::moved`]). So moving costs no
+/// entries out ([`kept`], asked through [`EntryCopier::moved`]). So moving costs no
 /// write of the account documents of its own.
-pub struct EntryMover {
+pub struct EntryCopier {
     touched: Mutex<BTreeSet<String>>,
     /// Where the next round starts: after the last account the previous one took, so
     /// that accounts a failing round gives back wait their turn behind the others.
     resume_after: Mutex<Option<String>>,
     /// Per account, what this instance copied to `entries`; at most [`MAX_REMEMBERED`]
     /// accounts, forgotten all at once when full (an account forgotten keeps its copied
-    /// entries in its document until the mover copies it again, the copies refused as
+    /// entries in its document until the copier copies it again, the copies refused as
     /// duplicates, and remembers it).
     moved: Mutex<HashMap<String, Moved>>,
 }
 
-impl EntryMover {
-    /// Starts the task that moves entries; it ends once the mover is dropped.
-    pub(super) fn start(db: &Database, slots: Option<Arc<Semaphore>>) -> Arc<EntryMover> {
-        let mover = Arc::new(EntryMover::new());
-        let weak = Arc::downgrade(&mover);
+impl EntryCopier {
+    /// Starts the task that moves entries; it ends once the copier is dropped.
+    pub(super) fn start(db: &Database, slots: Option<Arc<Semaphore>>) -> Arc<EntryCopier> {
+        let copier = Arc::new(EntryCopier::new());
+        let weak = Arc::downgrade(&copier);
         let accounts: Collection<Document> = db.collection("accounts");
         let entries: Collection<EntryDoc> = db.collection("entries");
         tokio::spawn(move_entries_until_dropped(weak, accounts, entries, slots));
-        mover
+        copier
     }
 
-    /// A mover that knows of nothing moved and moves nothing until started.
-    pub(super) fn new() -> EntryMover {
-        EntryMover {
+    /// A copier that knows of nothing moved and moves nothing until started.
+    pub(super) fn new() -> EntryCopier {
+        EntryCopier {
             touched: Mutex::new(BTreeSet::new()),
             resume_after: Mutex::new(None),
             moved: Mutex::new(HashMap::new()),
@@ -576,7 +576,7 @@ impl EntryMover {
         moved.get(account).copied()
     }
 
-    fn record_moved(&self, copied: impl IntoIterator<Item = (String, Moved)>) {
+    fn remember_moved(&self, copied: impl IntoIterator<Item = (String, Moved)>) {
         let mut moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
         for (account, up_to) in copied {
             if moved.len() >= MAX_REMEMBERED && !moved.contains_key(&account) {
@@ -686,24 +686,24 @@ impl EntryMover {
         insert_ignoring_copies(entries, &copies).await?;
         // Only now are they durably in `entries`: from here on, a write that changes one
         // of these accounts may leave them out of its document.
-        self.record_moved(copied);
+        self.remember_moved(copied);
         crate::metrics::entries_moved(count);
         Ok(count)
     }
 }
 
 async fn move_entries_until_dropped(
-    mover: Weak<EntryMover>,
+    copier: Weak<EntryCopier>,
     accounts: Collection<Document>,
     entries: Collection<EntryDoc>,
     slots: Option<Arc<Semaphore>>,
 ) {
-    // Whether the last round failed: said once when the mover starts failing and once
+    // Whether the last round failed: said once when the copier starts failing and once
     // when it moves again, not every round.
     let mut failing = false;
     loop {
         tokio::time::sleep(MOVE_INTERVAL).await;
-        let Some(live) = mover.upgrade() else { return };
+        let Some(live) = copier.upgrade() else { return };
         let taken = live.take();
         if taken.is_empty() {
             continue;
@@ -823,15 +823,15 @@ mod tests {
 
     #[test]
     fn accounts_a_failed_round_gives_back_wait_behind_the_others() {
-        let mover = EntryMover::new();
+        let copier = EntryCopier::new();
         let all: Vec<String> = (0..MAX_ACCOUNTS_PER_MOVE + 44)
             .map(|i| format!("a{i:04}"))
             .collect();
-        mover.touched(all.iter().map(String::as_str));
-        let first = mover.take();
+        copier.touched(all.iter().map(String::as_str));
+        let first = copier.take();
         assert_eq!(first, all[..MAX_ACCOUNTS_PER_MOVE]);
-        mover.retake(first.clone());
-        let second = mover.take();
+        copier.retake(first.clone());
+        let second = copier.take();
         assert_eq!(second.len(), MAX_ACCOUNTS_PER_MOVE);
         assert_eq!(
             second[..44],
@@ -839,57 +839,57 @@ mod tests {
             "the others first"
         );
         assert_eq!(second[44..], first[..MAX_ACCOUNTS_PER_MOVE - 44]);
-        assert_eq!(mover.take(), first[MAX_ACCOUNTS_PER_MOVE - 44..]);
-        assert!(mover.take().is_empty());
+        assert_eq!(copier.take(), first[MAX_ACCOUNTS_PER_MOVE - 44..]);
+        assert!(copier.take().is_empty());
     }
 
     #[test]
     fn the_mover_remembers_what_it_moved_and_forgets_it_all_when_full() {
-        let mover = EntryMover::new();
+        let copier = EntryCopier::new();
         let moved = |seq| Moved {
             seq,
             at: DateTime::from_millis(seq),
         };
-        mover.record_moved([("a".to_owned(), moved(3)), ("b".to_owned(), moved(4))]);
-        mover.record_moved([("a".to_owned(), moved(7))]);
-        assert_eq!(mover.moved("a"), Some(moved(7)));
-        assert_eq!(mover.moved("b"), Some(moved(4)));
-        assert_eq!(mover.moved("c"), None);
+        copier.remember_moved([("a".to_owned(), moved(3)), ("b".to_owned(), moved(4))]);
+        copier.remember_moved([("a".to_owned(), moved(7))]);
+        assert_eq!(copier.moved("a"), Some(moved(7)));
+        assert_eq!(copier.moved("b"), Some(moved(4)));
+        assert_eq!(copier.moved("c"), None);
         let many = (0..MAX_REMEMBERED).map(|i| (format!("{i:06}"), moved(1)));
-        mover.record_moved(many);
-        let remembered = mover.moved.lock().unwrap().len();
+        copier.remember_moved(many);
+        let remembered = copier.moved.lock().unwrap().len();
         assert!(remembered <= MAX_REMEMBERED, "{remembered}");
-        assert_eq!(mover.moved("a"), None, "forgotten when full");
+        assert_eq!(copier.moved("a"), None, "forgotten when full");
         assert_eq!(
-            mover.moved(&format!("{:06}", MAX_REMEMBERED - 1)),
+            copier.moved(&format!("{:06}", MAX_REMEMBERED - 1)),
             Some(moved(1))
         );
     }
 
     #[test]
     fn the_mover_remembers_each_account_once_up_to_its_bound_and_hands_out_rounds() {
-        let mover = EntryMover::new();
-        mover.touched(["b", "a", "b"]);
-        assert_eq!(mover.take(), vec!["a".to_owned(), "b".to_owned()]);
-        assert!(mover.take().is_empty());
+        let copier = EntryCopier::new();
+        copier.touched(["b", "a", "b"]);
+        assert_eq!(copier.take(), vec!["a".to_owned(), "b".to_owned()]);
+        assert!(copier.take().is_empty());
         let many: Vec<String> = (0..MAX_REMEMBERED + 10)
             .map(|i| format!("{i:06}"))
             .collect();
-        mover.touched(many.iter().map(String::as_str));
-        let remembered = mover.touched.lock().unwrap().len();
+        copier.touched(many.iter().map(String::as_str));
+        let remembered = copier.touched.lock().unwrap().len();
         assert_eq!(remembered, MAX_REMEMBERED);
-        let round = mover.take();
+        let round = copier.take();
         assert_eq!(round.len(), MAX_ACCOUNTS_PER_MOVE);
         assert_eq!(round.first().map(String::as_str), Some("000000"));
-        mover.retake(vec!["000000".to_owned()]);
+        copier.retake(vec!["000000".to_owned()]);
         let next = format!("{MAX_ACCOUNTS_PER_MOVE:06}");
         assert_eq!(
-            mover.take().first(),
+            copier.take().first(),
             Some(&next),
             "in turn, after the last round"
         );
         assert!(
-            mover.touched.lock().unwrap().contains("000000"),
+            copier.touched.lock().unwrap().contains("000000"),
             "given back"
         );
     }

@@ -19,7 +19,7 @@ pub(super) struct Amounts {
     /// `pendingCredits`: the holds into the account.
     pub credits: Bson,
     /// `incoming`: the room multi-leg transfers prepared for what they will pay in
-    /// (`docs/legs.md`). No amount of the account, and no entry records it.
+    /// (`docs/legs.md`). No amount of the account, and no entry, shows it.
     pub incoming: Bson,
 }
 

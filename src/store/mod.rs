@@ -62,17 +62,17 @@ pub mod testing {
     use mongodb::event::command::CommandEvent;
 
     /// Every command a store sent: its name and the command document.
-    pub type Recorded = std::sync::Arc<std::sync::Mutex<Vec<(String, Document)>>>;
+    pub type SentCommands = std::sync::Arc<std::sync::Mutex<Vec<(String, Document)>>>;
 
-    /// [`super::Store::connect_with`], also recording every command it sends (for the
+    /// [`super::Store::connect_with`], also keeping every command it sends (for the
     /// test of the query shapes a sharded cluster needs).
-    pub async fn connect_recording(
+    pub async fn connect_keeping_commands(
         deployment: crate::domain::DeploymentName,
         uri: &str,
         database: &str,
-    ) -> super::StoreResult<(super::Store, Recorded)> {
-        let recorded = Recorded::default();
-        let sink = recorded.clone();
+    ) -> super::StoreResult<(super::Store, SentCommands)> {
+        let sent = SentCommands::default();
+        let sink = sent.clone();
         let handler = mongodb::event::EventHandler::callback(move |event| {
             if let CommandEvent::Started(e) = event {
                 let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
@@ -87,7 +87,7 @@ pub mod testing {
             Some(handler),
         )
         .await?;
-        Ok((store, recorded))
+        Ok((store, sent))
     }
 }
 
@@ -115,12 +115,12 @@ pub enum StoreError {
     /// rounds ran out: other requests' steps on a hot account, a transfer or hold that
     /// kept moving under a cancel or a capture, another request with the same idempotency
     /// key whose write is not readable yet, a native transaction that kept meeting write
-    /// conflicts. Nothing is wrong with the database, and what was recorded stands:
+    /// conflicts. Nothing is wrong with the database, and what was inserted stands:
     /// `transfer`, when there is one, is finished by its driver or the sweeper. Retrying
     /// shortly may succeed; HTTP says 503 `contended`, with `Retry-After`.
     #[error("kept losing to concurrent writers")]
     Contended {
-        /// The transfer the step was on, when one is recorded (the answer names it).
+        /// The transfer the step was on, when one is inserted (the answer names it).
         transfer: Option<TransferId>,
         #[source]
         cause: Cause,
@@ -148,7 +148,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// [`StoreError::Contended`] on `transfer` (when one is recorded), for `what`.
+    /// [`StoreError::Contended`] on `transfer` (when one is inserted), for `what`.
     pub fn contended(transfer: Option<TransferId>, what: impl Into<Cause>) -> StoreError {
         StoreError::Contended {
             transfer,
@@ -519,7 +519,7 @@ impl Store {
         Ok(there + (deadline - here) - allowance)
     }
 
-    /// Applies the migrations in `migrations/` that this database has not recorded yet,
+    /// Applies the migrations in `migrations/` that this database has not applied yet,
     /// then makes sure the event feed has its start ([`Store::prepare_feed`]): done
     /// before the instance serves, so that none of its changes precedes the feed.
     pub async fn migrate(&self) -> StoreResult<Vec<String>> {

@@ -54,7 +54,7 @@ pub enum AtomicOutcome {
 struct TimeLimitReached;
 
 impl Store {
-    /// Records `transfer` as `done` and moves its money in one transaction, or, if an
+    /// Inserts `transfer` as `done` and moves its money in one transaction, or, if an
     /// account refuses, writes nothing and says why. A taken idempotency key is
     /// [`StoreError::DuplicateKey`], as for an insert; a transaction that keeps failing
     /// for [`TRANSACTION_TIME_LIMIT`] gives up with nothing moved: as
@@ -119,7 +119,7 @@ impl Store {
             .await;
         match refused {
             Ok(None) => {
-                // Committed: the entry mover copies the new entries out of the documents,
+                // Committed: the entry copier copies the new entries out of the documents,
                 // as after a two-phase step (see `atomic_change`).
                 self.entries_added([done.source.as_str(), done.destination.as_str()]);
                 Ok(AtomicOutcome::Done(Box::new(
@@ -197,9 +197,9 @@ impl Store {
     /// found nothing.
     ///
     /// Its entries are kept as a two-phase step's are (`store::entries`): appended to the
-    /// document by this write, which leaves out those the entry mover has copied; the
-    /// mover copies the new one once the transaction has committed. The transaction writes
-    /// nothing to `entries` itself, so no write of the mover (from outside it, on a key it
+    /// document by this write, which leaves out those the entry copier has copied; the
+    /// copier copies the new one once the transaction has committed. The transaction writes
+    /// nothing to `entries` itself, so no write of the copier (from outside it, on a key it
     /// also writes) can wait for it while it waits to commit: on SecantusDB, which runs one
     /// write command at a time, that stalled both (a native transfer after a hold timed
     /// out in CI, when transactions copied their accounts' older entries themselves).
@@ -248,7 +248,7 @@ fn moved_by(value: i64) -> Amounts {
 }
 
 /// Why a transaction that kept failing for `time_limit` gave up: contended when its last
-/// run lost to a write conflict (`conflicted`), else unavailable. Nothing is recorded, so
+/// run lost to a write conflict (`conflicted`), else unavailable. Nothing is inserted, so
 /// the error names no transfer.
 fn gave_up(transfer: &Transfer, time_limit: Duration, conflicted: bool) -> StoreError {
     let said = format!(

@@ -66,14 +66,14 @@ fn finished_states() -> Vec<&'static str> {
 ///   still `initial` (no step is sent before `initial -> pending`, which the cancel's
 ///   write makes impossible);
 /// - anyone, by [`Mover::Resolver`], from `held` only (a capture, a void, an expiry): the
-///   owner recorded `held` only once no copy of its reservations could land any more,
+///   owner stored `held` only once no copy of its reservations could land any more,
 ///   and sends nothing after it, so no write of an earlier actor is in flight. The state
 ///   guard makes exactly one of them win; the server's clock, read where the write lands,
 ///   lets a capture through only before `expiresAt` and an expiry only from then on, and
-///   decides whether a void is recorded `voided` or `expired` ([`Resolution`]).
+///   decides whether a void is stored `voided` or `expired` ([`Resolution`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Mover<'a> {
-    /// The owner (for an `initial` transfer: the instance that recorded it, or nobody yet).
+    /// The owner (for an `initial` transfer: the instance that inserted it, or nobody yet).
     Owner(&'a str),
     /// A cancel taking the transfer over as `owner`.
     Cancel {
@@ -123,7 +123,7 @@ pub struct KeyRecord {
     pub request_hash: Option<String>,
 }
 
-/// What a state change records besides the state and the owner.
+/// What a state change stores besides the state and the owner.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepFields {
     /// Why the transfer is being canceled (`pending -> canceling`, `initial -> canceled`).
@@ -206,7 +206,7 @@ impl Scan {
 }
 
 impl Store {
-    /// Step 1: record the transfer. Fails with `DuplicateKey` when its idempotency key is
+    /// Step 1: insert the transfer. Fails with `DuplicateKey` when its idempotency key is
     /// taken, or when it is a second reversal of the same transfer.
     ///
     /// `lastModified` is stamped by the database's clock (a lower bound of it, see
@@ -236,7 +236,7 @@ impl Store {
         self.find_transfer(doc! { "_id": object_id(id) }).await
     }
 
-    /// The transfer that carries idempotency key `key` (a transfer recorded by a version
+    /// The transfer that carries idempotency key `key` (a transfer inserted by a version
     /// before `idempotencyKeys` has no record). Not by `_id`: on a sharded log this
     /// query goes to every shard, so it is only for rare paths.
     pub async fn transfer_by_idempotency_key(
@@ -276,7 +276,7 @@ impl Store {
     }
 
     /// Takes idempotency key `key` for transfer `record.transfer`, before that transfer
-    /// is recorded. Fails with `DuplicateKey` when the key is taken: exactly one of two
+    /// is inserted. Fails with `DuplicateKey` when the key is taken: exactly one of two
     /// concurrent requests with one key gets it.
     pub async fn take_idempotency_key(
         &self,
@@ -296,9 +296,9 @@ impl Store {
         Ok(())
     }
 
-    /// Makes the record of `key` name `actual`, a transfer recorded with the key earlier
+    /// Makes the record of `key` name `actual`, a transfer inserted with the key earlier
     /// (by a version before `idempotencyKeys`, or before keys were scoped by API key),
-    /// where it names `stale` (a transfer that will never be recorded: the request that
+    /// where it names `stale` (a transfer that will never be inserted: the request that
     /// took the key answers with `actual` instead), or where there is none.
     pub async fn repair_idempotency_record(
         &self,
@@ -323,7 +323,7 @@ impl Store {
             )
             .upsert(stale.is_none())
             .await?;
-        tracing::info!(key = %id, transfer_id = %actual.id, "idempotency key record made to name the transfer recorded with the key earlier");
+        tracing::info!(key = %id, transfer_id = %actual.id, "idempotency key record made to name the transfer inserted with the key earlier");
         Ok(())
     }
 
@@ -652,7 +652,7 @@ impl Store {
 }
 
 impl Store {
-    /// An owner's state change that records nothing else, group-committed with those of
+    /// An owner's state change that stores nothing else, group-committed with those of
     /// concurrent transfers (see `store::batch`). The new `lastModified` when it won.
     async fn change_state_batched(&self, change: Transition) -> StoreResult<Option<Timestamp>> {
         #[cfg(feature = "failpoints")]
@@ -684,7 +684,7 @@ impl Store {
     }
 }
 
-/// The fields a state change records besides the state and the owner.
+/// The fields a state change stores besides the state and the owner.
 fn step_fields(fields: StepFields) -> Document {
     let mut set = Document::new();
     if let Some(reason) = fields.reason {

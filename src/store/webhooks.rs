@@ -192,7 +192,7 @@ struct DeliveryDoc {
 /// A delivery claimed by this instance: what it sends.
 #[derive(Debug, Clone)]
 pub struct Claimed {
-    /// The claim's token (`owner` in the document): what its record is guarded by.
+    /// The claim's token (`owner` in the document): what logging its attempt is guarded by.
     pub owner: String,
     pub id: String,
     pub webhook: String,
@@ -235,7 +235,7 @@ pub enum Made {
     /// Due now, for any instance's sender to claim.
     #[default]
     Unclaimed,
-    /// Under the caller's claim: its attempt is under way, and is recorded under it.
+    /// Under the caller's claim: its attempt is under way, and is logged under it.
     Claimed,
     /// With its first attempt made already (sent before the delivery was made, which a
     /// crash in between only makes sent again) and what it decided. A delivery that
@@ -478,12 +478,12 @@ impl Store {
             .collect())
     }
 
-    /// Records new deliveries; one already made (a dispatch repeated after a crash) is
+    /// Inserts new deliveries; one already made (a dispatch repeated after a crash) is
     /// left as it is. Those [`Made::Claimed`] are made under a claim of `claim` (a claim
     /// token and its lease, by the database's clock), as [`Store::claim_due`] would make
     /// it: the instance that makes them sends them without looking for them, and another
     /// takes them over only once the claim runs out. The ids of those already made
-    /// (refused), whose attempts the caller must not record under its claim.
+    /// (refused), whose attempts the caller must not log under its claim.
     pub async fn insert_deliveries(
         &self,
         new: Vec<NewDelivery<'_>>,
@@ -523,7 +523,7 @@ impl Store {
     /// `updateMany` that claims those still pending and unclaimed (or whose claim ran
     /// out), and one read of what this claim won. A claim carries a token of its own
     /// (`owner` and a random suffix), so a later claim of the same instance and a late
-    /// record of an earlier one never mix.
+    /// log of an earlier one never mix.
     pub async fn claim_due(
         &self,
         owner: &str,
@@ -660,7 +660,7 @@ impl Store {
     /// at the same attempt): a claim that ran out and was taken by another instance
     /// refuses the late write. How many were logged.
     ///
-    /// One `updateMany` with a pipeline that finds each delivery's record by its id,
+    /// One `updateMany` with a pipeline that finds each delivery's logged attempt by its id,
     /// rather than one statement per delivery: SecantusDB commits (and syncs) each
     /// statement of an `update` on its own (44 ms for 64, against 5 ms for the same 64
     /// in one `updateMany`).
@@ -672,14 +672,14 @@ impl Store {
             return Ok(0);
         }
         let ids: Vec<&str> = done.iter().map(|(c, _, _)| c.id.as_str()).collect();
-        let records = done
+        let logged = done
             .iter()
-            .map(|(claimed, attempt, outcome)| attempt_record(claimed, attempt, *outcome))
+            .map(|(claimed, attempt, outcome)| logged_attempt(claimed, attempt, *outcome))
             .collect::<StoreResult<Vec<Document>>>()?;
         let filter = doc! { "_id": { "$in": &ids }, "state": DeliveryState::Pending.as_str() };
-        let update = recorded(records);
+        let update = logging(logged);
         // Not a retryable write on a replica set (it may change many documents): sent
-        // again here on a failure, which each record's guard makes safe (a record that
+        // again here on a failure, which each logged attempt's guard makes safe (one that
         // landed moved `tries` on).
         let (answer, _) = super::retried(|| async {
             self.deliveries()
@@ -890,9 +890,8 @@ pub fn stored_bytes(d: &NewDelivery<'_>, token: &str) -> usize {
     DELIVERY_FIXED_BYTES + ids + d.body.len() + token.len()
 }
 
-/// The filter and update that record `attempt` of `claimed` and what it decided.
 /// A claim's token: the instance's `owner` and a random suffix of this claim, so that a
-/// later claim of the same instance and a late record of an earlier one never mix.
+/// later claim of the same instance and a late log of an earlier one never mix.
 pub fn claim_token(owner: &str) -> String {
     format!("{owner}#{:016x}", rand::random::<u64>())
 }
@@ -901,7 +900,7 @@ pub fn claim_token(owner: &str) -> String {
 /// claim holds: the delivery (`i`), the claim (`o` its token, `t` the attempts before),
 /// the attempt (`a`), the state after it (`s`) and when the next is due (`n`, null when
 /// none is).
-fn attempt_record(
+fn logged_attempt(
     claimed: &Claimed,
     attempt: &Attempt,
     outcome: AttemptOutcome,
@@ -943,16 +942,16 @@ fn after_attempt(outcome: AttemptOutcome) -> (DeliveryState, Option<DateTime>) {
     }
 }
 
-/// The update pipeline of [`Store::log_attempts`]: each delivery takes the record
-/// made under the claim it is under now (its id, claim token and attempts before all
-/// the same: a batch may hold a late record of an earlier claim of the same delivery
+/// The update pipeline of [`Store::log_attempts`]: each delivery takes the attempt
+/// logged under the claim it is under now (its id, claim token and attempts before all
+/// the same: a batch may hold a late log of an earlier claim of the same delivery
 /// beside the live one), if it is still pending, and is left as it is otherwise. The
 /// claim's `owner` and `leaseUntil` are emptied (null), the attempt pushed (the latest
 /// [`MAX_ATTEMPTS_KEPT`] kept), `tries` counted.
-fn recorded(records: Vec<Document>) -> Vec<Document> {
-    let record = doc! { "$arrayElemAt": [
+fn logging(logged: Vec<Document>) -> Vec<Document> {
+    let mine = doc! { "$arrayElemAt": [
         { "$filter": {
-            "input": { "$literal": records },
+            "input": { "$literal": logged },
             "as": "c",
             "cond": { "$and": [
                 { "$eq": ["$$c.i", "$_id"] },
@@ -978,7 +977,7 @@ fn recorded(records: Vec<Document>) -> Vec<Document> {
         "leaseUntil": Bson::Null,
     };
     vec![doc! { "$replaceWith": { "$let": {
-        "vars": { "r": record },
+        "vars": { "r": mine },
         "in": { "$cond": [holds, { "$mergeObjects": ["$$ROOT", after] }, "$$ROOT"] },
     } } }]
 }

@@ -26,7 +26,7 @@ use support::{TestApp, spawn_app};
 const DEAD_INSTANCE: &str = "dead-instance";
 
 /// Records a transfer in `initial`, as step 1 of an instance that then died.
-async fn record_initial(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
+async fn insert_initial(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
     let transfer = initial(source, destination, value);
     app.store.insert_transfer(&transfer).await.unwrap();
     transfer.id
@@ -43,16 +43,16 @@ async fn mark_applied_as_the_dead_instance(app: &TestApp, id: TransferId) -> boo
 }
 
 /// Records a transfer and takes it `initial -> pending` as the dead instance (step 2).
-async fn record_pending(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
-    let id = record_initial(app, source, destination, value).await;
+async fn insert_pending(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
+    let id = insert_initial(app, source, destination, value).await;
     start_as_the_dead_instance(app, id).await;
     id
 }
 
-/// As [`record_pending`], a transfer recorded by a version before one protocol: its
+/// As [`insert_pending`], a transfer inserted by a version before one protocol: its
 /// document names no parties, and its destination is credited by its prepare, the
 /// commit point of that protocol.
-async fn record_pending_before_one_protocol(
+async fn insert_pending_before_one_protocol(
     app: &TestApp,
     source: &str,
     destination: &str,
@@ -108,7 +108,7 @@ async fn try_room(app: &TestApp, destination: &str, id: TransferId, value: i64) 
         .applied
 }
 
-/// The credit of a transfer recorded before one protocol, as its dead instance's prepare
+/// The credit of a transfer inserted before one protocol, as its dead instance's prepare
 /// of the destination made it. Whether it landed.
 async fn try_credit(app: &TestApp, destination: &str, id: TransferId, value: i64) -> bool {
     app.store
@@ -298,7 +298,7 @@ async fn cancelling_an_initial_transfer_cancels_it_without_touching_balances() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_initial(&app, "alice", "bob", 300).await;
+    let id = insert_initial(&app, "alice", "bob", 300).await;
 
     let answered = cancel_ok(&app, &id.to_string()).await;
 
@@ -330,7 +330,7 @@ async fn cancelling_a_pending_transfer_with_nothing_applied_cancels_it() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending(&app, "alice", "bob", 300).await;
+    let id = insert_pending(&app, "alice", "bob", 300).await;
 
     let answered = cancel_ok(&app, &id.to_string()).await;
 
@@ -348,7 +348,7 @@ async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_th
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending(&app, "alice", "bob", 300).await;
+    let id = insert_pending(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     assert_eq!(app.balance("alice").await, 700);
 
@@ -381,14 +381,14 @@ async fn cancelling_a_half_applied_transfer_refunds_the_source_and_fences_out_th
     assert!(app.accounts_with_pending().await.is_empty());
 }
 
-/// A transfer recorded before one protocol commits by its credit: a cancel that finds it
+/// A transfer inserted before one protocol commits by its credit: a cancel that finds it
 /// landed completes the transfer and reverses it.
 #[tokio::test]
 async fn cancelling_a_pending_transfer_whose_credit_landed_completes_and_reverses_it() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending_before_one_protocol(&app, "alice", "bob", 300).await;
+    let id = insert_pending_before_one_protocol(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     apply_credit(&app, "bob", id, 300).await;
 
@@ -408,7 +408,7 @@ async fn cancelling_a_pending_transfer_whose_parties_are_all_prepared_rolls_it_b
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending(&app, "alice", "bob", 300).await;
+    let id = insert_pending(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     make_room(&app, "bob", id, 300).await;
 
@@ -428,7 +428,7 @@ async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending(&app, "alice", "bob", 300).await;
+    let id = insert_pending(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     make_room(&app, "bob", id, 300).await;
     let applied = mark_applied_as_the_dead_instance(&app, id).await;
@@ -442,14 +442,14 @@ async fn cancelling_an_applied_transfer_completes_and_reverses_it() {
     assert!(app.accounts_with_pending().await.is_empty());
 }
 
-/// The same, for a transfer recorded before one protocol: its destination was credited
+/// The same, for a transfer inserted before one protocol: its destination was credited
 /// at its prepare, and its settle only pulls the markers.
 #[tokio::test]
-async fn cancelling_an_applied_transfer_recorded_before_one_protocol_completes_and_reverses_it() {
+async fn cancelling_an_applied_transfer_inserted_before_one_protocol_completes_and_reverses_it() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending_before_one_protocol(&app, "alice", "bob", 300).await;
+    let id = insert_pending_before_one_protocol(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     apply_credit(&app, "bob", id, 300).await;
     let applied = mark_applied_as_the_dead_instance(&app, id).await;
@@ -469,7 +469,7 @@ async fn cancelling_a_transfer_stuck_in_canceling_finishes_the_rollback() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending(&app, "alice", "bob", 300).await;
+    let id = insert_pending(&app, "alice", "bob", 300).await;
     apply_debit(&app, "alice", id, 300).await;
     let rolling_back = app
         .store
@@ -596,7 +596,7 @@ async fn concurrent_cancels_of_a_half_applied_transfer_refund_the_source_exactly
     app.open_account("bob", 0).await;
 
     for round in 1..=5 {
-        let id = record_pending(&app, "alice", "bob", 300).await;
+        let id = insert_pending(&app, "alice", "bob", 300).await;
         apply_debit(&app, "alice", id, 300).await;
 
         let cancels = (0..10).map(|_| {
@@ -633,7 +633,7 @@ async fn a_cancel_moving_a_started_transfer_without_fences_is_a_bug_said_loudly(
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
     app.open_account("bob", 0).await;
-    let id = record_pending(&app, "alice", "bob", 300).await;
+    let id = insert_pending(&app, "alice", "bob", 300).await;
     let by = Mover::Cancel {
         owner: "canceler",
         fenced: None,

@@ -20,7 +20,7 @@
 //! The recorder is asynchronous: tests wait for events with [`eventually`]. It inserts
 //! events in the order of their changes, an event visible only once every earlier one
 //! is, so once the event of a change made after all the others is in the feed
-//! ([`settle`]), the feed is complete: an event missing or extra then is a real one, not
+//! ([`whole_feed`]), the feed is complete: an event missing or extra then is a real one, not
 //! a late one.
 
 use std::collections::{HashMap, HashSet};
@@ -93,7 +93,7 @@ fn assert_unique(ids: &[String]) {
 /// Opens `id` with `balance` as a barrier, and waits until its event is in the feed
 /// read through `app`: the recorder records in the order of the changes, so every event
 /// of a change made before it is there too. The whole feed then.
-async fn settle(app: &TestApp, barrier: &str) -> Vec<Value> {
+async fn whole_feed(app: &TestApp, barrier: &str) -> Vec<Value> {
     open(app, barrier, 0).await;
     let wanted = format!("account.opened:{barrier}");
     eventually(
@@ -248,7 +248,7 @@ async fn fifteen_events(app: &TestApp) {
 }
 
 /// What [`one_of_each`] made: each event expected, with the data it must carry (those
-/// known when made; the others are read once the feed is settled), and the subjects.
+/// known when made; the others are read once the feed is whole), and the subjects.
 struct OneOfEach {
     expected: HashMap<String, Value>,
     plain: String,
@@ -346,7 +346,7 @@ async fn assert_each_event_once_as_it_was_then(app: &TestApp, made: OneOfEach) {
         reversal,
     } = made;
 
-    let events = settle(app, "barrier").await;
+    let events = whole_feed(app, "barrier").await;
 
     let barrier = get_json(app, "/accounts/barrier").await.1;
     expected.insert("account.opened:barrier".into(), barrier);
@@ -502,7 +502,7 @@ async fn a_reader_following_next_reads_each_event_once_and_every_cursor_resumes_
         "a new database has no events: {nothing_yet:?}"
     );
     fifteen_events(&app).await;
-    let full = ids(&settle(&app, "barrier").await);
+    let full = ids(&whole_feed(&app, "barrier").await);
     assert_eq!(full.len(), 16, "{full:#?}");
     assert_unique(&full);
 
@@ -567,7 +567,7 @@ async fn a_reader_following_next_reads_each_event_once_and_every_cursor_resumes_
 async fn the_feed_reads_events_far_apart_and_crowded_in_time_each_once_in_order() {
     let app = spawn_app().await;
     open(&app, "alice", 1_000).await;
-    settle(&app, "bob").await;
+    whole_feed(&app, "bob").await;
     let events = app.store.database().collection::<Document>("events");
     let model = events
         .find_one(doc! { "_id": "account.opened:alice" })
@@ -596,7 +596,7 @@ async fn the_feed_reads_events_far_apart_and_crowded_in_time_each_once_in_order(
         "transfer.done:{}",
         id_of(&done(&app, "alice", "bob", 5).await)
     );
-    settle(&app, "carol").await;
+    whole_feed(&app, "carol").await;
 
     let stored: Vec<Document> = events
         .find(doc! {})
@@ -642,7 +642,7 @@ async fn the_feed_reads_events_far_apart_and_crowded_in_time_each_once_in_order(
 async fn an_event_that_becomes_visible_after_a_later_one_is_still_read_in_its_place() {
     let app = spawn_app().await;
     open(&app, "alice", 0).await;
-    let feed_now = settle(&app, "bob").await;
+    let feed_now = whole_feed(&app, "bob").await;
     let (_, after_bob) = events_page(&app, "?limit=1000").await;
     assert_eq!(
         ids(&feed_now),
@@ -692,7 +692,7 @@ async fn an_event_that_becomes_visible_after_a_later_one_is_still_read_in_its_pl
 async fn a_new_feed_shows_no_event_before_its_recorder_says_how_far_it_may_be_read() {
     let elsewhere = spawn_app().await;
     open(&elsewhere, "alice", 0).await;
-    settle(&elsewhere, "barrier").await;
+    whole_feed(&elsewhere, "barrier").await;
     let mut model = elsewhere
         .store
         .database()
@@ -724,7 +724,7 @@ async fn a_new_feed_shows_no_event_before_its_recorder_says_how_far_it_may_be_re
     events.insert_one(model).await.unwrap();
     assert!(feed(&app).await.is_empty(), "{:#?}", feed(&app).await);
 
-    let read = settle(&app, "barrier").await;
+    let read = whole_feed(&app, "barrier").await;
     assert_eq!(
         ids(&read),
         ["account.opened:early", "account.opened:barrier"],
@@ -740,7 +740,7 @@ async fn a_feed_recorded_by_an_older_version_is_read_whole_and_then_bounded() {
     let older = spawn_app().await;
     let database = older.database.clone();
     open(&older, "alice", 0).await;
-    settle(&older, "bob").await;
+    whole_feed(&older, "bob").await;
     // As an older version left it (its recorder is quiet: it writes the bound only with
     // new events).
     let recorder = older
@@ -782,7 +782,7 @@ async fn a_feed_recorded_by_an_older_version_is_read_whole_and_then_bounded() {
     )
     .await;
     assert_eq!(ids(&feed(&newer).await), all);
-    let read = settle(&newer, "carol").await;
+    let read = whole_feed(&newer, "carol").await;
     assert_eq!(ids(&read), [all[0], all[1], "account.opened:carol"]);
 }
 
@@ -792,7 +792,7 @@ async fn a_type_filter_gives_only_those_types_in_the_feeds_order() {
     fifteen_events(&app).await;
     let voided = id_of(&hold(&app, "alice", "bob", 5, 60_000).await);
     post_ok(&app, &format!("/transfers/{voided}/void"), None).await;
-    let events = settle(&app, "barrier").await;
+    let events = whole_feed(&app, "barrier").await;
     let present: HashSet<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
     assert_eq!(present.len(), 4, "every type is in the feed: {events:#?}");
 
@@ -1106,7 +1106,7 @@ async fn instances_sharing_a_database_record_each_event_exactly_once() {
         "the mix has both outcomes: {refusals} refused"
     );
 
-    let events = settle(&second, "barrier").await;
+    let events = whole_feed(&second, "barrier").await;
 
     // The transfer log, as the API lists it.
     let mut logged: HashMap<String, String> = HashMap::new();
@@ -1226,7 +1226,7 @@ async fn when_the_recording_instance_stops_another_records_on_without_a_gap_or_a
         let id = id_of(&done(app, "alice", "bob", i as i64 + 1).await);
         made.push(format!("transfer.done:{id}"));
     }
-    let before = ids(&settle(&second, "barrier-1").await);
+    let before = ids(&whole_feed(&second, "barrier-1").await);
     made.push("account.opened:barrier-1".into());
     assert_eq!(before, made);
 
@@ -1254,7 +1254,7 @@ async fn when_the_recording_instance_stops_another_records_on_without_a_gap_or_a
         let id = id_of(&done(&staying, "bob", "alice", amount).await);
         made.push(format!("transfer.done:{id}"));
     }
-    let after = ids(&settle(&staying, "barrier-2").await);
+    let after = ids(&whole_feed(&staying, "barrier-2").await);
     made.push("account.opened:barrier-2".into());
 
     assert_eq!(after, made, "every event once, in the order of the changes");
@@ -1272,7 +1272,7 @@ async fn a_filtered_reader_that_saw_every_match_keeps_its_cursor_when_other_even
     open(&app, "alice", 1_000).await;
     open(&app, "bob", 0).await;
     let transfer = id_of(&done(&app, "alice", "bob", 10).await);
-    settle(&app, "barrier").await;
+    whole_feed(&app, "barrier").await;
     // Every done transfer read: the cursor is past the later account openings too.
     let (read, caught_up) = events_page(&app, "?type=transfer.done&limit=1000").await;
     assert_eq!(ids(&read), [format!("transfer.done:{transfer}")]);
@@ -1304,7 +1304,7 @@ async fn the_events_a_stopped_recorder_left_unpublished_are_published_by_the_nex
     let first = spawn_app().await;
     let database = first.database.clone();
     open(&first, "alice", 0).await;
-    settle(&first, "barrier").await;
+    whole_feed(&first, "barrier").await;
     let recorder = first
         .store
         .database()

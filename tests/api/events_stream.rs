@@ -442,12 +442,12 @@ async fn events_page(app: &TestApp, query: &str) -> (Vec<Value>, String) {
 /// Opens `barrier` and reads the feed, following `next`, until its event is there: the
 /// recorder records in the order of the changes, so every event made before it is there
 /// too. The whole feed then.
-async fn settle(app: &TestApp, barrier: &str) -> Vec<Value> {
-    settle_within(app, barrier, RECORDED_WITHIN).await
+async fn whole_feed(app: &TestApp, barrier: &str) -> Vec<Value> {
+    whole_feed_within(app, barrier, RECORDED_WITHIN).await
 }
 
-/// [`settle`], the barrier recorded within `within`.
-async fn settle_within(app: &TestApp, barrier: &str, within: Duration) -> Vec<Value> {
+/// [`whole_feed`], the barrier recorded within `within`.
+async fn whole_feed_within(app: &TestApp, barrier: &str, within: Duration) -> Vec<Value> {
     open(app, barrier, 0).await;
     let wanted = format!("account.opened:{barrier}");
     let deadline = Instant::now() + within;
@@ -644,7 +644,7 @@ async fn a_stream_resumed_from_an_event_id_continues_with_exactly_the_events_aft
     open(&app, "alice", 1_000).await;
     open(&app, "bob", 0).await;
     transfers(&app, "alice", "bob", 5).await;
-    let before = settle(&app, "barrier-1").await;
+    let before = whole_feed(&app, "barrier-1").await;
     assert_eq!(before.len(), 8);
 
     let mut first = open_stream(&app, "", None).await;
@@ -658,7 +658,7 @@ async fn a_stream_resumed_from_an_event_id_continues_with_exactly_the_events_aft
     // Made while no stream is open.
     let mut while_away = transfers(&app, "bob", "alice", 2).await;
     while_away.push(refused(&app, "bob", "alice", 1_000_000).await);
-    let feed = settle(&app, "barrier-2").await;
+    let feed = whole_feed(&app, "barrier-2").await;
     assert_eq!(feed[..before.len()], before[..]);
     assert_eq!(ids(&feed[before.len()..feed.len() - 1]), while_away);
 
@@ -842,7 +842,7 @@ async fn a_reader_that_falls_256_events_behind_is_disconnected_and_resumes_with_
             .expect("insert the accounts");
     }
     // The recorder records a few thousand events a second.
-    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
+    let feed = whole_feed_within(&app, "barrier", Duration::from_secs(60)).await;
     assert_eq!(
         feed.len(),
         INSERTED + 2,
@@ -987,7 +987,7 @@ async fn stalled_reader(base: &str) -> TcpStream {
 #[tokio::test]
 async fn readers_that_stop_reading_give_their_stream_places_back() {
     /// The server's limit and what filling the readers' buffers takes after the feed is
-    /// settled (it is done by then as a rule), with room for a loaded machine.
+    /// whole (it is done by then as a rule), with room for a loaded machine.
     const SERVED_WITHIN: Duration = Duration::from_secs(60);
     let app = spawn_app_with(|s| {
         s.max_event_streams = 3;
@@ -1002,7 +1002,7 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
     assert_problem(connect(&app, "", None, None).await, 503, "too_many_streams").await;
 
     flood(app.store.database(), &template, FILLS_A_READER).await;
-    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
+    let feed = whole_feed_within(&app, "barrier", Duration::from_secs(60)).await;
     assert_eq!(feed.len(), 17 + 1 + FILLS_A_READER + 1);
 
     let started = Instant::now();
@@ -1021,7 +1021,7 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
     )
     .await;
     eprintln!(
-        "a new stream served {:?} after the feed settled",
+        "a new stream served {:?} after the feed was whole",
         started.elapsed()
     );
     // The stalled readers' connections were closed by the server: what is left in them
@@ -1122,7 +1122,7 @@ async fn a_reader_that_keeps_reading_large_events_is_never_disconnected() {
     let template = large_transfer(&app.http, &app.address, app.store.database()).await;
     let mut stream = open_stream(&app, "", None).await;
     flood(app.store.database(), &template, N).await;
-    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
+    let feed = whole_feed_within(&app, "barrier", Duration::from_secs(60)).await;
     let got = stream.events(feed.len(), Duration::from_secs(60)).await;
     assert_eq!(stream_ids(&got), ids(&feed), "every event once, in order");
 }
@@ -1141,7 +1141,7 @@ async fn a_reader_that_falls_512_kib_of_large_events_behind_is_disconnected_and_
     let (head, mut raw) = read_head(&mut slow).await;
     assert_stream_head(&head);
     flood(app.store.database(), &template, FILLS_A_READER).await;
-    let feed = settle_within(&app, "barrier", Duration::from_secs(60)).await;
+    let feed = whole_feed_within(&app, "barrier", Duration::from_secs(60)).await;
     assert_eq!(feed.len(), 17 + 1 + FILLS_A_READER + 1);
     // The follower waits 5 s for room in its queue's bytes before it stops (a consumer
     // that keeps reading is paced, not cut): the reader takes nothing for longer. The
@@ -1232,7 +1232,7 @@ async fn at_most_max_event_streams_are_open_at_once_and_a_closed_ones_place_is_f
 #[tokio::test]
 async fn a_cursor_or_a_type_the_stream_cannot_read_is_400_never_500() {
     let app = spawn_app_with(|s| s.max_event_streams = 1).await;
-    settle(&app, "alice").await;
+    whole_feed(&app, "alice").await;
     let garbage_json = "eyJoZWxsbyI6WyJ3b3JsZCJdfQ"; // {"hello":["world"]}
     let cases: [(&str, Option<&str>, &str); 7] = [
         ("", Some("garbage"), "Last-Event-ID garbage"),

@@ -247,7 +247,7 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
     }
 }
 
-/// A batch leaves out of the documents the entries its instance's mover copied to
+/// A batch leaves out of the documents the entries its instance's copier copied to
 /// `entries`, in the same write: with one change an account (a and b) and with several
 /// (c).
 #[tokio::test]

@@ -617,12 +617,12 @@ async fn the_room_an_expired_hold_kept_in_its_destination_is_free_before_the_swe
 async fn reading_an_account_that_reserves_nothing_reads_only_the_account() {
     use transfer_service::domain::DeploymentName;
     use transfer_service::service::TransferService;
-    use transfer_service::store::testing::connect_recording;
+    use transfer_service::store::testing::connect_keeping_commands;
     let app = spawn_app().await;
     alice_and_bob(&app).await;
     let (status, body) = hold(&app, "alice", "bob", 300, json!({ "expiresInMs": 60_000 })).await;
     assert_eq!(status, 201, "{body}");
-    let (store, recorded) = connect_recording(
+    let (store, recorded) = connect_keeping_commands(
         DeploymentName::default(),
         &support::database_uri(),
         &app.database,

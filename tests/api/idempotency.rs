@@ -261,7 +261,7 @@ async fn the_same_key_on_two_different_accounts_pairs_is_still_one_key() {
 /// What a version before `idempotencyKeys` leaves for a keyed transfer it records during
 /// a rolling upgrade, after migration 0006 copied the keys: the transfer carries
 /// `idempotencyKey` (its unique index decides), and `idempotencyKeys` has nothing.
-async fn as_if_recorded_by_an_older_version(app: &TestApp, key: &str) {
+async fn as_if_inserted_by_an_older_version(app: &TestApp, key: &str) {
     app.store
         .database()
         .collection::<mongodb::bson::Document>("idempotencyKeys")
@@ -302,7 +302,7 @@ async fn drop_the_old_index(app: &TestApp) {
 /// that transfer: while the old index is there, and after the keys are copied again and
 /// the index dropped, as for sharding.
 #[tokio::test]
-async fn a_retry_of_a_key_an_older_version_recorded_replays_before_and_after_the_index_goes() {
+async fn a_retry_of_a_key_an_older_version_inserted_replays_before_and_after_the_index_goes() {
     let app = spawn_app().await;
     app.open_account("a", 1000).await;
     app.open_account("b", 0).await;
@@ -312,7 +312,7 @@ async fn a_retry_of_a_key_an_older_version_recorded_replays_before_and_after_the
         .json()
         .await
         .unwrap();
-    as_if_recorded_by_an_older_version(&app, "old-1").await;
+    as_if_inserted_by_an_older_version(&app, "old-1").await;
 
     let again = post_with_key(&app, "old-1", &body).await;
     assert_eq!(replayed(&again).as_deref(), Some("true"));
@@ -331,7 +331,7 @@ async fn a_retry_of_a_key_an_older_version_recorded_replays_before_and_after_the
 /// A different request with a key an older version recorded is refused, and leaves the
 /// key naming that transfer: the original request's retry is still replayed.
 #[tokio::test]
-async fn a_refused_reuse_of_a_key_an_older_version_recorded_leaves_the_original_replayable() {
+async fn a_refused_reuse_of_a_key_an_older_version_inserted_leaves_the_original_replayable() {
     let app = spawn_app().await;
     app.open_account("a", 1000).await;
     app.open_account("b", 0).await;
@@ -341,7 +341,7 @@ async fn a_refused_reuse_of_a_key_an_older_version_recorded_leaves_the_original_
         .json()
         .await
         .unwrap();
-    as_if_recorded_by_an_older_version(&app, "old-2").await;
+    as_if_inserted_by_an_older_version(&app, "old-2").await;
     let other = json!({ "source": "a", "destination": "b", "amount": 20 });
     assert_problem(
         post_with_key(&app, "old-2", &other).await,

@@ -7,7 +7,7 @@
 //! entry's (zeros before the first) plus its changes; the last entry's values are the
 //! account's; each step of a transfer makes exactly one entry, of its kind, naming the
 //! transfer; a step refused makes none; an entry is readable as soon as the request that
-//! made it was answered, and reads the same once the mover has taken it out of the
+//! made it was answered, and reads the same once the copier has taken it out of the
 //! account's document; the balance as of a moment is the one the last entry at or before
 //! it left.
 
@@ -230,9 +230,9 @@ pub(crate) async fn seqs_in_document(app: &TestApp, account: &str) -> Vec<i64> {
         })
 }
 
-/// Waits until the mover has copied `account`'s `count` entries to `entries`, then makes
+/// Waits until the copier has copied `account`'s `count` entries to `entries`, then makes
 /// one more, a credit of 1 from `from`: the write that leaves the copied ones out of the
-/// document. Checks that it did, and answers the newest entry's number. (The mover
+/// document. Checks that it did, and answers the newest entry's number. (The copier
 /// remembers a copy just after `entries` shows it: should the credit come in between,
 /// the next one leaves them out; a few are allowed.)
 async fn move_out_of_document(app: &TestApp, account: &str, from: &str, count: usize) -> i64 {
@@ -245,7 +245,7 @@ async fn move_out_of_document(app: &TestApp, account: &str, from: &str, count: u
             .unwrap()
     };
     eventually(
-        &format!("the mover copies {account}'s entries to `entries`"),
+        &format!("the copier copies {account}'s entries to `entries`"),
         Duration::from_secs(10),
         Duration::from_millis(20),
         async || (copied().await >= count as u64).then_some(()),
@@ -527,7 +527,7 @@ async fn a_bad_after_or_limit_is_400_invalid_parameter() {
 }
 
 #[tokio::test]
-async fn entries_read_the_same_after_the_mover_took_them_out_of_the_account_document() {
+async fn entries_read_the_same_after_the_copier_took_them_out_of_the_account_document() {
     let app = spawn_app().await;
     let before = alice_with_25_entries(&app).await;
     let page_before = entry_page(&app, "alice", "?after=3&limit=7").await;
@@ -566,7 +566,7 @@ fn moments(entries: &[Value]) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn the_balance_at_a_moment_reads_the_same_after_the_mover_trimmed_the_document() {
+async fn the_balance_at_a_moment_reads_the_same_after_the_copier_trimmed_the_document() {
     let app = spawn_app().await;
     let entries = alice_with_25_entries(&app).await;
     let mut before = Vec::new();
@@ -629,7 +629,7 @@ async fn an_account_document_restored_from_a_backup_keeps_every_entry() {
         done(&app, "alice", "bob", n).await;
     }
     let newest = move_out_of_document(&app, "alice", "bob", 21).await;
-    // The mover done with alice (everything copied, and a few of its rounds since): a
+    // The copier done with alice (everything copied, and a few of its rounds since): a
     // round still in flight could copy the old entries again after the restore, the case
     // no instance can tell apart (`docs/operations.md`: restart after a restore).
     let copied = async || {
@@ -640,7 +640,7 @@ async fn an_account_document_restored_from_a_backup_keeps_every_entry() {
             .unwrap()
     };
     eventually(
-        "the mover copies every entry of alice",
+        "the copier copies every entry of alice",
         Duration::from_secs(10),
         Duration::from_millis(20),
         async || (copied().await >= newest as u64).then_some(()),

@@ -35,7 +35,7 @@ async fn balances(app: &TestApp, accounts: &[&str]) -> Vec<i64> {
 }
 
 /// Nothing of any transfer is left on any account: no marker, no room, no fence.
-async fn assert_settled(app: &TestApp) {
+async fn assert_at_rest(app: &TestApp) {
     let accounts = app.store.list_accounts(None, None, 1_000).await.unwrap();
     for a in accounts {
         assert!(a.pending_transactions.is_empty(), "marker left on {a:?}");
@@ -88,7 +88,7 @@ async fn a_payment_with_its_fee_and_tax_moves_every_account_once_by_its_net() {
     let (status, read) = get_json(&app, &format!("/transfers/{id}")).await;
     assert_eq!(status, 200);
     assert_eq!(read, body);
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
 
     // One entry per account for the transfer: the buyer's debit, the others' credits,
     // each by its net.
@@ -126,7 +126,7 @@ async fn an_account_may_pass_on_what_it_receives_with_nothing_of_its_own() {
         .collect();
     assert_eq!(b.len(), 1, "{b:?}");
     assert_eq!(b[0]["balanceChange"], 0);
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
 }
 
 /// A party that cannot fund its net refuses the whole transfer: recorded and canceled,
@@ -155,7 +155,7 @@ async fn one_party_short_of_funds_refuses_every_leg_and_is_named() {
     let (_, read) = get_json(&app, &format!("/transfers/{id}")).await;
     assert_eq!(read["state"], "canceled", "{read}");
     assert_eq!(read["reason"], "insufficient_funds", "{read}");
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
     // The payer's debit landed and was given back, or never landed: either way its
     // entries for the transfer cancel out.
     let payer: i64 = entries(&app, "payer")
@@ -208,7 +208,7 @@ async fn a_receiving_party_that_would_overflow_refuses_every_leg_and_is_named() 
         balances(&app, &["rich", "full", "z"]).await,
         vec![1_000, max - 10, 0]
     );
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
 }
 
 /// Room made for a multi-leg transfer counts against `MAX_MONEY` for other transfers
@@ -243,7 +243,7 @@ async fn room_prepared_for_incoming_money_counts_against_the_largest_balance() {
 /// mismatch, a leg that pays its own account, too few or too many legs, an amount out of
 /// range (the leg named), both forms in one request, a multi-leg hold's bad expiry.
 #[tokio::test]
-async fn bad_legs_are_refused_before_anything_is_recorded() {
+async fn bad_legs_are_refused_before_anything_is_inserted() {
     let app = spawn_app().await;
     open(&app, &[("a", 1_000), ("b", 0)]).await;
     app.open_account_in("euro", 0, "EUR").await;
@@ -390,7 +390,7 @@ async fn concurrent_multi_leg_and_plain_transfers_conserve_money() {
         }
     }
     assert_eq!(app.total_balance().await, before);
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
     for name in names {
         let all = entries(&app, name).await;
         let sum: i64 = all
@@ -504,7 +504,7 @@ async fn cancelling_a_half_prepared_multi_leg_transfer_rolls_every_leg_back_and_
     // The late prepare of the party it had not reached is refused by its fence.
     assert!(!prepare_as_the_dead_instance(&app, &transfer, "c").await);
     assert_eq!(balances(&app, &["a", "b", "c"]).await, vec![1_000, 0, 0]);
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
 }
 
 /// A cancel of a multi-leg transfer committed by an owner that then died settles it,
@@ -542,7 +542,7 @@ async fn cancelling_a_committed_multi_leg_transfer_settles_then_reverses_every_l
         "{reversal}"
     );
     assert_eq!(balances(&app, &["a", "b", "c"]).await, vec![1_000, 0, 0]);
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
 }
 
 /// A done multi-leg transfer is reversed once, whole; a party that spent what it
@@ -569,7 +569,7 @@ async fn a_done_multi_leg_transfer_is_reversed_once_and_only_if_every_party_can_
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["reversedBy"], body["reversedBy"], "one reversal");
     assert_eq!(balances(&app, &["a", "b", "c"]).await, vec![600, 300, 0]);
-    assert_settled(&app).await;
+    assert_at_rest(&app).await;
 }
 
 /// Every account a multi-leg transfer touches lists it, the first leg's or not.

@@ -76,7 +76,7 @@ async fn a_native_transfer_takes_no_two_phase_step() {
 
 /// The answer is 422 `code` naming the transfer, which is recorded `canceled` for
 /// `reason`, as the two-phase path records it.
-async fn assert_recorded_canceled(
+async fn assert_inserted_canceled(
     app: &TestApp,
     response: reqwest::Response,
     code: &str,
@@ -88,14 +88,14 @@ async fn assert_recorded_canceled(
     let stored = stored.expect("the refused transfer is recorded");
     assert_eq!(stored.state, TransferState::Canceled);
     assert_eq!(stored.reason, Some(reason));
-    // Recorded by the instance that refused it (`application`), as the two-phase path
+    // Inserted by the instance that refused it (`application`), as the two-phase path
     // records it.
     let owner = stored.owner.as_deref().unwrap_or_default();
     assert!(owner.starts_with(&app.instance_id), "recorded by {owner:?}");
 }
 
 #[tokio::test]
-async fn a_native_transfer_without_funds_is_recorded_canceled_and_moves_nothing() {
+async fn a_native_transfer_without_funds_is_inserted_canceled_and_moves_nothing() {
     let app = native_app().await;
     app.open_account("alice", 100).await;
     app.open_account("bob", 0).await;
@@ -105,7 +105,7 @@ async fn a_native_transfer_without_funds_is_recorded_canceled_and_moves_nothing(
             json!({ "source": "alice", "destination": "bob", "amount": 101 }),
         )
         .await;
-    assert_recorded_canceled(
+    assert_inserted_canceled(
         &app,
         response,
         "insufficient_funds",
@@ -233,7 +233,7 @@ async fn a_native_transfer_to_an_account_that_vanished_is_refused_as_unknown_and
         )
         .await;
 
-    assert_recorded_canceled(
+    assert_inserted_canceled(
         &app,
         response,
         "unknown_account",
@@ -257,7 +257,7 @@ async fn a_native_transfer_past_the_largest_balance_is_refused_and_moves_nothing
         )
         .await;
 
-    assert_recorded_canceled(
+    assert_inserted_canceled(
         &app,
         response,
         "balance_overflow",
@@ -381,7 +381,7 @@ async fn a_native_transfer_cannot_spend_held_money() {
         )
         .await;
 
-    assert_recorded_canceled(
+    assert_inserted_canceled(
         &app,
         refused,
         "insufficient_funds",
@@ -395,7 +395,7 @@ async fn a_native_transfer_cannot_spend_held_money() {
 
 /// The ledger of a native transfer: one `debit` and one `credit` entry each, numbered
 /// without gaps, each the previous values plus its change, the last equal to the stored
-/// account; also after the entry mover moved the older entries out of the account
+/// account; also after the entry copier moved the older entries out of the account
 /// documents and a reversal (two-phase steps) joined them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn native_transfers_keep_a_ledger_numbered_without_gaps() {
@@ -484,14 +484,14 @@ async fn native_transfers_keep_a_ledger_numbered_without_gaps() {
         .count_documents(doc! {})
         .await
         .unwrap();
-    assert!(moved >= 32, "the entry mover moved their entries: {moved}");
+    assert!(moved >= 32, "the entry copier moved their entries: {moved}");
 }
 
 /// An account that native transactions do not change (here bob, touched only by holds,
 /// which take the two-phase steps under every strategy) still has its entries moved out
 /// of its document, as are those of native transfers, also on an account both change at
 /// once (alice): no document grows with its account's history (it would reach MongoDB's
-/// 16 MiB, and every write to it fail), and no transaction stalls on the mover.
+/// 16 MiB, and every write to it fail), and no transaction stalls on the copier.
 #[tokio::test]
 async fn under_native_the_documents_of_accounts_touched_by_holds_stay_small() {
     let app = native_app().await;
@@ -518,7 +518,7 @@ async fn under_native_the_documents_of_accounts_touched_by_holds_stay_small() {
         assert_eq!(status, 201, "{body}");
     }
     // Two entries a hold on each side, one a native transfer on each: 91, 61 and 31.
-    // Once the mover has copied them, the next change leaves them out.
+    // Once the copier has copied them, the next change leaves them out.
     let small = |seqs: &[i64]| seqs.len() <= 8;
     let mut last = Vec::new();
     for n in 1..=20 {

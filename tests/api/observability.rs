@@ -378,7 +378,7 @@ async fn the_request_id_is_answered_and_carried_by_the_logs_of_the_request() {
 /// A transfer refused for its funds is rolled back, which finds nothing to undo on the
 /// destination: no error is logged (the "invariant broken" error is kept for a credit
 /// found there, and an alert on it must not fire on every refusal). Found by cargo
-/// mutants: the settling write's answer made its opposite went unnoticed.
+/// mutants: the undoing write's answer made its opposite went unnoticed.
 #[tokio::test]
 async fn a_transfer_refused_for_its_funds_logs_no_error() {
     let (logs, _guard) = CapturedLogs::start();

@@ -13,7 +13,7 @@
 //! a key that is not an admin on `/api-keys` 403; a revoked key 401. Listings and the
 //! feed show only what the key sees while the batches run, and, once all is quiet,
 //! exactly what it sees. At the end: no money made or lost in any currency, every
-//! transfer recorded with the tenants of its accounts, and no tenant's key ever moved
+//! transfer inserted with the tenants of its accounts, and no tenant's key ever moved
 //! an account that is not its tenant's.
 //!
 //! `TENANT_SEED` replays a run (it is printed at the start and in every failure);
@@ -1101,7 +1101,7 @@ async fn check_quiet(run: &Run, model: &Model, moved_by: &[(String, Key)]) {
         "TENANT_SEED={seed}: the accounts"
     );
 
-    // Every transfer recorded with the tenants of its accounts; the platform lists them
+    // Every transfer inserted with the tenants of its accounts; the platform lists them
     // all, and the model knows each one it learnt of.
     let platform = model
         .keys

@@ -90,7 +90,7 @@ async fn a_done_transfer_answers_201_with_its_location_and_reads_back_the_same()
 }
 
 #[tokio::test]
-async fn a_transfer_naming_an_unknown_account_is_refused_and_records_nothing() {
+async fn a_transfer_naming_an_unknown_account_is_refused_and_inserts_nothing() {
     let app = spawn_app().await;
     app.open_account("alice", 1_000).await;
 

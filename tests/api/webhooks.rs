@@ -1968,7 +1968,7 @@ fn regex_escape(raw: &str) -> String {
 /// (no attempt sends it again); one still under way then is made under the instance's
 /// claim, and recorded under it when it ends. Both are listed as any delivery is.
 #[tokio::test]
-async fn a_first_attempt_is_made_with_its_delivery_or_recorded_under_a_claim_when_it_ends_late() {
+async fn a_first_attempt_is_made_with_its_delivery_or_logged_under_a_claim_when_it_ends_late() {
     let app = spawn_app().await;
     let quick = Receiver::start(Answer::Status(200)).await;
     let slow = Receiver::start(Answer::After(Duration::from_millis(1_500))).await;
@@ -2089,7 +2089,7 @@ async fn every_webhook_route_needs_a_read_write_key_reads_too() {
 /// with no attempt added), a record sent twice (a reply lost) lands once, and in the same
 /// write the records whose claims hold land, each with its own attempt and outcome.
 #[tokio::test]
-async fn an_attempt_recorded_under_a_claim_taken_again_since_is_refused_and_the_others_land() {
+async fn an_attempt_logged_under_a_claim_taken_again_since_is_refused_and_the_others_land() {
     use std::collections::HashMap;
     use transfer_service::domain::{Attempt, EventType};
     use transfer_service::store::webhooks::{AttemptOutcome, Made, NewDelivery};

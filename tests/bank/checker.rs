@@ -192,13 +192,13 @@ pub struct End {
     pub accounts: Vec<Account>,
     /// From the load's stop until every transfer was terminal...
     pub terminal_after: Duration,
-    /// ...and from then until nothing was left unsettled (or the deadline).
-    pub settled_after: Duration,
+    /// ...and from then until nothing was left moving (or the deadline).
+    pub at_rest_after: Duration,
 }
 
 /// Waits until every transfer is terminal (a lease, a few sweeps, and the backlog; every
 /// hold left held expires within seconds), then until the housekeeping is done
-/// ([`unsettled`]); reads what is stored then.
+/// ([`not_at_rest`]); reads what is stored then.
 pub async fn wait_for_the_end(books: &Books) -> End {
     let load_stopped = Instant::now();
     let quiet_deadline = load_stopped + Duration::from_secs(60);
@@ -217,16 +217,16 @@ pub async fn wait_for_the_end(books: &Books) -> End {
     // Then the housekeeping: within a whole lease and a few sweeps (with their jitter)
     // the sweepers finish interrupted reversals and drop every fence. Bounded; what is
     // left at the deadline is a violation below.
-    let settle_for = Duration::from_millis(STALE_AFTER_MS + 5 * SWEEP_INTERVAL_MS * 6 / 5)
+    let rest_for = Duration::from_millis(STALE_AFTER_MS + 5 * SWEEP_INTERVAL_MS * 6 / 5)
         + Duration::from_secs(1);
-    let settle_started = Instant::now();
+    let rest_started = Instant::now();
     let (transfers, accounts) = loop {
         let (transfers, accounts) = books.snapshot().await;
-        let left = unsettled(&transfers, &accounts);
-        if left.is_empty() || settle_started.elapsed() >= settle_for {
+        let left = not_at_rest(&transfers, &accounts);
+        if left.is_empty() || rest_started.elapsed() >= rest_for {
             if !left.is_empty() {
                 println!(
-                    "still unsettled {:?} after the load stopped: {left:#?}",
+                    "still not at rest {:?} after the load stopped: {left:#?}",
                     load_stopped.elapsed()
                 );
             }
@@ -238,13 +238,13 @@ pub async fn wait_for_the_end(books: &Books) -> End {
         transfers,
         accounts,
         terminal_after,
-        settled_after: settle_started.elapsed(),
+        at_rest_after: rest_started.elapsed(),
     }
 }
 
 /// What must be true once the sweepers have had a whole lease and a few passes after the
-/// last transfer finished; empty when everything is settled.
-fn unsettled(transfers: &[Transfer], accounts: &[Account]) -> Vec<String> {
+/// last transfer finished; empty when everything is at rest.
+fn not_at_rest(transfers: &[Transfer], accounts: &[Account]) -> Vec<String> {
     let mut left = Vec::new();
     for t in transfers {
         if !t.state.is_terminal() {

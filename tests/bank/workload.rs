@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use transfer_service::domain::{Timestamp, Transfer, TransferState};
 
 use crate::checker::history::{
-    Attempt, History, SettleAttempt, record_cancel, record_settle, record_transfer,
+    Attempt, History, ResolveAttempt, record_cancel, record_resolve, record_transfer,
 };
 use crate::deployments::Layout;
 use crate::nemesis::PROXIED;
@@ -169,7 +169,7 @@ impl HoldPlan {
 
 /// A capture or a void of a hold, as sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
+pub enum Resolve {
     /// A capture of `amount` (`None`: no body, so the whole hold).
     Capture {
         amount: Option<i64>,
@@ -177,11 +177,11 @@ pub enum Settle {
     Void,
 }
 
-impl Settle {
+impl Resolve {
     pub fn path(self) -> &'static str {
         match self {
-            Settle::Capture { .. } => "capture",
-            Settle::Void => "void",
+            Resolve::Capture { .. } => "capture",
+            Resolve::Void => "void",
         }
     }
 }
@@ -495,15 +495,15 @@ async fn follow_hold(
     };
     *history.lock().unwrap().hold_plans.entry(plan).or_default() += 1;
     tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-    let settle = match plan {
+    let resolve = match plan {
         HoldPlan::CaptureAll | HoldPlan::CapturePart | HoldPlan::ExpireThenCapture => {
-            Some(Settle::Capture { amount: part })
+            Some(Resolve::Capture { amount: part })
         }
-        HoldPlan::Void | HoldPlan::ExpireThenVoid => Some(Settle::Void),
+        HoldPlan::Void | HoldPlan::ExpireThenVoid => Some(Resolve::Void),
         HoldPlan::Expire => None,
     };
-    if let Some(settle) = settle {
-        settle_hold(http, bases, history, &hold, settle).await;
+    if let Some(resolve) = resolve {
+        resolve_hold(http, bases, history, &hold, resolve).await;
     }
     if request.key.is_some() && rand::rng().random_bool(0.25) {
         transfer(http, bases, history, request, false).await;
@@ -512,14 +512,14 @@ async fn follow_hold(
 
 /// One capture or void of `hold`, retried on a random live instance (the same amount)
 /// when the connection is lost or the database is unavailable.
-async fn settle_hold(
+async fn resolve_hold(
     http: &reqwest::Client,
     bases: &Bases,
     history: &Mutex<History>,
     hold: &HeldHold,
-    settle: Settle,
+    resolve: Resolve,
 ) {
-    let label = settle.path();
+    let label = resolve.path();
     let first_sent = chrono::Utc::now();
     for attempt in 0..KEYED_ATTEMPTS {
         if attempt > 0 {
@@ -529,9 +529,9 @@ async fn settle_hold(
             continue;
         };
         let mut http_request = http.post(format!("{base}/transfers/{}/{label}", hold.id));
-        if let Settle::Capture {
+        if let Resolve::Capture {
             amount: Some(amount),
-        } = settle
+        } = resolve
         {
             http_request = http_request.json(&json!({ "amount": amount }));
         }
@@ -553,19 +553,19 @@ async fn settle_hold(
                 .count(&format!("{label}: body lost"));
             continue;
         };
-        let this = SettleAttempt {
+        let this = ResolveAttempt {
             hold,
-            settle,
+            resolve,
             first_sent,
             retry: attempt > 0,
         };
-        if record_settle(history, &this, status, answer) {
+        if record_resolve(history, &this, status, answer) {
             return;
         }
     }
     let mut h = history.lock().unwrap();
     h.count(&format!("{label}: no definitive answer"));
-    h.settles_unknown += 1;
+    h.resolves_unknown += 1;
 }
 
 /// `request` made a multi-leg transfer of 2 to 6 legs among the accounts (hot ones half

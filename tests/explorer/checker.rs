@@ -418,7 +418,7 @@ fn check_cancel_answer(t: &Transfer, by_id: &HashMap<TransferId, &Transfer>, v: 
 }
 
 /// A hold scenario's account: its reservations and markers are exactly those of the
-/// holds still `held` (every other transfer has settled), and its available balance is
+/// holds still `held` (every other transfer has ended), and its available balance is
 /// not negative.
 fn check_reservations(acc: &Account, transfers: &[Transfer], v: &mut Vec<String>) {
     let held: Vec<(TransferId, (i64, i64))> = transfers
@@ -524,8 +524,8 @@ fn check_legs_hold(
                 acc.id, acc.balance
             ));
         }
-        let settled = state != Some(TransferState::Held);
-        if settled && (acc.pending_debits != 0 || acc.pending_credits != 0) {
+        let ended = state != Some(TransferState::Held);
+        if ended && (acc.pending_debits != 0 || acc.pending_credits != 0) {
             v.push(format!(
                 "{}: pendingDebits {}, pendingCredits {} left once the multi-leg hold ended {state:?}",
                 acc.id, acc.pending_debits, acc.pending_credits

@@ -420,15 +420,15 @@ pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
             add(legs(crashed, k % 2 == 0));
         }
         add(legs(Scenario::legs(Prelude::Done, &[Cancel, Cancel]), true));
-        // Holds: every pair of those that settle a held hold, two of a kind included.
-        let settlers = [Capture, Void, Expire, Cancel];
-        for (i, &first) in settlers.iter().enumerate() {
-            for &second in &settlers[i..] {
+        // Holds: every pair of those that resolve a held hold, two of a kind included.
+        let resolvers = [Capture, Void, Expire, Cancel];
+        for (i, &first) in resolvers.iter().enumerate() {
+            for &second in &resolvers[i..] {
                 add(Scenario::hold(Prelude::Held, &[first, second]));
             }
         }
-        for settler in settlers {
-            add(Scenario::hold(Prelude::Nothing, &[Owner, settler]));
+        for resolver in resolvers {
+            add(Scenario::hold(Prelude::Nothing, &[Owner, resolver]));
         }
         for k in 0..points.hold {
             add(Scenario::hold(Prelude::Crash(k), &[Recoverer, Cancel]));
@@ -473,16 +473,16 @@ fn legs_hold_scenarios(crash_points: usize, across: bool) -> Vec<Scenario> {
     };
     let split_pairs = [(Cancel, Cancel), (Capture, Capture), (Capture, Cancel)];
     let mut all = Vec::new();
-    let settlers = [Capture, Void, Expire, Cancel];
-    for (i, &first) in settlers.iter().enumerate() {
-        for &second in &settlers[i..] {
+    let resolvers = [Capture, Void, Expire, Cancel];
+    for (i, &first) in resolvers.iter().enumerate() {
+        for &second in &resolvers[i..] {
             let pair = Scenario::legs_hold(Prelude::Held, &[first, second]);
             all.push(split(pair, split_pairs.contains(&(first, second))));
         }
     }
-    for settler in settlers {
-        let created = Scenario::legs_hold(Prelude::Nothing, &[Owner, settler]);
-        all.push(split(created, settler == Cancel));
+    for resolver in resolvers {
+        let created = Scenario::legs_hold(Prelude::Nothing, &[Owner, resolver]);
+        all.push(split(created, resolver == Cancel));
     }
     for k in 0..crash_points {
         let crashed = Scenario::legs_hold(Prelude::Crash(k), &[Recoverer, Cancel]);

@@ -298,15 +298,15 @@ pub async fn act(
             Some(holder) => Answer::Net(failpoints::send_held(holder).await),
             None => Answer::Net(0),
         },
-        Kind::Capture => Answer::Capture(settle(kind, bank, a, b).await),
-        Kind::Void => Answer::Void(settle(kind, bank, a, b).await),
+        Kind::Capture => Answer::Capture(resolve(kind, bank, a, b).await),
+        Kind::Void => Answer::Void(resolve(kind, bank, a, b).await),
         Kind::Expire => Answer::Expire(expire(bank, a, b).await),
     }
 }
 
-/// A capture (`kind` [`Kind::Capture`]) or a void of the scenario's hold, if recorded
+/// A capture (`kind` [`Kind::Capture`]) or a void of the scenario's hold, if inserted
 /// yet.
-async fn settle(
+async fn resolve(
     kind: Kind,
     bank: &TransferService,
     a: &str,

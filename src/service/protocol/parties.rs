@@ -14,7 +14,7 @@
 //! those of concurrent transfers) into one write per deployment. Each is one guarded
 //! write on one account.
 //!
-//! A one-leg transfer recorded before this protocol moved every transfer
+//! A one-leg transfer inserted before this protocol moved every transfer
 //! ([`Transfer::pays_in_at_prepare`]) takes its parties in turn, the paying one first: its
 //! receiving party's prepare is the credit itself, the commit point of that older
 //! protocol, and may only land once the debit has; its settle then only pulls the

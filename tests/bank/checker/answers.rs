@@ -8,10 +8,10 @@ use serde_json::Value;
 use transfer_service::domain::{CancelReason, Timestamp, Transfer, TransferId, TransferState};
 
 use super::Checks;
-use super::history::{Answer, SettleAnswer};
+use super::history::{Answer, ResolveAnswer};
 use crate::deployments::Layout;
 use crate::nemesis::Outage;
-use crate::workload::{Request, Settle, code_of};
+use crate::workload::{Request, Resolve, code_of};
 
 /// How far the test's clock and the database's may disagree when an answer is compared
 /// with a hold's `expiresAt` (the same host's clock; the stored times are milliseconds).
@@ -41,7 +41,7 @@ pub fn check_answer(
             body,
             ..
         } => check_transfer_answer(request, *status, id, body, by_id, checks),
-        Answer::Settle(settled) => check_settle_answer(settled, by_id, same_clock, checks),
+        Answer::Resolve(resolved) => check_resolve_answer(resolved, by_id, same_clock, checks),
         Answer::Cancel { id, status, body } => {
             check_cancel_answer(id, *status, body, by_id, checks)
         }
@@ -158,10 +158,10 @@ fn check_hold_request_answer(
     }
 }
 
-/// A capture's or a void's answer: how the hold ends ([`settle_ends`]) and, with
-/// `same_clock`, when it was sent or answered ([`settle_timing`]).
-fn check_settle_answer(
-    s: &SettleAnswer,
+/// A capture's or a void's answer: how the hold ends ([`resolve_ends`]) and, with
+/// `same_clock`, when it was sent or answered ([`resolve_timing`]).
+fn check_resolve_answer(
+    s: &ResolveAnswer,
     by_id: &HashMap<TransferId, &Transfer>,
     same_clock: bool,
     checks: &mut Checks,
@@ -178,17 +178,17 @@ fn check_settle_answer(
         format!(
             "{} {:?} of hold {id} (held {}, expires at {}) first sent at \
              {}, answered {status} {body} at {}, but it ends {t:?}",
-            s.settle.path(),
-            s.settle,
+            s.resolve.path(),
+            s.resolve,
             s.hold.held,
             s.hold.expires_at,
             s.first_sent,
             s.answered
         )
     };
-    let (invariant, holds) = settle_ends(s, t);
+    let (invariant, holds) = resolve_ends(s, t);
     checks.check(invariant, holds, violation);
-    let timing = if same_clock { settle_timing(s) } else { None };
+    let timing = if same_clock { resolve_timing(s) } else { None };
     if let Some((invariant, holds)) = timing {
         checks.check(invariant, holds, violation);
     }
@@ -196,21 +196,21 @@ fn check_settle_answer(
 
 /// How the hold `t` must end after the capture's or the void's answer `s`: the
 /// invariant, and whether it holds.
-fn settle_ends(s: &SettleAnswer, t: &Transfer) -> (&'static str, bool) {
+fn resolve_ends(s: &ResolveAnswer, t: &Transfer) -> (&'static str, bool) {
     let reason = s.body["reason"].as_str().and_then(CancelReason::parse);
     let ends = |state, reason| t.state == state && t.reason == reason;
-    match (s.settle, s.status, code_of(&s.body)) {
-        (Settle::Capture { amount }, 200, _) => (
+    match (s.resolve, s.status, code_of(&s.body)) {
+        (Resolve::Capture { amount }, 200, _) => (
             "a capture answered done ends done with the captured amount",
             ends(TransferState::Done, None)
                 && t.amount.minor_units() == amount.unwrap_or(s.hold.held),
         ),
-        (Settle::Capture { amount }, 409, "hold_already_captured") => (
+        (Resolve::Capture { amount }, 409, "hold_already_captured") => (
             "a capture refused as already captured lost to another amount",
             ends(TransferState::Done, None)
                 && t.amount.minor_units() != amount.unwrap_or(s.hold.held),
         ),
-        (Settle::Void, 409, "hold_already_captured") => (
+        (Resolve::Void, 409, "hold_already_captured") => (
             "a void refused as already captured ends done",
             ends(TransferState::Done, None),
         ),
@@ -232,15 +232,15 @@ fn settle_ends(s: &SettleAnswer, t: &Transfer) -> (&'static str, bool) {
 /// When the capture's or the void's answer `s` must have been sent or answered, by the
 /// hold's `expiresAt` (the same clock): the invariant, and whether it holds; `None` when
 /// the answer says nothing about time.
-fn settle_timing(s: &SettleAnswer) -> Option<(&'static str, bool)> {
+fn resolve_timing(s: &ResolveAnswer) -> Option<(&'static str, bool)> {
     let past = |at: &Timestamp| (*at - s.hold.expires_at).num_milliseconds();
     let answered_expired = (
         "a hold is answered expired only from expiresAt on",
         past(&s.answered) > -CLOCK_TOLERANCE_MS,
     );
     let reason = s.body["reason"].as_str().and_then(CancelReason::parse);
-    match (s.settle, s.status, code_of(&s.body)) {
-        (Settle::Capture { .. }, 200, _) => Some((
+    match (s.resolve, s.status, code_of(&s.body)) {
+        (Resolve::Capture { .. }, 200, _) => Some((
             "nothing is captured after expiresAt",
             past(&s.first_sent) < CLOCK_TOLERANCE_MS,
         )),
@@ -431,9 +431,9 @@ fn claim_of(answer: &Answer, is_hold: impl Fn(&str) -> bool) -> Option<(&String,
             };
             Some((id, claim, format!("request answered {status} {body}")))
         }
-        Answer::Settle(SettleAnswer {
+        Answer::Resolve(ResolveAnswer {
             hold,
-            settle,
+            resolve,
             status,
             body,
             ..
@@ -449,7 +449,7 @@ fn claim_of(answer: &Answer, is_hold: impl Fn(&str) -> bool) -> Option<(&String,
             Some((
                 &hold.id,
                 claim,
-                format!("{} answered {status} {body}", settle.path()),
+                format!("{} answered {status} {body}", resolve.path()),
             ))
         }
         Answer::Cancel { id, status, body } => {

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde_json::Value;
 use transfer_service::domain::{CancelReason, Timestamp, TransferState};
 
-use crate::workload::{HeldHold, HoldPlan, Request, Settle, code_of, retryable};
+use crate::workload::{HeldHold, HoldPlan, Request, Resolve, code_of, retryable};
 
 /// A definitive answer a client got, kept to be compared with the final state.
 #[derive(Debug)]
@@ -35,15 +35,15 @@ pub enum Answer {
         body: Value,
     },
     /// A capture or a void of a hold answered 200 or 409.
-    Settle(SettleAnswer),
+    Resolve(ResolveAnswer),
 }
 
 /// A capture or a void of `hold` answered 200 or 409; `first_sent` is when its first
 /// attempt left, `answered` when this answer came (the test's clock, the database's).
 #[derive(Debug)]
-pub struct SettleAnswer {
+pub struct ResolveAnswer {
     pub hold: HeldHold,
-    pub settle: Settle,
+    pub resolve: Resolve,
     pub first_sent: Timestamp,
     pub answered: Timestamp,
     pub status: u16,
@@ -86,7 +86,7 @@ pub struct History {
     pub hold_plans: BTreeMap<HoldPlan, u64>,
     /// Captures and voids whose outcome the client never learned (every attempt lost its
     /// connection or was answered 503).
-    pub settles_unknown: u64,
+    pub resolves_unknown: u64,
     /// The requests (by reference) answered with what they must never be: their
     /// transfers are shown at the end.
     pub suspects: Vec<String>,
@@ -294,24 +294,24 @@ pub fn record_cancel(
 
 /// One attempt of a capture or a void: of which hold, which, when its first attempt
 /// left, and whether this one is a retry.
-pub struct SettleAttempt<'a> {
+pub struct ResolveAttempt<'a> {
     pub hold: &'a HeldHold,
-    pub settle: Settle,
+    pub resolve: Resolve,
     pub first_sent: Timestamp,
     pub retry: bool,
 }
 
 /// Records the answer a capture or a void got by `attempt`; false when it asks for a
 /// retry (503).
-pub fn record_settle(
+pub fn record_resolve(
     history: &Mutex<History>,
-    attempt: &SettleAttempt,
+    attempt: &ResolveAttempt,
     status: u16,
     answer: Value,
 ) -> bool {
     let answered = chrono::Utc::now();
-    let (hold, settle) = (attempt.hold, attempt.settle);
-    let label = settle.path();
+    let (hold, resolve) = (attempt.hold, attempt.resolve);
+    let label = resolve.path();
     let retry = if attempt.retry { " (retry)" } else { "" };
     let code = code_of(&answer);
     let mut h = history.lock().unwrap();
@@ -325,10 +325,10 @@ pub fn record_settle(
     if retryable(status, code) {
         return false;
     }
-    if legitimate_settle(hold, settle, status, &answer) {
-        h.seen.push(Answer::Settle(SettleAnswer {
+    if legitimate_resolve(hold, resolve, status, &answer) {
+        h.seen.push(Answer::Resolve(ResolveAnswer {
             hold: hold.clone(),
-            settle,
+            resolve,
             first_sent: attempt.first_sent,
             answered,
             status,
@@ -336,7 +336,7 @@ pub fn record_settle(
         }));
     } else {
         h.violations.push(format!(
-            "{label} {settle:?} of hold {} answered {status}: {answer}",
+            "{label} {resolve:?} of hold {} answered {status}: {answer}",
             hold.id
         ));
     }
@@ -344,23 +344,27 @@ pub fn record_settle(
 }
 
 /// What a capture or a void of a hold that was `held` may answer.
-fn legitimate_settle(hold: &HeldHold, settle: Settle, status: u16, answer: &Value) -> bool {
-    let wanted = match settle {
-        Settle::Capture { amount } => amount.unwrap_or(hold.held),
-        Settle::Void => 0,
+fn legitimate_resolve(hold: &HeldHold, resolve: Resolve, status: u16, answer: &Value) -> bool {
+    let wanted = match resolve {
+        Resolve::Capture { amount } => amount.unwrap_or(hold.held),
+        Resolve::Void => 0,
     };
     let state = answer["state"].as_str().and_then(TransferState::parse);
     let reason = answer["reason"].as_str().and_then(CancelReason::parse);
-    match (settle, status, code_of(answer)) {
-        (Settle::Capture { .. }, 200, "") => {
+    match (resolve, status, code_of(answer)) {
+        (Resolve::Capture { .. }, 200, "") => {
             answer["id"] == hold.id.as_str()
                 && matches!(state, Some(TransferState::Done | TransferState::Capturing))
                 && answer["amount"] == wanted
                 && answer["heldAmount"] == hold.held
         }
-        (Settle::Capture { .. }, 409, "hold_already_captured" | "hold_voided" | "hold_expired")
-        | (Settle::Void, 409, "hold_already_captured") => answer["transferId"] == hold.id.as_str(),
-        (Settle::Void, 200, "") => {
+        (
+            Resolve::Capture { .. },
+            409,
+            "hold_already_captured" | "hold_voided" | "hold_expired",
+        )
+        | (Resolve::Void, 409, "hold_already_captured") => answer["transferId"] == hold.id.as_str(),
+        (Resolve::Void, 200, "") => {
             answer["id"] == hold.id.as_str()
                 && matches!(
                     state,

@@ -80,7 +80,7 @@ impl Report<'_> {
     pub fn what_happened(&self, sampled: &Sampled) -> Happened {
         let (layout, seconds, history) = (self.layout, self.seconds, self.history);
         let (killed, renamed) = (self.havoc.killed, self.havoc.renamed);
-        let (terminal_after, settled_after) = (self.end.terminal_after, self.end.settled_after);
+        let (terminal_after, at_rest_after) = (self.end.terminal_after, self.end.at_rest_after);
         let transfers = &self.end.transfers;
         let (outcomes, hold_outcomes) = outcomes(transfers);
         let hold_plans: BTreeMap<&str, u64> = history
@@ -96,8 +96,8 @@ impl Report<'_> {
             "bank test ({layout:?}, deployments {:?}): {seconds} s of load, {CLIENTS} clients, \
              {INSTANCES} instances; {killed} instances killed with SIGKILL and restarted \
              ({renamed} under a new name), {restarts}; every transfer terminal \
-             {terminal_after:?} after the load stopped, settled (reversals, fences) \
-             {settled_after:?} later",
+             {terminal_after:?} after the load stopped, at rest (reversals, fences) \
+             {at_rest_after:?} later",
             layout.deployments()
         );
         println!("transfers (holds aside) by outcome: {outcomes:?}");
@@ -105,7 +105,7 @@ impl Report<'_> {
             "holds: {} stored, by outcome {hold_outcomes:?}; holds answered held, by plan \
              {hold_plans:?}; captures and voids with an unknown outcome: {}",
             hold_outcomes.values().sum::<u64>(),
-            history.settles_unknown
+            history.resolves_unknown
         );
         let cross = transfers
             .iter()
