@@ -38,10 +38,10 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::error::ErrorKind;
 use mongodb::options::FindOptions;
 use mongodb::{Collection, Database};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-use super::documents::transfer_id;
+use super::documents::{EntryDoc, transfer_id};
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Finality, Timestamp};
@@ -61,40 +61,6 @@ const MAX_ACCOUNTS_PER_MOVE: usize = 256;
 /// its entries stay in the document (read from there), until the next change to the
 /// account moves them.
 const MAX_REMEMBERED: usize = 100_000;
-
-/// An entry as stored, in an account's `recentEntries` and in `entries` (which adds
-/// `account`). Its keys are short (`docs/ledger.md` names each): every entry is written
-/// into a document that every later step on the account rewrites until it is moved, so
-/// its bytes are paid on the hot path; the API names them in full. In the document a
-/// zero pending change or amount is left out ([`unless_zero`]); `entries` has them all.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct EntryDoc {
-    /// In `entries` only: the account the entry belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub account: Option<String>,
-    pub seq: i64,
-    #[serde(rename = "k")]
-    pub kind: EntryKind,
-    #[serde(rename = "tx", default, skip_serializing_if = "Option::is_none")]
-    pub transfer_id: Option<ObjectId>,
-    /// The changes: to `balance`, `pendingDebits`, `pendingCredits`.
-    #[serde(rename = "db")]
-    pub balance_change: i64,
-    #[serde(rename = "dpd", default)]
-    pub pending_debits_change: i64,
-    #[serde(rename = "dpc", default)]
-    pub pending_credits_change: i64,
-    /// The amounts after it.
-    #[serde(rename = "b")]
-    pub balance: i64,
-    #[serde(rename = "pd", default)]
-    pub pending_debits: i64,
-    #[serde(rename = "pc", default)]
-    pub pending_credits: i64,
-    pub at: DateTime,
-    #[serde(rename = "cf", default, skip_serializing_if = "std::ops::Not::not")]
-    pub carried_forward: bool,
-}
 
 impl EntryDoc {
     fn into_domain(self, account: &AccountId) -> StoreResult<Entry> {

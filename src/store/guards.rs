@@ -1,5 +1,5 @@
 //! The guards and stamps the protocol's writes carry, each written once and used by the
-//! single-document write and by its group-committed form ([`super::batch`]) alike:
+//! single-document write and by its group-committed form (`batch.rs`) alike:
 //! - [`forward_step_allowed`]: when a debit, a credit or a hold's reservation may land
 //!   on an account;
 //! - [`owned_by`]: who may move a transfer in a state change of its owner;

@@ -270,7 +270,7 @@ pub struct Store {
     keys: Collection<Document>,
     /// `entries`: the ledger entries moved out of the account documents (see
     /// [`entries`]).
-    entries: Collection<entries::EntryDoc>,
+    entries: Collection<documents::EntryDoc>,
     /// `accountDirectory`: every account id and its deployment (see [`deployments`]);
     /// used on the first deployment only.
     directory: Collection<Document>,
