@@ -78,3 +78,63 @@ impl First {
         (made == Some(true)).then_some((attempt, outcome))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(status: u16) -> Attempt {
+        Attempt {
+            at: chrono::Utc::now(),
+            status: Some(status),
+            error: None,
+            duration_ms: 3,
+        }
+    }
+
+    /// An attempt that ends before the seal tells the dispatcher and hands its outcome
+    /// over: its delivery is made with it, and nothing is left to log.
+    #[tokio::test]
+    async fn a_first_attempt_that_ends_before_the_seal_is_made_with_its_delivery() {
+        let (ended, mut endings) = tokio::sync::mpsc::channel(1);
+        let (first, _told) = First::new(ended);
+        let left = first.ended(attempt(204), AttemptOutcome::Succeeded).await;
+        assert!(left.is_none(), "nothing to log");
+        assert_eq!(endings.try_recv(), Ok(()), "the dispatcher is told");
+        match first.seal() {
+            Made::Attempted(a, AttemptOutcome::Succeeded) => assert_eq!(a.status, Some(204)),
+            _ => panic!("made without its attempt"),
+        }
+        assert!(matches!(first.seal(), Made::Claimed), "sealed once");
+    }
+
+    /// An attempt still under way at the seal is made claimed; when it ends, it is
+    /// logged only if the dispatcher says its delivery was made under the claim: not if
+    /// the insert refused it, nor if the dispatcher stopped before saying.
+    #[tokio::test]
+    async fn a_first_attempt_sealed_under_way_is_logged_only_if_made_under_the_claim() {
+        for (said, logged) in [(Some(true), true), (Some(false), false), (None, false)] {
+            let (ended, _endings) = tokio::sync::mpsc::channel(1);
+            let (first, told) = First::new(ended);
+            assert!(matches!(first.seal(), Made::Claimed));
+            let ending = first.ended(attempt(500), AttemptOutcome::GaveUp);
+            tokio::pin!(ending);
+            assert!(
+                futures::poll!(ending.as_mut()).is_pending(),
+                "waits for the dispatcher"
+            );
+            match said {
+                Some(made) => {
+                    told.send_replace(Some(made));
+                }
+                None => drop(told),
+            }
+            let left = ending.await;
+            assert_eq!(left.is_some(), logged, "{said:?}");
+            if let Some((a, outcome)) = left {
+                assert_eq!(a.status, Some(500));
+                assert!(matches!(outcome, AttemptOutcome::GaveUp));
+            }
+        }
+    }
+}
