@@ -48,6 +48,7 @@ use mongodb::options::FullDocumentType;
 use serde::{Deserialize, Serialize};
 
 use super::documents::{AccountDoc, Stored, TransferDoc, stored_time};
+use super::fields::transfer;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
     Event, EventData, EventType, Position, TenantName, Timestamp, TransferState, event_id,
@@ -678,8 +679,8 @@ impl Store {
                     .as_ref()
                     .map(|u| &u.updated_fields);
                 let state = match (&change.operation_type, updated) {
-                    (OperationType::Update, Some(fields)) => fields.get("state"),
-                    _ => full.and_then(|d| d.get("state")),
+                    (OperationType::Update, Some(fields)) => fields.get(transfer::STATE),
+                    _ => full.and_then(|d| d.get(transfer::STATE)),
                 };
                 let Some(state) = state.cloned() else {
                     return Ok(None);
@@ -695,7 +696,7 @@ impl Store {
                     bson::from_document(full.clone()).map_err(|e| bad(e.to_string()))?;
                 let transfer = transfer.into_domain(&self.deployment)?;
                 let stamp = updated
-                    .and_then(|f| f.get_datetime("lastModified").ok())
+                    .and_then(|f| f.get_datetime(transfer::LAST_MODIFIED).ok())
                     .map(|t| t.to_chrono());
                 let transfer = transfer.as_it_reached(state, stamp);
                 let id = event_id(kind, &transfer.id.to_string());
@@ -1163,12 +1164,12 @@ fn changes_that_are_events() -> Document {
         {
             "ns.coll": "transactions",
             "operationType": "update",
-            "updateDescription.updatedFields.state": { "$in": states.clone() },
+            format!("updateDescription.updatedFields.{}", transfer::STATE): { "$in": states.clone() },
         },
         {
             "ns.coll": "transactions",
             "operationType": { "$in": ["insert", "replace"] },
-            "fullDocument.state": { "$in": states },
+            format!("fullDocument.{}", transfer::STATE): { "$in": states },
         },
     ] } }
 }

@@ -1,0 +1,299 @@
+//! The stored field names of `accounts` (with their entries, also in `entries`) and of
+//! `transactions`, one list per collection, so that a filter, an update, a pipeline, a
+//! projection, an index or a sort cannot misspell one and the list cannot drift from the
+//! documents: its tests serialize each document of `store::documents` whole and check
+//! that every key serde writes is here and every constant here is a key serde writes.
+//!
+//! How they are written, one rule each:
+//! - a key in `doc!` is the constant as it is: `doc! { account::PENDING: id }` (the macro
+//!   takes any expression before the `:` as the key);
+//! - a reference to a field's value in a pipeline (`"$pendingTransactions"`) is
+//!   [`path`]`(account::PENDING)`;
+//! - a dotted path into an array of subdocuments has its own constant here
+//!   (`transfer::PARTIES_ACCOUNT`), checked against its two halves by the tests.
+//!
+//! `_id`, the names of a pipeline's own variables (`$$this`, `"$_entry.b"`, `"in"`,
+//! `"as"`) and the operators are MongoDB's or the pipeline's, not the document's, and
+//! stay literal. The other collections (`deliveries`,
+//! `webhooks`, `events`, the leases) still spell their fields in their own files.
+
+/// `"$field"`: the value of `field` in a pipeline expression.
+pub fn path(field: &str) -> String {
+    format!("${field}")
+}
+
+/// A document of `accounts` (`documents::AccountDoc`).
+pub mod account {
+    pub const TENANT: &str = "tenant";
+    pub const NAME: &str = "name";
+    pub const BALANCE: &str = "balance";
+    pub const PENDING_DEBITS: &str = "pendingDebits";
+    pub const PENDING_CREDITS: &str = "pendingCredits";
+    pub const INCOMING: &str = "incoming";
+    pub const CURRENCY: &str = "currency";
+    /// The markers of the transfers applied here and not settled yet.
+    pub const PENDING: &str = "pendingTransactions";
+    /// The transfers whose forward steps are refused here.
+    pub const FENCED: &str = "fencedTransactions";
+    pub const SEQ: &str = "seq";
+    /// The entries not moved to `entries` yet.
+    pub const RECENT: &str = "recentEntries";
+    pub const LAST_ENTRY_AT: &str = "lastEntryAt";
+    pub const CREATED_AT: &str = "createdAt";
+    pub const UPDATED_AT: &str = "updatedAt";
+
+    /// Every field, for the test against serde's names.
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[
+        TENANT,
+        NAME,
+        BALANCE,
+        PENDING_DEBITS,
+        PENDING_CREDITS,
+        INCOMING,
+        CURRENCY,
+        PENDING,
+        FENCED,
+        SEQ,
+        RECENT,
+        LAST_ENTRY_AT,
+        CREATED_AT,
+        UPDATED_AT,
+    ];
+}
+
+/// An entry (`documents::EntryDoc`), in an account's `recentEntries` and in `entries`.
+/// Its keys are short on purpose (`docs/ledger.md`).
+pub mod entry {
+    /// In `entries` only.
+    pub const ACCOUNT: &str = "account";
+    pub const SEQ: &str = "seq";
+    pub const KIND: &str = "k";
+    pub const TRANSFER: &str = "tx";
+    pub const BALANCE_CHANGE: &str = "db";
+    pub const PENDING_DEBITS_CHANGE: &str = "dpd";
+    pub const PENDING_CREDITS_CHANGE: &str = "dpc";
+    pub const BALANCE: &str = "b";
+    pub const PENDING_DEBITS: &str = "pd";
+    pub const PENDING_CREDITS: &str = "pc";
+    pub const AT: &str = "at";
+    pub const CARRIED_FORWARD: &str = "cf";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[
+        ACCOUNT,
+        SEQ,
+        KIND,
+        TRANSFER,
+        BALANCE_CHANGE,
+        PENDING_DEBITS_CHANGE,
+        PENDING_CREDITS_CHANGE,
+        BALANCE,
+        PENDING_DEBITS,
+        PENDING_CREDITS,
+        AT,
+        CARRIED_FORWARD,
+    ];
+}
+
+/// A document of `transactions` (`documents::TransferDoc`).
+pub mod transfer {
+    pub const SOURCE: &str = "source";
+    pub const DESTINATION: &str = "destination";
+    pub const DESTINATION_DEPLOYMENT: &str = "destinationDeployment";
+    pub const TENANTS: &str = "tenants";
+    pub const VALUE: &str = "value";
+    pub const CURRENCY: &str = "currency";
+    pub const STATE: &str = "state";
+    pub const HELD_AMOUNT: &str = "heldAmount";
+    pub const EXPIRES_AT: &str = "expiresAt";
+    pub const LAST_MODIFIED: &str = "lastModified";
+    pub const CREATED_AT: &str = "createdAt";
+    pub const APPLICATION: &str = "application";
+    pub const REASON: &str = "reason";
+    pub const REFUSED_ACCOUNT: &str = "refusedAccount";
+    pub const LEGS: &str = "legs";
+    pub const PARTIES: &str = "parties";
+    pub const REFERENCE: &str = "reference";
+    pub const IDEMPOTENCY_KEY: &str = "idempotencyKey";
+    pub const REQUEST_HASH: &str = "requestHash";
+    pub const REVERSES: &str = "reverses";
+    pub const REVERSED_BY: &str = "reversedBy";
+    pub const FENCED: &str = "fenced";
+    pub const REVERSING: &str = "reversing";
+    /// `parties.account`: the transfers a party's account is in.
+    pub const PARTIES_ACCOUNT: &str = "parties.account";
+    /// `parties.deployment`.
+    pub const PARTIES_DEPLOYMENT: &str = "parties.deployment";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[
+        SOURCE,
+        DESTINATION,
+        DESTINATION_DEPLOYMENT,
+        TENANTS,
+        VALUE,
+        CURRENCY,
+        STATE,
+        HELD_AMOUNT,
+        EXPIRES_AT,
+        LAST_MODIFIED,
+        CREATED_AT,
+        APPLICATION,
+        REASON,
+        REFUSED_ACCOUNT,
+        LEGS,
+        PARTIES,
+        REFERENCE,
+        IDEMPOTENCY_KEY,
+        REQUEST_HASH,
+        REVERSES,
+        REVERSED_BY,
+        FENCED,
+        REVERSING,
+    ];
+}
+
+/// A leg of a multi-leg transfer (`documents::LegDoc`), in `transfer::LEGS`.
+pub mod leg {
+    pub const SOURCE: &str = "source";
+    pub const DESTINATION: &str = "destination";
+    pub const VALUE: &str = "value";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[SOURCE, DESTINATION, VALUE];
+}
+
+/// A party of a transfer (`documents::PartyDoc`), in `transfer::PARTIES`.
+pub mod party {
+    pub const ACCOUNT: &str = "account";
+    pub const NET: &str = "net";
+    pub const DEPLOYMENT: &str = "deployment";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[ACCOUNT, NET, DEPLOYMENT];
+}
+
+#[cfg(test)]
+mod tests {
+    use mongodb::bson::oid::ObjectId;
+    use mongodb::bson::{DateTime, Document};
+
+    use super::super::documents::{AccountDoc, EntryDoc, LegDoc, PartyDoc, TransferDoc};
+    use super::*;
+    use crate::domain::{CancelReason, EntryKind, TransferState};
+
+    /// The keys serde writes for `value`, every optional field filled.
+    fn keys_of(value: &impl serde::Serialize) -> Vec<String> {
+        let stored: Document = mongodb::bson::to_document(value).unwrap();
+        stored.keys().cloned().collect()
+    }
+
+    /// Each constant is a key serde writes, and each key serde writes has a constant.
+    fn same(list: &[&str], keys: Vec<String>) {
+        let mut listed: Vec<&str> = list.to_vec();
+        let mut written: Vec<&str> = keys
+            .iter()
+            .map(String::as_str)
+            .filter(|k| *k != "_id")
+            .collect();
+        listed.sort();
+        written.sort();
+        assert_eq!(listed, written);
+    }
+
+    fn entry() -> EntryDoc {
+        EntryDoc {
+            account: Some("alice".into()),
+            seq: 2,
+            kind: EntryKind::Opened,
+            transfer_id: Some(ObjectId::new()),
+            balance_change: 1,
+            pending_debits_change: 1,
+            pending_credits_change: 1,
+            balance: 1,
+            pending_debits: 1,
+            pending_credits: 1,
+            at: DateTime::now(),
+            carried_forward: true,
+        }
+    }
+
+    #[test]
+    fn the_account_fields_are_the_names_serde_writes() {
+        let account = AccountDoc {
+            id: "alice".into(),
+            tenant: Some("acme".into()),
+            name: Some("Alice".into()),
+            balance: 1,
+            pending_debits: 1,
+            pending_credits: 1,
+            incoming: 1,
+            currency: "USD".into(),
+            pending_transactions: vec![ObjectId::new()],
+            fenced_transactions: vec![ObjectId::new()],
+            seq: 1,
+            recent_entries: vec![entry()],
+            last_entry_at: Some(DateTime::now()),
+            created_at: DateTime::now(),
+            updated_at: DateTime::now(),
+        };
+        same(account::ALL, keys_of(&account));
+    }
+
+    #[test]
+    fn the_entry_fields_are_the_names_serde_writes() {
+        same(entry::ALL, keys_of(&entry()));
+    }
+
+    #[test]
+    fn the_transfer_fields_are_the_names_serde_writes() {
+        let leg = LegDoc {
+            source: "alice".into(),
+            destination: "bob".into(),
+            value: 1,
+        };
+        let party = PartyDoc {
+            account: "alice".into(),
+            net: -1,
+            deployment: Some("eu".into()),
+        };
+        same(leg::ALL, keys_of(&leg));
+        same(party::ALL, keys_of(&party));
+        let transfer = TransferDoc {
+            id: ObjectId::new(),
+            source: "alice".into(),
+            destination: "bob".into(),
+            destination_deployment: Some("eu".into()),
+            tenants: vec!["acme".into()],
+            value: 1,
+            currency: "USD".into(),
+            state: TransferState::Initial,
+            held_amount: Some(1),
+            expires_at: Some(DateTime::now()),
+            last_modified: DateTime::now(),
+            created_at: DateTime::now(),
+            application: Some("instance/1".into()),
+            reason: Some(CancelReason::InsufficientFunds),
+            refused_account: Some("bob".into()),
+            legs: Some(vec![leg]),
+            parties: Some(vec![party]),
+            reference: Some("invoice 7".into()),
+            idempotency_key: Some("k-1".into()),
+            request_hash: Some("h".into()),
+            reverses: Some(ObjectId::new()),
+            reversed_by: Some(ObjectId::new()),
+            fenced: true,
+            reversing: true,
+        };
+        same(transfer::ALL, keys_of(&transfer));
+        assert_eq!(
+            transfer::PARTIES_ACCOUNT,
+            format!("{}.{}", transfer::PARTIES, party::ACCOUNT)
+        );
+        assert_eq!(
+            transfer::PARTIES_DEPLOYMENT,
+            format!("{}.{}", transfer::PARTIES, party::DEPLOYMENT)
+        );
+    }
+}
