@@ -1,5 +1,5 @@
-//! The stored field names of `accounts` (with their entries, also in `entries`) and of
-//! `transactions`, one list per collection, so that a filter, an update, a pipeline, a
+//! The stored field names of `accounts` (with their entries, also in `entries`), of
+//! `transactions`, of `events` and of the webhooks' collections, one list per collection, so that a filter, an update, a pipeline, a
 //! projection, an index or a sort cannot misspell one and the list cannot drift from the
 //! documents: its tests serialize each document of `store::documents` whole and check
 //! that every key serde writes is here and every constant here is a key serde writes.
@@ -14,8 +14,9 @@
 //!
 //! `_id`, the names of a pipeline's own variables (`$$this`, `"$_entry.b"`, `"in"`,
 //! `"as"`) and the operators are MongoDB's or the pipeline's, not the document's, and
-//! stay literal. The other collections (`deliveries`,
-//! `webhooks`, `events`, the leases) still spell their fields in their own files.
+//! stay literal. The other collections (`idempotencyKeys`, `apiKeys`, the
+//! deployments' leases and the migrations' records) still spell their fields in their
+//! own files.
 
 /// `"$field"`: the value of `field` in a pipeline expression.
 pub fn path(field: &str) -> String {
@@ -174,33 +175,139 @@ pub mod party {
     pub const ALL: &[&str] = &[ACCOUNT, NET, DEPLOYMENT];
 }
 
+/// A document of `webhooks` (`webhooks::WebhookDoc`).
+pub mod webhook {
+    pub const URL: &str = "url";
+    pub const TYPES: &str = "types";
+    pub const DESCRIPTION: &str = "description";
+    pub const TENANT: &str = "tenant";
+    pub const SECRET: &str = "secret";
+    pub const PREVIOUS_SECRET: &str = "previousSecret";
+    pub const PREVIOUS_UNTIL: &str = "previousUntil";
+    pub const CREATED_AT: &str = "createdAt";
+    pub const REGISTERED_AT: &str = "registeredAt";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[
+        URL,
+        TYPES,
+        DESCRIPTION,
+        TENANT,
+        SECRET,
+        PREVIOUS_SECRET,
+        PREVIOUS_UNTIL,
+        CREATED_AT,
+        REGISTERED_AT,
+    ];
+}
+
+/// A document of `deliveries` (`webhooks::DeliveryDoc`).
+pub mod delivery {
+    pub const WEBHOOK: &str = "webhook";
+    pub const EVENT_ID: &str = "eventId";
+    pub const EVENT_TYPE: &str = "eventType";
+    pub const BODY: &str = "body";
+    pub const STATE: &str = "state";
+    pub const ATTEMPTS: &str = "attempts";
+    pub const TRIES: &str = "tries";
+    pub const NEXT_ATTEMPT_AT: &str = "nextAttemptAt";
+    pub const GIVE_UP_AT: &str = "giveUpAt";
+    /// The claim: whose it is, and until when.
+    pub const OWNER: &str = "owner";
+    pub const LEASE_UNTIL: &str = "leaseUntil";
+    pub const CREATED_AT: &str = "createdAt";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[
+        WEBHOOK,
+        EVENT_ID,
+        EVENT_TYPE,
+        BODY,
+        STATE,
+        ATTEMPTS,
+        TRIES,
+        NEXT_ATTEMPT_AT,
+        GIVE_UP_AT,
+        OWNER,
+        LEASE_UNTIL,
+        CREATED_AT,
+    ];
+}
+
+/// An attempt of a delivery (`webhooks::AttemptDoc`), in `delivery::ATTEMPTS`.
+pub mod attempt {
+    pub const AT: &str = "at";
+    pub const STATUS: &str = "status";
+    pub const ERROR: &str = "error";
+    pub const DURATION_MS: &str = "durationMs";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[AT, STATUS, ERROR, DURATION_MS];
+}
+
+/// The one document of `webhookDispatcher`: the dispatcher's lease and the feed's cursor
+/// (written field by field, with no serde shape to check against).
+pub mod dispatcher {
+    pub const OWNER: &str = "owner";
+    pub const LEASE_UNTIL: &str = "leaseUntil";
+    pub const CURSOR: &str = "cursor";
+    pub const CREATED: &str = "created";
+}
+
+/// A document of `webhookCaps`: a scope's count of registered webhooks.
+pub mod cap {
+    pub const REGISTRATIONS: &str = "registrations";
+}
+
+/// A document of `events` (`events::EventDoc`).
+pub mod event {
+    pub const TYPE: &str = "type";
+    pub const AT: &str = "at";
+    /// Its place in the feed.
+    pub const KEY: &str = "key";
+    pub const TRANSFER: &str = "transfer";
+    pub const ACCOUNT: &str = "account";
+    pub const TENANTS: &str = "tenants";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[TYPE, AT, KEY, TRANSFER, ACCOUNT, TENANTS];
+}
+
+/// The event recorder's document of `eventRecorder`: its lease and how far it recorded
+/// and trimmed (written field by field, with no serde shape to check against).
+pub mod recorder {
+    pub const OWNER: &str = "owner";
+    pub const LEASE_UNTIL: &str = "leaseUntil";
+    pub const RECORDED_THROUGH: &str = "recordedThrough";
+    pub const TRIMMED_THROUGH: &str = "trimmedThrough";
+    pub const RESUME_TOKEN: &str = "resumeToken";
+    pub const START_AT: &str = "startAt";
+}
+
+/// The keys serde writes for `value` (`_id` aside), every optional field filled, beside
+/// a list of constants: the same names, or the test that calls it fails.
+#[cfg(test)]
+pub(super) fn assert_same_keys(list: &[&str], value: &impl serde::Serialize) {
+    let stored = mongodb::bson::to_document(value).unwrap();
+    let mut listed: Vec<&str> = list.to_vec();
+    let mut written: Vec<&str> = stored
+        .keys()
+        .map(String::as_str)
+        .filter(|k| *k != "_id")
+        .collect();
+    listed.sort();
+    written.sort();
+    assert_eq!(listed, written);
+}
+
 #[cfg(test)]
 mod tests {
+    use mongodb::bson::DateTime;
     use mongodb::bson::oid::ObjectId;
-    use mongodb::bson::{DateTime, Document};
 
     use super::super::documents::{AccountDoc, EntryDoc, LegDoc, PartyDoc, TransferDoc};
     use super::*;
     use crate::domain::{CancelReason, EntryKind, TransferState};
-
-    /// The keys serde writes for `value`, every optional field filled.
-    fn keys_of(value: &impl serde::Serialize) -> Vec<String> {
-        let stored: Document = mongodb::bson::to_document(value).unwrap();
-        stored.keys().cloned().collect()
-    }
-
-    /// Each constant is a key serde writes, and each key serde writes has a constant.
-    fn same(list: &[&str], keys: Vec<String>) {
-        let mut listed: Vec<&str> = list.to_vec();
-        let mut written: Vec<&str> = keys
-            .iter()
-            .map(String::as_str)
-            .filter(|k| *k != "_id")
-            .collect();
-        listed.sort();
-        written.sort();
-        assert_eq!(listed, written);
-    }
 
     fn entry() -> EntryDoc {
         EntryDoc {
@@ -238,12 +345,12 @@ mod tests {
             created_at: DateTime::now(),
             updated_at: DateTime::now(),
         };
-        same(account::ALL, keys_of(&account));
+        assert_same_keys(account::ALL, &account);
     }
 
     #[test]
     fn the_entry_fields_are_the_names_serde_writes() {
-        same(entry::ALL, keys_of(&entry()));
+        assert_same_keys(entry::ALL, &entry());
     }
 
     #[test]
@@ -258,8 +365,8 @@ mod tests {
             net: -1,
             deployment: Some("eu".into()),
         };
-        same(leg::ALL, keys_of(&leg));
-        same(party::ALL, keys_of(&party));
+        assert_same_keys(leg::ALL, &leg);
+        assert_same_keys(party::ALL, &party);
         let transfer = TransferDoc {
             id: ObjectId::new(),
             source: "alice".into(),
@@ -286,7 +393,7 @@ mod tests {
             fenced: true,
             reversing: true,
         };
-        same(transfer::ALL, keys_of(&transfer));
+        assert_same_keys(transfer::ALL, &transfer);
         assert_eq!(
             transfer::PARTIES_ACCOUNT,
             format!("{}.{}", transfer::PARTIES, party::ACCOUNT)
