@@ -1,5 +1,6 @@
 //! The stored field names of `accounts` (with their entries, also in `entries`), of
-//! `transactions`, of `events` and of the webhooks' collections, one list per collection, so that a filter, an update, a pipeline, a
+//! `transactions`, and of every other collection the store writes, one list per
+//! collection, so that a filter, an update, a pipeline, a
 //! projection, an index or a sort cannot misspell one and the list cannot drift from the
 //! documents: its tests serialize each document of `store::documents` whole and check
 //! that every key serde writes is here and every constant here is a key serde writes.
@@ -14,9 +15,8 @@
 //!
 //! `_id`, the names of a pipeline's own variables (`$$this`, `"$_entry.b"`, `"in"`,
 //! `"as"`) and the operators are MongoDB's or the pipeline's, not the document's, and
-//! stay literal. The other collections (`idempotencyKeys`, `apiKeys`, the
-//! deployments' leases and the migrations' records) still spell their fields in their
-//! own files.
+//! stay literal. So do the commands of the migrations (`migrations/*.json`), which
+//! are data, read as written.
 
 /// `"$field"`: the value of `field` in a pipeline expression.
 pub fn path(field: &str) -> String {
@@ -282,6 +282,37 @@ pub mod recorder {
     pub const TRIMMED_THROUGH: &str = "trimmedThrough";
     pub const RESUME_TOKEN: &str = "resumeToken";
     pub const START_AT: &str = "startAt";
+}
+
+/// A document of `idempotencyKeys`: the transfer a key made (written field by field).
+pub mod idempotency_key {
+    pub const TRANSFER: &str = "transfer";
+    pub const REQUEST_HASH: &str = "requestHash";
+    pub const AT: &str = "at";
+}
+
+/// A document of `apiKeys` (`api_keys::ApiKeyDoc`).
+pub mod api_key {
+    pub const SHA256: &str = "sha256";
+    pub const TENANT: &str = "tenant";
+    pub const ROLE: &str = "role";
+    pub const CREATED_AT: &str = "createdAt";
+    pub const LAST_USED_AT: &str = "lastUsedAt";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[SHA256, TENANT, ROLE, CREATED_AT, LAST_USED_AT];
+}
+
+/// A document of `accountDirectory`: the deployment an account lives on.
+pub mod account_directory {
+    pub const DEPLOYMENT: &str = "deployment";
+    pub const AT: &str = "at";
+}
+
+/// A document of `migrations`: one applied migration.
+pub mod migration {
+    pub const CHECKSUM: &str = "checksum";
+    pub const APPLIED_AT: &str = "appliedAt";
 }
 
 /// The keys serde writes for `value` (`_id` aside), every optional field filled, beside

@@ -14,6 +14,7 @@ use mongodb::options::{FindOptions, ReturnDocument};
 use super::accounts::Fence;
 use super::batch::Transition;
 use super::documents::{Stored, domain, object_id, stored_key, stored_time, transfer_id};
+use super::fields::idempotency_key;
 use super::fields::{party, path, transfer};
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreError, StoreResult, TransferDoc};
@@ -275,10 +276,13 @@ impl Store {
         Ok(Some(KeyRecord {
             transfer: transfer_id(
                 found
-                    .get_object_id("transfer")
+                    .get_object_id(idempotency_key::TRANSFER)
                     .map_err(|e| bad(e.to_string()))?,
             ),
-            request_hash: found.get_str("requestHash").ok().map(str::to_owned),
+            request_hash: found
+                .get_str(idempotency_key::REQUEST_HASH)
+                .ok()
+                .map(str::to_owned),
         }))
     }
 
@@ -292,11 +296,11 @@ impl Store {
     ) -> StoreResult<()> {
         let mut entry = doc! {
             "_id": stored_key(key),
-            "transfer": object_id(record.transfer),
-            "at": DateTime::now(),
+            idempotency_key::TRANSFER: object_id(record.transfer),
+            idempotency_key::AT: DateTime::now(),
         };
         if let Some(hash) = &record.request_hash {
-            entry.insert("requestHash", hash);
+            entry.insert(idempotency_key::REQUEST_HASH, hash);
         }
         failpoint!(self, BeforeTakeKey);
         self.keys.insert_one(entry).await?;
@@ -316,17 +320,17 @@ impl Store {
         let id = stored_key(key);
         let mut filter = doc! { "_id": &id };
         if let Some(stale) = stale {
-            filter.insert("transfer", object_id(stale));
+            filter.insert(idempotency_key::TRANSFER, object_id(stale));
         }
-        let mut set = doc! { "transfer": object_id(actual.id) };
+        let mut set = doc! { idempotency_key::TRANSFER: object_id(actual.id) };
         match &actual.request_hash {
-            Some(hash) => set.insert("requestHash", hash),
-            None => set.insert("requestHash", Bson::Null),
+            Some(hash) => set.insert(idempotency_key::REQUEST_HASH, hash),
+            None => set.insert(idempotency_key::REQUEST_HASH, Bson::Null),
         };
         self.keys
             .update_one(
                 filter,
-                doc! { "$set": set, "$setOnInsert": { "at": DateTime::now() } },
+                doc! { "$set": set, "$setOnInsert": { idempotency_key::AT: DateTime::now() } },
             )
             .upsert(stale.is_none())
             .await?;
