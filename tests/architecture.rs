@@ -6,7 +6,9 @@
 //! logs and retries with, name no module at all. A module that starts naming what it may
 //! not fails here, with the file and line. Above all the rules, the modules import one
 //! another without a cycle: the graph of every `crate::` path in `src/` is checked whole,
-//! and a cycle fails spelled out (`a -> b -> a`) with the line behind each edge.
+//! and a cycle fails spelled out (`a -> b -> a`) with the line behind each edge. So
+//! is the graph of the files, where `super::` and `self::` paths count too (a folder's
+//! `mod.rs` reaching its own files aside).
 //! The tasks under a lease name no service (the lease, the event recorder), and of the
 //! webhook deliverer's files only the dispatcher reads the service (for the feed).
 //! Last, no function of `src/` runs over 70 lines (named steps instead).
