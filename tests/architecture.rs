@@ -6,7 +6,9 @@
 //! logs and retries with, name no module at all. A module that starts naming what it may
 //! not fails here, with the file and line. Above all the rules, the modules import one
 //! another without a cycle: the graph of every `crate::` path in `src/` is checked whole,
-//! and a cycle fails spelled out (`a -> b -> a`) with the line behind each edge.
+//! and a cycle fails spelled out (`a -> b -> a`) with the line behind each edge. So
+//! is the graph of the files, where `super::` and `self::` paths count too (a folder's
+//! `mod.rs` reaching its own files aside).
 //! The tasks under a lease name no service (the lease, the event recorder), and of the
 //! webhook deliverer's files only the dispatcher reads the service (for the feed).
 //! Last, no function of `src/` runs over 70 lines (named steps instead).
@@ -107,6 +109,7 @@ const RULES: &[(&str, &[&str])] = &[
     ),
     ("deliverer/pages.rs", &["crate::service"]),
     ("deliverer/firsts.rs", &["crate::service"]),
+    ("deliverer/handover.rs", &["crate::service"]),
     ("deliverer/slots.rs", &["crate::service", "crate::store"]),
     ("deliverer/sender.rs", &["crate::service"]),
     ("deliverer/attempt.rs", &["crate::service"]),
@@ -553,4 +556,274 @@ fn without_strings_and_comments(line: &str) -> String {
         }
     }
     code
+}
+
+/// No file of `src/` imports itself through others: the graph of its files, where a file
+/// names another by any `crate::`, `super::` or `self::` path (test code and comments
+/// included, as above), has no cycle. A path is followed to the deepest file it reaches
+/// (`crate::store::documents::transfer_id` names `store/documents.rs`, `super::Store` in
+/// `store/entries.rs` names `store/mod.rs`); inside an inline module (`mod tests { use
+/// super::*; }`) `super::` is the file itself. A parent naming a file beneath it (a
+/// folder's `mod.rs`, or `lib.rs`, by a bare `entries::move_entries` or by a path like
+/// `super::batch::X` in its inline `testing` module) is not an edge: that is how Rust
+/// declares and re-exports a child, and every child names its parent back
+/// (`super::StoreError`). Every other edge counts, between siblings, from a child to its
+/// parent and across folders.
+#[test]
+fn the_files_import_one_another_without_a_cycle() {
+    let graph = file_graph();
+    if std::env::var("DUMP_GRAPH").is_ok() {
+        for (f, tos) in &graph {
+            for (t, w) in tos {
+                eprintln!("EDGE {f} {t} {w}");
+            }
+        }
+    }
+    // Edges inside a folder and across folders are both found.
+    for (from, to) in [
+        ("store/entries.rs", "store/mod.rs"),
+        ("store/entries.rs", "store/guards.rs"),
+        ("store/accounts.rs", "domain/mod.rs"),
+    ] {
+        assert!(
+            graph[from].contains_key(to),
+            "no edge {from} -> {to}: {graph:#?}"
+        );
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        let because: Vec<String> = cycle
+            .windows(2)
+            .map(|pair| {
+                format!(
+                    "  {} -> {}: {}",
+                    pair[0], pair[1], graph[&pair[0]][&pair[1]]
+                )
+            })
+            .collect();
+        panic!(
+            "import cycle between files: {}\n{}",
+            cycle.join(" -> "),
+            because.join("\n")
+        );
+    }
+}
+
+/// Every path's full module path, from the file's module (`[store, entries]`), with its
+/// line; inline modules push their name, `super::` pops one, `self::` stays.
+#[test]
+fn the_path_reader_resolves_crate_super_and_self_paths() {
+    let text = "use super::{Store, documents::{transfer_id, Doc}};
+use crate::domain::{self, Amount};
+let x = self::inner::f();
+pub(super) fn g() {}
+mod tests {
+    use super::*;
+    use super::super::guards::Amounts;
+}
+let y = crate :: metrics::hit();";
+    let here = vec!["store".to_owned(), "entries".to_owned()];
+    let read: Vec<(usize, String)> = module_paths(text, &here)
+        .into_iter()
+        .map(|(line, path)| (line, path.join("::")))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            (1, "store::Store".to_owned()),
+            (1, "store::documents::Doc".into()),
+            (1, "store::documents::transfer_id".into()),
+            (2, "domain".into()),
+            (2, "domain::Amount".into()),
+            (3, "store::entries::inner::f".into()),
+            (6, "store::entries".into()),
+            (7, "store::guards::Amounts".into()),
+            (9, "metrics::hit".into()),
+        ]
+    );
+}
+
+/// The file graph of `src/`: each file (`store/entries.rs`, `lib.rs`) and the files it names.
+fn file_graph() -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut files: Vec<(String, Vec<String>, PathBuf)> = rust_files(&src)
+        .into_iter()
+        .filter(|f| f != &src.join("main.rs"))
+        .map(|f| {
+            let relative = f.strip_prefix(&src).unwrap();
+            let node = relative.to_str().unwrap().replace('\\', "/");
+            let mut module: Vec<String> = relative
+                .with_extension("")
+                .iter()
+                .map(|s| s.to_str().unwrap().to_owned())
+                .collect();
+            if matches!(module.last().map(String::as_str), Some("mod" | "lib")) {
+                module.pop();
+            }
+            (node, module, f)
+        })
+        .collect();
+    files.sort();
+    let by_module: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .map(|(node, module, _)| (module.clone(), node.clone()))
+        .collect();
+    let mut graph: Graph = files
+        .iter()
+        .map(|(node, _, _)| (node.clone(), BTreeMap::new()))
+        .collect();
+    for (node, module, file) in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let shown = file.strip_prefix(root).unwrap().display().to_string();
+        for (line, path) in module_paths(&text, module) {
+            // The deepest prefix of the path that is a file of its own.
+            let (reached, named) = (0..=path.len())
+                .rev()
+                .find_map(|k| by_module.get_key_value(&path[..k]))
+                .unwrap();
+            // A parent reaching its own children (`pub mod testing { pub use
+            // super::batch::...; }` in `store/mod.rs`) declares or re-exports them.
+            let below = reached.len() > module.len() && reached.starts_with(module);
+            if named != node && !below {
+                graph
+                    .get_mut(node)
+                    .unwrap()
+                    .entry(named.clone())
+                    .or_insert_with(|| format!("{shown}:{line}"));
+            }
+        }
+    }
+    graph
+}
+
+/// Each `crate::`, `super::` and `self::` path of `text`, a file of module `module`, as
+/// the full module path it names (every leaf of a `{...}` group), with its line.
+fn module_paths(text: &str, module: &[String]) -> Vec<(usize, Vec<String>)> {
+    let line_of = |at: usize| text[..at].matches('\n').count() + 1;
+    let inline = inline_modules(text);
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut found = Vec::new();
+    for keyword in ["crate", "super", "self"] {
+        for (at, _) in text.match_indices(keyword) {
+            let after = at + keyword.len();
+            let before = text[..at].trim_end();
+            if text[..at].ends_with(is_word)
+                || text[..at].ends_with('$') && keyword != "crate"
+                || text[after..].starts_with(is_word)
+                || before.ends_with("::")
+                || before.ends_with('{')
+                || before.ends_with(',') && keyword == "self"
+            {
+                continue;
+            }
+            let Some(mut rest) = text[after..].trim_start().strip_prefix("::") else {
+                continue;
+            };
+            let mut base: Vec<String> = match keyword {
+                "crate" => Vec::new(),
+                _ => {
+                    let mut base = module.to_vec();
+                    base.extend(inline(line_of(at)));
+                    if keyword == "super" {
+                        base.pop();
+                    }
+                    base
+                }
+            };
+            if keyword != "crate" {
+                // `super::super::`
+                while let Some(more) = rest.trim_start().strip_prefix("super") {
+                    let Some(more) = more.trim_start().strip_prefix("::") else {
+                        break;
+                    };
+                    base.pop();
+                    rest = more;
+                }
+            }
+            let offset = text.len() - rest.len();
+            for (at, path) in path_leaves(text, offset, base) {
+                found.push((line_of(at), path));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The paths that continue `base` from `text[at..]` (just after a `::`): `a::b` gives
+/// `base::a::b`, `{a, b::{c, self}}` gives `base::a`, `base::b::c` and `base::b`; each
+/// with the offset of its first segment.
+fn path_leaves(text: &str, at: usize, base: Vec<String>) -> Vec<(usize, Vec<String>)> {
+    let rest = &text[at..];
+    let trimmed = rest.trim_start();
+    let at = at + (rest.len() - trimmed.len());
+    if let Some(group) = trimmed.strip_prefix('{') {
+        let mut leaves = Vec::new();
+        let mut depth = 0;
+        let mut item = at + 1;
+        for (i, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth > 0 => depth -= 1,
+                ',' | '}' if depth == 0 => {
+                    if !text[item..at + 1 + i].trim().is_empty() {
+                        leaves.extend(path_leaves(text, item, base.clone()));
+                    }
+                    if c == '}' {
+                        break;
+                    }
+                    item = at + 1 + i + 1;
+                }
+                _ => {}
+            }
+        }
+        return leaves;
+    }
+    let Some(name) = identifier(trimmed) else {
+        // `*`, or the end of a `use a::b::{...}` head.
+        return vec![(at, base)];
+    };
+    if name == "self" {
+        return vec![(at, base)];
+    }
+    let mut path = base;
+    path.push(name.to_owned());
+    let after = trimmed[name.len()..].trim_start();
+    match after.strip_prefix("::") {
+        Some(more) => path_leaves(text, text.len() - more.len(), path),
+        None => vec![(at, path)],
+    }
+}
+
+/// For a line of `text`, the names of the inline modules (`mod tests { ... }`) it lies in.
+fn inline_modules(text: &str) -> impl Fn(usize) -> Vec<String> {
+    let mut on_line: Vec<Vec<String>> = vec![Vec::new()];
+    let mut open: Vec<(String, i32)> = Vec::new();
+    let mut depth = 0;
+    for line in text.lines() {
+        let code = without_strings_and_comments(line);
+        let words: Vec<&str> = code
+            .split_whitespace()
+            .skip_while(|w| w.starts_with("#[") || *w == "pub" || w.starts_with("pub("))
+            .collect();
+        if words.first() == Some(&"mod") && code.contains('{') {
+            let name = identifier(words.get(1).unwrap_or(&"")).unwrap_or("");
+            open.push((name.to_owned(), depth));
+        }
+        on_line.push(open.iter().map(|(name, _)| name.clone()).collect());
+        for c in code.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        while open
+            .last()
+            .is_some_and(|(_, opened_at)| depth <= *opened_at)
+        {
+            open.pop();
+        }
+    }
+    move |line| on_line.get(line).cloned().unwrap_or_default()
 }

@@ -1,7 +1,7 @@
 //! One attempt of one claimed delivery: sent within its claim, its answer read, and what
 //! follows decided (done, another attempt after the backoff, or given up), by the
 //! database's clock. Its outcome goes to the attempt log, or to the dispatcher for a
-//! first attempt ([`super::firsts`]).
+//! first attempt (`firsts.rs`).
 //!
 //! An attempt that could not end before its claim runs out (it waited too long for its
 //! places) is not made: the claim runs out, and the delivery is sent by whoever claims
@@ -22,7 +22,7 @@ use crate::store::{Store, StoreError, StoreResult};
 use super::ATTEMPT_TIMEOUT;
 use super::addresses::refused_literal;
 use super::attempt_log::Log;
-use super::firsts::First;
+use super::handover::First;
 use super::signing::signed_request;
 use super::slots::Slots;
 

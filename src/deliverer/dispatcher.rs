@@ -24,7 +24,8 @@ use crate::service::{FeedPage, ServiceError, TransferService};
 use crate::store::Store;
 use crate::store::webhooks::{NewDelivery, claim_token};
 
-use super::firsts::{First, Told, send_first};
+use super::firsts::send_first;
+use super::handover::{First, Told};
 use super::pages::{COMMAND_BYTES, batch, fan_out, ids_of, page_limit, pairs, wants};
 use super::sender::Sending;
 use super::{CLAIM_LEASE, Render};

@@ -23,6 +23,7 @@
 //!   webhook wants which event, and the batches, bounded by bytes.
 //! - [`firsts`]: the first attempts the dispatcher starts before it makes their
 //!   deliveries.
+//! - [`handover`]: where a first attempt hands its outcome to the dispatcher.
 //! - [`slots`]: this instance's places: attempts in flight, per endpoint and in all, and
 //!   deliveries held claimed.
 //! - [`sender`]: the claim rounds, and starting an attempt.
@@ -68,6 +69,7 @@ pub mod attempt;
 pub mod attempt_log;
 pub mod dispatcher;
 pub mod firsts;
+pub mod handover;
 pub mod pages;
 pub mod sender;
 pub mod signing;

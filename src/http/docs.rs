@@ -4,7 +4,7 @@
 //!
 //! [`complete`] keeps these promises of the document, in one place, for every response,
 //! whether a route states it or refers to a shared one under `components.responses`
-//! (see [`super::responses`]):
+//! (see `responses.rs`):
 //! - every response declares `x-request-id`, which every answer carries;
 //! - a response header declared `Option<String>` in `headers(...)` may be absent, one
 //!   declared `String` is always sent (`required: true`, which utoipa 6 cannot set);

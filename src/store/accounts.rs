@@ -10,7 +10,8 @@ use mongodb::options::FindOptions;
 
 use super::batch::{AccountChange, Essentials, Pull, Settle};
 use super::documents::{Stored, domain, object_id, stored_time};
-use super::entries::{Marker, RECENT, changed_with_entry, opening_entry, room_changed};
+use super::entries::{Marker, changed_with_entry, opening_entry, room_changed};
+use super::fields::account;
 use super::guards::Amounts;
 use super::{AccountDoc, Store, StoreError, StoreResult};
 use crate::domain::{
@@ -89,7 +90,7 @@ impl Store {
             None => doc! {},
         };
         if let Some(tenant) = tenant {
-            filter.insert("tenant", tenant.as_str());
+            filter.insert(account::TENANT, tenant.as_str());
         }
         let options = FindOptions::builder()
             .sort(doc! { "_id": 1 })
@@ -399,7 +400,7 @@ impl Store {
         let result = self
             .accounts
             .update_one(
-                doc! { "_id": account.as_str(), "pendingTransactions": tx },
+                doc! { "_id": account.as_str(), account::PENDING: tx },
                 changed_with_entry(kind, tx, &change, Marker::Pull, self.entries_moved(account)),
             )
             .await?;
@@ -442,7 +443,7 @@ impl Store {
         let result = self
             .accounts
             .update_one(
-                doc! { "_id": account.as_str(), "pendingTransactions": tx },
+                doc! { "_id": account.as_str(), account::PENDING: tx },
                 room_changed(tx, -net, Marker::Pull),
             )
             .await?;
@@ -453,7 +454,7 @@ impl Store {
 /// The projection of an account read for its amounts and markers: its entries not
 /// moved yet are read only by the ledger (`store::entries`).
 fn without_entries() -> mongodb::bson::Document {
-    doc! { RECENT: 0 }
+    doc! { account::RECENT: 0 }
 }
 
 /// What a forward step does to its account (see `docs/holds.md`).
@@ -569,11 +570,11 @@ impl Store {
         let deadline = stored_time(deadline);
         let mut filter = doc! { "_id": account.as_str(), "$expr": { "$lt": ["$$NOW", deadline] } };
         if unless_applied {
-            filter.insert("pendingTransactions", doc! { "$ne": tx });
+            filter.insert(account::PENDING, doc! { "$ne": tx });
         }
         let result = self
             .accounts
-            .update_one(filter, doc! { "$addToSet": { "fencedTransactions": tx } })
+            .update_one(filter, doc! { "$addToSet": { account::FENCED: tx } })
             .await?;
         if result.matched_count == 1 {
             return Ok(Fence::Placed);
@@ -594,8 +595,8 @@ impl Store {
         let accounts: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
         self.accounts
             .update_many(
-                doc! { "_id": { "$in": accounts }, "fencedTransactions": tx },
-                doc! { "$pull": { "fencedTransactions": tx } },
+                doc! { "_id": { "$in": accounts }, account::FENCED: tx },
+                doc! { "$pull": { account::FENCED: tx } },
             )
             .await?;
         Ok(())

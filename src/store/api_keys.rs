@@ -15,6 +15,7 @@ use mongodb::{Collection, Database};
 use serde::{Deserialize, Serialize};
 
 use super::documents::stored_time;
+use super::fields::api_key;
 use super::{StoreError, StoreResult};
 use crate::domain::{ApiKeyId, KeyRecord, ParseError, Role, TenantName};
 
@@ -104,7 +105,7 @@ impl ApiKeyStore {
     ) -> StoreResult<Vec<KeyRecord>> {
         let mut filter = Document::new();
         if let Some(tenant) = tenant {
-            filter.insert("tenant", tenant.as_str());
+            filter.insert(api_key::TENANT, tenant.as_str());
         }
         if let Some(after) = after {
             filter.insert("_id", doc! { "$gt": after.as_str() });
@@ -129,7 +130,7 @@ impl ApiKeyStore {
     pub async fn revoke(&self, id: &ApiKeyId, tenant: Option<&TenantName>) -> StoreResult<bool> {
         let mut filter = doc! { "_id": id.as_str() };
         if let Some(tenant) = tenant {
-            filter.insert("tenant", tenant.as_str());
+            filter.insert(api_key::TENANT, tenant.as_str());
         }
         Ok(self.keys.delete_one(filter).await?.deleted_count == 1)
     }
@@ -139,9 +140,29 @@ impl ApiKeyStore {
         self.keys
             .update_one(
                 doc! { "_id": id.as_str() },
-                vec![doc! { "$set": { "lastUsedAt": "$$NOW" } }],
+                vec![doc! { "$set": { api_key::LAST_USED_AT: "$$NOW" } }],
             )
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each field of `apiKeys` named in `store::fields` is the name serde writes, and
+    /// each name serde writes is there.
+    #[test]
+    fn the_api_key_fields_are_the_names_serde_writes() {
+        let stored = ApiKeyDoc {
+            id: "key_1".into(),
+            sha256: "00".into(),
+            tenant: Some("acme".into()),
+            role: "admin".into(),
+            created_at: DateTime::now(),
+            last_used_at: Some(DateTime::now()),
+        };
+        super::super::fields::assert_same_keys(api_key::ALL, &stored);
     }
 }

@@ -39,9 +39,10 @@ use mongodb::{Collection, Database};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::entries::{
-    EntryCopier, LAST_AT, Marker, Moved, RECENT, changed_with_entry, entry_expr, entry_time, kept,
-    room_changed, unless_zero,
+    EntryCopier, Marker, Moved, changed_with_entry, entry_expr, entry_time, kept, room_changed,
+    unless_zero,
 };
+use super::fields::{account, path, transfer};
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
 use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::{EntryKind, TransferState};
@@ -260,11 +261,11 @@ pub async fn read_placements(
     let found: HashMap<String, Essentials> = accounts
         .find(doc! { "_id": { "$in": &ids } })
         .max_time(super::READ_TIME_LIMIT)
-        .projection(doc! { "currency": 1, "tenant": 1 })
+        .projection(doc! { account::CURRENCY: 1, account::TENANT: 1 })
         .await?
         .try_filter_map(|a| async move {
-            let tenant = a.get_str("tenant").ok().map(str::to_owned);
-            Ok(match (a.get_str("_id"), a.get_str("currency")) {
+            let tenant = a.get_str(account::TENANT).ok().map(str::to_owned);
+            Ok(match (a.get_str("_id"), a.get_str(account::CURRENCY)) {
                 (Ok(id), Ok(currency)) => Some((id.to_owned(), (currency.to_owned(), tenant))),
                 _ => None,
             })
@@ -379,10 +380,13 @@ async fn transition_group(
         .update_many(
             doc! {
                 "_id": { "$in": ids },
-                "state": from.as_str(),
-                "application": owned_by(owner, from),
+                transfer::STATE: from.as_str(),
+                transfer::APPLICATION: owned_by(owner, from),
             },
-            stamped(doc! { "state": to.as_str(), "application": owner }, at),
+            stamped(
+                doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner },
+                at,
+            ),
         )
         .await?;
     if updated.modified_count == ids.len() as u64 {
@@ -454,14 +458,14 @@ async fn change_accounts_leaving_moved(
     let after: Vec<Document> = accounts
         .find(doc! { "_id": { "$in": &ids } })
         .max_time(super::READ_TIME_LIMIT)
-        .projection(doc! { "pendingTransactions": 1 })
+        .projection(doc! { account::PENDING: 1 })
         .await?
         .try_collect()
         .await?;
     let marked = |op: &AccountChange| {
         after.iter().any(|a| {
             a.get_str("_id").ok() == Some(op.account.as_str())
-                && a.get_array("pendingTransactions")
+                && a.get_array(account::PENDING)
                     .is_ok_and(|p| p.contains(&Bson::ObjectId(op.tx)))
         })
     };
@@ -602,7 +606,7 @@ fn walk_changes() -> Document {
     let after = before.after(&change);
     let allowed = forward_step_allowed(
         &before,
-        "$pendingTransactions",
+        path(account::PENDING),
         "$$this.tx",
         &change,
         "$$this.dl",
@@ -630,7 +634,7 @@ fn walk_changes() -> Document {
     doc! { "$reduce": {
         "input": "$_t.ops",
         "initialValue": [
-            stored.balance, stored.debits, stored.credits, { "$ifNull": ["$seq", 0_i64] }, [],
+            stored.balance, stored.debits, stored.credits, { "$ifNull": [path(account::SEQ), 0_i64] }, [],
             stored.incoming,
         ],
         "in": { "$let": {
@@ -703,19 +707,19 @@ fn batch_results() -> Document {
     let entries =
         doc! { "$filter": { "input": "$_new", "cond": { "$ne": ["$$this.room", true] } } };
     doc! { "$set": {
-        "balance": walked(B),
-        "pendingDebits": walked(PD),
-        "pendingCredits": walked(PC),
-        "incoming": unless_zero(&walked(IN)),
-        "pendingTransactions": { "$concatArrays": [
-            "$pendingTransactions", { "$map": { "input": "$_new", "in": "$$this.tx" } },
+        account::BALANCE: walked(B),
+        account::PENDING_DEBITS: walked(PD),
+        account::PENDING_CREDITS: walked(PC),
+        account::INCOMING: unless_zero(&walked(IN)),
+        account::PENDING: { "$concatArrays": [
+            path(account::PENDING), { "$map": { "input": "$_new", "in": "$$this.tx" } },
         ] },
-        "seq": walked(S),
-        RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), entries] },
-        LAST_AT: { "$cond": [
-            { "$gt": [walked(S), { "$ifNull": ["$seq", 0_i64] }] }, "$_at", format!("${LAST_AT}"),
+        account::SEQ: walked(S),
+        account::RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), entries] },
+        account::LAST_ENTRY_AT: { "$cond": [
+            { "$gt": [walked(S), { "$ifNull": [path(account::SEQ), 0_i64] }] }, "$_at", path(account::LAST_ENTRY_AT),
         ] },
-        "updatedAt": "$$NOW",
+        account::UPDATED_AT: "$$NOW",
     } }
 }
 
@@ -728,7 +732,7 @@ async fn change_one(
 ) -> StoreResult<bool> {
     let allowed = forward_step_allowed(
         &Amounts::stored(),
-        "$pendingTransactions",
+        path(account::PENDING),
         op.tx,
         &op.amounts(),
         op.deadline,
@@ -768,21 +772,21 @@ pub async fn pull_markers(
     let txs: Vec<ObjectId> = ops.iter().map(|op| op.tx).collect();
     let own = row_of_account(&sorted, &doc! { "txs": [] });
     let pipeline = vec![doc! { "$set": {
-        "pendingTransactions": { "$let": {
+        account::PENDING: { "$let": {
             "vars": { "own": own },
             "in": { "$filter": {
-                "input": "$pendingTransactions",
+                "input": path(account::PENDING),
                 "cond": { "$not": [{ "$in": ["$$this", "$$own.txs"] }] },
             } },
         } },
-        "updatedAt": "$$NOW",
+        account::UPDATED_AT: "$$NOW",
     } }];
     // Repeatable: a pull that lands twice, or late, finds nothing more to pull (nothing
     // adds a marker back once its transfer is applied, see the protocol's rules).
     let (pulled, _) = super::retried(|| async {
         accounts
             .update_many(
-                doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
+                doc! { "_id": { "$in": &ids }, account::PENDING: { "$in": &txs } },
                 pipeline.clone(),
             )
             .await
@@ -834,7 +838,7 @@ async fn settle_all(
     let (settled, _) = super::retried(|| async {
         accounts
             .update_many(
-                doc! { "_id": { "$in": &ids }, "pendingTransactions": { "$in": &txs } },
+                doc! { "_id": { "$in": &ids }, account::PENDING: { "$in": &txs } },
                 pipeline.clone(),
             )
             .await
@@ -858,20 +862,20 @@ fn settled(rows: &[(String, Document)]) -> Vec<Document> {
         doc! { "$set": { "_batch": settle_walk() } },
         doc! { "$set": { "_new": settle_entries() } },
         doc! { "$set": {
-            "balance": walked(0),
-            "incoming": unless_zero(&walked(2)),
-            "seq": walked(1),
-            "pendingTransactions": { "$filter": {
-                "input": "$pendingTransactions",
+            account::BALANCE: walked(0),
+            account::INCOMING: unless_zero(&walked(2)),
+            account::SEQ: walked(1),
+            account::PENDING: { "$filter": {
+                "input": path(account::PENDING),
                 "cond": { "$not": [{ "$in": ["$$this", settled_txs] }] },
             } },
-            RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), "$_new"] },
-            LAST_AT: { "$cond": [
-                { "$gt": [walked(1), { "$ifNull": ["$seq", 0_i64] }] },
+            account::RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), "$_new"] },
+            account::LAST_ENTRY_AT: { "$cond": [
+                { "$gt": [walked(1), { "$ifNull": [path(account::SEQ), 0_i64] }] },
                 "$_at",
-                format!("${LAST_AT}"),
+                path(account::LAST_ENTRY_AT),
             ] },
-            "updatedAt": "$$NOW",
+            account::UPDATED_AT: "$$NOW",
         } },
         doc! { "$unset": ["_t", "_batch", "_new", "_at"] },
     ]
@@ -881,12 +885,12 @@ fn settled(rows: &[(String, Document)]) -> Vec<Document> {
 /// only where its marker is.
 fn settle_walk() -> Document {
     let stored = Amounts::stored();
-    let landed = doc! { "$in": ["$$this.tx", "$pendingTransactions"] };
+    let landed = doc! { "$in": ["$$this.tx", path(account::PENDING)] };
     let seq = doc! { "$add": [acc(1), 1_i64] };
     let balance = doc! { "$add": [acc(0), "$$this.d"] };
     doc! { "$reduce": {
         "input": "$_t.ops",
-        "initialValue": [stored.balance, { "$ifNull": ["$seq", 0_i64] }, stored.incoming, []],
+        "initialValue": [stored.balance, { "$ifNull": [path(account::SEQ), 0_i64] }, stored.incoming, []],
         "in": { "$cond": [
             landed,
             [

@@ -27,6 +27,7 @@ use futures::stream::FuturesUnordered;
 use mongodb::bson::{DateTime, doc};
 use tokio_util::sync::CancellationToken;
 
+use super::fields::account_directory;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
     Account, AccountId, DeploymentName, Placement, TenantName, Transfer, TransferFilter, TransferId,
@@ -278,8 +279,7 @@ impl Deployments {
     ) -> StoreResult<Reservation> {
         self.first().check_answering()?;
         let directory = self.first().directory();
-        let entry =
-            doc! { "_id": id.as_str(), "deployment": deployment.as_str(), "at": DateTime::now() };
+        let entry = doc! { "_id": id.as_str(), account_directory::DEPLOYMENT: deployment.as_str(), account_directory::AT: DateTime::now() };
         match directory.insert_one(entry).await {
             Ok(_) => return Ok(Reservation::Reserved),
             Err(e) => match StoreError::from(e) {
@@ -291,7 +291,9 @@ impl Deployments {
             .find_one(doc! { "_id": id.as_str() })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        let owner = found.as_ref().and_then(|d| d.get_str("deployment").ok());
+        let owner = found
+            .as_ref()
+            .and_then(|d| d.get_str(account_directory::DEPLOYMENT).ok());
         Ok(if owner == Some(deployment.as_str()) {
             Reservation::Reserved
         } else {

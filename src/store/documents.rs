@@ -1,4 +1,4 @@
-//! The stored shapes of `accounts` and `transactions`, named as in the MongoDB tutorial
+//! The stored shapes of `accounts`, their entries and `transactions`, named as in the MongoDB tutorial
 //! so that anyone who read it recognises them, and their conversions to and from the
 //! domain's [`Transfer`] and [`Account`]; and the stored form of an idempotency key in
 //! its scope ([`stored_key`]). These are storage types and never leave the store: the
@@ -8,12 +8,11 @@ use mongodb::bson::DateTime;
 use mongodb::bson::oid::ObjectId;
 use serde::{Deserialize, Serialize};
 
-use super::entries::EntryDoc;
 use super::{StoreError, StoreResult};
 use crate::domain::{
     Account, AccountId, AccountName, Amount, ApiKeyId, CancelReason, Currency, DeploymentName,
-    Hold, IdempotencyKey, KeyScope, Leg, Legs, ParseError, Reference, ScopedKey, TenantName,
-    Tenants, Timestamp, Transfer, TransferId, TransferState,
+    EntryKind, Hold, IdempotencyKey, KeyScope, Leg, Legs, ParseError, Reference, ScopedKey,
+    TenantName, Tenants, Timestamp, Transfer, TransferId, TransferState,
 };
 
 /// How an idempotency key is stored: the `_id` of its `idempotencyKeys` record and the
@@ -85,6 +84,40 @@ pub struct AccountDoc {
     pub last_entry_at: Option<DateTime>,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+}
+
+/// An entry as stored, in an account's `recentEntries` and in `entries` (which adds
+/// `account`). Its keys are short (`docs/ledger.md` names each): every entry is written
+/// into a document that every later step on the account rewrites until it is moved, so
+/// its bytes are paid on the hot path; the API names them in full. In the document a
+/// zero pending change or amount is left out (`entries::unless_zero`); `entries` has them all.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EntryDoc {
+    /// In `entries` only: the account the entry belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    pub seq: i64,
+    #[serde(rename = "k")]
+    pub kind: EntryKind,
+    #[serde(rename = "tx", default, skip_serializing_if = "Option::is_none")]
+    pub transfer_id: Option<ObjectId>,
+    /// The changes: to `balance`, `pendingDebits`, `pendingCredits`.
+    #[serde(rename = "db")]
+    pub balance_change: i64,
+    #[serde(rename = "dpd", default)]
+    pub pending_debits_change: i64,
+    #[serde(rename = "dpc", default)]
+    pub pending_credits_change: i64,
+    /// The amounts after it.
+    #[serde(rename = "b")]
+    pub balance: i64,
+    #[serde(rename = "pd", default)]
+    pub pending_debits: i64,
+    #[serde(rename = "pc", default)]
+    pub pending_credits: i64,
+    pub at: DateTime,
+    #[serde(rename = "cf", default, skip_serializing_if = "std::ops::Not::not")]
+    pub carried_forward: bool,
 }
 
 /// A document of `transactions`: one transfer and where it is in the protocol.

@@ -38,16 +38,14 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::error::ErrorKind;
 use mongodb::options::FindOptions;
 use mongodb::{Collection, Database};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-use super::documents::transfer_id;
+use super::documents::{EntryDoc, transfer_id};
+use super::fields::{account, entry, path};
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Finality, Timestamp};
-
-/// The field of an account document that holds its entries not moved yet.
-pub(super) const RECENT: &str = "recentEntries";
 
 /// How long the copier waits, after the first change it was told of, before it moves
 /// what has gathered: long enough to move many accounts' entries in one command, short
@@ -61,40 +59,6 @@ const MAX_ACCOUNTS_PER_MOVE: usize = 256;
 /// its entries stay in the document (read from there), until the next change to the
 /// account moves them.
 const MAX_REMEMBERED: usize = 100_000;
-
-/// An entry as stored, in an account's `recentEntries` and in `entries` (which adds
-/// `account`). Its keys are short (`docs/ledger.md` names each): every entry is written
-/// into a document that every later step on the account rewrites until it is moved, so
-/// its bytes are paid on the hot path; the API names them in full. In the document a
-/// zero pending change or amount is left out ([`unless_zero`]); `entries` has them all.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct EntryDoc {
-    /// In `entries` only: the account the entry belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub account: Option<String>,
-    pub seq: i64,
-    #[serde(rename = "k")]
-    pub kind: EntryKind,
-    #[serde(rename = "tx", default, skip_serializing_if = "Option::is_none")]
-    pub transfer_id: Option<ObjectId>,
-    /// The changes: to `balance`, `pendingDebits`, `pendingCredits`.
-    #[serde(rename = "db")]
-    pub balance_change: i64,
-    #[serde(rename = "dpd", default)]
-    pub pending_debits_change: i64,
-    #[serde(rename = "dpc", default)]
-    pub pending_credits_change: i64,
-    /// The amounts after it.
-    #[serde(rename = "b")]
-    pub balance: i64,
-    #[serde(rename = "pd", default)]
-    pub pending_debits: i64,
-    #[serde(rename = "pc", default)]
-    pub pending_credits: i64,
-    pub at: DateTime,
-    #[serde(rename = "cf", default, skip_serializing_if = "std::ops::Not::not")]
-    pub carried_forward: bool,
-}
 
 impl EntryDoc {
     fn into_domain(self, account: &AccountId) -> StoreResult<Entry> {
@@ -146,15 +110,12 @@ pub(super) fn opening_entry(balance: i64, at: DateTime) -> EntryDoc {
     }
 }
 
-/// The field of an account document that holds the time of its last entry.
-pub(super) const LAST_AT: &str = "lastEntryAt";
-
 /// The time of a new entry, as an expression on the account document: the database's
 /// clock, never before the account's last entry (`lastEntryAt`): a clock stepped back, a
 /// failover to a member whose clock is behind, or a write that read `$$NOW` before
 /// another landed first cannot make entries go back in time.
 pub(super) fn entry_time() -> Document {
-    doc! { "$max": ["$$NOW", format!("${LAST_AT}")] }
+    doc! { "$max": ["$$NOW", path(account::LAST_ENTRY_AT)] }
 }
 
 /// The stored entry, as an expression: numbered `seq`, made by `kind` of `tx`, adding
@@ -168,16 +129,16 @@ pub(super) fn entry_expr(
     at: impl Into<Bson>,
 ) -> Document {
     doc! {
-        "seq": seq.into(),
-        "k": kind.into(),
-        "tx": tx.into(),
-        "db": change.balance.clone(),
-        "dpd": unless_zero(&change.debits),
-        "dpc": unless_zero(&change.credits),
-        "b": after.balance.clone(),
-        "pd": unless_zero(&after.debits),
-        "pc": unless_zero(&after.credits),
-        "at": at.into(),
+        entry::SEQ: seq.into(),
+        entry::KIND: kind.into(),
+        entry::TRANSFER: tx.into(),
+        entry::BALANCE_CHANGE: change.balance.clone(),
+        entry::PENDING_DEBITS_CHANGE: unless_zero(&change.debits),
+        entry::PENDING_CREDITS_CHANGE: unless_zero(&change.credits),
+        entry::BALANCE: after.balance.clone(),
+        entry::PENDING_DEBITS: unless_zero(&after.debits),
+        entry::PENDING_CREDITS: unless_zero(&after.credits),
+        entry::AT: at.into(),
     }
 }
 
@@ -211,24 +172,24 @@ pub(super) fn changed_with_entry(
     moved: Option<Moved>,
 ) -> Vec<Document> {
     let after = Amounts::stored().after(change);
-    let seq = doc! { "$add": [{ "$ifNull": ["$seq", 0_i64] }, 1_i64] };
+    let seq = doc! { "$add": [{ "$ifNull": [path(account::SEQ), 0_i64] }, 1_i64] };
     let entry = entry_expr(seq, kind.as_str(), tx, change, &after, entry_time());
     let markers = marked(tx, marker);
     let moved = moved.unwrap_or(Moved::NOTHING);
     let recent = doc! { "$concatArrays": [kept(moved.seq, moved.at), ["$_entry"]] };
     let mut set = doc! {
-        "balance": "$_entry.b",
-        "pendingDebits": { "$ifNull": ["$_entry.pd", 0_i64] },
-        "pendingCredits": { "$ifNull": ["$_entry.pc", 0_i64] },
-        "seq": "$_entry.seq",
-        RECENT: recent,
-        LAST_AT: "$_entry.at",
-        "pendingTransactions": markers,
-        "updatedAt": "$$NOW",
+        account::BALANCE: "$_entry.b",
+        account::PENDING_DEBITS: { "$ifNull": ["$_entry.pd", 0_i64] },
+        account::PENDING_CREDITS: { "$ifNull": ["$_entry.pc", 0_i64] },
+        account::SEQ: "$_entry.seq",
+        account::RECENT: recent,
+        account::LAST_ENTRY_AT: "$_entry.at",
+        account::PENDING: markers,
+        account::UPDATED_AT: "$$NOW",
     };
     // Only a multi-leg transfer's settle changes the room (`docs/legs.md`).
     if change.incoming != Bson::Int64(0) {
-        set.insert("incoming", unless_zero(&after.incoming));
+        set.insert(account::INCOMING, unless_zero(&after.incoming));
     }
     vec![
         doc! { "$set": { "_entry": entry } },
@@ -244,21 +205,21 @@ pub(super) fn room_changed(tx: ObjectId, by: i64, marker: Marker) -> Vec<Documen
     let after = Amounts::stored().incoming;
     let after: Bson = doc! { "$add": [after, by] }.into();
     vec![doc! { "$set": {
-        "incoming": unless_zero(&after),
-        "pendingTransactions": marked(tx, marker),
-        "updatedAt": "$$NOW",
+        account::INCOMING: unless_zero(&after),
+        account::PENDING: marked(tx, marker),
+        account::UPDATED_AT: "$$NOW",
     } }]
 }
 
 /// The account's markers after a step of `tx` that does `marker` to its own.
 fn marked(tx: ObjectId, marker: Marker) -> Bson {
     match marker {
-        Marker::Push => doc! { "$concatArrays": ["$pendingTransactions", [tx]] }.into(),
+        Marker::Push => doc! { "$concatArrays": [path(account::PENDING), [tx]] }.into(),
         Marker::Pull => doc! { "$filter": {
-            "input": "$pendingTransactions", "cond": { "$ne": ["$$this", tx] },
+            "input": path(account::PENDING), "cond": { "$ne": ["$$this", tx] },
         } }
         .into(),
-        Marker::Native => "$pendingTransactions".into(),
+        Marker::Native => path(account::PENDING).into(),
     }
 }
 
@@ -274,13 +235,13 @@ fn marked(tx: ObjectId, marker: Marker) -> Bson {
 /// restore, `docs/operations.md`.)
 pub(super) fn kept(seq: impl Into<Bson>, at: impl Into<Bson>) -> Document {
     let (seq, at) = (seq.into(), at.into());
-    let recent = doc! { "$ifNull": [format!("${RECENT}"), []] };
-    let number = doc! { "$ifNull": ["$seq", 0_i64] };
+    let recent = doc! { "$ifNull": [path(account::RECENT), []] };
+    let number = doc! { "$ifNull": [path(account::SEQ), 0_i64] };
     let stale = doc! { "$or": [
         { "$lt": [number.clone(), seq.clone()] },
         { "$and": [
             { "$eq": [number, seq.clone()] },
-            { "$ne": [format!("${LAST_AT}"), at.clone()] },
+            { "$ne": [path(account::LAST_ENTRY_AT), at.clone()] },
         ] },
     ] };
     doc! { "$cond": [stale, recent.clone(), { "$filter": {
@@ -348,11 +309,11 @@ impl Store {
         let mut found = Vec::with_capacity(limit.min(1024));
         if after + 1 < first_recent {
             let filter = doc! {
-                "account": account.as_str(),
-                "seq": { "$gt": seq_i64(after), "$lt": seq_i64(first_recent) },
+                entry::ACCOUNT: account.as_str(),
+                entry::SEQ: { "$gt": seq_i64(after), "$lt": seq_i64(first_recent) },
             };
             let options = FindOptions::builder()
-                .sort(doc! { "seq": 1 })
+                .sort(doc! { entry::SEQ: 1 })
                 .limit(limit as i64)
                 .build();
             let moved: Vec<EntryDoc> = self
@@ -410,12 +371,12 @@ impl Store {
             return Ok(Some(as_of(head.recent.iter().rev().find(|e| e.at <= at))));
         }
         let options = FindOptions::builder()
-            .sort(doc! { "at": -1, "seq": -1 })
+            .sort(doc! { entry::AT: -1, entry::SEQ: -1 })
             .limit(1)
             .build();
         let found: Vec<EntryDoc> = self
             .entries
-            .find(doc! { "account": account.as_str(), "at": { "$lte": DateTime::from_chrono(at) } })
+            .find(doc! { entry::ACCOUNT: account.as_str(), entry::AT: { "$lte": DateTime::from_chrono(at) } })
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?
@@ -469,8 +430,8 @@ impl Store {
             .clone_with_type::<Stored>()
             .find_one(doc! { "_id": account.as_str() })
             .projection(doc! {
-                "seq": 1, "balance": 1, "pendingDebits": 1, "pendingCredits": 1,
-                LAST_AT: 1, RECENT: 1,
+                account::SEQ: 1, account::BALANCE: 1, account::PENDING_DEBITS: 1, account::PENDING_CREDITS: 1,
+                account::LAST_ENTRY_AT: 1, account::RECENT: 1,
             })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
@@ -649,7 +610,7 @@ impl EntryCopier {
         let found: Vec<Recent> = accounts
             .clone_with_type::<Recent>()
             .find(doc! { "_id": { "$in": ids }, "recentEntries.0": { "$exists": true } })
-            .projection(doc! { RECENT: 1 })
+            .projection(doc! { account::RECENT: 1 })
             .max_time(super::READ_TIME_LIMIT)
             .await?
             .try_collect()

@@ -48,6 +48,7 @@ use mongodb::options::FullDocumentType;
 use serde::{Deserialize, Serialize};
 
 use super::documents::{AccountDoc, Stored, TransferDoc, stored_time};
+use super::fields::{event, recorder, transfer};
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
     Event, EventData, EventType, Position, TenantName, Timestamp, TransferState, event_id,
@@ -72,7 +73,7 @@ const GATHER_FOR: Duration = Duration::from_millis(20);
 /// while there is more to remove.
 pub const MAX_TRIMMED: u64 = 1000;
 
-/// A stored event.
+/// A stored event (its fields: `fields::event`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 struct EventDoc {
     /// [`event_id`]: a second recording of the event is refused by it.
@@ -262,10 +263,10 @@ impl Store {
     /// (`recordedThrough` below every event) until the first recorder says how far.
     pub async fn prepare_feed(&self) -> StoreResult<()> {
         let now = self.cluster_time().await?;
-        let mut start = doc! { "recordedThrough": tick_key(0) };
+        let mut start = doc! { recorder::RECORDED_THROUGH: tick_key(0) };
         match now {
             Some(now) => {
-                start.insert("startAt", now);
+                start.insert(recorder::START_AT, now);
             }
             None => {
                 tracing::warn!(deployment = %self.deployment, "the database gave no cluster time; the feed starts when its first recorder does")
@@ -299,11 +300,12 @@ impl Store {
         let until = self.server_time_lower_bound().await?
             + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
         let filter = doc! { "_id": RECORDER_ID, "$or": [
-            { "owner": owner },
-            { "leaseUntil": { "$lt": stored_time(now) } },
-            { "leaseUntil": { "$exists": false } },
+            { recorder::OWNER: owner },
+            { recorder::LEASE_UNTIL: { "$lt": stored_time(now) } },
+            { recorder::LEASE_UNTIL: { "$exists": false } },
         ] };
-        let claim = doc! { "$set": { "owner": owner, "leaseUntil": stored_time(until) } };
+        let claim =
+            doc! { "$set": { recorder::OWNER: owner, recorder::LEASE_UNTIL: stored_time(until) } };
         let result = self.recorder().update_one(filter, claim).await?;
         Ok(result.matched_count == 1)
     }
@@ -312,8 +314,8 @@ impl Store {
     pub async fn release_recorder(&self, owner: &str) -> StoreResult<()> {
         self.recorder()
             .update_one(
-                doc! { "_id": RECORDER_ID, "owner": owner },
-                doc! { "$unset": { "leaseUntil": "" } },
+                doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
+                doc! { "$unset": { recorder::LEASE_UNTIL: "" } },
             )
             .await?;
         Ok(())
@@ -348,11 +350,11 @@ impl Store {
         let moved = self
             .recorder()
             .update_one(
-                doc! { "_id": RECORDER_ID, "owner": owner },
+                doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
                 doc! {
-                    "$max": { "trimmedThrough": &front },
-                    "$set": { "startAt": now },
-                    "$unset": { "resumeToken": "" },
+                    "$max": { recorder::TRIMMED_THROUGH: &front },
+                    "$set": { recorder::START_AT: now },
+                    "$unset": { recorder::RESUME_TOKEN: "" },
                 },
             )
             .await?;
@@ -386,8 +388,8 @@ impl Store {
         let through = newest.map_or_else(|| tick_key(0), |p| key(&p));
         self.recorder()
             .update_one(
-                doc! { "_id": RECORDER_ID, "recordedThrough": { "$exists": false } },
-                doc! { "$set": { "recordedThrough": through } },
+                doc! { "_id": RECORDER_ID, recorder::RECORDED_THROUGH: { "$exists": false } },
+                doc! { "$set": { recorder::RECORDED_THROUGH: through } },
             )
             .await?;
         Ok(())
@@ -401,7 +403,11 @@ impl Store {
     /// recorded. Without this, the last events before a handover stayed unreadable
     /// until a later event was recorded.
     async fn left_unpublished(&self, state: &Document) -> StoreResult<Option<String>> {
-        let Some(through) = state.get_str("recordedThrough").ok().and_then(position) else {
+        let Some(through) = state
+            .get_str(recorder::RECORDED_THROUGH)
+            .ok()
+            .and_then(position)
+        else {
             return Ok(None);
         };
         Ok(self.newest_event_after(&through).await?.map(|p| key(&p)))
@@ -421,8 +427,12 @@ impl Store {
             .pipeline([changes_that_are_events()])
             .full_document(FullDocumentType::UpdateLookup)
             .max_await_time(MAX_AWAIT);
-        let resuming = state.contains_key("resumeToken") || state.contains_key("startAt");
-        let opened = match (state.get("resumeToken"), state.get_timestamp("startAt")) {
+        let resuming =
+            state.contains_key(recorder::RESUME_TOKEN) || state.contains_key(recorder::START_AT);
+        let opened = match (
+            state.get(recorder::RESUME_TOKEN),
+            state.get_timestamp(recorder::START_AT),
+        ) {
             (Some(token), _) => {
                 let token = match readable_token(token) {
                     Ok(token) => token,
@@ -495,14 +505,14 @@ impl Store {
             // A token is a document the server sent: it is BSON already.
             let stored = bson::to_bson(token)
                 .unwrap_or_else(|e| panic!("bug: a resume token cannot be stored: {e}"));
-            update.insert("$set", doc! { "resumeToken": stored });
+            update.insert("$set", doc! { recorder::RESUME_TOKEN: stored });
         }
         let mut raised = doc! {};
         if let Some(through) = &through {
-            raised.insert("recordedThrough", through);
+            raised.insert(recorder::RECORDED_THROUGH, through);
         }
         if let Some(front) = &gap_before {
-            raised.insert("trimmedThrough", front);
+            raised.insert(recorder::TRIMMED_THROUGH, front);
         }
         if !raised.is_empty() {
             update.insert("$max", raised);
@@ -510,7 +520,7 @@ impl Store {
         if !update.is_empty() {
             let written = self
                 .recorder()
-                .update_one(doc! { "_id": RECORDER_ID, "owner": owner }, update)
+                .update_one(doc! { "_id": RECORDER_ID, recorder::OWNER: owner }, update)
                 .await?;
             if let (true, Some(token)) = (due, token) {
                 changes.saved = Some((token, std::time::Instant::now()));
@@ -678,8 +688,8 @@ impl Store {
                     .as_ref()
                     .map(|u| &u.updated_fields);
                 let state = match (&change.operation_type, updated) {
-                    (OperationType::Update, Some(fields)) => fields.get("state"),
-                    _ => full.and_then(|d| d.get("state")),
+                    (OperationType::Update, Some(fields)) => fields.get(transfer::STATE),
+                    _ => full.and_then(|d| d.get(transfer::STATE)),
                 };
                 let Some(state) = state.cloned() else {
                     return Ok(None);
@@ -695,7 +705,7 @@ impl Store {
                     bson::from_document(full.clone()).map_err(|e| bad(e.to_string()))?;
                 let transfer = transfer.into_domain(&self.deployment)?;
                 let stamp = updated
-                    .and_then(|f| f.get_datetime("lastModified").ok())
+                    .and_then(|f| f.get_datetime(transfer::LAST_MODIFIED).ok())
                     .map(|t| t.to_chrono());
                 let transfer = transfer.as_it_reached(state, stamp);
                 let id = event_id(kind, &transfer.id.to_string());
@@ -756,8 +766,8 @@ impl Store {
         let raised = self
             .recorder()
             .update_one(
-                doc! { "_id": RECORDER_ID, "owner": owner },
-                doc! { "$max": { "trimmedThrough": &through } },
+                doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
+                doc! { "$max": { recorder::TRIMMED_THROUGH: &through } },
             )
             .await?;
         if raised.matched_count == 0 {
@@ -769,7 +779,7 @@ impl Store {
         let window_end = front.last().map_or(through.as_str(), |d| d.key.as_str());
         let deleted = self
             .events()
-            .delete_many(doc! { "key": { "$lte": through.as_str().min(window_end) } })
+            .delete_many(doc! { event::KEY: { "$lte": through.as_str().min(window_end) } })
             .await?;
         Ok(deleted.deleted_count)
     }
@@ -795,14 +805,16 @@ impl Store {
         let end = self
             .events()
             .clone_with_type::<Document>()
-            .find_one(doc! { "key": { "$gte": &last.key, "$lt": tick_key(t.saturating_add(1)) } })
-            .sort(doc! { "key": -1 })
-            .projection(doc! { "key": 1, "at": 1 })
+            .find_one(
+                doc! { event::KEY: { "$gte": &last.key, "$lt": tick_key(t.saturating_add(1)) } },
+            )
+            .sort(doc! { event::KEY: -1 })
+            .projection(doc! { event::KEY: 1, event::AT: 1 })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
         let whole = end.and_then(|e| {
-            let key = e.get_str("key").ok()?.to_owned();
-            let at = e.get_datetime("at").ok()?.to_chrono();
+            let key = e.get_str(event::KEY).ok()?.to_owned();
+            let at = e.get_datetime(event::AT).ok()?.to_chrono();
             (key.as_str() <= up_to && at < cutoff).then_some(key)
         });
         Ok(whole.or_else(|| {
@@ -839,9 +851,9 @@ impl Store {
             return Ok(Start::Clear(front));
         }
         let next = tick(front.seconds, front.increment).saturating_add(1);
-        let mut left = doc! { "key": { "$gt": key(&front), "$lt": tick_key(next) } };
+        let mut left = doc! { event::KEY: { "$gt": key(&front), "$lt": tick_key(next) } };
         if let Some(tenant) = tenant {
-            left.insert("tenants", tenant.as_str());
+            left.insert(event::TENANTS, tenant.as_str());
         }
         let kept = self
             .events()
@@ -864,7 +876,7 @@ impl Store {
         let below: Vec<Bson> = self
             .events()
             .clone_with_type::<Document>()
-            .find(doc! { "key": { "$lte": key(front) } })
+            .find(doc! { event::KEY: { "$lte": key(front) } })
             .projection(doc! { "_id": 1 })
             .limit(MAX_TRIMMED as i64)
             .max_time(super::READ_TIME_LIMIT)
@@ -893,12 +905,12 @@ impl Store {
         let newest = self
             .events()
             .clone_with_type::<Document>()
-            .find_one(doc! { "key": { "$gt": key(after) } })
-            .sort(doc! { "key": -1 })
-            .projection(doc! { "key": 1 })
+            .find_one(doc! { event::KEY: { "$gt": key(after) } })
+            .sort(doc! { event::KEY: -1 })
+            .projection(doc! { event::KEY: 1 })
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        Ok(newest.and_then(|d| d.get_str("key").ok().and_then(position)))
+        Ok(newest.and_then(|d| d.get_str(event::KEY).ok().and_then(position)))
     }
 
     /// How far the feed was trimmed, and how far it may be read, in one read.
@@ -906,12 +918,18 @@ impl Store {
         let state = self
             .recorder()
             .find_one(doc! { "_id": RECORDER_ID })
-            .projection(doc! { "trimmedThrough": 1, "recordedThrough": 1 })
+            .projection(doc! { recorder::TRIMMED_THROUGH: 1, recorder::RECORDED_THROUGH: 1 })
             .await?
             .unwrap_or_default();
         Ok(FeedState {
-            trimmed_through: state.get_str("trimmedThrough").ok().and_then(position),
-            recorded_through: state.get_str("recordedThrough").ok().map(str::to_owned),
+            trimmed_through: state
+                .get_str(recorder::TRIMMED_THROUGH)
+                .ok()
+                .and_then(position),
+            recorded_through: state
+                .get_str(recorder::RECORDED_THROUGH)
+                .ok()
+                .map(str::to_owned),
         })
     }
 
@@ -1007,14 +1025,14 @@ impl Store {
                 limit.max(FILTERED_WINDOW)
             };
             let within = doc! { "$gt": &below, "$lt": tick_key(until), "$lte": end_key };
-            let mut filter = doc! { "key": within };
+            let mut filter = doc! { event::KEY: within };
             if let Some(tenant) = tenant {
-                filter.insert("tenants", tenant.as_str());
+                filter.insert(event::TENANTS, tenant.as_str());
             }
             let window: Vec<EventDoc> = self
                 .events()
                 .find(filter)
-                .sort(doc! { "key": 1 })
+                .sort(doc! { event::KEY: 1 })
                 .limit(room as i64)
                 .max_time(super::READ_TIME_LIMIT)
                 .await?
@@ -1163,12 +1181,12 @@ fn changes_that_are_events() -> Document {
         {
             "ns.coll": "transactions",
             "operationType": "update",
-            "updateDescription.updatedFields.state": { "$in": states.clone() },
+            format!("updateDescription.updatedFields.{}", transfer::STATE): { "$in": states.clone() },
         },
         {
             "ns.coll": "transactions",
             "operationType": { "$in": ["insert", "replace"] },
-            "fullDocument.state": { "$in": states },
+            format!("fullDocument.{}", transfer::STATE): { "$in": states },
         },
     ] } }
 }
@@ -1176,6 +1194,26 @@ fn changes_that_are_events() -> Document {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each field of `events` named in `store::fields` is the name serde writes, and
+    /// each name serde writes is there.
+    #[test]
+    fn the_event_fields_are_the_names_serde_writes() {
+        let stored = EventDoc {
+            id: "e".into(),
+            kind: "transfer.done".into(),
+            at: DateTime::now(),
+            key: "k".into(),
+            transfer: None,
+            account: None,
+            tenants: vec!["acme".into()],
+        };
+        let mut written = bson::to_document(&stored).unwrap();
+        // The transfer and the account, each a document of its own collection's fields.
+        written.insert(event::TRANSFER, doc! {});
+        written.insert(event::ACCOUNT, doc! {});
+        super::super::fields::assert_same_keys(event::ALL, &written);
+    }
 
     fn event_at(seconds: u32, increment: u32, id: &str) -> EventDoc {
         stored(

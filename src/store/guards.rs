@@ -1,5 +1,5 @@
 //! The guards and stamps the protocol's writes carry, each written once and used by the
-//! single-document write and by its group-committed form ([`super::batch`]) alike:
+//! single-document write and by its group-committed form (`batch.rs`) alike:
 //! - [`forward_step_allowed`]: when a debit, a credit or a hold's reservation may land
 //!   on an account;
 //! - [`owned_by`]: who may move a transfer in a state change of its owner;
@@ -7,6 +7,7 @@
 
 use mongodb::bson::{Bson, DateTime, Document, doc};
 
+use super::fields::{account, path, transfer};
 use crate::domain::{MAX_MONEY, TransferState};
 
 /// An account's three amounts, or a forward step's changes to them, as aggregation
@@ -28,10 +29,10 @@ impl Amounts {
     /// field, which counts as zero.
     pub fn stored() -> Amounts {
         Amounts {
-            balance: "$balance".into(),
-            debits: doc! { "$ifNull": ["$pendingDebits", 0_i64] }.into(),
-            credits: doc! { "$ifNull": ["$pendingCredits", 0_i64] }.into(),
-            incoming: doc! { "$ifNull": ["$incoming", 0_i64] }.into(),
+            balance: path(account::BALANCE).into(),
+            debits: doc! { "$ifNull": [path(account::PENDING_DEBITS), 0_i64] }.into(),
+            credits: doc! { "$ifNull": [path(account::PENDING_CREDITS), 0_i64] }.into(),
+            incoming: doc! { "$ifNull": [path(account::INCOMING), 0_i64] }.into(),
         }
     }
 
@@ -80,7 +81,7 @@ pub(super) fn forward_step_allowed(
     let after = before.after(change);
     doc! { "$and": [
         { "$not": [{ "$in": [tx.clone(), markers.into()] }] },
-        { "$not": [{ "$in": [tx, { "$ifNull": ["$fencedTransactions", []] }] }] },
+        { "$not": [{ "$in": [tx, { "$ifNull": [path(account::FENCED), []] }] }] },
         { "$gte": [{ "$subtract": [after.balance.clone(), after.debits] }, 0_i64] },
         // Only a change that adds to the sum is held to MAX_MONEY: an undo may leave an
         // account above it (a debit given back after room was made meanwhile), and its
@@ -99,7 +100,7 @@ pub(super) fn forward_step_allowed(
 /// lease goes through here, so leases are judged by the database's clock alone, and the
 /// writer knows the stamp it left without reading it back.
 pub(super) fn stamped(fields: Document, at: DateTime) -> Document {
-    let mut update = doc! { "$max": { "lastModified": at } };
+    let mut update = doc! { "$max": { transfer::LAST_MODIFIED: at } };
     if !fields.is_empty() {
         update.insert("$set", fields);
     }

@@ -11,6 +11,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::error::ErrorKind;
 use sha2::{Digest, Sha256};
 
+use super::fields::migration;
 use super::{StoreError, StoreResult};
 
 /// Every migration, in the order it is applied. Add new files at the end.
@@ -94,7 +95,7 @@ pub async fn apply_all(db: &Database) -> StoreResult<Vec<String>> {
     for (name, text) in MIGRATIONS {
         let sum = checksum(text);
         if let Some(record) = records.find_one(doc! { "_id": *name }).await? {
-            if record.get_str("checksum").ok() != Some(sum.as_str()) {
+            if record.get_str(migration::CHECKSUM).ok() != Some(sum.as_str()) {
                 return Err(StoreError::Misconfigured(format!(
                     "migration {name} was changed after it was applied; add a new migration instead"
                 ).into()));
@@ -112,7 +113,8 @@ pub async fn apply_all(db: &Database) -> StoreResult<Vec<String>> {
                 Err(e) => return Err(e.into()),
             }
         }
-        let record = doc! { "_id": *name, "checksum": sum, "appliedAt": DateTime::now() };
+        let record =
+            doc! { "_id": *name, migration::CHECKSUM: sum, migration::APPLIED_AT: DateTime::now() };
         match records.insert_one(record).await {
             Ok(_) => applied.push((*name).to_owned()),
             Err(e) => match StoreError::from(e) {

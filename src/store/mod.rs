@@ -1,6 +1,7 @@
 //! The only module that speaks MongoDB.
 //!
-//! It owns the stored document shapes ([`documents`]), the migrations applied at start-up
+//! It owns the stored document shapes ([`documents`]) and the names of their fields
+//! ([`fields`], the one list every filter, update and pipeline spells them from), the migrations applied at start-up
 //! ([`migrations`]), and one function per database operation of the protocol
 //! ([`accounts`], [`transfers`]). Every state change is a single guarded write that
 //! reports whether it won; the caller decides what losing means.
@@ -19,6 +20,7 @@ pub mod deployments;
 mod documents;
 pub mod entries;
 pub mod events;
+pub mod fields;
 mod guards;
 pub mod migrations;
 pub mod native;
@@ -270,7 +272,7 @@ pub struct Store {
     keys: Collection<Document>,
     /// `entries`: the ledger entries moved out of the account documents (see
     /// [`entries`]).
-    entries: Collection<entries::EntryDoc>,
+    entries: Collection<documents::EntryDoc>,
     /// `accountDirectory`: every account id and its deployment (see [`deployments`]);
     /// used on the first deployment only.
     directory: Collection<Document>,

@@ -24,6 +24,7 @@ use mongodb::options::ReadConcern;
 
 use super::documents::Stored;
 use super::entries::{Marker, changed_with_entry};
+use super::fields::{account, path};
 use super::guards::Amounts;
 use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
 use crate::domain::{AccountId, CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
@@ -152,7 +153,7 @@ impl Store {
         let debit = doc! {
             "_id": &t.source,
             "$expr": { "$gte": [
-                { "$subtract": ["$balance", { "$ifNull": ["$pendingDebits", 0_i64] }] },
+                { "$subtract": [path(account::BALANCE), { "$ifNull": [path(account::PENDING_DEBITS), 0_i64] }] },
                 t.value,
             ] },
         };
@@ -171,9 +172,9 @@ impl Store {
             "_id": &t.destination,
             "$expr": { "$lte": [
                 { "$add": [
-                    "$balance",
-                    { "$ifNull": ["$pendingCredits", 0_i64] },
-                    { "$ifNull": ["$incoming", 0_i64] },
+                    path(account::BALANCE),
+                    { "$ifNull": [path(account::PENDING_CREDITS), 0_i64] },
+                    { "$ifNull": [path(account::INCOMING), 0_i64] },
                 ] },
                 MAX_MONEY - t.value,
             ] },

@@ -14,6 +14,8 @@ use mongodb::options::{FindOptions, ReturnDocument};
 use super::accounts::Fence;
 use super::batch::Transition;
 use super::documents::{Stored, domain, object_id, stored_key, stored_time, transfer_id};
+use super::fields::idempotency_key;
+use super::fields::{party, path, transfer};
 use super::guards::{owned_by, stamped, stamped_unset};
 use super::{Store, StoreError, StoreResult, TransferDoc};
 use crate::domain::{
@@ -194,12 +196,12 @@ impl Scan {
             let seen: Vec<_> = self.seen_at.iter().map(|id| object_id(*id)).collect();
             filter.insert("_id", doc! { "$nin": seen });
         }
-        filter.insert("lastModified", last_modified);
+        filter.insert(transfer::LAST_MODIFIED, last_modified);
         if !self.unreachable.is_empty() {
             let names: Vec<&str> = self.unreachable.iter().map(|d| d.as_str()).collect();
-            filter.insert("destinationDeployment", doc! { "$nin": &names });
+            filter.insert(transfer::DESTINATION_DEPLOYMENT, doc! { "$nin": &names });
             // A multi-leg transfer: any party there (the first leg's destination is one).
-            filter.insert("parties.deployment", doc! { "$nin": names });
+            filter.insert(transfer::PARTIES_DEPLOYMENT, doc! { "$nin": names });
         }
         filter
     }
@@ -243,7 +245,7 @@ impl Store {
         &self,
         key: &ScopedKey,
     ) -> StoreResult<Option<Transfer>> {
-        self.find_transfer(doc! { "idempotencyKey": stored_key(key) })
+        self.find_transfer(doc! { transfer::IDEMPOTENCY_KEY: stored_key(key) })
             .await
     }
 
@@ -268,10 +270,13 @@ impl Store {
         Ok(Some(KeyRecord {
             transfer: transfer_id(
                 found
-                    .get_object_id("transfer")
+                    .get_object_id(idempotency_key::TRANSFER)
                     .map_err(|e| bad(e.to_string()))?,
             ),
-            request_hash: found.get_str("requestHash").ok().map(str::to_owned),
+            request_hash: found
+                .get_str(idempotency_key::REQUEST_HASH)
+                .ok()
+                .map(str::to_owned),
         }))
     }
 
@@ -285,11 +290,11 @@ impl Store {
     ) -> StoreResult<()> {
         let mut entry = doc! {
             "_id": stored_key(key),
-            "transfer": object_id(record.transfer),
-            "at": DateTime::now(),
+            idempotency_key::TRANSFER: object_id(record.transfer),
+            idempotency_key::AT: DateTime::now(),
         };
         if let Some(hash) = &record.request_hash {
-            entry.insert("requestHash", hash);
+            entry.insert(idempotency_key::REQUEST_HASH, hash);
         }
         failpoint!(self, BeforeTakeKey);
         self.keys.insert_one(entry).await?;
@@ -309,17 +314,17 @@ impl Store {
         let id = stored_key(key);
         let mut filter = doc! { "_id": &id };
         if let Some(stale) = stale {
-            filter.insert("transfer", object_id(stale));
+            filter.insert(idempotency_key::TRANSFER, object_id(stale));
         }
-        let mut set = doc! { "transfer": object_id(actual.id) };
+        let mut set = doc! { idempotency_key::TRANSFER: object_id(actual.id) };
         match &actual.request_hash {
-            Some(hash) => set.insert("requestHash", hash),
-            None => set.insert("requestHash", Bson::Null),
+            Some(hash) => set.insert(idempotency_key::REQUEST_HASH, hash),
+            None => set.insert(idempotency_key::REQUEST_HASH, Bson::Null),
         };
         self.keys
             .update_one(
                 filter,
-                doc! { "$set": set, "$setOnInsert": { "at": DateTime::now() } },
+                doc! { "$set": set, "$setOnInsert": { idempotency_key::AT: DateTime::now() } },
             )
             .upsert(stale.is_none())
             .await?;
@@ -352,10 +357,13 @@ impl Store {
             .update_one(
                 doc! {
                     "_id": object_id(original),
-                    "state": TransferState::Done.as_str(),
-                    "reversedBy": { "$exists": false },
+                    transfer::STATE: TransferState::Done.as_str(),
+                    transfer::REVERSED_BY: { "$exists": false },
                 },
-                stamped(doc! { "reversedBy": reversal, "reversing": true }, at),
+                stamped(
+                    doc! { transfer::REVERSED_BY: reversal, transfer::REVERSING: true },
+                    at,
+                ),
             )
             .await?;
         Ok(result.modified_count == 1)
@@ -371,8 +379,8 @@ impl Store {
         let at = self.stamp_time().await?;
         self.transactions
             .update_one(
-                doc! { "_id": object_id(original), "reversedBy": object_id(reversal) },
-                stamped_unset(&["reversedBy", "reversing"], at),
+                doc! { "_id": object_id(original), transfer::REVERSED_BY: object_id(reversal) },
+                stamped_unset(&[transfer::REVERSED_BY, transfer::REVERSING], at),
             )
             .await?;
         Ok(())
@@ -388,8 +396,8 @@ impl Store {
         let (original, reversal) = (object_id(original), object_id(reversal));
         self.transactions
             .update_one(
-                doc! { "_id": original, "reversedBy": reversal, "reversing": true },
-                stamped_unset(&["reversing"], at),
+                doc! { "_id": original, transfer::REVERSED_BY: reversal, transfer::REVERSING: true },
+                stamped_unset(&[transfer::REVERSING], at),
             )
             .await?;
         Ok(())
@@ -403,7 +411,8 @@ impl Store {
         scan: &Scan,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
-        self.stale(doc! { "reversing": true }, scan, limit).await
+        self.stale(doc! { transfer::REVERSING: true }, scan, limit)
+            .await
     }
 
     /// Marks an unfinished transfer `fenced` before anyone fences its accounts, so that
@@ -417,8 +426,8 @@ impl Store {
         let result = self
             .transactions
             .update_one(
-                doc! { "_id": object_id(id), "state": { "$in": unfinished_states() } },
-                stamped(doc! { "fenced": true }, since),
+                doc! { "_id": object_id(id), transfer::STATE: { "$in": unfinished_states() } },
+                stamped(doc! { transfer::FENCED: true }, since),
             )
             .await?;
         Ok((result.matched_count == 1).then_some(since.to_chrono()))
@@ -427,7 +436,7 @@ impl Store {
     /// Finished transfers whose account fences may still be in place, last modified
     /// before the scan's `stale_before`. The next page of `scan`.
     pub async fn fenced_finished(&self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
-        let filter = doc! { "fenced": true, "state": { "$in": finished_states() } };
+        let filter = doc! { transfer::FENCED: true, transfer::STATE: { "$in": finished_states() } };
         self.stale(filter, scan, limit).await
     }
 
@@ -435,10 +444,10 @@ impl Store {
     /// clock), soonest expired first.
     pub async fn expired_holds(&self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
         let filter = doc! {
-            "state": TransferState::Held.as_str(),
-            "expiresAt": { "$lte": stored_time(now) },
+            transfer::STATE: TransferState::Held.as_str(),
+            transfer::EXPIRES_AT: { "$lte": stored_time(now) },
         };
-        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
+        self.find_sorted(filter, doc! { transfer::EXPIRES_AT: 1 }, limit)
             .await
     }
 
@@ -458,21 +467,21 @@ impl Store {
     ) -> StoreResult<Vec<Transfer>> {
         let markers: Vec<ObjectId> = markers.iter().map(|&id| object_id(id)).collect();
         let (one_leg, net) = match side {
-            Side::Source => ("source", doc! { "$lt": 0_i64 }),
-            Side::Destination => ("destination", doc! { "$gt": 0_i64 }),
+            Side::Source => (transfer::SOURCE, doc! { "$lt": 0_i64 }),
+            Side::Destination => (transfer::DESTINATION, doc! { "$gt": 0_i64 }),
         };
         let filter = doc! {
             "_id": { "$in": markers },
-            "state": { "$in": uncaptured_states() },
-            "expiresAt": { "$lte": stored_time(now) },
+            transfer::STATE: { "$in": uncaptured_states() },
+            transfer::EXPIRES_AT: { "$lte": stored_time(now) },
             "$or": [
-                { one_leg: account.as_str(), "legs": { "$exists": false } },
+                { one_leg: account.as_str(), transfer::LEGS: { "$exists": false } },
                 // A multi-leg hold's party on that side (its first leg's source may
                 // receive, its first leg's destination pay).
-                { "parties": { "$elemMatch": { "account": account.as_str(), "net": net } } },
+                { transfer::PARTIES: { "$elemMatch": { party::ACCOUNT: account.as_str(), party::NET: net } } },
             ],
         };
-        self.find_sorted(filter, doc! { "expiresAt": 1 }, limit)
+        self.find_sorted(filter, doc! { transfer::EXPIRES_AT: 1 }, limit)
             .await
     }
 
@@ -485,12 +494,12 @@ impl Store {
     ) -> StoreResult<Vec<Transfer>> {
         let ids: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
         let filter = doc! {
-            "state": { "$in": uncaptured_states() },
-            "expiresAt": { "$lte": stored_time(now) },
+            transfer::STATE: { "$in": uncaptured_states() },
+            transfer::EXPIRES_AT: { "$lte": stored_time(now) },
             "$or": [
-                { "source": { "$in": &ids } },
-                { "destination": { "$in": &ids } },
-                { "parties.account": { "$in": &ids } },
+                { transfer::SOURCE: { "$in": &ids } },
+                { transfer::DESTINATION: { "$in": &ids } },
+                { transfer::PARTIES_ACCOUNT: { "$in": &ids } },
             ],
         };
         let cursor = self
@@ -505,8 +514,8 @@ impl Store {
     pub async fn unmark_fenced(&self, id: TransferId) -> StoreResult<()> {
         self.transactions
             .update_one(
-                doc! { "_id": object_id(id), "state": { "$in": finished_states() }, "fenced": true },
-                doc! { "$unset": { "fenced": "" } },
+                doc! { "_id": object_id(id), transfer::STATE: { "$in": finished_states() }, transfer::FENCED: true },
+                doc! { "$unset": { transfer::FENCED: "" } },
             )
             .await?;
         Ok(())
@@ -515,8 +524,12 @@ impl Store {
     /// The next page of `scan` (at most `limit` transfers matching `filter`), least
     /// recently modified first.
     async fn stale(&self, filter: Document, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
-        self.find_sorted(scan.narrowed(filter), doc! { "lastModified": 1 }, limit)
-            .await
+        self.find_sorted(
+            scan.narrowed(filter),
+            doc! { transfer::LAST_MODIFIED: 1 },
+            limit,
+        )
+        .await
     }
 
     /// At most `limit` transfers matching `filter`, in `sort` order.
@@ -547,20 +560,20 @@ impl Store {
     ) -> StoreResult<Vec<Transfer>> {
         let mut query = Document::new();
         if let Some(state) = filter.state {
-            query.insert("state", state.as_str());
+            query.insert(transfer::STATE, state.as_str());
         }
         if filter.unexpired {
             let now = self.stamp_time().await?;
-            query.insert("expiresAt", doc! { "$gt": now });
+            query.insert(transfer::EXPIRES_AT, doc! { "$gt": now });
         }
         if let Some(account) = filter.account.as_ref().map(|a| a.as_str()) {
             // A multi-leg transfer's accounts are its parties (`parties_account_id`).
             query.insert(
                 "$or",
                 vec![
-                    doc! { "source": account },
-                    doc! { "destination": account },
-                    doc! { "parties.account": account },
+                    doc! { transfer::SOURCE: account },
+                    doc! { transfer::DESTINATION: account },
+                    doc! { transfer::PARTIES_ACCOUNT: account },
                 ],
             );
         }
@@ -569,7 +582,7 @@ impl Store {
         }
         // Index `tenants_id`: a tenant's listing walks its own transfers only.
         if let Some(tenant) = &filter.tenant {
-            query.insert("tenants", tenant.as_str());
+            query.insert(transfer::TENANTS, tenant.as_str());
         }
         self.find_sorted(query, doc! { "_id": -1 }, limit).await
     }
@@ -611,7 +624,7 @@ impl Store {
                 let guard = owned_by(owner, from);
                 (
                     owner,
-                    doc! { "_id": id, "state": from.as_str(), "application": guard },
+                    doc! { "_id": id, transfer::STATE: from.as_str(), transfer::APPLICATION: guard },
                 )
             }
             Mover::Cancel { owner, fenced } => {
@@ -620,7 +633,7 @@ impl Store {
                     "bug: a cancel moved transfer {id} from {from} without fencing its accounts"
                 );
                 failpoint!(self, BeforeForce);
-                (owner, doc! { "_id": id, "state": from.as_str() })
+                (owner, doc! { "_id": id, transfer::STATE: from.as_str() })
             }
             Mover::Resolver { owner, by } => {
                 assert_eq!(
@@ -629,12 +642,12 @@ impl Store {
                     "bug: transfer {id} resolved from {from}, not held"
                 );
                 failpoint!(self, BeforeResolve);
-                let mut set = doc! { "state": to.as_str(), "application": owner };
+                let mut set = doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner };
                 set.extend(step_fields(fields));
                 return self.resolve_held(id, set, by, lease_start).await;
             }
         };
-        let mut set = doc! { "state": to.as_str(), "application": owner };
+        let mut set = doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner };
         set.extend(step_fields(fields));
         let update = stamped(set, lease_start);
         #[cfg(feature = "failpoints")]
@@ -677,7 +690,7 @@ impl Store {
         by: Resolution,
         lease_start: DateTime,
     ) -> StoreResult<Option<Timestamp>> {
-        let filter = doc! { "_id": id, "state": TransferState::Held.as_str() };
+        let filter = doc! { "_id": id, transfer::STATE: TransferState::Held.as_str() };
         let update = resolved_by_the_clock(set, by, self.resolving_clock(), lease_start);
         let result = self.transactions.update_one(filter, update).await?;
         Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
@@ -688,16 +701,16 @@ impl Store {
 fn step_fields(fields: StepFields) -> Document {
     let mut set = Document::new();
     if let Some(reason) = fields.reason {
-        set.insert("reason", reason.as_str());
+        set.insert(transfer::REASON, reason.as_str());
     }
     if let Some(account) = fields.refused_account {
-        set.insert("refusedAccount", account.as_str());
+        set.insert(transfer::REFUSED_ACCOUNT, account.as_str());
     }
     if fields.fenced {
-        set.insert("fenced", true);
+        set.insert(transfer::FENCED, true);
     }
     if let Some(captured) = fields.captured {
-        set.insert("value", captured.minor_units());
+        set.insert(transfer::VALUE, captured.minor_units());
     }
     set
 }
@@ -717,14 +730,14 @@ fn resolved_by_the_clock(
     now: Bson,
     at: DateTime,
 ) -> Vec<Document> {
-    let expired = doc! { "$lte": ["$expiresAt", now] };
+    let expired = doc! { "$lte": [path(transfer::EXPIRES_AT), now] };
     let decided = match by {
         Resolution::Capture => doc! { "$not": [expired.clone()] },
         Resolution::Expire => expired.clone(),
         Resolution::Void => {
             let (voided, expiry) = (CancelReason::Voided, CancelReason::Expired);
             let reason = doc! { "$cond": [expired, expiry.as_str(), voided.as_str()] };
-            set.insert("reason", reason);
+            set.insert(transfer::REASON, reason);
             doc! { "$literal": true }
         }
     };
@@ -742,8 +755,8 @@ fn resolved_by_the_clock(
         })
         .collect();
     conditional.insert(
-        "lastModified",
-        doc! { "$cond": ["$_resolves", { "$max": ["$lastModified", at] }, "$lastModified"] },
+        transfer::LAST_MODIFIED,
+        doc! { "$cond": ["$_resolves", { "$max": [path(transfer::LAST_MODIFIED), at] }, path(transfer::LAST_MODIFIED)] },
     );
     vec![
         doc! { "$set": { "_resolves": decided } },
@@ -775,7 +788,7 @@ impl Store {
         let result = self
             .transactions
             .update_one(
-                doc! { "_id": object_id(id), "state": state.as_str(), "application": owner },
+                doc! { "_id": object_id(id), transfer::STATE: state.as_str(), transfer::APPLICATION: owner },
                 stamped(doc! {}, lease_start),
             )
             .await?;
@@ -800,8 +813,8 @@ impl Store {
         let taken = self
             .transactions
             .find_one_and_update(
-                doc! { "_id": object_id(id), "state": state.as_str() },
-                stamped(doc! { "application": owner }, at),
+                doc! { "_id": object_id(id), transfer::STATE: state.as_str() },
+                stamped(doc! { transfer::APPLICATION: owner }, at),
             )
             .return_document(ReturnDocument::After)
             .await?;
@@ -812,7 +825,7 @@ impl Store {
     /// database's clock, see [`Store::server_time`]), oldest first. The next page of
     /// `scan`.
     pub async fn unfinished(&self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
-        let filter = doc! { "state": { "$in": unfinished_states() } };
+        let filter = doc! { transfer::STATE: { "$in": unfinished_states() } };
         self.stale(filter, scan, limit).await
     }
 
@@ -830,16 +843,16 @@ impl Store {
         let at = self.stamp_time().await?;
         let filter = doc! {
             "_id": object_id(found.id),
-            "state": found.state.as_str(),
-            "application": found.owner.as_deref(),
-            "lastModified": {
+            transfer::STATE: found.state.as_str(),
+            transfer::APPLICATION: found.owner.as_deref(),
+            transfer::LAST_MODIFIED: {
                 "$eq": stored_time(found.last_modified),
                 "$lt": stored_time(stale_before),
             },
         };
         let claimed = self
             .transactions
-            .find_one_and_update(filter, stamped(doc! { "application": owner }, at))
+            .find_one_and_update(filter, stamped(doc! { transfer::APPLICATION: owner }, at))
             .return_document(ReturnDocument::After)
             .await?;
         claimed.map(|d| d.into_domain(&self.deployment)).transpose()

@@ -31,6 +31,7 @@ use mongodb::bson::{Bson, DateTime, Document, doc};
 use serde::{Deserialize, Serialize};
 
 use super::documents::stored_time;
+use super::fields::{cap, delivery, dispatcher, path, webhook};
 use super::{Store, StoreError, StoreResult};
 use crate::domain::{
     Attempt, Delivery, DeliveryState, DeploymentName, EventType, TenantName, Timestamp, Webhook,
@@ -61,7 +62,7 @@ async fn insert_capped(
     let (filter, scope) = cap_scope(doc.tenant.as_deref());
     let (marks, inc) = (
         [doc! { "_id": scope }, doc! { "_id": TOTAL_CAP }],
-        doc! { "$inc": { "registrations": 1_i64 } },
+        doc! { "$inc": { cap::REGISTRATIONS: 1_i64 } },
     );
     let counted = [
         (
@@ -115,8 +116,8 @@ async fn insert_capped(
 /// name it had before tenants, when it counted every webhook).
 fn cap_scope(tenant: Option<&str>) -> (Document, String) {
     match tenant {
-        Some(tenant) => (doc! { "tenant": tenant }, format!("tenant:{tenant}")),
-        None => (doc! { "tenant": null }, "all".to_owned()),
+        Some(tenant) => (doc! { webhook::TENANT: tenant }, format!("tenant:{tenant}")),
+        None => (doc! { webhook::TENANT: null }, "all".to_owned()),
     }
 }
 
@@ -327,7 +328,7 @@ impl Store {
         limit: i64,
     ) -> StoreResult<Vec<Webhook>> {
         let mut filter = match tenant {
-            Some(tenant) => doc! { "tenant": tenant.as_str() },
+            Some(tenant) => doc! { webhook::TENANT: tenant.as_str() },
             None => doc! {},
         };
         if let Some((created_at, id)) = after {
@@ -335,8 +336,8 @@ impl Store {
             filter.insert(
                 "$or",
                 vec![
-                    doc! { "createdAt": { "$gt": at } },
-                    doc! { "createdAt": at, "_id": { "$gt": id } },
+                    doc! { webhook::CREATED_AT: { "$gt": at } },
+                    doc! { webhook::CREATED_AT: at, "_id": { "$gt": id } },
                 ],
             );
         }
@@ -351,7 +352,7 @@ impl Store {
         let found: Vec<WebhookDoc> = self
             .webhooks()
             .find(filter)
-            .sort(doc! { "createdAt": 1, "_id": 1 })
+            .sort(doc! { webhook::CREATED_AT: 1, "_id": 1 })
             .limit(limit.unwrap_or(0))
             .max_time(super::READ_TIME_LIMIT)
             .await?
@@ -420,15 +421,15 @@ impl Store {
             + chrono::TimeDelta::from_std(overlap).unwrap_or(chrono::TimeDelta::MAX);
         let rotate = if overlap.is_zero() {
             doc! { "$set": {
-                "secret": new.expose(),
-                "previousSecret": "$$REMOVE",
-                "previousUntil": "$$REMOVE",
+                webhook::SECRET: new.expose(),
+                webhook::PREVIOUS_SECRET: "$$REMOVE",
+                webhook::PREVIOUS_UNTIL: "$$REMOVE",
             } }
         } else {
             doc! { "$set": {
-                "previousSecret": "$secret",
-                "previousUntil": stored_time(until),
-                "secret": new.expose(),
+                webhook::PREVIOUS_SECRET: path(webhook::SECRET),
+                webhook::PREVIOUS_UNTIL: stored_time(until),
+                webhook::SECRET: new.expose(),
             } }
         };
         self.webhooks()
@@ -449,7 +450,7 @@ impl Store {
     /// Removes every delivery of `webhook` (one that is deleted).
     pub async fn delete_deliveries_of(&self, webhook: &str) -> StoreResult<()> {
         self.deliveries()
-            .delete_many(doc! { "webhook": webhook })
+            .delete_many(doc! { delivery::WEBHOOK: webhook })
             .await?;
         Ok(())
     }
@@ -462,7 +463,7 @@ impl Store {
     ) -> StoreResult<std::collections::HashSet<String>> {
         let mut filter = doc! { "_id": { "$in": ids } };
         if let Some(token) = token {
-            filter.insert("owner", token);
+            filter.insert(delivery::OWNER, token);
         }
         let found: Vec<Document> = self
             .deliveries()
@@ -555,8 +556,8 @@ impl Store {
         self.claim_deliveries(&ids, &token, now, until).await?;
         let won: Vec<DeliveryDoc> = self
             .deliveries()
-            .find(doc! { "_id": { "$in": ids }, "owner": &token })
-            .projection(doc! { "attempts": 0 })
+            .find(doc! { "_id": { "$in": ids }, delivery::OWNER: &token })
+            .projection(doc! { delivery::ATTEMPTS: 0 })
             .await?
             .try_collect()
             .await?;
@@ -589,14 +590,14 @@ impl Store {
         // whole collection (24 ms at 30,000 deliveries, against 1.7 ms).
         let claim = doc! {
             "_id": { "$in": ids },
-            "state": DeliveryState::Pending.as_str(),
-            "leaseUntil": { "$not": { "$gte": stored_time(now) } },
+            delivery::STATE: DeliveryState::Pending.as_str(),
+            delivery::LEASE_UNTIL: { "$not": { "$gte": stored_time(now) } },
         };
         // Not due again before the claim runs out: the due read passes it by.
         let take = doc! { "$set": {
-            "owner": token,
-            "leaseUntil": stored_time(until),
-            "nextAttemptAt": stored_time(until),
+            delivery::OWNER: token,
+            delivery::LEASE_UNTIL: stored_time(until),
+            delivery::NEXT_ATTEMPT_AT: stored_time(until),
         } };
         let (claimed, _) = super::retried(|| async {
             self.deliveries()
@@ -621,17 +622,17 @@ impl Store {
         // (in flight here or elsewhere) are left out here rather than in the filter, an
         // `$or` that SecantusDB would answer with a scan.
         let filter = doc! {
-            "state": DeliveryState::Pending.as_str(),
-            "nextAttemptAt": { "$lte": stored_time(now) },
-            "webhook": { "$in": hooks },
+            delivery::STATE: DeliveryState::Pending.as_str(),
+            delivery::NEXT_ATTEMPT_AT: { "$lte": stored_time(now) },
+            delivery::WEBHOOK: { "$in": hooks },
         };
         let due: Vec<Document> = self
             .deliveries()
             .clone_with_type::<Document>()
             .find(filter)
-            .sort(doc! { "nextAttemptAt": 1 })
+            .sort(doc! { delivery::NEXT_ATTEMPT_AT: 1 })
             .limit(limit + CLAIMED_ELSEWHERE)
-            .projection(doc! { "_id": 1, "webhook": 1, "leaseUntil": 1 })
+            .projection(doc! { "_id": 1, delivery::WEBHOOK: 1, delivery::LEASE_UNTIL: 1 })
             .max_time(super::READ_TIME_LIMIT)
             .await?
             .try_collect()
@@ -639,7 +640,7 @@ impl Store {
         let due: Vec<Document> = due
             .into_iter()
             .filter(|d| {
-                d.get_datetime("leaseUntil")
+                d.get_datetime(delivery::LEASE_UNTIL)
                     .map_or(true, |until| until.to_chrono() < now)
             })
             .collect();
@@ -647,7 +648,7 @@ impl Store {
         Ok(due
             .iter()
             .filter_map(|d| {
-                let hook = d.get_str("webhook").ok()?;
+                let hook = d.get_str(delivery::WEBHOOK).ok()?;
                 let left = room.get_mut(hook)?;
                 (*left > 0).then(|| *left -= 1)?;
                 d.get_str("_id").ok().map(str::to_owned)
@@ -676,7 +677,8 @@ impl Store {
             .iter()
             .map(|(claimed, attempt, outcome)| logged_attempt(claimed, attempt, *outcome))
             .collect::<StoreResult<Vec<Document>>>()?;
-        let filter = doc! { "_id": { "$in": &ids }, "state": DeliveryState::Pending.as_str() };
+        let filter =
+            doc! { "_id": { "$in": &ids }, delivery::STATE: DeliveryState::Pending.as_str() };
         let update = logging(logged);
         // Not a retryable write on a replica set (it may change many documents): sent
         // again here on a failure, which each logged attempt's guard makes safe (one that
@@ -701,26 +703,26 @@ impl Store {
         before: Option<(Timestamp, &str)>,
         limit: i64,
     ) -> StoreResult<Vec<Delivery>> {
-        let mut filter = doc! { "webhook": webhook };
+        let mut filter = doc! { delivery::WEBHOOK: webhook };
         if let Some(state) = state {
-            filter.insert("state", state.as_str());
+            filter.insert(delivery::STATE, state.as_str());
         }
         if let Some((created_at, id)) = before {
             let at = stored_time(created_at);
             filter.insert(
                 "$or",
                 vec![
-                    doc! { "createdAt": { "$lt": at } },
-                    doc! { "createdAt": at, "_id": { "$lt": id } },
+                    doc! { delivery::CREATED_AT: { "$lt": at } },
+                    doc! { delivery::CREATED_AT: at, "_id": { "$lt": id } },
                 ],
             );
         }
         let found: Vec<DeliveryDoc> = self
             .deliveries()
             .find(filter)
-            .sort(doc! { "createdAt": -1, "_id": -1 })
+            .sort(doc! { delivery::CREATED_AT: -1, "_id": -1 })
             .limit(limit)
-            .projection(doc! { "body": 0 })
+            .projection(doc! { delivery::BODY: 0 })
             .max_time(super::READ_TIME_LIMIT)
             .await?
             .try_collect()
@@ -732,8 +734,8 @@ impl Store {
     pub async fn delivery(&self, webhook: &str, id: &str) -> StoreResult<Option<Delivery>> {
         let found = self
             .deliveries()
-            .find_one(doc! { "_id": id, "webhook": webhook })
-            .projection(doc! { "body": 0 })
+            .find_one(doc! { "_id": id, delivery::WEBHOOK: webhook })
+            .projection(doc! { delivery::BODY: 0 })
             .await?;
         found.map(delivery_from).transpose()
     }
@@ -750,11 +752,11 @@ impl Store {
         let again = self
             .deliveries()
             .update_one(
-                doc! { "_id": id, "webhook": webhook, "state": DeliveryState::Failed.as_str() },
+                doc! { "_id": id, delivery::WEBHOOK: webhook, delivery::STATE: DeliveryState::Failed.as_str() },
                 doc! { "$set": {
-                    "state": DeliveryState::Pending.as_str(),
-                    "nextAttemptAt": stored_time(now),
-                    "giveUpAt": stored_time(give_up_at),
+                    delivery::STATE: DeliveryState::Pending.as_str(),
+                    delivery::NEXT_ATTEMPT_AT: stored_time(now),
+                    delivery::GIVE_UP_AT: stored_time(give_up_at),
                 } },
             )
             .await?;
@@ -766,11 +768,15 @@ impl Store {
         let found = self
             .deliveries()
             .clone_with_type::<Document>()
-            .find_one(doc! { "state": DeliveryState::Pending.as_str() })
-            .sort(doc! { "createdAt": 1 })
-            .projection(doc! { "createdAt": 1 })
+            .find_one(doc! { delivery::STATE: DeliveryState::Pending.as_str() })
+            .sort(doc! { delivery::CREATED_AT: 1 })
+            .projection(doc! { delivery::CREATED_AT: 1 })
             .await?;
-        Ok(found.and_then(|d| d.get_datetime("createdAt").ok().map(|t| t.to_chrono())))
+        Ok(found.and_then(|d| {
+            d.get_datetime(delivery::CREATED_AT)
+                .ok()
+                .map(|t| t.to_chrono())
+        }))
     }
 
     /// Takes or renews the dispatcher's lease for `owner`, as
@@ -787,22 +793,22 @@ impl Store {
         self.dispatcher()
             .update_one(
                 doc! { "_id": DISPATCHER_ID },
-                doc! { "$setOnInsert": { "created": stored_time(now) } },
+                doc! { "$setOnInsert": { dispatcher::CREATED: stored_time(now) } },
             )
             .upsert(true)
             .await?;
         let filter = doc! { "_id": DISPATCHER_ID, "$or": [
-            { "owner": owner },
-            { "leaseUntil": { "$lt": stored_time(now) } },
-            { "leaseUntil": { "$exists": false } },
+            { dispatcher::OWNER: owner },
+            { dispatcher::LEASE_UNTIL: { "$lt": stored_time(now) } },
+            { dispatcher::LEASE_UNTIL: { "$exists": false } },
         ] };
-        let claim = doc! { "$set": { "owner": owner, "leaseUntil": stored_time(until) } };
+        let claim = doc! { "$set": { dispatcher::OWNER: owner, dispatcher::LEASE_UNTIL: stored_time(until) } };
         let state = self
             .dispatcher()
             .find_one_and_update(filter, claim)
             .return_document(mongodb::options::ReturnDocument::After)
             .await?;
-        Ok(state.map(|s| s.get_str("cursor").ok().map(str::to_owned)))
+        Ok(state.map(|s| s.get_str(dispatcher::CURSOR).ok().map(str::to_owned)))
     }
 
     /// Gives up `owner`'s dispatcher lease (at shutdown), so another instance goes on at
@@ -810,8 +816,8 @@ impl Store {
     pub async fn release_dispatcher(&self, owner: &str) -> StoreResult<()> {
         self.dispatcher()
             .update_one(
-                doc! { "_id": DISPATCHER_ID, "owner": owner },
-                doc! { "$unset": { "leaseUntil": "" } },
+                doc! { "_id": DISPATCHER_ID, dispatcher::OWNER: owner },
+                doc! { "$unset": { dispatcher::LEASE_UNTIL: "" } },
             )
             .await?;
         Ok(())
@@ -822,8 +828,8 @@ impl Store {
         let saved = self
             .dispatcher()
             .update_one(
-                doc! { "_id": DISPATCHER_ID, "owner": owner },
-                doc! { "$set": { "cursor": cursor } },
+                doc! { "_id": DISPATCHER_ID, dispatcher::OWNER: owner },
+                doc! { "$set": { dispatcher::CURSOR: cursor } },
             )
             .await?;
         Ok(saved.matched_count == 1)
@@ -955,26 +961,26 @@ fn logging(logged: Vec<Document>) -> Vec<Document> {
             "as": "c",
             "cond": { "$and": [
                 { "$eq": ["$$c.i", "$_id"] },
-                { "$eq": ["$$c.o", "$owner"] },
-                { "$eq": ["$$c.t", "$tries"] },
+                { "$eq": ["$$c.o", path(delivery::OWNER)] },
+                { "$eq": ["$$c.t", path(delivery::TRIES)] },
             ] },
         } },
         0,
     ] };
     let holds = doc! { "$and": [
         { "$eq": [{ "$type": "$$r" }, "object"] },
-        { "$eq": ["$state", DeliveryState::Pending.as_str()] },
+        { "$eq": [path(delivery::STATE), DeliveryState::Pending.as_str()] },
     ] };
     let after = doc! {
-        "attempts": { "$slice": [
-            { "$concatArrays": [{ "$ifNull": ["$attempts", []] }, ["$$r.a"]] },
+        delivery::ATTEMPTS: { "$slice": [
+            { "$concatArrays": [{ "$ifNull": [path(delivery::ATTEMPTS), []] }, ["$$r.a"]] },
             -MAX_ATTEMPTS_KEPT,
         ] },
-        "tries": { "$add": ["$tries", 1_i64] },
-        "state": "$$r.s",
-        "nextAttemptAt": "$$r.n",
-        "owner": Bson::Null,
-        "leaseUntil": Bson::Null,
+        delivery::TRIES: { "$add": [path(delivery::TRIES), 1_i64] },
+        delivery::STATE: "$$r.s",
+        delivery::NEXT_ATTEMPT_AT: "$$r.n",
+        delivery::OWNER: Bson::Null,
+        delivery::LEASE_UNTIL: Bson::Null,
     };
     vec![doc! { "$replaceWith": { "$let": {
         "vars": { "r": mine },
@@ -1072,6 +1078,56 @@ fn delivery_from(d: DeliveryDoc) -> StoreResult<Delivery> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Each field of `webhooks` and `deliveries` named in `store::fields` is the name
+    /// serde writes, and each name serde writes is there.
+    #[test]
+    fn the_webhook_and_delivery_fields_are_the_names_serde_writes() {
+        use super::super::fields::{assert_same_keys, attempt};
+        let now = DateTime::now();
+        let hook = WebhookDoc {
+            id: "wh_1".into(),
+            url: "https://example.com/hook".into(),
+            types: vec!["transfer.done".into()],
+            description: Some("d".into()),
+            tenant: Some("acme".into()),
+            secret: "whsec_x".into(),
+            previous_secret: Some("whsec_y".into()),
+            previous_until: Some(now),
+            created_at: now,
+            registered_at: BTreeMap::from([(
+                "default".to_owned(),
+                mongodb::bson::Timestamp {
+                    time: 1,
+                    increment: 1,
+                },
+            )]),
+        };
+        assert_same_keys(webhook::ALL, &hook);
+        let tried = AttemptDoc {
+            at: now,
+            status: Some(200),
+            error: Some("e".into()),
+            duration_ms: 3,
+        };
+        assert_same_keys(attempt::ALL, &tried);
+        let made = DeliveryDoc {
+            id: "wh_1:e".into(),
+            webhook: "wh_1".into(),
+            event_id: "e".into(),
+            event_type: "transfer.done".into(),
+            body: "{}".into(),
+            state: "pending".into(),
+            attempts: vec![tried],
+            tries: 1,
+            next_attempt_at: Some(now),
+            give_up_at: now,
+            owner: Some("token".into()),
+            lease_until: Some(now),
+            created_at: now,
+        };
+        assert_same_keys(delivery::ALL, &made);
+    }
 
     /// The bytes of `d`'s document, whichever way it is made, at most (the largest of a
     /// delivery made under a claim and one made with an attempt of the longest error),
