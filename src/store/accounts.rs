@@ -411,21 +411,30 @@ impl Store {
         Ok(changed)
     }
 
-    /// A multi-leg transfer's settle of a receiving party (`docs/legs.md`, step 5): pay
-    /// in its `net` (zero or more) out of the room its prepare made, with its credit
-    /// entry, and forget the marker, only where the prepare landed (its marker is
-    /// there). Never refused for the balance: the room guaranteed it.
-    pub async fn settle(&self, account: &AccountId, tx: TransferId, net: i64) -> StoreResult<()> {
+    /// A party's settle (`docs/protocol.md`, step 5): a receiving party's `pay_in` (zero
+    /// or more) paid in out of the room its prepare made, with its credit entry, and the
+    /// marker forgotten, only where the prepare landed (its marker is there); a party with
+    /// nothing to pay in (`None`: a paying one, or one credited at its prepare) only loses
+    /// its marker, in the same batch (`store::batch::Settle`). Never refused for the
+    /// balance: the room guaranteed it.
+    pub async fn settle(
+        &self,
+        account: &AccountId,
+        tx: TransferId,
+        pay_in: Option<i64>,
+    ) -> StoreResult<()> {
         failpoint!(self, BeforeCapture);
         self.batches
             .settles
             .submit(Settle {
                 account: account.to_string(),
                 tx: object_id(tx),
-                net,
+                pay_in,
             })
             .await?;
-        self.entries_added([account.as_str()]);
+        if pay_in.is_some() {
+            self.entries_added([account.as_str()]);
+        }
         Ok(())
     }
 

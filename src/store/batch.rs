@@ -177,14 +177,17 @@ pub struct Pull {
     pub tx: ObjectId,
 }
 
-/// A multi-leg transfer's settle of a receiving party (`docs/legs.md`, step 5): `net`
-/// paid in out of the room its prepare made, with its credit entry, and the marker
-/// pulled; only where the marker is, so a second landing finds nothing.
+/// A party's settle (`docs/protocol.md`, step 5): a receiving party's `pay_in` paid in
+/// out of the room its prepare made, with its credit entry, and the marker pulled; only
+/// where the marker is, so a second landing finds nothing.
 #[derive(Debug, Clone)]
 pub struct Settle {
     pub account: String,
     pub tx: ObjectId,
-    pub net: i64,
+    /// What a receiving party is paid in (zero or more); `None` for a party that only
+    /// loses its marker (a paying party, or one already paid in), so that the settle of
+    /// every party of a transfer is one write per deployment.
+    pub pay_in: Option<i64>,
 }
 
 /// What a transfer reads of an account it has not seen yet: its currency and tenant.
@@ -817,7 +820,11 @@ async fn settle_all(
 ) -> StoreResult<Vec<StoreResult<()>>> {
     let mut per_account: Vec<(&str, Vec<Bson>)> = Vec::new();
     for op in &ops {
-        let change = Bson::Document(doc! { "tx": op.tx, "d": op.net });
+        let change = match op.pay_in {
+            Some(net) => doc! { "tx": op.tx, "d": net, "p": true },
+            None => doc! { "tx": op.tx, "d": 0_i64, "p": false },
+        };
+        let change = Bson::Document(change);
         match per_account.iter_mut().find(|(a, _)| *a == op.account) {
             Some((_, changes)) if !changes.contains(&change) => changes.push(change),
             Some(_) => {}
@@ -885,7 +892,12 @@ fn settled(rows: &[(String, Document)]) -> Vec<Document> {
 /// only where its marker is.
 fn settle_walk() -> Document {
     let stored = Amounts::stored();
-    let landed = doc! { "$in": ["$$this.tx", path(account::PENDING)] };
+    // A settle pays in (and enters) only where it landed and has something to pay in;
+    // one that only pulls the marker leaves the amounts and makes no entry.
+    let landed = doc! { "$and": [
+        { "$in": ["$$this.tx", path(account::PENDING)] },
+        "$$this.p",
+    ] };
     let seq = doc! { "$add": [acc(1), 1_i64] };
     let balance = doc! { "$add": [acc(0), "$$this.d"] };
     doc! { "$reduce": {

@@ -507,7 +507,7 @@ async fn a_batch_of_settles_pays_each_receiving_party_in_once() {
     let settle = |name: &str, tx: TransferId, net: i64| Settle {
         account: name.to_owned(),
         tx: object_id(tx),
-        net,
+        pay_in: Some(net),
     };
     let batch = vec![
         settle("shop", t1, 290),
@@ -547,6 +547,23 @@ async fn a_batch_of_settles_pays_each_receiving_party_in_once() {
     // The payer's markers are its own settle's to pull, not these.
     let payer = app.store.account(&account("payer")).await.unwrap().unwrap();
     assert_eq!(payer.pending_transactions, vec![t1, t2]);
+
+    // A paying party's settle, in a batch with a receiving one's sent again: its marker
+    // goes, and nothing else; no amount changes and no entry is made, on either.
+    let pull_only = Settle {
+        account: "payer".to_owned(),
+        tx: object_id(t1),
+        pay_in: None,
+    };
+    let again = settle("shop", t2, 100);
+    settle_parties(accounts(&app), vec![pull_only, again])
+        .await
+        .unwrap();
+    let after = app.store.account(&account("payer")).await.unwrap().unwrap();
+    assert_eq!(after.pending_transactions, vec![t2]);
+    assert_eq!((after.balance, after.seq), (payer.balance, payer.seq));
+    let shop = app.store.account(&account("shop")).await.unwrap().unwrap();
+    assert_eq!((shop.balance, shop.seq), (395, 3));
 }
 
 /// A batch mixing kinds of state change and owners: the groups are written at once, and

@@ -680,7 +680,7 @@ async fn an_account_left_above_the_largest_balance_can_still_be_spent_from() {
             .await
             .unwrap()
     );
-    app.store.settle(&n, t2, 200).await.unwrap();
+    app.store.settle(&n, t2, Some(200)).await.unwrap();
     assert_eq!(app.balance("n").await, max + 100);
     let (status, body) = app.transfer("n", "other", 1).await;
     assert_eq!(status, 201, "{body}");

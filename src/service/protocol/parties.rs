@@ -224,13 +224,11 @@ impl TransferService {
     /// A transfer that credited at its prepare only has its markers pulled.
     pub(super) async fn settle_and_finish(&self, t: Transfer) -> StoreResult<Transfer> {
         let parties = t.parties();
+        // One kind of write for every party, so that a deployment's are one write.
         let settles = futures::future::join_all(parties.iter().map(|p| async {
             let store = self.deployments.of(&p.deployment)?;
-            if p.pays() || t.pays_in_at_prepare() {
-                store.pull_marker(&p.account, t.id).await
-            } else {
-                store.settle(&p.account, t.id, p.net).await
-            }
+            let pay_in = (!p.pays() && !t.pays_in_at_prepare()).then_some(p.net);
+            store.settle(&p.account, t.id, pay_in).await
         }))
         .await;
         first_error(settles)?;
