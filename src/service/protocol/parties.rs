@@ -67,6 +67,12 @@ fn in_turn(t: &Transfer) -> Vec<Vec<Party>> {
     vec![paying, receiving]
 }
 
+/// The parties of `parties` that pay (`paying`), or those that receive: the two groups
+/// a rollback and a release take one after the other.
+fn paying_or_not(parties: &[Party], paying: bool) -> impl Iterator<Item = &Party> {
+    parties.iter().filter(move |p| p.pays() == paying)
+}
+
 /// The side `party` takes in the account steps: a paying party's are a source's (funds,
 /// `pendingDebits`), a receiving party's a destination's (room, `pendingCredits`).
 fn party_side(party: &Party) -> Side {
@@ -245,13 +251,10 @@ impl TransferService {
         if t.hold.is_some() {
             return self.release(t).await;
         }
+        let parties = t.parties();
         for paying in [false, true] {
-            let parties = t.parties();
             let undos = futures::future::join_all(
-                parties
-                    .iter()
-                    .filter(|p| p.pays() == paying)
-                    .map(|p| self.undo_party(&t, p)),
+                paying_or_not(&parties, paying).map(|p| self.undo_party(&t, p)),
             )
             .await;
             first_error(undos)?;
@@ -324,13 +327,10 @@ impl TransferService {
     /// the hold stays `canceling` until every one is.
     async fn release(&self, t: Transfer) -> StoreResult<Transfer> {
         let mut failed = None;
+        let parties = t.parties();
         for paying in [true, false] {
-            let parties = t.parties();
             let releases = futures::future::join_all(
-                parties
-                    .iter()
-                    .filter(|p| p.pays() == paying)
-                    .map(|p| self.release_party(&t, p)),
+                paying_or_not(&parties, paying).map(|p| self.release_party(&t, p)),
             )
             .await;
             if let Err(e) = first_error(releases) {
