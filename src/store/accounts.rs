@@ -3,29 +3,87 @@
 //! `pendingTransactions` makes a retried step a no-op, so every step may be run again
 //! after a crash. Debits, credits and pulls are group-committed with those of concurrent
 //! transfers (`store::batch`); each keeps its own guards.
+//!
+//! All of it is the [`Accounts`] view (`store.accounts()`), which holds `accounts`, the
+//! database's clock, the group-commit queues (with the entry copier), the availability
+//! guard and the instance it writes for.
+
+use std::sync::Arc;
 
 use futures::TryStreamExt;
+use mongodb::Collection;
 use mongodb::bson::doc;
 use mongodb::options::FindOptions;
 
-use super::batch::{AccountChange, Essentials, Pull, Settle};
+use super::batch::{AccountChange, Batches, Essentials, Pull, Settle};
+use super::clock::Clock;
 use super::documents::{Stored, domain, object_id, stored_time};
-use super::entries::{Marker, changed_with_entry, opening_entry, room_changed};
+use super::entries::{Marker, Moved, changed_with_entry, opening_entry, room_changed};
 use super::fields::account;
 use super::guards::Amounts;
-use super::{AccountDoc, Store, StoreError, StoreResult};
+use super::{AccountDoc, Availability, StoreError, StoreResult};
 use crate::domain::{
-    Account, AccountId, Amount, Currency, EntryKind, ParseError, Placement, Side, TenantName,
-    Timestamp, TransferId,
+    Account, AccountId, Amount, Currency, DeploymentName, EntryKind, ParseError, Placement, Side,
+    TenantName, Timestamp, TransferId,
 };
 
-impl Store {
+/// The account book's writes and reads of `accounts` (from [`super::Store::accounts`]): the
+/// protocol's guarded steps on an account, the fences, and the reads of an account's
+/// amounts (its entries are the `Entries` view's). A step appends its entry to
+/// the account's document, in the same write, and tells the entry copier.
+#[derive(Clone, Copy, Debug)]
+pub struct Accounts<'s> {
+    pub(super) accounts: &'s Collection<AccountDoc>,
+    /// The group-commit queues of the steps, and the entry copier they feed.
+    pub(super) batches: &'s Arc<Batches>,
+    /// Stamps an account's opening entry.
+    pub(super) clock: Clock<'s>,
+    /// What an account read here says of its place.
+    pub(super) deployment: &'s DeploymentName,
+    /// A step is not sent again while its deployment does not answer.
+    pub(super) availability: &'s Availability,
+    /// Names the pause points of the steps in the tests.
+    #[cfg(feature = "failpoints")]
+    pub(super) actor: &'s str,
+}
+
+#[cfg(feature = "failpoints")]
+impl Accounts<'_> {
+    /// The instance this view writes for (the name of its pause points).
+    fn instance_id(&self) -> &str {
+        self.actor
+    }
+
+    /// [`super::hold_back`] for this view's instance.
+    fn hold_back(
+        self,
+        point: crate::failpoints::Point,
+        write: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> StoreResult<()> {
+        super::hold_back(self.actor, point, write)
+    }
+}
+
+impl Accounts<'_> {
+    /// What the entry copier knows is in `entries` of `account`: left out of the
+    /// document by the write that changes it.
+    fn entries_moved(self, account: &AccountId) -> Option<Moved> {
+        self.batches.entry_copier.moved(account.as_str())
+    }
+
+    /// Tells the entry copier that `accounts` have new entries.
+    fn entries_added<'a>(self, accounts: impl IntoIterator<Item = &'a str>) {
+        self.batches.entry_copier.touched(accounts);
+    }
+}
+
+impl Accounts<'_> {
     /// Opens `account` with its first entry, `opened`, in the same insert. The entry's
     /// time is a lower bound of the database's clock taken before the insert was sent
     /// (an insert cannot read `$$NOW`); every later entry's is the database's own clock
     /// when it lands, and never earlier than this one.
-    pub async fn insert_account(&self, account: &Account) -> StoreResult<()> {
-        let at = self.stamp_time().await?;
+    pub async fn insert_account(self, account: &Account) -> StoreResult<()> {
+        let at = self.clock.stamp_time().await?;
         let stored = AccountDoc {
             seq: 1,
             recent_entries: vec![opening_entry(account.balance, at)],
@@ -36,21 +94,21 @@ impl Store {
         Ok(())
     }
 
-    pub async fn account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
+    pub async fn account(self, id: &AccountId) -> StoreResult<Option<Account>> {
         let found = self
             .accounts
             .find_one(doc! { "_id": id.as_str() })
             .projection(without_entries())
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        found.map(|d| d.into_domain(&self.deployment)).transpose()
+        found.map(|d| d.into_domain(self.deployment)).transpose()
     }
 
     /// The places (here), currencies and tenants of two accounts (`None` for one that
     /// does not exist), read together with those of concurrent transfers (see
     /// `store::batch`).
     pub async fn placements(
-        &self,
+        self,
         accounts: [&AccountId; 2],
     ) -> StoreResult<[Option<Placement>; 2]> {
         let found = self
@@ -80,7 +138,7 @@ impl Store {
     /// the same however deep it is. Only `tenant`'s when given (index `tenant_id`: a
     /// tenant's page walks its own accounts only).
     pub async fn list_accounts(
-        &self,
+        self,
         tenant: Option<&TenantName>,
         after: Option<&AccountId>,
         limit: u32,
@@ -103,7 +161,7 @@ impl Store {
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        domain(cursor.try_collect().await?, &self.deployment)
+        domain(cursor.try_collect().await?, self.deployment)
     }
 
     /// The prepare of the receiving party of a one-leg transfer inserted before one
@@ -115,7 +173,7 @@ impl Store {
     /// server's clock (`$$NOW`): a step that reaches the server late, after another
     /// instance may have taken the transfer over, is refused there.
     pub async fn apply_credit(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         amount: Amount,
@@ -127,7 +185,7 @@ impl Store {
 
     /// Steps 3 and 4 of a transfer or a hold: `kind` of `amount` on `account`.
     pub async fn forward(
-        &self,
+        self,
         kind: Forward,
         account: &AccountId,
         tx: TransferId,
@@ -152,9 +210,9 @@ impl Store {
     /// A multi-leg transfer's prepare of one party (`docs/legs.md`, step 3): a paying
     /// party's debit of its net (`net` < 0, with its entry), or a receiving party's room
     /// for it (`incoming`, no entry), under the guards of every forward step. `deadline`
-    /// as for [`Store::apply_credit`].
+    /// as for [`Accounts::apply_credit`].
     pub async fn prepare(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         net: i64,
@@ -166,9 +224,9 @@ impl Store {
     /// A multi-leg hold's reservation on one party (`docs/legs.md`): a paying party's
     /// `pendingDebits`, a receiving party's `pendingCredits`, each with its entry; a
     /// party whose net is zero carries the marker alone. Guards and `deadline` as for
-    /// [`Store::prepare`].
+    /// [`Accounts::prepare`].
     pub async fn reserve(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         net: i64,
@@ -178,7 +236,7 @@ impl Store {
     }
 
     async fn prepare_as(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         net: i64,
@@ -234,7 +292,7 @@ impl Store {
     /// ([`ForwardStep::uncertain_until`]), and the caller must not pull or undo the
     /// marker before then.
     async fn change_account(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         change: Change,
@@ -252,7 +310,7 @@ impl Store {
             kind: kind.entry(),
         };
         let (applied, failed_before) = super::retried_while(
-            || self.is_answering(),
+            || self.availability.is_answering(),
             || async {
                 #[cfg(feature = "failpoints")]
                 {
@@ -285,7 +343,7 @@ impl Store {
     /// A settle of a paying party (and of a receiving one already paid in): forget the
     /// marker of `tx` on `account` and on no other account (group-committed, see
     /// `store::batch::Pull`).
-    pub async fn pull_marker(&self, account: &AccountId, tx: TransferId) -> StoreResult<()> {
+    pub async fn pull_marker(self, account: &AccountId, tx: TransferId) -> StoreResult<()> {
         failpoint!(self, BeforePull);
         self.batches
             .pulls
@@ -299,7 +357,7 @@ impl Store {
     /// Rollback: give back the `amount` a transfer moved on its `side` (to the source, out
     /// of the destination) and forget the marker, only where the transfer was applied.
     pub async fn undo(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         side: Side,
@@ -321,7 +379,7 @@ impl Store {
     /// `debits` out of the source or `credits` into the destination, and forget the
     /// marker, only where the reservation was made.
     pub async fn release(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         side: Side,
@@ -352,7 +410,7 @@ impl Store {
     /// where the reservation is (its marker). Never refused for the balance: the
     /// reservation guaranteed room for it (see `docs/holds.md`).
     pub async fn capture(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         side: Side,
@@ -386,7 +444,7 @@ impl Store {
     /// `change` and appending its entry (`kind`), only where `tx` is applied (its marker
     /// is there), so that a second landing finds nothing.
     async fn pull_marker_with(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         change: Change,
@@ -418,7 +476,7 @@ impl Store {
     /// its marker, in the same batch (`store::batch::Settle`). Never refused for the
     /// balance: the room guaranteed it.
     pub async fn settle(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         pay_in: Option<i64>,
@@ -442,7 +500,7 @@ impl Store {
     /// prepare made (`net`) and forget the marker, only where the prepare landed. No
     /// amount changes, so no entry.
     pub async fn release_room(
-        &self,
+        self,
         account: &AccountId,
         tx: TransferId,
         net: i64,
@@ -533,7 +591,7 @@ pub struct ForwardStep {
 }
 
 /// Whether a fence stands back from a transfer applied to its account (see
-/// [`Store::fence`]).
+/// [`Accounts::fence`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceWhen {
     /// Placed whether or not the transfer is applied to the account.
@@ -557,17 +615,17 @@ pub enum Fence {
     TooLate,
 }
 
-impl Store {
+impl Accounts<'_> {
     /// Makes the account refuse every later forward step of `tx`; `when` it is
     /// [`FenceWhen::UnlessApplied`], only if `tx` is not applied to it yet.
     ///
     /// `deadline` bounds when the fence may land, by the server's clock, exactly as a
     /// forward step's lease deadline does: the transfer was marked `fenced` (see
-    /// [`Store::mark_fenced`]) no later than a lease before it, so fence collection,
+    /// [`Transfers::mark_fenced`]) no later than a lease before it, so fence collection,
     /// which waits a whole lease after the transfer's last change, can never run before
     /// a fence that is still on its way.
     pub async fn fence(
-        &self,
+        self,
         account: &AccountId,
         transfer: TransferId,
         when: FenceWhen,
@@ -599,7 +657,7 @@ impl Store {
 
     /// Removes the fences of `tx` from its accounts. Only once no forward step of `tx`
     /// can land any more: see `sweeper::collect_fences`.
-    pub async fn drop_fences(&self, accounts: &[&AccountId], tx: TransferId) -> StoreResult<()> {
+    pub async fn drop_fences(self, accounts: &[&AccountId], tx: TransferId) -> StoreResult<()> {
         let tx = object_id(tx);
         let accounts: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
         self.accounts

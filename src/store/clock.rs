@@ -26,7 +26,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use mongodb::bson::DateTime;
+use mongodb::Database;
+use mongodb::bson::{DateTime, doc};
+
+use super::{StoreError, StoreResult};
+use crate::domain::{DeploymentName, Timestamp};
 
 /// How old the last reading may be before the next lower bound asks the server again.
 /// Bounds the drift between the server's clock and ours (at a few hundred parts per
@@ -119,6 +123,78 @@ impl ServerClock {
 
 fn plus(server: DateTime, elapsed: Duration) -> DateTime {
     DateTime::from_millis(server.timestamp_millis() + elapsed.as_millis() as i64)
+}
+
+/// The database's clock as a view of a [`super::Store`] reads it: the readings it keeps
+/// ([`ServerClock`]) and the database to read again when they are too old. Every view
+/// that stamps a write or starts a lease holds one.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock<'s> {
+    /// Where `hello` is sent when the last reading is too old.
+    pub(super) db: &'s Database,
+    /// The readings, shared by every clone of the store.
+    pub(super) clock: &'s ServerClock,
+    /// Named in the warning of a jump.
+    pub(super) deployment: &'s DeploymentName,
+}
+
+impl Clock<'_> {
+    /// The database server's clock, from `hello.localTime`. Leases are judged by this one
+    /// clock: an owner's forward steps carry a deadline the server checks against `$$NOW`,
+    /// and a takeover needs `lastModified` older than the server's time minus the lease,
+    /// so the clocks of the instances never matter.
+    pub async fn server_time(self) -> StoreResult<Timestamp> {
+        Ok(self.read_server_time().await?.to_chrono())
+    }
+
+    async fn read_server_time(self) -> StoreResult<mongodb::bson::DateTime> {
+        let sent = std::time::Instant::now();
+        let reply = self.db.run_command(doc! { "hello": 1 }).await?;
+        let arrived = std::time::Instant::now();
+        let time = reply
+            .get_datetime("localTime")
+            .copied()
+            .map_err(|e| StoreError::Malformed(format!("hello has no localTime: {e}").into()))?;
+        if let Some(jump_ms) = self.clock.observe(time, sent, arrived) {
+            tracing::warn!(deployment = %self.deployment, jump_ms, "the database's clock jumped; steps across deployments tolerate jumps up to a tenth of a lease");
+        }
+        Ok(time)
+    }
+
+    /// A time the database's clock has certainly reached (see [the module's doc](self)): what a driver
+    /// takes as the start of a lease it is about to stamp with the server's `$$NOW`.
+    /// Reads the server's clock when the last reading is too old.
+    pub async fn server_time_lower_bound(self) -> StoreResult<Timestamp> {
+        Ok(self.stamp_time().await?.to_chrono())
+    }
+
+    /// [`Clock::server_time_lower_bound`] as stored: the time a write stamps (with
+    /// `$max`, see `guards::stamped`) and the start of the lease it gives.
+    pub(super) async fn stamp_time(self) -> StoreResult<mongodb::bson::DateTime> {
+        self.clock_bound(ServerClock::lower_bound).await
+    }
+
+    /// A time the database's clock has certainly not passed yet (see [the module's doc](self)).
+    pub(super) async fn upper_bound_time(self) -> StoreResult<mongodb::bson::DateTime> {
+        self.clock_bound(ServerClock::upper_bound).await
+    }
+
+    /// `bound` of the last reading of the database's clock, reading it again first when
+    /// the last one is too old.
+    async fn clock_bound(
+        self,
+        bound: fn(&ServerClock) -> Option<mongodb::bson::DateTime>,
+    ) -> StoreResult<mongodb::bson::DateTime> {
+        if let Some(bound) = bound(self.clock) {
+            return Ok(bound);
+        }
+        self.read_server_time().await?;
+        bound(self.clock)
+            // Only an instance stalled for longer than a reading stays fresh gets here.
+            .ok_or_else(|| {
+                StoreError::Unavailable("the server's clock reading is already stale".into())
+            })
+    }
 }
 
 #[cfg(test)]

@@ -18,13 +18,17 @@
 //! not, and the read fails as unavailable. Listings merge every deployment's page, and
 //! fail as unavailable while one does not answer: a page with a hole would hand the
 //! client a cursor past transfers it never saw.
+//!
+//! The account directory is the [`Directory`] view (`store.directory()`), asked only of
+//! the first deployment's store.
 
 use std::cmp::Reverse;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use mongodb::bson::{DateTime, doc};
+use mongodb::Collection;
+use mongodb::bson::{DateTime, Document, doc};
 use tokio_util::sync::CancellationToken;
 
 use super::fields::account_directory;
@@ -194,12 +198,12 @@ impl Deployments {
 
     /// An account, wherever it lives.
     pub async fn find_account(&self, id: &AccountId) -> StoreResult<Option<Account>> {
-        self.first_found(|s| s.account(id)).await
+        self.first_found(|s| s.accounts().account(id)).await
     }
 
     /// A transfer, wherever it is logged.
     pub async fn find_transfer(&self, id: TransferId) -> StoreResult<Option<Transfer>> {
-        self.first_found(|s| s.transfer(id)).await
+        self.first_found(|s| s.transfers().transfer(id)).await
     }
 
     /// The deployment, currency and tenant of two accounts (`None` for one that exists
@@ -209,7 +213,7 @@ impl Deployments {
         let (answering, mut failure) = self.to_ask();
         let mut asked: FuturesUnordered<_> = answering
             .into_iter()
-            .map(|s| s.placements(accounts))
+            .map(|s| s.accounts().placements(accounts))
             .collect();
         let mut found: [Option<Placement>; 2] = [None, None];
         while let Some(answer) = asked.next().await {
@@ -245,7 +249,7 @@ impl Deployments {
         let pages = futures::future::try_join_all(
             self.stores
                 .iter()
-                .map(|s| s.list_accounts(tenant, after, limit)),
+                .map(|s| s.accounts().list_accounts(tenant, after, limit)),
         )
         .await?;
         Ok(merged(pages, limit, |a| a.id.clone()))
@@ -259,7 +263,9 @@ impl Deployments {
     ) -> StoreResult<Vec<Transfer>> {
         self.check_all_answering()?;
         let pages = futures::future::try_join_all(
-            self.stores.iter().map(|s| s.list_transfers(filter, limit)),
+            self.stores
+                .iter()
+                .map(|s| s.transfers().list_transfers(filter, limit)),
         )
         .await?;
         Ok(merged(pages, limit, |t| Reverse(t.id)))
@@ -278,7 +284,27 @@ impl Deployments {
         deployment: &DeploymentName,
     ) -> StoreResult<Reservation> {
         self.first().check_answering()?;
-        let directory = self.first().directory();
+        self.first().directory().reserve_id(id, deployment).await
+    }
+}
+
+/// The account directory, `accountDirectory` (from [`Store::directory`]): every
+/// account id and the deployment it was reserved for. Only the first deployment's is
+/// used (see [`Deployments::reserve_account_id`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Directory<'s> {
+    pub(super) directory: &'s Collection<Document>,
+}
+
+impl Directory<'_> {
+    /// Reserves `id` for `deployment` (see [`Deployments::reserve_account_id`]): the
+    /// one write a reservation makes, then the read that says who won.
+    pub async fn reserve_id(
+        self,
+        id: &AccountId,
+        deployment: &DeploymentName,
+    ) -> StoreResult<Reservation> {
+        let directory = self.directory;
         let entry = doc! { "_id": id.as_str(), account_directory::DEPLOYMENT: deployment.as_str(), account_directory::AT: DateTime::now() };
         match directory.insert_one(entry).await {
             Ok(_) => return Ok(Reservation::Reserved),

@@ -27,6 +27,9 @@
 //! they are read as well; the next change to such an account, by any instance, has them
 //! moved with its own. An account not changed again keeps its last entries in its
 //! document, copied or not.
+//!
+//! The reads are the [`Entries`] view (`store.entries()`), which holds `entries` and reads
+//! `accounts`; the copier is the [`EntryCopier`], one per store, in its batches.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -41,10 +44,11 @@ use mongodb::{Collection, Database};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
+use super::documents::AccountDoc;
 use super::documents::{EntryDoc, transfer_id};
 use super::fields::{account, entry, path};
 use super::guards::Amounts;
-use super::{Store, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Finality, Timestamp};
 
 /// How long the copier waits, after the first change it was told of, before it moves
@@ -290,11 +294,22 @@ struct Head {
     recent: Vec<Entry>,
 }
 
-impl Store {
+/// The ledger's reads (from [`super::Entries::entries`]): `entries`, and the entries not moved
+/// yet out of an account's document in `accounts`, read together. It writes neither:
+/// the account steps append entries (the `Accounts` view) and the [`EntryCopier`] moves
+/// them.
+#[derive(Clone, Copy, Debug)]
+pub struct Entries<'s> {
+    pub(super) entries: &'s Collection<EntryDoc>,
+    /// Read for an account's last entries and amounts, never written here.
+    pub(super) accounts: &'s Collection<AccountDoc>,
+}
+
+impl Entries<'_> {
     /// The entries of `account` numbered after `after`, oldest first, at most `limit`;
     /// `None` when the account does not exist.
     pub async fn entries(
-        &self,
+        self,
         account: &AccountId,
         after: u64,
         limit: u32,
@@ -343,7 +358,7 @@ impl Store {
     /// `account`'s amounts after its last entry whose `at` is not later than `at`
     /// (`seq` 0 and zeros before its first); `None` when the account does not exist.
     pub async fn balance_at(
-        &self,
+        self,
         account: &AccountId,
         at: Timestamp,
     ) -> StoreResult<Option<BalanceAt>> {
@@ -395,7 +410,7 @@ impl Store {
     /// "now" too, so the answer is the account as read, not as of `now`). `at` is `now`,
     /// or the last entry's time if later. `None` when the account does not exist.
     pub async fn current_balance(
-        &self,
+        self,
         account: &AccountId,
         now: Timestamp,
     ) -> StoreResult<Option<BalanceAt>> {
@@ -410,7 +425,7 @@ impl Store {
 
     /// What `account`'s document says of its ledger; `None` when the account does not
     /// exist.
-    async fn head(&self, account: &AccountId) -> StoreResult<Option<Head>> {
+    async fn head(self, account: &AccountId) -> StoreResult<Option<Head>> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Stored {
@@ -454,16 +469,6 @@ impl Store {
             last_at: d.last_entry_at.map(|at| at.to_chrono()),
             recent,
         }))
-    }
-
-    /// What this store's [`EntryCopier`] knows is in `entries` of `account`.
-    pub(super) fn entries_moved(&self, account: &AccountId) -> Option<Moved> {
-        self.batches.entry_copier.moved(account.as_str())
-    }
-
-    /// Tells this store's [`EntryCopier`] that `accounts` have new entries.
-    pub(super) fn entries_added<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
-        self.batches.entry_copier.touched(accounts);
     }
 }
 
@@ -547,7 +552,7 @@ impl EntryCopier {
         }
     }
 
-    fn touched<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
+    pub(super) fn touched<'a>(&self, accounts: impl IntoIterator<Item = &'a str>) {
         let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
         for account in accounts {
             if touched.len() >= MAX_REMEMBERED {

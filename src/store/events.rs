@@ -20,38 +20,43 @@
 //! - Where the stream resumes (`resumeToken`) is saved after the events before it are
 //!   recorded, so a crash or a takeover records some events twice (refused), never
 //!   skips one. The first recorder starts from `startAt`, the cluster time taken when
-//!   this version first started ([`Store::prepare_feed`]), before it served a request.
+//!   this version first started ([`Events::prepare_feed`]), before it served a request.
 //!
 //! Keeping: events older than the retention are removed from the front of the feed
-//! ([`Store::trim_events`]), whole cluster times at a time. `trimmedThrough` is raised
+//! ([`Events::trim_events`]), whole cluster times at a time. `trimmedThrough` is raised
 //! before they are deleted; a reader whose position is below it may have missed an
 //! event, and is told so. It is the last event removed, anyone's, so a reader without a
 //! position is not handed it: it starts at a position that names no event, after the
-//! front's whole cluster time ([`Store::reader_start`]).
+//! front's whole cluster time ([`Events::reader_start`]).
 //!
 //! Gaps: events that cannot be recorded (the stream cannot resume where it was saved:
-//! [`Store::open_changes`]; a change cannot be made an event: [`Store::record_events`])
+//! [`Events::open_changes`]; a change cannot be made an event: [`Events::record_events`])
 //! are never skipped silently. `trimmedThrough` is raised past them, in the guarded write
 //! that moves the stream past them, so that every cursor from before the gap is refused
 //! as one from before a removal is; the events left below it are removed by the next
 //! trims. An error log says what was lost and `event_feed_gaps_total` counts it.
+//!
+//! All of it is the [`Events`] view (`store.events()`), which holds the database (the
+//! feed's collections and its change stream), its clock and the deployment's name.
 
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mongodb::Collection;
 use mongodb::bson::{self, Bson, DateTime, Document, doc};
 use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToken};
 use mongodb::error::ErrorKind;
 use mongodb::options::FullDocumentType;
+use mongodb::{Collection, Database};
 use serde::{Deserialize, Serialize};
 
+use super::clock::Clock;
 use super::documents::{AccountDoc, Stored, TransferDoc, stored_time};
 use super::fields::{event, recorder, transfer};
-use super::{Store, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::domain::{
-    Event, EventData, EventType, Position, TenantName, Timestamp, TransferState, event_id,
+    DeploymentName, Event, EventData, EventType, Position, TenantName, Timestamp, TransferState,
+    event_id,
 };
 
 /// The collection of events.
@@ -67,7 +72,7 @@ const MAX_AWAIT: Duration = Duration::from_millis(200);
 pub const MAX_RECORDED: usize = 500;
 /// How long a recorder gathers changes, from the first, before it records them.
 const GATHER_FOR: Duration = Duration::from_millis(20);
-/// The most events removed in one round of [`Store::trim_events`]: a round is one
+/// The most events removed in one round of [`Events::trim_events`]: a round is one
 /// `deleteMany`, which holds SecantusDB's write lock for its whole length (about 25 ms
 /// for this many), so the rounds stay short and the recorder runs them back to back
 /// while there is more to remove.
@@ -157,7 +162,7 @@ impl Unreadable {
     }
 }
 
-/// What [`Store::watch_from_saved`] found.
+/// What [`Events::watch_from_saved`] found.
 enum Opened {
     /// Boxed: a change stream is large (some 1.8 KB), the other variant small.
     Changes(Box<Changes>),
@@ -223,7 +228,7 @@ fn tick_start(t: Tick) -> Position {
     }
 }
 
-/// Where a reader without a position starts ([`Store::reader_start`]).
+/// Where a reader without a position starts ([`Events::reader_start`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Start {
     /// A position that names no event: the start of the feed, or of a cluster time.
@@ -247,12 +252,25 @@ const FIRST_WINDOW: Tick = 1 << 32;
 /// The most events of any type a window of a type-filtered read gives.
 const FILTERED_WINDOW: usize = 500;
 
-impl Store {
-    fn events(&self) -> Collection<EventDoc> {
+/// The event feed (from [`super::Store::events`]): `events` and the recorder's document,
+/// `eventRecorder`, both named from the database it holds; the change stream the
+/// recorder reads is the database's.
+#[derive(Clone, Copy, Debug)]
+pub struct Events<'s> {
+    /// The feed's collections, its change stream and its cluster time.
+    pub(super) db: &'s Database,
+    /// The recorder's lease, by the database's clock.
+    pub(super) clock: Clock<'s>,
+    /// Named in the feed's warnings and its events.
+    pub(super) deployment: &'s DeploymentName,
+}
+
+impl Events<'_> {
+    fn events(self) -> Collection<EventDoc> {
         self.db.collection(EVENTS)
     }
 
-    fn recorder(&self) -> Collection<Document> {
+    fn recorder(self) -> Collection<Document> {
         self.db.collection(RECORDER)
     }
 
@@ -261,7 +279,7 @@ impl Store {
     /// start-up, after the migrations and before the instance serves, so that no change
     /// this version makes precedes the feed's start. Nothing may be read yet
     /// (`recordedThrough` below every event) until the first recorder says how far.
-    pub async fn prepare_feed(&self) -> StoreResult<()> {
+    pub async fn prepare_feed(self) -> StoreResult<()> {
         let now = self.cluster_time().await?;
         let mut start = doc! { recorder::RECORDED_THROUGH: tick_key(0) };
         match now {
@@ -281,7 +299,7 @@ impl Store {
 
     /// The deployment's cluster time now, if it gives one (a replica set or a sharded
     /// cluster does): every change made so far is at or before it.
-    pub async fn cluster_time(&self) -> StoreResult<Option<bson::Timestamp>> {
+    pub async fn cluster_time(self) -> StoreResult<Option<bson::Timestamp>> {
         let reply = self.db.run_command(doc! { "ping": 1 }).await?;
         Ok(reply.get_timestamp("operationTime").ok().or_else(|| {
             reply
@@ -293,11 +311,11 @@ impl Store {
 
     /// Takes or renews the lease of this deployment's recorder for `owner`, for `lease` by
     /// the database's clock, if it is `owner`'s or has run out. Whether `owner` holds it.
-    pub async fn claim_recorder(&self, owner: &str, lease: Duration) -> StoreResult<bool> {
+    pub async fn claim_recorder(self, owner: &str, lease: Duration) -> StoreResult<bool> {
         // Both ends by the database's clock, read just before: a lease that ran out by
         // it is free, and the new one runs from a time that clock has surely reached.
-        let now = self.server_time().await?;
-        let until = self.server_time_lower_bound().await?
+        let now = self.clock.server_time().await?;
+        let until = self.clock.server_time_lower_bound().await?
             + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
         let filter = doc! { "_id": RECORDER_ID, "$or": [
             { recorder::OWNER: owner },
@@ -311,7 +329,7 @@ impl Store {
     }
 
     /// Gives up `owner`'s lease, so that another instance records at once (at shutdown).
-    pub async fn release_recorder(&self, owner: &str) -> StoreResult<()> {
+    pub async fn release_recorder(self, owner: &str) -> StoreResult<()> {
         self.recorder()
             .update_one(
                 doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
@@ -332,7 +350,7 @@ impl Store {
     /// there, so that every cursor from before the gap is refused (410 `cursor_expired`)
     /// rather than served the feed without the lost events; an error log says which
     /// cluster times were lost and `event_feed_gaps_total` counts it.
-    pub async fn open_changes(&self, owner: &str) -> StoreResult<Option<Changes>> {
+    pub async fn open_changes(self, owner: &str) -> StoreResult<Option<Changes>> {
         self.bound_the_feed().await?;
         let why = match self.watch_from_saved().await? {
             Opened::Changes(changes) => return Ok(Some(*changes)),
@@ -361,7 +379,7 @@ impl Store {
         if moved.matched_count == 0 {
             return Ok(None);
         }
-        crate::metrics::feed_gap(&self.deployment, crate::metrics::FeedGap::HistoryLost);
+        crate::metrics::feed_gap(self.deployment, crate::metrics::FeedGap::HistoryLost);
         tracing::error!(
             deployment = %self.deployment,
             cause = %why,
@@ -380,7 +398,7 @@ impl Store {
     /// A feed an older version recorded has no `recordedThrough`, and is read up to its
     /// newest event: before this recorder inserts any, the bound is set there, so that
     /// no read passes an event it inserts before it says how far the feed may be read.
-    async fn bound_the_feed(&self) -> StoreResult<()> {
+    async fn bound_the_feed(self) -> StoreResult<()> {
         if self.feed_state().await?.recorded_through.is_some() {
             return Ok(());
         }
@@ -402,7 +420,7 @@ impl Store {
     /// stream has run dry (`publishable`), when every change up to then has been
     /// recorded. Without this, the last events before a handover stayed unreadable
     /// until a later event was recorded.
-    async fn left_unpublished(&self, state: &Document) -> StoreResult<Option<String>> {
+    async fn left_unpublished(self, state: &Document) -> StoreResult<Option<String>> {
         let Some(through) = state
             .get_str(recorder::RECORDED_THROUGH)
             .ok()
@@ -415,7 +433,7 @@ impl Store {
 
     /// The change stream from where the last recorder left it (`resumeToken`), or from
     /// `startAt`, or from now; or why it cannot resume there.
-    async fn watch_from_saved(&self) -> StoreResult<Opened> {
+    async fn watch_from_saved(self) -> StoreResult<Opened> {
         let state = self
             .recorder()
             .find_one(doc! { "_id": RECORDER_ID })
@@ -465,7 +483,7 @@ impl Store {
     /// Records the events of the changes the stream has now, at most [`MAX_RECORDED`]
     /// (waiting up to the stream's await time for a first one), then saves where the
     /// stream is, as `owner`. The events recorded by this call.
-    pub async fn record_events(&self, changes: &mut Changes, owner: &str) -> StoreResult<usize> {
+    pub async fn record_events(self, changes: &mut Changes, owner: &str) -> StoreResult<usize> {
         let mut found = Vec::new();
         let mut lost: Vec<Unreadable> = Vec::new();
         let mut changed = false;
@@ -535,7 +553,7 @@ impl Store {
 
     /// The key just past the cluster times of the changes `lost` (up to now for one
     /// without a cluster time), if there are any.
-    async fn past(&self, lost: &[Unreadable]) -> StoreResult<Option<String>> {
+    async fn past(self, lost: &[Unreadable]) -> StoreResult<Option<String>> {
         let time = match lost.iter().map(|l| l.time).max() {
             None => return Ok(None),
             Some(Some(time)) => time,
@@ -552,9 +570,9 @@ impl Store {
 
     /// Says what the changes `lost` were, whose events could not be recorded, once the
     /// front of the feed moved past them to `front`.
-    fn say_lost(&self, lost: &[Unreadable], front: &str) {
+    fn say_lost(self, lost: &[Unreadable], front: &str) {
         for change in lost {
-            crate::metrics::feed_gap(&self.deployment, crate::metrics::FeedGap::UnreadableChange);
+            crate::metrics::feed_gap(self.deployment, crate::metrics::FeedGap::UnreadableChange);
             tracing::error!(
                 deployment = %self.deployment,
                 change = %change.what,
@@ -593,7 +611,7 @@ impl Store {
 
     /// Inserts `events` in their order, leaving out those already recorded. The number
     /// inserted.
-    async fn insert_in_order(&self, events: &[EventDoc]) -> StoreResult<usize> {
+    async fn insert_in_order(self, events: &[EventDoc]) -> StoreResult<usize> {
         let mut inserted = 0;
         let mut rest: Vec<&EventDoc> = events.iter().collect();
         // Each round inserts up to the first event another recorder inserted meanwhile;
@@ -648,7 +666,7 @@ impl Store {
 
     /// The event `change` reports, if it reports one; [`StoreError::Malformed`] for a
     /// change that should be an event and cannot be made one.
-    fn event_of(&self, change: &ChangeStreamEvent<Document>) -> StoreResult<Option<EventDoc>> {
+    fn event_of(self, change: &ChangeStreamEvent<Document>) -> StoreResult<Option<EventDoc>> {
         let bad = |why: String| StoreError::Malformed(why.into());
         let collection = change.ns.as_ref().and_then(|n| n.coll.as_deref());
         let Some(time) = change.cluster_time else {
@@ -703,7 +721,7 @@ impl Store {
                     full.ok_or_else(|| bad("a transfer's change without its document".into()))?;
                 let transfer: TransferDoc =
                     bson::from_document(full.clone()).map_err(|e| bad(e.to_string()))?;
-                let transfer = transfer.into_domain(&self.deployment)?;
+                let transfer = transfer.into_domain(self.deployment)?;
                 let stamp = updated
                     .and_then(|f| f.get_datetime(transfer::LAST_MODIFIED).ok())
                     .map(|t| t.to_chrono());
@@ -723,9 +741,10 @@ impl Store {
     /// by the database's clock (at most [`MAX_TRIMMED`] a call): `trimmedThrough` is
     /// raised first, so that a reader below it learns it may have missed one. The number
     /// removed.
-    pub async fn trim_events(&self, owner: &str, retention: Duration) -> StoreResult<u64> {
+    pub async fn trim_events(self, owner: &str, retention: Duration) -> StoreResult<u64> {
         let retention = chrono::TimeDelta::from_std(retention).unwrap_or(chrono::TimeDelta::MAX);
         let cutoff = self
+            .clock
             .server_time()
             .await?
             .checked_sub_signed(retention)
@@ -787,13 +806,13 @@ impl Store {
     /// How far a round may move the front, given `old`, the events at its head older than
     /// the retention, and `up_to`, how far it read: to the end of a cluster time, never
     /// inside one, so that a reader starting there may start after that whole time
-    /// ([`Store::reader_start`]). The last old event's time is taken whole (one indexed
+    /// ([`Events::reader_start`]). The last old event's time is taken whole (one indexed
     /// read of its last event) when all of it is readable (up to `up_to`; a time
     /// `recordedThrough` cuts may still have events to come) and older than `cutoff`
     /// (events sharing a time are as old, as a rule); else the round stops at the end of
     /// the time before, if `old` has one. `None`: nothing to remove yet.
     async fn whole_ticks(
-        &self,
+        self,
         old: &[EventDoc],
         up_to: &str,
         cutoff: Timestamp,
@@ -832,7 +851,7 @@ impl Store {
     /// as not, so it is never handed out as it is. With none, the start of the feed; a
     /// front that is a cluster time's start (a gap's), the front itself; an event's
     /// position, the start of the next cluster time, after every event of the front's:
-    /// this version removes whole cluster times ([`Store::trim_events`]), and no event of
+    /// this version removes whole cluster times ([`Events::trim_events`]), and no event of
     /// a removed time comes later (a time is removed only once `recordedThrough` is at
     /// its end or past it). That start is above the front, so never refused as expired,
     /// and names no event. One indexed read checks that nothing `tenant` sees of the
@@ -840,7 +859,7 @@ impl Store {
     /// rounds stopped at a count) until a round of this version moves it to the time's
     /// end. Then the reader starts at the front itself, [`Start::AtFront`].
     pub async fn reader_start(
-        &self,
+        self,
         front: Option<Position>,
         tenant: Option<&TenantName>,
     ) -> StoreResult<Start> {
@@ -869,10 +888,10 @@ impl Store {
     }
 
     /// Removes up to [`MAX_TRIMMED`] events at or below `front`: those a gap left behind
-    /// when it moved the front past them ([`Store::open_changes`]), or a removal that
+    /// when it moved the front past them ([`Events::open_changes`]), or a removal that
     /// stopped between raising the front and deleting. The number removed. Nothing reads
     /// below the front, so any instance may remove them at any time.
-    async fn remove_below(&self, front: &Position) -> StoreResult<u64> {
+    async fn remove_below(self, front: &Position) -> StoreResult<u64> {
         let below: Vec<Bson> = self
             .events()
             .clone_with_type::<Document>()
@@ -901,7 +920,7 @@ impl Store {
     /// whole feed:
     /// SecantusDB materialises every match of a sorted find before its limit (37 ms for
     /// the newest of 40,000 events, 0.4 ms for a range of a few near the end).
-    pub async fn newest_event_after(&self, after: &Position) -> StoreResult<Option<Position>> {
+    pub async fn newest_event_after(self, after: &Position) -> StoreResult<Option<Position>> {
         let newest = self
             .events()
             .clone_with_type::<Document>()
@@ -914,7 +933,7 @@ impl Store {
     }
 
     /// How far the feed was trimmed, and how far it may be read, in one read.
-    pub async fn feed_state(&self) -> StoreResult<FeedState> {
+    pub async fn feed_state(self) -> StoreResult<FeedState> {
         let state = self
             .recorder()
             .find_one(doc! { "_id": RECORDER_ID })
@@ -934,7 +953,7 @@ impl Store {
     }
 
     /// The position of the last event removed after the retention, if any was.
-    pub async fn trimmed_through(&self) -> StoreResult<Option<Position>> {
+    pub async fn trimmed_through(self) -> StoreResult<Option<Position>> {
         Ok(self.feed_state().await?.trimmed_through)
     }
 
@@ -943,7 +962,7 @@ impl Store {
     /// `recorded` (the [`FeedState::recorded_through`] read before); and how far the feed
     /// was trimmed once they were read.
     pub async fn read_feed(
-        &self,
+        self,
         after: Option<&Position>,
         limit: u32,
         types: &[EventType],
@@ -978,7 +997,7 @@ impl Store {
     /// `recorded` (`recordedThrough`), or, where no recorder has kept it yet, the newest
     /// event itself.
     async fn read_bound(
-        &self,
+        self,
         after: &Position,
         recorded: Option<String>,
     ) -> StoreResult<Option<String>> {
@@ -998,7 +1017,7 @@ impl Store {
     /// A type filter is applied here, not in the find, so that the read knows the last
     /// event it passed whatever its type.
     async fn windows(
-        &self,
+        self,
         after: &Position,
         end_key: &str,
         limit: usize,
@@ -1068,13 +1087,13 @@ impl Store {
         Ok((found, examined))
     }
 
-    fn event_from(&self, d: EventDoc) -> StoreResult<Event> {
+    fn event_from(self, d: EventDoc) -> StoreResult<Event> {
         let bad = |why: String| StoreError::Malformed(format!("event {}: {why}", d.id).into());
         let kind = EventType::parse(&d.kind).map_err(|e| bad(e.0))?;
         let position = position(&d.key).ok_or_else(|| bad("its key is unreadable".into()))?;
         let data = match (d.transfer.clone(), d.account.clone()) {
-            (Some(t), None) => EventData::Transfer(t.into_domain(&self.deployment)?),
-            (None, Some(a)) => EventData::Account(a.into_domain(&self.deployment)?),
+            (Some(t), None) => EventData::Transfer(t.into_domain(self.deployment)?),
+            (None, Some(a)) => EventData::Account(a.into_domain(self.deployment)?),
             _ => return Err(bad("it has no transfer or account".into())),
         };
         Ok(Event {
@@ -1236,17 +1255,17 @@ mod tests {
     fn recorded_through_stops_before_a_time_whose_events_may_still_come() {
         let mut unpublished = None;
         let cut = [event_at(7, 1, "a:x"), event_at(8, 2, "a:z")];
-        let bound = Store::publishable(&mut unpublished, &cut, false).unwrap();
+        let bound = Events::publishable(&mut unpublished, &cut, false).unwrap();
         assert_eq!(bound, tick_key(tick(8, 2)));
         // An event of the same time with a smaller id, recorded next, is above the bound.
         assert!(key(&position(&event_at(8, 2, "a:b").key).unwrap()) > bound);
         assert!(bound > cut[0].key);
         // The stream ran dry: everything recorded is published.
-        let bound = Store::publishable(&mut unpublished, &[], true).unwrap();
+        let bound = Events::publishable(&mut unpublished, &[], true).unwrap();
         assert_eq!(bound, cut[1].key);
-        assert_eq!(Store::publishable(&mut unpublished, &[], true), None);
+        assert_eq!(Events::publishable(&mut unpublished, &[], true), None);
         let drained = [event_at(9, 1, "a:c")];
-        let bound = Store::publishable(&mut unpublished, &drained, true).unwrap();
+        let bound = Events::publishable(&mut unpublished, &drained, true).unwrap();
         assert_eq!(bound, drained[0].key);
     }
 

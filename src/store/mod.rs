@@ -6,6 +6,28 @@
 //! ([`accounts`], [`transfers`]). Every state change is a single guarded write that
 //! reports whether it won; the caller decides what losing means.
 //!
+//! [`Store`] is one deployment's connection handle: its deployment's name, the database,
+//! the clock readings, the group-commit queues, the answering/migrated flags and the
+//! instance it writes for. Itself it only connects, pings, reads the clock and applies
+//! the migrations; every read or write of documents is a method of a small view it hands
+//! out, which holds only its collections and the shared pieces it uses
+//! (`tests/architecture.rs` checks that no other method lands on `Store`, that each type's
+//! methods live in one file, and that the views never ask for one another):
+//!
+//! | view | collections | shared pieces |
+//! |---|---|---|
+//! | [`Store::accounts`] -> [`Accounts`] | `accounts` | clock, batches (and the entry copier), availability, actor |
+//! | [`Store::transfers`] -> [`Transfers`] | `transactions`, `idempotencyKeys` (a key is taken with its transfer) | clock, batches, actor |
+//! | [`Store::entries`] -> [`Entries`] | `entries`, and `accounts` read for the entries not moved yet | none |
+//! | [`Store::events`] -> [`Events`] | `events`, `eventRecorder`, the change stream | clock |
+//! | [`Store::webhooks`] -> [`Webhooks`] | `webhooks`, `deliveries`, `webhookDispatcher`, `webhookCaps` | clock |
+//! | [`Store::atomic`] -> [`Atomic`] | `transactions` and `accounts` in one transaction (the native strategy) | clock, the entry copier |
+//! | [`Store::directory`] -> [`Directory`] | `accountDirectory` (the first deployment's) | none |
+//!
+//! [`ApiKeyStore`] (`apiKeys`) is a type of its own, built from [`Store::database`]. A
+//! view borrows its store and is `Copy`; its methods take it by value, so a future of
+//! one (`store.transfers().transfer(id)`) lives as long as the store, not the view.
+//!
 //! Invariants kept here:
 //! - every write goes through a [`mongodb::Database`] handle whose write concern is
 //!   majority with journal, so an acknowledged step survives a crash of the database;
@@ -42,11 +64,18 @@ use crate::domain::{DeploymentName, Timestamp, TransferId};
 use crate::metrics::DbOutcome;
 use crate::retry;
 
+pub use accounts::Accounts;
 pub use api_keys::ApiKeyStore;
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
-pub use deployments::Deployments;
+pub use clock::Clock;
+pub use deployments::{Deployments, Directory};
 pub use documents::new_transfer_id;
 use documents::{AccountDoc, TransferDoc};
+pub use entries::Entries;
+pub use events::Events;
+pub use native::Atomic;
+pub use transfers::Transfers;
+pub use webhooks::Webhooks;
 
 /// The group-commit writers and the stored shapes, for the tests that call the writers
 /// with hand-made batches; built only with the `failpoints` feature, like every other
@@ -283,14 +312,32 @@ pub struct Store {
     /// The instance this handle writes for; names its pause points in the tests
     /// (`failpoints`). Empty for a handle that belongs to no instance.
     actor: std::sync::Arc<str>,
+    /// Whether the deployment may be asked now (see [`Availability`]), shared by every
+    /// clone.
+    availability: std::sync::Arc<Availability>,
+}
+
+/// Whether a deployment may be asked now: the guard a view consults before it sends a
+/// write again ([`Store::is_answering`]).
+#[derive(Debug)]
+pub(crate) struct Availability {
     /// False while [`Deployments::watch`] finds the deployment not answering: the service
     /// then refuses at once what would touch it, instead of holding a request, an
     /// admission permit and a connection for the driver's time-outs. Only a shortcut to
     /// the answer the database would give: not sending a write is always safe.
-    answering: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    answering: std::sync::atomic::AtomicBool,
     /// False while the migrations of this deployment have not been applied (it did not
     /// answer at start-up, see `startup`): refused like a deployment that does not answer.
-    migrated: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    migrated: std::sync::atomic::AtomicBool,
+}
+
+impl Availability {
+    /// Whether the deployment answered the last time it was watched and its migrations
+    /// are applied; true when nothing watches it.
+    pub(crate) fn is_answering(&self) -> bool {
+        self.answering.load(std::sync::atomic::Ordering::Relaxed)
+            && self.migrated.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Store {
@@ -369,8 +416,10 @@ impl Store {
             batches: batch::Batches::start(&db, group_commit_writes),
             clock: Default::default(),
             actor: "".into(),
-            answering: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            migrated: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            availability: std::sync::Arc::new(Availability {
+                answering: std::sync::atomic::AtomicBool::new(true),
+                migrated: std::sync::atomic::AtomicBool::new(true),
+            }),
             db,
         }
     }
@@ -393,24 +442,100 @@ impl Store {
         &self.deployment
     }
 
-    fn directory(&self) -> &Collection<Document> {
-        &self.directory
-    }
-
     pub fn database(&self) -> &Database {
         &self.db
     }
 
-    /// Whether the deployment answered the last time it was watched (see
-    /// [`Store::answering`]'s field); true when nothing watches it.
+    /// The database's clock as this deployment's views read it.
+    fn clock(&self) -> Clock<'_> {
+        Clock {
+            db: &self.db,
+            clock: &self.clock,
+            deployment: &self.deployment,
+        }
+    }
+
+    /// The account book's `accounts`: the protocol's steps on an account, its fences,
+    /// its reads.
+    pub fn accounts(&self) -> Accounts<'_> {
+        Accounts {
+            accounts: &self.accounts,
+            batches: &self.batches,
+            clock: self.clock(),
+            deployment: &self.deployment,
+            availability: &self.availability,
+            #[cfg(feature = "failpoints")]
+            actor: &self.actor,
+        }
+    }
+
+    /// The transfer log, `transactions`, with the idempotency keys.
+    pub fn transfers(&self) -> Transfers<'_> {
+        Transfers {
+            transactions: &self.transactions,
+            keys: &self.keys,
+            batches: &self.batches,
+            clock: self.clock(),
+            deployment: &self.deployment,
+            #[cfg(feature = "failpoints")]
+            actor: &self.actor,
+        }
+    }
+
+    /// The ledger's reads: `entries` and the entries not moved yet out of `accounts`.
+    pub fn entries(&self) -> Entries<'_> {
+        Entries {
+            entries: &self.entries,
+            accounts: &self.accounts,
+        }
+    }
+
+    /// The event feed and its recorder.
+    pub fn events(&self) -> Events<'_> {
+        Events {
+            db: &self.db,
+            clock: self.clock(),
+            deployment: &self.deployment,
+        }
+    }
+
+    /// The webhooks, their deliveries, the dispatcher and the registration caps.
+    pub fn webhooks(&self) -> Webhooks<'_> {
+        Webhooks {
+            db: &self.db,
+            clock: self.clock(),
+        }
+    }
+
+    /// The native strategy's transaction on `transactions` and `accounts`.
+    pub fn atomic(&self) -> Atomic<'_> {
+        Atomic {
+            db: &self.db,
+            transactions: &self.transactions,
+            accounts: &self.accounts,
+            batches: &self.batches,
+            clock: self.clock(),
+            deployment: &self.deployment,
+        }
+    }
+
+    /// The account directory, `accountDirectory` (the first deployment's is the one used).
+    pub fn directory(&self) -> Directory<'_> {
+        Directory {
+            directory: &self.directory,
+        }
+    }
+
+    /// Whether the deployment answered the last time it was watched and its migrations
+    /// are applied (see [`Availability`]); true when nothing watches it.
     pub fn is_answering(&self) -> bool {
-        self.answering.load(std::sync::atomic::Ordering::Relaxed)
-            && self.migrated.load(std::sync::atomic::Ordering::Relaxed)
+        self.availability.is_answering()
     }
 
     /// Marks this deployment's migrations applied or not (see [`Store::is_answering`]).
     pub fn set_migrated(&self, migrated: bool) {
-        self.migrated
+        self.availability
+            .migrated
             .store(migrated, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -426,7 +551,8 @@ impl Store {
     }
 
     fn set_answering(&self, answering: bool) -> bool {
-        self.answering
+        self.availability
+            .answering
             .swap(answering, std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -436,61 +562,15 @@ impl Store {
         Ok(())
     }
 
-    /// The database server's clock, from `hello.localTime`. Leases are judged by this one
-    /// clock: an owner's forward steps carry a deadline the server checks against `$$NOW`,
-    /// and a takeover needs `lastModified` older than the server's time minus the lease,
-    /// so the clocks of the instances never matter.
+    /// The database server's clock, from `hello.localTime` (see [`Clock::server_time`]).
     pub async fn server_time(&self) -> StoreResult<Timestamp> {
-        Ok(self.read_server_time().await?.to_chrono())
+        self.clock().server_time().await
     }
 
-    async fn read_server_time(&self) -> StoreResult<mongodb::bson::DateTime> {
-        let sent = std::time::Instant::now();
-        let reply = self.db.run_command(doc! { "hello": 1 }).await?;
-        let arrived = std::time::Instant::now();
-        let time = reply
-            .get_datetime("localTime")
-            .copied()
-            .map_err(|e| StoreError::Malformed(format!("hello has no localTime: {e}").into()))?;
-        if let Some(jump_ms) = self.clock.observe(time, sent, arrived) {
-            tracing::warn!(deployment = %self.deployment, jump_ms, "the database's clock jumped; steps across deployments tolerate jumps up to a tenth of a lease");
-        }
-        Ok(time)
-    }
-
-    /// A time the database's clock has certainly reached (see [`clock`]): what a driver
-    /// takes as the start of a lease it is about to stamp with the server's `$$NOW`.
-    /// Reads the server's clock when the last reading is too old.
+    /// A time the database's clock has certainly reached (see
+    /// [`Clock::server_time_lower_bound`]).
     pub async fn server_time_lower_bound(&self) -> StoreResult<Timestamp> {
-        Ok(self.stamp_time().await?.to_chrono())
-    }
-
-    /// [`Store::server_time_lower_bound`] as stored: the time a write stamps (with
-    /// `$max`, see [`guards::stamped`]) and the start of the lease it gives.
-    async fn stamp_time(&self) -> StoreResult<mongodb::bson::DateTime> {
-        self.clock_bound(clock::ServerClock::lower_bound).await
-    }
-
-    /// A time the database's clock has certainly not passed yet (see [`clock`]).
-    async fn upper_bound_time(&self) -> StoreResult<mongodb::bson::DateTime> {
-        self.clock_bound(clock::ServerClock::upper_bound).await
-    }
-
-    /// `bound` of the last reading of the database's clock, reading it again first when
-    /// the last one is too old.
-    async fn clock_bound(
-        &self,
-        bound: fn(&clock::ServerClock) -> Option<mongodb::bson::DateTime>,
-    ) -> StoreResult<mongodb::bson::DateTime> {
-        if let Some(bound) = bound(&self.clock) {
-            return Ok(bound);
-        }
-        self.read_server_time().await?;
-        bound(&self.clock)
-            // Only an instance stalled for longer than a reading stays fresh gets here.
-            .ok_or_else(|| {
-                StoreError::Unavailable("the server's clock reading is already stale".into())
-            })
+        self.clock().server_time_lower_bound().await
     }
 
     /// `deadline`, a time by this deployment's clock, as a time by the clock of
@@ -516,17 +596,17 @@ impl Store {
         let allowance = chrono::TimeDelta::from_std(allowance).unwrap_or(chrono::TimeDelta::MAX);
         // The other's bound first: time passing between the two readings then only
         // shortens what is left.
-        let there = other.stamp_time().await?.to_chrono();
-        let here = self.upper_bound_time().await?.to_chrono();
+        let there = other.clock().stamp_time().await?.to_chrono();
+        let here = self.clock().upper_bound_time().await?.to_chrono();
         Ok(there + (deadline - here) - allowance)
     }
 
     /// Applies the migrations in `migrations/` that this database has not applied yet,
-    /// then makes sure the event feed has its start ([`Store::prepare_feed`]): done
+    /// then makes sure the event feed has its start ([`Events::prepare_feed`]): done
     /// before the instance serves, so that none of its changes precedes the feed.
     pub async fn migrate(&self) -> StoreResult<Vec<String>> {
         let applied = migrations::apply_all(&self.db).await?;
-        self.prepare_feed().await?;
+        self.events().prepare_feed().await?;
         Ok(applied)
     }
 }
@@ -556,24 +636,22 @@ pub fn majority_journaled() -> WriteConcern {
         .build()
 }
 
+/// Fault injection (`failpoints::hold_back`): when `point` of `actor` (an instance) is
+/// held back, `write` is kept to be sent later, as a request stuck in the network would
+/// be, and the attempt fails unanswered.
 #[cfg(feature = "failpoints")]
-impl Store {
-    /// Fault injection (`failpoints::hold_back`): when `point` of this handle's instance
-    /// is held back, `write` is kept to be sent later, as a request stuck in the network
-    /// would be, and the attempt fails unanswered.
-    fn hold_back(
-        &self,
-        point: crate::failpoints::Point,
-        write: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> StoreResult<()> {
-        if !crate::failpoints::held_back(self.instance_id(), point) {
-            return Ok(());
-        }
-        crate::failpoints::keep(self.instance_id(), Box::pin(write));
-        Err(StoreError::Unavailable(
-            "failpoint: the request was held back".into(),
-        ))
+fn hold_back(
+    actor: &str,
+    point: crate::failpoints::Point,
+    write: impl std::future::Future<Output = ()> + Send + 'static,
+) -> StoreResult<()> {
+    if !crate::failpoints::held_back(actor, point) {
+        return Ok(());
     }
+    crate::failpoints::keep(actor, Box::pin(write));
+    Err(StoreError::Unavailable(
+        "failpoint: the request was held back".into(),
+    ))
 }
 
 /// Runs `attempt` again while it fails with [`StoreError::Unavailable`], a few times:

@@ -12,22 +12,33 @@
 //!
 //! Invariants: nothing is ever half-applied (until the commit, nothing is visible); a
 //! refused transfer writes nothing; giving up writes nothing.
+//!
+//! It is the [`Atomic`] view (`store.atomic()`): it writes `transactions` and `accounts`,
+//! the one view over two collections' documents in one write, since the transaction is the
+//! operation.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use mongodb::ClientSession;
+use std::sync::Arc;
+
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Document, doc};
 use mongodb::error::{ErrorKind, WriteFailure};
 use mongodb::options::ReadConcern;
+use mongodb::{ClientSession, Collection, Database};
 
-use super::documents::Stored;
+use super::batch::Batches;
+use super::clock::Clock;
+use super::documents::{AccountDoc, Stored};
+use super::entries::EntryCopier;
 use super::entries::{Marker, changed_with_entry};
 use super::fields::{account, path};
 use super::guards::Amounts;
-use super::{Store, StoreError, StoreResult, TransferDoc, majority_journaled};
-use crate::domain::{AccountId, CancelReason, EntryKind, MAX_MONEY, Transfer, TransferState};
+use super::{StoreError, StoreResult, TransferDoc, majority_journaled};
+use crate::domain::{
+    AccountId, CancelReason, DeploymentName, EntryKind, MAX_MONEY, Transfer, TransferState,
+};
 
 /// How long a transfer may keep starting new runs of its transaction before it gives up
 /// (the caller answers 503, `contended` if the last run lost to a write conflict; nothing
@@ -54,7 +65,32 @@ pub enum AtomicOutcome {
 #[derive(Debug)]
 struct TimeLimitReached;
 
-impl Store {
+/// The native strategy's one write (from [`super::Store::atomic`]): a transfer inserted into
+/// `transactions` and its money moved on `accounts`, in one transaction. It writes both
+/// collections because the transaction is the whole operation.
+#[derive(Clone, Copy, Debug)]
+pub struct Atomic<'s> {
+    pub(super) db: &'s Database,
+    pub(super) transactions: &'s Collection<TransferDoc>,
+    pub(super) accounts: &'s Collection<AccountDoc>,
+    /// The entry copier, told of the entries the transaction appended.
+    pub(super) batches: &'s Arc<Batches>,
+    /// Stamps the transfer's `lastModified`.
+    pub(super) clock: Clock<'s>,
+    /// What the transfer read back says of its place.
+    pub(super) deployment: &'s DeploymentName,
+}
+
+/// What a run of the transaction writes with, owned: the callback is run again by the
+/// driver and must not borrow the request (see [`Atomic::transfer_atomically_within`]).
+#[derive(Clone)]
+struct InTransaction {
+    transactions: Collection<TransferDoc>,
+    accounts: Collection<AccountDoc>,
+    copier: Arc<EntryCopier>,
+}
+
+impl Atomic<'_> {
     /// Inserts `transfer` as `done` and moves its money in one transaction, or, if an
     /// account refuses, writes nothing and says why. A taken idempotency key is
     /// [`StoreError::DuplicateKey`], as for an insert; a transaction that keeps failing
@@ -62,7 +98,7 @@ impl Store {
     /// [`StoreError::Contended`] when its last run lost to a write conflict (another
     /// transaction on the same account), else as [`StoreError::Unavailable`].
     pub async fn transfer_atomically(
-        &self,
+        self,
         transfer: &Transfer,
         owner: &str,
     ) -> StoreResult<AtomicOutcome> {
@@ -70,10 +106,10 @@ impl Store {
             .await
     }
 
-    /// [`Store::transfer_atomically`] with its own time limit, for the tests that make a
+    /// [`Atomic::transfer_atomically`] with its own time limit, for the tests that make a
     /// transaction conflict until it gives up.
     pub async fn transfer_atomically_within(
-        &self,
+        self,
         transfer: &Transfer,
         owner: &str,
         time_limit: Duration,
@@ -81,7 +117,7 @@ impl Store {
         let done = TransferDoc {
             state: TransferState::Done,
             application: Some(owner.to_owned()),
-            last_modified: self.stamp_time().await?,
+            last_modified: self.clock.stamp_time().await?,
             ..TransferDoc::from(transfer)
         };
         let deadline = Instant::now() + time_limit;
@@ -93,7 +129,12 @@ impl Store {
         // The callback owns clones (cheap: handles and one document) rather than borrowing
         // `self`: with borrowed captures, rustc cannot prove the request's future `Send`
         // (rust-lang/rust#96865, named in `and_run2`'s documentation).
-        let (store, steps_doc) = (self.clone(), done.clone());
+        let store = InTransaction {
+            transactions: self.transactions.clone(),
+            accounts: self.accounts.clone(),
+            copier: self.batches.entry_copier.clone(),
+        };
+        let steps_doc = done.clone();
         // Whether the last failed run lost to a write conflict: what giving up says.
         let conflicted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let lost = conflicted.clone();
@@ -122,9 +163,10 @@ impl Store {
             Ok(None) => {
                 // Committed: the entry copier copies the new entries out of the documents,
                 // as after a two-phase step (see `atomic_change`).
-                self.entries_added([done.source.as_str(), done.destination.as_str()]);
+                (self.batches.entry_copier)
+                    .touched([done.source.as_str(), done.destination.as_str()]);
                 Ok(AtomicOutcome::Done(Box::new(
-                    done.into_domain(&self.deployment)?,
+                    done.into_domain(self.deployment)?,
                 )))
             }
             Ok(Some(reason)) => Ok(AtomicOutcome::Refused(reason)),
@@ -136,7 +178,9 @@ impl Store {
             Err(e) => Err(e.into()),
         }
     }
+}
 
+impl InTransaction {
     /// Insert, debit, credit, inside the session's transaction. Returns why an account
     /// refused, if one did (the caller aborts).
     async fn atomic_steps(
@@ -216,7 +260,7 @@ impl Store {
             .get_str("_id")
             .ok()
             .and_then(|id| AccountId::parse(id).ok())
-            .and_then(|account| self.entries_moved(&account));
+            .and_then(|account| self.copier.moved(account.as_str()));
         let changed = self
             .accounts
             .update_one(

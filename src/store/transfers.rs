@@ -5,19 +5,27 @@
 //! `lastModified` only ever moves forward (`$max`, never `$set`): instances' clocks may
 //! disagree, and the lease and fence arithmetic needs every later write of a transfer to
 //! carry a time at least as late as every earlier one.
+//!
+//! All of it is the [`Transfers`] view (`store.transfers()`), which holds `transactions`
+//! and `idempotencyKeys` (a transfer and the key it takes are one concern), the
+//! database's clock, the group-commit queues and the instance it writes for.
+
+use std::sync::Arc;
 
 use futures::TryStreamExt;
+use mongodb::Collection;
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Bson, DateTime, Document, doc};
 use mongodb::options::{FindOptions, ReturnDocument};
 
 use super::accounts::Fence;
-use super::batch::Transition;
+use super::batch::{Batches, Transition};
+use super::clock::Clock;
 use super::documents::{Stored, domain, object_id, stored_key, stored_time, transfer_id};
 use super::fields::idempotency_key;
 use super::fields::{party, path, transfer};
 use super::guards::{owned_by, stamped, stamped_unset};
-use super::{Store, StoreError, StoreResult, TransferDoc};
+use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::{
     AccountId, Amount, CancelReason, DeploymentName, ScopedKey, Side, Timestamp, Transfer,
     TransferFilter, TransferId, TransferState,
@@ -60,7 +68,7 @@ fn finished_states() -> Vec<&'static str> {
 /// deadline of the owner's lease, checked against the server's clock. So whoever moves a
 /// transfer must know that none of those can land afterwards:
 /// - its owner, by [`Mover::Owner`]: guarded by `application`, it renews its own lease;
-/// - the sweeper, only once the owner's lease has lapsed: [`Store::claim`] is guarded by
+/// - the sweeper, only once the owner's lease has lapsed: [`Transfers::claim`] is guarded by
 ///   the transfer's `lastModified` being older than a lease, which outlives every
 ///   deadline the owner's steps carry;
 /// - a cancel, which does not wait for the lease, by [`Mover::Cancel`]: only once both
@@ -102,7 +110,7 @@ pub enum Resolution {
 }
 
 /// Proof that every account of a transfer refuses its forward steps (see
-/// [`Store::fence`]); only [`Fenced::all`] makes one.
+/// [`Accounts::fence`]); only [`Fenced::all`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub struct Fenced(());
 
@@ -207,7 +215,43 @@ impl Scan {
     }
 }
 
-impl Store {
+/// The transfer log, `transactions`, and the idempotency keys, `idempotencyKeys` (from
+/// [`Store::transfers`]): a transfer's insert and the key it takes are one concern (a
+/// replay finds the transfer by its key), so both collections are here.
+#[derive(Clone, Copy, Debug)]
+pub struct Transfers<'s> {
+    pub(super) transactions: &'s Collection<TransferDoc>,
+    /// `idempotencyKeys` (see [`super::Store`]'s field).
+    pub(super) keys: &'s Collection<Document>,
+    /// The group-commit queues of the inserts and state changes.
+    pub(super) batches: &'s Arc<Batches>,
+    /// Stamps `lastModified` and starts leases.
+    pub(super) clock: Clock<'s>,
+    /// What a transfer read here says of its place.
+    pub(super) deployment: &'s DeploymentName,
+    /// Names the pause points of the writes in the tests.
+    #[cfg(feature = "failpoints")]
+    pub(super) actor: &'s str,
+}
+
+#[cfg(feature = "failpoints")]
+impl Transfers<'_> {
+    /// The instance this view writes for (the name of its pause points).
+    fn instance_id(&self) -> &str {
+        self.actor
+    }
+
+    /// [`super::hold_back`] for this view's instance.
+    fn hold_back(
+        self,
+        point: crate::failpoints::Point,
+        write: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> StoreResult<()> {
+        super::hold_back(self.actor, point, write)
+    }
+}
+
+impl Transfers<'_> {
     /// Step 1: insert the transfer. Fails with `DuplicateKey` when its idempotency key is
     /// taken, or when it is a second reversal of the same transfer.
     ///
@@ -215,8 +259,8 @@ impl Store {
     /// [`super::clock`]), whatever the caller's copy says: another instance compares it
     /// with the database's time to decide when the transfer is stale.
     /// Returns that stamp.
-    pub async fn insert_transfer(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
-        let at = self.stamp_time().await?;
+    pub async fn insert_transfer(self, transfer: &Transfer) -> StoreResult<Timestamp> {
+        let at = self.clock.stamp_time().await?;
         let stamped = TransferDoc {
             last_modified: at,
             ..TransferDoc::from(transfer)
@@ -230,7 +274,7 @@ impl Store {
         Ok(at.to_chrono())
     }
 
-    pub async fn transfer(&self, id: TransferId) -> StoreResult<Option<Transfer>> {
+    pub async fn transfer(self, id: TransferId) -> StoreResult<Option<Transfer>> {
         #[cfg(feature = "failpoints")]
         if crate::failpoints::read_lags(self.instance_id()) {
             return Ok(None);
@@ -242,7 +286,7 @@ impl Store {
     /// before `idempotencyKeys` has no record). Not by `_id`: on a sharded log this
     /// query goes to every shard, so it is only for rare paths.
     pub async fn transfer_by_idempotency_key(
-        &self,
+        self,
         key: &ScopedKey,
     ) -> StoreResult<Option<Transfer>> {
         self.find_transfer(doc! { transfer::IDEMPOTENCY_KEY: stored_key(key) })
@@ -251,7 +295,7 @@ impl Store {
 
     /// The record of idempotency key `key` on this deployment: the transfer it made and
     /// the digest of the request that made it.
-    pub async fn idempotency_record(&self, key: &ScopedKey) -> StoreResult<Option<KeyRecord>> {
+    pub async fn idempotency_record(self, key: &ScopedKey) -> StoreResult<Option<KeyRecord>> {
         #[cfg(feature = "failpoints")]
         if crate::failpoints::read_lags(self.instance_id()) {
             return Ok(None);
@@ -284,7 +328,7 @@ impl Store {
     /// is inserted. Fails with `DuplicateKey` when the key is taken: exactly one of two
     /// concurrent requests with one key gets it.
     pub async fn take_idempotency_key(
-        &self,
+        self,
         key: &ScopedKey,
         record: &KeyRecord,
     ) -> StoreResult<()> {
@@ -306,7 +350,7 @@ impl Store {
     /// where it names `stale` (a transfer that will never be inserted: the request that
     /// took the key answers with `actual` instead), or where there is none.
     pub async fn repair_idempotency_record(
-        &self,
+        self,
         key: &ScopedKey,
         stale: Option<TransferId>,
         actual: &Transfer,
@@ -332,25 +376,25 @@ impl Store {
         Ok(())
     }
 
-    async fn find_transfer(&self, filter: Document) -> StoreResult<Option<Transfer>> {
+    async fn find_transfer(self, filter: Document) -> StoreResult<Option<Transfer>> {
         let found = self
             .transactions
             .find_one(filter)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        found.map(|d| d.into_domain(&self.deployment)).transpose()
+        found.map(|d| d.into_domain(self.deployment)).transpose()
     }
 
     /// Claims the one reversal a done transfer may have: sets `reversedBy` only if it is
     /// unset, and `reversing` until the compensation has finished, so that the sweeper
     /// finishes a reversal whose instance crashed. Returns whether this call claimed it.
     pub async fn claim_reversal(
-        &self,
+        self,
         original: TransferId,
         reversal: TransferId,
     ) -> StoreResult<bool> {
         failpoint!(self, BeforeClaimReversal);
-        let at = self.stamp_time().await?;
+        let at = self.clock.stamp_time().await?;
         let reversal = object_id(reversal);
         let result = self
             .transactions
@@ -372,11 +416,11 @@ impl Store {
     /// Releases a claim whose compensating transfer ended `canceled`, so that a later
     /// cancel may try again. The canceled compensation stays in the log.
     pub async fn release_reversal(
-        &self,
+        self,
         original: TransferId,
         reversal: TransferId,
     ) -> StoreResult<()> {
-        let at = self.stamp_time().await?;
+        let at = self.clock.stamp_time().await?;
         self.transactions
             .update_one(
                 doc! { "_id": object_id(original), transfer::REVERSED_BY: object_id(reversal) },
@@ -388,11 +432,11 @@ impl Store {
 
     /// Marks the reversal of `original` finished (its compensation is `done`).
     pub async fn reversal_finished(
-        &self,
+        self,
         original: TransferId,
         reversal: TransferId,
     ) -> StoreResult<()> {
-        let at = self.stamp_time().await?;
+        let at = self.clock.stamp_time().await?;
         let (original, reversal) = (object_id(original), object_id(reversal));
         self.transactions
             .update_one(
@@ -406,11 +450,7 @@ impl Store {
     /// Done transfers whose reversal was claimed before the scan's `stale_before` and has
     /// not finished: its instance crashed between the claim and the end of the
     /// compensation. The next page of `scan`.
-    pub async fn unfinished_reversals(
-        &self,
-        scan: &Scan,
-        limit: u32,
-    ) -> StoreResult<Vec<Transfer>> {
+    pub async fn unfinished_reversals(self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
         self.stale(doc! { transfer::REVERSING: true }, scan, limit)
             .await
     }
@@ -420,8 +460,8 @@ impl Store {
     /// Stamps the transfer (the fences' deadlines count from here). Returns the start of
     /// that window (a lower bound of the stamp), or `None` if the transfer is already
     /// finished: then nothing needs fencing.
-    pub async fn mark_fenced(&self, id: TransferId) -> StoreResult<Option<Timestamp>> {
-        let since = self.stamp_time().await?;
+    pub async fn mark_fenced(self, id: TransferId) -> StoreResult<Option<Timestamp>> {
+        let since = self.clock.stamp_time().await?;
         failpoint!(self, BeforeMarkFenced);
         let result = self
             .transactions
@@ -435,14 +475,14 @@ impl Store {
 
     /// Finished transfers whose account fences may still be in place, last modified
     /// before the scan's `stale_before`. The next page of `scan`.
-    pub async fn fenced_finished(&self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
+    pub async fn fenced_finished(self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
         let filter = doc! { transfer::FENCED: true, transfer::STATE: { "$in": finished_states() } };
         self.stale(filter, scan, limit).await
     }
 
     /// Holds still `held` whose `expiresAt` is not after `now` (a time by the database's
     /// clock), soonest expired first.
-    pub async fn expired_holds(&self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
+    pub async fn expired_holds(self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
         let filter = doc! {
             transfer::STATE: TransferState::Held.as_str(),
             transfer::EXPIRES_AT: { "$lte": stored_time(now) },
@@ -454,11 +494,11 @@ impl Store {
     /// Holds among `markers` (the transfers whose marker the account carries) reserving
     /// on `account`'s `side` (out of it as their source or a paying party, into it as
     /// their destination or a receiving party) whose reservation reads no longer count
-    /// (see [`Store::expired_holds_touching`]), soonest expired first. By the markers, so
+    /// (see [`Transfers::expired_holds_touching`]), soonest expired first. By the markers, so
     /// that holds already released there (a multi-leg hold stays `canceling` while another
     /// party's deployment does not answer) cannot fill the page.
     pub async fn expired_holds_reserving(
-        &self,
+        self,
         account: &AccountId,
         side: Side,
         markers: &[TransferId],
@@ -488,7 +528,7 @@ impl Store {
     /// Holds touching any of `accounts` that are past their `expiresAt` at `now` and not
     /// captured (`held`, or `canceling` while released).
     pub async fn expired_holds_touching(
-        &self,
+        self,
         accounts: &[&AccountId],
         now: Timestamp,
     ) -> StoreResult<Vec<Transfer>> {
@@ -507,11 +547,11 @@ impl Store {
             .find(filter)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        domain(cursor.try_collect().await?, &self.deployment)
+        domain(cursor.try_collect().await?, self.deployment)
     }
 
     /// Forgets that a finished transfer's accounts are fenced, once the fences are gone.
-    pub async fn unmark_fenced(&self, id: TransferId) -> StoreResult<()> {
+    pub async fn unmark_fenced(self, id: TransferId) -> StoreResult<()> {
         self.transactions
             .update_one(
                 doc! { "_id": object_id(id), transfer::STATE: { "$in": finished_states() }, transfer::FENCED: true },
@@ -523,7 +563,7 @@ impl Store {
 
     /// The next page of `scan` (at most `limit` transfers matching `filter`), least
     /// recently modified first.
-    async fn stale(&self, filter: Document, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
+    async fn stale(self, filter: Document, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
         self.find_sorted(
             scan.narrowed(filter),
             doc! { transfer::LAST_MODIFIED: 1 },
@@ -534,7 +574,7 @@ impl Store {
 
     /// At most `limit` transfers matching `filter`, in `sort` order.
     async fn find_sorted(
-        &self,
+        self,
         filter: Document,
         sort: Document,
         limit: u32,
@@ -549,12 +589,12 @@ impl Store {
             .with_options(options)
             .max_time(super::READ_TIME_LIMIT)
             .await?;
-        domain(cursor.try_collect().await?, &self.deployment)
+        domain(cursor.try_collect().await?, self.deployment)
     }
 
     /// Transfers newest first, by keyset on `_id` (an ObjectId grows with time).
     pub async fn list_transfers(
-        &self,
+        self,
         filter: &TransferFilter,
         limit: u32,
     ) -> StoreResult<Vec<Transfer>> {
@@ -563,7 +603,7 @@ impl Store {
             query.insert(transfer::STATE, state.as_str());
         }
         if filter.unexpired {
-            let now = self.stamp_time().await?;
+            let now = self.clock.stamp_time().await?;
             query.insert(transfer::EXPIRES_AT, doc! { "$gt": now });
         }
         if let Some(account) = filter.account.as_ref().map(|a| a.as_str()) {
@@ -588,7 +628,7 @@ impl Store {
     }
 }
 
-impl Store {
+impl Transfers<'_> {
     /// Moves a transfer from `from` to `to`, setting `fields` too, only if it is still in
     /// `from` and `by` may move it (see [`Mover`]); `by` becomes its owner. Returns the
     /// new `lastModified` (the start of the mover's lease) when this call made the change.
@@ -597,7 +637,7 @@ impl Store {
     /// On a cancel that names no fences for a transfer past `initial`: moving it then
     /// could let its owner's forward steps land afterwards. That is a bug in the caller.
     pub async fn change_state(
-        &self,
+        self,
         transfer: TransferId,
         from: TransferState,
         to: TransferState,
@@ -606,7 +646,7 @@ impl Store {
     ) -> StoreResult<Option<Timestamp>> {
         let id = object_id(transfer);
         // Taken before the write is sent, so the server stamps the lease at least this late.
-        let lease_start = self.stamp_time().await?;
+        let lease_start = self.clock.stamp_time().await?;
         let (owner, filter) = match by {
             Mover::Owner(owner) => {
                 failpoint!(self, BeforeTransition);
@@ -664,10 +704,10 @@ impl Store {
     }
 }
 
-impl Store {
+impl Transfers<'_> {
     /// An owner's state change that stores nothing else, group-committed with those of
     /// concurrent transfers (see `store::batch`). The new `lastModified` when it won.
-    async fn change_state_batched(&self, change: Transition) -> StoreResult<Option<Timestamp>> {
+    async fn change_state_batched(self, change: Transition) -> StoreResult<Option<Timestamp>> {
         #[cfg(feature = "failpoints")]
         {
             let (batches, change) = (self.batches.clone(), change.clone());
@@ -684,7 +724,7 @@ impl Store {
     /// decides by the server's clock where the write lands, stamped `lease_start`. The new
     /// `lastModified` when it won.
     async fn resolve_held(
-        &self,
+        self,
         id: ObjectId,
         set: Document,
         by: Resolution,
@@ -765,10 +805,10 @@ fn resolved_by_the_clock(
     ]
 }
 
-impl Store {
+impl Transfers<'_> {
     /// What a resolver's write takes for the server's clock: `$$NOW`, where the write
     /// lands; in the tests, the times set with `failpoints::set_clocks`, one per write.
-    fn resolving_clock(&self) -> Bson {
+    fn resolving_clock(self) -> Bson {
         #[cfg(feature = "failpoints")]
         if let Some(at) = crate::failpoints::next_clock(self.instance_id()) {
             return Bson::DateTime(DateTime::from_chrono(at));
@@ -778,12 +818,12 @@ impl Store {
 
     /// Renews `owner`'s lease on a transfer still in `state`: a fresh `lastModified`.
     pub async fn renew_lease(
-        &self,
+        self,
         owner: &str,
         id: TransferId,
         state: TransferState,
     ) -> StoreResult<Option<Timestamp>> {
-        let lease_start = self.stamp_time().await?;
+        let lease_start = self.clock.stamp_time().await?;
         failpoint!(self, BeforeRenew);
         let result = self
             .transactions
@@ -802,14 +842,14 @@ impl Store {
     /// transfer, whose remaining steps are safe for any instance to run. Returns the
     /// transfer as claimed, if it was still in `state`.
     pub async fn take_over(
-        &self,
+        self,
         owner: &str,
         id: TransferId,
         state: TransferState,
         _fenced: Fenced,
     ) -> StoreResult<Option<Transfer>> {
         failpoint!(self, BeforeTakeOver);
-        let at = self.stamp_time().await?;
+        let at = self.clock.stamp_time().await?;
         let taken = self
             .transactions
             .find_one_and_update(
@@ -818,29 +858,29 @@ impl Store {
             )
             .return_document(ReturnDocument::After)
             .await?;
-        taken.map(|d| d.into_domain(&self.deployment)).transpose()
+        taken.map(|d| d.into_domain(self.deployment)).transpose()
     }
 
     /// Unfinished transfers last modified before the scan's `stale_before` (a time by the
     /// database's clock, see [`Store::server_time`]), oldest first. The next page of
     /// `scan`.
-    pub async fn unfinished(&self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
+    pub async fn unfinished(self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
         let filter = doc! { transfer::STATE: { "$in": unfinished_states() } };
         self.stale(filter, scan, limit).await
     }
 
-    /// Claims a transfer found by [`Store::unfinished`]: one guarded findAndModify that
+    /// Claims a transfer found by [`Transfers::unfinished`]: one guarded findAndModify that
     /// wins only if nobody touched the transfer since it was read (same state, owner and
     /// `lastModified`; the owner too, since `lastModified` need not move) and it is still
     /// stale by the database's clock.
     pub async fn claim(
-        &self,
+        self,
         owner: &str,
         found: &Transfer,
         stale_before: Timestamp,
     ) -> StoreResult<Option<Transfer>> {
         failpoint!(self, BeforeClaim);
-        let at = self.stamp_time().await?;
+        let at = self.clock.stamp_time().await?;
         let filter = doc! {
             "_id": object_id(found.id),
             transfer::STATE: found.state.as_str(),
@@ -855,7 +895,7 @@ impl Store {
             .find_one_and_update(filter, stamped(doc! { transfer::APPLICATION: owner }, at))
             .return_document(ReturnDocument::After)
             .await?;
-        claimed.map(|d| d.into_domain(&self.deployment)).transpose()
+        claimed.map(|d| d.into_domain(self.deployment)).transpose()
     }
 }
 

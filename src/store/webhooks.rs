@@ -13,26 +13,30 @@
 //! - `webhookCaps`: one document per scope of `MAX_WEBHOOKS`, and `total` for
 //!   `MAX_WEBHOOKS_TOTAL`, written by every registration in the transaction that counts
 //!   and inserts, so that two registrations at once cannot both pass a cap
-//!   ([`Store::insert_webhook_capped`]).
+//!   ([`Webhooks::insert_webhook_capped`]).
 //!
 //! Every change to a delivery is guarded: a claim by the lease being free (by the
 //! database's clock), an attempt's outcome by the claimant still holding it, a manual
 //! retry by the delivery having failed. A claim that ran out (a killed instance) is taken
 //! by another; its late outcome is refused, and the delivery may be sent twice, never
 //! lost: at least once.
+//!
+//! All of it is the [`Webhooks`] view (`store.webhooks()`), which holds the database (its
+//! four collections, and the transaction of a registration) and its clock.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mongodb::Collection;
 use mongodb::bson::{Bson, DateTime, Document, doc};
+use mongodb::{Collection, Database};
 use serde::{Deserialize, Serialize};
 
+use super::clock::Clock;
 use super::documents::stored_time;
 use super::fields::{cap, delivery, dispatcher, path, webhook};
-use super::{Store, StoreError, StoreResult};
+use super::{StoreError, StoreResult};
 use crate::domain::{
     Attempt, Delivery, DeliveryState, DeploymentName, EventType, TenantName, Timestamp, Webhook,
     WebhookCap, WebhookSecret, WebhookUrl,
@@ -48,7 +52,7 @@ const WEBHOOK_CAPS: &str = "webhookCaps";
 /// The `_id` in `webhookCaps` of the cap on every webhook (`MAX_WEBHOOKS_TOTAL`).
 const TOTAL_CAP: &str = "total";
 
-/// The transaction of [`Store::insert_webhook_capped`], on owned handles. Its callback
+/// The transaction of [`Webhooks::insert_webhook_capped`], on owned handles. Its callback
 /// holds only owned values, its documents built before it: with a `&str` in it, rustc
 /// could not prove the handler's future `Send` (rust-lang/rust#96865, named in
 /// `and_run2`'s documentation).
@@ -244,20 +248,30 @@ pub enum Made {
     Attempted(Attempt, AttemptOutcome),
 }
 
-impl Store {
-    fn webhooks(&self) -> Collection<WebhookDoc> {
+/// The webhooks (from [`super::Store::webhooks`]): `webhooks`, their deliveries
+/// (`deliveries`), the dispatcher's lease and cursor and the registration caps, all
+/// named from the database it holds (a registration is a transaction on it).
+#[derive(Clone, Copy, Debug)]
+pub struct Webhooks<'s> {
+    pub(super) db: &'s Database,
+    /// Leases and due times, by the database's clock.
+    pub(super) clock: Clock<'s>,
+}
+
+impl Webhooks<'_> {
+    fn webhooks(self) -> Collection<WebhookDoc> {
         self.db.collection(WEBHOOKS)
     }
 
-    fn deliveries(&self) -> Collection<DeliveryDoc> {
+    fn deliveries(self) -> Collection<DeliveryDoc> {
         self.db.collection(DELIVERIES)
     }
 
-    fn dispatcher(&self) -> Collection<Document> {
+    fn dispatcher(self) -> Collection<Document> {
         self.db.collection(DISPATCHER)
     }
 
-    fn webhook_caps(&self) -> Collection<Document> {
+    fn webhook_caps(self) -> Collection<Document> {
         self.db.collection(WEBHOOK_CAPS)
     }
 
@@ -275,7 +289,7 @@ impl Store {
     /// more than its own delete. Registrations are thus made one at a time service-wide,
     /// which their rarity allows.
     pub async fn insert_webhook_capped(
-        &self,
+        self,
         w: &Webhook,
         cap: usize,
         total: usize,
@@ -307,13 +321,13 @@ impl Store {
     }
 
     /// Every webhook, oldest first: all of them, however many (their number is capped
-    /// where they are made, [`Store::insert_webhook_capped`]; a limit here left those
+    /// where they are made, [`Webhooks::insert_webhook_capped`]; a limit here left those
     /// past it never served).
-    pub async fn webhooks_all(&self) -> StoreResult<Vec<Webhook>> {
+    pub async fn webhooks_all(self) -> StoreResult<Vec<Webhook>> {
         self.webhooks_where(doc! {}).await
     }
 
-    async fn webhooks_where(&self, filter: Document) -> StoreResult<Vec<Webhook>> {
+    async fn webhooks_where(self, filter: Document) -> StoreResult<Vec<Webhook>> {
         self.webhooks_sorted(filter, None).await
     }
 
@@ -322,7 +336,7 @@ impl Store {
     /// page (the listing's order, so that a webhook registered meanwhile is met once, at
     /// its place).
     pub async fn webhooks_page(
-        &self,
+        self,
         tenant: Option<&TenantName>,
         after: Option<(Timestamp, &str)>,
         limit: i64,
@@ -345,7 +359,7 @@ impl Store {
     }
 
     async fn webhooks_sorted(
-        &self,
+        self,
         filter: Document,
         limit: Option<i64>,
     ) -> StoreResult<Vec<Webhook>> {
@@ -365,7 +379,7 @@ impl Store {
     /// `$in` holds [`IDS_READ_BYTES`] of ids at most, however many are asked (at most
     /// every webhook, `MAX_WEBHOOKS_TOTAL`).
     pub async fn webhooks_among(
-        &self,
+        self,
         ids: &[&str],
     ) -> StoreResult<std::collections::HashSet<String>> {
         let mut found = std::collections::HashSet::new();
@@ -399,7 +413,7 @@ impl Store {
         Ok(found)
     }
 
-    pub async fn webhook(&self, id: &str) -> StoreResult<Option<Webhook>> {
+    pub async fn webhook(self, id: &str) -> StoreResult<Option<Webhook>> {
         self.webhooks()
             .find_one(doc! { "_id": id })
             .await?
@@ -412,12 +426,12 @@ impl Store {
     /// two rotations at once are applied one after the other, the second keeping the
     /// first's new secret as the previous one. The webhook after it, if it exists.
     pub async fn rotate_webhook_secret(
-        &self,
+        self,
         id: &str,
         new: &WebhookSecret,
         overlap: Duration,
     ) -> StoreResult<Option<Webhook>> {
-        let until = self.server_time_lower_bound().await?
+        let until = self.clock.server_time_lower_bound().await?
             + chrono::TimeDelta::from_std(overlap).unwrap_or(chrono::TimeDelta::MAX);
         let rotate = if overlap.is_zero() {
             doc! { "$set": {
@@ -441,14 +455,14 @@ impl Store {
     }
 
     /// Deletes webhook `id` and its deliveries; whether it existed.
-    pub async fn delete_webhook(&self, id: &str) -> StoreResult<bool> {
+    pub async fn delete_webhook(self, id: &str) -> StoreResult<bool> {
         let deleted = self.webhooks().delete_one(doc! { "_id": id }).await?;
         self.delete_deliveries_of(id).await?;
         Ok(deleted.deleted_count == 1)
     }
 
     /// Removes every delivery of `webhook` (one that is deleted).
-    pub async fn delete_deliveries_of(&self, webhook: &str) -> StoreResult<()> {
+    pub async fn delete_deliveries_of(self, webhook: &str) -> StoreResult<()> {
         self.deliveries()
             .delete_many(doc! { delivery::WEBHOOK: webhook })
             .await?;
@@ -457,7 +471,7 @@ impl Store {
 
     /// Which of the deliveries `ids` are made (under the claim `token` only, if named).
     pub async fn deliveries_made(
-        &self,
+        self,
         ids: &[String],
         token: Option<&str>,
     ) -> StoreResult<std::collections::HashSet<String>> {
@@ -481,19 +495,19 @@ impl Store {
 
     /// Inserts new deliveries; one already made (a dispatch repeated after a crash) is
     /// left as it is. Those [`Made::Claimed`] are made under a claim of `claim` (a claim
-    /// token and its lease, by the database's clock), as [`Store::claim_due`] would make
+    /// token and its lease, by the database's clock), as [`Webhooks::claim_due`] would make
     /// it: the instance that makes them sends them without looking for them, and another
     /// takes them over only once the claim runs out. The ids of those already made
     /// (refused), whose attempts the caller must not log under its claim.
     pub async fn insert_deliveries(
-        &self,
+        self,
         new: Vec<NewDelivery<'_>>,
         claim: (&str, Duration),
     ) -> StoreResult<Vec<String>> {
         if new.is_empty() {
             return Ok(Vec::new());
         }
-        let now = self.server_time_lower_bound().await?;
+        let now = self.clock.server_time_lower_bound().await?;
         let until = now + chrono::TimeDelta::from_std(claim.1).unwrap_or(chrono::TimeDelta::MAX);
         let docs: Vec<DeliveryDoc> = new
             .into_iter()
@@ -526,7 +540,7 @@ impl Store {
     /// (`owner` and a random suffix), so a later claim of the same instance and a late
     /// log of an earlier one never mix.
     pub async fn claim_due(
-        &self,
+        self,
         owner: &str,
         lease: Duration,
         per_webhook: &std::collections::HashMap<String, usize>,
@@ -534,7 +548,7 @@ impl Store {
     ) -> StoreResult<Vec<Claimed>> {
         // A lower bound of the database's clock: a claim that ran out is seen a little
         // late, never early.
-        let now = self.server_time_lower_bound().await?;
+        let now = self.clock.server_time_lower_bound().await?;
         let until = now + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
         // By this instance's clock, a while before the claim runs out (its start is a lower
         // bound of the database's clock, a little behind it).
@@ -579,7 +593,7 @@ impl Store {
     /// Claims for `token` until `until` those of deliveries `ids` still pending and
     /// unclaimed (or whose claim ran out) at `now`.
     async fn claim_deliveries(
-        &self,
+        self,
         ids: &[&str],
         token: &str,
         now: Timestamp,
@@ -612,7 +626,7 @@ impl Store {
     /// The ids of up to `limit` deliveries due at `now` and not under a live claim, at
     /// most `per_webhook` of each of `hooks`, the longest due first.
     async fn due_for(
-        &self,
+        self,
         hooks: &[&str],
         per_webhook: &std::collections::HashMap<String, usize>,
         now: Timestamp,
@@ -666,7 +680,7 @@ impl Store {
     /// statement of an `update` on its own (44 ms for 64, against 5 ms for the same 64
     /// in one `updateMany`).
     pub async fn log_attempts(
-        &self,
+        self,
         done: &[(Claimed, Attempt, AttemptOutcome)],
     ) -> StoreResult<u64> {
         if done.is_empty() {
@@ -697,7 +711,7 @@ impl Store {
     /// `limit`, those before `before` only (the creation time and id of the last of the
     /// previous page) when it is given.
     pub async fn deliveries_of(
-        &self,
+        self,
         webhook: &str,
         state: Option<DeliveryState>,
         before: Option<(Timestamp, &str)>,
@@ -731,7 +745,7 @@ impl Store {
     }
 
     /// One delivery of `webhook`.
-    pub async fn delivery(&self, webhook: &str, id: &str) -> StoreResult<Option<Delivery>> {
+    pub async fn delivery(self, webhook: &str, id: &str) -> StoreResult<Option<Delivery>> {
         let found = self
             .deliveries()
             .find_one(doc! { "_id": id, delivery::WEBHOOK: webhook })
@@ -743,12 +757,12 @@ impl Store {
     /// Makes failed delivery `id` of `webhook` pending again, due now, tried until
     /// `give_up_at`. Whether it was failed.
     pub async fn retry_delivery(
-        &self,
+        self,
         webhook: &str,
         id: &str,
         give_up_at: Timestamp,
     ) -> StoreResult<bool> {
-        let now = self.server_time_lower_bound().await?;
+        let now = self.clock.server_time_lower_bound().await?;
         let again = self
             .deliveries()
             .update_one(
@@ -764,7 +778,7 @@ impl Store {
     }
 
     /// When the oldest pending delivery was made, if one is pending.
-    pub async fn oldest_pending_delivery(&self) -> StoreResult<Option<Timestamp>> {
+    pub async fn oldest_pending_delivery(self) -> StoreResult<Option<Timestamp>> {
         let found = self
             .deliveries()
             .clone_with_type::<Document>()
@@ -780,15 +794,15 @@ impl Store {
     }
 
     /// Takes or renews the dispatcher's lease for `owner`, as
-    /// [`Store::claim_recorder`] does the recorder's. The dispatcher's cursor in the
+    /// [`Events::claim_recorder`] does the recorder's. The dispatcher's cursor in the
     /// feed when `owner` holds it.
     pub async fn claim_dispatcher(
-        &self,
+        self,
         owner: &str,
         lease: Duration,
     ) -> StoreResult<Option<Option<String>>> {
-        let now = self.server_time().await?;
-        let until = self.server_time_lower_bound().await?
+        let now = self.clock.server_time().await?;
+        let until = self.clock.server_time_lower_bound().await?
             + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
         self.dispatcher()
             .update_one(
@@ -813,7 +827,7 @@ impl Store {
 
     /// Gives up `owner`'s dispatcher lease (at shutdown), so another instance goes on at
     /// once.
-    pub async fn release_dispatcher(&self, owner: &str) -> StoreResult<()> {
+    pub async fn release_dispatcher(self, owner: &str) -> StoreResult<()> {
         self.dispatcher()
             .update_one(
                 doc! { "_id": DISPATCHER_ID, dispatcher::OWNER: owner },
@@ -824,7 +838,7 @@ impl Store {
     }
 
     /// Saves the dispatcher's cursor, if `owner` still holds its lease.
-    pub async fn save_dispatcher_cursor(&self, owner: &str, cursor: &str) -> StoreResult<bool> {
+    pub async fn save_dispatcher_cursor(self, owner: &str, cursor: &str) -> StoreResult<bool> {
         let saved = self
             .dispatcher()
             .update_one(
@@ -902,7 +916,7 @@ pub fn claim_token(owner: &str) -> String {
     format!("{owner}#{:016x}", rand::random::<u64>())
 }
 
-/// What [`log_attempts`](Store::log_attempts) writes into one delivery, if its
+/// What [`log_attempts`](Webhooks::log_attempts) writes into one delivery, if its
 /// claim holds: the delivery (`i`), the claim (`o` its token, `t` the attempts before),
 /// the attempt (`a`), the state after it (`s`) and when the next is due (`n`, null when
 /// none is).
@@ -948,7 +962,7 @@ fn after_attempt(outcome: AttemptOutcome) -> (DeliveryState, Option<DateTime>) {
     }
 }
 
-/// The update pipeline of [`Store::log_attempts`]: each delivery takes the attempt
+/// The update pipeline of [`Webhooks::log_attempts`]: each delivery takes the attempt
 /// logged under the claim it is under now (its id, claim token and attempts before all
 /// the same: a batch may hold a late log of an earlier claim of the same delivery
 /// beside the live one), if it is still pending, and is left as it is otherwise. The
@@ -988,7 +1002,7 @@ fn logging(logged: Vec<Document>) -> Vec<Document> {
     } } }]
 }
 
-/// The most bytes of ids in one read of [`Store::webhooks_among`]: well under the 16 MiB
+/// The most bytes of ids in one read of [`Webhooks::webhooks_among`]: well under the 16 MiB
 /// a MongoDB command may be.
 const IDS_READ_BYTES: usize = 1 << 20;
 /// What an id adds to an `$in` besides its own bytes, at most: a type byte, its index as
