@@ -57,23 +57,28 @@ pub trait Kept: Send + Sync {
     fn give_up(&self, owner: &str) -> impl Future<Output = StoreResult<()>> + Send;
 }
 
-/// A deployment's recorder lease (`Store::claim_recorder`).
+/// A deployment's recorder lease (`Events::claim_recorder`).
 pub struct RecorderLease(pub Store);
 
 impl Kept for RecorderLease {
     type Taken = ();
 
     async fn take(&self, owner: &str, lease: Duration) -> StoreResult<Option<()>> {
-        Ok(self.0.claim_recorder(owner, lease).await?.then_some(()))
+        Ok(self
+            .0
+            .events()
+            .claim_recorder(owner, lease)
+            .await?
+            .then_some(()))
     }
 
     async fn give_up(&self, owner: &str) -> StoreResult<()> {
-        self.0.release_recorder(owner).await
+        self.0.events().release_recorder(owner).await
     }
 }
 
 /// The webhook dispatcher's lease, in the deployment that keeps the webhooks
-/// (`Store::claim_dispatcher`); its cursor in the feed comes with it.
+/// (`Webhooks::claim_dispatcher`); its cursor in the feed comes with it.
 pub struct DispatcherLease(pub Store);
 
 impl Kept for DispatcherLease {
@@ -81,11 +86,11 @@ impl Kept for DispatcherLease {
     type Taken = Option<String>;
 
     async fn take(&self, owner: &str, lease: Duration) -> StoreResult<Option<Option<String>>> {
-        self.0.claim_dispatcher(owner, lease).await
+        self.0.webhooks().claim_dispatcher(owner, lease).await
     }
 
     async fn give_up(&self, owner: &str) -> StoreResult<()> {
-        self.0.release_dispatcher(owner).await
+        self.0.webhooks().release_dispatcher(owner).await
     }
 }
 
@@ -281,12 +286,30 @@ mod tests {
         let mut a = Lease::new(DispatcherLease(store.clone()), "a");
         let mut b = Lease::new(DispatcherLease(store.clone()), "b");
         assert_eq!(a.take().await.unwrap(), Some(None), "no cursor yet");
-        assert!(store.save_dispatcher_cursor("a", "c1").await.unwrap());
+        assert!(
+            store
+                .webhooks()
+                .save_dispatcher_cursor("a", "c1")
+                .await
+                .unwrap()
+        );
         assert_eq!(b.take().await.unwrap(), None);
-        assert!(!store.save_dispatcher_cursor("b", "c2").await.unwrap());
+        assert!(
+            !store
+                .webhooks()
+                .save_dispatcher_cursor("b", "c2")
+                .await
+                .unwrap()
+        );
         a.give_up().await.unwrap();
         assert_eq!(b.take().await.unwrap(), Some(Some("c1".to_owned())));
-        assert!(!store.save_dispatcher_cursor("a", "c3").await.unwrap());
+        assert!(
+            !store
+                .webhooks()
+                .save_dispatcher_cursor("a", "c3")
+                .await
+                .unwrap()
+        );
     }
 
     /// A task that works once, then asks for shutdown, as a stopped instance does.

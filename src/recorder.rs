@@ -78,7 +78,7 @@ impl Task<RecorderLease> for Recorder {
     async fn work(&mut self, lease: &mut Lease<RecorderLease>, (): ()) -> StoreResult<()> {
         let store = &self.store;
         let owner = lease.owner().to_owned();
-        let Some(mut changes) = store.open_changes(&owner).await? else {
+        let Some(mut changes) = store.events().open_changes(&owner).await? else {
             tracing::info!(deployment = %store.deployment(), "recorder lease taken by another instance");
             return Ok(());
         };
@@ -93,7 +93,7 @@ impl Task<RecorderLease> for Recorder {
                 return Ok(());
             }
             if trimmed.is_none_or(|t| t.elapsed() >= trim_every) {
-                let removed = store.trim_events(&owner, self.retention).await?;
+                let removed = store.events().trim_events(&owner, self.retention).await?;
                 if removed > 0 {
                     tracing::debug!(deployment = %store.deployment(), removed, "events past the retention removed");
                 }
@@ -103,7 +103,7 @@ impl Task<RecorderLease> for Recorder {
             }
             // Waits up to the stream's await time when nothing happens, so the loop turns
             // a few times a second when quiet.
-            store.record_events(&mut changes, &owner).await?;
+            store.events().record_events(&mut changes, &owner).await?;
         }
     }
 

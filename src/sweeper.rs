@@ -167,7 +167,7 @@ async fn recover_stale(
     let mut runs = tokio::task::JoinSet::new();
     let sequential = one_at_a_time(service);
     'pages: loop {
-        let page = store.unfinished(&unfinished, BATCH).await?;
+        let page = store.transfers().unfinished(&unfinished, BATCH).await?;
         unfinished.past(&page);
         let last_page = page.len() < BATCH as usize;
         report.found += page.len();
@@ -212,7 +212,7 @@ fn may_claim(service: &TransferService, candidate: &Transfer) -> bool {
     service.store_of(candidate, Side::Destination).is_ok()
 }
 
-/// Claims `candidate` for this instance ([`Store::claim`]); `None` if someone touched it
+/// Claims `candidate` for this instance ([`Transfers::claim`]); `None` if someone touched it
 /// since it was read, or the claim failed (logged; the next pass tries again).
 async fn claim(
     service: &TransferService,
@@ -220,7 +220,11 @@ async fn claim(
     candidate: &Transfer,
     stale_before: Timestamp,
 ) -> Option<Transfer> {
-    match store.claim(service.owner(), candidate, stale_before).await {
+    match store
+        .transfers()
+        .claim(service.owner(), candidate, stale_before)
+        .await
+    {
         Ok(claimed) => claimed,
         Err(e) => {
             tracing::warn!(transfer_id = %candidate.id, error = %Chain(&e), "claim failed; next pass");
@@ -317,7 +321,7 @@ async fn finish_reversals(
 ) -> StoreResult<usize> {
     let mut finished = 0;
     loop {
-        let page = store.unfinished_reversals(&scan, BATCH).await?;
+        let page = store.transfers().unfinished_reversals(&scan, BATCH).await?;
         scan.past(&page);
         let last_page = page.len() < BATCH as usize;
         for original in page {
@@ -368,7 +372,7 @@ pub async fn collect_fences(
 ) -> StoreResult<usize> {
     let mut dropped = 0;
     loop {
-        let page = store.fenced_finished(&scan, BATCH).await?;
+        let page = store.transfers().fenced_finished(&scan, BATCH).await?;
         scan.past(&page);
         let last_page = page.len() < BATCH as usize;
         for transfer in page {
@@ -380,9 +384,9 @@ pub async fn collect_fences(
             let dropped_here = async {
                 for (on, accounts) in service.accounts_by_deployment(&transfer)? {
                     let accounts: Vec<&AccountId> = accounts.iter().collect();
-                    on.drop_fences(&accounts, transfer.id).await?;
+                    on.accounts().drop_fences(&accounts, transfer.id).await?;
                 }
-                store.unmark_fenced(transfer.id).await
+                store.transfers().unmark_fenced(transfer.id).await
             };
             match dropped_here.await {
                 Ok(()) => dropped += 1,
@@ -410,7 +414,7 @@ async fn expire_holds(
     shutdown: &CancellationToken,
 ) -> StoreResult<usize> {
     let mut expired = 0;
-    for hold in store.expired_holds(now, BATCH).await? {
+    for hold in store.transfers().expired_holds(now, BATCH).await? {
         if shutdown.is_cancelled() {
             break;
         }

@@ -59,6 +59,7 @@ async fn open_account(http: &reqwest::Client, instance: &Instance, id: &str, bal
 async fn assert_accounts(store: &Store, expected: [(&str, i64); 2]) {
     for (id, balance) in expected {
         let account = store
+            .accounts()
             .account(&support::values::account(id))
             .await
             .unwrap()
@@ -106,6 +107,7 @@ async fn an_instance_whose_clock_runs_five_seconds_behind_finishes_its_transfers
     let moved: i64 = amounts.iter().sum();
     assert_accounts(&store, [("a", 1000 - moved), ("b", moved)]).await;
     let transfers = store
+        .transfers()
         .list_transfers(&Default::default(), 100)
         .await
         .unwrap();
@@ -154,7 +156,11 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: Poin
     assert!(!status.success(), "crashed instance exited {status}");
 
     let store = Store::connect(&database_uri(), &database).await.unwrap();
-    let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
+    let stuck = store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
     assert_eq!(stuck.len(), 1, "one transfer inserted");
     assert!(
         !stuck[0].state.is_terminal(),
@@ -169,7 +175,7 @@ async fn a_correct_instance_takes_over_in_time_from(offset_secs: i64, step: Poin
     // The limit counts from the crash, the rescuer's start included.
     let left = TAKEOVER_LIMIT.saturating_sub(crashed.elapsed());
     let transfer = support::poll_until(left, Duration::from_millis(50), async || {
-        let t = store.transfer(id).await.unwrap().unwrap();
+        let t = store.transfers().transfer(id).await.unwrap().unwrap();
         if t.state.is_terminal() { Ok(t) } else { Err(t) }
     })
     .await
@@ -218,9 +224,20 @@ async fn an_inserted_transfer_is_stamped_by_the_database_whatever_its_copy_says(
     let transfer = support::values::initial("alice", "bob", 100);
     assert_eq!(transfer.last_modified, chrono::DateTime::UNIX_EPOCH);
     let before = app.store.server_time_lower_bound().await.unwrap();
-    let stamp = app.store.insert_transfer(&transfer).await.unwrap();
+    let stamp = app
+        .store
+        .transfers()
+        .insert_transfer(&transfer)
+        .await
+        .unwrap();
     let after = app.store.server_time().await.unwrap();
-    let stored = app.store.transfer(transfer.id).await.unwrap().unwrap();
+    let stored = app
+        .store
+        .transfers()
+        .transfer(transfer.id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.last_modified, stamp);
     // Lower bounds from two readings need not be ordered to the millisecond: a second's
     // margin either side still tells the database's time from anything else.
@@ -294,6 +311,7 @@ async fn transfers_both_ways_with_a_skewed_deployment(offset_secs: i64) {
     let there = Store::connect(&daemon.uri, &database).await.unwrap();
     for (store, id, balance) in [(&here, "here", 900), (&there, "there", 1100)] {
         let account = store
+            .accounts()
             .account(&support::values::account(id))
             .await
             .unwrap()
@@ -363,6 +381,7 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
     let there = connect("stepped", &daemon.uri).await;
     let bob = account("bob");
     there
+        .accounts()
         .insert_account(&Account {
             id: bob.clone(),
             deployment: there.deployment().clone(),
@@ -416,6 +435,7 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
     }
 
     let step = there
+        .accounts()
         .forward(
             Forward::Credit,
             &bob,
@@ -425,7 +445,7 @@ async fn a_step_carried_to_a_deployment_whose_clock_was_set_back_is_refused_once
         )
         .await
         .unwrap();
-    let stored = there.account(&bob).await.unwrap().unwrap();
+    let stored = there.accounts().account(&bob).await.unwrap().unwrap();
     assert!(
         !step.applied,
         "a credit sent after its lease ended landed (lease until {deadline} on the log's \

@@ -87,7 +87,13 @@ impl Books {
     async fn homes_of(&self, id: &str) -> Vec<&'static str> {
         let mut homes = Vec::new();
         for (name, store) in NAMES.iter().zip(&self.stores) {
-            if store.account(&values::account(id)).await.unwrap().is_some() {
+            if store
+                .accounts()
+                .account(&values::account(id))
+                .await
+                .unwrap()
+                .is_some()
+            {
                 homes.push(*name);
             }
         }
@@ -99,6 +105,7 @@ impl Books {
         let mut logs = Vec::new();
         for (name, store) in NAMES.iter().zip(&self.stores) {
             if store
+                .transfers()
                 .transfer(values::transfer_id(id))
                 .await
                 .unwrap()
@@ -113,7 +120,12 @@ impl Books {
     /// The balance of account `id`, wherever it lives.
     async fn balance(&self, id: &str) -> i64 {
         for store in &self.stores {
-            if let Some(a) = store.account(&values::account(id)).await.unwrap() {
+            if let Some(a) = store
+                .accounts()
+                .account(&values::account(id))
+                .await
+                .unwrap()
+            {
                 return a.balance;
             }
         }
@@ -124,7 +136,12 @@ impl Books {
     async fn totals(&self) -> (i64, usize) {
         let (mut total, mut markers) = (0, 0);
         for store in &self.stores {
-            for a in store.list_accounts(None, None, 10_000).await.unwrap() {
+            for a in store
+                .accounts()
+                .list_accounts(None, None, 10_000)
+                .await
+                .unwrap()
+            {
                 total += a.balance;
                 markers += a.pending_transactions.len();
             }
@@ -307,6 +324,7 @@ async fn a_transfer_across_deployments_moves_the_money_and_is_logged_with_its_so
     assert_eq!(books.logs_of(id).await, ["us"]);
     let logged = books
         .store("us")
+        .transfers()
         .transfer(values::transfer_id(id))
         .await
         .unwrap()
@@ -468,6 +486,7 @@ async fn a_hold_across_deployments_reserves_and_is_captured_or_voided() {
     for (who, deployment) in [("alice", "cn"), ("bob", "eu")] {
         let a = books
             .store(deployment)
+            .accounts()
             .account(&values::account(who))
             .await
             .unwrap()
@@ -741,6 +760,7 @@ async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_aft
         let mut unfinished = Vec::new();
         for store in &books.stores {
             for t in store
+                .transfers()
                 .list_transfers(&Default::default(), 100_000)
                 .await
                 .unwrap()
@@ -768,6 +788,7 @@ async fn an_outage_of_one_deployment_stops_only_its_transfers_and_all_finish_aft
         let mut n = 0;
         for store in &books.stores {
             n += store
+                .transfers()
                 .list_transfers(&Default::default(), 100_000)
                 .await
                 .unwrap()
@@ -1005,10 +1026,11 @@ async fn left_by_a_killed_instance(
     transfer.destination_deployment = DeploymentName::parse(destination_deployment).unwrap();
     transfer.state = TransferState::Pending;
     transfer.owner = Some("killed/00000000".into());
-    log.insert_transfer(&transfer).await.unwrap();
+    log.transfers().insert_transfer(&transfer).await.unwrap();
     if debited {
         let deadline = values::after(log.server_time().await.unwrap(), 10_000);
         let step = log
+            .accounts()
             .forward(
                 Forward::Debit,
                 &transfer.source,
@@ -1079,6 +1101,7 @@ async fn a_transfer_between_answering_deployments_is_recovered_behind_a_page_of_
     assert_eq!(books.balance("us-a").await, 5);
     assert_eq!(books.balance("eu-a").await, 995);
     let waiting = eu
+        .transfers()
         .list_transfers(&Default::default(), 1_000)
         .await
         .unwrap()
@@ -1136,7 +1159,7 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
     };
     let (within, every) = (Duration::from_secs(15), Duration::from_millis(100));
     support::poll_until(within, every, async || {
-        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let stored = eu.transfers().transfer(hold).await.unwrap().unwrap();
         let now = eu.server_time().await.unwrap();
         let expires_at = stored.hold.unwrap().expires_at;
         if stored.state == expected && now > values::after(expires_at, 500) {
@@ -1155,7 +1178,11 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
         let (within, every) = (Duration::from_secs(5), Duration::from_millis(100));
         let what = "the expired hold still reserves alice's money";
         support::eventually(what, within, every, async || {
-            let alice = eu.account(&values::account("alice")).await.unwrap();
+            let alice = eu
+                .accounts()
+                .account(&values::account("alice"))
+                .await
+                .unwrap();
             (alice.unwrap().pending_debits == 0).then_some(())
         })
         .await;
@@ -1183,7 +1210,7 @@ async fn the_money_of_a_hold_expired_while_its_destination_is_down_is_spendable(
     };
     let (within, every) = (Duration::from_secs(30), Duration::from_millis(200));
     let stored = support::poll_until(within, every, async || {
-        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let stored = eu.transfers().transfer(hold).await.unwrap().unwrap();
         if stored.state == TransferState::Canceled {
             Ok(stored)
         } else {
@@ -1240,6 +1267,7 @@ async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_whil
         (cn, "bob", Forward::ReserveIn),
     ] {
         let step = store
+            .accounts()
             .forward(
                 kind,
                 &values::account(account),
@@ -1256,7 +1284,7 @@ async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_whil
     hold.owner = Some("killed/00000000".into());
     daemons.daemons[2].kill();
     wait_until_known_down(&app, "cn").await;
-    eu.insert_transfer(&hold).await.unwrap();
+    eu.transfers().insert_transfer(&hold).await.unwrap();
 
     let (_, alice) = get(&app, "/accounts/alice").await;
     assert_eq!(alice["availableBalance"].as_i64(), Some(100), "{alice}");
@@ -1271,6 +1299,7 @@ async fn the_money_of_an_expired_hold_whose_expirer_was_killed_is_spendable_whil
         "the money shown available was refused: {spent}"
     );
     let alice = eu
+        .accounts()
         .account(&values::account("alice"))
         .await
         .unwrap()
@@ -1333,7 +1362,7 @@ async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out
             t.legs = Some(Box::new(legs));
         }
         let touches_cn = i % 8 == 0 || i % 8 == 2;
-        eu.insert_transfer(&t).await.unwrap();
+        eu.transfers().insert_transfer(&t).await.unwrap();
         let then = mongodb::bson::DateTime::from_chrono(values::after(now, -ago_ms));
         eu.database()
             .collection::<mongodb::bson::Document>("transactions")
@@ -1358,7 +1387,7 @@ async fn a_scan_of_stale_transfers_returns_each_once_across_pages_and_leaves_out
         let mut seen: Vec<Transfer> = Vec::new();
         let mut pages = 0;
         loop {
-            let page = eu.unfinished(&scan, 100).await.unwrap();
+            let page = eu.transfers().unfinished(&scan, 100).await.unwrap();
             scan.past(&page);
             pages += 1;
             let last = page.len() < 100;
@@ -1399,6 +1428,7 @@ async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time
     let hold = hold_from_alice_to_bob(&app, 3000).await;
     let eu = books.store("eu");
     let expires_at = eu
+        .transfers()
         .transfer(hold)
         .await
         .unwrap()
@@ -1409,8 +1439,9 @@ async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     daemons.daemons[2].signal(libc::SIGSTOP);
     loop {
-        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let stored = eu.transfers().transfer(hold).await.unwrap().unwrap();
         let alice = eu
+            .accounts()
             .account(&values::account("alice"))
             .await
             .unwrap()
@@ -1433,12 +1464,13 @@ async fn a_hold_into_a_frozen_deployment_is_expired_without_waiting_for_its_time
     let (within, every) = (Duration::from_secs(30), Duration::from_millis(200));
     let what = "the hold never ended after cn was thawed";
     support::eventually(what, within, every, async || {
-        let stored = eu.transfer(hold).await.unwrap().unwrap();
+        let stored = eu.transfers().transfer(hold).await.unwrap().unwrap();
         (stored.state == TransferState::Canceled).then_some(())
     })
     .await;
     let bob = books
         .store("cn")
+        .accounts()
         .account(&values::account("bob"))
         .await
         .unwrap()
@@ -1481,7 +1513,7 @@ async fn one_pass_pages_past_a_full_page_it_skips_to_the_transfer_behind() {
         .await
         .unwrap();
     assert_eq!((report.found, report.claimed, report.finished), (121, 1, 1));
-    let recovered = eu.transfer(to_us).await.unwrap().unwrap();
+    let recovered = eu.transfers().transfer(to_us).await.unwrap().unwrap();
     assert_eq!(recovered.state, TransferState::Done);
     assert_eq!(books.balance("us-a").await, 5);
 }
@@ -1572,8 +1604,9 @@ async fn reversal_left_by_a_killed_instance(
     transfer.destination_deployment = DeploymentName::parse(destination_deployment).unwrap();
     transfer.state = TransferState::Done;
     transfer.owner = Some("killed/00000000".into());
-    log.insert_transfer(&transfer).await.unwrap();
+    log.transfers().insert_transfer(&transfer).await.unwrap();
     let claimed = log
+        .transfers()
         .claim_reversal(transfer.id, transfer_service::store::new_transfer_id())
         .await
         .unwrap();
@@ -1659,7 +1692,7 @@ async fn one_pass_drives_its_claimed_transfers_at_once() {
     support::poll_until(within, every, async || {
         let mut states = Vec::new();
         for id in &left {
-            states.push(eu.transfer(*id).await.unwrap().unwrap().state);
+            states.push(eu.transfers().transfer(*id).await.unwrap().unwrap().state);
         }
         if states.contains(&TransferState::Done) {
             Ok(())
@@ -1689,7 +1722,7 @@ async fn fenced_left_by_a_killed_instance(
     transfer.reason = Some(transfer_service::domain::CancelReason::CanceledByRequest);
     transfer.owner = Some("killed/00000000".into());
     transfer.fenced = true;
-    log.insert_transfer(&transfer).await.unwrap();
+    log.transfers().insert_transfer(&transfer).await.unwrap();
     age_on(log, transfer.id, ago_ms).await;
     transfer.id
 }
@@ -1721,7 +1754,7 @@ async fn one_pass_drops_fences_past_a_page_it_cannot_and_at_most_a_batch() {
     let second = sweep_once(&bank, &never).await.unwrap();
     assert_eq!(second.fences_dropped, 20, "{second:?}");
     for id in to_us {
-        assert!(!eu.transfer(id).await.unwrap().unwrap().fenced);
+        assert!(!eu.transfers().transfer(id).await.unwrap().unwrap().fenced);
     }
 }
 
@@ -1797,6 +1830,7 @@ async fn assert_at_rest(books: &Books, accounts: &[(&str, &str, i64)]) {
     for &(account, deployment, balance) in accounts {
         let a = books
             .store(deployment)
+            .accounts()
             .account(&values::account(account))
             .await
             .unwrap()
@@ -1840,7 +1874,13 @@ async fn the_money_a_multi_leg_hold_logged_elsewhere_reserved_is_spendable_once_
     );
     let id = values::transfer_id(hold["id"].as_str().unwrap());
     assert!(
-        books.store("eu").transfer(id).await.unwrap().is_some(),
+        books
+            .store("eu")
+            .transfers()
+            .transfer(id)
+            .await
+            .unwrap()
+            .is_some(),
         "logged on eu"
     );
     tokio::time::sleep(Duration::from_millis(1_200)).await;
@@ -1854,7 +1894,13 @@ async fn the_money_a_multi_leg_hold_logged_elsewhere_reserved_is_spendable_once_
     )
     .await;
     assert_eq!(status, 201, "{moved}");
-    let ended = books.store("eu").transfer(id).await.unwrap().unwrap();
+    let ended = books
+        .store("eu")
+        .transfers()
+        .transfer(id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (ended.state, ended.reason),
         (TransferState::Canceled, Some(CancelReason::Expired)),
@@ -1904,7 +1950,13 @@ async fn the_room_a_hold_logged_elsewhere_kept_in_its_destination_is_free_once_i
     let (status, moved) = status_and_json(app.post_json("/transfers", credit).await).await;
 
     assert_eq!(status, 201, "{moved}");
-    let ended = books.store("eu").transfer(id).await.unwrap().unwrap();
+    let ended = books
+        .store("eu")
+        .transfers()
+        .transfer(id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (ended.state, ended.reason),
         (TransferState::Canceled, Some(CancelReason::Expired)),
@@ -1978,6 +2030,7 @@ async fn the_money_an_expired_multi_leg_hold_reserved_is_spendable_while_another
         let store = books.store(party.deployment.as_str());
         let deadline = values::after(store.server_time().await.unwrap(), 10_000);
         let step = store
+            .accounts()
             .reserve(&party.account, hold.id, party.net, deadline)
             .await
             .unwrap();
@@ -1989,7 +2042,7 @@ async fn the_money_an_expired_multi_leg_hold_reserved_is_spendable_while_another
     hold.owner = Some("killed/00000000".into());
     daemons.daemons[2].kill();
     wait_until_known_down(&app, "cn").await;
-    eu.insert_transfer(&hold).await.unwrap();
+    eu.transfers().insert_transfer(&hold).await.unwrap();
 
     let (_, p) = get(&app, "/accounts/mp-p").await;
     assert_eq!(p["availableBalance"].as_i64(), Some(100), "{p}");
@@ -2003,7 +2056,12 @@ async fn the_money_an_expired_multi_leg_hold_reserved_is_spendable_while_another
         (201, Some("done")),
         "the money shown available was refused: {spent}"
     );
-    let p = eu.account(&values::account("mp-p")).await.unwrap().unwrap();
+    let p = eu
+        .accounts()
+        .account(&values::account("mp-p"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((p.balance, p.pending_debits), (0, 0));
     assert!(p.pending_transactions.is_empty(), "{p:?}");
 }

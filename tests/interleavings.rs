@@ -53,7 +53,11 @@ async fn start_transfer(
     let (within, every) = (Duration::from_secs(10), Duration::from_millis(10));
     let what = "the transfer was never recorded";
     let id = support::eventually(what, within, every, async || {
-        let listed = app.store.list_transfers(&Default::default(), 10).await;
+        let listed = app
+            .store
+            .transfers()
+            .list_transfers(&Default::default(), 10)
+            .await;
         listed.unwrap().first().map(|t| t.id)
     })
     .await;
@@ -112,6 +116,7 @@ async fn cancel(app: &TestApp, id: TransferId) -> Value {
 
 async fn transfer(app: &TestApp, id: TransferId) -> Transfer {
     app.store
+        .transfers()
         .transfer(id)
         .await
         .unwrap()
@@ -153,6 +158,7 @@ async fn assert_balances_and_no_markers(app: &TestApp, alice: i64, bob: i64) {
 async fn assert_ledger(app: &TestApp) {
     let transfers = app
         .store
+        .transfers()
         .list_transfers(&Default::default(), 10_000)
         .await
         .unwrap();
@@ -212,7 +218,11 @@ async fn race<M>(
         Post::Hold(amount) => {
             let answer = spawn_hold(on, amount);
             paused.reached().await;
-            let listed = on.store.list_transfers(&Default::default(), 1).await;
+            let listed = on
+                .store
+                .transfers()
+                .list_transfers(&Default::default(), 1)
+                .await;
             (answer, listed.unwrap()[0].id)
         }
         Post::Cancel(id) => {
@@ -325,6 +335,7 @@ async fn a_cancel_after_the_commit_point_completes_the_transfer_then_reverses_it
     assert_eq!(
         owner
             .store
+            .transfers()
             .list_transfers(&Default::default(), 10)
             .await
             .unwrap()
@@ -347,7 +358,13 @@ async fn a_cancel_after_every_party_is_prepared_but_before_the_commit_rolls_it_b
         Point::AfterCredit,
         async |id| {
             assert_eq!(owner.balance("alice").await, 700, "the debit landed");
-            let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+            let bob = owner
+                .store
+                .accounts()
+                .account(&account("bob"))
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!((bob.balance, bob.incoming), (0, 300), "room made on bob");
 
             let canceled = cancel(&other, id).await;
@@ -361,7 +378,13 @@ async fn a_cancel_after_every_party_is_prepared_but_before_the_commit_rolls_it_b
     .answers(Answer::Code(409, "transfer_canceled"));
     let t = transfer(&owner, id).await;
     assert_eq!(t.state, TransferState::Canceled);
-    let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+    let bob = owner
+        .store
+        .accounts()
+        .account(&account("bob"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(bob.incoming, 0, "bob's room given back");
     assert_balances_and_no_markers(&owner, 1000, 0).await;
 }
@@ -431,14 +454,26 @@ async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
     let canceled = transfer(&owner, id).await;
     assert!(canceled.fenced);
     for name in ["alice", "bob"] {
-        let doc = owner.store.account(&account(name)).await.unwrap().unwrap();
+        let doc = owner
+            .store
+            .accounts()
+            .account(&account(name))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(doc.fenced_transactions, vec![id], "{name} is fenced");
     }
 
     let t = wait_for(&owner, id, stale + Duration::from_secs(10), |t| !t.fenced).await;
     assert_eq!(t.state, TransferState::Canceled);
     for name in ["alice", "bob"] {
-        let doc = owner.store.account(&account(name)).await.unwrap().unwrap();
+        let doc = owner
+            .store
+            .accounts()
+            .account(&account(name))
+            .await
+            .unwrap()
+            .unwrap();
         assert!(doc.fenced_transactions.is_empty(), "{name}: {doc:?}");
     }
     // The old owner's credit, carrying the deadline of its lease, still cannot land.
@@ -446,6 +481,7 @@ async fn the_sweeper_drops_the_fences_of_a_canceled_transfer_after_one_lease() {
     let deadline = after(leased.last_modified, lease_ms - lease_ms / 10);
     let landed = owner
         .store
+        .accounts()
         .apply_credit(&account("bob"), id, amount(300), deadline)
         .await
         .unwrap()
@@ -467,7 +503,13 @@ async fn the_sweeper_finishes_a_reversal_interrupted_between_its_claim_and_its_i
     assert_eq!(status, 201, "{body}");
     let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
     let reversal_id = new_transfer_id();
-    assert!(app.store.claim_reversal(id, reversal_id).await.unwrap());
+    assert!(
+        app.store
+            .transfers()
+            .claim_reversal(id, reversal_id)
+            .await
+            .unwrap()
+    );
 
     let original = wait_for(&app, id, Duration::from_secs(10), |t| !t.reversing).await;
     assert_eq!(original.reversed_by, Some(reversal_id));
@@ -489,7 +531,13 @@ async fn an_interrupted_reversal_the_destination_cannot_fund_is_released() {
     let id: TransferId = body["id"].as_str().unwrap().parse().unwrap();
     assert_eq!(app.transfer("bob", "carol", 600).await.0, 201);
     let reversal_id = new_transfer_id();
-    assert!(app.store.claim_reversal(id, reversal_id).await.unwrap());
+    assert!(
+        app.store
+            .transfers()
+            .claim_reversal(id, reversal_id)
+            .await
+            .unwrap()
+    );
 
     let original = wait_for(&app, id, Duration::from_secs(10), |t| !t.reversing).await;
     assert_eq!(original.reversed_by, None, "the claim is released");
@@ -516,10 +564,11 @@ async fn a_claim_of_a_transfer_whose_lease_is_running_is_refused() {
     .await;
     open_alice_and_bob(&app).await;
     let t = initial("alice", "bob", 1);
-    app.store.insert_transfer(&t).await.unwrap();
+    app.store.transfers().insert_transfer(&t).await.unwrap();
     let (initial, pending) = (TransferState::Initial, TransferState::Pending);
     let started = app
         .store
+        .transfers()
         .change_state(
             t.id,
             initial,
@@ -533,14 +582,24 @@ async fn a_claim_of_a_transfer_whose_lease_is_running_is_refused() {
     let found = transfer(&app, t.id).await;
     let now = app.store.server_time().await.unwrap();
     let stale_before = after(now, -(lease.as_millis() as i64));
-    let claimed = app.store.claim("me/1", &found, stale_before).await.unwrap();
+    let claimed = app
+        .store
+        .transfers()
+        .claim("me/1", &found, stale_before)
+        .await
+        .unwrap();
     assert!(claimed.is_none(), "claimed within the lease: {claimed:?}");
     let kept = transfer(&app, t.id).await;
     assert_eq!(kept.owner.as_deref(), Some("other/1"));
 
     // Once the lease has lapsed by the database's clock, the same claim wins.
     let later = after(found.last_modified, 1);
-    let claimed = app.store.claim("me/1", &found, later).await.unwrap();
+    let claimed = app
+        .store
+        .transfers()
+        .claim("me/1", &found, later)
+        .await
+        .unwrap();
     assert_eq!(claimed.and_then(|c| c.owner).as_deref(), Some("me/1"));
 }
 
@@ -554,7 +613,11 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         mongodb::bson::DateTime::now().timestamp_millis() + 3_600_000,
     );
     let future = initial("alice", "bob", 1);
-    app.store.insert_transfer(&future).await.unwrap();
+    app.store
+        .transfers()
+        .insert_transfer(&future)
+        .await
+        .unwrap();
     // Written an hour ahead (by a server whose clock ran ahead before a failover, say).
     app.store
         .database()
@@ -567,6 +630,7 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
         .unwrap();
     let moved = app
         .store
+        .transfers()
         .change_state(
             future.id,
             TransferState::Initial,
@@ -591,6 +655,7 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
     };
     assert!(
         app.store
+            .transfers()
             .change_state(
                 future.id,
                 TransferState::Pending,
@@ -604,6 +669,7 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
     );
     let renewed = app
         .store
+        .transfers()
         .renew_lease("me", future.id, TransferState::Canceling)
         .await
         .unwrap();
@@ -614,9 +680,10 @@ async fn last_modified_only_moves_forward_whatever_the_writers_clock() {
     );
 
     let past = initial("alice", "bob", 1);
-    app.store.insert_transfer(&past).await.unwrap();
+    app.store.transfers().insert_transfer(&past).await.unwrap();
     let renewed_at = app
         .store
+        .transfers()
         .change_state(
             past.id,
             TransferState::Initial,
@@ -666,6 +733,7 @@ async fn a_cancel_meeting_a_reversal_run_by_another_instance_leaves_its_claim_al
     );
     let all = first
         .store
+        .transfers()
         .list_transfers(&Default::default(), 10)
         .await
         .unwrap();
@@ -770,7 +838,11 @@ async fn beyond_its_limit_an_instance_refuses_new_work_after_the_admission_wait_
         assert_eq!(refused.headers()["retry-after"], "1");
         let body: Value = refused.json().await.unwrap();
         assert_eq!(body["code"], "overloaded", "{body}");
-        let recorded = app.store.list_transfers(&Default::default(), 10).await;
+        let recorded = app
+            .store
+            .transfers()
+            .list_transfers(&Default::default(), 10)
+            .await;
         assert_eq!(
             recorded.unwrap().len(),
             1,
@@ -917,7 +989,11 @@ async fn a_request_beyond_the_limit_is_refused_at_once_when_the_connections_are_
         );
         let body: Value = refused.json().await.unwrap();
         assert_eq!(body["code"], "overloaded", "{body}");
-        let recorded = app.store.list_transfers(&Default::default(), 10).await;
+        let recorded = app
+            .store
+            .transfers()
+            .list_transfers(&Default::default(), 10)
+            .await;
         assert_eq!(recorded.unwrap().len(), 1, "the refused one left no record");
     })
     .await
@@ -948,6 +1024,7 @@ async fn a_transfer_whose_client_hangs_up_still_finishes_at_once() {
     assert!(request.await.unwrap().is_err(), "the client gave up");
     let id = app
         .store
+        .transfers()
         .list_transfers(&Default::default(), 1)
         .await
         .unwrap()[0]
@@ -1134,7 +1211,12 @@ async fn a_step_arriving_in_the_last_tenth_of_a_lease_is_refused_and_the_owner_r
 /// `fenced`: the sweeper has collected every fence.
 async fn assert_fences_collected(app: &TestApp, limit: Duration) {
     support::poll_until(limit, Duration::from_millis(50), async || {
-        let accounts = app.store.list_accounts(None, None, 100).await.unwrap();
+        let accounts = app
+            .store
+            .accounts()
+            .list_accounts(None, None, 100)
+            .await
+            .unwrap();
         let fenced: Vec<_> = accounts
             .iter()
             .filter(|a| !a.fenced_transactions.is_empty())
@@ -1142,6 +1224,7 @@ async fn assert_fences_collected(app: &TestApp, limit: Duration) {
             .collect();
         let transfers = app
             .store
+            .transfers()
             .list_transfers(&Default::default(), 100)
             .await
             .unwrap();
@@ -1215,7 +1298,13 @@ async fn fences_of_a_cancel_overtaken_by_the_owners_own_rollback_are_collected()
             let mut second_fence = failpoints::pause(&other.instance_id, Point::BeforeFence);
             first_fence.resume();
             second_fence.reached().await;
-            let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+            let bob = owner
+                .store
+                .accounts()
+                .account(&account("bob"))
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(bob.fenced_transactions, vec![id], "bob is fenced");
             (second_fence, canceling)
         },
@@ -1312,13 +1401,18 @@ async fn a_fence_answers_placed_applied_too_late_or_missing_as_the_account_is() 
         // owner would land it), Bob's does not.
         let now = transfer(&app, id).await.last_modified;
         let (past, future) = (after(now, -60_000), after(now, 60_000));
-        let debit = app.store.prepare(&account("alice"), id, -300, future).await;
+        let debit = app
+            .store
+            .accounts()
+            .prepare(&account("alice"), id, -300, future)
+            .await;
         assert!(debit.unwrap().applied);
         use FenceWhen::{Always, UnlessApplied};
         let fence = |name: &'static str, when: FenceWhen, deadline| {
             let store = app.store.clone();
             async move {
                 store
+                    .accounts()
                     .fence(&account(name), id, when, deadline)
                     .await
                     .unwrap()
@@ -1362,6 +1456,7 @@ async fn a_forward_step_sent_again_keeps_its_marker_until_the_first_copy_cannot_
     // The first copy of the debit, arriving now: it must not land.
     let late = app
         .store
+        .accounts()
         .prepare(&account("alice"), id, -300, deadline)
         .await
         .unwrap();
@@ -1399,6 +1494,7 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
     // The first copy of the reservation, arriving now: it must not land.
     let late = app
         .store
+        .accounts()
         .forward(
             Forward::ReserveOut,
             &account("alice"),
@@ -1412,7 +1508,13 @@ async fn a_hold_is_held_only_once_no_copy_of_its_reservations_can_land() {
         !late.applied,
         "a late copy of the reservation landed after the void"
     );
-    let alice = app.store.account(&account("alice")).await.unwrap().unwrap();
+    let alice = app
+        .store
+        .accounts()
+        .account(&account("alice"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (alice.pending_debits, alice.pending_transactions.len()),
         (0, 0)
@@ -1427,7 +1529,13 @@ async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destinat
     let (owner, other) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&owner).await;
     let (_, canceled) = race(&owner, Post::Hold(300), Point::AfterCredit, async |id| {
-        let bob = owner.store.account(&account("bob")).await.unwrap().unwrap();
+        let bob = owner
+            .store
+            .accounts()
+            .account(&account("bob"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             bob.pending_credits, 300,
             "the destination's reservation landed"
@@ -1440,7 +1548,13 @@ async fn a_cancel_of_a_hold_being_reserved_rolls_it_back_even_after_the_destinat
     assert_eq!(canceled["state"], "canceled", "{canceled}");
     assert_eq!(canceled["reason"], "canceled_by_request");
     for name in ["alice", "bob"] {
-        let a = owner.store.account(&account(name)).await.unwrap().unwrap();
+        let a = owner
+            .store
+            .accounts()
+            .account(&account(name))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (
                 a.pending_debits,
@@ -1616,11 +1730,12 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     app.open_account("carol", 0).await;
     // Left pending by a dead instance, debit applied.
     let stuck = initial("alice", "bob", 100);
-    app.store.insert_transfer(&stuck).await.unwrap();
+    app.store.transfers().insert_transfer(&stuck).await.unwrap();
 
     let (initial, pending) = (TransferState::Initial, TransferState::Pending);
     assert!(
         app.store
+            .transfers()
             .change_state(
                 stuck.id,
                 initial,
@@ -1635,6 +1750,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     let far = from_now(86_400_000);
     assert!(
         app.store
+            .accounts()
             .prepare(&account("alice"), stuck.id, -100, far)
             .await
             .unwrap()
@@ -1647,6 +1763,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     let reversed: TransferId = body["id"].as_str().unwrap().parse().unwrap();
     assert!(
         app.store
+            .transfers()
             .claim_reversal(reversed, new_transfer_id())
             .await
             .unwrap()
@@ -1654,10 +1771,15 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     age(&app, reversed, lease * 2).await;
     // A transfer canceled while pending, its accounts fenced.
     let fenced = support::values::initial("carol", "bob", 10);
-    app.store.insert_transfer(&fenced).await.unwrap();
+    app.store
+        .transfers()
+        .insert_transfer(&fenced)
+        .await
+        .unwrap();
 
     assert!(
         app.store
+            .transfers()
             .change_state(
                 fenced.id,
                 initial,
@@ -1713,7 +1835,13 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     // the live hold is still reserved.
     assert_eq!(app.balance("alice").await, 900);
     assert_eq!(app.total_balance().await, 1000);
-    let alice = app.store.account(&account("alice")).await.unwrap().unwrap();
+    let alice = app
+        .store
+        .accounts()
+        .account(&account("alice"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (alice.pending_debits, alice.pending_transactions),
         (50, vec![holds[1]])
@@ -1740,6 +1868,7 @@ async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_a
     let original: TransferId = body["id"].as_str().unwrap().parse().unwrap();
     assert!(
         app.store
+            .transfers()
             .claim_reversal(original, new_transfer_id())
             .await
             .unwrap()
@@ -1780,6 +1909,7 @@ async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and
     let compensation = new_transfer_id();
     assert!(
         app.store
+            .transfers()
             .claim_reversal(original, compensation)
             .await
             .unwrap()
@@ -1788,9 +1918,14 @@ async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and
     // Its compensation, recorded and taken forward a moment ago by a live instance.
     let mut driven = initial("bob", "alice", 200);
     driven.id = compensation;
-    app.store.insert_transfer(&driven).await.unwrap();
+    app.store
+        .transfers()
+        .insert_transfer(&driven)
+        .await
+        .unwrap();
     let moved = app
         .store
+        .transfers()
         .change_state(
             compensation,
             TransferState::Initial,
@@ -1889,7 +2024,12 @@ async fn a_late_credit_to_a_deployment_whose_clock_runs_behind_is_refused() {
     let bob_store = transfer_service::store::Store::connect(&behind.uri, &owner.database)
         .await
         .unwrap();
-    let bob = bob_store.account(&account("bob")).await.unwrap().unwrap();
+    let bob = bob_store
+        .accounts()
+        .account(&account("bob"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (bob.balance, bob.pending_transactions.len()),
         (300, 0),
@@ -1937,6 +2077,7 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_inserting_and_both
     assert!(
         first
             .store
+            .transfers()
             .list_transfers(&Default::default(), 10)
             .await
             .unwrap()
@@ -1968,6 +2109,7 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_inserting_and_both
     );
     let all = first
         .store
+        .transfers()
         .list_transfers(&Default::default(), 10)
         .await
         .unwrap();
@@ -2013,7 +2155,11 @@ async fn a_native_request_whose_retry_made_its_transfer_meanwhile_answers_that_t
     assert_eq!(status, 201, "{answered}");
     assert_eq!(answered["id"], retried["id"]);
     assert!(replayed, "{answered}");
-    let all = first.store.list_transfers(&Default::default(), 10).await;
+    let all = first
+        .store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await;
     assert_eq!(all.unwrap().len(), 1);
     assert_balances_and_no_markers(&first, 700, 300).await;
 }
@@ -2047,7 +2193,11 @@ async fn a_native_request_refused_for_funds_whose_retry_inserted_the_refusal_ans
         "{answered}"
     );
     assert_eq!(answered["transferId"], refused["transferId"]);
-    let all = first.store.list_transfers(&Default::default(), 10).await;
+    let all = first
+        .store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await;
     let all = all.unwrap();
     assert_eq!(all.len(), 1, "{all:?}");
     assert_eq!(all[0].state, TransferState::Canceled);
@@ -2092,6 +2242,7 @@ async fn an_insert_refused_for_its_own_first_attempt_still_runs_its_transfer() {
 
     let stored = app
         .store
+        .transfers()
         .list_transfers(&Default::default(), 10)
         .await
         .unwrap();
@@ -2275,7 +2426,13 @@ async fn a_debit_does_not_free_a_hold_the_database_clock_says_has_not_expired() 
     );
     let hold = transfer(&app, id).await;
     assert_eq!(hold.state, TransferState::Held);
-    let alice = app.store.account(&account("alice")).await.unwrap().unwrap();
+    let alice = app
+        .store
+        .accounts()
+        .account(&account("alice"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((alice.balance, alice.pending_debits), (1000, 300));
 }
 
@@ -2514,6 +2671,7 @@ async fn a_replay_whose_key_a_majority_read_does_not_see_yet_is_still_answered_a
 
     let all = app
         .store
+        .transfers()
         .list_transfers(&Default::default(), 10)
         .await
         .unwrap();
@@ -2550,6 +2708,7 @@ async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
     paused.reached().await;
     let stored = app
         .store
+        .transfers()
         .list_transfers(&Default::default(), 10)
         .await
         .unwrap();

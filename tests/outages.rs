@@ -25,13 +25,18 @@ async fn open_accounts(http: &reqwest::Client, base: &str, count: usize, balance
 
 /// Every stored transfer is terminal, the total is `total`, and no marker is left.
 async fn assert_at_rest(store: &Store, total: i64) {
-    let accounts = store.list_accounts(None, None, 1000).await.unwrap();
+    let accounts = store
+        .accounts()
+        .list_accounts(None, None, 1000)
+        .await
+        .unwrap();
     assert_eq!(accounts.iter().map(|a| a.balance).sum::<i64>(), total);
     for account in &accounts {
         assert!(account.balance >= 0, "{account:?}");
         assert!(account.pending_transactions.is_empty(), "{account:?}");
     }
     let transfers = store
+        .transfers()
         .list_transfers(&Default::default(), 10_000)
         .await
         .unwrap();
@@ -76,7 +81,10 @@ async fn signal_drains_in_flight_transfers_and_exits_0(signal: i32) {
     let store = Store::connect(&database_uri(), &database).await.unwrap();
     let (within, every) = (Duration::from_secs(10), Duration::from_millis(2));
     support::eventually("no transfer was recorded", within, every, async || {
-        let recorded = store.list_transfers(&Default::default(), 100).await;
+        let recorded = store
+            .transfers()
+            .list_transfers(&Default::default(), 100)
+            .await;
         (recorded.unwrap().len() >= 10).then_some(())
     })
     .await;
@@ -206,6 +214,7 @@ async fn while_the_database_is_down_requests_answer_503_and_the_service_recovers
     support::eventually("transfers left unfinished", within, every, async || {
         let transfers = app
             .store
+            .transfers()
             .list_transfers(&Default::default(), 10_000)
             .await
             .unwrap();
@@ -439,6 +448,7 @@ async fn a_burst_beyond_the_limit_is_refused_after_the_admission_wait_and_everyt
     support::eventually(&what, limit, Duration::from_millis(100), async || {
         let transfers = app
             .store
+            .transfers()
             .list_transfers(&Default::default(), 10_000)
             .await
             .unwrap();

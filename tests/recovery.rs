@@ -116,6 +116,7 @@ impl Books {
 async fn assert_ledger(books: &Books, rescuer: &Instance, step: Point) {
     let transfers = books
         .a
+        .transfers()
         .list_transfers(&Default::default(), 10)
         .await
         .unwrap();
@@ -162,7 +163,11 @@ async fn crash_and_recover(layout: Layout, step: Point, amount: i64) -> String {
     assert!(!status.success(), "crashed instance exited {status}");
 
     let store = &books.a;
-    let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
+    let stuck = store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
     assert_eq!(
         stuck.len(),
         1,
@@ -181,7 +186,7 @@ async fn crash_and_recover(layout: Layout, step: Point, amount: i64) -> String {
     // The limit counts from before the rescuer's start.
     let left = limit.saturating_sub(started.elapsed());
     let transfer = support::poll_until(left, Duration::from_millis(50), async || {
-        let t = store.transfer(id).await.unwrap().unwrap();
+        let t = store.transfers().transfer(id).await.unwrap().unwrap();
         if t.state.is_terminal() { Ok(t) } else { Err(t) }
     })
     .await
@@ -191,12 +196,14 @@ async fn crash_and_recover(layout: Layout, step: Point, amount: i64) -> String {
 
     let a = books
         .a
+        .accounts()
         .account(&support::values::account("a"))
         .await
         .unwrap()
         .unwrap();
     let b = books
         .b
+        .accounts()
         .account(&support::values::account("b"))
         .await
         .unwrap()
@@ -313,6 +320,7 @@ enum HoldStep {
 /// The amounts a test's accounts hold: (balance, pendingDebits, pendingCredits, markers).
 async fn account_amounts(store: &Store, id: &str) -> (i64, i64, i64, usize) {
     let a = store
+        .accounts()
         .account(&support::values::account(id))
         .await
         .unwrap()
@@ -344,7 +352,11 @@ async fn crash_hold_and_recover(layout: Layout, step: Point, what: HoldStep) {
         .send()
         .await;
     let store = &books.a;
-    let listed = store.list_transfers(&Default::default(), 10).await.unwrap();
+    let listed = store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
     assert_eq!(
         listed.len(),
         1,
@@ -379,7 +391,7 @@ async fn crash_hold_and_recover(layout: Layout, step: Point, what: HoldStep) {
     // The limit counts from before the rescuer's start.
     let left = limit.saturating_sub(started.elapsed());
     let ended = support::poll_until(left, Duration::from_millis(50), async || {
-        let t = store.transfer(id).await.unwrap().unwrap();
+        let t = store.transfers().transfer(id).await.unwrap().unwrap();
         if t.state.is_at_rest() { Ok(t) } else { Err(t) }
     })
     .await
@@ -549,7 +561,11 @@ async fn crash_legs_and_recover(layout: Layout, step: Point, short: bool, left_i
     assert!(!status.success(), "crashed instance exited {status}");
 
     let store = &books.a;
-    let stuck = store.list_transfers(&Default::default(), 10).await.unwrap();
+    let stuck = store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
     assert_eq!(stuck.len(), 1, "one transfer inserted, where a lives");
     assert_eq!(
         stuck[0].state.to_string(),
@@ -564,7 +580,7 @@ async fn crash_legs_and_recover(layout: Layout, step: Point, short: bool, left_i
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
     let left = limit.saturating_sub(started.elapsed());
     let transfer = support::poll_until(left, Duration::from_millis(50), async || {
-        let t = store.transfer(id).await.unwrap().unwrap();
+        let t = store.transfers().transfer(id).await.unwrap().unwrap();
         if t.state.is_terminal() { Ok(t) } else { Err(t) }
     })
     .await
@@ -574,6 +590,7 @@ async fn crash_legs_and_recover(layout: Layout, step: Point, short: bool, left_i
 
     let read = async |store: &Store, id: &str| {
         store
+            .accounts()
             .account(&support::values::account(id))
             .await
             .unwrap()
@@ -748,7 +765,11 @@ async fn crash_legs_hold_and_recover(layout: Layout, step: Point, what: HoldStep
         .send()
         .await;
     let store = &books.a;
-    let listed = store.list_transfers(&Default::default(), 10).await.unwrap();
+    let listed = store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
     assert_eq!(listed.len(), 1, "one hold inserted, where a lives");
     let id = listed[0].id;
     match what {
@@ -778,7 +799,7 @@ async fn crash_legs_hold_and_recover(layout: Layout, step: Point, what: HoldStep
         Duration::from_millis(STALE_AFTER_MS + 2 * SWEEP_INTERVAL_MS) + Duration::from_secs(5);
     let left = limit.saturating_sub(started.elapsed());
     let ended = support::poll_until(left, Duration::from_millis(50), async || {
-        let t = store.transfer(id).await.unwrap().unwrap();
+        let t = store.transfers().transfer(id).await.unwrap().unwrap();
         if t.state.is_at_rest() { Ok(t) } else { Err(t) }
     })
     .await

@@ -204,23 +204,28 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     // A cancel's steps on a transfer it takes over: the mark, the fences, their removal.
     let (eu, us) = (&stores[0], &stores[1]);
     let unfinished = values::initial("c", "b", 1);
-    eu.insert_transfer(&unfinished).await.unwrap();
+    eu.transfers().insert_transfer(&unfinished).await.unwrap();
     let id = unfinished.id;
-    let since = eu.mark_fenced(id).await.unwrap();
+    let since = eu.transfers().mark_fenced(id).await.unwrap();
     assert!(since.is_some());
     let deadline = values::from_now(5_000);
-    eu.fence(
-        &values::account("c"),
-        id,
-        FenceWhen::UnlessApplied,
-        deadline,
-    )
-    .await
-    .unwrap();
-    us.fence(&values::account("b"), id, FenceWhen::Always, deadline)
+    eu.accounts()
+        .fence(
+            &values::account("c"),
+            id,
+            FenceWhen::UnlessApplied,
+            deadline,
+        )
         .await
         .unwrap();
-    us.drop_fences(&[&values::account("b")], id).await.unwrap();
+    us.accounts()
+        .fence(&values::account("b"), id, FenceWhen::Always, deadline)
+        .await
+        .unwrap();
+    us.accounts()
+        .drop_fences(&[&values::account("b")], id)
+        .await
+        .unwrap();
     // The ledger: reads of a statement and of a balance as of a moment, and the moves
     // of entries out of the account documents (by each store's copier, in the background).
     for id in ["a", "b"] {

@@ -131,6 +131,7 @@ impl Books {
         };
         let changed = self
             .a
+            .transfers()
             .change_state(id, from, to, Mover::Owner(OLD), fields)
             .await
             .unwrap();
@@ -154,7 +155,7 @@ impl Books {
             ..support::values::initial("a", "b", 200)
         };
         let id = transfer.id;
-        self.a.insert_transfer(&transfer).await.unwrap();
+        self.a.transfers().insert_transfer(&transfer).await.unwrap();
         let rank = stopped as u8;
         if stopped == AfterInsert {
             return id;
@@ -165,29 +166,41 @@ impl Books {
         let deadline = from_now(60_000);
         if rank >= AfterDebit as u8 {
             let a = account("a");
-            let debit = self.a.prepare(&a, id, -200, deadline).await;
+            let debit = self.a.accounts().prepare(&a, id, -200, deadline).await;
             assert!(debit.unwrap().applied);
         }
         if stopped >= AfterCanceling {
             self.change(id, Pending, Canceling).await;
             if stopped == AfterUndoSource {
                 let (a, value) = (account("a"), amount(200));
-                let undone = self.a.undo(&a, id, source_side(), value).await;
+                let undone = self.a.accounts().undo(&a, id, source_side(), value).await;
                 assert!(undone.unwrap());
             }
             return id;
         }
         if rank >= AfterCredit as u8 {
             let (b, value) = (account("b"), amount(200));
-            let credit = self.b.apply_credit(&b, id, value, deadline).await;
+            let credit = self
+                .b
+                .accounts()
+                .apply_credit(&b, id, value, deadline)
+                .await;
             assert!(credit.unwrap().applied);
         }
         if rank >= AfterApplied as u8 {
             self.change(id, Pending, Applied).await;
         }
         if rank >= AfterPull as u8 {
-            self.a.pull_marker(&account("a"), id).await.unwrap();
-            self.b.pull_marker(&account("b"), id).await.unwrap();
+            self.a
+                .accounts()
+                .pull_marker(&account("a"), id)
+                .await
+                .unwrap();
+            self.b
+                .accounts()
+                .pull_marker(&account("b"), id)
+                .await
+                .unwrap();
         }
         id
     }
@@ -211,7 +224,7 @@ async fn upgrade_and_recover(across: bool, stopped: Stopped) -> TransferState {
     books.open_accounts(&opener).await;
     opener.kill();
     let id = books.leave(stopped).await;
-    let left = books.a.transfer(id).await.unwrap().unwrap();
+    let left = books.a.transfers().transfer(id).await.unwrap().unwrap();
     assert!(left.credits_at_prepare, "inserted before one protocol");
 
     let started = Instant::now();
@@ -221,7 +234,7 @@ async fn upgrade_and_recover(across: bool, stopped: Stopped) -> TransferState {
     let left = limit.saturating_sub(started.elapsed());
     let store = &books.a;
     let transfer = support::poll_until(left, Duration::from_millis(50), async || {
-        let t = store.transfer(id).await.unwrap().unwrap();
+        let t = store.transfers().transfer(id).await.unwrap().unwrap();
         if t.state.is_terminal() { Ok(t) } else { Err(t) }
     })
     .await
@@ -229,8 +242,20 @@ async fn upgrade_and_recover(across: bool, stopped: Stopped) -> TransferState {
     let owner = transfer.owner.as_deref().unwrap_or_default();
     assert!(owner.starts_with("rescuer/"), "{owner}");
 
-    let a = books.a.account(&account("a")).await.unwrap().unwrap();
-    let b = books.b.account(&account("b")).await.unwrap().unwrap();
+    let a = books
+        .a
+        .accounts()
+        .account(&account("a"))
+        .await
+        .unwrap()
+        .unwrap();
+    let b = books
+        .b
+        .accounts()
+        .account(&account("b"))
+        .await
+        .unwrap()
+        .unwrap();
     let ended = transfer.state;
     let expected = match ended {
         TransferState::Done => (300, 200),
@@ -248,6 +273,7 @@ async fn upgrade_and_recover(across: bool, stopped: Stopped) -> TransferState {
     );
     let transfers = books
         .a
+        .transfers()
         .list_transfers(&Default::default(), 10)
         .await
         .unwrap();

@@ -1,5 +1,5 @@
 //! The attempt log: writes finished attempts to their deliveries as they come, many to
-//! a command ([`Store::log_attempts`]), each only if its claim still holds: a claim that
+//! a command ([`Webhooks::log_attempts`]), each only if its claim still holds: a claim that
 //! ran out and was taken by another instance refuses the late write, and that instance
 //! sends the delivery again.
 //!
@@ -43,7 +43,7 @@ pub fn channel() -> (Log, mpsc::Receiver<Finished>) {
 /// [`LOG_BATCH`], or what came within [`LOG_WAIT`] of the first.
 pub async fn run(store: Store, mut queue: mpsc::Receiver<Finished>) {
     while let Some(batch) = next_batch(&mut queue).await {
-        match store.log_attempts(&batch).await {
+        match store.webhooks().log_attempts(&batch).await {
             Ok(_) => {
                 for (_, _, outcome) in &batch {
                     crate::metrics::delivery_attempted(match outcome {

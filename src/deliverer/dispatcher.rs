@@ -101,7 +101,7 @@ impl Dispatcher {
         // How many deliveries one event made at most for the webhooks the last page saw
         // (`fan_out`): the next page's events are as many as `PAGE_PAIRS` allows for
         // that many (the first page reads the list first).
-        let mut hooks_seen = fan_out(&store.webhooks_all().await?);
+        let mut hooks_seen = fan_out(&store.webhooks().webhooks_all().await?);
         loop {
             if shutdown.is_cancelled() {
                 // The lease is given up by [`Lease::hold`].
@@ -126,6 +126,7 @@ impl Dispatcher {
             let full = page.events.len() >= limit as usize;
             if cursor.as_ref() != Some(&page.next) {
                 if !store
+                    .webhooks()
                     .save_dispatcher_cursor(lease.owner(), &page.next.encode())
                     .await?
                 {
@@ -184,7 +185,7 @@ impl Dispatcher {
         give_up_after: chrono::TimeDelta,
         lease: &mut Lease<DispatcherLease>,
     ) -> Result<Option<usize>, ServiceError> {
-        let hooks = &self.store.webhooks_all().await?;
+        let hooks = &self.store.webhooks().webhooks_all().await?;
         let give_up_at = self.store.server_time_lower_bound().await? + give_up_after;
         let bodies: HashMap<&str, Arc<str>> = events
             .iter()
@@ -211,9 +212,9 @@ impl Dispatcher {
         // itself is read once per page.
         if !made_for.is_empty() {
             let made_for: Vec<&str> = made_for.into_iter().collect();
-            let live = self.store.webhooks_among(&made_for).await?;
+            let live = self.store.webhooks().webhooks_among(&made_for).await?;
             for gone in made_for.iter().filter(|h| !live.contains(**h)) {
-                self.store.delete_deliveries_of(gone).await?;
+                self.store.webhooks().delete_deliveries_of(gone).await?;
             }
         }
         Ok(Some(fan_out(hooks)))
@@ -238,7 +239,11 @@ impl Dispatcher {
         // Those made already are left out: those the last dispatcher made past the
         // cursor it saved, or made while its lease ran out under it.
         if !new.is_empty() {
-            let there = self.store.deliveries_made(&ids_of(&new), None).await?;
+            let there = self
+                .store
+                .webhooks()
+                .deliveries_made(&ids_of(&new), None)
+                .await?;
             new.retain(|d| !there.contains(&format!("{}:{}", d.webhook, d.event_id)));
         }
         if new.is_empty() {
@@ -267,10 +272,17 @@ impl Dispatcher {
     ) -> Result<(), ServiceError> {
         let store = &self.store;
         let ids = ids_of(&new);
-        let inserted = store.insert_deliveries(new, (token, CLAIM_LEASE)).await;
+        let inserted = store
+            .webhooks()
+            .insert_deliveries(new, (token, CLAIM_LEASE))
+            .await;
         let mine = match &inserted {
             Ok(_) => None,
-            Err(_) => store.deliveries_made(&ids, Some(token)).await.ok(),
+            Err(_) => store
+                .webhooks()
+                .deliveries_made(&ids, Some(token))
+                .await
+                .ok(),
         };
         for (at, _, told) in firsts {
             let made = match (&inserted, &mine) {

@@ -127,7 +127,7 @@ impl Sender {
         while !shutdown.is_cancelled() {
             if gauged.is_none_or(|g| g.elapsed() >= GAUGE_EVERY) {
                 if let (Ok(oldest), Ok(now)) = (
-                    store.oldest_pending_delivery().await,
+                    store.webhooks().oldest_pending_delivery().await,
                     store.server_time().await,
                 ) {
                     let age = oldest.map_or(0.0, |t| (now - t).as_seconds_f64().max(0.0));
@@ -196,6 +196,7 @@ impl Sender {
         }
         let limit = i64::try_from(room.values().sum::<usize>().min(left)).unwrap_or(i64::MAX);
         let claimed = store
+            .webhooks()
             .claim_due(&self.owner, CLAIM_LEASE, &room, limit)
             .await;
         let mut unused = room.clone();
@@ -230,6 +231,7 @@ impl Sender {
 async fn refresh(store: &Store, hooks: &mut Hooks) -> StoreResult<()> {
     if hooks.1.is_none_or(|at| at.elapsed() >= HOOKS_FRESH_FOR) {
         hooks.0 = store
+            .webhooks()
             .webhooks_all()
             .await?
             .into_iter()

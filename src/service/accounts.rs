@@ -43,7 +43,9 @@ impl TransferService {
         // now the first) has no entry there when it was opened after the directory's
         // migration ran, during a rolling upgrade: look for it where it can be.
         let first = self.deployments.first();
-        if first.deployment() != store.deployment() && first.account(&id).await?.is_some() {
+        if first.deployment() != store.deployment()
+            && first.accounts().account(&id).await?.is_some()
+        {
             return Err(exists(&id));
         }
         let now = crate::domain::now();
@@ -73,7 +75,7 @@ impl TransferService {
             Reservation::Taken => return Err(exists(&account.id)),
         }
         failpoint!(self, AfterReserveAccount);
-        match store.insert_account(&account).await {
+        match store.accounts().insert_account(&account).await {
             Ok(()) => Ok(account),
             Err(StoreError::DuplicateKey(_)) => Err(exists(&account.id)),
             Err(e) => Err(e.into()),
@@ -87,7 +89,7 @@ impl TransferService {
         let found = match known.and_then(|place| self.deployments.get(&place.deployment)) {
             Some(store) => {
                 store.check_answering()?;
-                store.account(id).await?
+                store.accounts().account(id).await?
             }
             None => self.deployments.find_account(id).await?,
         };
@@ -131,7 +133,7 @@ impl TransferService {
             async move {
                 s.check_answering()?;
                 let now = s.server_time_lower_bound().await?;
-                s.expired_holds_touching(holding, now).await
+                s.transfers().expired_holds_touching(holding, now).await
             }
         });
         let mut expired = Vec::new();

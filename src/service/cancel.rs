@@ -163,7 +163,7 @@ impl TransferService {
         let log = self.log_store(&transfer)?;
         // The mark comes first, so whoever finishes the transfer, the sweeper later finds
         // the fences and drops them; its stamp starts the window the fences must land in.
-        let Some(since) = log.mark_fenced(transfer.id).await? else {
+        let Some(since) = log.transfers().mark_fenced(transfer.id).await? else {
             return Ok(self.reload(&transfer).await?); // finished meanwhile
         };
         // By the log's clock; each account's deployment checks it by its own.
@@ -247,6 +247,7 @@ impl TransferService {
             .deadline_on(deadline, store, self.clock_allowance())
             .await?;
         store
+            .accounts()
             .fence(&party.account, transfer.id, when, deadline)
             .await
     }
@@ -266,7 +267,8 @@ impl TransferService {
             }
             Takeover::Claim => {
                 let state = transfer.state;
-                log.take_over(self.owner(), transfer.id, state, fenced)
+                log.transfers()
+                    .take_over(self.owner(), transfer.id, state, fenced)
                     .await?
             }
         };
@@ -292,9 +294,13 @@ impl TransferService {
             owner: self.owner(),
             fenced,
         };
-        let moved =
-            self.log_store(transfer)?
-                .change_state(transfer.id, from, to, by, fields.clone());
+        let moved = self.log_store(transfer)?.transfers().change_state(
+            transfer.id,
+            from,
+            to,
+            by,
+            fields.clone(),
+        );
         if moved.await?.is_some() {
             let reason = fields.reason;
             tracing::info!(transfer_id = %transfer.id, from = %from, to = %to, reason = ?reason, "transfer state changed");
@@ -322,6 +328,7 @@ impl TransferService {
             let claimed = crate::store::new_transfer_id();
             if self
                 .log_store(&original)?
+                .transfers()
                 .claim_reversal(original.id, claimed)
                 .await?
             {
@@ -358,6 +365,7 @@ impl TransferService {
             let funds = self
                 .deployments
                 .of(deployment)?
+                .accounts()
                 .account(account)
                 .await?
                 .map_or(0, |a| a.available_balance());
@@ -389,12 +397,14 @@ impl TransferService {
         match reversal.state {
             TransferState::Done => {
                 self.log_store(&original)?
+                    .transfers()
                     .reversal_finished(original.id, reversal_id)
                     .await?;
                 Ok(self.reload(&original).await?)
             }
             TransferState::Canceled => {
                 self.log_store(&original)?
+                    .transfers()
                     .release_reversal(original.id, reversal_id)
                     .await?;
                 let reason = reversal.reason.unwrap_or(CancelReason::InsufficientFunds);
@@ -424,7 +434,7 @@ impl TransferService {
     ) -> ServiceResult<Transfer> {
         // Logged where its source, the original's destination, lives.
         let log = self.store_of(original, Side::Destination)?;
-        if let Some(existing) = log.transfer(reversal_id).await? {
+        if let Some(existing) = log.transfers().transfer(reversal_id).await? {
             return Ok(existing);
         }
         // A multi-leg transfer is reversed by one multi-leg transfer, every leg the other
@@ -445,7 +455,7 @@ impl TransferService {
                 original.currency.clone(),
             )
         };
-        match log.insert_transfer(&reversal).await {
+        match log.transfers().insert_transfer(&reversal).await {
             // Its lease starts at the stamp the database's clock gave it.
             Ok(stamp) => Ok(Transfer {
                 last_modified: stamp,

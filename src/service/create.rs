@@ -205,7 +205,7 @@ impl TransferService {
         mut transfer: Transfer,
         fingerprint: &str,
     ) -> ServiceResult<Inserted> {
-        match log.insert_transfer(&transfer).await {
+        match log.transfers().insert_transfer(&transfer).await {
             Ok(stamp) => {
                 transfer.last_modified = stamp;
                 Ok(Inserted::ToDrive(transfer))
@@ -226,7 +226,7 @@ impl TransferService {
         fingerprint: &str,
     ) -> ServiceResult<Inserted> {
         let keyed = transfer.idempotency_key.is_some();
-        match read_majority(|| log.transfer(transfer.id)).await? {
+        match read_majority(|| log.transfers().transfer(transfer.id)).await? {
             // This request's own transfer: its id is new, or the one its key
             // names. Its insert landed on an attempt whose answer was lost and
             // the retry was refused for it (a server that does not recognise a
@@ -266,7 +266,11 @@ impl TransferService {
         transfer: Transfer,
         fingerprint: &str,
     ) -> ServiceResult<TransferOutcome> {
-        let outcome = match log.transfer_atomically(&transfer, self.owner()).await {
+        let outcome = match log
+            .atomic()
+            .transfer_atomically(&transfer, self.owner())
+            .await
+        {
             Ok(outcome) => outcome,
             Err(StoreError::DuplicateKey(_)) if transfer.idempotency_key.is_some() => {
                 return self.replay_by_key(&transfer, fingerprint).await;
@@ -282,7 +286,7 @@ impl TransferService {
                     owner: Some(self.owner().to_owned()),
                     ..transfer
                 };
-                match log.insert_transfer(&canceled).await {
+                match log.transfers().insert_transfer(&canceled).await {
                     Ok(stamp) => Transfer {
                         last_modified: stamp,
                         ..canceled

@@ -10,7 +10,7 @@
 //! A cursor carries no event the reader does not see (`docs/tenants.md`): a position
 //! moves only to an event of the page, to the last event a filtered read of the
 //! reader's own looked at, or, for a reader without one, to a start that names no event
-//! ([`Store::reader_start`]), never to the front of the feed, which is the last event
+//! ([`Events::reader_start`]), never to the front of the feed, which is the last event
 //! removed, whoever's it was.
 
 use super::{ServiceError, ServiceResult, TransferService};
@@ -147,7 +147,7 @@ fn merged(feeds: &mut [Feed], limit: usize) -> Vec<Event> {
 
 /// Up to `limit` of `store`'s events after the cursor's position there. With no
 /// position (a new reader, or a deployment the cursor does not know yet), from the front
-/// of the feed, at a start that names no event ([`Store::reader_start`]). The cursor then
+/// of the feed, at a start that names no event ([`Events::reader_start`]). The cursor then
 /// holds a position for the deployment (that start, if the page takes none of its
 /// events), so that a removal after this read is noticed by the next one; except for a
 /// tenant that starts at a front an older version left inside a cluster time
@@ -162,14 +162,14 @@ async fn read_one(
     let deployment = store.deployment().clone();
     let given = cursor.positions.get(&deployment).cloned();
     // Read before the events: how far they were trimmed, and how far they may be read.
-    let state = store.feed_state().await?;
+    let state = store.events().feed_state().await?;
     let trimmed = state.trimmed_through;
     let mut start = match given.clone() {
         Some(p) if trimmed.as_ref().is_some_and(|t| p < *t) => {
             return Err(ServiceError::CursorExpired);
         }
         Some(p) => Start::Clear(p),
-        None => store.reader_start(trimmed, tenant).await?,
+        None => store.events().reader_start(trimmed, tenant).await?,
     };
     loop {
         let (after, owes_first) = match &start {
@@ -178,6 +178,7 @@ async fn read_one(
             Start::AtFront(p) => (p.clone(), tenant.is_some()),
         };
         let page = store
+            .events()
             .read_feed(
                 Some(&after),
                 limit,
@@ -194,7 +195,7 @@ async fn read_one(
                 }
                 // A reader starting from the front raced a removal: it starts from the
                 // new front, what it would have been given a moment later.
-                start = store.reader_start(Some(t), tenant).await?;
+                start = store.events().reader_start(Some(t), tenant).await?;
             }
             _ => {
                 let all_matches = page.events.len() < limit as usize;

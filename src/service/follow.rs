@@ -281,7 +281,7 @@ impl TransferService {
                     continue;
                 }
                 let Some(from) = seen else {
-                    if let Ok(now) = store.cluster_time().await {
+                    if let Ok(now) = store.events().cluster_time().await {
                         *seen = Some(crate::domain::Position {
                             seconds: now.map_or(0, |t| t.time.saturating_sub(5)),
                             increment: 0,
@@ -290,7 +290,7 @@ impl TransferService {
                     }
                     continue;
                 };
-                if let Ok(Some(now)) = store.newest_event_after(from).await {
+                if let Ok(Some(now)) = store.events().newest_event_after(from).await {
                     grew = true;
                     *seen = Some(now);
                 }

@@ -331,6 +331,7 @@ impl TransferService {
         };
         let moved = self
             .log_store(transfer)?
+            .transfers()
             .change_state(transfer.id, TransferState::Held, to, by, fields.clone())
             .await?;
         if moved.is_some() {

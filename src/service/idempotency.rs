@@ -110,9 +110,9 @@ impl TransferService {
         let taken =
             || StoreError::contended(None, "idempotency key taken but no transfer carries it");
         let log = self.log_store(transfer)?;
-        let record = read_majority(|| log.idempotency_record(key)).await?;
+        let record = read_majority(|| log.transfers().idempotency_record(key)).await?;
         let existing = match &record {
-            Some(record) => read_majority(|| log.transfer(record.transfer)).await?,
+            Some(record) => read_majority(|| log.transfers().transfer(record.transfer)).await?,
             None => None,
         };
         let existing = match existing {
@@ -122,10 +122,12 @@ impl TransferService {
             // that will never exist; it is made to name the one that does.
             None => {
                 let legacy = log
+                    .transfers()
                     .transfer_by_idempotency_key(key)
                     .await?
                     .ok_or_else(taken)?;
-                log.repair_idempotency_record(key, record.map(|r| r.transfer), &legacy)
+                log.transfers()
+                    .repair_idempotency_record(key, record.map(|r| r.transfer), &legacy)
                     .await?;
                 legacy
             }
@@ -160,7 +162,7 @@ impl TransferService {
             request_hash: Some(fingerprint.to_owned()),
         };
         let (took, earlier) = tokio::join!(
-            log.take_idempotency_key(key, &record),
+            log.transfers().take_idempotency_key(key, &record),
             self.made_before_scoping(log, key, fingerprint),
         );
         let taken = match took {
@@ -171,17 +173,19 @@ impl TransferService {
                     None => Ok(Taken::New(record.transfer)),
                 };
             }
-            Err(StoreError::DuplicateKey(_)) => read_majority(|| log.idempotency_record(key))
-                .await?
-                .ok_or_else(|| {
-                    // Taken on the primary, not yet on the majority this read asks for:
-                    // by a request with this key whose write is not acknowledged yet.
-                    StoreError::contended(None, "idempotency key taken but not readable yet")
-                })?,
+            Err(StoreError::DuplicateKey(_)) => {
+                read_majority(|| log.transfers().idempotency_record(key))
+                    .await?
+                    .ok_or_else(|| {
+                        // Taken on the primary, not yet on the majority this read asks for:
+                        // by a request with this key whose write is not acknowledged yet.
+                        StoreError::contended(None, "idempotency key taken but not readable yet")
+                    })?
+            }
             Err(e) => return Err(e.into()),
         };
         // The replay compares the request with the transfer's.
-        if let Some(existing) = read_majority(|| log.transfer(taken.transfer)).await? {
+        if let Some(existing) = read_majority(|| log.transfers().transfer(taken.transfer)).await? {
             return Ok(Taken::Replay(Box::new(existing)));
         }
         // No transfer under the key's id: the request that took it may be answering
@@ -194,9 +198,10 @@ impl TransferService {
         // off the hot path: on a sharded log this query goes to every shard. (No such
         // version scoped keys: a key of an API key is looked for as it took it, above.)
         if key.scope == KeyScope::Shared
-            && let Some(legacy) = log.transfer_by_idempotency_key(key).await?
+            && let Some(legacy) = log.transfers().transfer_by_idempotency_key(key).await?
         {
-            log.repair_idempotency_record(key, Some(taken.transfer), &legacy)
+            log.transfers()
+                .repair_idempotency_record(key, Some(taken.transfer), &legacy)
                 .await?;
             return Ok(Taken::Replay(Box::new(legacy)));
         }
@@ -226,14 +231,14 @@ impl TransferService {
             return Ok(None);
         };
         // Taken before this version ran, long majority-committed: one read decides.
-        let Some(record) = log.idempotency_record(&shared).await? else {
+        let Some(record) = log.transfers().idempotency_record(&shared).await? else {
             return Ok(None);
         };
-        let earlier = match log.transfer(record.transfer).await? {
+        let earlier = match log.transfers().transfer(record.transfer).await? {
             Some(earlier) => Some(earlier),
             // Inserted by a version before `idempotencyKeys`, after migration 0006
             // copied the keys: it carries the key itself.
-            None => log.transfer_by_idempotency_key(&shared).await?,
+            None => log.transfers().transfer_by_idempotency_key(&shared).await?,
         };
         Ok(earlier.filter(|t| t.request_hash.as_deref() == Some(fingerprint)))
     }
@@ -248,7 +253,8 @@ impl TransferService {
         taken: TransferId,
         earlier: Transfer,
     ) -> ServiceResult<Taken> {
-        log.repair_idempotency_record(key, Some(taken), &earlier)
+        log.transfers()
+            .repair_idempotency_record(key, Some(taken), &earlier)
             .await?;
         Ok(Taken::Replay(Box::new(earlier)))
     }

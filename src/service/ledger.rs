@@ -36,6 +36,7 @@ impl TransferService {
     ) -> ServiceResult<Vec<Entry>> {
         self.home_of(account)
             .await?
+            .entries()
             .entries(account, after, limit)
             .await?
             .ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))
@@ -56,13 +57,14 @@ impl TransferService {
                 let now = store.server_time_lower_bound().await?;
                 let finality = finality(at, now);
                 store
+                    .entries()
                     .balance_at(account, at)
                     .await?
                     .map(|b| BalanceAt { finality, ..b })
             }
             None => {
                 let now = store.server_time_lower_bound().await?;
-                store.current_balance(account, now).await?
+                store.entries().current_balance(account, now).await?
             }
         };
         found.ok_or_else(|| ServiceError::AccountNotFound(account.to_string()))

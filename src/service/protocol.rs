@@ -212,6 +212,7 @@ impl TransferService {
     async fn renew(&self, t: &mut Transfer) -> StoreResult<bool> {
         match self
             .log_store(t)?
+            .transfers()
             .renew_lease(self.owner(), t.id, t.state)
             .await?
         {
@@ -355,6 +356,7 @@ impl TransferService {
         let to = next_state(&transfer, event);
         let won = match self
             .log_store(&transfer)?
+            .transfers()
             .change_state(
                 transfer.id,
                 from,
@@ -401,7 +403,11 @@ impl TransferService {
     }
 
     pub(super) async fn reload(&self, transfer: &Transfer) -> StoreResult<Transfer> {
-        let found = self.log_store(transfer)?.transfer(transfer.id).await?;
+        let found = self
+            .log_store(transfer)?
+            .transfers()
+            .transfer(transfer.id)
+            .await?;
         // A transfer is never deleted, and a step holds only one the majority has.
         Ok(found.unwrap_or_else(|| panic!("bug: transfer {} vanished", transfer.id)))
     }
@@ -444,6 +450,7 @@ async fn expired_reserving(
     let now = store.server_time_lower_bound().await?;
     let markers = &account.pending_transactions;
     store
+        .transfers()
         .expired_holds_reserving(&account.id, side, markers, now, 100)
         .await
 }

@@ -87,7 +87,7 @@ impl TransferService {
     /// Registers an endpoint, after checking where it resolves, unless as many are
     /// registered as `MAX_WEBHOOKS` allows its scope, or `MAX_WEBHOOKS_TOTAL` all
     /// together (decided in the write itself:
-    /// [`Store::insert_webhook_capped`]); it is sent the events recorded from now on. Its
+    /// [`Webhooks::insert_webhook_capped`]); it is sent the events recorded from now on. Its
     /// secret is in the answer, and only there.
     pub async fn register_webhook(&self, new: NewWebhook) -> ServiceResult<Webhook> {
         allowed_addresses(&new.url, self.webhook_settings.allow_private)
@@ -99,7 +99,7 @@ impl TransferService {
         let mut registered_at = std::collections::BTreeMap::new();
         for deployment in self.deployments.all() {
             deployment.check_answering()?;
-            if let Some(at) = deployment.cluster_time().await? {
+            if let Some(at) = deployment.events().cluster_time().await? {
                 registered_at.insert(deployment.deployment().clone(), (at.time, at.increment));
             }
         }
@@ -119,6 +119,7 @@ impl TransferService {
             self.webhook_settings.max_webhooks_total,
         );
         store
+            .webhooks()
             .insert_webhook_capped(&webhook, cap, total)
             .await?
             .map_err(ServiceError::TooManyWebhooks)?;
@@ -137,6 +138,7 @@ impl TransferService {
     ) -> ServiceResult<Vec<Webhook>> {
         let store = self.webhook_home()?;
         let found = store
+            .webhooks()
             .webhooks_page(scope.tenant(), after, i64::from(limit))
             .await?;
         let now = store.server_time_lower_bound().await?;
@@ -148,6 +150,7 @@ impl TransferService {
     pub async fn webhook(&self, scope: &Scope, id: &str) -> ServiceResult<Webhook> {
         let store = self.webhook_home()?;
         let found = store
+            .webhooks()
             .webhook(id)
             .await?
             .filter(|w| scope.sees_account(w.tenant.as_ref()))
@@ -169,6 +172,7 @@ impl TransferService {
         let store = self.webhook_home()?;
         let secret = WebhookSecret::random();
         let rotated = store
+            .webhooks()
             .rotate_webhook_secret(id, &secret, overlap.min(MAX_ROTATION_OVERLAP))
             .await?
             .ok_or_else(|| ServiceError::WebhookNotFound(id.to_owned()))?;
@@ -180,7 +184,7 @@ impl TransferService {
     /// to it.
     pub async fn delete_webhook(&self, scope: &Scope, id: &str) -> ServiceResult<()> {
         self.webhook(scope, id).await?;
-        if !self.webhook_home()?.delete_webhook(id).await? {
+        if !self.webhook_home()?.webhooks().delete_webhook(id).await? {
             return Err(ServiceError::WebhookNotFound(id.to_owned()));
         }
         tracing::info!(webhook = %id, "webhook deleted");
@@ -199,6 +203,7 @@ impl TransferService {
         self.webhook(scope, id).await?;
         Ok(self
             .webhook_home()?
+            .webhooks()
             .deliveries_of(id, state, before, i64::from(limit))
             .await?)
     }
@@ -216,8 +221,12 @@ impl TransferService {
         let give_up_at = store.server_time_lower_bound().await?
             + chrono::TimeDelta::from_std(self.webhook_settings.give_up_after)
                 .unwrap_or(chrono::TimeDelta::MAX);
-        let retried = store.retry_delivery(id, delivery, give_up_at).await?;
+        let retried = store
+            .webhooks()
+            .retry_delivery(id, delivery, give_up_at)
+            .await?;
         let found = store
+            .webhooks()
             .delivery(id, delivery)
             .await?
             .ok_or_else(|| ServiceError::DeliveryNotFound(delivery.to_owned()))?;

@@ -12,6 +12,7 @@ use support::{TestApp, spawn_app};
 /// How many accounts are stored, read straight from the database.
 async fn stored_accounts(app: &TestApp) -> usize {
     app.store
+        .accounts()
         .list_accounts(None, None, 1_000)
         .await
         .unwrap()
@@ -57,6 +58,7 @@ async fn an_account_opened_without_balance_or_currency_holds_zero_usd() {
 
     let stored = app
         .store
+        .accounts()
         .account(&account("bare"))
         .await
         .unwrap()
@@ -107,6 +109,7 @@ async fn opening_an_existing_account_id_is_409_and_keeps_the_first_account() {
 
     let stored = app
         .store
+        .accounts()
         .account(&account("alice"))
         .await
         .unwrap()

@@ -28,7 +28,11 @@ const DEAD_INSTANCE: &str = "dead-instance";
 /// Records a transfer in `initial`, as step 1 of an instance that then died.
 async fn insert_initial(app: &TestApp, source: &str, destination: &str, value: i64) -> TransferId {
     let transfer = initial(source, destination, value);
-    app.store.insert_transfer(&transfer).await.unwrap();
+    app.store
+        .transfers()
+        .insert_transfer(&transfer)
+        .await
+        .unwrap();
     transfer.id
 }
 
@@ -38,6 +42,7 @@ async fn mark_applied_as_the_dead_instance(app: &TestApp, id: TransferId) -> boo
     let (pending, applied) = (TransferState::Pending, TransferState::Applied);
     let moved = app
         .store
+        .transfers()
         .change_state(id, pending, applied, by, StepFields::default());
     moved.await.unwrap().is_some()
 }
@@ -62,7 +67,11 @@ async fn insert_pending_before_one_protocol(
         credits_at_prepare: true,
         ..initial(source, destination, value)
     };
-    app.store.insert_transfer(&transfer).await.unwrap();
+    app.store
+        .transfers()
+        .insert_transfer(&transfer)
+        .await
+        .unwrap();
     start_as_the_dead_instance(app, transfer.id).await;
     transfer.id
 }
@@ -70,6 +79,7 @@ async fn insert_pending_before_one_protocol(
 async fn start_as_the_dead_instance(app: &TestApp, id: TransferId) {
     let started = app
         .store
+        .transfers()
         .change_state(
             id,
             TransferState::Initial,
@@ -92,6 +102,7 @@ fn unexpired_lease() -> Timestamp {
 /// The dead instance's prepare of the source: its debit. Whether it landed.
 async fn try_debit(app: &TestApp, source: &str, id: TransferId, value: i64) -> bool {
     app.store
+        .accounts()
         .prepare(&account(source), id, -value, unexpired_lease())
         .await
         .unwrap()
@@ -102,6 +113,7 @@ async fn try_debit(app: &TestApp, source: &str, id: TransferId, value: i64) -> b
 /// Whether it landed.
 async fn try_room(app: &TestApp, destination: &str, id: TransferId, value: i64) -> bool {
     app.store
+        .accounts()
         .prepare(&account(destination), id, value, unexpired_lease())
         .await
         .unwrap()
@@ -112,6 +124,7 @@ async fn try_room(app: &TestApp, destination: &str, id: TransferId, value: i64) 
 /// of the destination made it. Whether it landed.
 async fn try_credit(app: &TestApp, destination: &str, id: TransferId, value: i64) -> bool {
     app.store
+        .accounts()
         .apply_credit(&account(destination), id, amount(value), unexpired_lease())
         .await
         .unwrap()
@@ -310,6 +323,7 @@ async fn cancelling_an_initial_transfer_cancels_it_without_touching_balances() {
     // The instance that recorded it can no longer start it.
     let started = app
         .store
+        .transfers()
         .change_state(
             id,
             TransferState::Initial,
@@ -473,6 +487,7 @@ async fn cancelling_a_transfer_stuck_in_canceling_finishes_the_rollback() {
     apply_debit(&app, "alice", id, 300).await;
     let rolling_back = app
         .store
+        .transfers()
         .change_state(
             id,
             TransferState::Pending,
@@ -640,6 +655,7 @@ async fn a_cancel_moving_a_started_transfer_without_fences_is_a_bug_said_loudly(
     };
     let _ = app
         .store
+        .transfers()
         .change_state(
             id,
             TransferState::Pending,

@@ -119,6 +119,7 @@ async fn concurrent_transfers_never_create_or_destroy_money() {
         for id in ids {
             let stored = app
                 .store
+                .transfers()
                 .transfer(transfer_id(id))
                 .await
                 .unwrap()
@@ -225,11 +226,17 @@ async fn concurrent_cancels_of_a_done_transfer_reverse_it_exactly_once() {
         assert_eq!(reversals.len(), 1, "round {round}: {reversals:?}");
         let reversal = app
             .store
+            .transfers()
             .transfer(transfer_id(&reversals[0]))
             .await
             .unwrap()
             .expect("the reversal is stored");
-        let accounts = app.store.list_accounts(None, None, 10).await.unwrap();
+        let accounts = app
+            .store
+            .accounts()
+            .list_accounts(None, None, 10)
+            .await
+            .unwrap();
         assert_eq!(
             app.total_balance().await,
             1_500,
@@ -294,8 +301,19 @@ async fn a_cancel_racing_a_running_transfer_always_leaves_the_money_where_it_sta
             _ => panic!("a cancel answers a terminal transfer: {canceled}"),
         }
         let id = canceled["id"].as_str().unwrap();
-        let stored = app.store.transfer(transfer_id(id)).await.unwrap().unwrap();
-        let accounts = app.store.list_accounts(None, None, 10).await.unwrap();
+        let stored = app
+            .store
+            .transfers()
+            .transfer(transfer_id(id))
+            .await
+            .unwrap()
+            .unwrap();
+        let accounts = app
+            .store
+            .accounts()
+            .list_accounts(None, None, 10)
+            .await
+            .unwrap();
         assert!(
             app.accounts_with_pending().await.is_empty(),
             "round {round}: markers left after the cancel answered {canceled}\nstored: {stored:?}\naccounts: {accounts:?}"
@@ -319,7 +337,13 @@ async fn a_late_driver_holding_an_outdated_copy_of_a_done_transfer_moves_no_mone
     let (status, body) = app.transfer("alice", "bob", 300).await;
     assert_eq!(status, 201, "{body}");
     let id = transfer_id(body["id"].as_str().unwrap());
-    let mut outdated = app.store.transfer(id).await.unwrap().expect("stored");
+    let mut outdated = app
+        .store
+        .transfers()
+        .transfer(id)
+        .await
+        .unwrap()
+        .expect("stored");
     outdated.state = TransferState::Pending;
     outdated.last_modified = chrono::Utc::now();
 

@@ -305,7 +305,13 @@ async fn one_of_each(app: &TestApp) -> OneOfEach {
         Duration::from_secs(10),
         POLL_EVERY,
         async || {
-            let now = app.store.transfer(stored).await.unwrap().expect("stored");
+            let now = app
+                .store
+                .transfers()
+                .transfer(stored)
+                .await
+                .unwrap()
+                .expect("stored");
             (now.state == TransferState::Canceled).then_some(())
         },
     )

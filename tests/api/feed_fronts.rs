@@ -758,7 +758,12 @@ async fn explore(app: &TestApp, seed: u64, scopes: &[(Scope, String)], templates
         match rng.random_range(0..20) {
             0..=2 => {
                 let before = x.now().await;
-                let removed = app.store.trim_events(EXPLORER, retention).await.unwrap();
+                let removed = app
+                    .store
+                    .events()
+                    .trim_events(EXPLORER, retention)
+                    .await
+                    .unwrap();
                 x.log.push(format!("round: {removed} removed"));
                 let after = x.now().await;
                 // A round of this version moves the front to the end of a cluster time.
@@ -817,7 +822,14 @@ async fn explore(app: &TestApp, seed: u64, scopes: &[(Scope, String)], templates
         )
         .await
         .unwrap();
-    while app.store.trim_events(EXPLORER, retention).await.unwrap() > 0 {}
+    while app
+        .store
+        .events()
+        .trim_events(EXPLORER, retention)
+        .await
+        .unwrap()
+        > 0
+    {}
     x.log
         .push("the end: everything readable and removed".into());
     eprintln!(

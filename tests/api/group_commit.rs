@@ -42,7 +42,10 @@ fn change(account: &str, tx: TransferId, delta: i64) -> AccountChange {
 /// Whether the debit of `tx` from `source` landed, with a minute of lease.
 async fn debit(app: &TestApp, source: &str, tx: TransferId, value: i64) -> bool {
     let source = account(source);
-    let step = app.store.prepare(&source, tx, -value, from_now(60_000));
+    let step = app
+        .store
+        .accounts()
+        .prepare(&source, tx, -value, from_now(60_000));
     step.await.unwrap().applied
 }
 
@@ -51,6 +54,7 @@ async fn credit(app: &TestApp, destination: &str, tx: TransferId, value: i64) ->
     let destination = account(destination);
     let step = app
         .store
+        .accounts()
         .apply_credit(&destination, tx, amount(value), from_now(60_000));
     step.await.unwrap().applied
 }
@@ -67,6 +71,7 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     app.open_account("fenced", 50).await;
     let [t1, t2, t3, t4, t5, t6] = [(); 6].map(|_| new_transfer_id());
     app.store
+        .accounts()
         .fence(
             &account("fenced"),
             t5,
@@ -98,9 +103,21 @@ async fn a_batch_applies_each_change_under_its_own_guards_in_order() {
     assert_eq!(app.balance("hot").await, 10);
     assert_eq!(app.balance("cold").await, 60);
     assert_eq!(app.balance("fenced").await, 50);
-    let hot = app.store.account(&account("hot")).await.unwrap().unwrap();
+    let hot = app
+        .store
+        .accounts()
+        .account(&account("hot"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(hot.pending_transactions, vec![t1, t4]);
-    let cold = app.store.account(&account("cold")).await.unwrap().unwrap();
+    let cold = app
+        .store
+        .accounts()
+        .account(&account("cold"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(cold.pending_transactions, vec![t3]);
 }
 
@@ -128,7 +145,13 @@ async fn the_same_step_twice_in_a_batch_lands_once_if_either_deadline_allows() {
     assert_eq!(applied, [true, true, true, true]);
     assert_eq!(app.balance("cold").await, 5, "credited once");
     assert_eq!(app.balance("other").await, 1, "credited once");
-    let cold = app.store.account(&account("cold")).await.unwrap().unwrap();
+    let cold = app
+        .store
+        .accounts()
+        .account(&account("cold"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(cold.pending_transactions, vec![t1]);
 }
 
@@ -194,6 +217,7 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
             }
             if fenced {
                 app.store
+                    .accounts()
                     .fence(
                         &account(&holder),
                         tx,
@@ -218,7 +242,12 @@ async fn a_change_alone_and_the_same_change_in_a_batch_decide_alike() {
                 answers[1..].iter().all(|a| *a.as_ref().unwrap()),
                 "{name} {form}: the ballast's changes land"
             );
-            let stored = app.store.account(&account(&holder)).await.unwrap();
+            let stored = app
+                .store
+                .accounts()
+                .account(&account(&holder))
+                .await
+                .unwrap();
             let left = stored.map(|a| (a.balance, a.pending_transactions.len(), a.seq));
             outcomes.push((applied, left, last_entry(&app, &holder).await));
         }
@@ -319,7 +348,7 @@ async fn a_taken_idempotency_key_fails_only_its_own_insert() {
         ..initial("a", "b", 1)
     };
     let first = keyed("k1");
-    app.store.insert_transfer(&first).await.unwrap();
+    app.store.transfers().insert_transfer(&first).await.unwrap();
     let batch = [keyed("k2"), keyed("k1"), keyed("k3")];
     let ids: Vec<TransferId> = batch.iter().map(|t| t.id).collect();
     let batch = batch.iter().map(TransferDoc::from).collect();
@@ -332,9 +361,30 @@ async fn a_taken_idempotency_key_fails_only_its_own_insert() {
         Err(transfer_service::store::StoreError::DuplicateKey(_))
     ));
     assert!(results[2].is_ok());
-    assert!(app.store.transfer(ids[0]).await.unwrap().is_some());
-    assert!(app.store.transfer(ids[1]).await.unwrap().is_none());
-    assert!(app.store.transfer(ids[2]).await.unwrap().is_some());
+    assert!(
+        app.store
+            .transfers()
+            .transfer(ids[0])
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        app.store
+            .transfers()
+            .transfer(ids[1])
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        app.store
+            .transfers()
+            .transfer(ids[2])
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test]
@@ -343,13 +393,14 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
     let mut docs = Vec::new();
     for _ in 0..4 {
         let t = initial("a", "b", 1);
-        app.store.insert_transfer(&t).await.unwrap();
+        app.store.transfers().insert_transfer(&t).await.unwrap();
         docs.push(t);
     }
     // The third was taken by another instance, the fourth already moved on.
     for t in &docs[2..] {
         assert!(
             app.store
+                .transfers()
                 .change_state(
                     t.id,
                     TransferState::Initial,
@@ -378,7 +429,7 @@ async fn in_a_batch_of_state_changes_only_the_owners_of_the_expected_state_win()
     let won: Vec<bool> = results.into_iter().map(|r| r.unwrap().is_some()).collect();
     assert_eq!(won, [true, true, false, false]);
     for (t, owner) in docs.iter().zip(["me", "me", "other", "other"]) {
-        let stored = app.store.transfer(t.id).await.unwrap().unwrap();
+        let stored = app.store.transfers().transfer(t.id).await.unwrap().unwrap();
         assert_eq!(stored.state, TransferState::Pending);
         assert_eq!(stored.owner.as_deref(), Some(owner));
     }
@@ -403,7 +454,13 @@ async fn a_batch_of_pulls_removes_exactly_the_markers_of_its_transfers() {
         .flat_map(|t| [pull("a", t), pull("b", t)]);
     pull_markers(accounts(&app), pulls.collect()).await.unwrap();
     for name in ["a", "b"] {
-        let stored = app.store.account(&account(name)).await.unwrap().unwrap();
+        let stored = app
+            .store
+            .accounts()
+            .account(&account(name))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(stored.pending_transactions, vec![t2], "{name}");
     }
 }
@@ -424,6 +481,7 @@ async fn an_exact_pull_takes_its_marker_from_its_own_account_only() {
         let (app, account) = (&app, account.to_owned());
         async move {
             app.store
+                .accounts()
                 .prepare(
                     &support::values::account(&account),
                     legs,
@@ -453,7 +511,13 @@ async fn an_exact_pull_takes_its_marker_from_its_own_account_only() {
         .await
         .unwrap();
     let markers = async |name: &str| {
-        let stored = app.store.account(&account(name)).await.unwrap().unwrap();
+        let stored = app
+            .store
+            .accounts()
+            .account(&account(name))
+            .await
+            .unwrap()
+            .unwrap();
         stored.pending_transactions
     };
     assert_eq!(markers("payer").await, vec![]);
@@ -466,6 +530,7 @@ async fn an_exact_pull_takes_its_marker_from_its_own_account_only() {
     assert_eq!(markers("y").await, vec![]);
     let receiver = app
         .store
+        .accounts()
         .account(&account("receiver"))
         .await
         .unwrap()
@@ -489,6 +554,7 @@ async fn a_batch_of_settles_pays_each_receiving_party_in_once() {
         let (app, name) = (&app, name.to_owned());
         async move {
             app.store
+                .accounts()
                 .prepare(&account(&name), tx, net, from_now(60_000))
                 .await
                 .unwrap()
@@ -517,10 +583,22 @@ async fn a_batch_of_settles_pays_each_receiving_party_in_once() {
     ];
     settle_parties(accounts(&app), batch.clone()).await.unwrap();
     settle_parties(accounts(&app), batch).await.unwrap();
-    let shop = app.store.account(&account("shop")).await.unwrap().unwrap();
+    let shop = app
+        .store
+        .accounts()
+        .account(&account("shop"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((shop.balance, shop.incoming), (395, 0));
     assert_eq!(shop.pending_transactions, Vec::<TransferId>::new());
-    let fee = app.store.account(&account("fee")).await.unwrap().unwrap();
+    let fee = app
+        .store
+        .accounts()
+        .account(&account("fee"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((fee.balance, fee.incoming, fee.seq), (10, 0, 2));
     let (_, page) = crate::get_json(&app, "/accounts/shop/entries").await;
     let entries: Vec<(i64, &str, i64, i64)> = page["items"]
@@ -545,7 +623,13 @@ async fn a_batch_of_settles_pays_each_receiving_party_in_once() {
         ]
     );
     // The payer's markers are its own settle's to pull, not these.
-    let payer = app.store.account(&account("payer")).await.unwrap().unwrap();
+    let payer = app
+        .store
+        .accounts()
+        .account(&account("payer"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(payer.pending_transactions, vec![t1, t2]);
 
     // A paying party's settle, in a batch with a receiving one's sent again: its marker
@@ -559,10 +643,22 @@ async fn a_batch_of_settles_pays_each_receiving_party_in_once() {
     settle_parties(accounts(&app), vec![pull_only, again])
         .await
         .unwrap();
-    let after = app.store.account(&account("payer")).await.unwrap().unwrap();
+    let after = app
+        .store
+        .accounts()
+        .account(&account("payer"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(after.pending_transactions, vec![t2]);
     assert_eq!((after.balance, after.seq), (payer.balance, payer.seq));
-    let shop = app.store.account(&account("shop")).await.unwrap().unwrap();
+    let shop = app
+        .store
+        .accounts()
+        .account(&account("shop"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((shop.balance, shop.seq), (395, 3));
 }
 
@@ -575,7 +671,7 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
     let mut ids = Vec::new();
     for _ in 0..6 {
         let t = initial("a", "b", 1);
-        app.store.insert_transfer(&t).await.unwrap();
+        app.store.transfers().insert_transfer(&t).await.unwrap();
         ids.push(t.id);
     }
     // Where each transfer stands before the batch: (owner, state).
@@ -597,6 +693,7 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
             let by = Mover::Owner(owner);
             let moved = app
                 .store
+                .transfers()
                 .change_state(*id, at, next, by, StepFields::default())
                 .await;
             assert!(moved.unwrap().is_some());
@@ -631,12 +728,18 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
         ("me", Done),
     ];
     for (id, (owner, state)) in ids.iter().zip(expected) {
-        let stored = app.store.transfer(*id).await.unwrap().unwrap();
+        let stored = app.store.transfers().transfer(*id).await.unwrap().unwrap();
         assert_eq!(
             (stored.owner.as_deref(), stored.state),
             (Some(owner), state)
         );
     }
-    let untouched = app.store.transfer(ids[5]).await.unwrap().unwrap();
+    let untouched = app
+        .store
+        .transfers()
+        .transfer(ids[5])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((untouched.owner, untouched.state), (None, Initial));
 }

@@ -439,7 +439,13 @@ async fn a_hold_left_past_its_expiry_is_expired_by_the_sweeper() {
     let stored_id = support::values::transfer_id(id);
     let (within, every) = (Duration::from_secs(10), Duration::from_millis(100));
     support::poll_until(within, every, async || {
-        let stored = app.store.transfer(stored_id).await.unwrap().unwrap();
+        let stored = app
+            .store
+            .transfers()
+            .transfer(stored_id)
+            .await
+            .unwrap()
+            .unwrap();
         if stored.state == transfer_service::domain::TransferState::Canceled {
             Ok(())
         } else {

@@ -222,6 +222,7 @@ async fn concurrent_requests_with_one_key_make_exactly_one_transfer() {
     assert_eq!(transfers_of(&app, "alice").await, ids);
     let stored = app
         .store
+        .transfers()
         .transfer_by_idempotency_key(&ScopedKey::shared(
             IdempotencyKey::parse("same-for-all").unwrap(),
         ))
@@ -416,6 +417,7 @@ async fn spawn_with_two_callers() -> (TestApp, Callers) {
 async fn stored_transfers(app: &TestApp) -> Vec<String> {
     let stored = app
         .store
+        .transfers()
         .list_transfers(&Default::default(), 100)
         .await
         .unwrap();

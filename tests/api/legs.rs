@@ -36,7 +36,12 @@ async fn balances(app: &TestApp, accounts: &[&str]) -> Vec<i64> {
 
 /// Nothing of any transfer is left on any account: no marker, no room, no fence.
 async fn assert_at_rest(app: &TestApp) {
-    let accounts = app.store.list_accounts(None, None, 1_000).await.unwrap();
+    let accounts = app
+        .store
+        .accounts()
+        .list_accounts(None, None, 1_000)
+        .await
+        .unwrap();
     for a in accounts {
         assert!(a.pending_transactions.is_empty(), "marker left on {a:?}");
         assert_eq!(a.incoming, 0, "room left on {a:?}");
@@ -222,6 +227,7 @@ async fn room_prepared_for_incoming_money_counts_against_the_largest_balance() {
     let tx = transfer_service::store::new_transfer_id();
     let step = app
         .store
+        .accounts()
         .prepare(
             &support::values::account("near"),
             tx,
@@ -382,7 +388,13 @@ async fn concurrent_multi_leg_and_plain_transfers_conserve_money() {
                 t["id"], t["state"], t["reason"], t["amount"]
             );
         }
-        for a in app.store.list_accounts(None, None, 100).await.unwrap() {
+        for a in app
+            .store
+            .accounts()
+            .list_accounts(None, None, 100)
+            .await
+            .unwrap()
+        {
             eprintln!(
                 "{} b={} in={} p={:?}",
                 a.id, a.balance, a.incoming, a.pending_transactions
@@ -435,9 +447,14 @@ async fn left_pending(
 ) {
     use transfer_service::domain::TransferState;
     use transfer_service::store::transfers::{Mover, StepFields};
-    app.store.insert_transfer(transfer).await.unwrap();
+    app.store
+        .transfers()
+        .insert_transfer(transfer)
+        .await
+        .unwrap();
     let started = app
         .store
+        .transfers()
         .change_state(
             transfer.id,
             TransferState::Initial,
@@ -463,6 +480,7 @@ async fn prepare_as_the_dead_instance(
     let legs = transfer.legs.as_deref().unwrap();
     let party = legs.party(&support::values::account(account)).unwrap();
     app.store
+        .accounts()
         .prepare(
             &party.account,
             transfer.id,
@@ -519,6 +537,7 @@ async fn cancelling_a_committed_multi_leg_transfer_settles_then_reverses_every_l
     left_pending(&app, &transfer, &["a", "b", "c"]).await;
     let committed = app
         .store
+        .transfers()
         .change_state(
             transfer.id,
             TransferState::Pending,
@@ -662,6 +681,7 @@ async fn an_account_left_above_the_largest_balance_can_still_be_spent_from() {
     let n = account("n");
     assert!(
         app.store
+            .accounts()
             .prepare(&n, t1, -100, from_now(60_000))
             .await
             .unwrap()
@@ -669,6 +689,7 @@ async fn an_account_left_above_the_largest_balance_can_still_be_spent_from() {
     );
     assert!(
         app.store
+            .accounts()
             .prepare(&n, t2, 200, from_now(60_000))
             .await
             .unwrap()
@@ -676,11 +697,16 @@ async fn an_account_left_above_the_largest_balance_can_still_be_spent_from() {
     );
     assert!(
         app.store
+            .accounts()
             .undo(&n, t1, Side::Source, amount(100))
             .await
             .unwrap()
     );
-    app.store.settle(&n, t2, Some(200)).await.unwrap();
+    app.store
+        .accounts()
+        .settle(&n, t2, Some(200))
+        .await
+        .unwrap();
     assert_eq!(app.balance("n").await, max + 100);
     let (status, body) = app.transfer("n", "other", 1).await;
     assert_eq!(status, 201, "{body}");

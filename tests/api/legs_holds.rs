@@ -55,7 +55,13 @@ async fn entry_kinds(app: &TestApp, account: &str) -> Vec<String> {
 
 /// No account carries a marker, a reservation or room.
 async fn assert_nothing_pending(app: &TestApp) {
-    for a in app.store.list_accounts(None, None, 1_000).await.unwrap() {
+    for a in app
+        .store
+        .accounts()
+        .list_accounts(None, None, 1_000)
+        .await
+        .unwrap()
+    {
         assert!(a.pending_transactions.is_empty(), "marker left on {a:?}");
         assert_eq!(
             (a.pending_debits, a.pending_credits, a.incoming),
@@ -284,7 +290,7 @@ async fn a_multi_leg_hold_left_past_its_expiry_is_expired_by_the_sweeper() {
         Duration::from_secs(10),
         Duration::from_millis(100),
         async || {
-            let stored = app.store.transfer(id).await.unwrap().unwrap();
+            let stored = app.store.transfers().transfer(id).await.unwrap().unwrap();
             match stored.state {
                 transfer_service::domain::TransferState::Canceled => Ok(stored),
                 _ => Err(stored),
@@ -352,6 +358,7 @@ async fn left_canceling_by_a_killed_expirer(
     });
     for party in legs.parties() {
         let step = store
+            .accounts()
             .reserve(
                 &party.account,
                 hold.id,
@@ -366,7 +373,7 @@ async fn left_canceling_by_a_killed_expirer(
     hold.state = TransferState::Canceling;
     hold.reason = Some(CancelReason::Expired);
     hold.owner = Some("killed/00000000".into());
-    store.insert_transfer(&hold).await.unwrap();
+    store.transfers().insert_transfer(&hold).await.unwrap();
     hold.id
 }
 

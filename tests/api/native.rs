@@ -33,6 +33,7 @@ async fn a_native_transfer_answers_201_done_and_moves_the_money() {
     assert_eq!(app.balance("bob").await, 250);
     let stored = app
         .store
+        .transfers()
         .transfer(body["id"].as_str().unwrap().parse().unwrap())
         .await
         .unwrap()
@@ -84,7 +85,12 @@ async fn assert_inserted_canceled(
 ) {
     let problem = assert_problem(response, 422, code).await;
     let id = problem["transferId"].as_str().expect("transferId");
-    let stored = app.store.transfer(id.parse().unwrap()).await.unwrap();
+    let stored = app
+        .store
+        .transfers()
+        .transfer(id.parse().unwrap())
+        .await
+        .unwrap();
     let stored = stored.expect("the refused transfer is recorded");
     assert_eq!(stored.state, TransferState::Canceled);
     assert_eq!(stored.reason, Some(reason));
@@ -178,6 +184,7 @@ async fn concurrent_native_transfers_on_hot_accounts_keep_the_total() {
     }
     let transfers = app
         .store
+        .transfers()
         .list_transfers(&Default::default(), 100)
         .await
         .unwrap();
@@ -336,6 +343,7 @@ async fn a_native_transaction_that_keeps_conflicting_gives_up_contended_and_move
     let started = std::time::Instant::now();
     let gave_up = app
         .store
+        .atomic()
         .transfer_atomically_within(&transfer, "test", Duration::from_millis(500))
         .await;
 
@@ -348,13 +356,21 @@ async fn a_native_transaction_that_keeps_conflicting_gives_up_contended_and_move
         "gave up after {:?}",
         started.elapsed()
     );
-    assert!(app.store.transfer(transfer.id).await.unwrap().is_none());
+    assert!(
+        app.store
+            .transfers()
+            .transfer(transfer.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(app.balance("alice").await, 1000);
     assert_eq!(app.balance("bob").await, 0);
 
     holder.abort_transaction().await.unwrap();
     let outcome = app
         .store
+        .atomic()
         .transfer_atomically(&transfer, "test")
         .await
         .unwrap();

@@ -88,6 +88,7 @@ async fn without_a_key_every_api_route_is_401_unauthorized() {
     }
     assert!(
         app.store
+            .accounts()
             .account(&account_id("alice"))
             .await
             .unwrap()
@@ -146,6 +147,7 @@ async fn a_read_only_key_reads_but_a_write_is_403_forbidden() {
 
     assert!(
         app.store
+            .accounts()
             .account(&account_id("carol"))
             .await
             .unwrap()

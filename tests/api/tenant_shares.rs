@@ -303,7 +303,7 @@ async fn which_webhooks_exist_is_read_in_bounded_reads_however_many_are_asked() 
     let mut asked: Vec<&str> = vec![&ids[0]];
     asked.extend(missing.iter().map(String::as_str));
     asked.push(&ids[1]);
-    let found = app.store.webhooks_among(&asked).await.unwrap();
+    let found = app.store.webhooks().webhooks_among(&asked).await.unwrap();
     assert_eq!(found, ids.iter().cloned().collect());
 }
 

@@ -342,6 +342,7 @@ impl Run {
         let stored = self
             .app
             .store
+            .accounts()
             .account(&support::values::account(id))
             .await
             .unwrap()
@@ -355,6 +356,7 @@ impl Run {
         let transfer = self
             .app
             .store
+            .transfers()
             .transfer(TransferId::parse(id).unwrap())
             .await
             .unwrap()
@@ -1076,6 +1078,7 @@ async fn check_quiet(run: &Run, model: &Model, moved_by: &[(String, Key)]) {
     let stored = run
         .app
         .store
+        .accounts()
         .list_accounts(None, None, 10_000)
         .await
         .unwrap();
@@ -1129,6 +1132,7 @@ async fn check_quiet(run: &Run, model: &Model, moved_by: &[(String, Key)]) {
         let transfer = run
             .app
             .store
+            .transfers()
             .transfer(TransferId::parse(id).unwrap())
             .await
             .unwrap()

@@ -17,6 +17,7 @@ const MAX_MONEY: i64 = 9_007_199_254_740_991;
 /// How many transfers are stored, read straight from the database.
 async fn stored_transfers(app: &TestApp) -> usize {
     app.store
+        .transfers()
         .list_transfers(&Default::default(), 1_000)
         .await
         .unwrap()
@@ -569,6 +570,7 @@ async fn a_transfer_to_an_account_deleted_behind_the_services_back_is_rolled_bac
         .expect("the transfer was recorded");
     let stored = app
         .store
+        .transfers()
         .transfer(id.parse().unwrap())
         .await
         .unwrap()

@@ -1394,7 +1394,11 @@ async fn an_instance_that_does_not_allow_private_addresses_never_sends_to_one() 
             created_at: app.store.server_time().await.unwrap(),
             registered_at: Default::default(),
         };
-        let registered = app.store.insert_webhook_capped(&webhook, 10, 10).await;
+        let registered = app
+            .store
+            .webhooks()
+            .insert_webhook_capped(&webhook, 10, 10)
+            .await;
         assert_eq!(registered.unwrap(), Ok(()));
         hooks.push(webhook.id);
     }
@@ -2113,12 +2117,14 @@ async fn an_attempt_logged_under_a_claim_taken_again_since_is_refused_and_the_ot
         })
         .collect();
     let refused = store
+        .webhooks()
         .insert_deliveries(new, ("maker", Duration::from_secs(30)))
         .await
         .unwrap();
     assert!(refused.is_empty(), "{refused:?}");
     let room = HashMap::from([("wh_t".to_owned(), 10)]);
     let mut stale = store
+        .webhooks()
         .claim_due("old", Duration::from_millis(1), &room, 10)
         .await
         .unwrap();
@@ -2131,6 +2137,7 @@ async fn an_attempt_logged_under_a_claim_taken_again_since_is_refused_and_the_ot
         Duration::from_millis(50),
         async || {
             let won = store
+                .webhooks()
                 .claim_due("new", Duration::from_secs(30), &room, 10)
                 .await
                 .unwrap();
@@ -2149,7 +2156,7 @@ async fn an_attempt_logged_under_a_claim_taken_again_since_is_refused_and_the_ot
         .iter()
         .map(|c| (c.clone(), attempt(204, 1), AttemptOutcome::Succeeded))
         .collect();
-    assert_eq!(store.log_attempts(&late).await.unwrap(), 0);
+    assert_eq!(store.webhooks().log_attempts(&late).await.unwrap(), 0);
     for d in [&live[0], &live[1]] {
         let stored = deliveries
             .find_one(doc! { "_id": &d.id })
@@ -2175,9 +2182,9 @@ async fn an_attempt_logged_under_a_claim_taken_again_since_is_refused_and_the_ot
             AttemptOutcome::Retry(again),
         ),
     ];
-    assert_eq!(store.log_attempts(&mixed).await.unwrap(), 2);
+    assert_eq!(store.webhooks().log_attempts(&mixed).await.unwrap(), 2);
     // Sent again, as after a reply lost: nothing more.
-    assert_eq!(store.log_attempts(&mixed).await.unwrap(), 0);
+    assert_eq!(store.webhooks().log_attempts(&mixed).await.unwrap(), 0);
     let done = deliveries
         .find_one(doc! { "_id": &live[0].id })
         .await

@@ -131,7 +131,7 @@ pub async fn sample_accounts(books: Books, stop: CancellationToken) -> Sampled {
         let reads = books.stores.iter().map(|store| {
             tokio::time::timeout(
                 Duration::from_secs(2),
-                store.list_accounts(None, None, 1000),
+                store.accounts().list_accounts(None, None, 1000),
             )
         });
         let mut accounts = Vec::new();

@@ -85,11 +85,18 @@ impl Books {
         for store in &self.stores {
             transfers.extend(
                 store
+                    .transfers()
                     .list_transfers(&Default::default(), 1_000_000)
                     .await
                     .unwrap(),
             );
-            accounts.extend(store.list_accounts(None, None, 1000).await.unwrap());
+            accounts.extend(
+                store
+                    .accounts()
+                    .list_accounts(None, None, 1000)
+                    .await
+                    .unwrap(),
+            );
         }
         (transfers, accounts)
     }

@@ -116,7 +116,7 @@ impl Worker {
                 ..TransferFilter::default()
             };
             for store in &self.stores {
-                let listed = store.list_transfers(&filter, 10_000).await;
+                let listed = store.transfers().list_transfers(&filter, 10_000).await;
                 for t in listed.expect("read transfers") {
                     if found.iter().all(|f| f.id != t.id) {
                         found.push(t);
@@ -140,7 +140,7 @@ impl Worker {
     async fn account(&self, id: &str) -> Account {
         let id = AccountId::parse(id).unwrap();
         for store in &self.stores {
-            if let Some(account) = store.account(&id).await.unwrap() {
+            if let Some(account) = store.accounts().account(&id).await.unwrap() {
                 return account;
             }
         }

@@ -214,6 +214,7 @@ async fn scenario_transfer(
     };
     // Newest first: the last is the oldest.
     bank.store()
+        .transfers()
         .list_transfers(&filter, 10_000)
         .await
         .map(|all| {
@@ -236,7 +237,7 @@ async fn lease_lapsed(bank: &TransferService, a: &str, b: &str) -> Result<(), St
                     account: Some(AccountId::parse(account).unwrap()),
                     ..TransferFilter::default()
                 };
-                let listed = log.list_transfers(&filter, 10_000).await;
+                let listed = log.transfers().list_transfers(&filter, 10_000).await;
                 for t in listed.map_err(|e| format!("{e:?}"))? {
                     let ends = t.last_modified + lease;
                     if !t.state.is_at_rest() && ends >= now {

@@ -170,14 +170,21 @@ impl TransferService {
             .await?;
         let (account, net) = (&party.account, party.net);
         let step = if t.hold.is_some() {
-            store.reserve(account, t.id, net, deadline_there).await
+            store
+                .accounts()
+                .reserve(account, t.id, net, deadline_there)
+                .await
         } else if t.pays_in_at_prepare() && !party.pays() {
             let credit = amount(t, net);
             store
+                .accounts()
                 .apply_credit(account, t.id, credit, deadline_there)
                 .await
         } else {
-            store.prepare(account, t.id, net, deadline_there).await
+            store
+                .accounts()
+                .prepare(account, t.id, net, deadline_there)
+                .await
         };
         // A copy that may still land does so before the log's clock reaches the lease
         // deadline.
@@ -195,7 +202,7 @@ impl TransferService {
             tracing::debug!(transfer_id = %t.id, %account, net, "account changed");
             return Ok(Prepared::Yes);
         }
-        let found = store.account(&party.account).await?;
+        let found = store.accounts().account(&party.account).await?;
         // The invariants the step's guard keeps (`store::guards`).
         let fits = |a: &Account| {
             if party.pays() {
@@ -234,7 +241,7 @@ impl TransferService {
         let settles = futures::future::join_all(parties.iter().map(|p| async {
             let store = self.deployments.of(&p.deployment)?;
             let pay_in = (!p.pays() && !t.pays_in_at_prepare()).then_some(p.net);
-            store.settle(&p.account, t.id, pay_in).await
+            store.accounts().settle(&p.account, t.id, pay_in).await
         }))
         .await;
         first_error(settles)?;
@@ -269,7 +276,10 @@ impl TransferService {
         let store = self.deployments.of(&party.deployment)?;
         if party.pays() {
             let paid = amount(t, -party.net);
-            store.undo(&party.account, t.id, Side::Source, paid).await?;
+            store
+                .accounts()
+                .undo(&party.account, t.id, Side::Source, paid)
+                .await?;
         } else if t.pays_in_at_prepare() {
             // Never expected to find anything: that credit was the commit point, so a
             // rollback only began once it was refused (by the owner's own guard, or by a
@@ -278,13 +288,17 @@ impl TransferService {
             // balanced, and said loudly.
             let credited = amount(t, party.net);
             if store
+                .accounts()
                 .undo(&party.account, t.id, Side::Destination, credited)
                 .await?
             {
                 tracing::error!(transfer_id = %t.id, "invariant broken: a transfer was rolled back after its credit had landed; the credit was taken back");
             }
         } else {
-            store.release_room(&party.account, t.id, party.net).await?;
+            store
+                .accounts()
+                .release_room(&party.account, t.id, party.net)
+                .await?;
         }
         Ok(())
     }
@@ -303,11 +317,12 @@ impl TransferService {
                 Some((side, held)) => {
                     let captured = amount(&t, t.captured(p));
                     store
+                        .accounts()
                         .capture(&p.account, t.id, side, held, captured)
                         .await?;
                     Ok(())
                 }
-                None => store.pull_marker(&p.account, t.id).await,
+                None => store.accounts().pull_marker(&p.account, t.id).await,
             }
         }))
         .await;
@@ -354,10 +369,13 @@ impl TransferService {
         let store = self.deployments.of(&party.deployment)?;
         match reserved(t, party) {
             Some((side, held)) => {
-                store.release(&party.account, t.id, side, held).await?;
+                store
+                    .accounts()
+                    .release(&party.account, t.id, side, held)
+                    .await?;
                 Ok(())
             }
-            None => store.pull_marker(&party.account, t.id).await,
+            None => store.accounts().pull_marker(&party.account, t.id).await,
         }
     }
 }

@@ -421,6 +421,7 @@ impl TestApp {
     /// The stored balance of an account.
     pub async fn balance(&self, id: &str) -> i64 {
         self.store
+            .accounts()
             .account(&values::account(id))
             .await
             .unwrap()
@@ -430,13 +431,23 @@ impl TestApp {
 
     /// The sum of every stored balance: the invariant no transfer may change.
     pub async fn total_balance(&self) -> i64 {
-        let accounts = self.store.list_accounts(None, None, 10_000).await.unwrap();
+        let accounts = self
+            .store
+            .accounts()
+            .list_accounts(None, None, 10_000)
+            .await
+            .unwrap();
         accounts.iter().map(|a| a.balance).sum()
     }
 
     /// Every account with a leftover `pendingTransactions` entry.
     pub async fn accounts_with_pending(&self) -> Vec<String> {
-        let accounts = self.store.list_accounts(None, None, 10_000).await.unwrap();
+        let accounts = self
+            .store
+            .accounts()
+            .list_accounts(None, None, 10_000)
+            .await
+            .unwrap();
         accounts
             .into_iter()
             .filter(|a| !a.pending_transactions.is_empty())
