@@ -19,8 +19,9 @@
 //!   the transfer in the process (`service/unanswered.rs`).
 //! - [`store`]: the only module that speaks MongoDB or names BSON; one guarded write per
 //!   step; its stored documents never leave it (it converts them to domain types). One
-//!   [`store::Store`] per deployment; [`store::Deployments`] holds them all and reads
-//!   across them (`docs/scaling.md`: what lives where).
+//!   [`store::Store`] per deployment, which hands out a view per collection or concern
+//!   ([`store::Accounts`], [`store::Transfers`], ...); [`store::Deployments`] holds them
+//!   all and reads across them (`docs/scaling.md`: what lives where).
 //! - [`domain`]: newtypes that parse instead of validate, [`domain::Transfer`] and
 //!   [`domain::Account`], [`domain::Entry`] (a numbered change to an account, written by
 //!   the same write as the change: `store/entries.rs`), the transfer state machine, and [`domain::Strategy`] (how a
@@ -51,7 +52,7 @@
 //!
 //! Words that name one thing each:
 //! - *insert*: step 1 of the protocol, a new transfer written `initial` into its
-//!   transfer log (`service/create.rs`, `Store::insert_transfer`, the `after_insert`
+//!   transfer log (`service/create.rs`, `Transfers::insert_transfer`, the `after_insert`
 //!   point).
 //! - *record*: the event [`recorder`], which records a deployment's changes as events.
 //!   A webhook attempt is *logged* (the attempt log); an entry is *copied* out of its

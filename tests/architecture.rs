@@ -827,3 +827,263 @@ fn inline_modules(text: &str) -> impl Fn(usize) -> Vec<String> {
     }
     move |line| on_line.get(line).cloned().unwrap_or_default()
 }
+
+/// The store's types (`src/store/mod.rs` says what each owns): the per-deployment handle,
+/// the views it hands out, each over its own collections, and the types that hold stores
+/// or handles beside them. Each name with the constructor `Store` gives it by, if any.
+const STORE_TYPES: &[(&str, Option<&str>)] = &[
+    ("Store", None),
+    ("Clock", None),
+    ("Accounts", Some("accounts")),
+    ("Transfers", Some("transfers")),
+    ("Entries", Some("entries")),
+    ("Events", Some("events")),
+    ("Webhooks", Some("webhooks")),
+    ("Atomic", Some("atomic")),
+    ("Directory", Some("directory")),
+    ("Deployments", None),
+    ("ApiKeyStore", None),
+];
+
+/// What `Store` itself may do: connect, say which deployment and instance it is, its
+/// health (ping, answering, migrated), the database's clock, the migrations, and hand out
+/// its views. Anything that reads or writes a collection's documents belongs to a view.
+const STORE_METHODS: &[&str] = &[
+    "connect",
+    "connect_with",
+    "connect_observed",
+    "new",
+    "named",
+    "instance_id",
+    "deployment",
+    "database",
+    "clock",
+    "is_answering",
+    "set_migrated",
+    "check_answering",
+    "set_answering",
+    "ping",
+    "server_time",
+    "server_time_lower_bound",
+    "deadline_on",
+    "migrate",
+    "accounts",
+    "transfers",
+    "entries",
+    "events",
+    "webhooks",
+    "atomic",
+    "directory",
+];
+
+/// The `impl` blocks of one file: (line, the type it implements, whether it is inherent,
+/// its code lines with strings and comments removed). Only blocks opened at the start of
+/// a line (the file's top level) count.
+fn impl_blocks(text: &str) -> Vec<(usize, String, bool, Vec<String>)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, String, bool, Vec<String>)> = None;
+    for (i, raw) in text.lines().enumerate() {
+        let code = without_strings_and_comments(raw);
+        if let Some(block) = open.as_mut() {
+            if code.starts_with('}') {
+                blocks.push(open.take().unwrap());
+            } else {
+                block.3.push(code);
+            }
+            continue;
+        }
+        if let Some((name, inherent)) = impl_type(&code) {
+            open = Some((i + 1, name, inherent, Vec::new()));
+        }
+    }
+    blocks
+}
+
+/// The type an `impl` header implements (`impl<'a> From<&'a X> for Y<'a> {`: `Y`), and
+/// whether the block is inherent (no trait).
+fn impl_type(code: &str) -> Option<(String, bool)> {
+    let rest = code.strip_prefix("impl")?;
+    if !(rest.starts_with(' ') || rest.starts_with('<')) {
+        return None;
+    }
+    // Skip the generics of `impl<...>`, nesting included.
+    let mut depth = 0;
+    let mut start = 0;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            ' ' if depth == 0 => {
+                start = i;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let header = rest[start..].trim().trim_end_matches('{').trim();
+    let (target, inherent) = match header.rsplit_once(" for ") {
+        Some((_, target)) => (target, false),
+        None => (header, true),
+    };
+    let name = target.split(['<', ' ']).next()?.rsplit("::").next()?;
+    Some((name.to_owned(), inherent))
+}
+
+/// The names a file of `src/store/` declares at its top level (struct, enum, trait, type).
+fn declared_types(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let line = line
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ");
+        let line = line.trim_start_matches("pub ");
+        for keyword in ["struct ", "enum ", "trait ", "type "] {
+            if let Some(rest) = line.strip_prefix(keyword) {
+                if let Some(name) = identifier(rest) {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// Every `impl` block of `src/store/*.rs` belongs to one type `src/store/` declares, and
+/// a type's own methods (its inherent blocks) are all in one file: not spread over files,
+/// as `Store`'s 127 once were over seven. And `Store` keeps only what its handle is for
+/// (`STORE_METHODS`): a method that reads or writes documents goes to the view of its
+/// collection.
+#[test]
+fn each_impl_block_of_the_store_belongs_to_one_declared_type() {
+    let store = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
+    let texts: Vec<(String, String)> = rust_files(&store)
+        .into_iter()
+        .map(|f| {
+            let shown = f.file_name().unwrap().to_str().unwrap().to_owned();
+            (shown, std::fs::read_to_string(&f).unwrap())
+        })
+        .collect();
+    let declared: Vec<String> = texts.iter().flat_map(|(_, t)| declared_types(t)).collect();
+    let mut files_of: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    let mut store_methods = Vec::new();
+    for (shown, text) in &texts {
+        for (line, name, inherent, body) in impl_blocks(text) {
+            assert!(
+                declared.contains(&name),
+                "{shown}:{line}: `impl {name}`, a type src/store/ does not declare"
+            );
+            if inherent {
+                files_of
+                    .entry(name.clone())
+                    .or_default()
+                    .entry(shown.clone())
+                    .or_insert(line);
+            }
+            if name == "Store" {
+                store_methods.extend(body.iter().filter_map(|l| fn_name(l).map(str::to_owned)));
+            }
+        }
+    }
+    for (name, files) in &files_of {
+        assert!(
+            files.len() == 1,
+            "the methods of {name} are spread over {files:?}: one type, one file"
+        );
+    }
+    for method in &store_methods {
+        assert!(
+            STORE_METHODS.contains(&method.as_str()),
+            "Store::{method} is not connection, health, clock, migrations or a view: move it to the view of the collection it touches"
+        );
+    }
+    assert!(
+        store_methods.len() >= STORE_METHODS.len() - 1,
+        "{store_methods:?}"
+    );
+}
+
+/// The calls between the store's types (`STORE_TYPES`): an edge from a type to another
+/// whose name its `impl` blocks write (`Accounts { .. }`, `Clock<'_>`), or whose view they
+/// ask a store for (`.accounts()`), with the first place that does.
+fn store_type_graph(files: &[(String, String)]) -> Graph {
+    let mut graph: Graph = STORE_TYPES
+        .iter()
+        .map(|(name, _)| (name.to_string(), BTreeMap::new()))
+        .collect();
+    for (shown, text) in files {
+        for (line, name, _, body) in impl_blocks(text) {
+            if !graph.contains_key(&name) {
+                continue;
+            }
+            for (offset, code) in body.iter().enumerate() {
+                for (other, constructor) in STORE_TYPES {
+                    let by_name = code
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .any(|word| word == *other);
+                    let by_view = constructor.is_some_and(|c| code.contains(&format!(".{c}()")));
+                    if (by_name || by_view) && *other != name {
+                        graph
+                            .get_mut(&name)
+                            .unwrap()
+                            .entry(other.to_string())
+                            .or_insert_with(|| format!("{shown}:{}", line + 1 + offset));
+                    }
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The store's types call one another without a cycle: `Store` hands out the views, a
+/// view uses only its own collections and the shared pieces (`Clock`), and never asks
+/// for another view or for the `Store` it came from. A cycle fails spelled out, with the
+/// line behind each edge.
+#[test]
+fn the_stores_types_call_one_another_without_a_cycle() {
+    let store = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
+    let files: Vec<(String, String)> = rust_files(&store)
+        .into_iter()
+        .map(|f| {
+            let shown = format!("src/store/{}", f.file_name().unwrap().to_str().unwrap());
+            (shown, std::fs::read_to_string(&f).unwrap())
+        })
+        .collect();
+    let graph = store_type_graph(&files);
+    assert!(
+        graph["Store"].contains_key("Accounts") && graph["Deployments"].contains_key("Directory"),
+        "the parser no longer sees the views the store hands out: {graph:?}"
+    );
+    if let Some(cycle) = find_cycle(&graph) {
+        let shown: Vec<String> = cycle
+            .windows(2)
+            .map(|pair| format!("{} -> {} ({})", pair[0], pair[1], graph[&pair[0]][&pair[1]]))
+            .collect();
+        panic!(
+            "the store's types call one another in a cycle:\n{}",
+            shown.join("\n")
+        );
+    }
+}
+
+/// The parser of the store's types sees an `impl` header through its generics and its
+/// trait, and an edge through a view asked for or a type named; a view asking for the
+/// one that asks for it is a cycle.
+#[test]
+fn the_store_type_parser_finds_impl_blocks_and_the_views_they_ask_for() {
+    assert_eq!(
+        impl_type("impl Accounts<'_> {"),
+        Some(("Accounts".into(), true))
+    );
+    assert_eq!(
+        impl_type("impl<'a> From<&'a Account> for super::AccountDoc {"),
+        Some(("AccountDoc".into(), false))
+    );
+    assert_eq!(impl_type("implied {"), None);
+    let text = "impl Accounts<'_> {\n    fn a(self) { store.transfers().claim(); }\n}\n\
+                impl Transfers<'_> {\n    fn b(self) -> Accounts<'_> { todo!() }\n}\n";
+    let graph = store_type_graph(&[("x.rs".into(), text.into())]);
+    assert_eq!(graph["Accounts"]["Transfers"], "x.rs:2");
+    assert_eq!(graph["Transfers"]["Accounts"], "x.rs:5");
+    assert!(find_cycle(&graph).is_some());
+}
