@@ -17,10 +17,9 @@
 //! the one view over two collections' documents in one write, since the transaction is the
 //! operation.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-use std::sync::Arc;
 
 use mongodb::bson::oid::ObjectId;
 use mongodb::bson::{Document, doc};
@@ -31,8 +30,7 @@ use mongodb::{ClientSession, Collection, Database};
 use super::batch::Batches;
 use super::clock::Clock;
 use super::documents::{AccountDoc, Stored};
-use super::entries::EntryCopier;
-use super::entries::{Marker, changed_with_entry};
+use super::entries::{EntryCopier, Marker, changed_with_entry};
 use super::fields::{account, path};
 use super::guards::Amounts;
 use super::{StoreError, StoreResult, TransferDoc, majority_journaled};
