@@ -1,5 +1,5 @@
 //! The attempt log: writes finished attempts to their deliveries as they come, many to
-//! a command ([`Webhooks::log_attempts`]), each only if its claim still holds: a claim that
+//! a command ([`crate::store::Webhooks::log_attempts`]), each only if its claim still holds: a claim that
 //! ran out and was taken by another instance refuses the late write, and that instance
 //! sends the delivery again.
 //!

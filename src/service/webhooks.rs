@@ -87,7 +87,7 @@ impl TransferService {
     /// Registers an endpoint, after checking where it resolves, unless as many are
     /// registered as `MAX_WEBHOOKS` allows its scope, or `MAX_WEBHOOKS_TOTAL` all
     /// together (decided in the write itself:
-    /// [`Webhooks::insert_webhook_capped`]); it is sent the events recorded from now on. Its
+    /// [`crate::store::Webhooks::insert_webhook_capped`]); it is sent the events recorded from now on. Its
     /// secret is in the answer, and only there.
     pub async fn register_webhook(&self, new: NewWebhook) -> ServiceResult<Webhook> {
         allowed_addresses(&new.url, self.webhook_settings.allow_private)

@@ -621,7 +621,7 @@ impl Accounts<'_> {
     ///
     /// `deadline` bounds when the fence may land, by the server's clock, exactly as a
     /// forward step's lease deadline does: the transfer was marked `fenced` (see
-    /// [`Transfers::mark_fenced`]) no later than a lease before it, so fence collection,
+    /// [`super::Transfers::mark_fenced`]) no later than a lease before it, so fence collection,
     /// which waits a whole lease after the transfer's last change, can never run before
     /// a fence that is still on its way.
     pub async fn fence(

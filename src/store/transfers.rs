@@ -110,7 +110,7 @@ pub enum Resolution {
 }
 
 /// Proof that every account of a transfer refuses its forward steps (see
-/// [`Accounts::fence`]); only [`Fenced::all`] makes one.
+/// [`super::Accounts::fence`]); only [`Fenced::all`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub struct Fenced(());
 
@@ -216,7 +216,7 @@ impl Scan {
 }
 
 /// The transfer log, `transactions`, and the idempotency keys, `idempotencyKeys` (from
-/// [`Store::transfers`]): a transfer's insert and the key it takes are one concern (a
+/// [`super::Store::transfers`]): a transfer's insert and the key it takes are one concern (a
 /// replay finds the transfer by its key), so both collections are here.
 #[derive(Clone, Copy, Debug)]
 pub struct Transfers<'s> {
@@ -862,7 +862,7 @@ impl Transfers<'_> {
     }
 
     /// Unfinished transfers last modified before the scan's `stale_before` (a time by the
-    /// database's clock, see [`Store::server_time`]), oldest first. The next page of
+    /// database's clock, see [`super::Store::server_time`]), oldest first. The next page of
     /// `scan`.
     pub async fn unfinished(self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
         let filter = doc! { transfer::STATE: { "$in": unfinished_states() } };

@@ -794,7 +794,7 @@ impl Webhooks<'_> {
     }
 
     /// Takes or renews the dispatcher's lease for `owner`, as
-    /// [`Events::claim_recorder`] does the recorder's. The dispatcher's cursor in the
+    /// [`super::Events::claim_recorder`] does the recorder's. The dispatcher's cursor in the
     /// feed when `owner` holds it.
     pub async fn claim_dispatcher(
         self,
