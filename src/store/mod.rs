@@ -42,6 +42,7 @@ use crate::domain::{DeploymentName, Timestamp, TransferId};
 use crate::metrics::DbOutcome;
 use crate::retry;
 
+pub use accounts::Preparing;
 pub use api_keys::ApiKeyStore;
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
 pub use deployments::Deployments;
