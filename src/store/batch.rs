@@ -4,7 +4,11 @@
 //! Each caller still asks for its own guarded write and gets its own answer; only the
 //! transport is shared. While one batch of a kind is being written, the next callers
 //! queue; when it is done, all of them (up to [`MAX_BATCH`]) go out together. Under no
-//! load a batch holds one write and nothing waits. Across all kinds, at most
+//! load a batch holds one write and nothing waits. The writes one transfer's step makes
+//! on a deployment (its prepare, or its settle, of every party there) are queued as one
+//! unit ([`Batcher::submit_all`]), which goes out whole in one batch: a transfer's two
+//! accounts are one write, not two whenever the writer's task happens to wake between
+//! the two submissions. Across all kinds, at most
 //! `GROUP_COMMIT_WRITES` batches (default [`DEFAULT_GROUP_COMMIT_WRITES`]) are in flight at once:
 //! a kind's task takes a slot before it gathers its batch, so whatever queues while the
 //! slots are taken joins that batch.
@@ -17,14 +21,17 @@
 //! |---|---|
 //! | insert | `insertMany`, unordered; a taken idempotency key fails only its own document |
 //! | state change | `updateMany {_id: {$in}, state: from, application: owner}`, one per (owner, from, to), written at once |
-//! | debit, credit | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
+//! | prepare (debit, room, reservation; an older transfer's credit) | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
+//! | settle | `updateMany` with a pipeline that pays each receiving party in and pulls every party's marker, each where its marker is |
 //! | pulls | `updateMany` with a pipeline that rids each account of its own pulls' markers |
 //!
 //! Every document is still updated atomically under its own guards, exactly as the
 //! single-document step would be, and a crash in the middle of a batch leaves each
 //! transfer either stepped or not, which its guards and markers tell apart on a retry.
 //! When a batched update does not report every document changed, the documents are read
-//! back to learn which callers' writes took effect.
+//! back to learn which callers' writes took effect. A prepare batch with one change per
+//! account (a lone transfer's two accounts) filters on each account's own guard, so it
+//! writes only the accounts whose change lands, and the count alone says when all did.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
