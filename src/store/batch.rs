@@ -992,21 +992,27 @@ fn settle_walk() -> Document {
         { "$in": ["$$this.tx", path(account::PENDING)] },
         "$$this.p",
     ] };
-    let seq = doc! { "$add": [acc(1), 1_i64] };
-    let balance = doc! { "$add": [acc(0), "$$this.d"] };
+    // Each step reads the accumulator once, into variables (`$let`): SecantusDB copies
+    // `$$value` whole on every reference to it (see `batched_changes`).
+    let seq = doc! { "$add": ["$$s", 1_i64] };
+    let balance = doc! { "$add": ["$$b", "$$this.d"] };
+    let step = doc! { "$cond": [
+        landed,
+        [
+            balance.clone(),
+            seq.clone(),
+            { "$subtract": ["$$in", "$$this.d"] },
+            { "$concatArrays": ["$$left", [[seq, balance]]] },
+        ],
+        ["$$b", "$$s", "$$in", { "$concatArrays": ["$$left", [false]] }],
+    ] };
     doc! { "$reduce": {
         "input": "$_t.ops",
         "initialValue": [stored.balance, { "$ifNull": [path(account::SEQ), 0_i64] }, stored.incoming, []],
-        "in": { "$cond": [
-            landed,
-            [
-                balance.clone(),
-                seq.clone(),
-                { "$subtract": [acc(2), "$$this.d"] },
-                { "$concatArrays": [acc(3), [[seq, balance]]] },
-            ],
-            [acc(0), acc(1), acc(2), { "$concatArrays": [acc(3), [false]] }],
-        ] },
+        "in": { "$let": {
+            "vars": { "b": acc(0), "s": acc(1), "in": acc(2), "left": acc(3) },
+            "in": step,
+        } },
     } }
 }
 
