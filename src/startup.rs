@@ -271,12 +271,13 @@ impl Application {
             shutdown.clone(),
         ));
         let signal = tokio::spawn({
-            let service = self.service.clone();
+            let feed = self.service.feed().clone();
             let shutdown = shutdown.clone();
-            async move { service.signal_new_events(shutdown).await }
+            async move { feed.signal_new_events(shutdown).await }
         });
         let deliverer = tokio::spawn(crate::deliverer::run(
-            self.service.clone(),
+            self.service.feed().clone(),
+            self.service.webhooks().clone(),
             self.service.owner().to_owned(),
             std::sync::Arc::new(|event: &crate::domain::Event| {
                 let response = http::events::EventResponse::from(event.clone());

@@ -128,8 +128,29 @@ pub struct TransferService {
     /// [`Placements`]): a transfer between known accounts is validated and routed
     /// without a read.
     placements: Placements,
-    /// The live followers of the event feed and their signal (see [`follow`]).
+    /// The event feed and its live followers.
+    feed: Feed,
+    /// Registered webhooks and their deliveries.
+    webhooks: WebhookBook,
+}
+
+/// The event feed across the deployments (`events.rs`) and following it live
+/// (`follow.rs`): for `GET /events`, the event stream and the webhook dispatcher.
+#[derive(Clone)]
+pub struct Feed {
+    /// The deployments whose feeds are read and merged.
+    deployments: Deployments,
+    /// The live followers of the feed and their signal (see [`follow`]).
     followers: follow::Followers,
+}
+
+/// Webhooks, on the service side (`webhooks.rs`): registering endpoints, their
+/// deliveries, and the settings the deliverer sends them with. Named apart from the
+/// stored [`Webhook`](crate::domain::Webhook).
+#[derive(Clone)]
+pub struct WebhookBook {
+    /// Webhooks and deliveries live on the first deployment.
+    deployments: Deployments,
     /// How webhooks are delivered (`WEBHOOK_*`).
     webhook_settings: WebhookSettings,
 }
@@ -146,8 +167,17 @@ impl TransferService {
     ) -> TransferService {
         let instance_id: Arc<str> = instance_id.into();
         let incarnation = format!("{:08x}", rand::random::<u32>());
+        let deployments = deployments.into().named(&instance_id);
         TransferService {
-            deployments: deployments.into().named(&instance_id),
+            feed: Feed {
+                deployments: deployments.clone(),
+                followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS, DEFAULT_MAX_FOLLOWERS),
+            },
+            webhooks: WebhookBook {
+                deployments: deployments.clone(),
+                webhook_settings: WebhookSettings::default(),
+            },
+            deployments,
             owner: format!("{instance_id}/{incarnation}").into(),
             instance_id,
             background: TaskTracker::new(),
@@ -158,8 +188,6 @@ impl TransferService {
             default_hold_expiry: DEFAULT_HOLD_EXPIRY,
             admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
             placements: Placements::bounded(placement::KNOWN_ACCOUNTS_MAX),
-            followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS, DEFAULT_MAX_FOLLOWERS),
-            webhook_settings: WebhookSettings::default(),
         }
     }
 
@@ -172,8 +200,17 @@ impl TransferService {
     /// its siblings.
     #[cfg(feature = "failpoints")]
     pub fn sibling(&self, instance_id: &str) -> TransferService {
+        let deployments = self.deployments.named(instance_id);
         TransferService {
-            deployments: self.deployments.named(instance_id),
+            feed: Feed {
+                deployments: deployments.clone(),
+                ..self.feed.clone()
+            },
+            webhooks: WebhookBook {
+                deployments: deployments.clone(),
+                ..self.webhooks.clone()
+            },
+            deployments,
             instance_id: instance_id.into(),
             ..self.clone()
         }
@@ -248,6 +285,33 @@ impl TransferService {
     /// The protocol runs and cancels in flight, so that shutdown can wait for them.
     pub fn background_tasks(&self) -> &TaskTracker {
         &self.background
+    }
+
+    /// At most `max` followers of the feed at once (`MAX_EVENT_STREAMS`), `share` of them
+    /// per scope (`MAX_EVENT_STREAMS_PER_TENANT`).
+    pub fn with_max_followers(self, max: usize, share: usize) -> TransferService {
+        TransferService {
+            feed: self.feed.clone().with_max_followers(max, share),
+            ..self
+        }
+    }
+
+    /// Webhooks are configured with `settings` (`WEBHOOK_*`).
+    pub fn with_webhook_settings(self, settings: WebhookSettings) -> TransferService {
+        TransferService {
+            webhooks: self.webhooks.clone().with_webhook_settings(settings),
+            ..self
+        }
+    }
+
+    /// The event feed and its followers.
+    pub fn feed(&self) -> &Feed {
+        &self.feed
+    }
+
+    /// Webhooks and their deliveries.
+    pub fn webhooks(&self) -> &WebhookBook {
+        &self.webhooks
     }
 }
 
