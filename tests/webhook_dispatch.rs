@@ -90,6 +90,7 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
     ));
     for i in 0..EVENTS {
         service
+            .book()
             .open_account(NewAccount {
                 id: Some(values::account(&format!("a{i}"))),
                 tenant: None,

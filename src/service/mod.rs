@@ -4,12 +4,12 @@
 //! [`Transfer`](crate::domain::Transfer) and [`Account`](crate::domain::Account), as
 //! stored.
 //!
-//! - [`TransferService::open_account`], [`TransferService::account`],
-//!   [`TransferService::accounts`]: the account book.
-//! - [`TransferService::transfer`]: insert a transfer and run it (or start it in the
+//! - [`AccountBook::open_account`], [`AccountBook::account`],
+//!   [`AccountBook::accounts`]: the account book.
+//! - [`Requests::transfer`]: insert a transfer and run it (or start it in the
 //!   background), with idempotency keys: a replay returns the existing transfer, never a
 //!   second one.
-//! - [`TransferService::cancel`]: roll back a transfer that has not been applied, or
+//! - [`Requests::cancel`]: roll back a transfer that has not been applied, or
 //!   reverse one that has with a compensating transfer.
 //!
 //! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
@@ -85,10 +85,30 @@ use tokio_util::task::TaskTracker;
 use crate::domain::{Strategy, TransferId};
 use crate::store::{Deployments, Store};
 
-/// The transfer service: accounts, transfers, and the protocol that moves money between
-/// them.
+/// The transfer service, as composed by start-up: the parts below, each holding only
+/// what it uses, handed out to whoever needs them ([`TransferService::requests`],
+/// [`TransferService::book`], [`TransferService::feed`], [`TransferService::webhooks`],
+/// [`TransferService::driver`], [`TransferService::recovery`]). It does no work of its
+/// own; it builds the parts and configures them.
 #[derive(Clone)]
 pub struct TransferService {
+    /// Takes transfer requests; holds the [`Driver`] and the [`AccountBook`] it uses.
+    requests: Requests,
+    /// The event feed and its live followers.
+    feed: Feed,
+    /// Registered webhooks and their deliveries.
+    webhooks: WebhookBook,
+}
+
+/// Drives transfers through the two-phase commit (`protocol.rs`, `protocol/parties.rs`):
+/// [`Driver::run`] takes a stored transfer to its end, a fresh one as a recovered one,
+/// and with it the hold expiries a step runs into (`holds.rs`) and the reversals a crash
+/// interrupted (`cancel.rs`). Holds what a process shares between the tasks that drive:
+/// the drive locks (`driving.rs`), the unanswered writes (`unanswered.rs`), the lease, and
+/// the routing of each write to its deployment (`routing.rs`). Knows nothing of requests
+/// (admission, idempotency, tenants).
+#[derive(Clone)]
+pub struct Driver {
     /// Every deployment the accounts live on (`DEPLOYMENTS`); see `store::deployments`
     /// for what lives where.
     deployments: Deployments,
@@ -100,7 +120,7 @@ pub struct TransferService {
     /// be on their way to the server (it waits for their lease like any other instance).
     owner: Arc<str>,
     /// Every protocol run and cancel (each in a task of its own, see
-    /// [`TransferService::spawn_run`]); shutdown waits for them.
+    /// `Requests::spawn_run`); shutdown waits for them.
     background: TaskTracker,
     /// Transfers this process is driving right now. Two drivers under one owner
     /// would share a lease, and a second driver's debit after the first one's pull would
@@ -114,6 +134,19 @@ pub struct TransferService {
     /// The lease an instance holds on a transfer it works on, renewed by every state
     /// change; once it lapses (STALE_AFTER_MS) another instance may take over.
     stale_after: Duration,
+}
+
+/// Takes transfer requests: a new transfer (`create.rs`) with its idempotency key
+/// (`idempotency.rs`), cancels and reversals (`cancel.rs`), captures and voids of holds
+/// (`holds.rs`), reads of transfers (`reads.rs`) and whether a caller's scope sees or owns
+/// one (`tenancy.rs`); each admitted first (`admission.rs`). Validates against the
+/// [`AccountBook`] and hands the steps to the [`Driver`].
+#[derive(Clone)]
+pub struct Requests {
+    /// Runs what a request inserted or resolved.
+    driver: Driver,
+    /// Where a new transfer's accounts live, and whether its caller sees them.
+    book: AccountBook,
     /// Two-phase commit or native transactions for new transfers.
     strategy: Strategy,
     /// How long a hold lasts when its request does not say (`HOLD_EXPIRES_MS`).
@@ -124,14 +157,19 @@ pub struct TransferService {
     /// ([`ServiceError::Overloaded`]), having inserted nothing. This bounds every queue
     /// behind it, so that a burst cannot push steps past their deadlines.
     admission: admission::Admission,
+}
+
+/// The account book: opening and reading accounts (`accounts.rs`), their entries and
+/// amounts as of a moment (`ledger.rs`), where each lives (`placement.rs`), and whether a
+/// caller's scope sees one (`tenancy.rs`).
+#[derive(Clone)]
+pub struct AccountBook {
+    /// The deployments the accounts live on.
+    deployments: Deployments,
     /// Where the accounts this process has seen live, their currencies and tenants (see
     /// [`Placements`]): a transfer between known accounts is validated and routed
     /// without a read.
     placements: Placements,
-    /// The event feed and its live followers.
-    feed: Feed,
-    /// Registered webhooks and their deliveries.
-    webhooks: WebhookBook,
 }
 
 /// The event feed across the deployments (`events.rs`) and following it live
@@ -155,6 +193,16 @@ pub struct WebhookBook {
     webhook_settings: WebhookSettings,
 }
 
+/// What the recovery sweeper holds: the [`Driver`], which resumes transfers, expires
+/// holds and finishes reversals, and admission, so that its recoveries queue with new work
+/// for the same permits (`admission.rs`).
+#[derive(Clone)]
+pub struct Recovery {
+    driver: Driver,
+    /// The requests' admission, shared.
+    admission: admission::Admission,
+}
+
 /// How long a hold lasts unless its request or `HOLD_EXPIRES_MS` says otherwise: 7 days.
 pub const DEFAULT_HOLD_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -168,26 +216,35 @@ impl TransferService {
         let instance_id: Arc<str> = instance_id.into();
         let incarnation = format!("{:08x}", rand::random::<u32>());
         let deployments = deployments.into().named(&instance_id);
-        TransferService {
-            feed: Feed {
-                deployments: deployments.clone(),
-                followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS, DEFAULT_MAX_FOLLOWERS),
-            },
-            webhooks: WebhookBook {
-                deployments: deployments.clone(),
-                webhook_settings: WebhookSettings::default(),
-            },
-            deployments,
+        let driver = Driver {
+            deployments: deployments.clone(),
             owner: format!("{instance_id}/{incarnation}").into(),
             instance_id,
             background: TaskTracker::new(),
             driving: Arc::default(),
             unanswered: Arc::new(unanswered::Unanswered::new(stale_after)),
             stale_after,
-            strategy: Strategy::TwoPhase,
-            default_hold_expiry: DEFAULT_HOLD_EXPIRY,
-            admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
+        };
+        let book = AccountBook {
+            deployments: deployments.clone(),
             placements: Placements::bounded(placement::KNOWN_ACCOUNTS_MAX),
+        };
+        TransferService {
+            requests: Requests {
+                driver,
+                book,
+                strategy: Strategy::TwoPhase,
+                default_hold_expiry: DEFAULT_HOLD_EXPIRY,
+                admission: admission::Admission::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_ADMISSION_WAIT),
+            },
+            feed: Feed {
+                deployments: deployments.clone(),
+                followers: follow::Followers::new(DEFAULT_MAX_FOLLOWERS, DEFAULT_MAX_FOLLOWERS),
+            },
+            webhooks: WebhookBook {
+                deployments,
+                webhook_settings: WebhookSettings::default(),
+            },
         }
     }
 
@@ -195,96 +252,72 @@ impl TransferService {
     /// (`tests/explorer/`) runs two actors of one process. It shares everything the
     /// process shares between its tasks (the owner written to `application`, the drive
     /// locks, the deadlines of unanswered writes, admission, the account cache, the
-    /// background tasks), but names its points, and its store handles' points, with
-    /// `instance_id`, so that a scheduler, a pause or a held-back step can tell it from
-    /// its siblings.
+    /// background tasks, the feed's followers), but names its points, and its store
+    /// handles' points, with `instance_id`, so that a scheduler, a pause or a held-back
+    /// step can tell it from its siblings: in every part alike.
     #[cfg(feature = "failpoints")]
     pub fn sibling(&self, instance_id: &str) -> TransferService {
-        let deployments = self.deployments.named(instance_id);
+        let deployments = self.deployments().named(instance_id);
+        let driver = Driver {
+            deployments: deployments.clone(),
+            instance_id: instance_id.into(),
+            ..self.requests.driver.clone()
+        };
+        let book = AccountBook {
+            deployments: deployments.clone(),
+            ..self.requests.book.clone()
+        };
         TransferService {
+            requests: Requests {
+                driver,
+                book,
+                ..self.requests.clone()
+            },
             feed: Feed {
                 deployments: deployments.clone(),
                 ..self.feed.clone()
             },
             webhooks: WebhookBook {
-                deployments: deployments.clone(),
+                deployments,
                 ..self.webhooks.clone()
             },
-            deployments,
-            instance_id: instance_id.into(),
-            ..self.clone()
         }
     }
 
     /// Transfers carried out by `strategy`.
-    pub fn with_strategy(self, strategy: Strategy) -> TransferService {
-        TransferService { strategy, ..self }
+    pub fn with_strategy(mut self, strategy: Strategy) -> TransferService {
+        self.requests.strategy = strategy;
+        self
     }
 
     /// Holds whose request does not say last this long (`HOLD_EXPIRES_MS`).
-    pub fn with_default_hold_expiry(self, default_hold_expiry: Duration) -> TransferService {
-        TransferService {
-            default_hold_expiry,
-            ..self
-        }
-    }
-
-    pub fn default_hold_expiry(&self) -> Duration {
-        self.default_hold_expiry
+    pub fn with_default_hold_expiry(mut self, default_hold_expiry: Duration) -> TransferService {
+        self.requests.default_hold_expiry = default_hold_expiry;
+        self
     }
 
     /// At most `limit` transfers in flight in this process (`MAX_TRANSFERS_IN_FLIGHT`).
-    pub fn with_max_in_flight(self, limit: usize) -> TransferService {
-        TransferService {
-            admission: self.admission.clone().limited(limit),
-            ..self
-        }
+    pub fn with_max_in_flight(mut self, limit: usize) -> TransferService {
+        self.requests.admission = self.requests.admission.limited(limit);
+        self
     }
 
     /// A request beyond the limit waits this long for a permit before it is refused
     /// (`ADMISSION_WAIT_MS`); zero refuses it at once.
-    pub fn with_admission_wait(self, wait: Duration) -> TransferService {
-        TransferService {
-            admission: self.admission.clone().waiting(wait),
-            ..self
-        }
+    pub fn with_admission_wait(mut self, wait: Duration) -> TransferService {
+        self.requests.admission = self.requests.admission.waiting(wait);
+        self
     }
 
     /// Requests wait for a permit only while one of the connection places `places`
     /// (one per connection served, `MAX_CONNECTIONS` in all) is free: see [`admission`].
-    pub fn with_connection_places(self, places: Arc<tokio::sync::Semaphore>) -> TransferService {
+    pub fn with_connection_places(
+        mut self,
+        places: Arc<tokio::sync::Semaphore>,
+    ) -> TransferService {
         let room = admission::Room { places };
-        TransferService {
-            admission: self.admission.clone().within(room),
-            ..self
-        }
-    }
-
-    pub fn stale_after(&self) -> Duration {
-        self.stale_after
-    }
-
-    /// The first deployment's store (the only one, unless `DEPLOYMENTS` lists several).
-    pub fn store(&self) -> &Store {
-        self.deployments.first()
-    }
-
-    pub fn deployments(&self) -> &Deployments {
-        &self.deployments
-    }
-
-    pub fn instance_id(&self) -> &str {
-        &self.instance_id
-    }
-
-    /// What this process writes to `application`: see [`TransferService::owner`]'s field.
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
-    /// The protocol runs and cancels in flight, so that shutdown can wait for them.
-    pub fn background_tasks(&self) -> &TaskTracker {
-        &self.background
+        self.requests.admission = self.requests.admission.within(room);
+        self
     }
 
     /// At most `max` followers of the feed at once (`MAX_EVENT_STREAMS`), `share` of them
@@ -304,6 +337,16 @@ impl TransferService {
         }
     }
 
+    /// Transfer requests: create, cancel, capture, void, read.
+    pub fn requests(&self) -> &Requests {
+        &self.requests
+    }
+
+    /// The account book.
+    pub fn book(&self) -> &AccountBook {
+        &self.requests.book
+    }
+
     /// The event feed and its followers.
     pub fn feed(&self) -> &Feed {
         &self.feed
@@ -312,6 +355,90 @@ impl TransferService {
     /// Webhooks and their deliveries.
     pub fn webhooks(&self) -> &WebhookBook {
         &self.webhooks
+    }
+
+    /// What drives transfers (the requests' own).
+    pub fn driver(&self) -> &Driver {
+        &self.requests.driver
+    }
+
+    /// What the recovery sweeper holds.
+    pub fn recovery(&self) -> Recovery {
+        Recovery {
+            driver: self.requests.driver.clone(),
+            admission: self.requests.admission.clone(),
+        }
+    }
+
+    /// Every deployment, which every part reads or writes.
+    pub fn deployments(&self) -> &Deployments {
+        &self.requests.driver.deployments
+    }
+
+    /// The first deployment's store (the only one, unless `DEPLOYMENTS` lists several).
+    pub fn store(&self) -> &Store {
+        self.deployments().first()
+    }
+}
+
+impl Driver {
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
+    pub fn deployments(&self) -> &Deployments {
+        &self.deployments
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// What this process writes to `application`: see [`Driver`]'s `owner`.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The protocol runs and cancels in flight, so that shutdown can wait for them.
+    pub fn background_tasks(&self) -> &TaskTracker {
+        &self.background
+    }
+}
+
+impl Requests {
+    /// What drives the transfers these requests make.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// The account book these requests validate against.
+    pub fn book(&self) -> &AccountBook {
+        &self.book
+    }
+
+    pub fn default_hold_expiry(&self) -> Duration {
+        self.default_hold_expiry
+    }
+
+    /// The driver's: names this instance's pause points.
+    #[cfg(feature = "failpoints")]
+    fn instance_id(&self) -> &str {
+        self.driver.instance_id()
+    }
+}
+
+impl AccountBook {
+    /// Names this instance's pause points: its stores are named after the instance.
+    #[cfg(feature = "failpoints")]
+    fn instance_id(&self) -> &str {
+        self.deployments.first().instance_id()
+    }
+}
+
+impl Recovery {
+    /// What resumes transfers, expires holds and finishes reversals.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
     }
 }
 
@@ -336,14 +463,18 @@ mod tests {
     async fn a_sibling_names_its_points_and_its_stores_points_after_itself() {
         let service = offline_service(Duration::from_secs(1)).await;
         let sibling = service.sibling("unit-2");
-        assert_eq!(sibling.instance_id(), "unit-2");
-        let names: Vec<_> = sibling
-            .deployments()
-            .all()
-            .iter()
-            .map(|s| s.instance_id())
-            .collect();
-        assert_eq!(names, ["unit-2"]);
-        assert_eq!(sibling.owner(), service.owner());
+        assert_eq!(sibling.driver().instance_id(), "unit-2");
+        assert_eq!(sibling.book().instance_id(), "unit-2");
+        let parts = [
+            &sibling.driver().deployments,
+            &sibling.book().deployments,
+            &sibling.feed().deployments,
+            &sibling.webhooks().deployments,
+        ];
+        for deployments in parts {
+            let names: Vec<_> = deployments.all().iter().map(|s| s.instance_id()).collect();
+            assert_eq!(names, ["unit-2"]);
+        }
+        assert_eq!(sibling.driver().owner(), service.driver().owner());
     }
 }
