@@ -244,6 +244,7 @@ pub async fn stream_events(
     use futures::StreamExt;
 
     let params = super::query(query)?;
+    let feed = state.service.feed();
     // The header, when sent, wins (`after` is then not read): a browser's EventSource sends
     // it on reconnecting, with the URL it first opened, whose `after` is older.
     let resume = match headers.get("last-event-id") {
@@ -256,13 +257,7 @@ pub async fn stream_events(
             let raw = value
                 .to_str()
                 .map_err(|_| refuse("is not an event id this service sent"))?;
-            Some(
-                state
-                    .service
-                    .feed()
-                    .client_cursor(raw)
-                    .map_err(|e| refuse(&e.0))?,
-            )
+            Some(feed.client_cursor(raw).map_err(|e| refuse(&e.0))?)
         }
     };
     let (after, _, types) = EventParams {
@@ -270,11 +265,9 @@ pub async fn stream_events(
         limit: None,
         kind: params.kind,
     }
-    .parse(state.service.feed())?;
+    .parse(feed)?;
     let after = resume.or(after);
-    let follower = state
-        .service
-        .feed()
+    let follower = feed
         .follow(scope, after, types, state.shutdown.clone())
         .await?;
     let ended = follower.ended.clone();
