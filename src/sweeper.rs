@@ -4,8 +4,9 @@
 //! [`sweep_once`] is one pass: find unfinished transfers whose owner's lease has lapsed (no
 //! state change for `STALE_AFTER_MS` by the database's clock), claim each with one guarded
 //! findAndModify, and drive it with the same step functions as a fresh transfer
-//! ([`Driver::run`]): `initial` and `pending` go forward (a `pending` one whose
-//! debit or credit is now refused rolls back with the reason), `applied` finishes its
+//! ([`Driver::run`](crate::service::Driver::run), through the [`Recovery`] the sweeper
+//! holds: the driver, and admission): `initial` and `pending` go forward (a `pending` one
+//! whose debit or credit is now refused rolls back with the reason), `applied` finishes its
 //! pulls, `canceling` finishes its undo. Batches are bounded.
 //!
 //! A stale `initial` transfer is processed, not canceled: it was durably inserted with
@@ -24,9 +25,9 @@
 //! ±20% jitter so that instances started together do not sweep in lockstep; each
 //! deployment's log on a loop of its own, so that a pass held up by one deployment never
 //! delays the others. It stops between transfers when cancelled. A restarted instance has a
-//! new owner name (see [`Driver::owner`]) and takes its old transfers back like
-//! any other instance, once their lease has lapsed: writes of the dead process may still be
-//! on their way until then.
+//! new owner name (see [`Driver::owner`](crate::service::Driver::owner)) and takes its old
+//! transfers back like any other instance, once their lease has lapsed: writes of the dead
+//! process may still be on their way until then.
 //!
 //! One transfer that fails (the database refused a step, say) is logged and left for the
 //! next pass; the pass goes on with the others and with its housekeeping.

@@ -1,6 +1,6 @@
 //! The drive locks: which transfers a task of this process is driving right now. Within a
 //! process one task at a time drives a transfer (two drivers under one owner would share a
-//! lease; see the `driving` field of [`TransferService`]), and the sweeper leaves alone
+//! lease; see the `driving` field of [`Driver`]), and the sweeper leaves alone
 //! what a task of its own process drives.
 
 use std::sync::Arc;

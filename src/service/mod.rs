@@ -12,30 +12,47 @@
 //! - [`Requests::cancel`]: roll back a transfer that has not been applied, or
 //!   reverse one that has with a compensating transfer.
 //!
-//! Each of them (and the sweeper's recoveries) is admitted first (`admission.rs`: at most
-//! `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits its turn up to
-//! `ADMISSION_WAIT_MS`, then is refused), before anything is inserted.
+//! Each transfer request (and the sweeper's recoveries) is admitted first
+//! (`admission.rs`: at most `MAX_TRANSFERS_IN_FLIGHT` at once; beyond, a request waits
+//! its turn up to `ADMISSION_WAIT_MS`, then is refused), before anything is inserted.
 //!
-//! This file holds [`TransferService`] and its construction; each concern has a file of its
-//! own:
+//! The service is split into types that each hold only what they use (see
+//! `docs/architecture.md`, "The service's types"; `tests/architecture.rs` checks who
+//! holds or names whom, and that nobody does in a cycle):
+//! - [`Requests`] takes transfer requests and holds a [`Driver`] and an [`AccountBook`];
+//! - [`Driver`] drives transfers, and knows nothing of requests;
+//! - [`AccountBook`], [`Feed`] and [`WebhookBook`] hold only the deployments they read
+//!   (and the placement cache, the followers, the webhook settings);
+//! - [`Recovery`] is what the sweeper holds: the driver and admission;
+//! - [`TransferService`] composes them and hands them out; it does no work itself.
+//!
+//! This file holds the types, their fields and their construction; each concern has a
+//! file of its own, whose `impl` blocks are of the type named first:
 //! - `error.rs`: [`ServiceError`], and the one mapping of a storage error onto it;
-//! - `admission.rs`: the permits of admission control, and the ways in;
-//! - `accounts.rs`: the account book; `placement.rs`: where each account lives, found
-//!   once and remembered; `ledger.rs`: an account's entries and its amounts as of a
-//!   moment; `events.rs`: the event feed across the deployments; `follow.rs`: following
-//!   it live, for the event stream; `webhooks.rs`: registering endpoints, their
+//! - `admission.rs` (Requests, Recovery): the permits of admission control, and the ways
+//!   in;
+//! - `accounts.rs` (AccountBook): the account book; `placement.rs` (AccountBook): where
+//!   each account lives, found once and remembered; `ledger.rs` (AccountBook): an
+//!   account's entries and its amounts as of a moment; `events.rs` (Feed): the event feed
+//!   across the deployments; `follow.rs` (Feed): following it live, for the event stream
+//!   and the webhook dispatcher; `webhooks.rs` (WebhookBook): registering endpoints, their
 //!   deliveries, and where a delivery may connect;
-//! - `create.rs`: a new transfer, inserted and run; `idempotency.rs`: its idempotency
-//!   key, and replays;
-//! - `reads.rs`: transfers as they stand now, and waiting for one to come to rest;
-//! - `protocol.rs`: the two-phase commit, one function per step; `driving.rs`: the drive
-//!   locks (one task per transfer in a process); `unanswered.rs`: what a run sent without
-//!   an answer, which every later run respects; `routing.rs`: the store each write of a
-//!   transfer goes to;
-//! - `cancel.rs`: cancels and reversals; `holds.rs`: capturing, voiding and expiring
-//!   holds;
-//! - `readiness.rs`: each deployment's ping, for `/ready`;
-//! - `tenancy.rs`: what a caller's scope sees; anything else is not found.
+//! - `create.rs` (Requests): a new transfer, inserted and run; `idempotency.rs`
+//!   (Requests): its idempotency key, and replays;
+//! - `reads.rs` (Requests, Driver): transfers as they stand now, and waiting for one to
+//!   come to rest (the driver's, for the cancels and the reversals it finishes);
+//! - `protocol.rs` (Driver): the two-phase commit, one function per step; `driving.rs`
+//!   (Driver): the drive locks (one task per transfer in a process); `unanswered.rs`:
+//!   what a run sent without an answer, which every later run respects; `routing.rs`
+//!   (Driver): the store each write of a transfer goes to;
+//! - `cancel.rs` (Requests, Driver): cancels and reversals (finishing an interrupted
+//!   reversal is the driver's: the sweeper does it too); `holds.rs` (Requests, Driver):
+//!   capturing and voiding holds, and expiring them (the driver's: a step that needs
+//!   what an expired hold reserves expires it, and so does the sweeper). Cancel and holds
+//!   call each other, so both are `Requests`;
+//! - `readiness.rs` (Driver): each deployment's ping, for `/ready`;
+//! - `tenancy.rs` (Requests, AccountBook): what a caller's scope sees; anything else is
+//!   not found.
 //!
 //! Beside it, [`KeyBook`] (`api_keys.rs`), a type of its own that shares nothing with
 //! transfers: the API keys made through the API.

@@ -32,7 +32,7 @@ fn seen(scope: &Scope, account: &AccountId, place: Option<Placement>) -> Service
     }
 }
 
-/// Accounts whose place [`TransferService`] remembers, at most.
+/// Accounts whose place the [`AccountBook`] remembers, at most.
 pub(super) const KNOWN_ACCOUNTS_MAX: usize = 100_000;
 
 /// The shards of the cache behind [`Placements`], each behind a lock of its own, so that
