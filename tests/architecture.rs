@@ -998,25 +998,26 @@ fn service_uses() -> Graph {
 }
 
 /// Each code line of a service file that names a service type: (its line, the type whose
-/// `impl` or struct it is in, the type it names). An `impl` block of a service type is
-/// reported by its own line as naming itself. Outside those, a line counts for every
-/// type of `allowed` (a helper struct or a free function serves its file's types).
+/// `impl` or struct it is in, the type it names). The line that opens an `impl` block or
+/// a struct of a service type names that type itself. Outside those, a line counts for
+/// every type of `allowed` (a helper struct or a free function serves its file's types).
 fn service_names(text: &str, types: &[&str], allowed: &[&str]) -> Vec<(usize, String, String)> {
     let mut found = Vec::new();
     let mut inside: Option<String> = None;
+    let mut in_tests = false;
     for (number, line) in text.lines().enumerate() {
         if line.starts_with("mod tests {") {
-            break;
+            in_tests = true;
         }
         if line == "}" {
-            inside = None;
+            (inside, in_tests) = (None, false);
+            continue;
+        }
+        if in_tests {
             continue;
         }
         let code = without_strings_and_comments(line);
         if let Some(owner) = block_owner(&code, types) {
-            if code.starts_with("impl") {
-                found.push((number + 1, owner.clone(), owner.clone()));
-            }
             if code.trim_end().ends_with('{') {
                 inside = Some(owner);
             }
@@ -1101,4 +1102,48 @@ fn the_deliverer_and_the_sweeper_hold_only_their_parts() {
             }
         }
     }
+}
+
+/// The reader of service types sees a field that holds a type, a parameter or a path that
+/// names one in an `impl`, and a helper of a file serving its file's types; not a
+/// comment, a doc link, a `use` line or the file's unit tests.
+#[test]
+fn the_service_reader_sees_fields_and_code_but_not_comments_uses_or_tests() {
+    let text = r#"
+use super::{Driver, Feed};
+
+/// Holds the [`Feed`] only in this comment.
+pub struct Requests {
+    driver: Driver,
+}
+
+impl Requests {
+    fn feed(&self, feed: &Feed) {} // and a Driver here is a comment
+}
+
+struct Helper {
+    book: AccountBook,
+}
+
+#[cfg(test)]
+mod tests {
+    fn f(_: Recovery) {}
+}
+
+fn after_the_tests(_: Recovery) {}
+"#;
+    let types = ["Requests", "Driver", "Feed", "AccountBook", "Recovery"];
+    let found = service_names(text, &types, &["Requests"]);
+    let expected: Vec<(usize, String, String)> = [
+        (5, "Requests", "Requests"),
+        (6, "Requests", "Driver"),
+        (9, "Requests", "Requests"),
+        (10, "Requests", "Feed"),
+        (14, "Requests", "AccountBook"),
+        (22, "Requests", "Recovery"),
+    ]
+    .into_iter()
+    .map(|(line, owner, named)| (line, owner.to_owned(), named.to_owned()))
+    .collect();
+    assert_eq!(found, expected);
 }
