@@ -21,7 +21,7 @@
 //! marker. A one-leg hold takes its parties in turn as well, and its capture moves
 //! all or part of what it reserves.
 
-use super::{ACCOUNT_STEP_ATTEMPTS, Refusal, TransferService, classify, contended};
+use super::{ACCOUNT_STEP_ATTEMPTS, Driver, Refusal, classify, contended};
 use crate::domain::Side;
 use crate::domain::{
     Account, Amount, CancelReason, DeploymentName, MAX_MONEY, Party, Transfer, TransferEvent,
@@ -118,7 +118,7 @@ fn amount(t: &Transfer, minor: i64) -> Amount {
     Amount::parse(minor).unwrap_or_else(|e| panic!("bug: transfer {}: a party's amount: {e}", t.id))
 }
 
-impl TransferService {
+impl Driver {
     /// Steps 3 and 4: prepare every party, then `pending -> applied`, the commit point
     /// (a hold's `pending -> held`); or, if a party refuses, `pending -> canceling` with
     /// its reason (and, for a multi-leg transfer, its account).
@@ -299,7 +299,7 @@ impl TransferService {
     /// The rollback: undo every party that carries the marker, the receiving ones first
     /// (a receiving one's room given back; a paying one's debit given back, with its undo
     /// entry), then `canceling -> canceled`. A hold's: every reservation released
-    /// instead ([`TransferService::release`]).
+    /// instead ([`Driver::release`]).
     pub(super) async fn roll_back(&self, t: Transfer) -> StoreResult<Transfer> {
         if t.hold.is_some() {
             return self.release(t).await;
