@@ -8,11 +8,13 @@
 //!   and runs it until a shutdown token is cancelled.
 //! - [`http`]: axum routes, request/response types (built from domain types),
 //!   problem+json errors, OpenAPI.
-//! - [`service`]: what the API asks for, in domain terms, through
-//!   [`service::TransferService`] (`service/mod.rs`: the type and its construction, and
-//!   the list of the files beside it, one concern each: errors, admission, accounts and
-//!   where they live, a new transfer and its idempotency key, reads, cancels, holds,
-//!   routing, readiness, what a tenant's scope sees). [`service::KeyBook`], beside it,
+//! - [`service`]: what the API asks for, in domain terms, through types that each own
+//!   one concern: [`service::Requests`] (new transfers and their idempotency keys,
+//!   admission, cancels, holds, reads), [`service::Driver`] (the protocol runs, drive
+//!   locks, unanswered writes, the lease), [`service::AccountBook`], [`service::Feed`],
+//!   [`service::WebhookBook`]; [`service::TransferService`] composes them
+//!   (`service/mod.rs`: the types, their construction, and the list of the files beside
+//!   it, one concern each). [`service::KeyBook`], beside it,
 //!   keeps the API keys made through the API. [`service::protocol`] is the two-phase
 //!   commit itself, one
 //!   function per step; what a run sent without an answer is kept for every later run of

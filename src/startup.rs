@@ -260,7 +260,7 @@ impl Application {
             async move { deployments.watch(WATCH_INTERVAL, shutdown).await }
         });
         let sweeper = tokio::spawn(crate::sweeper::run(
-            self.service.clone(),
+            self.service.recovery(),
             self.settings.sweep_interval,
             shutdown.clone(),
         ));
@@ -271,13 +271,14 @@ impl Application {
             shutdown.clone(),
         ));
         let signal = tokio::spawn({
-            let service = self.service.clone();
+            let feed = self.service.feed().clone();
             let shutdown = shutdown.clone();
-            async move { service.signal_new_events(shutdown).await }
+            async move { feed.signal_new_events(shutdown).await }
         });
         let deliverer = tokio::spawn(crate::deliverer::run(
-            self.service.clone(),
-            self.service.owner().to_owned(),
+            self.service.feed().clone(),
+            self.service.webhooks().clone(),
+            self.service.driver().owner().to_owned(),
             std::sync::Arc::new(|event: &crate::domain::Event| {
                 let response = http::events::EventResponse::from(event.clone());
                 serde_json::to_string(&response).unwrap_or_default()
@@ -286,7 +287,7 @@ impl Application {
         ));
         let limits = http::connections::Limits::new(self.places, &self.settings);
         http::connections::serve(self.listener, app, limits, shutdown.clone()).await?;
-        let background = self.service.background_tasks();
+        let background = self.service.driver().background_tasks();
         background.close();
         if tokio::time::timeout(DRAIN_TIMEOUT, background.wait())
             .await

@@ -4,8 +4,9 @@
 //! [`sweep_once`] is one pass: find unfinished transfers whose owner's lease has lapsed (no
 //! state change for `STALE_AFTER_MS` by the database's clock), claim each with one guarded
 //! findAndModify, and drive it with the same step functions as a fresh transfer
-//! ([`TransferService::run`]): `initial` and `pending` go forward (a `pending` one whose
-//! debit or credit is now refused rolls back with the reason), `applied` finishes its
+//! ([`Driver::run`](crate::service::Driver::run), through the [`Recovery`] the sweeper
+//! holds: the driver, and admission): `initial` and `pending` go forward (a `pending` one
+//! whose debit or credit is now refused rolls back with the reason), `applied` finishes its
 //! pulls, `canceling` finishes its undo. Batches are bounded.
 //!
 //! A stale `initial` transfer is processed, not canceled: it was durably inserted with
@@ -24,9 +25,9 @@
 //! ±20% jitter so that instances started together do not sweep in lockstep; each
 //! deployment's log on a loop of its own, so that a pass held up by one deployment never
 //! delays the others. It stops between transfers when cancelled. A restarted instance has a
-//! new owner name (see [`TransferService::owner`]) and takes its old transfers back like
-//! any other instance, once their lease has lapsed: writes of the dead process may still be
-//! on their way until then.
+//! new owner name (see [`Driver::owner`](crate::service::Driver::owner)) and takes its old
+//! transfers back like any other instance, once their lease has lapsed: writes of the dead
+//! process may still be on their way until then.
 //!
 //! One transfer that fails (the database refused a step, say) is logged and left for the
 //! next pass; the pass goes on with the others and with its housekeeping.
@@ -51,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::Side;
 use crate::domain::{AccountId, Timestamp, Transfer};
 use crate::error_chain::Chain;
-use crate::service::{AdmissionPermit, ServiceError, TransferService};
+use crate::service::{AdmissionPermit, Recovery, ServiceError};
 use crate::store::transfers::Scan;
 use crate::store::{Store, StoreResult};
 
@@ -90,15 +91,16 @@ impl std::ops::AddAssign for SweepReport {
 /// One pass of the sweeper over every deployment's log at once. Stops early, between
 /// transfers, when `shutdown` is cancelled. Fails only if every deployment's pass failed.
 pub async fn sweep_once(
-    service: &TransferService,
+    recovery: &Recovery,
     shutdown: &CancellationToken,
 ) -> StoreResult<SweepReport> {
-    let passes = service
+    let passes = recovery
+        .driver()
         .deployments()
         .all()
         .iter()
-        .map(|log| sweep_log(service, log, shutdown));
-    let passes = if one_at_a_time(service) {
+        .map(|log| sweep_log(recovery, log, shutdown));
+    let passes = if one_at_a_time(recovery) {
         let mut done = Vec::new();
         for pass in passes {
             done.push(pass.await);
@@ -110,7 +112,7 @@ pub async fn sweep_once(
     let mut report = SweepReport::default();
     let mut failure = None;
     let mut swept = false;
-    for (log, pass) in service.deployments().all().iter().zip(passes) {
+    for (log, pass) in recovery.driver().deployments().all().iter().zip(passes) {
         match pass {
             Ok(one) => {
                 report += one;
@@ -131,21 +133,21 @@ pub async fn sweep_once(
 /// One pass over the transfers logged on `store`'s deployment: its stale transfers
 /// recovered, then its housekeeping.
 async fn sweep_log(
-    service: &TransferService,
+    recovery: &Recovery,
     store: &Store,
     shutdown: &CancellationToken,
 ) -> StoreResult<SweepReport> {
     store.check_answering()?;
-    let lease_ms = service.stale_after().as_millis() as i64;
+    let lease_ms = recovery.driver().stale_after().as_millis() as i64;
     // By the database's clock; the claim re-checks it atomically.
     let now = store.server_time().await?;
     let stale_before = now - chrono::TimeDelta::milliseconds(lease_ms);
     // What touches a deployment that does not answer is left out of every scan: nothing
     // can drive it now, and it would hide what comes after it (see `Scan`).
-    let scan = Scan::new(stale_before, service.deployments().silent());
-    let mut report = recover_stale(service, store, scan.clone(), stale_before, shutdown).await?;
+    let scan = Scan::new(stale_before, recovery.driver().deployments().silent());
+    let mut report = recover_stale(recovery, store, scan.clone(), stale_before, shutdown).await?;
     if !shutdown.is_cancelled() {
-        keep_house(service, store, scan, now, shutdown, &mut report).await;
+        keep_house(recovery, store, scan, now, shutdown, &mut report).await;
     }
     Ok(report)
 }
@@ -154,7 +156,7 @@ async fn sweep_log(
 /// modified before `stale_before`), at most `BATCH`, page after page of `unfinished`,
 /// and drives each to its end ([`recover`]); waits for those runs.
 async fn recover_stale(
-    service: &TransferService,
+    recovery: &Recovery,
     store: &Store,
     mut unfinished: Scan,
     stale_before: Timestamp,
@@ -165,7 +167,7 @@ async fn recover_stale(
     // control as new transfers (waiting for a permit rather than being refused), so a
     // backlog is recovered as fast as the database allows, never faster than it admits.
     let mut runs = tokio::task::JoinSet::new();
-    let sequential = one_at_a_time(service);
+    let sequential = one_at_a_time(recovery);
     'pages: loop {
         let page = store.transfers().unfinished(&unfinished, BATCH).await?;
         unfinished.past(&page);
@@ -175,15 +177,15 @@ async fn recover_stale(
             if shutdown.is_cancelled() || report.claimed == BATCH as usize {
                 break 'pages;
             }
-            if !may_claim(service, &candidate) {
+            if !may_claim(recovery, &candidate) {
                 continue;
             }
-            let permit = service.admit_waiting().await;
-            let Some(claimed) = claim(service, store, &candidate, stale_before).await else {
+            let permit = recovery.admit_waiting().await;
+            let Some(claimed) = claim(recovery, store, &candidate, stale_before).await else {
                 continue;
             };
             report.claimed += 1;
-            runs.spawn(recover(service.clone(), claimed, candidate.owner, permit));
+            runs.spawn(recover(recovery.clone(), claimed, candidate.owner, permit));
             if sequential {
                 count_recovered(runs.join_next().await, &mut report);
             }
@@ -199,30 +201,33 @@ async fn recover_stale(
 }
 
 /// Whether a pass may claim `candidate`, found stale.
-fn may_claim(service: &TransferService, candidate: &Transfer) -> bool {
+fn may_claim(recovery: &Recovery, candidate: &Transfer) -> bool {
     // Left to the task driving it: claiming it would renew the lease of a task
     // that may be stuck. The next page goes past it, so that a page of them (a
     // backlog stuck on a slow deployment) never hides the transfers behind it.
-    if service.is_driving(candidate.id) {
+    if recovery.driver().is_driving(candidate.id) {
         return false;
     }
     // Its other account's deployment stopped answering since the page was read
     // (or is named in the data but not in `DEPLOYMENTS`): claiming it would only
     // renew a lease it cannot use, and keep an instance that can from taking it.
-    service.store_of(candidate, Side::Destination).is_ok()
+    recovery
+        .driver()
+        .store_of(candidate, Side::Destination)
+        .is_ok()
 }
 
-/// Claims `candidate` for this instance ([`Transfers::claim`]); `None` if someone touched it
+/// Claims `candidate` for this instance ([`crate::store::Transfers::claim`]); `None` if someone touched it
 /// since it was read, or the claim failed (logged; the next pass tries again).
 async fn claim(
-    service: &TransferService,
+    recovery: &Recovery,
     store: &Store,
     candidate: &Transfer,
     stale_before: Timestamp,
 ) -> Option<Transfer> {
     match store
         .transfers()
-        .claim(service.owner(), candidate, stale_before)
+        .claim(recovery.driver().owner(), candidate, stale_before)
         .await
     {
         Ok(claimed) => claimed,
@@ -236,7 +241,7 @@ async fn claim(
 /// Drives `claimed`, a transfer claimed from `previous_owner`, holding `permit`; whether
 /// it reached its end.
 async fn recover(
-    service: TransferService,
+    recovery: Recovery,
     claimed: Transfer,
     previous_owner: Option<String>,
     permit: AdmissionPermit,
@@ -244,7 +249,7 @@ async fn recover(
     let _permit = permit;
     let (id, from) = (claimed.id, claimed.state);
     let previous_owner = previous_owner.unwrap_or_else(|| "-".into());
-    match service.run(claimed).await {
+    match recovery.driver().run(claimed).await {
         Ok(finished) => {
             tracing::info!(
                 transfer_id = %finished.id,
@@ -266,22 +271,22 @@ async fn recover(
 /// fences of finished transfers, holds past their expiry. Each that fails is logged and
 /// left for the next pass.
 async fn keep_house(
-    service: &TransferService,
+    recovery: &Recovery,
     store: &Store,
     scan: Scan,
     now: Timestamp,
     shutdown: &CancellationToken,
     report: &mut SweepReport,
 ) {
-    match finish_reversals(service, store, scan.clone(), shutdown).await {
+    match finish_reversals(recovery, store, scan.clone(), shutdown).await {
         Ok(n) => report.reversals_finished = n,
         Err(e) => tracing::warn!(error = %Chain(&e), "finishing reversals failed; next pass"),
     }
-    match collect_fences(service, store, scan, shutdown).await {
+    match collect_fences(recovery, store, scan, shutdown).await {
         Ok(n) => report.fences_dropped = n,
         Err(e) => tracing::warn!(error = %Chain(&e), "collecting fences failed; next pass"),
     }
-    match expire_holds(service, store, now, shutdown).await {
+    match expire_holds(recovery, store, now, shutdown).await {
         Ok(n) => report.holds_expired = n,
         Err(e) => tracing::warn!(error = %Chain(&e), "expiring holds failed; next pass"),
     }
@@ -299,12 +304,12 @@ fn count_recovered(ended: Option<Result<bool, tokio::task::JoinError>>, report: 
 /// each claimed transfer's run before the next claim. Only under a test's scheduler
 /// (`failpoints::hooked`), which runs each actor as one sequence of points and lets one
 /// point go at a time: two parts of one actor running at once would escape it.
-fn one_at_a_time(service: &TransferService) -> bool {
+fn one_at_a_time(recovery: &Recovery) -> bool {
     #[cfg(feature = "failpoints")]
-    return crate::failpoints::hooked(service.instance_id());
+    return crate::failpoints::hooked(recovery.driver().instance_id());
     #[cfg(not(feature = "failpoints"))]
     {
-        let _ = service;
+        let _ = recovery;
         false
     }
 }
@@ -314,7 +319,7 @@ fn one_at_a_time(service: &TransferService) -> bool {
 /// (another instance drives the compensation, or it failed). Returns how many reached
 /// their end.
 async fn finish_reversals(
-    service: &TransferService,
+    recovery: &Recovery,
     store: &Store,
     mut scan: Scan,
     shutdown: &CancellationToken,
@@ -329,7 +334,7 @@ async fn finish_reversals(
                 return Ok(finished);
             }
             let id = original.id;
-            match service.finish_reversal(original).await {
+            match recovery.driver().finish_reversal(original).await {
                 Ok(after) if !after.reversing => {
                     finished += 1;
                     tracing::info!(transfer_id = %id, reversed_by = ?after.reversed_by, "interrupted reversal finished");
@@ -365,7 +370,7 @@ async fn finish_reversals(
 /// deadline carried over to its own clock no later than this one, see
 /// `Store::deadline_on`). At most `BATCH` a pass; pages past those that fail.
 pub async fn collect_fences(
-    service: &TransferService,
+    recovery: &Recovery,
     store: &Store,
     mut scan: Scan,
     shutdown: &CancellationToken,
@@ -382,7 +387,7 @@ pub async fn collect_fences(
             // Fences first, flag second: a crash in between leaves the flag, and the next
             // pass drops the (already gone) fences again.
             let dropped_here = async {
-                for (on, accounts) in service.accounts_by_deployment(&transfer)? {
+                for (on, accounts) in recovery.driver().accounts_by_deployment(&transfer)? {
                     let accounts: Vec<&AccountId> = accounts.iter().collect();
                     on.accounts().drop_fences(&accounts, transfer.id).await?;
                 }
@@ -408,7 +413,7 @@ pub async fn collect_fences(
 /// pass, or captured, voided or expired by someone else) unless the log's deployment
 /// itself fails, which ends the pass.
 async fn expire_holds(
-    service: &TransferService,
+    recovery: &Recovery,
     store: &Store,
     now: Timestamp,
     shutdown: &CancellationToken,
@@ -419,8 +424,8 @@ async fn expire_holds(
             break;
         }
         let id = hold.id;
-        let _permit = service.admit_waiting().await;
-        match service.expire(hold).await {
+        let _permit = recovery.admit_waiting().await;
+        match recovery.driver().expire(hold).await {
             Ok(true) => {
                 expired += 1;
                 tracing::info!(transfer_id = %id, "hold expired");
@@ -441,12 +446,13 @@ async fn expire_holds(
 /// 10 s, before the watch finds it silent; one loop over every log waited for that pass
 /// before the next pass of any other, and an expired hold between two deployments that
 /// answer, or a transfer a killed instance left, waited with it.
-pub async fn run(service: TransferService, interval: Duration, shutdown: CancellationToken) {
-    let loops = service
+pub async fn run(recovery: Recovery, interval: Duration, shutdown: CancellationToken) {
+    let loops = recovery
+        .driver()
         .deployments()
         .all()
         .iter()
-        .map(|log| sweep_log_until_cancelled(&service, log, interval, &shutdown));
+        .map(|log| sweep_log_until_cancelled(&recovery, log, interval, &shutdown));
     futures::future::join_all(loops).await;
     tracing::info!("sweeper stopped");
 }
@@ -454,13 +460,13 @@ pub async fn run(service: TransferService, interval: Duration, shutdown: Cancell
 /// Passes over `log` (one at once, then one every `interval` with jitter) until
 /// `shutdown` is cancelled.
 async fn sweep_log_until_cancelled(
-    service: &TransferService,
+    recovery: &Recovery,
     log: &Store,
     interval: Duration,
     shutdown: &CancellationToken,
 ) {
     loop {
-        if let Err(e) = sweep_log(service, log, shutdown).await {
+        if let Err(e) = sweep_log(recovery, log, shutdown).await {
             tracing::warn!(deployment = %log.deployment(), error = %Chain(&e), "sweep of a deployment failed; retrying at the next interval");
         }
         let jitter = rand::rng().random_range(0.8..1.2);

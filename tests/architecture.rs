@@ -10,7 +10,11 @@
 //! is the graph of the files, where `super::` and `self::` paths count too (a folder's
 //! `mod.rs` reaching its own files aside).
 //! The tasks under a lease name no service (the lease, the event recorder), and of the
-//! webhook deliverer's files only the dispatcher reads the service (for the feed).
+//! webhook deliverer's files only the dispatcher and its wiring name the service's parts
+//! (the feed and the webhooks, never the rest). Between the types of `src/service/`, the
+//! uses (a field that holds another type, a method that names one) are checked against a
+//! declared graph without a cycle, and each `impl` against the files listed for its
+//! type.
 //! Last, no function of `src/` runs over 70 lines (named steps instead).
 
 use std::collections::BTreeMap;
@@ -101,8 +105,10 @@ const RULES: &[(&str, &[&str])] = &[
         &["axum", "mongodb::", "bson", "crate::service", "crate::http"],
     ),
     // The webhook deliverer: its body comes rendered from `startup`, so it names no HTTP
-    // layer; only its dispatcher (and the wiring in `mod.rs`) reads the service, for the
-    // feed. Signing and the address rules name no store either.
+    // layer; only its dispatcher (and the wiring in `mod.rs`) names the service, for the
+    // feed and the webhook settings (`Feed`, `WebhookBook`: see
+    // `the_deliverer_and_the_sweeper_hold_only_their_parts`). Signing and the address
+    // rules name no store either.
     (
         "deliverer",
         &["axum", "mongodb::", "bson", "crate::http", "crate::sweeper"],
@@ -826,6 +832,320 @@ fn inline_modules(text: &str) -> impl Fn(usize) -> Vec<String> {
         }
     }
     move |line| on_line.get(line).cloned().unwrap_or_default()
+}
+
+/// The types of `src/service/` and the files their `impl` blocks may live in (`mod.rs`
+/// defines every part's struct, and the accessors of the composition): a file
+/// holds one concern, and a concern's functions that another type needs (a hold's expiry,
+/// which a step runs into; an interrupted reversal, which the sweeper finishes) are an
+/// `impl` of that type in the concern's file. Every file of `src/service/` is listed, so
+/// that a new one says which types it extends.
+const SERVICE_FILES: &[(&str, &[&str])] = &[
+    (
+        "mod.rs",
+        &[
+            "TransferService",
+            "Driver",
+            "Requests",
+            "AccountBook",
+            "Recovery",
+            "Feed",
+            "WebhookBook",
+        ],
+    ),
+    ("protocol.rs", &["Driver"]),
+    ("protocol/parties.rs", &["Driver"]),
+    ("driving.rs", &["Driver"]),
+    ("unanswered.rs", &["Driver"]),
+    ("routing.rs", &["Driver"]),
+    ("readiness.rs", &["Driver"]),
+    ("create.rs", &["Requests"]),
+    ("idempotency.rs", &["Requests"]),
+    ("admission.rs", &["Requests", "Recovery"]),
+    ("cancel.rs", &["Requests", "Driver"]),
+    ("holds.rs", &["Requests", "Driver"]),
+    ("reads.rs", &["Requests", "Driver"]),
+    ("tenancy.rs", &["Requests", "AccountBook"]),
+    ("accounts.rs", &["AccountBook"]),
+    ("ledger.rs", &["AccountBook"]),
+    ("placement.rs", &["AccountBook"]),
+    ("events.rs", &["Feed"]),
+    ("follow.rs", &["Feed"]),
+    ("webhooks.rs", &["WebhookBook"]),
+    ("api_keys.rs", &["KeyBook"]),
+    ("error.rs", &[]),
+];
+
+/// Which service type may hold or name which: the whole graph of their dependencies.
+/// `TransferService` composes the parts and hands them out; `Requests` validates against
+/// the account book and hands the steps to the driver; the sweeper's `Recovery` is the
+/// driver and admission. The driver, the account book, the feed and the webhooks depend
+/// on no other type.
+const SERVICE_USES: &[(&str, &[&str])] = &[
+    (
+        "TransferService",
+        &[
+            "Requests",
+            "Feed",
+            "WebhookBook",
+            "Driver",
+            "AccountBook",
+            "Recovery",
+        ],
+    ),
+    ("Requests", &["Driver", "AccountBook"]),
+    ("Recovery", &["Driver"]),
+    ("Driver", &[]),
+    ("AccountBook", &[]),
+    ("Feed", &[]),
+    ("WebhookBook", &[]),
+    ("KeyBook", &[]),
+];
+
+/// The types of `src/service/` depend on one another exactly as [`SERVICE_USES`]
+/// declares, without a cycle: a type uses another when a field of its struct (or of a
+/// helper struct of its file) holds it, or when its `impl` blocks name it in code (a
+/// parameter, a constructor, a path). Comments, `use` lines and the files' unit tests do
+/// not count. Each `impl` of a service type lies in a file [`SERVICE_FILES`] lists for it,
+/// and `TransferService`, which only composes, has no `async fn`: it does no work.
+#[test]
+fn the_service_types_use_one_another_as_declared_and_without_a_cycle() {
+    let found = service_uses();
+    let declared: Graph = SERVICE_USES
+        .iter()
+        .map(|(from, to)| {
+            let to = to.iter().map(|t| (t.to_string(), String::new())).collect();
+            (from.to_string(), to)
+        })
+        .collect();
+    for (from, uses) in &found {
+        for (to, at) in uses {
+            assert!(
+                declared[from].contains_key(to),
+                "{at}: {from} uses {to}, which SERVICE_USES does not allow"
+            );
+        }
+    }
+    for (from, uses) in &declared {
+        for to in uses.keys() {
+            assert!(
+                found[from].contains_key(to),
+                "{from} -> {to} is declared but not found: the parser or the list is stale"
+            );
+        }
+    }
+    if let Some(cycle) = find_cycle(&declared) {
+        panic!(
+            "the service types use one another in a cycle: {}",
+            cycle.join(" -> ")
+        );
+    }
+}
+
+/// `TransferService` composes the parts and configures them; anything that waits on a
+/// database (an `async fn`) belongs to a part.
+#[test]
+fn the_composition_does_no_work() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service/mod.rs");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut composing = false;
+    for (number, line) in text.lines().enumerate() {
+        if line.starts_with("impl") {
+            composing = line == "impl TransferService {";
+        }
+        assert!(
+            !(composing && line.contains("async fn")),
+            "src/service/mod.rs:{}: TransferService works itself: {line}",
+            number + 1
+        );
+    }
+    assert!(
+        text.contains("impl TransferService {"),
+        "no impl TransferService found"
+    );
+}
+
+/// Which service types each type uses, read from the code of `src/service/`, each with
+/// the first place that shows it.
+fn service_uses() -> Graph {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let service = root.join("src/service");
+    let types: Vec<&str> = SERVICE_USES.iter().map(|(t, _)| *t).collect();
+    let mut graph: Graph = types
+        .iter()
+        .map(|t| (t.to_string(), BTreeMap::new()))
+        .collect();
+    let files = rust_files(&service);
+    for file in &files {
+        let relative = file.strip_prefix(&service).unwrap().to_str().unwrap();
+        let Some((_, allowed)) = SERVICE_FILES.iter().find(|(f, _)| *f == relative) else {
+            panic!("src/service/{relative} is not in SERVICE_FILES: say which types it extends");
+        };
+        let text = std::fs::read_to_string(file).unwrap();
+        let shown = file.strip_prefix(root).unwrap().display().to_string();
+        for (number, owner, named) in service_names(&text, &types, allowed) {
+            let at = format!("{shown}:{number}");
+            assert!(
+                allowed.contains(&owner.as_str()),
+                "{at}: an impl of {owner}, which SERVICE_FILES does not list for this file"
+            );
+            if owner != named {
+                graph.get_mut(&owner).unwrap().entry(named).or_insert(at);
+            }
+        }
+    }
+    graph
+}
+
+/// Each code line of a service file that names a service type: (its line, the type whose
+/// `impl` or struct it is in, the type it names). The line that opens an `impl` block or
+/// a struct of a service type names that type itself. Outside those, a line counts for
+/// every type of `allowed` (a helper struct or a free function serves its file's types).
+fn service_names(text: &str, types: &[&str], allowed: &[&str]) -> Vec<(usize, String, String)> {
+    let mut found = Vec::new();
+    let mut inside: Option<String> = None;
+    let mut in_tests = false;
+    for (number, line) in text.lines().enumerate() {
+        if line.starts_with("mod tests {") {
+            in_tests = true;
+        }
+        if line == "}" {
+            (inside, in_tests) = (None, false);
+            continue;
+        }
+        if in_tests {
+            continue;
+        }
+        let code = without_strings_and_comments(line);
+        if let Some(owner) = block_owner(&code, types) {
+            if code.trim_end().ends_with('{') {
+                inside = Some(owner);
+            }
+        }
+        if code.trim_start().starts_with("use ") || code.trim_start().starts_with("pub use ") {
+            continue;
+        }
+        let owners: Vec<String> = match &inside {
+            Some(owner) => vec![owner.clone()],
+            None => allowed.iter().map(|t| t.to_string()).collect(),
+        };
+        for named in words(&code).filter(|w| types.contains(w)) {
+            for owner in &owners {
+                found.push((number + 1, owner.clone(), named.to_owned()));
+            }
+        }
+    }
+    found
+}
+
+/// The service type a top-level `impl` block or struct definition on this line is of:
+/// `impl Driver {`, `impl<T> Trait for Driver {`, `pub struct Driver {`.
+fn block_owner(code: &str, types: &[&str]) -> Option<String> {
+    let head = if let Some(rest) = code.strip_prefix("impl") {
+        match rest.rsplit_once(" for ") {
+            Some((_, of)) => of,
+            None => rest.trim_start_matches(|c: char| c != ' ' && c != '{'),
+        }
+    } else if let Some(rest) = code.split_once("struct ") {
+        if !(code.starts_with("pub ") || code.starts_with("struct ")) {
+            return None;
+        }
+        rest.1
+    } else {
+        return None;
+    };
+    let name = words(head).next()?;
+    types.contains(&name).then(|| name.to_owned())
+}
+
+fn words(code: &str) -> impl Iterator<Item = &str> {
+    code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+}
+
+/// The parts of the service that background tasks take hold only what they use: the
+/// webhook deliverer holds the feed and the webhooks (never the requests, the driver or
+/// the whole service), the sweeper its `Recovery` (the driver and admission).
+#[test]
+fn the_deliverer_and_the_sweeper_hold_only_their_parts() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let rules: &[(&str, &[&str])] = &[
+        (
+            "deliverer",
+            &[
+                "TransferService",
+                "Requests",
+                "Driver",
+                "AccountBook",
+                "Recovery",
+            ],
+        ),
+        (
+            "sweeper.rs",
+            &[
+                "TransferService",
+                "Requests",
+                "AccountBook",
+                "Feed",
+                "WebhookBook",
+            ],
+        ),
+    ];
+    for (module, forbidden) in rules {
+        for file in rust_files(&src.join(module)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (number, line) in text.lines().enumerate() {
+                let code = without_strings_and_comments(line);
+                if let Some(named) = words(&code).find(|w| forbidden.contains(w)) {
+                    panic!("{}:{} holds {named}: {line}", file.display(), number + 1);
+                }
+            }
+        }
+    }
+}
+
+/// The reader of service types sees a field that holds a type, a parameter or a path that
+/// names one in an `impl`, and a helper of a file serving its file's types; not a
+/// comment, a doc link, a `use` line or the file's unit tests.
+#[test]
+fn the_service_reader_sees_fields_and_code_but_not_comments_uses_or_tests() {
+    let text = r#"
+use super::{Driver, Feed};
+
+/// Holds the [`Feed`] only in this comment.
+pub struct Requests {
+    driver: Driver,
+}
+
+impl Requests {
+    fn feed(&self, feed: &Feed) {} // and a Driver here is a comment
+}
+
+struct Helper {
+    book: AccountBook,
+}
+
+#[cfg(test)]
+mod tests {
+    fn f(_: Recovery) {}
+}
+
+fn after_the_tests(_: Recovery) {}
+"#;
+    let types = ["Requests", "Driver", "Feed", "AccountBook", "Recovery"];
+    let found = service_names(text, &types, &["Requests"]);
+    let expected: Vec<(usize, String, String)> = [
+        (5, "Requests", "Requests"),
+        (6, "Requests", "Driver"),
+        (9, "Requests", "Requests"),
+        (10, "Requests", "Feed"),
+        (14, "Requests", "AccountBook"),
+        (22, "Requests", "Recovery"),
+    ]
+    .into_iter()
+    .map(|(line, owner, named)| (line, owner.to_owned(), named.to_owned()))
+    .collect();
+    assert_eq!(found, expected);
 }
 
 /// The store's types (`src/store/mod.rs` says what each owns): the per-deployment handle,

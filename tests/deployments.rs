@@ -1509,7 +1509,7 @@ async fn one_pass_pages_past_a_full_page_it_skips_to_the_transfer_behind() {
     let without_cn = Deployments::new(vec![eu.clone(), books.store("us").clone()]);
     let bank = TransferService::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
     let never = tokio_util::sync::CancellationToken::new();
-    let report = transfer_service::sweeper::sweep_once(&bank, &never)
+    let report = transfer_service::sweeper::sweep_once(&bank.recovery(), &never)
         .await
         .unwrap();
     assert_eq!((report.found, report.claimed, report.finished), (121, 1, 1));
@@ -1542,13 +1542,13 @@ async fn one_sweep_fails_only_when_every_deployment_fails() {
     let never = tokio_util::sync::CancellationToken::new();
 
     daemons.daemons[2].kill();
-    let report = transfer_service::sweeper::sweep_once(&bank, &never).await;
+    let report = transfer_service::sweeper::sweep_once(&bank.recovery(), &never).await;
     let report = report.expect("eu and us were swept");
     assert_eq!((report.found, report.finished), (1, 1));
 
     daemons.daemons[0].kill();
     daemons.daemons[1].kill();
-    let failed = transfer_service::sweeper::sweep_once(&bank, &never).await;
+    let failed = transfer_service::sweeper::sweep_once(&bank.recovery(), &never).await;
     assert!(failed.is_err(), "no deployment answered: {failed:?}");
 }
 
@@ -1580,13 +1580,13 @@ async fn one_pass_claims_at_most_a_batch_and_none_once_stopped() {
 
     let stopped = tokio_util::sync::CancellationToken::new();
     stopped.cancel();
-    let report = sweep_once(&bank, &stopped).await.unwrap();
+    let report = sweep_once(&bank.recovery(), &stopped).await.unwrap();
     assert_eq!(report.claimed, 0, "{report:?}");
 
     let never = tokio_util::sync::CancellationToken::new();
-    let first = sweep_once(&bank, &never).await.unwrap();
+    let first = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!((first.claimed, first.finished), (100, 100), "{first:?}");
-    let second = sweep_once(&bank, &never).await.unwrap();
+    let second = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!((second.claimed, second.finished), (20, 20), "{second:?}");
     assert_eq!(books.balance("us-a").await, 120);
     assert_eq!(books.balance("eu-a").await, 880);
@@ -1649,9 +1649,9 @@ async fn one_pass_finishes_interrupted_reversals_past_a_page_it_cannot_and_at_mo
     let bank = TransferService::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
     let never = tokio_util::sync::CancellationToken::new();
     let sweep_once = transfer_service::sweeper::sweep_once;
-    let first = sweep_once(&bank, &never).await.unwrap();
+    let first = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!(first.reversals_finished, 100, "{first:?}");
-    let second = sweep_once(&bank, &never).await.unwrap();
+    let second = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!(second.reversals_finished, 20, "{second:?}");
     assert_eq!(books.balance("eu-a").await, 1_120);
     assert_eq!(books.balance("us-a").await, 880);
@@ -1684,7 +1684,7 @@ async fn one_pass_drives_its_claimed_transfers_at_once() {
     let mut paused = failpoints::pause("sweeper-under-test", Point::AfterCredit);
     let pass = tokio::spawn(async move {
         let never = tokio_util::sync::CancellationToken::new();
-        transfer_service::sweeper::sweep_once(&bank, &never).await
+        transfer_service::sweeper::sweep_once(&bank.recovery(), &never).await
     });
     paused.reached().await;
 
@@ -1749,9 +1749,9 @@ async fn one_pass_drops_fences_past_a_page_it_cannot_and_at_most_a_batch() {
     let bank = TransferService::new(without_cn, "sweeper-under-test", Duration::from_secs(1));
     let never = tokio_util::sync::CancellationToken::new();
     let sweep_once = transfer_service::sweeper::sweep_once;
-    let first = sweep_once(&bank, &never).await.unwrap();
+    let first = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!(first.fences_dropped, 100, "{first:?}");
-    let second = sweep_once(&bank, &never).await.unwrap();
+    let second = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!(second.fences_dropped, 20, "{second:?}");
     for id in to_us {
         assert!(!eu.transfers().transfer(id).await.unwrap().unwrap().fenced);

@@ -1806,7 +1806,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
 
     let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
-    let report = sweep_once(&bank, &never).await.unwrap();
+    let report = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!(
         report,
         SweepReport {
@@ -1827,7 +1827,7 @@ async fn one_sweep_finishes_what_was_left_and_reports_it() {
     assert_eq!(transfer(&app, stuck.id).await.state, TransferState::Done);
     assert!(!transfer(&app, reversed).await.reversing);
     assert_eq!(
-        sweep_once(&bank, &never).await.unwrap(),
+        sweep_once(&bank.recovery(), &never).await.unwrap(),
         SweepReport::default(),
         "nothing left for a second pass"
     );
@@ -1879,7 +1879,7 @@ async fn a_pass_releases_an_interrupted_reversal_whose_compensation_is_refused_a
 
     let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
-    let report = sweep_once(&bank, &never).await.unwrap();
+    let report = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!(report.reversals_finished, 1, "{report:?}");
     let released = transfer(&app, original).await;
     assert!(
@@ -1939,7 +1939,7 @@ async fn a_pass_leaves_a_reversal_whose_compensation_another_instance_drives_and
 
     let bank = TransferService::new(app.store.clone(), "sweeper-under-test", lease);
     let never = tokio_util::sync::CancellationToken::new();
-    let report = sweep_once(&bank, &never).await.unwrap();
+    let report = sweep_once(&bank.recovery(), &never).await.unwrap();
     assert_eq!(report.reversals_finished, 0, "{report:?}");
     assert!(transfer(&app, original).await.reversing);
     assert_eq!(
@@ -2464,7 +2464,11 @@ async fn a_debit_whose_expiry_of_a_hold_loses_to_a_sweeper_finds_it_released_and
         "sweeper-under-test",
         Duration::from_secs(60),
     );
-    let report = sweep_once(&sweeper, &tokio_util::sync::CancellationToken::new()).await;
+    let report = sweep_once(
+        &sweeper.recovery(),
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await;
     assert_eq!(report.unwrap().holds_expired, 1);
     assert_eq!(transfer(&app, id).await.state, TransferState::Canceled);
 
@@ -2703,7 +2707,7 @@ async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
             hold: None,
             scope: transfer_service::domain::Scope::Platform,
         };
-        tokio::spawn(async move { bank.transfer(new, None, Completion::Wait).await })
+        tokio::spawn(async move { bank.requests().transfer(new, None, Completion::Wait).await })
     };
     paused.reached().await;
     let stored = app
@@ -2719,7 +2723,10 @@ async fn the_sweeper_leaves_alone_a_transfer_its_own_process_is_driving() {
 
     let report = tokio::time::timeout(
         Duration::from_secs(20),
-        sweep_once(&bank, &tokio_util::sync::CancellationToken::new()),
+        sweep_once(
+            &bank.recovery(),
+            &tokio_util::sync::CancellationToken::new(),
+        ),
     )
     .await
     .expect("the pass does not wait behind the stuck task")

@@ -132,16 +132,17 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
         Duration::from_secs(10),
     );
     for (id, deployment) in [("a", "eu"), ("b", "us"), ("c", "eu")] {
-        bank.open_account(NewAccount {
-            tenant: None,
-            id: Some(values::account(id)),
-            name: None,
-            balance: OpeningBalance::parse(10_000).unwrap(),
-            currency: Currency::usd(),
-            deployment: Some(DeploymentName::parse(deployment).unwrap()),
-        })
-        .await
-        .unwrap();
+        bank.book()
+            .open_account(NewAccount {
+                tenant: None,
+                id: Some(values::account(id)),
+                name: None,
+                balance: OpeningBalance::parse(10_000).unwrap(),
+                currency: Currency::usd(),
+                deployment: Some(DeploymentName::parse(deployment).unwrap()),
+            })
+            .await
+            .unwrap();
     }
     let new = |source: &str, destination: &str, amount: i64, hold: bool| NewTransfer {
         source: values::account(source),
@@ -170,6 +171,7 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     for key in keys {
         for _ in 0..2 {
             let made = bank
+                .requests()
                 .transfer(
                     new("a", "b", 100, false),
                     Some(key.clone()),
@@ -180,26 +182,31 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
             assert_eq!(made.transfer.state.as_str(), "done");
         }
     }
-    bank.transfer(new("a", "c", 50, false), None, Completion::Wait)
+    bank.requests()
+        .transfer(new("a", "c", 50, false), None, Completion::Wait)
         .await
         .unwrap();
     let captured = bank
+        .requests()
         .transfer(new("a", "b", 300, true), None, Completion::Wait)
         .await
         .unwrap();
-    bank.capture(captured.transfer.id, Some(Amount::parse(200).unwrap()))
+    bank.requests()
+        .capture(captured.transfer.id, Some(Amount::parse(200).unwrap()))
         .await
         .unwrap();
     let voided = bank
+        .requests()
         .transfer(new("b", "a", 30, true), None, Completion::Wait)
         .await
         .unwrap();
-    bank.void(voided.transfer.id).await.unwrap();
+    bank.requests().void(voided.transfer.id).await.unwrap();
     let reversed = bank
+        .requests()
         .transfer(new("c", "b", 40, false), None, Completion::Wait)
         .await
         .unwrap();
-    let after = bank.cancel(reversed.transfer.id).await.unwrap();
+    let after = bank.requests().cancel(reversed.transfer.id).await.unwrap();
     assert!(after.reversed_by.is_some());
     // A cancel's steps on a transfer it takes over: the mark, the fences, their removal.
     let (eu, us) = (&stores[0], &stores[1]);
@@ -230,8 +237,9 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     // of entries out of the account documents (by each store's copier, in the background).
     for id in ["a", "b"] {
         let account = values::account(id);
-        assert!(bank.entries(&account, 0, 1000).await.unwrap().len() > 2);
-        bank.balance_at(&account, Some(values::from_now(-1_000)))
+        assert!(bank.book().entries(&account, 0, 1000).await.unwrap().len() > 2);
+        bank.book()
+            .balance_at(&account, Some(values::from_now(-1_000)))
             .await
             .unwrap();
     }
@@ -239,59 +247,78 @@ async fn every_hot_path_command_names_its_collections_shard_key() {
     // read and each check of what the tenant sees or owns names `_id`.
     let acme = Scope::Tenant(TenantName::parse("acme").unwrap());
     for (id, deployment) in [("ta", "eu"), ("tb", "us")] {
-        bank.open_account(NewAccount {
-            tenant: Some(TenantName::parse("acme").unwrap()),
-            id: Some(values::account(id)),
-            name: None,
-            balance: OpeningBalance::parse(10_000).unwrap(),
-            currency: Currency::usd(),
-            deployment: Some(DeploymentName::parse(deployment).unwrap()),
-        })
-        .await
-        .unwrap();
+        bank.book()
+            .open_account(NewAccount {
+                tenant: Some(TenantName::parse("acme").unwrap()),
+                id: Some(values::account(id)),
+                name: None,
+                balance: OpeningBalance::parse(10_000).unwrap(),
+                currency: Currency::usd(),
+                deployment: Some(DeploymentName::parse(deployment).unwrap()),
+            })
+            .await
+            .unwrap();
     }
     let own = |source: &str, destination: &str, amount: i64, hold: bool| NewTransfer {
         scope: acme.clone(),
         ..new(source, destination, amount, hold)
     };
     let paid = bank
+        .requests()
         .transfer(own("ta", "tb", 100, false), None, Completion::Wait)
         .await
         .unwrap();
     let held = bank
+        .requests()
         .transfer(own("ta", "tb", 300, true), None, Completion::Wait)
         .await
         .unwrap();
     let to_void = bank
+        .requests()
         .transfer(own("tb", "ta", 30, true), None, Completion::Wait)
         .await
         .unwrap();
     for made in [&paid, &held, &to_void] {
         let id = made.transfer.id;
-        bank.transfer_in(&acme, id).await.unwrap();
-        bank.check_transfer_owned(&acme, id).await.unwrap();
+        bank.requests().transfer_in(&acme, id).await.unwrap();
+        bank.requests()
+            .check_transfer_owned(&acme, id)
+            .await
+            .unwrap();
     }
-    bank.capture(held.transfer.id, None).await.unwrap();
-    bank.void(to_void.transfer.id).await.unwrap();
-    let after = bank.cancel(paid.transfer.id).await.unwrap();
+    bank.requests()
+        .capture(held.transfer.id, None)
+        .await
+        .unwrap();
+    bank.requests().void(to_void.transfer.id).await.unwrap();
+    let after = bank.requests().cancel(paid.transfer.id).await.unwrap();
     assert!(after.reversed_by.is_some());
     // Read once no hold is pending on them (an account read with holds pending also looks
     // for expired ones: a scatter, `docs/scaling.md`).
     for account in ["ta", "tb"] {
         let account = values::account(account);
-        bank.account_in(&acme, &account).await.unwrap();
-        bank.check_account_seen(&acme, &account).await.unwrap();
-        assert!(bank.entries(&account, 0, 1000).await.unwrap().len() > 1);
-        bank.balance_at(&account, None).await.unwrap();
+        bank.book().account_in(&acme, &account).await.unwrap();
+        bank.book()
+            .check_account_seen(&acme, &account)
+            .await
+            .unwrap();
+        assert!(bank.book().entries(&account, 0, 1000).await.unwrap().len() > 1);
+        bank.book().balance_at(&account, None).await.unwrap();
     }
     // Another tenant's read of them: refused, and still by `_id`.
     let bolt = Scope::Tenant(TenantName::parse("bolt").unwrap());
     assert!(
-        bank.account_in(&bolt, &values::account("ta"))
+        bank.book()
+            .account_in(&bolt, &values::account("ta"))
             .await
             .is_err()
     );
-    assert!(bank.transfer_in(&bolt, paid.transfer.id).await.is_err());
+    assert!(
+        bank.requests()
+            .transfer_in(&bolt, paid.transfer.id)
+            .await
+            .is_err()
+    );
     // API keys: made, presented (found by the digest of its secret), revoked by `_id`.
     let keys = KeyBook::new(ApiKeyStore::new(stores[0].database()));
     let made = keys

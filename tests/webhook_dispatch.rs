@@ -70,6 +70,7 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
     for i in 0..HOOKS {
         let url = WebhookUrl::parse(&format!("http://{addr}/h{i}")).unwrap();
         service
+            .webhooks()
             .register_webhook(NewWebhook {
                 url,
                 types: Vec::new(),
@@ -89,6 +90,7 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
     ));
     for i in 0..EVENTS {
         service
+            .book()
             .open_account(NewAccount {
                 id: Some(values::account(&format!("a{i}"))),
                 tenant: None,
@@ -107,6 +109,7 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
         Duration::from_millis(100),
         async || {
             let page = service
+                .feed()
                 .events(&Scope::Platform, None, 1000, &[])
                 .await
                 .ok()?;
@@ -123,7 +126,8 @@ async fn no_command_of_the_dispatcher_passes_16_mib_and_every_delivery_is_sent_o
         )
     });
     let deliverer = tokio::spawn(transfer_service::deliverer::run(
-        service.clone(),
+        service.feed().clone(),
+        service.webhooks().clone(),
         "dispatch".to_owned(),
         render,
         shutdown.clone(),

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::{Event, FeedCursor, Scope, Webhook};
 use crate::error_chain::Chain;
 use crate::lease::{DispatcherLease, Lease, Task};
-use crate::service::{FeedPage, ServiceError, TransferService};
+use crate::service::{Feed, FeedPage, ServiceError, WebhookBook};
 use crate::store::Store;
 use crate::store::webhooks::{NewDelivery, claim_token};
 
@@ -35,19 +35,22 @@ const DISPATCH_IDLE: std::time::Duration = std::time::Duration::from_millis(250)
 
 /// The dispatcher's task: takes the lease when free, dispatches while it holds it.
 ///
-/// `service` is read for the feed only (its pages and its signal).
+/// `feed` is read for its pages and its signal; `webhooks` gives where webhooks and
+/// deliveries live, and how long a delivery is tried.
 pub async fn run(
-    service: TransferService,
+    feed: Feed,
+    webhooks: WebhookBook,
     owner: String,
     render: Render,
     sending: Arc<Sending>,
     made: Arc<tokio::sync::Notify>,
     shutdown: CancellationToken,
 ) {
-    let store = service.deployments().first().clone();
+    let store = webhooks.store().clone();
     let mut lease = Lease::new(DispatcherLease(store.clone()), owner);
     let mut dispatcher = Dispatcher {
-        service,
+        feed,
+        give_up_after: webhooks.webhook_settings().give_up_after,
         store,
         render,
         sending,
@@ -60,7 +63,9 @@ pub async fn run(
 /// The dispatcher of this instance, while it holds the lease.
 struct Dispatcher {
     /// The feed: its pages and its signal.
-    service: TransferService,
+    feed: Feed,
+    /// How long a delivery is tried (`WEBHOOK_GIVE_UP_AFTER_MS`).
+    give_up_after: std::time::Duration,
     /// Where webhooks and deliveries live (the first deployment).
     store: Store,
     render: Render,
@@ -93,11 +98,11 @@ impl Dispatcher {
         lease: &mut Lease<DispatcherLease>,
         saved: Option<String>,
     ) -> Result<(), ServiceError> {
-        let (service, store, shutdown) = (&self.service, &self.store, &self.shutdown);
+        let (store, shutdown) = (&self.store, &self.shutdown);
         let mut cursor = saved.as_deref().and_then(|c| FeedCursor::parse(c).ok());
-        let mut signal = service.feed_signal();
-        let give_up_after = chrono::TimeDelta::from_std(service.webhook_settings().give_up_after)
-            .unwrap_or(chrono::TimeDelta::MAX);
+        let mut signal = self.feed.feed_signal();
+        let give_up_after =
+            chrono::TimeDelta::from_std(self.give_up_after).unwrap_or(chrono::TimeDelta::MAX);
         // How many deliveries one event made at most for the webhooks the last page saw
         // (`fan_out`): the next page's events are as many as `PAGE_PAIRS` allows for
         // that many (the first page reads the list first).
@@ -156,7 +161,7 @@ impl Dispatcher {
         limit: u32,
     ) -> Result<Option<FeedPage>, ServiceError> {
         let read = self
-            .service
+            .feed
             .events(&Scope::Platform, cursor.clone(), limit, &[]);
         match read.await {
             Ok(page) => Ok(Some(page)),

@@ -52,8 +52,9 @@
 //!
 //! What it holds of the service: the sender, the attempts and the attempt log hold the
 //! store of the first deployment (where webhooks and deliveries live) and the webhook
-//! settings; only the dispatcher holds the service, for the feed (its pages and its
-//! signal), which is the service's until the feed is a type of its own.
+//! settings, both from the [`WebhookBook`]; the dispatcher holds the [`Feed`] too, for
+//! its pages and its signal. Nothing here holds the rest of the service (the requests,
+//! the driver, the account book).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +63,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::Event;
 use crate::error_chain::Chain;
-use crate::service::TransferService;
+use crate::service::{Feed, WebhookBook};
 
 pub mod addresses;
 pub mod attempt;
@@ -101,12 +102,13 @@ pub const MAX_HELD: usize = 4 * MAX_SENDING;
 
 /// Dispatches and sends webhooks for this instance (`owner`), until `shutdown`.
 pub async fn run(
-    service: TransferService,
+    feed: Feed,
+    webhooks: WebhookBook,
     owner: String,
     render: Render,
     shutdown: CancellationToken,
 ) {
-    let settings = service.webhook_settings();
+    let settings = webhooks.webhook_settings();
     let client = match addresses::client(settings.allow_private) {
         Ok(client) => client,
         Err(e) => {
@@ -115,7 +117,7 @@ pub async fn run(
         }
     };
     // Where webhooks and deliveries live.
-    let store = service.deployments().first().clone();
+    let store = webhooks.store().clone();
     let (log, to_log) = attempt_log::channel();
     let attempt_log = tokio::spawn(attempt_log::run(store.clone(), to_log));
     let sending = Arc::new(sender::Sending::new(store.clone(), client, settings, log));
@@ -124,7 +126,8 @@ pub async fn run(
     // by that look).
     let made = Arc::new(tokio::sync::Notify::new());
     let dispatcher = tokio::spawn(dispatcher::run(
-        service,
+        feed,
+        webhooks,
         owner.clone(),
         render,
         sending.clone(),

@@ -216,7 +216,7 @@ pub async fn create_account(
             .map(|raw| field("deployment", DeploymentName::parse(raw)))
             .transpose()?,
     };
-    let account = state.service.open_account(new).await?;
+    let account = state.service.book().open_account(new).await?;
     let mut headers = HeaderMap::new();
     if let Ok(location) = HeaderValue::from_str(&format!("/accounts/{}", account.id)) {
         headers.insert(header::LOCATION, location);
@@ -244,7 +244,9 @@ pub async fn get_account(
     Path(id): Path<String>,
 ) -> Result<Json<AccountResponse>, ApiError> {
     let id = path_account(&id)?;
-    Ok(Json(state.service.account_in(&scope, &id).await?.into()))
+    Ok(Json(
+        state.service.book().account_in(&scope, &id).await?.into(),
+    ))
 }
 
 /// List accounts in id order.
@@ -269,6 +271,7 @@ pub async fn list_accounts(
     let request = params.parse("accounts", |key| AccountId::parse(key).ok())?;
     let fetched = state
         .service
+        .book()
         .accounts(&scope, request.after.as_ref(), request.limit + 1)
         .await?;
     Ok(Json(
@@ -302,11 +305,12 @@ pub async fn list_account_transfers(
     query: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TransferPage>, ApiError> {
     let id = path_account(&id)?;
-    state.service.check_account_seen(&scope, &id).await?;
+    state.service.book().check_account_seen(&scope, &id).await?;
     let params = super::query(query)?;
     let request = params.parse("transfers", |key| TransferId::parse(key).ok())?;
     let fetched = state
         .service
+        .requests()
         .account_transfers(&id, request.after, request.limit + 1)
         .await?;
     Ok(Json(

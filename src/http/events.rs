@@ -118,7 +118,7 @@ pub struct EventParams {
 impl EventParams {
     fn parse(
         &self,
-        service: &crate::service::TransferService,
+        service: &crate::service::Feed,
     ) -> Result<(Option<FeedCursor>, u32, Vec<EventType>), ApiError> {
         let after = match self.after.as_deref() {
             None => None,
@@ -183,8 +183,12 @@ pub async fn list_events(
     Extension(scope): Extension<Scope>,
     query: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EventPage>, ApiError> {
-    let (after, limit, types) = super::query(query)?.parse(&state.service)?;
-    let page = state.service.events(&scope, after, limit, &types).await?;
+    let (after, limit, types) = super::query(query)?.parse(state.service.feed())?;
+    let page = state
+        .service
+        .feed()
+        .events(&scope, after, limit, &types)
+        .await?;
     Ok(Json(EventPage {
         items: page.events.into_iter().map(EventResponse::from).collect(),
         next: page.next.encode(),
@@ -240,6 +244,7 @@ pub async fn stream_events(
     use futures::StreamExt;
 
     let params = super::query(query)?;
+    let feed = state.service.feed();
     // The header, when sent, wins (`after` is then not read): a browser's EventSource sends
     // it on reconnecting, with the URL it first opened, whose `after` is older.
     let resume = match headers.get("last-event-id") {
@@ -252,7 +257,7 @@ pub async fn stream_events(
             let raw = value
                 .to_str()
                 .map_err(|_| refuse("is not an event id this service sent"))?;
-            Some(state.service.client_cursor(raw).map_err(|e| refuse(&e.0))?)
+            Some(feed.client_cursor(raw).map_err(|e| refuse(&e.0))?)
         }
     };
     let (after, _, types) = EventParams {
@@ -260,10 +265,9 @@ pub async fn stream_events(
         limit: None,
         kind: params.kind,
     }
-    .parse(&state.service)?;
+    .parse(feed)?;
     let after = resume.or(after);
-    let follower = state
-        .service
+    let follower = feed
         .follow(scope, after, types, state.shutdown.clone())
         .await?;
     let ended = follower.ended.clone();

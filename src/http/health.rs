@@ -48,10 +48,10 @@ pub async fn health() -> Json<Status> {
     )
 )]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {
-    if state.service.is_overloaded() {
+    if state.service.requests().is_overloaded() {
         return Err(ApiError::Overloaded);
     }
-    let down = state.service.unavailable_deployments().await;
+    let down = state.service.driver().unavailable_deployments().await;
     let names: Vec<String> = down.iter().map(ToString::to_string).collect();
     if down.len() == state.service.deployments().all().len() {
         return Err(ApiError::DeploymentsUnavailable(names));

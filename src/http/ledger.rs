@@ -203,9 +203,9 @@ pub async fn list_entries(
     query: Result<Query<EntryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EntryPage>, ApiError> {
     let id = path_account(&id)?;
-    state.service.check_account_seen(&scope, &id).await?;
+    state.service.book().check_account_seen(&scope, &id).await?;
     let (after, limit) = super::query(query)?.parse()?;
-    let entries = state.service.entries(&id, after, limit).await?;
+    let entries = state.service.book().entries(&id, after, limit).await?;
     let next = entries.last().map(|e| e.seq.to_string());
     Ok(Json(EntryPage {
         items: entries.into_iter().map(EntryResponse::from).collect(),
@@ -299,7 +299,7 @@ pub async fn get_balance(
     query: Result<Query<BalanceParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<BalanceResponse>, ApiError> {
     let id = path_account(&id)?;
-    state.service.check_account_seen(&scope, &id).await?;
+    state.service.book().check_account_seen(&scope, &id).await?;
     let at = match super::query(query)?.at.as_deref() {
         None => None,
         Some(raw) => Some(
@@ -311,5 +311,5 @@ pub async fn get_balance(
                 .with_timezone(&Utc),
         ),
     };
-    Ok(Json(state.service.balance_at(&id, at).await?.into()))
+    Ok(Json(state.service.book().balance_at(&id, at).await?.into()))
 }

@@ -1,8 +1,9 @@
 //! The HTTP API: routes, request and response types (separate from the stored
 //! documents), the problem+json error type, and the OpenAPI document.
 //!
-//! Handlers only translate: they parse the request into domain values, call the
-//! [`TransferService`], and turn the answer (or the [`ApiError`]) into a response.
+//! Handlers only translate: they parse the request into domain values, call the part of
+//! the [`TransferService`] their resource needs (its requests, account book, feed or
+//! webhooks), and turn the answer (or the [`ApiError`]) into a response.
 
 pub mod accounts;
 pub mod api_keys;

@@ -439,7 +439,7 @@ pub async fn create_transfer(
 ) -> Result<Response, ApiError> {
     let new = NewTransfer {
         scope,
-        ..new_transfer(body, state.service.default_hold_expiry())?
+        ..new_transfer(body, state.service.requests().default_hold_expiry())?
     };
     let key = idempotency_key(&headers)?.map(|key| ScopedKey {
         scope: key_scope,
@@ -453,6 +453,7 @@ pub async fn create_transfer(
     };
     let outcome = state
         .service
+        .requests()
         .transfer(new, key, completion)
         .await
         .map_err(ApiError::naming_accounts_of_a_request)?;
@@ -555,7 +556,14 @@ pub async fn get_transfer(
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    Ok(Json(state.service.transfer_in(&scope, id).await?.into()))
+    Ok(Json(
+        state
+            .service
+            .requests()
+            .transfer_in(&scope, id)
+            .await?
+            .into(),
+    ))
 }
 
 /// List transfers, newest first.
@@ -605,7 +613,11 @@ pub async fn list_transfers(
         tenant: scope.tenant().cloned(),
         ..TransferFilter::default()
     };
-    let fetched = state.service.transfers(&filter, request.limit + 1).await?;
+    let fetched = state
+        .service
+        .requests()
+        .transfers(&filter, request.limit + 1)
+        .await?;
     Ok(Json(
         page(
             fetched,
@@ -643,8 +655,12 @@ pub async fn cancel_transfer(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<TransferResponse>), ApiError> {
     let id = path_transfer(&id)?;
-    state.service.check_transfer_owned(&scope, id).await?;
-    let transfer = state.service.cancel(id).await?;
+    state
+        .service
+        .requests()
+        .check_transfer_owned(&scope, id)
+        .await?;
+    let transfer = state.service.requests().cancel(id).await?;
     // `reversing` stays set until the compensating transfer is done.
     let status = if transfer.reversing {
         StatusCode::ACCEPTED
@@ -681,12 +697,16 @@ pub async fn capture_transfer(
     OptionalApiJson(body): OptionalApiJson<CaptureRequest>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    state.service.check_transfer_owned(&scope, id).await?;
+    state
+        .service
+        .requests()
+        .check_transfer_owned(&scope, id)
+        .await?;
     let amount = body
         .amount
         .map(|raw| field("amount", Amount::parse(raw)))
         .transpose()?;
-    let transfer = state.service.capture(id, amount).await?;
+    let transfer = state.service.requests().capture(id, amount).await?;
     Ok(Json(transfer.into()))
 }
 
@@ -711,8 +731,12 @@ pub async fn void_transfer(
     Path(id): Path<String>,
 ) -> Result<Json<TransferResponse>, ApiError> {
     let id = path_transfer(&id)?;
-    state.service.check_transfer_owned(&scope, id).await?;
-    let transfer = state.service.void(id).await?;
+    state
+        .service
+        .requests()
+        .check_transfer_owned(&scope, id)
+        .await?;
+    let transfer = state.service.requests().void(id).await?;
     Ok(Json(transfer.into()))
 }
 

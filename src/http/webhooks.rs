@@ -299,7 +299,7 @@ pub async fn create_webhook(
         description,
         scope,
     };
-    let webhook = state.service.register_webhook(new).await?;
+    let webhook = state.service.webhooks().register_webhook(new).await?;
     let mut headers = HeaderMap::new();
     if let Ok(location) = HeaderValue::from_str(&format!("/webhooks/{}", webhook.id)) {
         headers.insert(header::LOCATION, location);
@@ -331,6 +331,7 @@ pub async fn list_webhooks(
     let after = request.after.as_ref().map(|(at, id)| (*at, id.as_str()));
     let fetched = state
         .service
+        .webhooks()
         .webhooks(&scope, after, request.limit + 1)
         .await?;
     let page = page(
@@ -361,7 +362,7 @@ pub async fn get_webhook(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Json<WebhookResponse>, ApiError> {
-    let webhook = state.service.webhook(&scope, &id).await?;
+    let webhook = state.service.webhooks().webhook(&scope, &id).await?;
     Ok(Json(WebhookResponse::of(webhook, false)))
 }
 
@@ -382,7 +383,7 @@ pub async fn delete_webhook(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.service.delete_webhook(&scope, &id).await?;
+    state.service.webhooks().delete_webhook(&scope, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -427,6 +428,7 @@ pub async fn rotate_secret(
     };
     let rotated = state
         .service
+        .webhooks()
         .rotate_webhook_secret(&scope, &id, overlap)
         .await?;
     Ok(Json(WebhookResponse::of(rotated, true)))
@@ -490,6 +492,7 @@ pub async fn list_deliveries(
     let before = before.as_ref().map(|(at, id)| (*at, id.as_str()));
     let found = state
         .service
+        .webhooks()
         .deliveries(&scope, &id, wanted, before, limit + 1)
         .await?;
     let page = page(
@@ -527,6 +530,10 @@ pub async fn retry_delivery(
     Extension(scope): Extension<Scope>,
     Path((id, delivery)): Path<(String, String)>,
 ) -> Result<Json<DeliveryResponse>, ApiError> {
-    let retried = state.service.retry_delivery(&scope, &id, &delivery).await?;
+    let retried = state
+        .service
+        .webhooks()
+        .retry_delivery(&scope, &id, &delivery)
+        .await?;
     Ok(Json(retried.into()))
 }

@@ -2,7 +2,7 @@
 //! deployment first), and reading accounts as they stand now, without the reservations
 //! of holds past their expiry.
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{AccountBook, ServiceError, ServiceResult};
 use crate::domain::{
     Account, AccountId, AccountName, Currency, DeploymentName, OpeningBalance, Scope, TenantName,
 };
@@ -23,7 +23,7 @@ pub struct NewAccount {
     pub currency: Currency,
 }
 
-impl TransferService {
+impl AccountBook {
     pub async fn open_account(&self, new: NewAccount) -> ServiceResult<Account> {
         let id = match new.id {
             Some(id) => id,
@@ -97,7 +97,7 @@ impl TransferService {
         Ok(self.as_of_now(vec![account]).await?.remove(0))
     }
 
-    /// Accounts in id order, as they stand now (see [`TransferService::account`]): those
+    /// Accounts in id order, as they stand now (see [`AccountBook::account`]): those
     /// `scope` sees.
     pub async fn accounts(
         &self,

@@ -1,7 +1,7 @@
 //! Admission control: how many transfers this process works on at once
 //! (`MAX_TRANSFERS_IN_FLIGHT`), and how long a request beyond them waits for a place before
 //! it is refused (`ADMISSION_WAIT_MS`). [`Admission`] holds the permits;
-//! [`TransferService::admit`] (a request's way in) and [`TransferService::admit_waiting`]
+//! [`Requests::admit`] (a request's way in) and [`Recovery::admit_waiting`]
 //! (the sweeper's) take them.
 //!
 //! Invariants it keeps:
@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{Recovery, Requests, ServiceError, ServiceResult};
 
 /// A permit of admission control, held for as long as a transfer is worked on.
 pub(crate) type AdmissionPermit = OwnedSemaphorePermit;
@@ -147,7 +147,7 @@ impl Admission {
     }
 }
 
-impl TransferService {
+impl Requests {
     /// A permit to work on one more transfer: at once, or within the admission wait,
     /// else [`ServiceError::Overloaded`]. Called before anything is inserted.
     pub(super) async fn admit(&self) -> ServiceResult<AdmissionPermit> {
@@ -160,13 +160,17 @@ impl TransferService {
             .await
             .ok_or(ServiceError::Overloaded)
     }
+}
 
+impl Recovery {
     /// A permit, waiting for one as long as it takes: the sweeper's way in, so that
     /// recoveries queue with new work (first come, first served) instead of being refused.
     pub(crate) async fn admit_waiting(&self) -> AdmissionPermit {
         self.admission.unbounded().await
     }
+}
 
+impl Requests {
     /// Whether every permit is taken: `/ready` then says so.
     pub fn is_overloaded(&self) -> bool {
         self.admission.is_full()

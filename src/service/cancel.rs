@@ -15,7 +15,7 @@
 //! compensation ends `canceled` (the destination spent the money meanwhile), the claim is
 //! released and the client is told, with nothing changed.
 
-use super::{HoldConflict, ServiceError, ServiceResult, TransferService};
+use super::{Driver, HoldConflict, Requests, ServiceError, ServiceResult};
 use crate::domain::Side;
 use crate::domain::{
     AccountId, CancelReason, Party, Timestamp, Transfer, TransferEvent, TransferId, TransferState,
@@ -41,7 +41,7 @@ const CANCEL_ROUNDS: usize = 16;
 /// before answering that the reversal is still under way.
 const REVERSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-impl TransferService {
+impl Requests {
     /// Cancels a transfer; answers with the original transfer as it ends.
     ///
     /// Admitted like a new transfer (or refused with [`ServiceError::Overloaded`]), and
@@ -65,12 +65,13 @@ impl TransferService {
         work: W,
     ) -> ServiceResult<Transfer>
     where
-        W: FnOnce(TransferService) -> F,
+        W: FnOnce(Requests) -> F,
         F: std::future::Future<Output = ServiceResult<Transfer>> + Send + 'static,
     {
         let permit = self.admit().await?;
         let run = work(self.clone());
         let run = self
+            .driver
             .background_tasks()
             .spawn(tracing::Instrument::instrument(
                 async move {
@@ -92,7 +93,7 @@ impl TransferService {
         id: TransferId,
         reason: CancelReason,
     ) -> ServiceResult<Transfer> {
-        let mut transfer = self.find_transfer(id).await?;
+        let mut transfer = self.driver.find_transfer(id).await?;
         // A void (of a hold still being reserved when it was asked for) takes this path
         // only to roll the reservation back: once a capture has won, the void is too
         // late, and says so, rather than undo the capture as a cancel would.
@@ -131,7 +132,7 @@ impl TransferService {
                     Err(ServiceError::Hold {
                         conflict: HoldConflict::AlreadyCaptured,
                         ..
-                    }) if !voiding => self.find_transfer(id).await?,
+                    }) if !voiding => self.driver.find_transfer(id).await?,
                     other => other?,
                 },
                 TransferState::Canceled => return Ok(transfer),
@@ -160,22 +161,22 @@ impl TransferService {
         transfer: Transfer,
         reason: CancelReason,
     ) -> ServiceResult<Transfer> {
-        let log = self.log_store(&transfer)?;
+        let log = self.driver.log_store(&transfer)?;
         // The mark comes first, so whoever finishes the transfer, the sweeper later finds
         // the fences and drops them; its stamp starts the window the fences must land in.
         let Some(since) = log.transfers().mark_fenced(transfer.id).await? else {
-            return Ok(self.reload(&transfer).await?); // finished meanwhile
+            return Ok(self.driver.reload(&transfer).await?); // finished meanwhile
         };
         // By the log's clock; each account's deployment checks it by its own.
-        let deadline = self.lease_deadline_from(since);
+        let deadline = self.driver.lease_deadline_from(since);
         let Some(mut plan) = plan_takeover(&transfer, reason) else {
-            return Ok(self.reload(&transfer).await?);
+            return Ok(self.driver.reload(&transfer).await?);
         };
         let Some(fenced) = self
             .fence_parties(log, &transfer, deadline, &mut plan)
             .await?
         else {
-            return Ok(self.reload(&transfer).await?); // a fence came too late
+            return Ok(self.driver.reload(&transfer).await?); // a fence came too late
         };
         self.execute_takeover(log, transfer, plan, fenced).await
     }
@@ -242,9 +243,9 @@ impl TransferService {
         when: FenceWhen,
         deadline: Timestamp,
     ) -> StoreResult<Fence> {
-        let store = self.deployments.of(&party.deployment)?;
+        let store = self.driver.deployments.of(&party.deployment)?;
         let deadline = log
-            .deadline_on(deadline, store, self.clock_allowance())
+            .deadline_on(deadline, store, self.driver.clock_allowance())
             .await?;
         store
             .accounts()
@@ -268,13 +269,13 @@ impl TransferService {
             Takeover::Claim => {
                 let state = transfer.state;
                 log.transfers()
-                    .take_over(self.owner(), transfer.id, state, fenced)
+                    .take_over(self.driver.owner(), transfer.id, state, fenced)
                     .await?
             }
         };
         Ok(match taken {
-            Some(transfer) => self.run(transfer).await?,
-            None => self.reload(&transfer).await?,
+            Some(transfer) => self.driver.run(transfer).await?,
+            None => self.driver.reload(&transfer).await?,
         })
     }
 
@@ -291,10 +292,10 @@ impl TransferService {
         let from = transfer.state;
         let to = super::protocol::next_state(transfer, event);
         let by = Mover::Cancel {
-            owner: self.owner(),
+            owner: self.driver.owner(),
             fenced,
         };
-        let moved = self.log_store(transfer)?.transfers().change_state(
+        let moved = self.driver.log_store(transfer)?.transfers().change_state(
             transfer.id,
             from,
             to,
@@ -309,14 +310,14 @@ impl TransferService {
                 crate::metrics::hold_finished(to, reason);
             }
         }
-        self.reload(transfer).await
+        self.driver.reload(transfer).await
     }
 
     /// Reverses a done transfer with a compensating transfer, at most once.
     async fn reverse(&self, mut original: Transfer) -> ServiceResult<Transfer> {
         loop {
             if original.reversed_by.is_some() {
-                return self.finish_reversal(original).await;
+                return self.driver.finish_reversal(original).await;
             }
             if let Some(short) = self.short_of_funds_to_reverse(&original).await? {
                 return Err(ServiceError::ReversalRefused {
@@ -327,6 +328,7 @@ impl TransferService {
             }
             let claimed = crate::store::new_transfer_id();
             if self
+                .driver
                 .log_store(&original)?
                 .transfers()
                 .claim_reversal(original.id, claimed)
@@ -334,7 +336,7 @@ impl TransferService {
             {
                 original.reversed_by = Some(claimed);
             } else {
-                original = self.find_transfer(original.id).await?;
+                original = self.driver.find_transfer(original.id).await?;
             }
         }
     }
@@ -363,6 +365,7 @@ impl TransferService {
             };
         for (account, deployment, amount) in owed {
             let funds = self
+                .driver
                 .deployments
                 .of(deployment)?
                 .accounts()
@@ -375,7 +378,9 @@ impl TransferService {
         }
         Ok(None)
     }
+}
 
+impl Driver {
     /// Drives the claimed reversal of `original` to its end: inserts the compensating
     /// transfer if a crash came between the claim and its insert, runs it, then marks the
     /// reversal finished or, if the compensation was refused (the destination spent the

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::idempotency::{REPLAY_WAIT, Taken, read_majority};
 use super::placement::Route;
-use super::{AdmissionPermit, ServiceResult, TransferService};
+use super::{AdmissionPermit, Requests, ServiceResult};
 use crate::domain::{
     AccountId, Amount, Hold, Legs, Reference, Scope, ScopedKey, Strategy, Transfer, TransferState,
 };
@@ -66,7 +66,7 @@ pub struct TransferOutcome {
     pub replayed: bool,
 }
 
-/// The end of a protocol run started with [`TransferService::spawn_run`].
+/// The end of a protocol run started with [`Requests::spawn_run`].
 async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceResult<Transfer> {
     match run.await {
         Ok(result) => Ok(result?),
@@ -94,7 +94,7 @@ async fn hold_expiring(log: &Store, amount: Amount, expires_in: Duration) -> Sto
     Ok(Hold { amount, expires_at })
 }
 
-impl TransferService {
+impl Requests {
     /// Inserts a transfer and runs the two-phase commit.
     ///
     /// With an idempotency key, a request that repeats an earlier one answers with the
@@ -102,7 +102,7 @@ impl TransferService {
     /// key with a different request is refused. Concurrent requests with one key make
     /// one transfer: the key is taken first, in `idempotencyKeys` on the deployment that
     /// logs the transfer, whose unique `_id` lets exactly one request take it (see
-    /// `TransferService::take_key`).
+    /// `Requests::take_key`).
     ///
     /// A key is unique within its scope (the API key that sent it, see
     /// [`KeyScope`](crate::domain::KeyScope)), among the transfers logged on one
@@ -121,7 +121,7 @@ impl TransferService {
         Box::pin(self.transfer_admitted(permit, new, key, completion)).await
     }
 
-    /// [`TransferService::transfer`] once admitted, holding `permit`.
+    /// [`Requests::transfer`] once admitted, holding `permit`.
     async fn transfer_admitted(
         &self,
         permit: AdmissionPermit,
@@ -131,7 +131,7 @@ impl TransferService {
     ) -> ServiceResult<TransferOutcome> {
         let fingerprint = new.fingerprint();
         let (route, legs) = self.route(&new).await?;
-        let log = self.deployments.of(&route.source)?;
+        let log = self.driver.deployments.of(&route.source)?;
         let id = match &key {
             None => crate::store::new_transfer_id(),
             Some(key) => match self.take_key(log, key, &fingerprint).await? {
@@ -143,9 +143,9 @@ impl TransferService {
         // refused at once, before the transfer is inserted, while it is known not to
         // (the transfer would only wait for it). A key taken meanwhile is completed by
         // the request's retry.
-        self.deployments.of(&route.destination)?;
+        self.driver.deployments.of(&route.destination)?;
         for party in legs.iter().flat_map(|l| l.parties()) {
-            self.deployments.of(&party.deployment)?;
+            self.driver.deployments.of(&party.deployment)?;
         }
         let hold = match new.hold {
             Some(expires_in) => Some(hold_expiring(log, new.amount, expires_in).await?),
@@ -193,7 +193,7 @@ impl TransferService {
     /// Where `new` goes, checked against its stored accounts; and for a multi-leg
     /// transfer, its legs with every party placed.
     async fn route(&self, new: &NewTransfer) -> ServiceResult<(Route, Option<Box<Legs>>)> {
-        let (route, legs) = self.check_accounts(new).await?;
+        let (route, legs) = self.book.check_accounts(new).await?;
         Ok((route, legs.map(Box::new)))
     }
 
@@ -237,7 +237,7 @@ impl TransferService {
             }
             // Already driven (by the other request with its key, or a sweeper).
             Some(stored) => {
-                let transfer = self.wait_until_at_rest(stored, REPLAY_WAIT).await?;
+                let transfer = self.driver.wait_until_at_rest(stored, REPLAY_WAIT).await?;
                 Ok(Inserted::Answered(TransferOutcome {
                     transfer,
                     replayed: keyed,
@@ -268,7 +268,7 @@ impl TransferService {
     ) -> ServiceResult<TransferOutcome> {
         let outcome = match log
             .atomic()
-            .transfer_atomically(&transfer, self.owner())
+            .transfer_atomically(&transfer, self.driver.owner())
             .await
         {
             Ok(outcome) => outcome,
@@ -283,7 +283,7 @@ impl TransferService {
                 let canceled = Transfer {
                     state: TransferState::Canceled,
                     reason: Some(reason),
-                    owner: Some(self.owner().to_owned()),
+                    owner: Some(self.driver.owner().to_owned()),
                     ..transfer
                 };
                 match log.transfers().insert_transfer(&canceled).await {
@@ -314,20 +314,22 @@ impl TransferService {
         transfer: Transfer,
         permit: AdmissionPermit,
     ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
-        let service = self.clone();
+        let driver = self.driver.clone();
         let work = async move {
             let _permit = permit;
             let id = transfer.id;
-            let ended = service.run(transfer).await;
+            let ended = driver.run(transfer).await;
             if let Err(e) = &ended {
                 tracing::warn!(transfer_id = %id, error = %Chain(e), "transfer interrupted; the sweeper will finish it");
             }
             ended
         };
         // In the request's span, so its log lines carry the request id too.
-        self.background.spawn(tracing::Instrument::instrument(
-            work,
-            tracing::Span::current(),
-        ))
+        self.driver
+            .background
+            .spawn(tracing::Instrument::instrument(
+                work,
+                tracing::Span::current(),
+            ))
     }
 }

@@ -1,14 +1,14 @@
 //! The drive locks: which transfers a task of this process is driving right now. Within a
 //! process one task at a time drives a transfer (two drivers under one owner would share a
-//! lease; see the `driving` field of [`TransferService`]), and the sweeper leaves alone
+//! lease; see the `driving` field of [`Driver`]), and the sweeper leaves alone
 //! what a task of its own process drives.
 
 use std::sync::Arc;
 
-use super::TransferService;
+use super::Driver;
 use crate::domain::TransferId;
 
-impl TransferService {
+impl Driver {
     /// The per-transfer lock that makes this process drive a transfer in one task only.
     pub(crate) fn drive_lock(&self, id: TransferId) -> Arc<tokio::sync::Mutex<()>> {
         let mut map = self.driving.lock().unwrap_or_else(|e| e.into_inner());
@@ -42,12 +42,12 @@ mod tests {
             crate::store::new_transfer_id(),
             crate::store::new_transfer_id(),
         );
-        drop(service.drive_lock(done));
-        let lock = service.drive_lock(driven);
+        drop(service.driver().drive_lock(done));
+        let lock = service.driver().drive_lock(driven);
         let _guard = lock.lock().await;
-        assert!(service.is_driving(driven));
-        assert!(!service.is_driving(done));
-        let map = service.driving.lock().unwrap();
+        assert!(service.driver().is_driving(driven));
+        assert!(!service.driver().is_driving(done));
+        let map = service.driver().driving.lock().unwrap();
         assert_eq!(
             map.keys().collect::<Vec<_>>(),
             [&driven],

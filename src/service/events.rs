@@ -13,7 +13,7 @@
 //! ([`Events::reader_start`]), never to the front of the feed, which is the last event
 //! removed, whoever's it was.
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{Feed, ServiceError, ServiceResult};
 use crate::domain::{
     DeploymentName, Event, EventType, FeedCursor, ParseError, Position, Scope, TenantName,
 };
@@ -31,7 +31,7 @@ pub struct FeedPage {
     pub next: FeedCursor,
 }
 
-impl TransferService {
+impl Feed {
     /// A cursor a client sent, read for the deployments this instance serves (see
     /// [`FeedCursor::parse_for`]): refused unless this service could have given it, and
     /// bounded by those deployments whatever was sent.
@@ -56,7 +56,7 @@ impl TransferService {
         types: &[EventType],
     ) -> ServiceResult<FeedPage> {
         let mut next = after.unwrap_or_default();
-        let mut feeds: Vec<Feed> = Vec::new();
+        let mut feeds: Vec<DeploymentRead> = Vec::new();
         for store in self.deployments.all() {
             if store.check_answering().is_err() {
                 continue;
@@ -98,7 +98,7 @@ impl TransferService {
 }
 
 /// What one deployment's read gave.
-struct Feed {
+struct DeploymentRead {
     deployment: crate::domain::DeploymentName,
     /// Its events, in its feed's order; those the page did not take stay here.
     events: std::collections::VecDeque<Event>,
@@ -119,7 +119,7 @@ struct Feed {
 /// time (then deployment): a deployment's events are never reordered among themselves,
 /// whatever their times say. The feeds that owe their first event get a place kept for
 /// it (as many as the limit allows). What is not taken stays in `feeds`.
-fn merged(feeds: &mut [Feed], limit: usize) -> Vec<Event> {
+fn merged(feeds: &mut [DeploymentRead], limit: usize) -> Vec<Event> {
     let mut out = Vec::new();
     while out.len() < limit {
         let owed = feeds
@@ -151,14 +151,14 @@ fn merged(feeds: &mut [Feed], limit: usize) -> Vec<Event> {
 /// holds a position for the deployment (that start, if the page takes none of its
 /// events), so that a removal after this read is noticed by the next one; except for a
 /// tenant that starts at a front an older version left inside a cluster time
-/// ([`Feed::owes_first`]).
+/// ([`DeploymentRead::owes_first`]).
 async fn read_one(
     store: &Store,
     cursor: &mut FeedCursor,
     limit: u32,
     types: &[EventType],
     tenant: Option<&TenantName>,
-) -> ServiceResult<Feed> {
+) -> ServiceResult<DeploymentRead> {
     let deployment = store.deployment().clone();
     let given = cursor.positions.get(&deployment).cloned();
     // Read before the events: how far they were trimmed, and how far they may be read.
@@ -202,7 +202,7 @@ async fn read_one(
                 if !owes_first {
                     cursor.positions.insert(deployment.clone(), after);
                 }
-                return Ok(Feed {
+                return Ok(DeploymentRead {
                     deployment,
                     passed: page
                         .examined
@@ -254,13 +254,13 @@ mod tests {
 
     /// Feeds named `a`, `b`, `c`...: each its events at the seconds given, and whether it
     /// owes its first.
-    fn feeds(spec: &[(&[i64], bool)]) -> Vec<Feed> {
+    fn feeds(spec: &[(&[i64], bool)]) -> Vec<DeploymentRead> {
         spec.iter()
             .enumerate()
             .map(|(i, (seconds, owes_first))| {
                 let name = ["a", "b", "c"][i];
                 let deployment = DeploymentName::parse(name).unwrap();
-                Feed {
+                DeploymentRead {
                     events: seconds
                         .iter()
                         .map(|s| event(&deployment, *s, &format!("{name}{s}")))

@@ -2,7 +2,7 @@
 //! its own cursor, exactly as a reader of `GET /events` would, and waits for a signal that
 //! some deployment's feed grew instead of polling on its own.
 //!
-//! - One task per instance ([`TransferService::signal_new_events`]) looks at the newest
+//! - One task per instance ([`Feed::signal_new_events`]) looks at the newest
 //!   event of each deployment a few times a second, and only while someone follows.
 //! - Each follower hands its events to a queue bounded by count ([`QUEUE`]) and by bytes
 //!   ([`QUEUE_BYTES`], by [`Event::weight`]: a few multi-leg transfers weigh as much as
@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{Feed, ServiceError, ServiceResult};
 use crate::domain::{Event, EventType, FeedCursor, Scope};
 
 /// Events a follower may have waiting for its consumer; one more makes it too slow.
@@ -206,11 +206,11 @@ fn weight(event: &Event, cursor: &FeedCursor) -> usize {
     (event.weight() + cursor.weight()).min(QUEUE_BYTES)
 }
 
-impl TransferService {
+impl Feed {
     /// At most `max` followers at once (`MAX_EVENT_STREAMS`), `share` of them per scope
     /// (`MAX_EVENT_STREAMS_PER_TENANT`: a tenant, or the platform).
-    pub fn with_max_followers(self, max: usize, share: usize) -> TransferService {
-        TransferService {
+    pub fn with_max_followers(self, max: usize, share: usize) -> Feed {
+        Feed {
             followers: Followers::new(max, share),
             ..self
         }
@@ -235,7 +235,7 @@ impl TransferService {
         let ended = Arc::new(Mutex::new(None));
         let room = Arc::new(Semaphore::new(QUEUE_BYTES));
         let run = Run {
-            service: self.clone(),
+            feed: self.clone(),
             scope,
             types,
             queue,
@@ -318,7 +318,7 @@ enum Room {
 struct Run {
     /// What the follower's caller sees: its events only.
     scope: Scope,
-    service: TransferService,
+    feed: Feed,
     types: Vec<EventType>,
     queue: mpsc::Sender<(Event, FeedCursor)>,
     /// The queue's room in bytes, shared with the [`Follower`].
@@ -329,7 +329,7 @@ struct Run {
 
 impl Run {
     async fn follow_from(self, mut page: super::FeedPage) {
-        let mut signal = self.service.followers.signal.subscribe();
+        let mut signal = self.feed.followers.signal.subscribe();
         let end = loop {
             let full = page.events.len() >= PAGE as usize;
             let next = page.next.clone();
@@ -373,7 +373,7 @@ impl Run {
             }
             page = loop {
                 match self
-                    .service
+                    .feed
                     .events(&self.scope, Some(next.clone()), PAGE, &self.types)
                     .await
                 {

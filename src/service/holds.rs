@@ -12,7 +12,7 @@
 //! capture that lost to it expires the hold before it answers `hold_expired`.
 
 use super::idempotency::REPLAY_WAIT;
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{Driver, Requests, ServiceError, ServiceResult};
 use crate::domain::Side;
 use crate::domain::{
     AccountId, Amount, CancelReason, Transfer, TransferEvent, TransferId, TransferState,
@@ -40,7 +40,7 @@ pub enum HoldConflict {
 /// moved it.
 const ROUNDS: usize = 8;
 
-impl TransferService {
+impl Requests {
     /// Captures `amount` of hold `id` (all of it by default): it moves from the source
     /// to the destination and the rest of the reservation is released. Answers with the
     /// hold once `done`.
@@ -59,7 +59,9 @@ impl TransferService {
         })
         .await
     }
+}
 
+impl Driver {
     /// Expires `hold`, found `held` past its `expiresAt`: voids it with reason `expired`
     /// and releases it, unless a capture, a void or another expiry won it first. Whether
     /// this call expired it. The sweeper's way; admitted by the caller.
@@ -82,7 +84,7 @@ impl TransferService {
     /// Frees what `hold`, past its `expiresAt` and still `held` or `canceling`, keeps
     /// reserved on `account`'s `side`: on its source, for a debit that needs the money; on
     /// its destination, for a credit that needs the room under `MAX_MONEY` (reads already
-    /// leave both out: `TransferService::as_of_now`). Expires it first if it is still
+    /// leave both out: `AccountBook::as_of_now`). Expires it first if it is still
     /// `held`; then releases that account's reservation without waiting for the other
     /// account's, whose deployment may be down, nor for the hold's owner, who may be dead.
     /// Whether `account` no longer carries it (released by this call or by anyone before).
@@ -157,7 +159,7 @@ impl TransferService {
         Ok(true)
     }
 
-    /// The releases of [`TransferService::free_expired_reservation`], once `hold` is
+    /// The releases of [`Driver::free_expired_reservation`], once `hold` is
     /// `canceling` (or this call expired it): `account`'s reservation, then every other
     /// paying party's, best effort.
     async fn release_expired(&self, hold: &Transfer, account: &AccountId) -> StoreResult<()> {
@@ -175,13 +177,15 @@ impl TransferService {
         }
         Ok(())
     }
+}
 
+impl Requests {
     async fn capture_admitted(
         &self,
         id: TransferId,
         amount: Option<Amount>,
     ) -> ServiceResult<Transfer> {
-        let mut transfer = self.find_transfer(id).await?;
+        let mut transfer = self.driver.find_transfer(id).await?;
         for _ in 0..ROUNDS {
             let hold = transfer.hold.ok_or(ServiceError::Hold {
                 conflict: HoldConflict::NotAHold,
@@ -210,7 +214,7 @@ impl TransferService {
                         });
                     }
                     // The same capture again: its result, once its driver has made it.
-                    return self.wait_until_at_rest(transfer, REPLAY_WAIT).await;
+                    return self.driver.wait_until_at_rest(transfer, REPLAY_WAIT).await;
                 }
                 TransferState::Canceling | TransferState::Canceled => {
                     return Err(ServiceError::Hold {
@@ -240,6 +244,7 @@ impl TransferService {
             ..StepFields::default()
         };
         if self
+            .driver
             .resolve_hold(
                 &transfer,
                 TransferEvent::Capture,
@@ -248,21 +253,21 @@ impl TransferService {
             )
             .await?
         {
-            return self.run(transfer).await;
+            return self.driver.run(transfer).await;
         }
-        let now = self.reload(&transfer).await?;
+        let now = self.driver.reload(&transfer).await?;
         if now.state != TransferState::Held {
             return Ok(now);
         }
         // Still held, so the capture lost to the clock, not to a rival: the hold has
         // expired. It is expired here, so that the answer is the stored state's; if the
         // clock now says otherwise (it went backwards), the next round captures again.
-        self.expire(now).await?;
-        self.reload(&transfer).await
+        self.driver.expire(now).await?;
+        self.driver.reload(&transfer).await
     }
 
     async fn void_admitted(&self, id: TransferId) -> ServiceResult<Transfer> {
-        let transfer = self.find_transfer(id).await?;
+        let transfer = self.driver.find_transfer(id).await?;
         if transfer.hold.is_none() {
             return Err(ServiceError::Hold {
                 conflict: HoldConflict::NotAHold,
@@ -280,7 +285,7 @@ impl TransferService {
                 hold: id,
             }),
             TransferState::Canceling | TransferState::Canceled => {
-                self.wait_until_at_rest(transfer, REPLAY_WAIT).await
+                self.driver.wait_until_at_rest(transfer, REPLAY_WAIT).await
             }
             TransferState::Applied => {
                 panic!("bug: hold {id} is applied, a state only a transfer takes")
@@ -294,6 +299,7 @@ impl TransferService {
     pub(super) async fn void_held(&self, transfer: Transfer) -> ServiceResult<Transfer> {
         let id = transfer.id;
         if self
+            .driver
             .resolve_hold(
                 &transfer,
                 TransferEvent::Void,
@@ -302,19 +308,21 @@ impl TransferService {
             )
             .await?
         {
-            return Ok(self.run(transfer).await?);
+            return Ok(self.driver.run(transfer).await?);
         }
         // A void loses only to another resolver: the hold is no longer `held`.
-        let transfer = self.reload(&transfer).await?;
+        let transfer = self.driver.reload(&transfer).await?;
         match transfer.state {
             TransferState::Capturing | TransferState::Done => Err(ServiceError::Hold {
                 conflict: HoldConflict::AlreadyCaptured,
                 hold: id,
             }),
-            _ => self.wait_until_at_rest(transfer, REPLAY_WAIT).await,
+            _ => self.driver.wait_until_at_rest(transfer, REPLAY_WAIT).await,
         }
     }
+}
 
+impl Driver {
     /// Takes `event` from `held` as whoever resolves the hold ([`Mover::Resolver`]), as
     /// `by` lets it by the database's clock. Whether this call made it.
     async fn resolve_hold(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use backon::Retryable;
 use sha2::{Digest, Sha256};
 
-use super::{NewTransfer, ServiceError, ServiceResult, TransferOutcome, TransferService};
+use super::{NewTransfer, Requests, ServiceError, ServiceResult, TransferOutcome};
 use crate::domain::{KeyScope, ScopedKey, Transfer, TransferId};
 use crate::retry;
 use crate::store::transfers::KeyRecord;
@@ -43,7 +43,7 @@ where
     }
 }
 
-/// What [`TransferService::take_key`] found.
+/// What [`Requests::take_key`] found.
 pub(super) enum Taken {
     /// The key is ours now, for a transfer of this id.
     New(TransferId),
@@ -92,7 +92,7 @@ impl NewTransfer {
     }
 }
 
-impl TransferService {
+impl Requests {
     /// Answers with the transfer that took `transfer`'s idempotency key first.
     pub(super) async fn replay_by_key(
         &self,
@@ -109,7 +109,7 @@ impl TransferService {
         // read finds yet: that request's write is not acknowledged yet.
         let taken =
             || StoreError::contended(None, "idempotency key taken but no transfer carries it");
-        let log = self.log_store(transfer)?;
+        let log = self.driver.log_store(transfer)?;
         let record = read_majority(|| log.transfers().idempotency_record(key)).await?;
         let existing = match &record {
             Some(record) => read_majority(|| log.transfers().transfer(record.transfer)).await?,
@@ -144,7 +144,7 @@ impl TransferService {
     /// `_id` then lets exactly one of the two inserts win, and the loser replays.
     ///
     /// A key of an API key may have been taken before keys were scoped, as a shared key
-    /// ([`TransferService::made_before_scoping`]): a retry of that request is answered with
+    /// ([`Requests::made_before_scoping`]): a retry of that request is answered with
     /// its transfer, whichever way this request found its own key, and never inserts a new
     /// one. Of two retries at once, the one that took the key may not have made its record
     /// name the earlier transfer yet when the other reads it: the other then finds a record
@@ -267,7 +267,10 @@ impl TransferService {
         if existing.request_hash.as_deref() != Some(fingerprint) {
             return Err(ServiceError::IdempotencyKeyReused);
         }
-        let transfer = self.wait_until_at_rest(existing, REPLAY_WAIT).await?;
+        let transfer = self
+            .driver
+            .wait_until_at_rest(existing, REPLAY_WAIT)
+            .await?;
         Ok(TransferOutcome {
             transfer,
             replayed: true,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{AccountBook, ServiceError, ServiceResult};
 use crate::domain::{AccountId, BalanceAt, Entry, Finality, Timestamp};
 use crate::store::Store;
 
@@ -26,7 +26,7 @@ fn finality(at: Timestamp, now: Timestamp) -> Finality {
     }
 }
 
-impl TransferService {
+impl AccountBook {
     /// The entries of `account` numbered after `after`, oldest first, at most `limit`.
     pub async fn entries(
         &self,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, UnitWeighter};
 
-use super::{NewTransfer, ServiceError, ServiceResult, TransferService};
+use super::{AccountBook, NewTransfer, ServiceError, ServiceResult};
 use crate::domain::{AccountId, Currency, DeploymentName, Legs, Placement, Scope, Tenants};
 
 /// Where a new transfer goes: the deployments of its accounts, its currency, and the
@@ -32,7 +32,7 @@ fn seen(scope: &Scope, account: &AccountId, place: Option<Placement>) -> Service
     }
 }
 
-/// Accounts whose place [`TransferService`] remembers, at most.
+/// Accounts whose place the [`AccountBook`] remembers, at most.
 pub(super) const KNOWN_ACCOUNTS_MAX: usize = 100_000;
 
 /// The shards of the cache behind [`Placements`], each behind a lock of its own, so that
@@ -97,7 +97,7 @@ impl Placements {
     }
 }
 
-impl TransferService {
+impl AccountBook {
     /// Checks what the stored accounts of `new` must agree to (one check for one leg and
     /// many: every account exists and the caller sees it, all in one currency); answers
     /// where the transfer goes (logged where its first leg's source lives) and, for a

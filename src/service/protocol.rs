@@ -1,7 +1,7 @@
 //! The two-phase commit, one function per step, the same code for a fresh transfer and
 //! for one the sweeper resumes.
 //!
-//! [`TransferService::run`] looks at the stored state and takes the next step until the
+//! [`Driver::run`] looks at the stored state and takes the next step until the
 //! transfer is terminal:
 //!
 //! | state       | steps taken                                                     |
@@ -30,7 +30,7 @@
 
 mod parties;
 
-use super::TransferService;
+use super::Driver;
 use super::unanswered::StateChange;
 use crate::domain::Side;
 use crate::domain::{
@@ -78,7 +78,7 @@ fn classify(
     }
 }
 
-impl TransferService {
+impl Driver {
     /// Drives a transfer from its stored state to `done` or `canceled`.
     ///
     /// Returns early only on a database error; the transfer is then left where it is,
@@ -93,7 +93,7 @@ impl TransferService {
         ended
     }
 
-    /// Takes `lock`, the drive lock of a transfer (see [`TransferService::drive_lock`]).
+    /// Takes `lock`, the drive lock of a transfer (see [`Driver::drive_lock`]).
     /// Under a test's scheduler (`failpoints::install_hook`), a run that finds it taken
     /// parks at `wait_drive` and tries again each time it is let go, instead of blocking
     /// where the scheduler cannot see it: the holder is another task of this process, which
@@ -112,7 +112,7 @@ impl TransferService {
         lock.lock().await
     }
 
-    /// The body of [`TransferService::run`], under the transfer's drive lock.
+    /// The body of [`Driver::run`], under the transfer's drive lock.
     async fn drive(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
         let _in_flight = crate::metrics::InFlightTransfer::enter();
         // The caller's copy may be stale (another task finished the transfer and pulled
@@ -231,7 +231,7 @@ impl TransferService {
     /// side room a credit or reservation needs under `MAX_MONEY` (`pendingCredits`).
     /// Expires those still `held` and releases the account's reservation of each, as the
     /// sweeper would, without waiting for their other accounts (see
-    /// `TransferService::free_expired_reservation`). Whether any was freed since that read:
+    /// `Driver::free_expired_reservation`). Whether any was freed since that read:
     /// the step is worth trying again.
     ///
     /// Holds are asked of `own`, the account's deployment, first (a one-leg hold out of
@@ -283,7 +283,7 @@ impl TransferService {
     }
 
     /// Frees `account`'s reservation on `side` of each of `holds` (see
-    /// [`TransferService::expire_holds_reserving`]); whether any was freed.
+    /// [`Driver::expire_holds_reserving`]); whether any was freed.
     async fn free_all(
         &self,
         holds: Vec<Transfer>,
@@ -304,7 +304,7 @@ impl TransferService {
     }
 
     /// Waits until no copy of a forward step this process sent earlier, in this run or
-    /// another, can land any more (see [`TransferService::forward`]): before a marker is
+    /// another, can land any more (see [`Driver::prepare_party`]): before a marker is
     /// pulled or undone, a late copy would find nothing to stop it. Waits at most 0.9 of a
     /// lease, only after an attempt that failed without an answer. By the clock of
     /// `transfer`'s log.
@@ -433,7 +433,7 @@ pub(super) fn next_state(transfer: &Transfer, event: TransferEvent) -> TransferS
 }
 
 /// How long a refused step waits for another deployment's log to say which expired holds
-/// it keeps on the account ([`TransferService::expire_holds_reserving`]): half the
+/// it keeps on the account ([`Driver::expire_holds_reserving`]): half the
 /// watcher's ping limit. A healthy log answers the indexed lookup in milliseconds (the
 /// bound leaves room for a loaded machine: a log passed over only costs a refusal that
 /// the sweeper's expiry would have spared); one frozen since the watcher's last ping would
@@ -469,6 +469,9 @@ mod tests {
     #[tokio::test]
     async fn the_allowance_for_a_clock_jump_is_a_tenth_of_the_lease() {
         let service = offline_service(Duration::from_secs(2)).await;
-        assert_eq!(service.clock_allowance(), Duration::from_millis(200));
+        assert_eq!(
+            service.driver().clock_allowance(),
+            Duration::from_millis(200)
+        );
     }
 }

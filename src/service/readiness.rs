@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use super::TransferService;
+use super::Driver;
 use crate::domain::DeploymentName;
 use crate::error_chain::Chain;
 
 /// With several deployments, how long `/ready` waits for each one's ping.
 const READY_PING_LIMIT: Duration = Duration::from_millis(900);
 
-impl TransferService {
+impl Driver {
     /// One round trip to each deployment at once; `/ready` asks it. The names of those
     /// that did not answer (as unavailable, or at all within the driver's time-out).
     pub async fn unavailable_deployments(&self) -> Vec<DeploymentName> {

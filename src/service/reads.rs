@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use backon::Retryable;
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{Driver, Requests, ServiceError, ServiceResult};
 use crate::domain::{AccountId, Timestamp, Transfer, TransferFilter, TransferId, TransferState};
 use crate::retry;
 use crate::store::StoreResult;
@@ -14,12 +14,17 @@ use crate::store::StoreResult;
 /// How often a transfer is read again while waiting for it to come to rest.
 const REPLAY_POLL: Duration = Duration::from_millis(20);
 
-impl TransferService {
+impl Requests {
     /// The server time of the deployment that logs `transfer`, to read it as of now.
     async fn now_for(&self, transfer: &Transfer) -> StoreResult<Timestamp> {
-        self.log_store(transfer)?.server_time_lower_bound().await
+        self.driver
+            .log_store(transfer)?
+            .server_time_lower_bound()
+            .await
     }
+}
 
+impl Driver {
     /// The stored transfer, for the protocol (no view applied).
     pub async fn find_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
         self.deployments
@@ -27,11 +32,13 @@ impl TransferService {
             .await?
             .ok_or(ServiceError::TransferNotFound(id))
     }
+}
 
+impl Requests {
     /// A transfer as it stands now: a hold past its `expiresAt` reads as expired (see
     /// [`Transfer::as_of`]).
     pub async fn read_transfer(&self, id: TransferId) -> ServiceResult<Transfer> {
-        let transfer = self.find_transfer(id).await?;
+        let transfer = self.driver.find_transfer(id).await?;
         let now = self.now_for(&transfer).await?;
         Ok(transfer.as_of(now))
     }
@@ -47,7 +54,11 @@ impl TransferService {
         if filter.state == Some(TransferState::Held) {
             filter.unexpired = true;
         }
-        let listed = self.deployments.list_transfers(&filter, limit).await?;
+        let listed = self
+            .driver
+            .deployments
+            .list_transfers(&filter, limit)
+            .await?;
         let mut now = std::collections::HashMap::new();
         let mut shown = Vec::with_capacity(listed.len());
         for t in listed {
@@ -75,7 +86,7 @@ impl TransferService {
         before: Option<TransferId>,
         limit: u32,
     ) -> ServiceResult<Vec<Transfer>> {
-        self.account(account).await?;
+        self.book.account(account).await?;
         let filter = TransferFilter {
             account: Some(account.clone()),
             before,
@@ -83,7 +94,9 @@ impl TransferService {
         };
         self.transfers(&filter, limit).await
     }
+}
 
+impl Driver {
     /// Re-reads a transfer until it is at rest, the protocol having nothing left to do for
     /// it (it is terminal, or a hold is `held`, waiting for its client) or `limit` has
     /// passed. Does not drive it: its owner (or, if the owner died, the sweeper) does.

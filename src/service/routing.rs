@@ -2,12 +2,12 @@
 //! its source's deployment (`docs/scaling.md`), and each account step goes to the
 //! deployment that keeps that account.
 
-use super::TransferService;
+use super::Driver;
 use crate::domain::Side;
 use crate::domain::{AccountId, Transfer};
 use crate::store::{Store, StoreResult};
 
-impl TransferService {
+impl Driver {
     /// The store of the deployment that logs `transfer` (its transfer log): its source's.
     pub(crate) fn log_store(&self, transfer: &Transfer) -> StoreResult<&Store> {
         self.deployments.of(&transfer.source_deployment)

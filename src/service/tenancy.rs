@@ -12,10 +12,10 @@
 //! written, so a check made on a read still holds when the write it guards (a cancel, a
 //! capture) lands.
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{AccountBook, Requests, ServiceError, ServiceResult};
 use crate::domain::{Account, AccountId, Scope, Transfer, TransferId};
 
-impl TransferService {
+impl AccountBook {
     /// `id`'s account as it stands now, if `scope` sees it.
     pub async fn account_in(&self, scope: &Scope, id: &AccountId) -> ServiceResult<Account> {
         let account = self.account(id).await?;
@@ -25,7 +25,9 @@ impl TransferService {
             Err(ServiceError::AccountNotFound(id.to_string()))
         }
     }
+}
 
+impl Requests {
     /// The transfer `id` as it stands now, if `scope` sees it.
     pub async fn transfer_in(&self, scope: &Scope, id: TransferId) -> ServiceResult<Transfer> {
         let transfer = self.read_transfer(id).await?;
@@ -35,7 +37,9 @@ impl TransferService {
             Err(ServiceError::TransferNotFound(id))
         }
     }
+}
 
+impl AccountBook {
     /// Refuses, as not found, an account `scope` does not see.
     pub async fn check_account_seen(&self, scope: &Scope, id: &AccountId) -> ServiceResult<()> {
         if *scope == Scope::Platform {
@@ -57,7 +61,9 @@ impl TransferService {
             Err(ServiceError::AccountNotFound(id.to_string()))
         }
     }
+}
 
+impl Requests {
     /// Refuses, as not found, a transfer `scope` does not see, and one it sees but whose
     /// accounts are not all its tenant's as not owned: what a capture, a void or a cancel
     /// checks before it moves anything.
@@ -71,7 +77,7 @@ impl TransferService {
             None => vec![&transfer.source, &transfer.destination],
         };
         for account in accounts {
-            match self.check_account_seen(scope, account).await {
+            match self.book.check_account_seen(scope, account).await {
                 Ok(()) => {}
                 Err(ServiceError::AccountNotFound(_)) => {
                     return Err(ServiceError::TransferNotOwned(id));

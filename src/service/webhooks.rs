@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::{ServiceError, ServiceResult, TransferService};
+use super::{ServiceError, ServiceResult, WebhookBook};
 use crate::domain::{
     Delivery, DeliveryState, EventType, MAX_ROTATION_OVERLAP, Scope, Timestamp, Webhook,
     WebhookSecret, WebhookUrl, is_public_address,
@@ -64,10 +64,10 @@ pub struct NewWebhook {
     pub scope: Scope,
 }
 
-impl TransferService {
+impl WebhookBook {
     /// Webhooks are configured with `settings` (`WEBHOOK_*`).
-    pub fn with_webhook_settings(self, settings: WebhookSettings) -> TransferService {
-        TransferService {
+    pub fn with_webhook_settings(self, settings: WebhookSettings) -> WebhookBook {
+        WebhookBook {
             webhook_settings: settings,
             ..self
         }
@@ -77,7 +77,12 @@ impl TransferService {
         self.webhook_settings
     }
 
-    /// Where webhooks and deliveries live: the first deployment.
+    /// Where webhooks and deliveries live: the first deployment (the deliverer's store).
+    pub fn store(&self) -> &Store {
+        self.deployments.first()
+    }
+
+    /// [`WebhookBook::store`], while it is known to answer.
     fn webhook_home(&self) -> ServiceResult<&Store> {
         let store = self.deployments.first();
         store.check_answering()?;

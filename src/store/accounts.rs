@@ -194,8 +194,6 @@ impl Accounts<'_> {
     ) -> StoreResult<ForwardStep> {
         let value = amount.minor_units();
         let mut change = Change::default();
-        #[cfg(feature = "failpoints")]
-        crate::failpoints::hit(kind.point(), self.instance_id()).await;
         match kind {
             Forward::Debit => change.balance = -value,
             Forward::Credit => change.balance = value,
@@ -203,14 +201,38 @@ impl Accounts<'_> {
             Forward::ReserveIn => change.credits = value,
             Forward::MakeRoom => change.incoming = value,
         }
-        self.change_account(account, tx, change, deadline, kind)
-            .await
+        let step = Step {
+            account: account.clone(),
+            kind,
+            change,
+        };
+        let mut steps = self.change_accounts(tx, deadline, vec![step]).await?;
+        Ok(steps.pop().expect("one answer per step"))
     }
 
-    /// A multi-leg transfer's prepare of one party (`docs/legs.md`, step 3): a paying
-    /// party's debit of its net (`net` < 0, with its entry), or a receiving party's room
-    /// for it (`incoming`, no entry), under the guards of every forward step. `deadline`
-    /// as for [`Accounts::apply_credit`].
+    /// A transfer's prepare of its parties on this deployment (`docs/protocol.md`, step
+    /// 3), in one write: each paying party's debit of its net (with its entry), each
+    /// receiving party's room for it (`incoming`, no entry), or, for a hold, each one's
+    /// reservation ([`Preparing::Reserve`]), each under the guards of every forward step
+    /// and `deadline` (as for [`Accounts::apply_credit`]). One answer per party, in order.
+    ///
+    /// The parties go out as one unit of the batch writer, so a transfer's own two
+    /// accounts are one write however the writer's task is scheduled.
+    pub async fn prepare_parties(
+        self,
+        tx: TransferId,
+        deadline: Timestamp,
+        parties: &[(AccountId, i64, Preparing)],
+    ) -> StoreResult<Vec<ForwardStep>> {
+        let steps = parties
+            .iter()
+            .map(|(account, net, preparing)| Step::of_party(account, *net, *preparing))
+            .collect();
+        self.change_accounts(tx, deadline, steps).await
+    }
+
+    /// One party's prepare ([`Accounts::prepare_parties`]): a paying party's debit of its
+    /// net, a receiving party's room for it.
     pub async fn prepare(
         self,
         account: &AccountId,
@@ -218,13 +240,11 @@ impl Accounts<'_> {
         net: i64,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        self.prepare_as(account, tx, net, false, deadline).await
+        self.prepare_one(account, tx, net, Preparing::Prepare, deadline)
+            .await
     }
 
-    /// A multi-leg hold's reservation on one party (`docs/legs.md`): a paying party's
-    /// `pendingDebits`, a receiving party's `pendingCredits`, each with its entry; a
-    /// party whose net is zero carries the marker alone. Guards and `deadline` as for
-    /// [`Accounts::prepare`].
+    /// One party's reservation ([`Preparing::Reserve`]).
     pub async fn reserve(
         self,
         account: &AccountId,
@@ -232,112 +252,105 @@ impl Accounts<'_> {
         net: i64,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        self.prepare_as(account, tx, net, true, deadline).await
+        self.prepare_one(account, tx, net, Preparing::Reserve, deadline)
+            .await
     }
 
-    async fn prepare_as(
+    async fn prepare_one(
         self,
         account: &AccountId,
         tx: TransferId,
         net: i64,
-        hold: bool,
+        preparing: Preparing,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        let (kind, change) = match (hold, net) {
-            (false, n) if n < 0 => (
-                Forward::Debit,
-                Change {
-                    balance: net,
-                    ..Change::default()
-                },
-            ),
-            (true, n) if n < 0 => (
-                Forward::ReserveOut,
-                Change {
-                    debits: -net,
-                    ..Change::default()
-                },
-            ),
-            (true, n) if n > 0 => (
-                Forward::ReserveIn,
-                Change {
-                    credits: net,
-                    ..Change::default()
-                },
-            ),
-            (_, _) => (
-                Forward::MakeRoom,
-                Change {
-                    incoming: net,
-                    ..Change::default()
-                },
-            ),
-        };
-        #[cfg(feature = "failpoints")]
-        crate::failpoints::hit(kind.point(), self.instance_id()).await;
-        self.change_account(account, tx, change, deadline, kind)
-            .await
+        let party = [(account.clone(), net, preparing)];
+        let mut steps = self.prepare_parties(tx, deadline, &party).await?;
+        Ok(steps.pop().expect("one answer per party"))
     }
 
-    /// The guarded forward write behind steps 3 and 4, group-committed with the
-    /// concurrent ones (see `store::batch`): add `change` and push the marker, only if
-    /// `tx` is neither applied nor fenced here, the account keeps its invariants
-    /// (available balance not below zero; balance plus pending credits within
-    /// `MAX_MONEY`), and the lease has not ended by the server's clock.
+    /// The guarded forward writes behind steps 3 and 4, one unit of the batch writer
+    /// (see `store::batch`), group-committed with the concurrent ones: each adds its
+    /// change and pushes the marker, only if `tx` is neither applied nor fenced on its
+    /// account, the account keeps its invariants (available balance not below zero;
+    /// balance plus pending credits within `MAX_MONEY`), and the lease has not ended by
+    /// the server's clock.
     ///
     /// A batched write is not a retryable write on a replica set, so a failover or a
     /// dropped connection fails it: it is sent again, a few times, under the same guards
     /// and the same deadline (the marker makes a second landing a no-op). The first
-    /// attempt may still land after that, up to its deadline: the answer then says so
+    /// attempt may still land after that, up to its deadline: the answers then say so
     /// ([`ForwardStep::uncertain_until`]), and the caller must not pull or undo the
-    /// marker before then.
-    async fn change_account(
+    /// markers before then.
+    async fn change_accounts(
         self,
-        account: &AccountId,
         tx: TransferId,
-        change: Change,
         deadline: Timestamp,
-        kind: Forward,
-    ) -> StoreResult<ForwardStep> {
-        let change = AccountChange {
-            account: account.to_string(),
-            tx: object_id(tx),
-            delta: change.balance,
-            debits: change.debits,
-            credits: change.credits,
-            incoming: change.incoming,
-            deadline: stored_time(deadline),
-            kind: kind.entry(),
-        };
+        steps: Vec<Step>,
+    ) -> StoreResult<Vec<ForwardStep>> {
+        #[cfg(feature = "failpoints")]
+        {
+            let hits = steps
+                .iter()
+                .map(|s| crate::failpoints::hit(s.kind.point(), self.instance_id()));
+            futures::future::join_all(hits).await;
+        }
+        let changes: Vec<AccountChange> = steps.iter().map(|s| s.to_change(tx, deadline)).collect();
         let (applied, failed_before) = super::retried_while(
             || self.availability.is_answering(),
-            || async {
-                #[cfg(feature = "failpoints")]
-                {
-                    let (batches, change) = (self.batches.clone(), change.clone());
-                    let copy = async move {
-                        let _ = batches.account_changes.submit(change).await;
-                    };
-                    self.hold_back(kind.point(), copy)?;
-                }
-                let answer = self.batches.account_changes.submit(change.clone()).await;
-                #[cfg(feature = "failpoints")]
-                if answer.is_ok() && crate::failpoints::reply_lost(self.instance_id()).await {
-                    let lost = "failpoint: the reply was lost";
-                    return Err(super::StoreError::Unavailable(lost.into()));
-                }
-                answer
-            },
+            || self.send_changes(&steps, &changes),
         )
         .await;
         let applied = applied?;
-        if applied {
-            self.entries_added([account.as_str()]);
+        self.entries_added(
+            steps
+                .iter()
+                .zip(&applied)
+                .filter(|(_, applied)| **applied)
+                .map(|(s, _)| s.account.as_str()),
+        );
+        Ok(applied
+            .into_iter()
+            .map(|applied| ForwardStep {
+                applied,
+                uncertain_until: failed_before.then_some(deadline),
+            })
+            .collect())
+    }
+
+    /// One attempt of [`Accounts::change_accounts`]: whether each change took effect.
+    async fn send_changes(
+        self,
+        steps: &[Step],
+        changes: &[AccountChange],
+    ) -> StoreResult<Vec<bool>> {
+        #[cfg(feature = "failpoints")]
+        let (changes, held) = self.held_back_changes(steps, changes);
+        #[cfg(not(feature = "failpoints"))]
+        let _ = steps;
+        let applied = if changes.is_empty() {
+            Vec::new()
+        } else {
+            let answers = self
+                .batches
+                .account_changes
+                .submit_all(changes.to_vec())
+                .await?;
+            answers.into_iter().collect::<StoreResult<Vec<bool>>>()?
+        };
+        #[cfg(feature = "failpoints")]
+        {
+            if held {
+                return Err(super::StoreError::Unavailable(
+                    "failpoint: the request was held back".into(),
+                ));
+            }
+            if crate::failpoints::reply_lost(self.instance_id()).await {
+                let lost = "failpoint: the reply was lost";
+                return Err(super::StoreError::Unavailable(lost.into()));
+            }
         }
-        Ok(ForwardStep {
-            applied,
-            uncertain_until: failed_before.then_some(deadline),
-        })
+        Ok(applied)
     }
 
     /// A settle of a paying party (and of a receiving one already paid in): forget the
@@ -481,18 +494,33 @@ impl Accounts<'_> {
         tx: TransferId,
         pay_in: Option<i64>,
     ) -> StoreResult<()> {
+        self.settle_parties(tx, &[(account.clone(), pay_in)]).await
+    }
+
+    /// The settle of every party of `tx` on this deployment ([`Accounts::settle`] each), as
+    /// one unit of the batch writer: one write, however the writer's task is scheduled.
+    pub async fn settle_parties(
+        self,
+        tx: TransferId,
+        parties: &[(AccountId, Option<i64>)],
+    ) -> StoreResult<()> {
         failpoint!(self, BeforeCapture);
-        self.batches
-            .settles
-            .submit(Settle {
+        let settles = parties
+            .iter()
+            .map(|(account, pay_in)| Settle {
                 account: account.to_string(),
                 tx: object_id(tx),
-                pay_in,
+                pay_in: *pay_in,
             })
-            .await?;
-        if pay_in.is_some() {
-            self.entries_added([account.as_str()]);
-        }
+            .collect();
+        let answers = self.batches.settles.submit_all(settles).await?;
+        answers.into_iter().collect::<StoreResult<Vec<()>>>()?;
+        self.entries_added(
+            parties
+                .iter()
+                .filter(|(_, pay_in)| pay_in.is_some())
+                .map(|(account, _)| account.as_str()),
+        );
         Ok(())
     }
 
@@ -564,6 +592,89 @@ impl Forward {
             Forward::Credit | Forward::ReserveIn | Forward::MakeRoom => {
                 crate::failpoints::Point::BeforeCredit
             }
+        }
+    }
+}
+
+/// What a party's prepare does (see [`Accounts::prepare_parties`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preparing {
+    /// A transfer's: a paying party's debit, a receiving party's room.
+    Prepare,
+    /// A hold's: a paying party's `pendingDebits`, a receiving party's `pendingCredits`,
+    /// each with its entry; a party whose net is zero carries the marker alone.
+    Reserve,
+    /// The receiving party of a one-leg transfer inserted before one protocol
+    /// (`Transfer::pays_in_at_prepare`): its credit, the commit point of that protocol.
+    Credit,
+}
+
+/// One account's forward step: what kind it is and what it adds.
+#[derive(Debug, Clone)]
+struct Step {
+    account: AccountId,
+    kind: Forward,
+    change: Change,
+}
+
+impl Step {
+    /// A party's prepare of `net` on `account`.
+    fn of_party(account: &AccountId, net: i64, preparing: Preparing) -> Step {
+        let (kind, change) = match (preparing, net) {
+            (Preparing::Credit, _) => (
+                Forward::Credit,
+                Change {
+                    balance: net,
+                    ..Change::default()
+                },
+            ),
+            (Preparing::Prepare, n) if n < 0 => (
+                Forward::Debit,
+                Change {
+                    balance: net,
+                    ..Change::default()
+                },
+            ),
+            (Preparing::Reserve, n) if n < 0 => (
+                Forward::ReserveOut,
+                Change {
+                    debits: -net,
+                    ..Change::default()
+                },
+            ),
+            (Preparing::Reserve, n) if n > 0 => (
+                Forward::ReserveIn,
+                Change {
+                    credits: net,
+                    ..Change::default()
+                },
+            ),
+            (_, _) => (
+                Forward::MakeRoom,
+                Change {
+                    incoming: net,
+                    ..Change::default()
+                },
+            ),
+        };
+        Step {
+            account: account.clone(),
+            kind,
+            change,
+        }
+    }
+
+    /// The batch writer's form of this step of `tx`, refused past `deadline`.
+    fn to_change(&self, tx: TransferId, deadline: Timestamp) -> AccountChange {
+        AccountChange {
+            account: self.account.to_string(),
+            tx: object_id(tx),
+            delta: self.change.balance,
+            debits: self.change.debits,
+            credits: self.change.credits,
+            incoming: self.change.incoming,
+            deadline: stored_time(deadline),
+            kind: self.kind.entry(),
         }
     }
 }
@@ -667,5 +778,30 @@ impl Accounts<'_> {
             )
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(feature = "failpoints")]
+impl Accounts<'_> {
+    /// Fault injection (`failpoints::hold_back`): `changes` without those whose point is
+    /// held back, each of which is kept to be sent later; and whether any was.
+    fn held_back_changes(
+        self,
+        steps: &[Step],
+        changes: &[AccountChange],
+    ) -> (Vec<AccountChange>, bool) {
+        let mut sent = Vec::new();
+        let mut held = false;
+        for (step, change) in steps.iter().zip(changes) {
+            let (batches, copy) = (self.batches.clone(), change.clone());
+            let late = async move {
+                let _ = batches.account_changes.submit(copy).await;
+            };
+            match self.hold_back(step.kind.point(), late) {
+                Ok(()) => sent.push(change.clone()),
+                Err(_) => held = true,
+            }
+        }
+        (sent, held)
     }
 }

@@ -4,7 +4,11 @@
 //! Each caller still asks for its own guarded write and gets its own answer; only the
 //! transport is shared. While one batch of a kind is being written, the next callers
 //! queue; when it is done, all of them (up to [`MAX_BATCH`]) go out together. Under no
-//! load a batch holds one write and nothing waits. Across all kinds, at most
+//! load a batch holds one write and nothing waits. The writes one transfer's step makes
+//! on a deployment (its prepare, or its settle, of every party there) are queued as one
+//! unit ([`Batcher::submit_all`]), which goes out whole in one batch: a transfer's two
+//! accounts are one write, not two whenever the writer's task happens to wake between
+//! the two submissions. Across all kinds, at most
 //! `GROUP_COMMIT_WRITES` batches (default [`DEFAULT_GROUP_COMMIT_WRITES`]) are in flight at once:
 //! a kind's task takes a slot before it gathers its batch, so whatever queues while the
 //! slots are taken joins that batch.
@@ -17,14 +21,17 @@
 //! |---|---|
 //! | insert | `insertMany`, unordered; a taken idempotency key fails only its own document |
 //! | state change | `updateMany {_id: {$in}, state: from, application: owner}`, one per (owner, from, to), written at once |
-//! | debit, credit | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
+//! | prepare (debit, room, reservation; an older transfer's credit) | `updateMany` with a pipeline that applies each transfer's change in order, each under its own guards |
+//! | settle | `updateMany` with a pipeline that pays each receiving party in and pulls every party's marker, each where its marker is |
 //! | pulls | `updateMany` with a pipeline that rids each account of its own pulls' markers |
 //!
 //! Every document is still updated atomically under its own guards, exactly as the
 //! single-document step would be, and a crash in the middle of a batch leaves each
 //! transfer either stepped or not, which its guards and markers tell apart on a retry.
 //! When a batched update does not report every document changed, the documents are read
-//! back to learn which callers' writes took effect.
+//! back to learn which callers' writes took effect. A prepare batch with one change per
+//! account (a lone transfer's two accounts) filters on each account's own guard, so it
+//! writes only the accounts whose change lands, and the count alone says when all did.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -62,10 +69,14 @@ pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 2;
 
 type Reply<Out> = oneshot::Sender<StoreResult<Out>>;
 
+/// Operations that go out in one batch: one, or all of one transfer's on a deployment
+/// (see [`Batcher::submit_all`]).
+type Unit<Op, Out> = Vec<(Op, Reply<Out>)>;
+
 /// A queue of one kind of write, drained by one task that writes a batch at a time,
 /// holding one of the shared writer slots (if given) while it gathers and writes it.
 pub struct Batcher<Op, Out> {
-    queue: mpsc::UnboundedSender<(Op, Reply<Out>)>,
+    queue: mpsc::UnboundedSender<Unit<Op, Out>>,
 }
 
 impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
@@ -74,38 +85,39 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
     /// last handle is dropped.
     pub fn start<F, Fut>(slots: Option<Arc<Semaphore>>, write: F) -> Batcher<Op, Out>
     where
-        F: Fn(Vec<Op>) -> Fut + Send + 'static,
+        F: Fn(Vec<Op>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = StoreResult<Vec<StoreResult<Out>>>> + Send,
     {
-        let (queue, mut waiting) = mpsc::unbounded_channel::<(Op, Reply<Out>)>();
+        let (queue, mut waiting) = mpsc::unbounded_channel::<Unit<Op, Out>>();
         tokio::spawn(async move {
-            while let Some(first) = waiting.recv().await {
+            // A unit that did not fit in the batch before opens the next one.
+            let mut carried: Option<Unit<Op, Out>> = None;
+            loop {
+                let first = match carried.take() {
+                    Some(unit) => unit,
+                    None => match waiting.recv().await {
+                        Some(unit) => unit,
+                        None => break,
+                    },
+                };
                 // Take a writer slot before gathering the batch: whatever queues while
                 // the other kinds' writes hold the slots joins this batch.
                 let _slot = match &slots {
                     Some(slots) => slots.clone().acquire_owned().await.ok(),
                     None => None,
                 };
-                let mut batch = vec![first];
+                let mut batch = first;
                 while batch.len() < MAX_BATCH {
                     match waiting.try_recv() {
-                        Ok(next) => batch.push(next),
+                        Ok(unit) if batch.len() + unit.len() <= MAX_BATCH => batch.extend(unit),
+                        Ok(unit) => {
+                            carried = Some(unit);
+                            break;
+                        }
                         Err(_) => break,
                     }
                 }
-                let (ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
-                match write(ops).await {
-                    Ok(results) => {
-                        for (reply, result) in replies.into_iter().zip(results) {
-                            let _ = reply.send(result);
-                        }
-                    }
-                    Err(e) => {
-                        for reply in replies {
-                            let _ = reply.send(Err(e.clone()));
-                        }
-                    }
-                }
+                write_batch(&write, batch).await;
             }
         });
         Batcher { queue }
@@ -113,13 +125,50 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
 
     /// Queues `op` and waits for its own result.
     pub async fn submit(&self, op: Op) -> StoreResult<Out> {
-        let (reply, answer) = oneshot::channel();
-        self.queue
-            .send((op, reply))
-            .map_err(|_| StoreError::Unavailable("the batch writer has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("the batch writer has stopped".into()))?
+        let mut results = self.submit_all(vec![op]).await?;
+        results.pop().expect("one result per operation")
+    }
+
+    /// Queues `ops` as one unit, which goes out whole in one batch (the batch holds at
+    /// most [`MAX_BATCH`] operations, or the unit alone if it is larger), and waits for
+    /// each one's result, in order: so that a transfer's step on its two accounts is one
+    /// write, not two whenever the writer happens to wake between them.
+    pub async fn submit_all(&self, ops: Vec<Op>) -> StoreResult<Vec<StoreResult<Out>>> {
+        let stopped = || StoreError::Unavailable("the batch writer has stopped".into());
+        let (unit, answers): (Unit<Op, Out>, Vec<_>) = ops
+            .into_iter()
+            .map(|op| {
+                let (reply, answer) = oneshot::channel();
+                ((op, reply), answer)
+            })
+            .unzip();
+        self.queue.send(unit).map_err(|_| stopped())?;
+        let mut results = Vec::with_capacity(answers.len());
+        for answer in answers {
+            results.push(answer.await.map_err(|_| stopped())?);
+        }
+        Ok(results)
+    }
+}
+
+/// Writes one batch with `write` and answers each operation of it.
+async fn write_batch<Op, Out, F, Fut>(write: &F, batch: Vec<(Op, Reply<Out>)>)
+where
+    F: Fn(Vec<Op>) -> Fut,
+    Fut: Future<Output = StoreResult<Vec<StoreResult<Out>>>>,
+{
+    let (ops, replies): (Vec<Op>, Vec<Reply<Out>>) = batch.into_iter().unzip();
+    match write(ops).await {
+        Ok(results) => {
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
     }
 }
 
@@ -452,12 +501,19 @@ async fn change_accounts_leaving_moved(
     }
     let per_account = changes_by_account(&ops, &copier);
     let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
-    accounts
-        .update_many(
-            doc! { "_id": { "$in": &ids } },
-            batched_changes(&per_account),
-        )
+    // With one change per account, only the accounts whose change lands are written:
+    // when every one is, the count says so, and nothing needs reading back.
+    let one_each = per_account.len() == ops.len();
+    let mut filter = doc! { "_id": { "$in": &ids } };
+    if one_each {
+        filter.insert("$expr", each_lands(&ops));
+    }
+    let written = accounts
+        .update_many(filter, batched_changes(&per_account))
         .await?;
+    if one_each && written.modified_count == ops.len() as u64 {
+        return Ok(vec![Ok(true); ops.len()]);
+    }
     let after: Vec<Document> = accounts
         .find(doc! { "_id": { "$in": &ids } })
         .max_time(super::READ_TIME_LIMIT)
@@ -473,6 +529,32 @@ async fn change_accounts_leaving_moved(
         })
     };
     Ok(ops.iter().map(|op| Ok(marked(op))).collect())
+}
+
+/// The filter expression of a batch with one change per account: the document's own
+/// change lands (its guards hold on the amounts as stored), picked out by `_id` as
+/// [`row_of_account`] picks its row; false for any other document.
+fn each_lands(ops: &[AccountChange]) -> Document {
+    let mut guards: Vec<(String, Document)> = ops
+        .iter()
+        .map(|op| {
+            let allowed = forward_step_allowed(
+                &Amounts::stored(),
+                path(account::PENDING),
+                op.tx,
+                &op.amounts(),
+                op.deadline,
+            );
+            (op.account.clone(), allowed)
+        })
+        .collect();
+    guards.sort_by(|a, b| a.0.cmp(&b.0));
+    let rows: Vec<&(String, Document)> = guards.iter().collect();
+    let guard = |allowed: &Document| Bson::Document(allowed.clone());
+    match pick_by_id(&rows, &guard, Bson::Boolean(false)) {
+        Bson::Document(expr) => expr,
+        other => doc! { "$literal": other },
+    }
 }
 
 /// The batch's changes, account by account, each account's in the batch's order, with
@@ -552,18 +634,30 @@ fn batched_changes(per_account: &[(String, Document)]) -> Vec<Document> {
 /// account, so each document takes about log2(rows) comparisons rather than the half of
 /// them a `$switch` takes (strings compare by their bytes, in MongoDB as in Rust).
 fn row_of_account(rows: &[&(String, Document)], otherwise: &Document) -> Bson {
+    let literal = |row: &Document| doc! { "$literal": row }.into();
+    pick_by_id(rows, &literal, Bson::Document(otherwise.clone()))
+}
+
+/// The expression that picks, out of `rows` (sorted by account), `leaf` of the
+/// document's own account's row, or `otherwise`: nested `$cond`s comparing `_id` with
+/// the middle row's account.
+fn pick_by_id(
+    rows: &[&(String, Document)],
+    leaf: &impl Fn(&Document) -> Bson,
+    otherwise: Bson,
+) -> Bson {
     match rows {
-        [] => Bson::Document(otherwise.clone()),
+        [] => otherwise,
         [(account, row)] => doc! { "$cond": [
-            { "$eq": ["$_id", account] }, { "$literal": row }, otherwise.clone(),
+            { "$eq": ["$_id", account] }, leaf(row), otherwise,
         ] }
         .into(),
         _ => {
             let middle = rows.len() / 2;
             doc! { "$cond": [
                 { "$lt": ["$_id", &rows[middle].0] },
-                row_of_account(&rows[..middle], otherwise),
-                row_of_account(&rows[middle..], otherwise),
+                pick_by_id(&rows[..middle], leaf, otherwise.clone()),
+                pick_by_id(&rows[middle..], leaf, otherwise),
             ] }
             .into()
         }
@@ -898,21 +992,27 @@ fn settle_walk() -> Document {
         { "$in": ["$$this.tx", path(account::PENDING)] },
         "$$this.p",
     ] };
-    let seq = doc! { "$add": [acc(1), 1_i64] };
-    let balance = doc! { "$add": [acc(0), "$$this.d"] };
+    // Each step reads the accumulator once, into variables (`$let`): SecantusDB copies
+    // `$$value` whole on every reference to it (see `batched_changes`).
+    let seq = doc! { "$add": ["$$s", 1_i64] };
+    let balance = doc! { "$add": ["$$b", "$$this.d"] };
+    let step = doc! { "$cond": [
+        landed,
+        [
+            balance.clone(),
+            seq.clone(),
+            { "$subtract": ["$$in", "$$this.d"] },
+            { "$concatArrays": ["$$left", [[seq, balance]]] },
+        ],
+        ["$$b", "$$s", "$$in", { "$concatArrays": ["$$left", [false]] }],
+    ] };
     doc! { "$reduce": {
         "input": "$_t.ops",
         "initialValue": [stored.balance, { "$ifNull": [path(account::SEQ), 0_i64] }, stored.incoming, []],
-        "in": { "$cond": [
-            landed,
-            [
-                balance.clone(),
-                seq.clone(),
-                { "$subtract": [acc(2), "$$this.d"] },
-                { "$concatArrays": [acc(3), [[seq, balance]]] },
-            ],
-            [acc(0), acc(1), acc(2), { "$concatArrays": [acc(3), [false]] }],
-        ] },
+        "in": { "$let": {
+            "vars": { "b": acc(0), "s": acc(1), "in": acc(2), "left": acc(3) },
+            "in": step,
+        } },
     } }
 }
 
@@ -988,5 +1088,67 @@ mod tests {
         }
         // The writer took the first call, waited for the slot, then gathered the queue.
         assert_eq!(*sizes.lock().unwrap(), vec![MAX_BATCH, total - MAX_BATCH]);
+    }
+
+    /// Operations submitted together go out in one batch, never split across two: a
+    /// unit that would take the batch past [`MAX_BATCH`] opens the next one, whole.
+    #[tokio::test]
+    async fn a_unit_of_operations_goes_out_whole_in_one_batch() {
+        let slots = Arc::new(Semaphore::new(1));
+        let held = slots.clone().acquire_owned().await.unwrap();
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let seen = batches.clone();
+        let batcher = Arc::new(Batcher::start(Some(slots), move |ops: Vec<usize>| {
+            seen.lock().unwrap().push(ops.clone());
+            async move { Ok(ops.into_iter().map(|op| Ok(op + 1)).collect()) }
+        }));
+        // One operation, then units of 4 until the queue holds more than a batch: the
+        // unit that crosses MAX_BATCH (1 + 4 × 63 = 253, then 257) must wait whole.
+        let first = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.submit(0).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let units: Vec<Vec<usize>> = (0..MAX_BATCH / 4 + 2)
+            .map(|u| (1 + 4 * u..5 + 4 * u).collect())
+            .collect();
+        let calls: Vec<_> = units
+            .iter()
+            .map(|unit| {
+                let (batcher, unit) = (batcher.clone(), unit.clone());
+                tokio::spawn(async move { batcher.submit_all(unit).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(held);
+        assert_eq!(first.await.unwrap().unwrap(), 1);
+        for (unit, call) in units.iter().zip(calls) {
+            let answers: Vec<usize> = call
+                .await
+                .unwrap()
+                .unwrap()
+                .into_iter()
+                .map(|a| a.unwrap())
+                .collect();
+            let expected: Vec<usize> = unit.iter().map(|op| op + 1).collect();
+            assert_eq!(
+                answers, expected,
+                "each operation of a unit gets its own answer"
+            );
+        }
+        let batches = batches.lock().unwrap();
+        assert!(batches.len() >= 2, "{} batches", batches.len());
+        for batch in batches.iter() {
+            assert!(batch.len() <= MAX_BATCH, "a batch of {}", batch.len());
+            for unit in &units {
+                let inside = unit.iter().filter(|op| batch.contains(op)).count();
+                assert!(
+                    inside == 0 || inside == unit.len(),
+                    "unit {unit:?} split: {batch:?}"
+                );
+            }
+        }
+        let written: usize = batches.iter().map(Vec::len).sum();
+        assert_eq!(written, 1 + 4 * units.len(), "every operation written once");
     }
 }

@@ -64,7 +64,7 @@ use crate::domain::{DeploymentName, Timestamp, TransferId};
 use crate::metrics::DbOutcome;
 use crate::retry;
 
-pub use accounts::Accounts;
+pub use accounts::{Accounts, Preparing};
 pub use api_keys::ApiKeyStore;
 pub use batch::DEFAULT_GROUP_COMMIT_WRITES;
 pub use clock::Clock;

@@ -348,7 +348,7 @@ async fn a_late_driver_holding_an_outdated_copy_of_a_done_transfer_moves_no_mone
     outdated.last_modified = chrono::Utc::now();
 
     let bank = TransferService::new(app.store.clone(), instance.as_str(), Duration::from_secs(1));
-    let finished = bank.run(outdated).await.expect("run");
+    let finished = bank.driver().run(outdated).await.expect("run");
 
     assert_eq!(finished.state, TransferState::Done);
     assert_eq!(app.total_balance().await, 1_500);

@@ -743,3 +743,50 @@ async fn a_batch_of_mixed_transitions_answers_each_caller_in_its_place() {
         .unwrap();
     assert_eq!((untouched.owner, untouched.state), (None, Initial));
 }
+
+/// The number of update commands `accounts` has run, from the server's `top`.
+async fn account_updates(app: &TestApp) -> i64 {
+    let client = app.store.database().client();
+    let top = client
+        .database("admin")
+        .run_command(doc! { "top": 1 })
+        .await
+        .unwrap();
+    let namespace = format!("{}.accounts", app.database);
+    let updates = top
+        .get_document("totals")
+        .and_then(|t| t.get_document(&namespace))
+        .and_then(|c| c.get_document("update"))
+        .map(|u| u.get("count").cloned());
+    match updates {
+        Ok(Some(mongodb::bson::Bson::Int64(n))) => n,
+        Ok(Some(mongodb::bson::Bson::Int32(n))) => n.into(),
+        Ok(Some(mongodb::bson::Bson::Double(n))) => n as i64,
+        _ => 0,
+    }
+}
+
+/// A plain transfer's prepare writes both its accounts in one command, and so does its
+/// settle: the store sends a step's parties as one unit of the batch writer
+/// (`Batcher::submit_all`), so two account writes a transfer, however the writer's task
+/// happens to be scheduled between the two parties' submissions.
+#[tokio::test]
+async fn a_plain_transfer_writes_its_two_accounts_in_one_command_per_step() {
+    let app = spawn_app().await;
+    app.open_account("alice", 1_000).await;
+    app.open_account("bob", 0).await;
+    let before = account_updates(&app).await;
+    const TRANSFERS: i64 = 20;
+    for _ in 0..TRANSFERS {
+        let (status, body) = app.transfer("alice", "bob", 1).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["state"], "done", "{body}");
+    }
+    let written = account_updates(&app).await - before;
+    assert_eq!(
+        written,
+        2 * TRANSFERS,
+        "account update commands for {TRANSFERS} transfers: one prepare and one settle each"
+    );
+    assert_eq!(app.balance("bob").await, TRANSFERS);
+}

@@ -642,7 +642,7 @@ async fn reading_an_account_that_reserves_nothing_reads_only_the_account() {
         let id = support::values::account(id);
         async move {
             recorded.lock().unwrap().clear();
-            bank.account(&id).await.unwrap();
+            bank.book().account(&id).await.unwrap();
             let sent = recorded.lock().unwrap().clone();
             sent.into_iter()
                 .map(|(name, command)| match command.get_str(&name) {

@@ -377,7 +377,10 @@ pub async fn crash_owner(
     });
     failpoints::install_hook(id, sched.clone());
     let task = tokio::spawn(async move {
-        let r = owner.transfer(new_transfer, None, Completion::Wait).await;
+        let r = owner
+            .requests()
+            .transfer(new_transfer, None, Completion::Wait)
+            .await;
         let _ = events_tx.send(Event::Finished(0));
         r
     });

@@ -220,8 +220,11 @@ impl Worker {
                 { "parties.account": { "$in": ids } },
             ] })
             .await;
-            if let Err(e) =
-                transfer_service::sweeper::sweep_once(cleaner, &CancellationToken::new()).await
+            if let Err(e) = transfer_service::sweeper::sweep_once(
+                &cleaner.recovery(),
+                &CancellationToken::new(),
+            )
+            .await
             {
                 run.violations.push(format!("final sweep failed: {e}"));
             }
@@ -234,7 +237,7 @@ impl Worker {
     async fn void_holds_left_held(&self, cleaner: &TransferService, ids: &[&str], run: &mut Run) {
         for t in self.transfers_of(ids).await {
             if t.state == TransferState::Held {
-                if let Err(e) = cleaner.void(t.id).await {
+                if let Err(e) = cleaner.requests().void(t.id).await {
                     run.violations
                         .push(format!("voiding hold {} left held failed: {e:?}", t.id));
                 }

@@ -155,6 +155,7 @@ pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> 
     placed.extend(c.as_ref().map(|c| (c, DEPLOYMENTS[0])));
     for (id, deployment) in placed {
         setup
+            .book()
             .open_account(NewAccount {
                 tenant: None,
                 id: Some(account_id(id)),
@@ -193,6 +194,7 @@ pub async fn set_up(setup: &TransferService, tag: &str, scenario: &Scenario) -> 
 /// its end.
 pub async fn run_alone(owner: &TransferService, new_transfer: NewTransfer) -> Answer {
     let answer = owner
+        .requests()
         .transfer(new_transfer, None, Completion::Wait)
         .await
         .map(|o| o.transfer)
@@ -227,7 +229,7 @@ async fn scenario_transfer(
 /// Waits until the lease of every unfinished transfer touching a or b has lapsed by the
 /// clock of its log (each deployment logs those out of its accounts): time passing.
 async fn lease_lapsed(bank: &TransferService, a: &str, b: &str) -> Result<(), String> {
-    let lease = chrono::TimeDelta::from_std(bank.stale_after()).expect("a lease in range");
+    let lease = chrono::TimeDelta::from_std(bank.driver().stale_after()).expect("a lease in range");
     loop {
         let mut left = Duration::ZERO;
         for log in bank.deployments().all() {
@@ -264,7 +266,8 @@ pub async fn act(
     holder: Option<&str>,
 ) -> Answer {
     let never = CancellationToken::new();
-    let sweep = || transfer_service::sweeper::sweep_once(bank, &never);
+    let recovery = bank.recovery();
+    let sweep = || transfer_service::sweeper::sweep_once(&recovery, &never);
     // 503: whether that is right depends on the actor (see `Answer::Unavailable`).
     let unavailable = |e: &ServiceError| {
         matches!(e, ServiceError::Unavailable(_)).then(|| Answer::Unavailable {
@@ -273,7 +276,7 @@ pub async fn act(
         })
     };
     match kind {
-        Kind::Owner => match bank.transfer(new, None, Completion::Wait).await {
+        Kind::Owner => match bank.requests().transfer(new, None, Completion::Wait).await {
             Ok(o) => Answer::Owner(Ok(o.transfer)),
             Err(e) => unavailable(&e).unwrap_or(Answer::Owner(Err(format!("{e:?}")))),
         },
@@ -283,7 +286,7 @@ pub async fn act(
         Kind::Cancel => match scenario_transfer(bank, a, b).await {
             Err(e) => Answer::Cancel(Err(e)),
             Ok(None) => Answer::Cancel(Ok(None)),
-            Ok(Some(t)) => match bank.cancel(t.id).await {
+            Ok(Some(t)) => match bank.requests().cancel(t.id).await {
                 Ok(t) => Answer::Cancel(Ok(Some(t))),
                 Err(e) => unavailable(&e).unwrap_or(Answer::Cancel(Err(format!("{e:?}")))),
             },
@@ -317,11 +320,17 @@ async fn resolve(
         Err(e) => Err(Refused::Other(e)),
         Ok(None) => Ok(None),
         Ok(Some(t)) if kind == Kind::Capture => bank
+            .requests()
             .capture(t.id, None)
             .await
             .map(Some)
             .map_err(Refused::from),
-        Ok(Some(t)) => bank.void(t.id).await.map(Some).map_err(Refused::from),
+        Ok(Some(t)) => bank
+            .requests()
+            .void(t.id)
+            .await
+            .map(Some)
+            .map_err(Refused::from),
     }
 }
 
@@ -341,7 +350,7 @@ async fn expire(bank: &TransferService, a: &str, b: &str) -> Result<usize, Strin
         )
         .await
         .map_err(|e| format!("{e:?}"))?;
-    transfer_service::sweeper::sweep_once(bank, &CancellationToken::new())
+    transfer_service::sweeper::sweep_once(&bank.recovery(), &CancellationToken::new())
         .await
         .map(|r| r.holds_expired)
         .map_err(|e| format!("{e:?}"))

@@ -21,11 +21,13 @@
 //! marker. A one-leg hold takes its parties in turn as well, and its capture moves
 //! all or part of what it reserves.
 
-use super::{ACCOUNT_STEP_ATTEMPTS, Refusal, TransferService, classify, contended};
+use super::{ACCOUNT_STEP_ATTEMPTS, Driver, Refusal, classify, contended};
 use crate::domain::Side;
-use crate::domain::{Account, Amount, CancelReason, MAX_MONEY, Party, Transfer, TransferEvent};
-use crate::store::StoreResult;
+use crate::domain::{
+    Account, Amount, CancelReason, DeploymentName, MAX_MONEY, Party, Transfer, TransferEvent,
+};
 use crate::store::transfers::StepFields;
+use crate::store::{Preparing, StoreResult};
 
 /// What one party's prepare came to.
 enum Prepared {
@@ -83,13 +85,40 @@ fn party_side(party: &Party) -> Side {
     }
 }
 
+/// `items` gathered by the deployment each names, in the order each deployment first
+/// appears: a step's writes on one deployment go out together.
+fn by_deployment<'d, T>(
+    items: impl IntoIterator<Item = (&'d DeploymentName, T)>,
+) -> Vec<(&'d DeploymentName, Vec<T>)> {
+    let mut groups: Vec<(&DeploymentName, Vec<T>)> = Vec::new();
+    for (deployment, item) in items {
+        match groups.iter_mut().find(|(d, _)| *d == deployment) {
+            Some((_, same)) => same.push(item),
+            None => groups.push((deployment, vec![item])),
+        }
+    }
+    groups
+}
+
+/// What `party`'s prepare does: a hold's reserves; the receiving party of a transfer
+/// that pays in at its prepare is credited; any other's is debited or makes room.
+fn preparing(t: &Transfer, party: &Party) -> Preparing {
+    if t.hold.is_some() {
+        Preparing::Reserve
+    } else if t.pays_in_at_prepare() && !party.pays() {
+        Preparing::Credit
+    } else {
+        Preparing::Prepare
+    }
+}
+
 /// `minor` units as an amount: a party's net or a captured amount, which the transfer's
 /// own checks keep within one (a bug otherwise).
 fn amount(t: &Transfer, minor: i64) -> Amount {
     Amount::parse(minor).unwrap_or_else(|e| panic!("bug: transfer {}: a party's amount: {e}", t.id))
 }
 
-impl TransferService {
+impl Driver {
     /// Steps 3 and 4: prepare every party, then `pending -> applied`, the commit point
     /// (a hold's `pending -> held`); or, if a party refuses, `pending -> canceling` with
     /// its reason (and, for a multi-leg transfer, its account).
@@ -120,16 +149,10 @@ impl TransferService {
     async fn prepare_all(&self, t: &mut Transfer, group: &[Party]) -> StoreResult<Round> {
         let mut waiting: Vec<&Party> = group.iter().collect();
         for _ in 0..ACCOUNT_STEP_ATTEMPTS {
-            // Every attempt of the round has ended before anything is decided: a
-            // rollback never starts while one of them may still land unseen.
-            let t_now = &*t;
-            let rounds =
-                futures::future::join_all(waiting.iter().map(|p| self.prepare_party(t_now, p)))
-                    .await;
-            let outcomes = first_error(rounds)?;
+            let outcomes = self.prepare_round(t, &waiting).await?;
             let mut again = Vec::new();
             let mut renew = false;
-            for (party, outcome) in waiting.iter().zip(outcomes) {
+            for (party, outcome) in outcomes {
                 match outcome {
                     Prepared::Yes => {}
                     Prepared::Refused(reason) => {
@@ -141,9 +164,9 @@ impl TransferService {
                     }
                     Prepared::Again => {
                         renew = true;
-                        again.push(*party);
+                        again.push(party);
                     }
-                    Prepared::Freed => again.push(*party),
+                    Prepared::Freed => again.push(party),
                 }
             }
             if again.is_empty() {
@@ -157,51 +180,76 @@ impl TransferService {
         Err(contended(t))
     }
 
-    /// One party's prepare, and if it did not land, why (read back from the account).
-    /// An attempt that failed without an answer leaves in `unanswered` the deadline until
-    /// which it may still land, whether the step then succeeded or failed.
-    async fn prepare_party(&self, t: &Transfer, party: &Party) -> StoreResult<Prepared> {
-        let (log, store) = (self.log_store(t)?, self.deployments.of(&party.deployment)?);
-        // By the log's clock, which judges the lease; the account's deployment checks
-        // the step against its own clock (see `Store::deadline_on`).
+    /// One round of `parties`' prepares: those on one deployment in one write, the
+    /// deployments' at once; then what each came to. Every write of the round has ended
+    /// before anything is decided: a rollback never starts while one of them may still
+    /// land unseen.
+    async fn prepare_round<'p>(
+        &self,
+        t: &Transfer,
+        parties: &[&'p Party],
+    ) -> StoreResult<Vec<(&'p Party, Prepared)>> {
+        let groups = by_deployment(parties.iter().map(|p| (&p.deployment, *p)));
+        let rounds = groups.iter().map(|(_, same)| self.prepare_on(t, same));
+        let rounds = first_error(futures::future::join_all(rounds).await)?;
+        Ok(rounds.into_iter().flatten().collect())
+    }
+
+    /// The prepares of `parties`, all on one deployment, in one write; and for each one
+    /// that did not land, why (read back from the account). A write that failed without
+    /// an answer leaves in `unanswered` the deadline until which it may still land,
+    /// whether the step then succeeded or failed.
+    async fn prepare_on<'p>(
+        &self,
+        t: &Transfer,
+        parties: &[&'p Party],
+    ) -> StoreResult<Vec<(&'p Party, Prepared)>> {
+        let (log, store) = (
+            self.log_store(t)?,
+            self.deployments.of(&parties[0].deployment)?,
+        );
+        // By the log's clock, which judges the lease; the accounts' deployment checks
+        // the steps against its own clock (see `Store::deadline_on`).
         let deadline = self.lease_deadline(t);
         let deadline_there = log
             .deadline_on(deadline, store, self.clock_allowance())
             .await?;
-        let (account, net) = (&party.account, party.net);
-        let step = if t.hold.is_some() {
-            store
-                .accounts()
-                .reserve(account, t.id, net, deadline_there)
-                .await
-        } else if t.pays_in_at_prepare() && !party.pays() {
-            let credit = amount(t, net);
-            store
-                .accounts()
-                .apply_credit(account, t.id, credit, deadline_there)
-                .await
-        } else {
-            store
-                .accounts()
-                .prepare(account, t.id, net, deadline_there)
-                .await
-        };
+        let steps: Vec<_> = parties
+            .iter()
+            .map(|p| (p.account.clone(), p.net, preparing(t, p)))
+            .collect();
         // A copy that may still land does so before the log's clock reaches the lease
         // deadline.
-        let step = match step {
-            Ok(step) => step,
+        let sent = match store
+            .accounts()
+            .prepare_parties(t.id, deadline_there, &steps)
+            .await
+        {
+            Ok(sent) => sent,
             Err(e) => {
                 self.unanswered.note_late(t.id, deadline);
                 return Err(e);
             }
         };
-        if step.uncertain_until.is_some() {
+        if sent.iter().any(|step| step.uncertain_until.is_some()) {
             self.unanswered.note_late(t.id, deadline);
         }
-        if step.applied {
-            tracing::debug!(transfer_id = %t.id, %account, net, "account changed");
-            return Ok(Prepared::Yes);
+        let mut outcomes = Vec::with_capacity(parties.len());
+        for (party, step) in parties.iter().zip(sent) {
+            let outcome = if step.applied {
+                tracing::debug!(transfer_id = %t.id, account = %party.account, net = party.net, "account changed");
+                Prepared::Yes
+            } else {
+                self.why_not_prepared(t, party).await?
+            };
+            outcomes.push((*party, outcome));
         }
+        Ok(outcomes)
+    }
+
+    /// Why `party`'s prepare did not land, read back from its account.
+    async fn why_not_prepared(&self, t: &Transfer, party: &Party) -> StoreResult<Prepared> {
+        let store = self.deployments.of(&party.deployment)?;
         let found = store.accounts().account(&party.account).await?;
         // The invariants the step's guard keeps (`store::guards`).
         let fits = |a: &Account| {
@@ -236,12 +284,18 @@ impl TransferService {
     /// `applied -> done`. Nothing refuses a settle: each is guarded by its marker alone.
     /// A transfer that credited at its prepare only has its markers pulled.
     pub(super) async fn settle_and_finish(&self, t: Transfer) -> StoreResult<Transfer> {
-        let parties = t.parties();
         // One kind of write for every party, so that a deployment's are one write.
-        let settles = futures::future::join_all(parties.iter().map(|p| async {
-            let store = self.deployments.of(&p.deployment)?;
+        let parties = t.parties();
+        let groups = by_deployment(parties.iter().map(|p| {
             let pay_in = (!p.pays() && !t.pays_in_at_prepare()).then_some(p.net);
-            store.accounts().settle(&p.account, t.id, pay_in).await
+            (&p.deployment, (p.account.clone(), pay_in))
+        }));
+        let settles = futures::future::join_all(groups.iter().map(|(d, parties)| async {
+            self.deployments
+                .of(d)?
+                .accounts()
+                .settle_parties(t.id, parties)
+                .await
         }))
         .await;
         first_error(settles)?;
@@ -253,7 +307,7 @@ impl TransferService {
     /// The rollback: undo every party that carries the marker, the receiving ones first
     /// (a receiving one's room given back; a paying one's debit given back, with its undo
     /// entry), then `canceling -> canceled`. A hold's: every reservation released
-    /// instead ([`TransferService::release`]).
+    /// instead ([`Driver::release`]).
     pub(super) async fn roll_back(&self, t: Transfer) -> StoreResult<Transfer> {
         if t.hold.is_some() {
             return self.release(t).await;
