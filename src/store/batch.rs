@@ -203,6 +203,18 @@ impl AccountChange {
             ..Amounts::change(self.delta, self.debits, self.credits)
         }
     }
+
+    /// Whether the change lands on its account as stored: the guards of every forward
+    /// step (`guards::forward_step_allowed`), as an expression.
+    fn allowed(&self) -> Document {
+        forward_step_allowed(
+            &Amounts::stored(),
+            path(account::PENDING),
+            self.tx,
+            &self.amounts(),
+            self.deadline,
+        )
+    }
 }
 
 /// A state change guarded by the expected state and owner.
@@ -537,16 +549,7 @@ async fn change_accounts_leaving_moved(
 fn each_lands(ops: &[AccountChange]) -> Document {
     let mut guards: Vec<(String, Document)> = ops
         .iter()
-        .map(|op| {
-            let allowed = forward_step_allowed(
-                &Amounts::stored(),
-                path(account::PENDING),
-                op.tx,
-                &op.amounts(),
-                op.deadline,
-            );
-            (op.account.clone(), allowed)
-        })
+        .map(|op| (op.account.clone(), op.allowed()))
         .collect();
     guards.sort_by(|a, b| a.0.cmp(&b.0));
     let rows: Vec<&(String, Document)> = guards.iter().collect();
@@ -827,13 +830,7 @@ async fn change_one(
     op: &AccountChange,
     moved: Option<Moved>,
 ) -> StoreResult<bool> {
-    let allowed = forward_step_allowed(
-        &Amounts::stored(),
-        path(account::PENDING),
-        op.tx,
-        &op.amounts(),
-        op.deadline,
-    );
+    let allowed = op.allowed();
     let update = match op.kind {
         Some(kind) => changed_with_entry(kind, op.tx, &op.amounts(), Marker::Push, moved),
         None => room_changed(op.tx, op.incoming, Marker::Push),
