@@ -304,7 +304,7 @@ impl Driver {
     }
 
     /// Waits until no copy of a forward step this process sent earlier, in this run or
-    /// another, can land any more (see [`Driver::prepare_party`]): before a marker is
+    /// another, can land any more (see `Driver::prepare_on`): before a marker is
     /// pulled or undone, a late copy would find nothing to stop it. Waits at most 0.9 of a
     /// lease, only after an attempt that failed without an answer. By the clock of
     /// `transfer`'s log.
