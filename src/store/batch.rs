@@ -29,9 +29,9 @@
 //! single-document step would be, and a crash in the middle of a batch leaves each
 //! transfer either stepped or not, which its guards and markers tell apart on a retry.
 //! When a batched update does not report every document changed, the documents are read
-//! back to learn which callers' writes took effect. A prepare batch with one change per
-//! account (a lone transfer's two accounts) filters on each account's own guard, so it
-//! writes only the accounts whose change lands, and the count alone says when all did.
+//! back to learn which callers' writes took effect. A prepare batch leaves a document
+//! none of whose changes landed exactly as it was, so with one change per account (a lone
+//! transfer's two accounts) the count alone says when all did.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -513,16 +513,17 @@ async fn change_accounts_leaving_moved(
     }
     let per_account = changes_by_account(&ops, &copier);
     let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
-    // With one change per account, only the accounts whose change lands are written:
-    // when every one is, the count says so, and nothing needs reading back.
-    let one_each = per_account.len() == ops.len();
-    let mut filter = doc! { "_id": { "$in": &ids } };
-    if one_each {
-        filter.insert("$expr", each_lands(&ops));
-    }
     let written = accounts
-        .update_many(filter, batched_changes(&per_account))
+        .update_many(
+            doc! { "_id": { "$in": &ids } },
+            batched_changes(&per_account),
+        )
         .await?;
+    // A document changes only where one of its changes landed (`batch_results`): with
+    // one change per account, a count of every one says each landed, and nothing needs
+    // reading back. (A guard in the filter would need `$expr`, which SecantusDB answers
+    // by scanning the whole collection.)
+    let one_each = per_account.len() == ops.len();
     if one_each && written.modified_count == ops.len() as u64 {
         return Ok(vec![Ok(true); ops.len()]);
     }
@@ -541,23 +542,6 @@ async fn change_accounts_leaving_moved(
         })
     };
     Ok(ops.iter().map(|op| Ok(marked(op))).collect())
-}
-
-/// The filter expression of a batch with one change per account: the document's own
-/// change lands (its guards hold on the amounts as stored), picked out by `_id` as
-/// [`row_of_account`] picks its row; false for any other document.
-fn each_lands(ops: &[AccountChange]) -> Document {
-    let mut guards: Vec<(String, Document)> = ops
-        .iter()
-        .map(|op| (op.account.clone(), op.allowed()))
-        .collect();
-    guards.sort_by(|a, b| a.0.cmp(&b.0));
-    let rows: Vec<&(String, Document)> = guards.iter().collect();
-    let guard = |allowed: &Document| Bson::Document(allowed.clone());
-    match pick_by_id(&rows, &guard, Bson::Boolean(false)) {
-        Bson::Document(expr) => expr,
-        other => doc! { "$literal": other },
-    }
 }
 
 /// The batch's changes, account by account, each account's in the batch's order, with
@@ -637,30 +621,18 @@ fn batched_changes(per_account: &[(String, Document)]) -> Vec<Document> {
 /// account, so each document takes about log2(rows) comparisons rather than the half of
 /// them a `$switch` takes (strings compare by their bytes, in MongoDB as in Rust).
 fn row_of_account(rows: &[&(String, Document)], otherwise: &Document) -> Bson {
-    let literal = |row: &Document| doc! { "$literal": row }.into();
-    pick_by_id(rows, &literal, Bson::Document(otherwise.clone()))
-}
-
-/// The expression that picks, out of `rows` (sorted by account), `leaf` of the
-/// document's own account's row, or `otherwise`: nested `$cond`s comparing `_id` with
-/// the middle row's account.
-fn pick_by_id(
-    rows: &[&(String, Document)],
-    leaf: &impl Fn(&Document) -> Bson,
-    otherwise: Bson,
-) -> Bson {
     match rows {
-        [] => otherwise,
+        [] => Bson::Document(otherwise.clone()),
         [(account, row)] => doc! { "$cond": [
-            { "$eq": ["$_id", account] }, leaf(row), otherwise,
+            { "$eq": ["$_id", account] }, { "$literal": row }, otherwise.clone(),
         ] }
         .into(),
         _ => {
             let middle = rows.len() / 2;
             doc! { "$cond": [
                 { "$lt": ["$_id", &rows[middle].0] },
-                pick_by_id(&rows[..middle], leaf, otherwise.clone()),
-                pick_by_id(&rows[middle..], leaf, otherwise),
+                row_of_account(&rows[..middle], otherwise),
+                row_of_account(&rows[middle..], otherwise),
             ] }
             .into()
         }
@@ -806,7 +778,7 @@ fn new_entries() -> Document {
 fn batch_results() -> Document {
     let entries =
         doc! { "$filter": { "input": "$_new", "cond": { "$ne": ["$$this.room", true] } } };
-    doc! { "$set": {
+    let results = doc! {
         account::BALANCE: walked(B),
         account::PENDING_DEBITS: walked(PD),
         account::PENDING_CREDITS: walked(PC),
@@ -820,7 +792,17 @@ fn batch_results() -> Document {
             { "$gt": [walked(S), { "$ifNull": [path(account::SEQ), 0_i64] }] }, "$_at", path(account::LAST_ENTRY_AT),
         ] },
         account::UPDATED_AT: "$$NOW",
-    } }
+    };
+    // A document none of whose changes landed is left exactly as it was (not even its
+    // entries trimmed, nor a missing amount written as zero), so that the write's
+    // modified count is the number of accounts a change landed on.
+    let landed = doc! { "$gt": [{ "$size": "$_new" }, 0] };
+    let mut set = Document::new();
+    for (field, result) in results {
+        let unchanged = format!("${field}");
+        set.insert(field, doc! { "$cond": [landed.clone(), result, unchanged] });
+    }
+    doc! { "$set": set }
 }
 
 /// A batch of one: the tutorial's guarded `updateOne`, whose result says whether it took
