@@ -213,22 +213,7 @@ fn the_modules_import_one_another_without_a_cycle() {
             "no edge {from} -> {to}: {graph:#?}"
         );
     }
-    if let Some(cycle) = find_cycle(&graph) {
-        let because: Vec<String> = cycle
-            .windows(2)
-            .map(|pair| {
-                format!(
-                    "  {} -> {}: {}",
-                    pair[0], pair[1], graph[&pair[0]][&pair[1]]
-                )
-            })
-            .collect();
-        panic!(
-            "import cycle: {}\n{}",
-            cycle.join(" -> "),
-            because.join("\n")
-        );
-    }
+    assert_no_cycle(&graph, "import cycle");
 }
 
 /// `use crate::{a, b::{c, d}}` names `a` and `b`; so does every other spelling of a
@@ -333,6 +318,23 @@ fn node_of(src: &Path, file: &Path) -> String {
     match parts.next() {
         Some(_) => first.to_str().unwrap().to_owned(),
         None => first.file_stem().unwrap().to_str().unwrap().to_owned(),
+    }
+}
+
+/// Fails with `what`, the cycle and the reason behind each of its edges, if `graph` has
+/// a cycle.
+fn assert_no_cycle(graph: &Graph, what: &str) {
+    if let Some(cycle) = find_cycle(graph) {
+        let because: Vec<String> = cycle
+            .windows(2)
+            .map(|pair| {
+                format!(
+                    "  {} -> {}: {}",
+                    pair[0], pair[1], graph[&pair[0]][&pair[1]]
+                )
+            })
+            .collect();
+        panic!("{what}: {}\n{}", cycle.join(" -> "), because.join("\n"));
     }
 }
 
@@ -578,13 +580,6 @@ fn without_strings_and_comments(line: &str) -> String {
 #[test]
 fn the_files_import_one_another_without_a_cycle() {
     let graph = file_graph();
-    if std::env::var("DUMP_GRAPH").is_ok() {
-        for (f, tos) in &graph {
-            for (t, w) in tos {
-                eprintln!("EDGE {f} {t} {w}");
-            }
-        }
-    }
     // Edges inside a folder and across folders are both found.
     for (from, to) in [
         ("store/entries.rs", "store/mod.rs"),
@@ -596,22 +591,7 @@ fn the_files_import_one_another_without_a_cycle() {
             "no edge {from} -> {to}: {graph:#?}"
         );
     }
-    if let Some(cycle) = find_cycle(&graph) {
-        let because: Vec<String> = cycle
-            .windows(2)
-            .map(|pair| {
-                format!(
-                    "  {} -> {}: {}",
-                    pair[0], pair[1], graph[&pair[0]][&pair[1]]
-                )
-            })
-            .collect();
-        panic!(
-            "import cycle between files: {}\n{}",
-            cycle.join(" -> "),
-            because.join("\n")
-        );
-    }
+    assert_no_cycle(&graph, "import cycle between files");
 }
 
 /// Every path's full module path, from the file's module (`[store, entries]`), with its
@@ -934,12 +914,7 @@ fn the_service_types_use_one_another_as_declared_and_without_a_cycle() {
             );
         }
     }
-    if let Some(cycle) = find_cycle(&declared) {
-        panic!(
-            "the service types use one another in a cycle: {}",
-            cycle.join(" -> ")
-        );
-    }
+    assert_no_cycle(&declared, "the service types use one another in a cycle");
 }
 
 /// `TransferService` composes the parts and configures them; anything that waits on a
@@ -1374,16 +1349,7 @@ fn the_stores_types_call_one_another_without_a_cycle() {
         graph["Store"].contains_key("Accounts") && graph["Deployments"].contains_key("Directory"),
         "the parser no longer sees the views the store hands out: {graph:?}"
     );
-    if let Some(cycle) = find_cycle(&graph) {
-        let shown: Vec<String> = cycle
-            .windows(2)
-            .map(|pair| format!("{} -> {} ({})", pair[0], pair[1], graph[&pair[0]][&pair[1]]))
-            .collect();
-        panic!(
-            "the store's types call one another in a cycle:\n{}",
-            shown.join("\n")
-        );
-    }
+    assert_no_cycle(&graph, "the store's types call one another in a cycle");
 }
 
 /// The parser of the store's types sees an `impl` header through its generics and its
