@@ -192,20 +192,7 @@ impl Accounts<'_> {
         amount: Amount,
         deadline: Timestamp,
     ) -> StoreResult<ForwardStep> {
-        let value = amount.minor_units();
-        let mut change = Change::default();
-        match kind {
-            Forward::Debit => change.balance = -value,
-            Forward::Credit => change.balance = value,
-            Forward::ReserveOut => change.debits = value,
-            Forward::ReserveIn => change.credits = value,
-            Forward::MakeRoom => change.incoming = value,
-        }
-        let step = Step {
-            account: account.clone(),
-            kind,
-            change,
-        };
+        let step = Step::new(account, kind, amount.minor_units());
         let mut steps = self.change_accounts(tx, deadline, vec![step]).await?;
         Ok(steps.pop().expect("one answer per step"))
     }
@@ -618,50 +605,35 @@ struct Step {
 }
 
 impl Step {
-    /// A party's prepare of `net` on `account`.
-    fn of_party(account: &AccountId, net: i64, preparing: Preparing) -> Step {
-        let (kind, change) = match (preparing, net) {
-            (Preparing::Credit, _) => (
-                Forward::Credit,
-                Change {
-                    balance: net,
-                    ..Change::default()
-                },
-            ),
-            (Preparing::Prepare, n) if n < 0 => (
-                Forward::Debit,
-                Change {
-                    balance: net,
-                    ..Change::default()
-                },
-            ),
-            (Preparing::Reserve, n) if n < 0 => (
-                Forward::ReserveOut,
-                Change {
-                    debits: -net,
-                    ..Change::default()
-                },
-            ),
-            (Preparing::Reserve, n) if n > 0 => (
-                Forward::ReserveIn,
-                Change {
-                    credits: net,
-                    ..Change::default()
-                },
-            ),
-            (_, _) => (
-                Forward::MakeRoom,
-                Change {
-                    incoming: net,
-                    ..Change::default()
-                },
-            ),
-        };
+    /// `kind` of `value` (zero or more) on `account`.
+    fn new(account: &AccountId, kind: Forward, value: i64) -> Step {
+        let mut change = Change::default();
+        match kind {
+            Forward::Debit => change.balance = -value,
+            Forward::Credit => change.balance = value,
+            Forward::ReserveOut => change.debits = value,
+            Forward::ReserveIn => change.credits = value,
+            Forward::MakeRoom => change.incoming = value,
+        }
         Step {
             account: account.clone(),
             kind,
             change,
         }
+    }
+
+    /// A party's prepare of `net` on `account`: a paying party's debit or reservation out,
+    /// a receiving party's room, reservation in or (an older transfer's) credit; a hold's
+    /// party whose net is zero carries the marker alone.
+    fn of_party(account: &AccountId, net: i64, preparing: Preparing) -> Step {
+        let kind = match (preparing, net) {
+            (Preparing::Credit, _) => Forward::Credit,
+            (Preparing::Prepare, n) if n < 0 => Forward::Debit,
+            (Preparing::Reserve, n) if n < 0 => Forward::ReserveOut,
+            (Preparing::Reserve, n) if n > 0 => Forward::ReserveIn,
+            _ => Forward::MakeRoom,
+        };
+        Step::new(account, kind, net.abs())
     }
 
     /// The batch writer's form of this step of `tx`, refused past `deadline`.
