@@ -945,9 +945,15 @@ fn settled(rows: &[(String, Document)]) -> Vec<Document> {
             account::BALANCE: walked(0),
             account::INCOMING: unless_zero(&walked(2)),
             account::SEQ: walked(1),
-            account::PENDING: { "$filter": {
-                "input": path(account::PENDING),
-                "cond": { "$not": [{ "$in": ["$$this", settled_txs] }] },
+            // The settled markers, worked out once for the filter (`$let`), not once per
+            // marker the account holds: as a condition of the filter, the `$map` cost a
+            // hot account's settle about a third of its write.
+            account::PENDING: { "$let": {
+                "vars": { "settled": settled_txs },
+                "in": { "$filter": {
+                    "input": path(account::PENDING),
+                    "cond": { "$not": [{ "$in": ["$$this", "$$settled"] }] },
+                } },
             } },
             account::RECENT: { "$concatArrays": [kept("$_t.mv", "$_t.ma"), "$_new"] },
             account::LAST_ENTRY_AT: { "$cond": [
