@@ -51,8 +51,8 @@ use super::entries::{
 };
 use super::fields::{account, path, transfer};
 use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
-use super::{StoreError, StoreResult, TransferDoc};
-use crate::domain::{EntryKind, TransferState};
+use super::{StoreError, StoreResult, TransferDoc, timed, writing_to};
+use crate::domain::{DeploymentName, EntryKind, TransferState};
 
 /// Writes in one batch, at most: bounds the size of one command (and of the pipeline's
 /// per-account table).
@@ -278,35 +278,45 @@ impl std::fmt::Debug for Batches {
 impl Batches {
     /// Starts the queues; at most `group_commit_writes` of their writes are in flight
     /// at once.
-    pub fn start(db: &Database, group_commit_writes: usize) -> Arc<Batches> {
+    pub fn start(
+        db: &Database,
+        group_commit_writes: usize,
+        deployment: DeploymentName,
+    ) -> Arc<Batches> {
         let transactions: Collection<TransferDoc> = db.collection("transactions");
         let accounts: Collection<Document> = db.collection("accounts");
         let slots = Some(Arc::new(Semaphore::new(group_commit_writes.max(1))));
-        let entry_copier = EntryCopier::start(db, slots.clone());
+        let entry_copier = EntryCopier::start(db, slots.clone(), deployment.clone());
+        // Each write runs as the deployment's writer, which labels its commands' timings.
+        let to = move || deployment.clone();
         Arc::new(Batches {
             placements: Batcher::start(None, {
-                let accounts = accounts.clone();
-                move |ops| read_placements(accounts.clone(), ops)
+                let (accounts, to) = (accounts.clone(), to.clone());
+                move |ops| writing_to(to(), read_placements(accounts.clone(), ops))
             }),
             inserts: Batcher::start(slots.clone(), {
-                let transactions = transactions.clone();
-                move |docs| insert_transfers(transactions.clone(), docs)
+                let (transactions, to) = (transactions.clone(), to.clone());
+                move |docs| writing_to(to(), insert_transfers(transactions.clone(), docs))
             }),
             transitions: Batcher::start(slots.clone(), {
-                let transactions = transactions.clone();
-                move |ops| transition_all(transactions.clone(), ops)
+                let (transactions, to) = (transactions.clone(), to.clone());
+                move |ops| writing_to(to(), transition_all(transactions.clone(), ops))
             }),
             account_changes: Batcher::start(slots.clone(), {
-                let (accounts, copier) = (accounts.clone(), entry_copier.clone());
-                move |ops| change_accounts_leaving_moved(accounts.clone(), copier.clone(), ops)
+                let (accounts, copier, to) = (accounts.clone(), entry_copier.clone(), to.clone());
+                move |ops| {
+                    let write =
+                        change_accounts_leaving_moved(accounts.clone(), copier.clone(), ops);
+                    writing_to(to(), write)
+                }
             }),
             pulls: Batcher::start(slots.clone(), {
-                let accounts = accounts.clone();
-                move |ops| pull_markers(accounts.clone(), ops)
+                let (accounts, to) = (accounts.clone(), to.clone());
+                move |ops| writing_to(to(), pull_markers(accounts.clone(), ops))
             }),
             settles: Batcher::start(slots, {
                 let copier = entry_copier.clone();
-                move |ops| settle_all(accounts.clone(), copier.clone(), ops)
+                move |ops| writing_to(to(), settle_all(accounts.clone(), copier.clone(), ops))
             }),
             entry_copier,
         })
@@ -322,10 +332,12 @@ pub async fn read_placements(
     let mut ids: Vec<&str> = ops.iter().flatten().map(String::as_str).collect();
     ids.sort_unstable();
     ids.dedup();
-    let found: HashMap<String, Essentials> = accounts
+    let found = accounts
         .find(doc! { "_id": { "$in": &ids } })
         .max_time(super::READ_TIME_LIMIT)
-        .projection(doc! { account::CURRENCY: 1, account::TENANT: 1 })
+        .batch_size(whole(ids.len()))
+        .projection(doc! { account::CURRENCY: 1, account::TENANT: 1 });
+    let found: HashMap<String, Essentials> = timed("find", found)
         .await?
         .try_filter_map(|a| async move {
             let tenant = a.get_str(account::TENANT).ok().map(str::to_owned);
@@ -342,13 +354,20 @@ pub async fn read_placements(
         .collect())
 }
 
+/// A cursor's batch size that holds every document of a read by ids (one per id at
+/// most) in its first reply, so that no `getMore` follows; one more than their number,
+/// so that the server knows the cursor is exhausted.
+fn whole(ids: usize) -> u32 {
+    u32::try_from(ids + 1).unwrap_or(u32::MAX)
+}
+
 /// One `insertMany`, unordered: a document refused (a taken idempotency key) fails alone.
 pub async fn insert_transfers(
     transactions: Collection<TransferDoc>,
     docs: Vec<TransferDoc>,
 ) -> StoreResult<Vec<StoreResult<()>>> {
     let count = docs.len();
-    match transactions.insert_many(&docs).ordered(false).await {
+    match timed("insert", transactions.insert_many(&docs).ordered(false)).await {
         Ok(_) => Ok(vec![Ok(()); count]),
         Err(e) => {
             let ErrorKind::InsertMany(failure) = e.kind.as_ref() else {
@@ -440,28 +459,26 @@ async fn transition_group(
     ids: &[ObjectId],
     at: DateTime,
 ) -> StoreResult<Vec<bool>> {
-    let updated = transactions
-        .update_many(
-            doc! {
-                "_id": { "$in": ids },
-                transfer::STATE: from.as_str(),
-                transfer::APPLICATION: owned_by(owner, from),
-            },
-            stamped(
-                doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner },
-                at,
-            ),
-        )
-        .await?;
+    let updated = transactions.update_many(
+        doc! {
+            "_id": { "$in": ids },
+            transfer::STATE: from.as_str(),
+            transfer::APPLICATION: owned_by(owner, from),
+        },
+        stamped(
+            doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner },
+            at,
+        ),
+    );
+    let updated = timed("update", updated).await?;
     if updated.modified_count == ids.len() as u64 {
         return Ok(vec![true; ids.len()]);
     }
-    let moved: Vec<TransferDoc> = transactions
+    let moved = transactions
         .find(doc! { "_id": { "$in": ids } })
         .max_time(super::READ_TIME_LIMIT)
-        .await?
-        .try_collect()
-        .await?;
+        .batch_size(whole(ids.len()));
+    let moved: Vec<TransferDoc> = timed("find", moved).await?.try_collect().await?;
     Ok(ids
         .iter()
         .map(|id| {
@@ -513,12 +530,11 @@ async fn change_accounts_leaving_moved(
     }
     let per_account = changes_by_account(&ops, &copier);
     let ids: Vec<&str> = per_account.iter().map(|(a, _)| a.as_str()).collect();
-    let written = accounts
-        .update_many(
-            doc! { "_id": { "$in": &ids } },
-            batched_changes(&per_account),
-        )
-        .await?;
+    let written = accounts.update_many(
+        doc! { "_id": { "$in": &ids } },
+        batched_changes(&per_account),
+    );
+    let written = timed("update", written).await?;
     // A document changes only where one of its changes landed (`batch_results`): with
     // one change per account, a count of every one says each landed, and nothing needs
     // reading back. (A guard in the filter would need `$expr`, which SecantusDB answers
@@ -527,13 +543,12 @@ async fn change_accounts_leaving_moved(
     if one_each && written.modified_count == ops.len() as u64 {
         return Ok(vec![Ok(true); ops.len()]);
     }
-    let after: Vec<Document> = accounts
+    let after = accounts
         .find(doc! { "_id": { "$in": &ids } })
         .max_time(super::READ_TIME_LIMIT)
-        .projection(doc! { account::PENDING: 1 })
-        .await?
-        .try_collect()
-        .await?;
+        .batch_size(whole(ids.len()))
+        .projection(doc! { account::PENDING: 1 });
+    let after: Vec<Document> = timed("find", after).await?.try_collect().await?;
     let marked = |op: &AccountChange| {
         after.iter().any(|a| {
             a.get_str("_id").ok() == Some(op.account.as_str())
@@ -817,9 +832,8 @@ async fn change_one(
         Some(kind) => changed_with_entry(kind, op.tx, &op.amounts(), Marker::Push, moved),
         None => room_changed(op.tx, op.incoming, Marker::Push),
     };
-    let result = accounts
-        .update_one(doc! { "_id": &op.account, "$expr": allowed }, update)
-        .await?;
+    let result = accounts.update_one(doc! { "_id": &op.account, "$expr": allowed }, update);
+    let result = timed("update", result).await?;
     Ok(result.modified_count == 1)
 }
 
@@ -860,13 +874,11 @@ pub async fn pull_markers(
     // Repeatable: a pull that lands twice, or late, finds nothing more to pull (nothing
     // adds a marker back once its transfer is applied, see the protocol's rules).
     let (pulled, _) = super::retried(|| async {
-        accounts
-            .update_many(
-                doc! { "_id": { "$in": &ids }, account::PENDING: { "$in": &txs } },
-                pipeline.clone(),
-            )
-            .await
-            .map_err(StoreError::from)
+        let update = accounts.update_many(
+            doc! { "_id": { "$in": &ids }, account::PENDING: { "$in": &txs } },
+            pipeline.clone(),
+        );
+        timed("update", update).await.map_err(StoreError::from)
     })
     .await;
     pulled?;
@@ -916,13 +928,11 @@ async fn settle_all(
     let txs: Vec<ObjectId> = ops.iter().map(|op| op.tx).collect();
     let pipeline = settled(&rows);
     let (settled, _) = super::retried(|| async {
-        accounts
-            .update_many(
-                doc! { "_id": { "$in": &ids }, account::PENDING: { "$in": &txs } },
-                pipeline.clone(),
-            )
-            .await
-            .map_err(StoreError::from)
+        let update = accounts.update_many(
+            doc! { "_id": { "$in": &ids }, account::PENDING: { "$in": &txs } },
+            pipeline.clone(),
+        );
+        timed("update", update).await.map_err(StoreError::from)
     })
     .await;
     settled?;

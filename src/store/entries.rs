@@ -49,7 +49,9 @@ use super::documents::{EntryDoc, transfer_id};
 use super::fields::{account, entry, path};
 use super::guards::Amounts;
 use super::{StoreError, StoreResult};
-use crate::domain::{self, AccountId, BalanceAt, Entry, EntryKind, Finality, Timestamp};
+use crate::domain::{
+    self, AccountId, BalanceAt, DeploymentName, Entry, EntryKind, Finality, Timestamp,
+};
 
 /// How long the copier waits, after the first change it was told of, before it moves
 /// what has gathered: long enough to move many accounts' entries in one command, short
@@ -517,12 +519,18 @@ pub struct EntryCopier {
 
 impl EntryCopier {
     /// Starts the task that moves entries; it ends once the copier is dropped.
-    pub(super) fn start(db: &Database, slots: Option<Arc<Semaphore>>) -> Arc<EntryCopier> {
+    /// Its commands are timed as `deployment`'s.
+    pub(super) fn start(
+        db: &Database,
+        slots: Option<Arc<Semaphore>>,
+        deployment: DeploymentName,
+    ) -> Arc<EntryCopier> {
         let copier = Arc::new(EntryCopier::new());
         let weak = Arc::downgrade(&copier);
         let accounts: Collection<Document> = db.collection("accounts");
         let entries: Collection<EntryDoc> = db.collection("entries");
-        tokio::spawn(move_entries_until_dropped(weak, accounts, entries, slots));
+        let moving = move_entries_until_dropped(weak, accounts, entries, slots);
+        tokio::spawn(super::writing_to(deployment, moving));
         copier
     }
 
@@ -612,14 +620,13 @@ impl EntryCopier {
             #[serde(rename = "recentEntries", default)]
             recent: Vec<EntryDoc>,
         }
-        let found: Vec<Recent> = accounts
-            .clone_with_type::<Recent>()
+        let accounts = accounts.clone_with_type::<Recent>();
+        let found = accounts
             .find(doc! { "_id": { "$in": ids }, "recentEntries.0": { "$exists": true } })
             .projection(doc! { account::RECENT: 1 })
-            .max_time(super::READ_TIME_LIMIT)
-            .await?
-            .try_collect()
-            .await?;
+            .max_time(super::READ_TIME_LIMIT);
+        // Its `getMore`s, if the entries fill more than a reply, are not timed.
+        let found: Vec<Recent> = super::timed("find", found).await?.try_collect().await?;
         let mut copies = Vec::new();
         let mut copied = Vec::new();
         for account in found {
@@ -702,7 +709,7 @@ async fn insert_ignoring_copies(
     copies: &[EntryDoc],
 ) -> StoreResult<()> {
     let (inserted, _) = super::retried(|| async {
-        match entries.insert_many(copies).ordered(false).await {
+        match super::timed("insert", entries.insert_many(copies).ordered(false)).await {
             Ok(_) => Ok(()),
             Err(e) => match e.kind.as_ref() {
                 ErrorKind::InsertMany(f)

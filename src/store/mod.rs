@@ -130,7 +130,8 @@ const WRITE_CONCERN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest a read may run on the server (`maxTimeMS`): a read that has not answered
 /// by then fails as unavailable instead of holding a connection and its caller.
 pub const READ_TIME_LIMIT: Duration = Duration::from_secs(2);
-/// Connections per instance: enough for every concurrent step of a busy instance, bounded
+/// Connections per client of an instance (it has two per deployment: the group-commit
+/// writers' and the rest's): enough for every concurrent step of a busy instance, bounded
 /// so that many instances cannot exhaust the server's connection limit.
 const MAX_POOL_SIZE: u32 = 64;
 
@@ -388,32 +389,46 @@ impl Store {
             .connect_timeout
             .get_or_insert(Duration::from_secs(3));
         options.max_pool_size.get_or_insert(MAX_POOL_SIZE);
+        // The group-commit writers have a client of their own, which times its commands
+        // itself (`timed`): with a command event handler the driver copies every command
+        // and reply into a `Document` for it, and the writers' pipelines are the largest
+        // commands the service sends (without those copies, the service spent a fifth less
+        // CPU per transfer at 128 clients: `docs/benchmark/decisions.md`). A test's
+        // observer sees both clients' commands. Each client opens connections as it needs
+        // them, up to the pool's bound.
+        let mut writer_options = options.clone();
+        writer_options.command_event_handler = observer.clone();
         options.command_event_handler =
             Some(observer.unwrap_or_else(|| command_timer(deployment.clone())));
         let client = Client::with_options(options).map_err(StoreError::from)?;
+        let writers = Client::with_options(writer_options).map_err(StoreError::from)?;
+        let database_options = DatabaseOptions::builder()
+            .write_concern(majority_journaled())
+            .read_concern(ReadConcern::majority())
+            .build();
         Ok(Store::new(
             deployment,
             group_commit_writes,
-            client.database_with_options(
-                database,
-                DatabaseOptions::builder()
-                    .write_concern(majority_journaled())
-                    .read_concern(ReadConcern::majority())
-                    .build(),
-            ),
+            client.database_with_options(database, database_options.clone()),
+            writers.database_with_options(database, database_options),
         ))
     }
 
     /// Must run inside a tokio runtime: it starts the group-commit tasks.
-    fn new(deployment: DeploymentName, group_commit_writes: usize, db: Database) -> Store {
+    fn new(
+        deployment: DeploymentName,
+        group_commit_writes: usize,
+        db: Database,
+        writers: Database,
+    ) -> Store {
         Store {
+            batches: batch::Batches::start(&writers, group_commit_writes, deployment.clone()),
             deployment,
             accounts: db.collection("accounts"),
             transactions: db.collection("transactions"),
             keys: db.collection("idempotencyKeys"),
             entries: db.collection("entries"),
             directory: db.collection("accountDirectory"),
-            batches: batch::Batches::start(&db, group_commit_writes),
             clock: Default::default(),
             actor: "".into(),
             availability: std::sync::Arc::new(Availability {
@@ -609,6 +624,43 @@ impl Store {
         self.events().prepare_feed().await?;
         Ok(applied)
     }
+}
+
+tokio::task_local! {
+    /// The deployment whose group-commit writer runs the current task: the label [`timed`]
+    /// gives its commands.
+    static WRITING_TO: DeploymentName;
+}
+
+/// Runs `task` as a writer of `deployment`: [`timed`] labels its commands so.
+fn writing_to<F: std::future::Future>(
+    deployment: DeploymentName,
+    task: F,
+) -> impl std::future::Future<Output = F::Output> {
+    WRITING_TO.scope(deployment, task)
+}
+
+/// Sends one command of a group-commit writer (`command` is its name, as the driver's
+/// events would name it) and feeds `db_operation_duration_seconds` with how long it took,
+/// as [`command_timer`] does for the commands of the main client.
+async fn timed<T>(
+    command: &'static str,
+    operation: impl std::future::IntoFuture<Output = mongodb::error::Result<T>>,
+) -> mongodb::error::Result<T> {
+    let started = std::time::Instant::now();
+    let result = operation.await;
+    // A command answered with write errors (a taken key, a refused document) or a
+    // write concern error succeeded as a command, as the driver's events count it.
+    let outcome = match &result {
+        Ok(_) => DbOutcome::Succeeded,
+        Err(e) if matches!(*e.kind, ErrorKind::InsertMany(_) | ErrorKind::Write(_)) => {
+            DbOutcome::Succeeded
+        }
+        Err(_) => DbOutcome::Failed,
+    };
+    let elapsed = started.elapsed();
+    let _ = WRITING_TO.try_with(|d| crate::metrics::db_operation(d, command, outcome, elapsed));
+    result
 }
 
 /// Feeds `db_operation_duration_seconds` with the driver's own timing of each command.

@@ -17,7 +17,10 @@ use mongodb::bson::oid::ObjectId;
 use serde_json::Value;
 use tracing_subscriber::fmt::MakeWriter;
 use transfer_service::config::LogFormat;
+use transfer_service::domain::DeploymentName;
+use transfer_service::store::{Store, new_transfer_id};
 
+use support::values::{account, from_now};
 use support::{TestApp, spawn_app};
 
 /// Every family `/metrics` must expose, with its type.
@@ -461,4 +464,36 @@ async fn a_transfer_run_in_the_background_logs_in_the_span_of_its_request() {
         "{}",
         logs.text()
     );
+}
+
+/// The group-commit writers have a client of their own, with no command events, and
+/// time their commands themselves: a debit and a read written through a store of a
+/// deployment no other test names are counted under that name.
+#[tokio::test]
+async fn the_group_commit_writers_time_their_own_commands_under_their_deployment() {
+    let app = spawn_app().await;
+    app.open_account("alice", 100).await;
+    let name = format!("writers-{}", &ObjectId::new().to_hex()[12..]);
+    let deployment = DeploymentName::parse(&name).unwrap();
+    let store = Store::connect_with(deployment, &support::database_uri(), &app.database, 2)
+        .await
+        .unwrap();
+    let updates = format!(
+        "db_operation_duration_seconds_count{{deployment=\"{name}\",command=\"update\",outcome=\"ok\"}}"
+    );
+    let finds = format!(
+        "db_operation_duration_seconds_count{{deployment=\"{name}\",command=\"find\",outcome=\"ok\"}}"
+    );
+
+    let alice = account("alice");
+    let debit = store
+        .accounts()
+        .prepare(&alice, new_transfer_id(), -10, from_now(60_000));
+    assert!(debit.await.unwrap().applied);
+    let placed = store.accounts().placements([&alice, &alice]).await.unwrap();
+    assert!(placed[0].is_some());
+
+    let metrics = transfer_service::metrics::render();
+    assert_eq!(sample(&metrics, &updates), 1.0, "{metrics}");
+    assert!(sample(&metrics, &finds) >= 1.0, "{metrics}");
 }
