@@ -81,15 +81,20 @@ pub struct Batcher<Op, Out> {
 
 impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
     /// Starts the task that writes batches with `write`, which must answer one result per
-    /// operation, in order. Must be called inside a tokio runtime; the task ends when the
-    /// last handle is dropped.
-    pub fn start<F, Fut>(slots: Option<Arc<Semaphore>>, write: F) -> Batcher<Op, Out>
+    /// operation, in order, as a writer of `deployment` (the label of its commands'
+    /// timings, see `store::timed`). Must be called inside a tokio runtime; the task ends
+    /// when the last handle is dropped.
+    pub fn start<F, Fut>(
+        deployment: DeploymentName,
+        slots: Option<Arc<Semaphore>>,
+        write: F,
+    ) -> Batcher<Op, Out>
     where
         F: Fn(Vec<Op>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = StoreResult<Vec<StoreResult<Out>>>> + Send,
     {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Unit<Op, Out>>();
-        tokio::spawn(async move {
+        tokio::spawn(writing_to(deployment, async move {
             // A unit that did not fit in the batch before opens the next one.
             let mut carried: Option<Unit<Op, Out>> = None;
             loop {
@@ -119,7 +124,7 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
                 }
                 write_batch(&write, batch).await;
             }
-        });
+        }));
         Batcher { queue }
     }
 
@@ -287,36 +292,30 @@ impl Batches {
         let accounts: Collection<Document> = db.collection("accounts");
         let slots = Some(Arc::new(Semaphore::new(group_commit_writes.max(1))));
         let entry_copier = EntryCopier::start(db, slots.clone(), deployment.clone());
-        // Each write runs as the deployment's writer, which labels its commands' timings.
-        let to = move || deployment.clone();
         Arc::new(Batches {
-            placements: Batcher::start(None, {
-                let (accounts, to) = (accounts.clone(), to.clone());
-                move |ops| writing_to(to(), read_placements(accounts.clone(), ops))
+            placements: Batcher::start(deployment.clone(), None, {
+                let accounts = accounts.clone();
+                move |ops| read_placements(accounts.clone(), ops)
             }),
-            inserts: Batcher::start(slots.clone(), {
-                let (transactions, to) = (transactions.clone(), to.clone());
-                move |docs| writing_to(to(), insert_transfers(transactions.clone(), docs))
+            inserts: Batcher::start(deployment.clone(), slots.clone(), {
+                let transactions = transactions.clone();
+                move |docs| insert_transfers(transactions.clone(), docs)
             }),
-            transitions: Batcher::start(slots.clone(), {
-                let (transactions, to) = (transactions.clone(), to.clone());
-                move |ops| writing_to(to(), transition_all(transactions.clone(), ops))
+            transitions: Batcher::start(deployment.clone(), slots.clone(), {
+                let transactions = transactions.clone();
+                move |ops| transition_all(transactions.clone(), ops)
             }),
-            account_changes: Batcher::start(slots.clone(), {
-                let (accounts, copier, to) = (accounts.clone(), entry_copier.clone(), to.clone());
-                move |ops| {
-                    let write =
-                        change_accounts_leaving_moved(accounts.clone(), copier.clone(), ops);
-                    writing_to(to(), write)
-                }
+            account_changes: Batcher::start(deployment.clone(), slots.clone(), {
+                let (accounts, copier) = (accounts.clone(), entry_copier.clone());
+                move |ops| change_accounts_leaving_moved(accounts.clone(), copier.clone(), ops)
             }),
-            pulls: Batcher::start(slots.clone(), {
-                let (accounts, to) = (accounts.clone(), to.clone());
-                move |ops| writing_to(to(), pull_markers(accounts.clone(), ops))
+            pulls: Batcher::start(deployment.clone(), slots.clone(), {
+                let accounts = accounts.clone();
+                move |ops| pull_markers(accounts.clone(), ops)
             }),
-            settles: Batcher::start(slots, {
+            settles: Batcher::start(deployment, slots, {
                 let copier = entry_copier.clone();
-                move |ops| writing_to(to(), settle_all(accounts.clone(), copier.clone(), ops))
+                move |ops| settle_all(accounts.clone(), copier.clone(), ops)
             }),
             entry_copier,
         })
@@ -1062,10 +1061,14 @@ mod tests {
         let held = slots.clone().acquire_owned().await.unwrap();
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let seen = sizes.clone();
-        let batcher = Batcher::start(Some(slots), move |ops: Vec<usize>| {
-            seen.lock().unwrap().push(ops.len());
-            async move { Ok(ops.into_iter().map(|op| Ok(op * 2)).collect()) }
-        });
+        let batcher = Batcher::start(
+            DeploymentName::default(),
+            Some(slots),
+            move |ops: Vec<usize>| {
+                seen.lock().unwrap().push(ops.len());
+                async move { Ok(ops.into_iter().map(|op| Ok(op * 2)).collect()) }
+            },
+        );
         let total = MAX_BATCH + 10;
         let batcher = Arc::new(batcher);
         let calls: Vec<_> = (0..total)
@@ -1093,10 +1096,14 @@ mod tests {
         let held = slots.clone().acquire_owned().await.unwrap();
         let batches = Arc::new(Mutex::new(Vec::new()));
         let seen = batches.clone();
-        let batcher = Arc::new(Batcher::start(Some(slots), move |ops: Vec<usize>| {
-            seen.lock().unwrap().push(ops.clone());
-            async move { Ok(ops.into_iter().map(|op| Ok(op + 1)).collect()) }
-        }));
+        let batcher = Arc::new(Batcher::start(
+            DeploymentName::default(),
+            Some(slots),
+            move |ops: Vec<usize>| {
+                seen.lock().unwrap().push(ops.clone());
+                async move { Ok(ops.into_iter().map(|op| Ok(op + 1)).collect()) }
+            },
+        ));
         // One operation, then units of 4 until the queue holds more than a batch: the
         // unit that crosses MAX_BATCH (1 + 4 × 63 = 253, then 257) must wait whole.
         let first = tokio::spawn({
