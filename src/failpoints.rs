@@ -75,9 +75,12 @@ macro_rules! points {
 }
 
 points! {
-    /// A new transfer is inserted (`initial`, no owner yet); before its run starts.
+    /// A new transfer is inserted (`pending`, owned by the instance that inserted it; a
+    /// reversal's compensation `initial`, no owner yet); before its run starts.
     AfterInsert = "after_insert",
-    /// `initial -> pending`: the run owns the transfer.
+    /// The run owns the transfer, `pending`, and has sent no account step: right after
+    /// the insert of a new transfer (which inserts it so), after `initial -> pending` for
+    /// one inserted `initial`.
     AfterPending = "after_pending",
     /// The paying parties are prepared: debited and marked; for a hold, their
     /// reservations made. A transfer's receiving parties are prepared in the same round

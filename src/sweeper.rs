@@ -9,10 +9,12 @@
 //! whose debit or credit is now refused rolls back with the reason), `applied` finishes its
 //! pulls, `canceling` finishes its undo. Batches are bounded.
 //!
-//! A stale `initial` transfer is processed, not canceled: it was durably inserted with
-//! the client's intent, a `Prefer: respond-async` client was told it would run, and a
-//! client that lost the answer and retries with its idempotency key is answered with the
-//! outcome. Only a cancel request cancels a transfer that has not failed.
+//! A stale `initial` transfer, or a `pending` one with nothing prepared (a new transfer
+//! is inserted `pending`, owned by the instance that inserts it), is processed, not
+//! canceled: it was durably inserted with the client's intent, a `Prefer: respond-async`
+//! client was told it would run, and a client that lost the answer and retries with its
+//! idempotency key is answered with the outcome. Only a cancel request cancels a transfer
+//! that has not failed.
 //!
 //! Each pass also keeps house, with the same bounded batches:
 //! - It finishes reversals a crash interrupted (a done transfer whose `reversedBy` was

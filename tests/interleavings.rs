@@ -2117,6 +2117,111 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_inserting_and_both
     assert_balances_and_no_markers(&first, 700, 300).await;
 }
 
+/// The same as a retry on one instance: its insert lands first, and its run waits at
+/// `after_insert` (a slow task) while the first request goes on. That request's insert
+/// loses on the `_id` and finds the transfer `pending`, owned by its own process. A run
+/// starts from the copy its request inserted, without reading it back
+/// (`protocol::Origin::Inserted`), so the first request must not drive the transfer
+/// before that run ends: had it finished it (the markers pulled), the waiting run's
+/// prepare, from its stale copy, would debit alice a second time. One transfer, money
+/// moved once.
+#[tokio::test]
+async fn a_request_that_loses_its_insert_to_a_retry_on_the_same_instance_waits_for_its_run() {
+    let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
+    open_alice_and_bob(&app).await;
+    let mut first_paused = failpoints::pause(&app.instance_id, Point::AfterTakeKey);
+    let first = spawn_keyed_transfer(&app, "order-1", 300);
+    first_paused.reached().await;
+
+    let mut retry_paused = failpoints::pause(&app.instance_id, Point::AfterInsert);
+    let retry = spawn_keyed_transfer(&app, "order-1", 300);
+    retry_paused.reached().await;
+    first_paused.resume();
+    // Time for the first request to drive the transfer, if it could.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    retry_paused.resume();
+
+    let (status, retried, _) = retry.await.unwrap();
+    assert_eq!(
+        (status, retried["state"].as_str()),
+        (201, Some("done")),
+        "{retried}"
+    );
+    let (status, answered, replayed) = first.await.unwrap();
+    assert_eq!(status, 201, "{answered}");
+    assert_eq!(answered["id"], retried["id"]);
+    assert!(replayed, "the first request drove the retry's transfer");
+    let all = app
+        .store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_balances_and_no_markers(&app, 700, 300).await;
+}
+
+/// Found by review: a request that met its transfer already inserted let go of the
+/// transfer's drive lock only after waiting for the transfer to come to rest. A retry on
+/// a second instance inserts the transfer; a cancel on the first takes it over, and its
+/// run needs the first instance's drive lock, which the first request, stopped right
+/// before its insert, holds. The first request's insert then meets the transfer,
+/// `canceling`, driven by its own process: it must let go of the lock before it waits,
+/// or the cancel's run waits behind it and the request answers `canceling` after its
+/// whole wait instead of the transfer's end (409 `transfer_canceled`).
+#[tokio::test]
+async fn a_request_that_finds_its_transfer_canceled_by_its_own_instance_answers_the_end() {
+    let (first, second) = two_instances(Duration::from_secs(60)).await;
+    open_alice_and_bob(&first).await;
+    let mut took_key = failpoints::pause(&first.instance_id, Point::AfterTakeKey);
+    let slow = spawn_keyed_transfer(&first, "order-1", 300);
+    took_key.reached().await;
+    let mut retried = failpoints::pause(&second.instance_id, Point::AfterInsert);
+    let retry = spawn_keyed_transfer(&second, "order-1", 300);
+    retried.reached().await;
+    let id = transfer_ids(&first).await[0];
+    let mut inserting = failpoints::pause(&first.instance_id, Point::BeforeInsert);
+    took_key.resume();
+    inserting.reached().await;
+
+    let cancel = tokio::spawn({
+        let (http, url) = (
+            first.http.clone(),
+            first.url(&format!("/transfers/{id}/cancel")),
+        );
+        async move { http.post(url).send().await.unwrap().status().as_u16() }
+    });
+    // The cancel has taken the transfer over; its run waits for the drive lock.
+    wait_for(&first, id, Duration::from_secs(5), |t| {
+        t.state == TransferState::Canceling
+    })
+    .await;
+    inserting.resume();
+
+    // The transfer's end (had it waited with the lock: 202, `canceling`).
+    let (status, answered, _) = slow.await.unwrap();
+    assert_eq!(
+        (status, answered["code"].as_str()),
+        (409, Some("transfer_canceled")),
+        "{answered}"
+    );
+    assert_eq!(cancel.await.unwrap(), 200);
+    retried.resume();
+    retry.await.unwrap();
+    assert_balances_and_no_markers(&first, 1_000, 0).await;
+}
+
+/// The ids of the transfers stored on `app`'s database.
+async fn transfer_ids(app: &TestApp) -> Vec<TransferId> {
+    let stored = app
+        .store
+        .transfers()
+        .list_transfers(&Default::default(), 10)
+        .await
+        .unwrap();
+    stored.iter().map(|t| t.id).collect()
+}
+
 /// `TRANSFER_STRATEGY=native`, two instances on one database.
 async fn two_native_instances() -> (TestApp, TestApp) {
     use transfer_service::domain::Strategy;

@@ -668,7 +668,8 @@ legs_crash_test!(
     legs_crashed_after_insert_end_done,
     Point::AfterInsert,
     false,
-    "initial",
+    // A new transfer is inserted `pending`, owned by the instance that inserts it.
+    "pending",
     "done"
 );
 legs_crash_test!(

@@ -92,8 +92,9 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    /// A transfer as step 1 inserts it: `initial`, owned by nobody yet, between accounts
-    /// of the `default` deployment. Optional fields (the deployments, reference,
+    /// A transfer as step 1 inserts a reversal's compensation: `initial`, owned by nobody
+    /// yet (a new transfer is then [`Transfer::started_by`] its instance), between
+    /// accounts of the `default` deployment. Optional fields (the deployments, reference,
     /// idempotency key, reversal link) are set by the caller; the store
     /// stamps `last_modified` with the database's clock when it inserts it.
     pub fn initial(
@@ -132,6 +133,19 @@ impl Transfer {
             reversed_by: None,
             fenced: false,
             reversing: false,
+        }
+    }
+
+    /// The transfer as a request inserts it for its own run (step 1): `pending`, owned by
+    /// `owner`, the instance that drives it, so that its first write after the insert is
+    /// the prepare. A `pending` transfer with no marker on any account says what
+    /// `initial` says: no account step landed (`docs/protocol.md`).
+    pub fn started_by(self, owner: &str) -> Transfer {
+        debug_assert_eq!(self.state, TransferState::Initial, "bug: started twice");
+        Transfer {
+            state: TransferState::Pending,
+            owner: Some(owner.to_owned()),
+            ..self
         }
     }
 }

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use super::driving::Driving;
 use super::idempotency::{REPLAY_WAIT, Taken, read_majority};
 use super::placement::Route;
+use super::protocol::Origin;
 use super::{AdmissionPermit, Requests, ServiceResult};
 use crate::domain::{
     AccountId, Amount, Hold, Legs, Reference, Scope, ScopedKey, Strategy, Transfer, TransferState,
@@ -76,11 +78,17 @@ async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceR
 
 /// What inserting a new transfer came to.
 enum Inserted {
-    /// The transfer as stored, which this request drives.
+    /// The transfer as this request inserted it, which it drives.
     ToDrive(Transfer),
-    /// The answer: the transfer was inserted, and is driven, by another request with
-    /// the same key (or a sweeper), or made by an earlier version.
-    Answered(TransferOutcome),
+    /// The transfer as stored by an earlier attempt of this request, or by another request
+    /// with its key, which nobody drives: this request does.
+    Stored(Transfer),
+    /// The transfer as stored, driven by another request with its key or a sweeper (or
+    /// at its end): the answer, once it comes to rest.
+    Driven(Transfer),
+    /// This request's transfer, whose key is on an older transfer (made by a version
+    /// before `idempotencyKeys`): the answer is that one.
+    KeyedBefore(Transfer),
 }
 
 /// A hold of `amount` that expires `expires_in` from now, by the clock of `log`: the
@@ -172,13 +180,53 @@ impl Requests {
         {
             return self.transfer_natively(log, transfer, &fingerprint).await;
         }
-        let transfer = match self.insert(log, transfer, &fingerprint).await? {
-            Inserted::ToDrive(transfer) => transfer,
-            Inserted::Answered(outcome) => return Ok(outcome),
+        self.insert_and_run(log, transfer, &fingerprint, permit, completion)
+            .await
+    }
+
+    /// Step 1, then the run: inserts `transfer` `pending`, owned by this instance, and
+    /// runs it (to its end, or in the background, as `completion` says); or, where a
+    /// transfer already has its id or its key, answers with what is there.
+    async fn insert_and_run(
+        &self,
+        log: &Store,
+        transfer: Transfer,
+        fingerprint: &str,
+        permit: AdmissionPermit,
+        completion: Completion,
+    ) -> ServiceResult<TransferOutcome> {
+        let keyed = transfer.idempotency_key.is_some();
+        // Taken before the insert, so that no other task of this process drives the
+        // transfer before this request's run does (see `protocol::Origin::Inserted`).
+        // Where the transfer is not this request's to drive, the lock goes before any
+        // wait: the task that drives it may be one of this process.
+        let driving = self.driver.lock_drive(transfer.id).await;
+        let inserted = self
+            .insert(log, transfer.started_by(self.driver.owner()))
+            .await;
+        let (transfer, origin) = match inserted {
+            Ok(Inserted::ToDrive(transfer)) => (transfer, Origin::Inserted),
+            Ok(Inserted::Stored(transfer)) => (transfer, Origin::Read),
+            Ok(Inserted::Driven(stored)) => {
+                self.driver.let_go(driving).await;
+                let transfer = self.driver.wait_until_at_rest(stored, REPLAY_WAIT).await?;
+                return Ok(TransferOutcome {
+                    transfer,
+                    replayed: keyed,
+                });
+            }
+            Ok(Inserted::KeyedBefore(mine)) => {
+                self.driver.let_go(driving).await;
+                return self.replay_by_key(&mine, fingerprint).await;
+            }
+            Err(e) => {
+                self.driver.let_go(driving).await;
+                return Err(e);
+            }
         };
         tracing::info!(transfer_id = %transfer.id, source = %transfer.source, destination = %transfer.destination, value = transfer.amount.minor_units(), "transfer inserted");
         failpoint!(self, AfterInsert);
-        let run = self.spawn_run(transfer.clone(), permit);
+        let run = self.spawn_run(transfer.clone(), permit, driving, origin);
         let transfer = match completion {
             Completion::Wait => joined(run).await?,
             // The run goes on by itself; its end is logged there.
@@ -198,34 +246,21 @@ impl Requests {
     }
 
     /// Step 1: inserts `transfer`, for this request to drive; or, where a transfer
-    /// already has its id or its key, answers with what is there.
-    async fn insert(
-        &self,
-        log: &Store,
-        mut transfer: Transfer,
-        fingerprint: &str,
-    ) -> ServiceResult<Inserted> {
+    /// already has its id or its key, says what is there.
+    async fn insert(&self, log: &Store, mut transfer: Transfer) -> ServiceResult<Inserted> {
         match log.transfers().insert_transfer(&transfer).await {
             Ok(stamp) => {
                 transfer.last_modified = stamp;
                 Ok(Inserted::ToDrive(transfer))
             }
-            Err(StoreError::DuplicateKey(_)) => {
-                self.inserted_already(log, transfer, fingerprint).await
-            }
+            Err(StoreError::DuplicateKey(_)) => self.inserted_already(log, transfer).await,
             Err(e) => Err(e.into()),
         }
     }
 
     /// The insert of `transfer` met a duplicate key: what is stored under its id, or
     /// under its idempotency key.
-    async fn inserted_already(
-        &self,
-        log: &Store,
-        transfer: Transfer,
-        fingerprint: &str,
-    ) -> ServiceResult<Inserted> {
-        let keyed = transfer.idempotency_key.is_some();
+    async fn inserted_already(&self, log: &Store, transfer: Transfer) -> ServiceResult<Inserted> {
         match read_majority(|| log.transfers().transfer(transfer.id)).await? {
             // This request's own transfer: its id is new, or the one its key
             // names. Its insert landed on an attempt whose answer was lost and
@@ -233,20 +268,19 @@ impl Requests {
             // driver's retry), or another request with its key inserted it.
             // Nobody drives it yet: this request does.
             Some(stored) if stored.state == TransferState::Initial && stored.owner.is_none() => {
-                Ok(Inserted::ToDrive(stored))
+                Ok(Inserted::Stored(stored))
+            }
+            // Inserted by this process (`pending`, owned by it), and this request holds
+            // the transfer's drive lock: no task of it drives the transfer any more.
+            Some(stored)
+                if stored.state == TransferState::Pending
+                    && stored.owner.as_deref() == Some(self.driver.owner()) =>
+            {
+                Ok(Inserted::Stored(stored))
             }
             // Already driven (by the other request with its key, or a sweeper).
-            Some(stored) => {
-                let transfer = self.driver.wait_until_at_rest(stored, REPLAY_WAIT).await?;
-                Ok(Inserted::Answered(TransferOutcome {
-                    transfer,
-                    replayed: keyed,
-                }))
-            }
-            // The key is on an older transfer (a version before idempotencyKeys).
-            None if keyed => Ok(Inserted::Answered(
-                self.replay_by_key(&transfer, fingerprint).await?,
-            )),
+            Some(stored) => Ok(Inserted::Driven(stored)),
+            None if transfer.idempotency_key.is_some() => Ok(Inserted::KeyedBefore(transfer)),
             None => {
                 // Its `_id` is new: the copy the insert met is its own earlier one, which
                 // no majority read finds yet (the database has not made it durable, or a
@@ -306,19 +340,22 @@ impl Requests {
         })
     }
 
-    /// Runs `transfer` to its end in a task of its own that holds `permit`: the run goes
-    /// on even if the caller stops waiting (a client that hangs up, a request time-out),
-    /// so admitted work always finishes or is left, every step durable, for the sweeper.
+    /// Runs `transfer` (a copy of `origin`) to its end in a task of its own that holds
+    /// `permit` and `driving`, its drive lock: the run goes on even if the caller stops
+    /// waiting (a client that hangs up, a request time-out), so admitted work always
+    /// finishes or is left, every step durable, for the sweeper.
     fn spawn_run(
         &self,
         transfer: Transfer,
         permit: AdmissionPermit,
+        driving: Driving,
+        origin: Origin,
     ) -> tokio::task::JoinHandle<StoreResult<Transfer>> {
         let driver = self.driver.clone();
         let work = async move {
             let _permit = permit;
             let id = transfer.id;
-            let ended = driver.run(transfer).await;
+            let ended = driver.run_holding(driving, transfer, origin).await;
             if let Err(e) = &ended {
                 tracing::warn!(transfer_id = %id, error = %Chain(e), "transfer interrupted; the sweeper will finish it");
             }

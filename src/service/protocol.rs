@@ -6,7 +6,9 @@
 //!
 //! | state       | steps taken                                                     |
 //! |-------------|-----------------------------------------------------------------|
-//! | `initial`   | 2. `initial -> pending`, setting `application`                  |
+//! | `initial`   | 2. `initial -> pending`, setting `application` (a new transfer is |
+//! |             | inserted `pending` and owned, so only a reversal's compensation,  |
+//! |             | or a transfer inserted before issue 35, takes this step)          |
 //! | `pending`   | 3. prepare every party, 4. `pending -> applied`: the commit point |
 //! | `applied`   | 5. settle every party, 6. `applied -> done`                     |
 //! | `canceling` | undo every prepared party, `canceling -> canceled`              |
@@ -31,6 +33,7 @@
 mod parties;
 
 use super::Driver;
+use super::driving::Driving;
 use super::unanswered::StateChange;
 use crate::domain::Side;
 use crate::domain::{
@@ -78,50 +81,61 @@ fn classify(
     }
 }
 
+/// Where the copy of a transfer that a run starts from comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Inserted `pending` and owned (step 1) by the run's own request, stamp included,
+    /// under the drive lock the run holds, taken before the insert. That copy is what is
+    /// stored, unless another actor moved the transfer since: no task of this process can
+    /// have (the lock), a cancel fences the accounts before it takes the transfer over,
+    /// and the sweeper claims it only once its lease, which every step of the run carries
+    /// as a deadline, has lapsed. Every step the run takes is refused then, as the steps
+    /// after a won `initial -> pending` are, so the run starts without reading the
+    /// transfer back.
+    Inserted,
+    /// Read, or handed over by a caller: it may be stale.
+    Read,
+}
+
 impl Driver {
     /// Drives a transfer from its stored state to `done` or `canceled`.
     ///
     /// Returns early only on a database error; the transfer is then left where it is,
     /// every step so far durable, for a later call or the sweeper to resume.
     pub async fn run(&self, transfer: Transfer) -> StoreResult<Transfer> {
-        let lock = self.drive_lock(transfer.id);
-        let driving = self.lock_drive(&lock).await;
-        let ended = self.drive(transfer).await;
-        drop(driving);
-        // Another task of this process may drive the transfer now.
-        failpoint!(self, AfterDrive);
+        let driving = self.lock_drive(transfer.id).await;
+        self.run_holding(driving, transfer, Origin::Read).await
+    }
+
+    /// [`Driver::run`] under `driving`, the transfer's drive lock, from `transfer` as
+    /// `origin` says it came.
+    pub(crate) async fn run_holding(
+        &self,
+        driving: Driving,
+        transfer: Transfer,
+        origin: Origin,
+    ) -> StoreResult<Transfer> {
+        let ended = self.drive(transfer, origin).await;
+        self.let_go(driving).await;
         ended
     }
 
-    /// Takes `lock`, the drive lock of a transfer (see [`Driver::drive_lock`]).
-    /// Under a test's scheduler (`failpoints::install_hook`), a run that finds it taken
-    /// parks at `wait_drive` and tries again each time it is let go, instead of blocking
-    /// where the scheduler cannot see it: the holder is another task of this process, which
-    /// goes on only when the scheduler lets it.
-    async fn lock_drive<'a>(
-        &self,
-        lock: &'a tokio::sync::Mutex<()>,
-    ) -> tokio::sync::MutexGuard<'a, ()> {
-        #[cfg(feature = "failpoints")]
-        while crate::failpoints::hooked(self.instance_id()) {
-            match lock.try_lock() {
-                Ok(driving) => return driving,
-                Err(_) => failpoint!(self, WaitDrive),
-            }
-        }
-        lock.lock().await
-    }
-
     /// The body of [`Driver::run`], under the transfer's drive lock.
-    async fn drive(&self, mut transfer: Transfer) -> StoreResult<Transfer> {
+    async fn drive(&self, mut transfer: Transfer, origin: Origin) -> StoreResult<Transfer> {
         let _in_flight = crate::metrics::InFlightTransfer::enter();
         // The caller's copy may be stale (another task finished the transfer and pulled
-        // its markers, so a re-run debit would apply again): start from the stored state.
-        // Not needed for a copy in `initial` (one just inserted, say): its first step,
-        // `initial -> pending`, is guarded, and if the transfer moved on, it loses and
-        // re-reads.
-        if transfer.state != TransferState::Initial {
-            transfer = self.reload(&transfer).await?;
+        // its markers, so a re-run prepare would apply again): start from the stored
+        // state. Not needed for the copy this run inserted (see [`Origin::Inserted`]),
+        // nor for a copy in `initial` (inserted by a reversal, or by an earlier version):
+        // its first step, `initial -> pending`, is guarded, and if the transfer moved on,
+        // it loses and re-reads.
+        match origin {
+            // Inserted `pending`: where a transfer inserted `initial` is after step 2.
+            Origin::Inserted => failpoint!(self, AfterPending),
+            Origin::Read if transfer.state != TransferState::Initial => {
+                transfer = self.reload(&transfer).await?;
+            }
+            Origin::Read => {}
         }
         transfer = self.send_unanswered_state_change(transfer).await?;
         loop {

@@ -400,10 +400,12 @@ pub fn exhaustive_scenarios(crash_points: LayoutPoints) -> Vec<Scenario> {
         // Multi-leg transfers: the same pairs. Across deployments, where the parties of
         // a step are wholly independent, their stops split (every ordering without a
         // split is among theirs): another actor between two parties' writes of a step.
-        // Of the crash points only the even ones: the owner's points alternate between
-        // right before a write (even) and right after a step (odd, see the points
-        // printed), and a crash right after a step leaves what one right before the next
-        // write does; splitting one of each pair keeps the run within its time.
+        // Of the crash points only the even ones: a crash at a point leaves what one at
+        // the next leaves when no write comes between them (see the points printed:
+        // after_insert, after_pending and before_debit; after_debit and after_credit,
+        // one round; after_applied and before_capture; after_pull and the last
+        // before_transition), and the even ones hold one of each such run, so every
+        // state a crash can leave is split while the run keeps within its time.
         let legs = |scenario: Scenario, split: bool| {
             if split && across {
                 scenario.split()
