@@ -6,12 +6,14 @@
 //!
 //! | state       | steps taken                                                     |
 //! |-------------|-----------------------------------------------------------------|
-//! | `initial`   | 2. `initial -> pending`, setting `application` (a new transfer is |
-//! |             | inserted `pending` and owned, so only a reversal's compensation,  |
-//! |             | or a transfer inserted before issue 35, takes this step)          |
+//! | `initial`   | 2. `initial -> pending`, setting `application`                  |
 //! | `pending`   | 3. prepare every party, 4. `pending -> applied`: the commit point |
 //! | `applied`   | 5. settle every party, 6. `applied -> done`                     |
 //! | `canceling` | undo every prepared party, `canceling -> canceled`              |
+//!
+//! A new transfer is inserted `pending`, owned by the instance that inserts it (step 1,
+//! `create.rs`), so only a reversal's compensation, or a transfer inserted before issue
+//! 35, takes step 2.
 //!
 //! The steps on the accounts are the same for every transfer, one leg or many
 //! (`protocol/parties.rs`): they move each account of it once, by its net change.
