@@ -2129,13 +2129,12 @@ async fn a_retry_completes_a_key_whose_request_stopped_before_inserting_and_both
 async fn a_request_that_loses_its_insert_to_a_retry_on_the_same_instance_waits_for_its_run() {
     let app = spawn_app_with(|s| s.stale_after = Duration::from_secs(60)).await;
     open_alice_and_bob(&app).await;
-    let mut first_paused = failpoints::pause(&app.instance_id, Point::AfterTakeKey);
-    let first = spawn_keyed_transfer(&app, "order-1", 300);
-    first_paused.reached().await;
-
-    let mut retry_paused = failpoints::pause(&app.instance_id, Point::AfterInsert);
-    let retry = spawn_keyed_transfer(&app, "order-1", 300);
-    retry_paused.reached().await;
+    let KeyRace {
+        first,
+        mut first_paused,
+        retry,
+        mut retry_paused,
+    } = a_retry_inserts_for_a_request_that_took_its_key(&app, &app).await;
     first_paused.resume();
     // Time for the first request to drive the transfer, if it could.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -2151,12 +2150,7 @@ async fn a_request_that_loses_its_insert_to_a_retry_on_the_same_instance_waits_f
     assert_eq!(status, 201, "{answered}");
     assert_eq!(answered["id"], retried["id"]);
     assert!(replayed, "the first request drove the retry's transfer");
-    let all = app
-        .store
-        .transfers()
-        .list_transfers(&Default::default(), 10)
-        .await
-        .unwrap();
+    let all = transfer_ids(&app).await;
     assert_eq!(all.len(), 1, "{all:?}");
     assert_balances_and_no_markers(&app, 700, 300).await;
 }
@@ -2173,12 +2167,12 @@ async fn a_request_that_loses_its_insert_to_a_retry_on_the_same_instance_waits_f
 async fn a_request_that_finds_its_transfer_canceled_by_its_own_instance_answers_the_end() {
     let (first, second) = two_instances(Duration::from_secs(60)).await;
     open_alice_and_bob(&first).await;
-    let mut took_key = failpoints::pause(&first.instance_id, Point::AfterTakeKey);
-    let slow = spawn_keyed_transfer(&first, "order-1", 300);
-    took_key.reached().await;
-    let mut retried = failpoints::pause(&second.instance_id, Point::AfterInsert);
-    let retry = spawn_keyed_transfer(&second, "order-1", 300);
-    retried.reached().await;
+    let KeyRace {
+        first: slow,
+        first_paused: mut took_key,
+        retry,
+        retry_paused: mut retried,
+    } = a_retry_inserts_for_a_request_that_took_its_key(&first, &second).await;
     let id = transfer_ids(&first).await[0];
     let mut inserting = failpoints::pause(&first.instance_id, Point::BeforeInsert);
     took_key.resume();
@@ -2209,6 +2203,36 @@ async fn a_request_that_finds_its_transfer_canceled_by_its_own_instance_answers_
     retried.resume();
     retry.await.unwrap();
     assert_balances_and_no_markers(&first, 1_000, 0).await;
+}
+
+/// A keyed request (`order-1`, 300 from alice to bob) stopped right after it took its
+/// key, and its retry, which then inserted the transfer, stopped right after the insert:
+/// their tasks and the pauses that hold them.
+struct KeyRace {
+    first: tokio::task::JoinHandle<(u16, Value, bool)>,
+    first_paused: failpoints::Paused,
+    retry: tokio::task::JoinHandle<(u16, Value, bool)>,
+    retry_paused: failpoints::Paused,
+}
+
+/// Makes a [`KeyRace`]: the request on `first`, its retry on `retrying` (the same
+/// instance or another).
+async fn a_retry_inserts_for_a_request_that_took_its_key(
+    first: &TestApp,
+    retrying: &TestApp,
+) -> KeyRace {
+    let mut first_paused = failpoints::pause(&first.instance_id, Point::AfterTakeKey);
+    let request = spawn_keyed_transfer(first, "order-1", 300);
+    first_paused.reached().await;
+    let mut retry_paused = failpoints::pause(&retrying.instance_id, Point::AfterInsert);
+    let retry = spawn_keyed_transfer(retrying, "order-1", 300);
+    retry_paused.reached().await;
+    KeyRace {
+        first: request,
+        first_paused,
+        retry,
+        retry_paused,
+    }
 }
 
 /// The ids of the transfers stored on `app`'s database.
