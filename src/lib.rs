@@ -53,9 +53,9 @@
 //! decided in one place, `store::transfers::Mover`.
 //!
 //! Words that name one thing each:
-//! - *insert*: step 1 of the protocol, a new transfer written `pending` and owned into
-//!   its transfer log (a reversal's compensation `initial`) (`service/create.rs`, `Transfers::insert_transfer`, the `after_insert`
-//!   point).
+//! - *insert*: step 1 of the protocol, a new transfer written `pending` and owned (a
+//!   reversal's compensation `initial`) into its transfer log (`service/create.rs`,
+//!   `Transfers::insert_transfer`, the `after_insert` point).
 //! - *record*: the event [`recorder`], which records a deployment's changes as events.
 //!   A webhook attempt is *logged* (the attempt log); an entry is *copied* out of its
 //!   account's document (`store::entries::EntryCopier`).

@@ -2178,13 +2178,7 @@ async fn a_request_that_finds_its_transfer_canceled_by_its_own_instance_answers_
     took_key.resume();
     inserting.reached().await;
 
-    let cancel = tokio::spawn({
-        let (http, url) = (
-            first.http.clone(),
-            first.url(&format!("/transfers/{id}/cancel")),
-        );
-        async move { http.post(url).send().await.unwrap().status().as_u16() }
-    });
+    let cancel = spawn_cancel(&first, id);
     // The cancel has taken the transfer over; its run waits for the drive lock.
     wait_for(&first, id, Duration::from_secs(5), |t| {
         t.state == TransferState::Canceling
@@ -2199,7 +2193,8 @@ async fn a_request_that_finds_its_transfer_canceled_by_its_own_instance_answers_
         (409, Some("transfer_canceled")),
         "{answered}"
     );
-    assert_eq!(cancel.await.unwrap(), 200);
+    let (status, canceled) = cancel.await.unwrap();
+    assert_eq!(status, 200, "{canceled}");
     retried.resume();
     retry.await.unwrap();
     assert_balances_and_no_markers(&first, 1_000, 0).await;

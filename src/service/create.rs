@@ -78,11 +78,10 @@ async fn joined(run: tokio::task::JoinHandle<StoreResult<Transfer>>) -> ServiceR
 
 /// What inserting a new transfer came to.
 enum Inserted {
-    /// The transfer as this request inserted it, which it drives.
-    ToDrive(Transfer),
-    /// The transfer as stored by an earlier attempt of this request, or by another request
-    /// with its key, which nobody drives: this request does.
-    Stored(Transfer),
+    /// The transfer for this request to drive, from a copy of `Origin`: as this request
+    /// inserted it, or as stored by an earlier attempt of this request or by another
+    /// request with its key, which nobody drives.
+    Run(Transfer, Origin),
     /// The transfer as stored, driven by another request with its key or a sweeper (or
     /// at its end): the answer, once it comes to rest.
     Driven(Transfer),
@@ -205,8 +204,7 @@ impl Requests {
             .insert(log, transfer.started_by(self.driver.owner()))
             .await;
         let (transfer, origin) = match inserted {
-            Ok(Inserted::ToDrive(transfer)) => (transfer, Origin::Inserted),
-            Ok(Inserted::Stored(transfer)) => (transfer, Origin::Read),
+            Ok(Inserted::Run(transfer, origin)) => (transfer, origin),
             Ok(Inserted::Driven(stored)) => {
                 self.driver.let_go(driving).await;
                 let transfer = self.driver.wait_until_at_rest(stored, REPLAY_WAIT).await?;
@@ -251,7 +249,7 @@ impl Requests {
         match log.transfers().insert_transfer(&transfer).await {
             Ok(stamp) => {
                 transfer.last_modified = stamp;
-                Ok(Inserted::ToDrive(transfer))
+                Ok(Inserted::Run(transfer, Origin::Inserted))
             }
             Err(StoreError::DuplicateKey(_)) => self.inserted_already(log, transfer).await,
             Err(e) => Err(e.into()),
@@ -268,7 +266,7 @@ impl Requests {
             // driver's retry), or another request with its key inserted it.
             // Nobody drives it yet: this request does.
             Some(stored) if stored.state == TransferState::Initial && stored.owner.is_none() => {
-                Ok(Inserted::Stored(stored))
+                Ok(Inserted::Run(stored, Origin::Read))
             }
             // Inserted by this process (`pending`, owned by it), and this request holds
             // the transfer's drive lock: no task of it drives the transfer any more.
@@ -276,7 +274,7 @@ impl Requests {
                 if stored.state == TransferState::Pending
                     && stored.owner.as_deref() == Some(self.driver.owner()) =>
             {
-                Ok(Inserted::Stored(stored))
+                Ok(Inserted::Run(stored, Origin::Read))
             }
             // Already driven (by the other request with its key, or a sweeper).
             Some(stored) => Ok(Inserted::Driven(stored)),
