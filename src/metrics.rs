@@ -124,7 +124,7 @@ const FAMILIES: [(&str, Kind, &str); 13] = [
     (
         EVENT_GAPS,
         Kind::Counter,
-        "Gaps in a deployment's feed this process found, by deployment and cause: changes whose events could not be recorded (history_lost: the change stream could not resume; unreadable_change: a change could not be made an event). Readers of cursors from before a gap are answered 410 cursor_expired; the error log says what was lost.",
+        "Gaps in a deployment's feed this process found, by deployment and cause: changes whose events could not be recorded (history_lost: an older version's change stream could not resume; unreadable_change: a due event or a change could not be made an event). Readers of cursors from before a gap are answered 410 cursor_expired; the error log says what was lost.",
     ),
     (
         EVENT_STREAMS,

@@ -183,7 +183,8 @@ async fn an_account_opened_before_entries_is_carried_forward_as_entry_1_and_goes
             "0009_webhooks",
             "0010_legs",
             "0011_tenants",
-            "0012_webhook_caps"
+            "0012_webhook_caps",
+            "0013_event_marks"
         ]
     );
     records(&store)

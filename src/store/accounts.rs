@@ -17,14 +17,14 @@ use mongodb::options::FindOptions;
 
 use super::batch::{AccountChange, Batches, Essentials, Pull, Settle};
 use super::clock::Clock;
-use super::documents::{Stored, domain, object_id, stored_time};
+use super::documents::{EventDue, Stored, domain, object_id, stored_time};
 use super::entries::{Marker, Moved, changed_with_entry, opening_entry, room_changed};
 use super::fields::account;
 use super::guards::Amounts;
 use super::{AccountDoc, Availability, StoreError, StoreResult};
 use crate::domain::{
-    Account, AccountId, Amount, Currency, DeploymentName, EntryKind, ParseError, Placement, Side,
-    TenantName, Timestamp, TransferId,
+    Account, AccountId, Amount, Currency, DeploymentName, EntryKind, EventType, ParseError,
+    Placement, Side, TenantName, Timestamp, TransferId,
 };
 
 /// The account book's writes and reads of `accounts` (from [`super::Store::accounts`]): the
@@ -88,6 +88,11 @@ impl Accounts<'_> {
             seq: 1,
             recent_entries: vec![opening_entry(account.balance, at)],
             last_entry_at: Some(at),
+            events_due: vec![EventDue {
+                kind: EventType::AccountOpened.as_str().to_owned(),
+                at,
+                balance: Some(account.balance),
+            }],
             ..AccountDoc::from(account)
         };
         self.accounts.insert_one(stored).await?;

@@ -50,7 +50,7 @@ use super::entries::{
     unless_zero,
 };
 use super::fields::{account, path, transfer};
-use super::guards::{Amounts, forward_step_allowed, owned_by, stamped};
+use super::guards::{Amounts, forward_step_allowed, moved, owned_by};
 use super::{StoreError, StoreResult, TransferDoc, timed, writing_to};
 use crate::domain::{DeploymentName, EntryKind, TransferState};
 
@@ -464,7 +464,8 @@ async fn transition_group(
             transfer::STATE: from.as_str(),
             transfer::APPLICATION: owned_by(owner, from),
         },
-        stamped(
+        moved(
+            to,
             doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner },
             at,
         ),

@@ -84,6 +84,9 @@ pub struct AccountDoc {
     pub last_entry_at: Option<DateTime>,
     pub created_at: DateTime,
     pub updated_at: DateTime,
+    /// `account.opened` until the recorder records it (see [`TransferDoc::events_due`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events_due: Vec<EventDue>,
 }
 
 /// An entry as stored, in an account's `recentEntries` and in `entries` (which adds
@@ -187,6 +190,24 @@ pub struct TransferDoc {
     /// so that the sweeper finishes a reversal whose instance crashed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reversing: bool,
+    /// The events of this transfer's state changes not in the feed yet: each write that
+    /// makes it `held`, `done` or `canceled` adds one, and the recorder takes it off once
+    /// the event is recorded (`store::marks`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events_due: Vec<EventDue>,
+}
+
+/// An event a document's write made due (`eventsDue`): its type, and the stamp of the
+/// write (the event's `at`; a `held` event's transfer is turned back to it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EventDue {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub at: DateTime,
+    /// An account's opening balance (`account.opened`): the event shows the account as
+    /// it was opened, whatever moved it before the event is recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<i64>,
 }
 
 /// A stored leg of a multi-leg transfer.
@@ -288,6 +309,7 @@ impl From<&Transfer> for TransferDoc {
             reversed_by: t.reversed_by.map(object_id),
             fenced: t.fenced,
             reversing: t.reversing,
+            events_due: Vec::new(),
         }
     }
 }
@@ -505,6 +527,7 @@ impl From<&Account> for AccountDoc {
             last_entry_at: None,
             created_at: stored_time(a.created_at),
             updated_at: stored_time(a.updated_at),
+            events_due: Vec::new(),
         }
     }
 }

@@ -1,26 +1,22 @@
-//! Events (`docs/events.md`): recorded from the deployment's change stream into
-//! `events`, kept for the retention, and read as the deployment's feed.
+//! Events (`docs/events.md`): marked due in the documents they report, given their
+//! places in `events` by the recorder (`marks`), kept for the retention, and read as the
+//! deployment's feed.
 //!
 //! Recording:
-//! - The events come from the database's own change stream: a change reports a transfer
-//!   reaching `held`, `done` or `canceled` (an update naming the new `state`, or an
-//!   insert or replace of a document in that state) or an account's insert. The stream
-//!   gives only majority-committed changes, in the order the deployment applied them,
-//!   whichever instance or strategy made them, so no code path can forget an event.
-//! - An event's [`Position`] is the change's cluster time, then its id ([`key`]). Both
-//!   come from the change: every instance that records it gives it the same key and the
-//!   same `_id`, and a second recording is refused by `_id`.
-//! - One instance at a time records a deployment's events, under a lease in
-//!   `eventRecorder` judged by the database's clock. Two recorders at once (a lease that
-//!   ran out under a slow owner) are harmless: each inserts in stream order, and the
-//!   second copy of an event is refused.
-//! - Each recorder inserts in stream order (ordered inserts): an event is visible only
-//!   once every event before it in its deployment's feed is. A reader that has read up
-//!   to a position therefore never sees an event appear below it later.
-//! - Where the stream resumes (`resumeToken`) is saved after the events before it are
-//!   recorded, so a crash or a takeover records some events twice (refused), never
-//!   skips one. The first recorder starts from `startAt`, the cluster time taken when
-//!   this version first started ([`Events::prepare_feed`]), before it served a request.
+//! - The write that makes a transfer `held`, `done` or `canceled`, or opens an account,
+//!   marks the event due in that document (`eventsDue`, `guards::moved`). One instance at
+//!   a time, under a lease in `eventRecorder` judged by the database's clock, gives due
+//!   events their places in rounds, each guarded by the lease, so that a recorder that
+//!   stops mid-round is finished by the next at the same places (`marks` says how).
+//! - An event's [`Position`] is its tick in the feed, then its id ([`key`]); the second
+//!   copy of an event is refused by `_id`.
+//! - A reader reads only up to `recordedThrough`, raised once a round's events are all
+//!   in: a reader that has read up to a position never sees an event appear below it.
+//! - A feed an older version recorded from the change stream is read from that stream up
+//!   to this version's first start ([`Events::prepare_feed`], [`Events::record_events`]):
+//!   there an event's position is its change's cluster time, the stream's resume point
+//!   (`resumeToken`) is saved after the events before it are recorded, and a change's
+//!   events are inserted in stream order.
 //!
 //! Keeping: events older than the retention are removed from the front of the feed
 //! ([`Events::trim_events`]), whole cluster times at a time. `trimmedThrough` is raised
@@ -29,15 +25,17 @@
 //! position is not handed it: it starts at a position that names no event, after the
 //! front's whole cluster time ([`Events::reader_start`]).
 //!
-//! Gaps: events that cannot be recorded (the stream cannot resume where it was saved:
-//! [`Events::open_changes`]; a change cannot be made an event: [`Events::record_events`])
-//! are never skipped silently. `trimmedThrough` is raised past them, in the guarded write
-//! that moves the stream past them, so that every cursor from before the gap is refused
+//! Gaps: events that cannot be recorded (a due event cannot be made: `marks`; the stream
+//! cannot resume where it was saved: [`Events::open_changes`]; a change cannot be made an
+//! event: [`Events::record_events`]) are never skipped silently. `trimmedThrough` is
+//! raised past them, in the guarded write that finishes the round or moves the stream
+//! past them, so that every cursor from before the gap is refused
 //! as one from before a removal is; the events left below it are removed by the next
 //! trims. An error log says what was lost and `event_feed_gaps_total` counts it.
 //!
 //! All of it is the [`Events`] view (`store.events()`), which holds the database (the
-//! feed's collections and its change stream), its clock and the deployment's name.
+//! feed's collections, the documents that mark events, and the change stream), its clock
+//! and the deployment's name.
 
 use std::time::Duration;
 
@@ -53,11 +51,14 @@ use serde::{Deserialize, Serialize};
 use super::clock::Clock;
 use super::documents::{AccountDoc, Stored, TransferDoc, stored_time};
 use super::fields::{event, recorder, transfer};
+
+mod marks;
 use super::{StoreError, StoreResult};
 use crate::domain::{
     DeploymentName, Event, EventData, EventType, Position, TenantName, Timestamp, TransferState,
     event_id,
 };
+pub use marks::Due;
 
 /// The collection of events.
 const EVENTS: &str = "events";
@@ -131,6 +132,18 @@ pub struct Changes {
     /// the stream (the batch was cut, not drained): published as `recordedThrough` once
     /// the stream has run dry or moved past its time.
     unpublished: Option<String>,
+    /// Whether the stream has given the probe it is read up to (see
+    /// [`Events::probe_stream`]).
+    reached: bool,
+}
+
+/// What a call of [`Events::record_events`] did.
+#[derive(Debug, Clone, Copy)]
+pub struct Drained {
+    /// The events it recorded.
+    pub recorded: usize,
+    /// Whether every change before the probe has been recorded now.
+    pub reached: bool,
 }
 
 /// A change that should be an event and cannot be made one.
@@ -279,22 +292,60 @@ impl Events<'_> {
     /// start-up, after the migrations and before the instance serves, so that no change
     /// this version makes precedes the feed's start. Nothing may be read yet
     /// (`recordedThrough` below every event) until the first recorder says how far.
+    ///
+    /// This version's writes mark their events in their documents (`marks`). A new feed is
+    /// made with `streamDone`: it has no change stream to read. A feed an older version
+    /// recorded from the change stream has none, and its stream is read to its end first
+    /// ([`Events::probe_stream`]).
     pub async fn prepare_feed(self) -> StoreResult<()> {
-        let now = self.cluster_time().await?;
-        let mut start = doc! { recorder::RECORDED_THROUGH: tick_key(0) };
-        match now {
-            Some(now) => {
-                start.insert(recorder::START_AT, now);
-            }
-            None => {
-                tracing::warn!(deployment = %self.deployment, "the database gave no cluster time; the feed starts when its first recorder does")
-            }
-        }
+        let start = doc! { recorder::RECORDED_THROUGH: tick_key(0), recorder::STREAM_DONE: true };
         self.recorder()
             .update_one(doc! { "_id": RECORDER_ID }, doc! { "$setOnInsert": start })
             .upsert(true)
             .await?;
         Ok(())
+    }
+
+    /// Whether the change stream of a feed an older version recorded is still to be
+    /// read (to what it holds of that version's changes).
+    pub async fn stream_left(self) -> StoreResult<bool> {
+        let state = self
+            .recorder()
+            .find_one(doc! { "_id": RECORDER_ID })
+            .projection(doc! { recorder::STREAM_DONE: 1 })
+            .await?
+            .unwrap_or_default();
+        Ok(!state.get_bool(recorder::STREAM_DONE).unwrap_or(false))
+    }
+
+    /// Writes, as `owner`, a probe into the recorder's document, once the change stream
+    /// of an older version's feed is open: every change the older version made precedes
+    /// it (its instances were stopped before this version's started), so once the stream
+    /// gives the probe, it has given every one of them. `None` when `owner` no longer
+    /// holds the lease.
+    pub async fn probe_stream(self, owner: &str) -> StoreResult<Option<bson::oid::ObjectId>> {
+        let probe = bson::oid::ObjectId::new();
+        let written = self
+            .recorder()
+            .update_one(
+                doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
+                doc! { "$set": { recorder::STREAM_PROBE: probe } },
+            )
+            .await?;
+        Ok((written.matched_count == 1).then_some(probe))
+    }
+
+    /// Says, as `owner`, that the change stream has given its probe: from now on every
+    /// event is recorded from the marks. Whether `owner` still holds the lease.
+    pub async fn stream_read(self, owner: &str) -> StoreResult<bool> {
+        let written = self
+            .recorder()
+            .update_one(
+                doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
+                doc! { "$set": { recorder::STREAM_DONE: true } },
+            )
+            .await?;
+        Ok(written.matched_count == 1)
     }
 
     /// The deployment's cluster time now, if it gives one (a replica set or a sharded
@@ -466,6 +517,7 @@ impl Events<'_> {
                 stream,
                 saved: None,
                 unpublished: self.left_unpublished(&state).await?,
+                reached: false,
             }))),
             Err(e) if resuming => match e.kind.as_ref() {
                 ErrorKind::Command(c) if CANNOT_RESUME.contains(&c.code) => {
@@ -482,8 +534,14 @@ impl Events<'_> {
 
     /// Records the events of the changes the stream has now, at most [`MAX_RECORDED`]
     /// (waiting up to the stream's await time for a first one), then saves where the
-    /// stream is, as `owner`. The events recorded by this call.
-    pub async fn record_events(self, changes: &mut Changes, owner: &str) -> StoreResult<usize> {
+    /// stream is, as `owner`; up to `probe` ([`Events::probe_stream`]), which it says
+    /// when it has reached.
+    pub async fn record_events(
+        self,
+        changes: &mut Changes,
+        owner: &str,
+        probe: bson::oid::ObjectId,
+    ) -> StoreResult<Drained> {
         let mut found = Vec::new();
         let mut lost: Vec<Unreadable> = Vec::new();
         let mut changed = false;
@@ -496,6 +554,15 @@ impl Events<'_> {
                 drained = true;
                 break;
             };
+            // The probe: the stream has given every change before it.
+            if let Some(seen) = probed(&change) {
+                if seen == probe {
+                    changes.reached = true;
+                    drained = true;
+                    break;
+                }
+                continue;
+            }
             gathering.get_or_insert_with(std::time::Instant::now);
             changed = true;
             match self.event_of(&change) {
@@ -548,7 +615,10 @@ impl Events<'_> {
                 self.say_lost(&lost, front);
             }
         }
-        Ok(recorded)
+        Ok(Drained {
+            recorded,
+            reached: changes.reached,
+        })
     }
 
     /// The key just past the cluster times of the changes `lost` (up to now for one
@@ -1187,6 +1257,7 @@ fn count<'a>(events: impl Iterator<Item = &'a EventDoc>) {
 /// transfer made in one transaction is inserted `done` or `canceled`; SecantusDB reports
 /// an update pipeline as a replace).
 fn changes_that_are_events() -> Document {
+    let probe = format!("updateDescription.updatedFields.{}", recorder::STREAM_PROBE);
     let states: Vec<Bson> = [
         TransferState::Held,
         TransferState::Done,
@@ -1207,7 +1278,17 @@ fn changes_that_are_events() -> Document {
             "operationType": { "$in": ["insert", "replace"] },
             format!("fullDocument.{}", transfer::STATE): { "$in": states },
         },
+        { "ns.coll": RECORDER, "operationType": "update", probe: { "$exists": true } },
     ] } }
+}
+
+/// The probe `change` writes, if it is one ([`Events::probe_stream`]).
+fn probed(change: &ChangeStreamEvent<Document>) -> Option<bson::oid::ObjectId> {
+    if change.ns.as_ref().and_then(|n| n.coll.as_deref()) != Some(RECORDER) {
+        return None;
+    }
+    let fields = &change.update_description.as_ref()?.updated_fields;
+    fields.get_object_id(recorder::STREAM_PROBE).ok()
 }
 
 #[cfg(test)]

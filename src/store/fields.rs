@@ -42,6 +42,8 @@ pub mod account {
     pub const LAST_ENTRY_AT: &str = "lastEntryAt";
     pub const CREATED_AT: &str = "createdAt";
     pub const UPDATED_AT: &str = "updatedAt";
+    /// The events its writes made due and the recorder has not recorded yet.
+    pub const EVENTS_DUE: &str = "eventsDue";
 
     /// Every field, for the test against serde's names.
     #[cfg(test)]
@@ -60,6 +62,7 @@ pub mod account {
         LAST_ENTRY_AT,
         CREATED_AT,
         UPDATED_AT,
+        EVENTS_DUE,
     ];
 }
 
@@ -122,6 +125,8 @@ pub mod transfer {
     pub const REVERSED_BY: &str = "reversedBy";
     pub const FENCED: &str = "fenced";
     pub const REVERSING: &str = "reversing";
+    /// The events its writes made due and the recorder has not recorded yet.
+    pub const EVENTS_DUE: &str = "eventsDue";
     /// `parties.account`: the transfers a party's account is in.
     pub const PARTIES_ACCOUNT: &str = "parties.account";
     /// `parties.deployment`.
@@ -152,6 +157,7 @@ pub mod transfer {
         REVERSED_BY,
         FENCED,
         REVERSING,
+        EVENTS_DUE,
     ];
 }
 
@@ -260,6 +266,20 @@ pub mod cap {
 }
 
 /// A document of `events` (`events::EventDoc`).
+/// An element of `eventsDue` (`documents::EventDue`), in an account or a transfer.
+pub mod event_due {
+    pub const TYPE: &str = "type";
+    pub const AT: &str = "at";
+    pub const BALANCE: &str = "balance";
+    /// `eventsDue.type`: the due events' indexes hold the documents that have one.
+    pub const DUE_TYPE: &str = "eventsDue.type";
+    /// `eventsDue.at`: what those indexes order them by.
+    pub const DUE_AT: &str = "eventsDue.at";
+
+    #[cfg(test)]
+    pub const ALL: &[&str] = &[TYPE, AT, BALANCE];
+}
+
 pub mod event {
     pub const TYPE: &str = "type";
     pub const AT: &str = "at";
@@ -282,6 +302,15 @@ pub mod recorder {
     pub const TRIMMED_THROUGH: &str = "trimmedThrough";
     pub const RESUME_TOKEN: &str = "resumeToken";
     pub const START_AT: &str = "startAt";
+    /// A round of the recorder written and not finished (`store::events::marks`).
+    pub const ROUND: &str = "round";
+    /// In a round: the key of its first tick, and its events' ids in feed order.
+    pub const ROUND_FIRST: &str = "first";
+    pub const ROUND_IDS: &str = "ids";
+    /// Set once the change stream of a feed an older version recorded has been read to
+    /// its end, the probe this version wrote (`streamProbe`).
+    pub const STREAM_DONE: &str = "streamDone";
+    pub const STREAM_PROBE: &str = "streamProbe";
 }
 
 /// A document of `idempotencyKeys`: the transfer a key made (written field by field).
@@ -336,7 +365,7 @@ mod tests {
     use mongodb::bson::DateTime;
     use mongodb::bson::oid::ObjectId;
 
-    use super::super::documents::{AccountDoc, EntryDoc, LegDoc, PartyDoc, TransferDoc};
+    use super::super::documents::{AccountDoc, EntryDoc, EventDue, LegDoc, PartyDoc, TransferDoc};
     use super::*;
     use crate::domain::{CancelReason, EntryKind, TransferState};
 
@@ -375,8 +404,22 @@ mod tests {
             last_entry_at: Some(DateTime::now()),
             created_at: DateTime::now(),
             updated_at: DateTime::now(),
+            events_due: vec![due()],
         };
         assert_same_keys(account::ALL, &account);
+    }
+
+    fn due() -> EventDue {
+        EventDue {
+            kind: "account.opened".into(),
+            at: DateTime::now(),
+            balance: Some(1),
+        }
+    }
+
+    #[test]
+    fn the_event_due_fields_are_the_names_serde_writes() {
+        assert_same_keys(event_due::ALL, &due());
     }
 
     #[test]
@@ -423,6 +466,7 @@ mod tests {
             reversed_by: Some(ObjectId::new()),
             fenced: true,
             reversing: true,
+            events_due: vec![due()],
         };
         assert_same_keys(transfer::ALL, &transfer);
         assert_eq!(

@@ -3,12 +3,15 @@
 //! - [`forward_step_allowed`]: when a debit, a credit or a hold's reservation may land
 //!   on an account;
 //! - [`owned_by`]: who may move a transfer in a state change of its owner;
-//! - [`stamped`], [`stamped_unset`]: `lastModified` only ever moves forward.
+//! - [`stamped`], [`stamped_unset`]: `lastModified` only ever moves forward;
+//! - [`moved`], [`due`]: a write that makes a transfer `held`, `done` or `canceled`
+//!   marks its event due in the same write (`store::marks`).
 
 use mongodb::bson::{Bson, DateTime, Document, doc};
 
-use super::fields::{account, path, transfer};
-use crate::domain::{MAX_MONEY, TransferState};
+use super::documents::EventDue;
+use super::fields::{account, event_due, path, transfer};
+use crate::domain::{EventType, MAX_MONEY, TransferState};
 
 /// An account's three amounts, or a forward step's changes to them, as aggregation
 /// expressions (see `docs/holds.md`).
@@ -105,6 +108,35 @@ pub(super) fn stamped(fields: Document, at: DateTime) -> Document {
         update.insert("$set", fields);
     }
     update
+}
+
+/// [`stamped`] for a state change to `to` that sets `fields` too (the new state among
+/// them): when `to` has an event, the write marks it due (`eventsDue`), so that the
+/// recorder finds it however the change was made.
+pub(super) fn moved(to: TransferState, fields: Document, at: DateTime) -> Document {
+    let mut update = stamped(fields, at);
+    if let Some(due) = due(to, at) {
+        update.insert("$push", doc! { transfer::EVENTS_DUE: due_doc(&due) });
+    }
+    update
+}
+
+/// The event a document written in `to` at `at` makes due, if `to` has one.
+pub(super) fn due(to: TransferState, at: DateTime) -> Option<EventDue> {
+    EventType::of_state(to).map(|kind| EventDue {
+        kind: kind.as_str().to_owned(),
+        at,
+        balance: None,
+    })
+}
+
+/// `due` as an element of `eventsDue`.
+pub(super) fn due_doc(due: &EventDue) -> Document {
+    let mut stored = doc! { event_due::TYPE: &due.kind, event_due::AT: due.at };
+    if let Some(balance) = due.balance {
+        stored.insert(event_due::BALANCE, balance);
+    }
+    stored
 }
 
 /// [`stamped`] for a write that removes `fields`.

@@ -61,6 +61,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0012_webhook_caps",
         include_str!("../../migrations/0012_webhook_caps.json"),
     ),
+    (
+        "0013_event_marks",
+        include_str!("../../migrations/0013_event_marks.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.

@@ -19,7 +19,7 @@
 //! | [`Store::accounts`] -> [`Accounts`] | `accounts` | clock, batches (and the entry copier), availability, actor |
 //! | [`Store::transfers`] -> [`Transfers`] | `transactions`, `idempotencyKeys` (a key is taken with its transfer) | clock, batches, actor |
 //! | [`Store::entries`] -> [`Entries`] | `entries`, and `accounts` read for the entries not moved yet | none |
-//! | [`Store::events`] -> [`Events`] | `events`, `eventRecorder`, the change stream | clock |
+//! | [`Store::events`] -> [`Events`] | `events`, `eventRecorder`; the events marked due in `transactions` and `accounts`; an older feed's change stream | clock |
 //! | [`Store::webhooks`] -> [`Webhooks`] | `webhooks`, `deliveries`, `webhookDispatcher`, `webhookCaps` | clock |
 //! | [`Store::atomic`] -> [`Atomic`] | `transactions` and `accounts` in one transaction (the native strategy) | clock, the entry copier |
 //! | [`Store::directory`] -> [`Directory`] | `accountDirectory` (the first deployment's) | none |

@@ -32,7 +32,7 @@ use super::clock::Clock;
 use super::documents::{AccountDoc, Stored};
 use super::entries::{EntryCopier, Marker, changed_with_entry};
 use super::fields::{account, path};
-use super::guards::Amounts;
+use super::guards::{Amounts, due};
 use super::{StoreError, StoreResult, TransferDoc, majority_journaled};
 use crate::domain::{
     AccountId, CancelReason, DeploymentName, EntryKind, MAX_MONEY, Transfer, TransferState,
@@ -112,10 +112,12 @@ impl Atomic<'_> {
         owner: &str,
         time_limit: Duration,
     ) -> StoreResult<AtomicOutcome> {
+        let at = self.clock.stamp_time().await?;
         let done = TransferDoc {
             state: TransferState::Done,
             application: Some(owner.to_owned()),
-            last_modified: self.clock.stamp_time().await?,
+            last_modified: at,
+            events_due: due(TransferState::Done, at).into_iter().collect(),
             ..TransferDoc::from(transfer)
         };
         let deadline = Instant::now() + time_limit;

@@ -24,7 +24,7 @@ use super::clock::Clock;
 use super::documents::{Stored, domain, object_id, stored_key, stored_time, transfer_id};
 use super::fields::idempotency_key;
 use super::fields::{party, path, transfer};
-use super::guards::{owned_by, stamped, stamped_unset};
+use super::guards::{due, due_doc, moved, owned_by, stamped, stamped_unset};
 use super::{StoreError, StoreResult, TransferDoc};
 use crate::domain::{
     AccountId, Amount, CancelReason, DeploymentName, ScopedKey, Side, Timestamp, Transfer,
@@ -263,6 +263,7 @@ impl Transfers<'_> {
         let at = self.clock.stamp_time().await?;
         let stamped = TransferDoc {
             last_modified: at,
+            events_due: due(transfer.state, at).into_iter().collect(),
             ..TransferDoc::from(transfer)
         };
         failpoint!(self, BeforeInsert);
@@ -684,12 +685,12 @@ impl Transfers<'_> {
                 failpoint!(self, BeforeResolve);
                 let mut set = doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner };
                 set.extend(step_fields(fields));
-                return self.resolve_held(id, set, by, lease_start).await;
+                return self.resolve_held(id, to, set, by, lease_start).await;
             }
         };
         let mut set = doc! { transfer::STATE: to.as_str(), transfer::APPLICATION: owner };
         set.extend(step_fields(fields));
-        let update = stamped(set, lease_start);
+        let update = moved(to, set, lease_start);
         #[cfg(feature = "failpoints")]
         if matches!(by, Mover::Owner(_)) {
             let (transactions, filter, update) =
@@ -726,12 +727,13 @@ impl Transfers<'_> {
     async fn resolve_held(
         self,
         id: ObjectId,
+        to: TransferState,
         set: Document,
         by: Resolution,
         lease_start: DateTime,
     ) -> StoreResult<Option<Timestamp>> {
         let filter = doc! { "_id": id, transfer::STATE: TransferState::Held.as_str() };
-        let update = resolved_by_the_clock(set, by, self.resolving_clock(), lease_start);
+        let update = resolved_by_the_clock(set, to, by, self.resolving_clock(), lease_start);
         let result = self.transactions.update_one(filter, update).await?;
         Ok((result.modified_count == 1).then_some(lease_start.to_chrono()))
     }
@@ -766,6 +768,7 @@ fn step_fields(fields: StepFields) -> Document {
 /// on MongoDB.
 fn resolved_by_the_clock(
     mut set: Document,
+    to: TransferState,
     by: Resolution,
     now: Bson,
     at: DateTime,
@@ -794,6 +797,16 @@ fn resolved_by_the_clock(
             (field, Bson::Document(value))
         })
         .collect();
+    if let Some(due) = due(to, at) {
+        let marked = doc! { "$concatArrays": [
+            { "$ifNull": [path(transfer::EVENTS_DUE), []] },
+            [{ "$literal": due_doc(&due) }],
+        ] };
+        conditional.insert(
+            transfer::EVENTS_DUE,
+            doc! { "$cond": ["$_resolves", marked, { "$ifNull": [path(transfer::EVENTS_DUE), "$$REMOVE"] }] },
+        );
+    }
     conditional.insert(
         transfer::LAST_MODIFIED,
         doc! { "$cond": ["$_resolves", { "$max": [path(transfer::LAST_MODIFIED), at] }, path(transfer::LAST_MODIFIED)] },

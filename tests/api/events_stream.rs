@@ -946,13 +946,15 @@ async fn large_transfer(
 }
 
 /// Inserts `n` copies of the transfer `template` (each its own id) into `database`: a
-/// `transfer.done` event each.
+/// `transfer.done` event each, marked due as the service's own write marks it.
 async fn flood(database: &mongodb::Database, template: &Document, n: usize) {
     let transactions = database.collection::<Document>("transactions");
     let docs: Vec<Document> = (0..n)
         .map(|_| {
             let mut copy = template.clone();
             copy.insert("_id", mongodb::bson::oid::ObjectId::new());
+            let due = doc! { "type": "transfer.done", "at": mongodb::bson::DateTime::now() };
+            copy.insert("eventsDue", vec![due]);
             copy
         })
         .collect();
