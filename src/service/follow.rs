@@ -259,14 +259,13 @@ impl Feed {
         self.followers.signal.subscribe()
     }
 
-    /// Bumps the followers' signal whenever some deployment's newest event changes,
-    /// looking every [`SIGNAL_EVERY`] while anyone follows, until `shutdown`.
+    /// Bumps the followers' signal whenever some deployment's feed may be read further
+    /// (its `recordedThrough` moved: a round of the recorder finished), looking every
+    /// [`SIGNAL_EVERY`] while anyone follows, until `shutdown`. (It looked at the newest
+    /// event before, which a round inserts before it raises the bound: a follower woken
+    /// then read nothing and waited [`READ_AT_LEAST_EVERY`] for the next look.)
     pub async fn signal_new_events(&self, shutdown: CancellationToken) {
-        // Where each deployment's watch starts: a few seconds before the first look, not
-        // the front of the feed, whose whole length SecantusDB would read to find the
-        // newest (a late event below it is still read within [`READ_AT_LEAST_EVERY`]).
-        let mut newest: Vec<Option<crate::domain::Position>> =
-            vec![None; self.deployments.all().len()];
+        let mut seen: Vec<Option<String>> = vec![None; self.deployments.all().len()];
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -276,23 +275,16 @@ impl Feed {
                 continue;
             }
             let mut grew = false;
-            for (store, seen) in self.deployments.all().iter().zip(newest.iter_mut()) {
+            for (store, seen) in self.deployments.all().iter().zip(seen.iter_mut()) {
                 if store.check_answering().is_err() {
                     continue;
                 }
-                let Some(from) = seen else {
-                    if let Ok(now) = store.events().cluster_time().await {
-                        *seen = Some(crate::domain::Position {
-                            seconds: now.map_or(0, |t| t.time.saturating_sub(5)),
-                            increment: 0,
-                            id: String::new(),
-                        });
-                    }
+                let Ok(state) = store.events().feed_state().await else {
                     continue;
                 };
-                if let Ok(Some(now)) = store.events().newest_event_after(from).await {
+                if state.recorded_through != *seen {
                     grew = true;
-                    *seen = Some(now);
+                    *seen = state.recorded_through;
                 }
             }
             if grew {
