@@ -86,7 +86,7 @@ impl Task<RecorderLease> for Recorder {
             return Ok(());
         }
         let store = &self.store;
-        let mut due = store.events().open_due(&owner).await?;
+        let mut due = store.events().rounds().open_due(&owner).await?;
         let mut wait = ROUND_EVERY;
         loop {
             if self.shutdown.is_cancelled() {
@@ -97,7 +97,7 @@ impl Task<RecorderLease> for Recorder {
                 return Ok(());
             }
             trim.if_due(store, &owner).await?;
-            let Some(recorded) = store.events().record_due(&mut due, &owner).await? else {
+            let Some(recorded) = store.events().rounds().record_due(&mut due, &owner).await? else {
                 self.lost();
                 return Ok(());
             };

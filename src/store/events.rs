@@ -58,7 +58,7 @@ use crate::domain::{
     DeploymentName, Event, EventData, EventType, Position, TenantName, Timestamp, TransferState,
     event_id,
 };
-pub use marks::Due;
+pub use marks::{Due, Rounds};
 
 /// The collection of events.
 const EVENTS: &str = "events";
@@ -135,6 +135,16 @@ pub struct Changes {
     /// Whether the stream has given the probe it is read up to (see
     /// [`Events::probe_stream`]).
     reached: bool,
+}
+
+/// What [`Events::gather`] read of the stream.
+struct Gathered {
+    found: Vec<EventDoc>,
+    lost: Vec<Unreadable>,
+    /// Whether the stream gave any change.
+    changed: bool,
+    /// Whether it ran dry, or gave the probe.
+    drained: bool,
 }
 
 /// What a call of [`Events::record_events`] did.
@@ -278,7 +288,12 @@ pub struct Events<'s> {
     pub(super) deployment: &'s DeploymentName,
 }
 
-impl Events<'_> {
+impl<'s> Events<'s> {
+    /// The recorder's rounds over the events marked due (`marks`).
+    pub fn rounds(self) -> Rounds<'s> {
+        Rounds { events: self }
+    }
+
     fn events(self) -> Collection<EventDoc> {
         self.db.collection(EVENTS)
     }
@@ -542,38 +557,12 @@ impl Events<'_> {
         owner: &str,
         probe: bson::oid::ObjectId,
     ) -> StoreResult<Drained> {
-        let mut found = Vec::new();
-        let mut lost: Vec<Unreadable> = Vec::new();
-        let mut changed = false;
-        // Under steady load the server's batches never come back empty: the changes of
-        // [`GATHER_FOR`] are recorded together, so that an event waits that long at most.
-        let mut gathering: Option<std::time::Instant> = None;
-        let mut drained = false;
-        while found.len() < MAX_RECORDED && gathering.is_none_or(|g| g.elapsed() < GATHER_FOR) {
-            let Some(change) = changes.stream.next_if_any().await? else {
-                drained = true;
-                break;
-            };
-            // The probe: the stream has given every change before it.
-            if let Some(seen) = probed(&change) {
-                if seen == probe {
-                    changes.reached = true;
-                    drained = true;
-                    break;
-                }
-                continue;
-            }
-            gathering.get_or_insert_with(std::time::Instant::now);
-            changed = true;
-            match self.event_of(&change) {
-                Ok(Some(event)) => found.push(event),
-                Ok(None) => {}
-                Err(why) => {
-                    let why = crate::error_chain::Chain(&why).to_string();
-                    lost.push(Unreadable::of(&change, why));
-                }
-            }
-        }
+        let Gathered {
+            found,
+            lost,
+            changed,
+            drained,
+        } = self.gather(changes, probe).await?;
         let recorded = self.insert_in_order(&found).await?;
         // A change that cannot be made an event never will be: the front of the feed moves
         // past its cluster time, in the write that saves the stream past it, so that the
@@ -618,6 +607,53 @@ impl Events<'_> {
         Ok(Drained {
             recorded,
             reached: changes.reached,
+        })
+    }
+
+    /// The changes the stream has now, made events (at most [`MAX_RECORDED`], waiting up
+    /// to the stream's await time for a first one), up to `probe`.
+    async fn gather(
+        self,
+        changes: &mut Changes,
+        probe: bson::oid::ObjectId,
+    ) -> StoreResult<Gathered> {
+        let mut found: Vec<EventDoc> = Vec::new();
+        let mut lost: Vec<Unreadable> = Vec::new();
+        let mut changed = false;
+        // Under steady load the server's batches never come back empty: the changes of
+        // [`GATHER_FOR`] are recorded together, so that an event waits that long at most.
+        let mut gathering: Option<std::time::Instant> = None;
+        let mut drained = false;
+        while found.len() < MAX_RECORDED && gathering.is_none_or(|g| g.elapsed() < GATHER_FOR) {
+            let Some(change) = changes.stream.next_if_any().await? else {
+                drained = true;
+                break;
+            };
+            // The probe: the stream has given every change before it.
+            if let Some(seen) = probed(&change) {
+                if seen == probe {
+                    changes.reached = true;
+                    drained = true;
+                    break;
+                }
+                continue;
+            }
+            gathering.get_or_insert_with(std::time::Instant::now);
+            changed = true;
+            match self.event_of(&change) {
+                Ok(Some(event)) => found.push(event),
+                Ok(None) => {}
+                Err(why) => {
+                    let why = crate::error_chain::Chain(&why).to_string();
+                    lost.push(Unreadable::of(&change, why));
+                }
+            }
+        }
+        Ok(Gathered {
+            found,
+            lost,
+            changed,
+            drained,
         })
     }
 

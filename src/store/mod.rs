@@ -19,7 +19,8 @@
 //! | [`Store::accounts`] -> [`Accounts`] | `accounts` | clock, batches (and the entry copier), availability, actor |
 //! | [`Store::transfers`] -> [`Transfers`] | `transactions`, `idempotencyKeys` (a key is taken with its transfer) | clock, batches, actor |
 //! | [`Store::entries`] -> [`Entries`] | `entries`, and `accounts` read for the entries not moved yet | none |
-//! | [`Store::events`] -> [`Events`] | `events`, `eventRecorder`; the events marked due in `transactions` and `accounts`; an older feed's change stream | clock |
+//! | [`Store::events`] -> [`Events`] | `events`, `eventRecorder`; an older feed's change stream | clock |
+//! | [`Events::rounds`] -> [`events::Rounds`] | the recorder's rounds: `events`, `eventRecorder`, the marks of due events in `transactions` and `accounts` | clock |
 //! | [`Store::webhooks`] -> [`Webhooks`] | `webhooks`, `deliveries`, `webhookDispatcher`, `webhookCaps` | clock |
 //! | [`Store::atomic`] -> [`Atomic`] | `transactions` and `accounts` in one transaction (the native strategy) | clock, the entry copier |
 //! | [`Store::directory`] -> [`Directory`] | `accountDirectory` (the first deployment's) | none |

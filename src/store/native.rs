@@ -112,14 +112,7 @@ impl Atomic<'_> {
         owner: &str,
         time_limit: Duration,
     ) -> StoreResult<AtomicOutcome> {
-        let at = self.clock.stamp_time().await?;
-        let done = TransferDoc {
-            state: TransferState::Done,
-            application: Some(owner.to_owned()),
-            last_modified: at,
-            events_due: due(TransferState::Done, at).into_iter().collect(),
-            ..TransferDoc::from(transfer)
-        };
+        let done = done_by(transfer, owner, self.clock.stamp_time().await?);
         let deadline = Instant::now() + time_limit;
         let mut session = self.db.client().start_session().await?;
         // The callback's value is why an account refused, if one did. It then aborts the
@@ -318,5 +311,17 @@ fn is_write_conflict(e: &mongodb::error::Error) -> bool {
         ErrorKind::Command(c) => c.code == WRITE_CONFLICT,
         ErrorKind::Write(WriteFailure::WriteError(w)) => w.code == WRITE_CONFLICT,
         _ => false,
+    }
+}
+
+/// `transfer` as one transaction stores it: `done` under `owner`, stamped `at`, its event
+/// marked due.
+fn done_by(transfer: &Transfer, owner: &str, at: mongodb::bson::DateTime) -> TransferDoc {
+    TransferDoc {
+        state: TransferState::Done,
+        application: Some(owner.to_owned()),
+        last_modified: at,
+        events_due: due(TransferState::Done, at).into_iter().collect(),
+        ..TransferDoc::from(transfer)
     }
 }

@@ -39,6 +39,14 @@ use crate::store::documents::{EventDue, Stored};
 use crate::store::fields::{event_due, recorder};
 use crate::store::guards::due_doc;
 
+/// The recorder's rounds over one deployment's due events (from
+/// [`Events::rounds`]): the feed's own collections, and `transactions` and `accounts`
+/// for the marks.
+#[derive(Clone, Copy, Debug)]
+pub struct Rounds<'s> {
+    pub(super) events: Events<'s>,
+}
+
 /// A round written but not finished (step 2): its first tick and its events in order,
 /// the `n`th at the first tick plus `n`.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,19 +147,20 @@ impl Subject {
     }
 }
 
-impl Events<'_> {
+impl Rounds<'_> {
     fn transactions(self) -> Collection<Document> {
-        self.db.collection("transactions")
+        self.events.db.collection("transactions")
     }
 
     fn accounts(self) -> Collection<Document> {
-        self.db.collection("accounts")
+        self.events.db.collection("accounts")
     }
 
     /// What the recorder needs to go on from where the last holder of the lease left
     /// the feed.
     pub async fn open_due(self, owner: &str) -> StoreResult<Due> {
         let state = self
+            .events
             .recorder()
             .find_one(doc! { "_id": RECORDER_ID })
             .await?
@@ -179,7 +188,7 @@ impl Events<'_> {
         Ok(Due { bound, left })
     }
 
-    /// Clears `round`, a late copy (see [`Events::open_due`]), if it is still the one
+    /// Clears `round`, a late copy (see [`Rounds::open_due`]), if it is still the one
     /// left and `owner` holds the lease.
     async fn drop_round(self, round: &Round, owner: &str) -> StoreResult<()> {
         let filter = doc! {
@@ -187,7 +196,8 @@ impl Events<'_> {
             recorder::OWNER: owner,
             format!("{}.{}", recorder::ROUND, recorder::ROUND_FIRST): super::tick_key(round.first),
         };
-        self.recorder()
+        self.events
+            .recorder()
             .update_one(filter, doc! { "$unset": { recorder::ROUND: "" } })
             .await?;
         Ok(())
@@ -202,14 +212,14 @@ impl Events<'_> {
             // event at its place in the round.
             Some(round) => {
                 let subjects = self.subjects_of(&round.ids).await?;
-                let made = make_all(&round.ids, &subjects, self.deployment);
+                let made = make_all(&round.ids, &subjects, self.events.deployment);
                 (round, made)
             }
             None => {
                 let found = self.find_due(MAX_RECORDED).await?;
                 self.take_off_strays(&found).await?;
                 let ids = in_feed_order(&found);
-                let mut made: Vec<Made> = make_all(&ids, &found, self.deployment)
+                let mut made: Vec<Made> = make_all(&ids, &found, self.events.deployment)
                     .into_iter()
                     .flatten()
                     .collect();
@@ -229,10 +239,10 @@ impl Events<'_> {
             }
         };
         let (events, lost) = placed(round.first, made);
-        self.insert_in_order(&events).await?;
+        self.events.insert_in_order(&events).await?;
         // An event that cannot be made is lost: the front moves past it, so that the
         // cursors below it are refused rather than served the feed without it.
-        let gap = self.past(&lost).await?;
+        let gap = self.events.past(&lost).await?;
         let last = events.last().map(|e| e.key.clone());
         if !self
             .finish_round(&round, last.as_deref(), gap.as_deref(), owner)
@@ -241,7 +251,7 @@ impl Events<'_> {
             return Ok(None);
         }
         if let Some(front) = &gap {
-            self.say_lost(&lost, front);
+            self.events.say_lost(&lost, front);
         }
         // Past every tick of the round, also those whose events an earlier round had
         // recorded: the old holder's late copies may still land there.
@@ -309,11 +319,11 @@ impl Events<'_> {
     /// a place taken from the cluster time before (a webhook's registration, a stream's
     /// start) is below every event made due after it, as it is below every change.
     async fn next_tick(self, bound: Tick, n: usize) -> StoreResult<Tick> {
-        let now = match self.cluster_time().await? {
+        let now = match self.events.cluster_time().await? {
             Some(now) => tick(now.time, now.increment),
             // No cluster time (no replica set): the database's clock, as a lower bound.
             None => {
-                let now = self.clock.server_time_lower_bound().await?;
+                let now = self.events.clock.server_time_lower_bound().await?;
                 tick(u32::try_from(now.timestamp()).unwrap_or(u32::MAX), 0)
             }
         };
@@ -334,6 +344,7 @@ impl Events<'_> {
             recorder::ROUND: { "$exists": false },
         };
         let written = self
+            .events
             .recorder()
             .update_one(filter, doc! { "$set": { recorder::ROUND: stored } })
             .await?;
@@ -365,7 +376,7 @@ impl Events<'_> {
             recorder::OWNER: owner,
             format!("{}.{}", recorder::ROUND, recorder::ROUND_FIRST): super::tick_key(round.first),
         };
-        let written = self.recorder().update_one(filter, update).await?;
+        let written = self.events.recorder().update_one(filter, update).await?;
         Ok(written.matched_count == 1)
     }
 
@@ -399,7 +410,7 @@ impl Events<'_> {
     async fn take_off_strays(self, found: &[Subject]) -> StoreResult<()> {
         for subject in found.iter().filter(|s| !s.strays.is_empty()) {
             tracing::warn!(
-                deployment = %self.deployment,
+                deployment = %self.events.deployment,
                 document = %subject.raw_id,
                 marks = ?subject.strays,
                 "marks of events that cannot be made taken off; no event recorded for them"
