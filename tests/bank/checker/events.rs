@@ -2,7 +2,7 @@
 //! the live instances as a reader would, following `next` from no cursor ([`read_end`]),
 //! and checked against the books and each deployment's stored events ([`check`]).
 //!
-//! Each deployment's recorder follows its change stream under a lease, so the feed may
+//! Each deployment's recorder places the events marked due under a lease, so the feed may
 //! lag the books after the nemesis (an instance killed, a database restarted). The reader
 //! keeps its cursor and reads on (a pass ends with an empty page; the next one starts
 //! from its `next`) until the feed holds the event of every transfer the logs hold
@@ -28,7 +28,7 @@
 //! - every account the test opened has one `account.opened`, its data the account as
 //!   opened (its deployment, the opening balance, `seq` 1);
 //! - once the feed holds every finished transfer's and account's event, no event comes
-//!   later (a `held` comes before its hold's end in the stream, and is inserted first);
+//!   later (a `held` is placed before its hold's end, in its round or an earlier one);
 //! - the order, per deployment: in each reading, a deployment's events come in the order
 //!   of their stored `key`s, none missing and none that is not stored; every page's
 //!   `next` moves each deployment's position forward only, to the `key` of the last of
