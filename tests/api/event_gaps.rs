@@ -304,18 +304,7 @@ async fn an_event_that_cannot_be_made_loses_no_other_of_its_round() {
     let db = first.store.database().clone();
     let lease = db.collection::<Document>("eventRecorder");
     drop(first);
-    crate::events::recorder_lease_given_up(&lease, WITHIN).await;
-    let paused = doc! { "$set": {
-        "owner": "paused-instance",
-        "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
-    } };
-    lease
-        .update_one(
-            doc! { "_id": "recorder", "leaseUntil": { "$exists": false } },
-            paused,
-        )
-        .await
-        .unwrap();
+    crate::events::pause_recording(&lease).await;
     let app = spawn_app_with(|s| s.database = database).await;
     open(&app, "bob").await;
     open(&app, "carol").await;
@@ -326,13 +315,7 @@ async fn an_event_that_cannot_be_made_loses_no_other_of_its_round() {
         .bypass_document_validation(true)
         .await
         .unwrap();
-    lease
-        .update_one(
-            doc! { "_id": "recorder" },
-            doc! { "$unset": { "leaseUntil": "" } },
-        )
-        .await
-        .unwrap();
+    crate::events::resume_recording(&lease).await;
 
     let read = eventually("the round is recorded", WITHIN, POLL_EVERY, async || {
         let (found, _) = page(&app, "?limit=1000").await;

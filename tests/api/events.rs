@@ -467,22 +467,7 @@ async fn events_recorded_late_still_carry_each_subject_as_it_was_then() {
         .database()
         .collection::<Document>("eventRecorder");
     drop(first);
-    recorder_lease_given_up(&lease, RECORDED_WITHIN).await;
-    let paused = doc! { "$set": {
-        "owner": "paused-instance",
-        "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
-    } };
-    let taken = lease
-        .update_one(
-            doc! { "_id": "recorder", "leaseUntil": { "$exists": false } },
-            paused,
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        taken.matched_count, 1,
-        "no one else may take the lease meanwhile"
-    );
+    pause_recording(&lease).await;
     let app = spawn_app_with(|s| s.database = database).await;
 
     let made = one_of_each(&app).await;
@@ -490,11 +475,7 @@ async fn events_recorded_late_still_carry_each_subject_as_it_was_then() {
         feed(&app).await.is_empty(),
         "no one records while the lease is held"
     );
-    let given_up = doc! { "$unset": { "leaseUntil": "" } };
-    lease
-        .update_one(doc! { "_id": "recorder" }, given_up)
-        .await
-        .unwrap();
+    resume_recording(&lease).await;
 
     assert_each_event_once_as_it_was_then(&app, made).await;
 }
@@ -710,29 +691,12 @@ async fn a_round_its_recorder_left_unfinished_is_finished_by_the_next_at_the_sam
         db.collection::<Document>("events"),
     );
     drop(first);
-    recorder_lease_given_up(&recorder, RECORDED_WITHIN).await;
-    let paused = doc! { "$set": {
-        "owner": "paused-instance",
-        "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
-    } };
-    let taken = recorder
-        .update_one(
-            doc! { "_id": "recorder", "leaseUntil": { "$exists": false } },
-            paused,
-        )
-        .await
-        .unwrap();
-    assert_eq!(taken.matched_count, 1, "no one else took the lease");
+    pause_recording(&recorder).await;
     let app = spawn_app_with(|s| s.database = database).await;
     open(&app, "carol", 0).await;
 
     // The paused holder's round: carol's event one second past the bound, inserted.
-    let state = recorder
-        .find_one(doc! { "_id": "recorder" })
-        .await
-        .unwrap()
-        .unwrap();
-    let bound = state.get_str("recordedThrough").unwrap();
+    let bound = recorded_through(&recorder).await;
     let seconds: u32 = bound[..10].parse().unwrap();
     let round_first = format!("{:010}{:010}", seconds + 1, 0);
     let carol = "account.opened:carol";
@@ -817,27 +781,11 @@ async fn a_round_left_below_the_bound_is_a_late_copy_and_its_events_are_recorded
     let db = first.store.database().clone();
     let recorder = db.collection::<Document>("eventRecorder");
     drop(first);
-    recorder_lease_given_up(&recorder, RECORDED_WITHIN).await;
-    let paused = doc! { "$set": {
-        "owner": "paused-instance",
-        "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
-    } };
-    recorder
-        .update_one(
-            doc! { "_id": "recorder", "leaseUntil": { "$exists": false } },
-            paused,
-        )
-        .await
-        .unwrap();
+    pause_recording(&recorder).await;
     let app = spawn_app_with(|s| s.database = database).await;
     let (_, after_alice) = events_page(&app, "?limit=1000").await;
     open(&app, "carol", 0).await;
-    let state = recorder
-        .find_one(doc! { "_id": "recorder" })
-        .await
-        .unwrap()
-        .unwrap();
-    let bound = state.get_str("recordedThrough").unwrap().to_owned();
+    let bound = recorded_through(&recorder).await;
     let below: u32 = bound[..10].parse::<u32>().unwrap() - 1;
     let carol = "account.opened:carol";
     recorder
@@ -1369,6 +1317,46 @@ pub(crate) async fn every_due_event_recorded(app: &TestApp) {
         },
     )
     .await;
+}
+
+/// Waits until the recorder `lease` is given up (its holder stopped), then holds it for
+/// an instance that records nothing, as a recorder paused mid-way would: until
+/// [`resume_recording`], no instance records.
+pub(crate) async fn pause_recording(lease: &mongodb::Collection<Document>) {
+    recorder_lease_given_up(lease, RECORDED_WITHIN).await;
+    let paused = doc! { "$set": {
+        "owner": "paused-instance",
+        "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
+    } };
+    let taken = lease
+        .update_one(
+            doc! { "_id": "recorder", "leaseUntil": { "$exists": false } },
+            paused,
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken.matched_count, 1, "no one else took the lease");
+}
+
+/// The feed's `recordedThrough`, as its recorder's document holds it.
+async fn recorded_through(recorder: &mongodb::Collection<Document>) -> String {
+    let state = recorder
+        .find_one(doc! { "_id": "recorder" })
+        .await
+        .unwrap()
+        .expect("the recorder's document");
+    state.get_str("recordedThrough").unwrap().to_owned()
+}
+
+/// Gives the lease [`pause_recording`] held up: the next instance to try takes it.
+pub(crate) async fn resume_recording(lease: &mongodb::Collection<Document>) {
+    lease
+        .update_one(
+            doc! { "_id": "recorder" },
+            doc! { "$unset": { "leaseUntil": "" } },
+        )
+        .await
+        .unwrap();
 }
 
 pub(crate) async fn recorder_lease_given_up(
