@@ -12,11 +12,11 @@
 //!   copy of an event is refused by `_id`.
 //! - A reader reads only up to `recordedThrough`, raised once a round's events are all
 //!   in: a reader that has read up to a position never sees an event appear below it.
-//! - A feed an older version recorded from the change stream is read from that stream up
-//!   to this version's first start ([`Events::prepare_feed`], [`Events::record_events`]):
-//!   there an event's position is its change's cluster time, the stream's resume point
-//!   (`resumeToken`) is saved after the events before it are recorded, and a change's
-//!   events are inserted in stream order.
+//! - A feed an older version recorded from the change stream is read from that stream to
+//!   its end, a probe this version writes ([`Events::probe_stream`],
+//!   [`Events::record_events`]): there an event's position is its change's cluster time,
+//!   the stream's resume point (`resumeToken`) is saved after the events before it are
+//!   recorded, and a change's events are inserted in stream order.
 //!
 //! Keeping: events older than the retention are removed from the front of the feed
 //! ([`Events::trim_events`]), whole cluster times at a time. `trimmedThrough` is raised
@@ -302,16 +302,13 @@ impl<'s> Events<'s> {
         self.db.collection(RECORDER)
     }
 
-    /// Makes the recorder's document if there is none, with `startAt` the database's
-    /// cluster time now: the first recorder records every change from here on. Called at
-    /// start-up, after the migrations and before the instance serves, so that no change
-    /// this version makes precedes the feed's start. Nothing may be read yet
-    /// (`recordedThrough` below every event) until the first recorder says how far.
-    ///
-    /// This version's writes mark their events in their documents (`marks`). A new feed is
-    /// made with `streamDone`: it has no change stream to read. A feed an older version
-    /// recorded from the change stream has none, and its stream is read to its end first
-    /// ([`Events::probe_stream`]).
+    /// Makes the recorder's document if there is none, with `recordedThrough` below every
+    /// event (nothing is read until the first round says how far) and `streamDone`: this
+    /// version's writes mark their events in their documents (`marks`), so a new feed has
+    /// no change stream to read. A feed an older version recorded from the change stream
+    /// has no `streamDone`, and its stream is read to its end first
+    /// ([`Events::probe_stream`]). Called at start-up, after the migrations and before
+    /// the instance serves.
     pub async fn prepare_feed(self) -> StoreResult<()> {
         let start = doc! { recorder::RECORDED_THROUGH: tick_key(0), recorder::STREAM_DONE: true };
         self.recorder()
