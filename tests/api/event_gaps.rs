@@ -144,13 +144,7 @@ async fn stream_that_cannot_resume(saved: Bson) {
     let app = spawn_app_with(|s| s.database = database).await;
     let lost_before = gaps(&app, "history_lost").await;
     open(&app, "carol").await;
-    lease
-        .update_one(
-            doc! { "_id": "recorder" },
-            doc! { "$unset": { "leaseUntil": "" } },
-        )
-        .await
-        .unwrap();
+    crate::events::resume_recording(&lease).await;
 
     let said = eventually(
         "the recorder that takes the lease says the events are lost",

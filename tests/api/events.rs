@@ -724,13 +724,7 @@ async fn a_round_its_recorder_left_unfinished_is_finished_by_the_next_at_the_sam
         "not read before the bound passes it"
     );
 
-    recorder
-        .update_one(
-            doc! { "_id": "recorder" },
-            doc! { "$unset": { "leaseUntil": "" } },
-        )
-        .await
-        .unwrap();
+    resume_recording(&recorder).await;
     let read = whole_feed(&app, "dave").await;
     assert_eq!(
         ids(&read),
