@@ -154,11 +154,11 @@ impl Recorder {
             }
             trim.if_due(store, owner).await?;
             // Waits up to the stream's await time when nothing happens.
-            let read = store
+            let reached = store
                 .events()
                 .record_events(&mut changes, owner, probe)
                 .await?;
-            if read.reached {
+            if reached {
                 break;
             }
         }

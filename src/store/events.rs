@@ -132,9 +132,6 @@ pub struct Changes {
     /// the stream (the batch was cut, not drained): published as `recordedThrough` once
     /// the stream has run dry or moved past its time.
     unpublished: Option<String>,
-    /// Whether the stream has given the probe it is read up to (see
-    /// [`Events::probe_stream`]).
-    reached: bool,
 }
 
 /// What [`Events::gather`] read of the stream.
@@ -145,15 +142,8 @@ struct Gathered {
     changed: bool,
     /// Whether it ran dry, or gave the probe.
     drained: bool,
-}
-
-/// What a call of [`Events::record_events`] did.
-#[derive(Debug, Clone, Copy)]
-pub struct Drained {
-    /// The events it recorded.
-    pub recorded: usize,
-    /// Whether every change before the probe has been recorded now.
-    pub reached: bool,
+    /// Whether it gave the probe it is read up to (see [`Events::probe_stream`]).
+    reached: bool,
 }
 
 /// A change that should be an event and cannot be made one.
@@ -337,26 +327,23 @@ impl<'s> Events<'s> {
     /// holds the lease.
     pub async fn probe_stream(self, owner: &str) -> StoreResult<Option<bson::oid::ObjectId>> {
         let probe = bson::oid::ObjectId::new();
-        let written = self
-            .recorder()
-            .update_one(
-                doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
-                doc! { "$set": { recorder::STREAM_PROBE: probe } },
-            )
-            .await?;
-        Ok((written.matched_count == 1).then_some(probe))
+        let set = doc! { "$set": { recorder::STREAM_PROBE: probe } };
+        Ok(self.as_owner(owner, doc! {}, set).await?.then_some(probe))
     }
 
     /// Says, as `owner`, that the change stream has given its probe: from now on every
     /// event is recorded from the marks. Whether `owner` still holds the lease.
     pub async fn stream_read(self, owner: &str) -> StoreResult<bool> {
-        let written = self
-            .recorder()
-            .update_one(
-                doc! { "_id": RECORDER_ID, recorder::OWNER: owner },
-                doc! { "$set": { recorder::STREAM_DONE: true } },
-            )
-            .await?;
+        let set = doc! { "$set": { recorder::STREAM_DONE: true } };
+        self.as_owner(owner, doc! {}, set).await
+    }
+
+    /// Applies `update` to the recorder's document if `owner` holds the lease and the
+    /// document matches `also` too. Whether it did.
+    async fn as_owner(self, owner: &str, also: Document, update: Document) -> StoreResult<bool> {
+        let mut filter = doc! { "_id": RECORDER_ID, recorder::OWNER: owner };
+        filter.extend(also);
+        let written = self.recorder().update_one(filter, update).await?;
         Ok(written.matched_count == 1)
     }
 
@@ -529,7 +516,6 @@ impl<'s> Events<'s> {
                 stream,
                 saved: None,
                 unpublished: self.left_unpublished(&state).await?,
-                reached: false,
             }))),
             Err(e) if resuming => match e.kind.as_ref() {
                 ErrorKind::Command(c) if CANNOT_RESUME.contains(&c.code) => {
@@ -546,21 +532,22 @@ impl<'s> Events<'s> {
 
     /// Records the events of the changes the stream has now, at most [`MAX_RECORDED`]
     /// (waiting up to the stream's await time for a first one), then saves where the
-    /// stream is, as `owner`; up to `probe` ([`Events::probe_stream`]), which it says
-    /// when it has reached.
+    /// stream is, as `owner`; up to `probe` ([`Events::probe_stream`]). Whether it has
+    /// reached the probe: every change before it is recorded.
     pub async fn record_events(
         self,
         changes: &mut Changes,
         owner: &str,
         probe: bson::oid::ObjectId,
-    ) -> StoreResult<Drained> {
+    ) -> StoreResult<bool> {
         let Gathered {
             found,
             lost,
             changed,
             drained,
+            reached,
         } = self.gather(changes, probe).await?;
-        let recorded = self.insert_in_order(&found).await?;
+        self.insert_in_order(&found).await?;
         // A change that cannot be made an event never will be: the front of the feed moves
         // past its cluster time, in the write that saves the stream past it, so that the
         // cursors below it are refused rather than served the feed without its event.
@@ -578,14 +565,7 @@ impl<'s> Events<'s> {
                 .unwrap_or_else(|e| panic!("bug: a resume token cannot be stored: {e}"));
             update.insert("$set", doc! { recorder::RESUME_TOKEN: stored });
         }
-        let mut raised = doc! {};
-        if let Some(through) = &through {
-            raised.insert(recorder::RECORDED_THROUGH, through);
-        }
-        if let Some(front) = &gap_before {
-            raised.insert(recorder::TRIMMED_THROUGH, front);
-        }
-        if !raised.is_empty() {
+        if let Some(raised) = raised(through.as_deref(), gap_before.as_deref()) {
             update.insert("$max", raised);
         }
         if !update.is_empty() {
@@ -601,10 +581,7 @@ impl<'s> Events<'s> {
                 self.say_lost(&lost, front);
             }
         }
-        Ok(Drained {
-            recorded,
-            reached: changes.reached,
-        })
+        Ok(reached)
     }
 
     /// The changes the stream has now, made events (at most [`MAX_RECORDED`], waiting up
@@ -620,7 +597,7 @@ impl<'s> Events<'s> {
         // Under steady load the server's batches never come back empty: the changes of
         // [`GATHER_FOR`] are recorded together, so that an event waits that long at most.
         let mut gathering: Option<std::time::Instant> = None;
-        let mut drained = false;
+        let (mut drained, mut reached) = (false, false);
         while found.len() < MAX_RECORDED && gathering.is_none_or(|g| g.elapsed() < GATHER_FOR) {
             let Some(change) = changes.stream.next_if_any().await? else {
                 drained = true;
@@ -629,8 +606,7 @@ impl<'s> Events<'s> {
             // The probe: the stream has given every change before it.
             if let Some(seen) = probed(&change) {
                 if seen == probe {
-                    changes.reached = true;
-                    drained = true;
+                    (reached, drained) = (true, true);
                     break;
                 }
                 continue;
@@ -651,6 +627,7 @@ impl<'s> Events<'s> {
             lost,
             changed,
             drained,
+            reached,
         })
     }
 
@@ -1313,6 +1290,19 @@ fn changes_that_are_events() -> Document {
         },
         { "ns.coll": RECORDER, "operationType": "update", probe: { "$exists": true } },
     ] } }
+}
+
+/// The `$max` that raises the feed's bound to `through` and its front to `front`, if
+/// either is given.
+fn raised(through: Option<&str>, front: Option<&str>) -> Option<Document> {
+    let mut raised = doc! {};
+    if let Some(through) = through {
+        raised.insert(recorder::RECORDED_THROUGH, through);
+    }
+    if let Some(front) = front {
+        raised.insert(recorder::TRIMMED_THROUGH, front);
+    }
+    (!raised.is_empty()).then_some(raised)
 }
 
 /// The probe `change` writes, if it is one ([`Events::probe_stream`]).

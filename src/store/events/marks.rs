@@ -56,6 +56,12 @@ pub struct Round {
 }
 
 impl Round {
+    /// The condition that it is the round left in the recorder's document.
+    fn left(&self) -> Document {
+        let first = format!("{}.{}", recorder::ROUND, recorder::ROUND_FIRST);
+        doc! { first: super::tick_key(self.first) }
+    }
+
     /// Its last tick.
     fn last(&self) -> Tick {
         let n = u64::try_from(self.ids.len()).unwrap_or(u64::MAX);
@@ -191,15 +197,8 @@ impl Rounds<'_> {
     /// Clears `round`, a late copy (see [`Rounds::open_due`]), if it is still the one
     /// left and `owner` holds the lease.
     async fn drop_round(self, round: &Round, owner: &str) -> StoreResult<()> {
-        let filter = doc! {
-            "_id": RECORDER_ID,
-            recorder::OWNER: owner,
-            format!("{}.{}", recorder::ROUND, recorder::ROUND_FIRST): super::tick_key(round.first),
-        };
-        self.events
-            .recorder()
-            .update_one(filter, doc! { "$unset": { recorder::ROUND: "" } })
-            .await?;
+        let unset = doc! { "$unset": { recorder::ROUND: "" } };
+        self.events.as_owner(owner, round.left(), unset).await?;
         Ok(())
     }
 
@@ -338,17 +337,9 @@ impl Rounds<'_> {
         };
         // Only where no round is left: a late copy of this holder's earlier round write
         // cannot replace a round in flight.
-        let filter = doc! {
-            "_id": RECORDER_ID,
-            recorder::OWNER: owner,
-            recorder::ROUND: { "$exists": false },
-        };
-        let written = self
-            .events
-            .recorder()
-            .update_one(filter, doc! { "$set": { recorder::ROUND: stored } })
-            .await?;
-        Ok(written.matched_count == 1)
+        let none_left = doc! { recorder::ROUND: { "$exists": false } };
+        let set = doc! { "$set": { recorder::ROUND: stored } };
+        self.events.as_owner(owner, none_left, set).await
     }
 
     /// Step 4, guarded by `owner`'s lease: whether it still holds it.
@@ -360,24 +351,11 @@ impl Rounds<'_> {
         owner: &str,
     ) -> StoreResult<bool> {
         let mut update = doc! { "$unset": { recorder::ROUND: "" } };
-        let mut raised = doc! {};
-        if let Some(last) = last {
-            raised.insert(recorder::RECORDED_THROUGH, last);
-        }
-        if let Some(front) = gap {
-            raised.insert(recorder::TRIMMED_THROUGH, front);
-        }
-        if !raised.is_empty() {
+        if let Some(raised) = super::raised(last, gap) {
             update.insert("$max", raised);
         }
         // Only this round: a late copy of an earlier finish clears no later round.
-        let filter = doc! {
-            "_id": RECORDER_ID,
-            recorder::OWNER: owner,
-            format!("{}.{}", recorder::ROUND, recorder::ROUND_FIRST): super::tick_key(round.first),
-        };
-        let written = self.events.recorder().update_one(filter, update).await?;
-        Ok(written.matched_count == 1)
+        self.events.as_owner(owner, round.left(), update).await
     }
 
     /// The documents of the events `ids`, with their due marks.
