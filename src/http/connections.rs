@@ -19,7 +19,9 @@
 //!   back, so clients that go quiet cannot lock the others out.
 //! - a write to the client must be taken by the socket within `write_timeout`
 //!   ([`super::write_limit`]): a client that stops reading (an event stream's, above all)
-//!   is closed, and gives its place and its response's (a stream's) back.
+//!   is closed, and gives its place and its response's (a stream's) back. Its socket's
+//!   send buffer is capped ([`SEND_BUFFER`]), so that a write waits after a bounded
+//!   amount sent to a client that does not read.
 //! - at shutdown, connections still open [`CLOSE_WITHIN`] after it began (a response
 //!   still being written to a client that does not read) are closed: a shutdown ends
 //!   within a bounded time whatever the clients do.
@@ -54,6 +56,19 @@ use super::detached::detached;
 use super::problem::ApiError;
 use super::write_limit::WriteLimited;
 
+/// The send buffer asked of the kernel for each client connection (`SO_SNDBUF`; Linux
+/// books twice this, half of it for its own overhead). Left to itself the kernel grows a
+/// connection's send buffer with the bursts written to it, up to `tcp_wmem`'s maximum
+/// (4 MB by default): an event stream whose reader had stopped reading took a whole
+/// recorder's round of 1.9 MB into its buffer without a write waiting, so the write
+/// limit never began to count, and the stream kept its `MAX_EVENT_STREAMS` place while
+/// nothing more was written. Capped, a client that stops reading makes a write wait
+/// after a bounded amount (this, the client's own buffers and the response's queue), and
+/// each connection holds a bounded amount of kernel memory. One connection's throughput
+/// is then at most this a round trip: 2.5 MB/s at 100 ms, far above what a page or a
+/// stream needs.
+pub const SEND_BUFFER: usize = 256 * 1024;
+
 /// Connections served at once unless `MAX_CONNECTIONS` says otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Connections beyond the bound being answered 503 at once, at most.
@@ -82,8 +97,8 @@ pub struct Limits {
     /// Longest wait of a write for the client's socket to take any of it
     /// (`HTTP_WRITE_TIMEOUT_MS`, 20 s by default). The kernel lets a write in again once
     /// about half of the socket's send buffer has drained, so a client is closed once it
-    /// has taken less than that for this long (on a fast path the buffer holds a few
-    /// MB): it has stopped reading, or reads so slowly that an event stream could only
+    /// has taken less than that for this long (the buffer is [`SEND_BUFFER`]): it has
+    /// stopped reading, or reads so slowly that an event stream could only
     /// fall further behind (it resumes with `Last-Event-ID`). Above the 15 s of an event
     /// stream's keep-alive, so that a proxy that forwards in bursts is not cut, and under
     /// the minute that nginx gives (`send_timeout`), since a stalled stream holds one of
@@ -138,6 +153,9 @@ pub async fn serve(
             },
             () = shutdown.cancelled() => break,
         };
+        if let Err(e) = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER) {
+            tracing::debug!(error = %e, "setting a connection's send buffer failed");
+        }
         match places.clone().try_acquire_owned() {
             Ok(place) => {
                 let app = MapRequest::new(app.clone(), detached::<Incoming>);

@@ -294,9 +294,9 @@ async fn raw_request_to(
 /// loopback, 65,483 bytes a segment): with it, a reader that reads nothing held some
 /// 240 KB of events in the buffers and the queue before the server's writes waited,
 /// against 2.9 MB without it (measured: 524 against 6,247 openings), so that a test
-/// fills them with a twelfth of the events. That is with events written a few at a time:
-/// a burst of some 500 large events written at once (a round of the recorder) once grew
-/// a send buffer to the whole 1.9 MB of [`FILLS_A_READER`].
+/// fills them with a twelfth of the events. (Measured before the server capped its send
+/// buffers, `SEND_BUFFER`: a burst of some 500 large events written at once, a round of
+/// the recorder, once grew one to the whole 1.9 MB of [`FILLS_A_READER`].)
 const SMALL_SEGMENT: i32 = 536;
 
 /// Sets [`SMALL_SEGMENT`] on `socket`.
@@ -1014,7 +1014,7 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
     // moment its own buffers filled: so all three places are back only when three new
     // streams are served at once. (Reading a stalled reader before its limit is up lets
     // its writes go on: the check below waits for the three places first.) Each new
-    // stream is read to the feed's end meanwhile, so it keeps its place.
+    // stream is read to the feed's end meanwhile, and kept open, so it keeps its place.
     let started = Instant::now();
     let mut served = Vec::new();
     for n in 1..=3 {
@@ -1035,7 +1035,8 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
         let whole = feed.len();
         served.push(tokio::spawn(async move {
             let mut stream = stream;
-            stream.events(whole, SERVED_WITHIN).await
+            let events = stream.events(whole, SERVED_WITHIN).await;
+            (events, stream)
         }));
     }
     eprintln!(
@@ -1044,17 +1045,21 @@ async fn readers_that_stop_reading_give_their_stream_places_back() {
     );
     // The stalled readers' connections were closed by the server: what is left in them
     // reads to the end (a reset, or the end of the stream). What the kernel still held
-    // for one of them (its send buffer grows with the bursts written to it: up to the
-    // whole feed, 1.9 MB, in one run of ten) drains slowly through the reader's small
-    // window, so the check is that the connection never goes quiet without ending.
+    // for one of them drains slowly through the reader's small window, so the check is
+    // that the connection never goes quiet without ending. (Before the server capped
+    // its connections' send buffers, one of them took the whole feed, 1.9 MB, in one run
+    // of ten: its writes never waited, and it was open, and quiet, with its place.)
     for mut reader in stalled {
         read_until_closed(&mut reader, Duration::from_secs(10)).await;
     }
-    // The new streams read the feed from its start.
+    // The new streams read the feed from its start; each kept its place until here.
+    let mut open = Vec::new();
     for stream in served {
-        let got = stream.await.expect("a new stream's reader");
+        let (got, stream) = stream.await.expect("a new stream's reader");
         assert_eq!(stream_ids(&got), ids(&feed));
+        open.push(stream);
     }
+    drop(open);
 }
 
 /// SIGTERM ends the process within a bounded time even with readers that stopped reading
