@@ -4,6 +4,7 @@
 
 use mongodb::Collection;
 use mongodb::bson::{Document, doc};
+use serde_json::json;
 use support::{database_uri, fresh_database_name};
 use transfer_service::store::Store;
 use transfer_service::store::migrations::MIGRATIONS;
@@ -184,7 +185,8 @@ async fn an_account_opened_before_entries_is_carried_forward_as_entry_1_and_goes
             "0010_legs",
             "0011_tenants",
             "0012_webhook_caps",
-            "0013_event_marks"
+            "0013_event_marks",
+            "0014_partial_indexes"
         ]
     );
     records(&store)
@@ -260,4 +262,100 @@ async fn an_account_opened_before_entries_is_carried_forward_as_entry_1_and_goes
     let account: serde_json::Value = response.json().await.unwrap();
     assert_eq!(account["seq"], 2, "{account}");
     assert_eq!(account["balance"], 600, "{account}");
+}
+
+/// The indexes migration 0014 swaps: (before, after).
+const PARTIAL_INDEXES: [(&str, &str); 3] = [
+    ("fenced_lastModified", "fenced_lastModified_partial"),
+    ("reversing_lastModified", "reversing_lastModified_partial"),
+    ("state_expiresAt", "state_expiresAt_partial"),
+];
+
+/// The names of `transactions`' indexes.
+async fn transaction_indexes(store: &Store) -> Vec<String> {
+    store
+        .database()
+        .collection::<Document>("transactions")
+        .list_index_names()
+        .await
+        .unwrap()
+}
+
+/// The keys `index` holds, of a `keysPerIndex` report.
+fn keys(index: &str, report: &Document) -> i64 {
+    match report.get(index) {
+        Some(mongodb::bson::Bson::Int32(n)) => i64::from(*n),
+        Some(mongodb::bson::Bson::Int64(n)) => *n,
+        other => panic!("{index}: {other:?} in {report}"),
+    }
+}
+
+/// How many keys each of `transactions`' indexes holds (`validate`'s `keysPerIndex`).
+async fn keys_per_index(store: &Store) -> Document {
+    let report = store
+        .database()
+        .run_command(doc! { "validate": "transactions" })
+        .await
+        .unwrap();
+    report.get_document("keysPerIndex").unwrap().clone()
+}
+
+/// Migration 0014 swaps the housekeeping indexes of `transactions`, which held a key for
+/// every transfer (a sparse compound index keeps a document that has any of its fields,
+/// and every transfer has `lastModified` and `_id`), for partial ones; run again (as by a
+/// second instance starting at once) it finds the old ones gone and changes nothing.
+/// After it a plain transfer has a key in none of them (a state change rewrites none),
+/// a hold one in `state_expiresAt_partial`.
+#[tokio::test]
+async fn the_housekeeping_indexes_hold_only_the_transfers_their_scans_look_for() {
+    let store = store_migrated_before("0014_partial_indexes").await;
+    let before = transaction_indexes(&store).await;
+    for (old, new) in PARTIAL_INDEXES {
+        assert!(before.iter().any(|n| n == old), "{old} in {before:?}");
+        assert!(!before.iter().any(|n| n == new), "{new} in {before:?}");
+    }
+    assert_eq!(store.migrate().await.unwrap(), ["0014_partial_indexes"]);
+    records(&store)
+        .delete_one(doc! { "_id": "0014_partial_indexes" })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.migrate().await.unwrap(),
+        ["0014_partial_indexes"],
+        "run again"
+    );
+    let after = transaction_indexes(&store).await;
+    for (old, new) in PARTIAL_INDEXES {
+        assert!(!after.iter().any(|n| n == old), "{old} in {after:?}");
+        assert!(after.iter().any(|n| n == new), "{new} in {after:?}");
+    }
+
+    let app = support::spawn_app_with(|s| s.database = store.database().name().to_owned()).await;
+    for (id, balance) in [("a", 1_000), ("b", 0)] {
+        app.open_account(id, balance).await;
+    }
+    let (status, transfer) = app.transfer("a", "b", 100).await;
+    assert_eq!(status, 201, "{transfer}");
+    let counted = keys_per_index(&store).await;
+    assert_eq!(keys("state_lastModified", &counted), 1, "{counted}");
+    for (_, new) in PARTIAL_INDEXES {
+        assert_eq!(keys(new, &counted), 0, "a plain transfer: {counted}");
+    }
+
+    let hold = json!({ "source": "a", "destination": "b", "amount": 50, "hold": { "expiresInMs": 60_000 } });
+    let response = app.post_json("/transfers", hold).await;
+    assert_eq!(response.status(), 201);
+    let counted = keys_per_index(&store).await;
+    assert_eq!(keys("state_lastModified", &counted), 2, "{counted}");
+    assert_eq!(
+        keys("state_expiresAt_partial", &counted),
+        1,
+        "the hold: {counted}"
+    );
+    for index in [
+        "fenced_lastModified_partial",
+        "reversing_lastModified_partial",
+    ] {
+        assert_eq!(keys(index, &counted), 0, "{counted}");
+    }
 }

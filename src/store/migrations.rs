@@ -65,10 +65,17 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0013_event_marks",
         include_str!("../../migrations/0013_event_marks.json"),
     ),
+    (
+        "0014_partial_indexes",
+        include_str!("../../migrations/0014_partial_indexes.json"),
+    ),
 ];
 
 /// MongoDB's NamespaceExists: `create` on a collection that is already there.
 const NAMESPACE_EXISTS: i32 = 48;
+/// MongoDB's IndexNotFound: `dropIndexes` of an index that is not there (dropped by an
+/// earlier run, or by another instance's).
+const INDEX_NOT_FOUND: i32 = 27;
 
 fn checksum(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
@@ -92,6 +99,19 @@ fn commands(name: &str, text: &str) -> Vec<Document> {
         .collect()
 }
 
+/// The error code that says `command` had already been done (by an earlier run, or by
+/// another instance's): a `create` of a collection that is there, a `dropIndexes` of an
+/// index that is not.
+fn done_before(command: &Document) -> Option<i32> {
+    if command.contains_key("create") {
+        Some(NAMESPACE_EXISTS)
+    } else if command.contains_key("dropIndexes") {
+        Some(INDEX_NOT_FOUND)
+    } else {
+        None
+    }
+}
+
 /// Runs the migrations this database lacks; returns the names it applied.
 pub async fn apply_all(db: &Database) -> StoreResult<Vec<String>> {
     let records = db.collection::<Document>("migrations");
@@ -107,12 +127,10 @@ pub async fn apply_all(db: &Database) -> StoreResult<Vec<String>> {
             continue;
         }
         for command in commands(name, text) {
-            let is_create = command.contains_key("create");
+            let done_before = done_before(&command);
             match db.run_command(command).await {
                 Ok(_) => {}
-                Err(e)
-                    if is_create
-                        && matches!(e.kind.as_ref(), ErrorKind::Command(c) if c.code == NAMESPACE_EXISTS) =>
+                Err(e) if matches!(e.kind.as_ref(), ErrorKind::Command(c) if Some(c.code) == done_before) =>
                     {}
                 Err(e) => return Err(e.into()),
             }

@@ -52,6 +52,17 @@ fn uncaptured_states() -> Vec<&'static str> {
         .to_vec()
 }
 
+/// `condition` on a field, with the field present: the form in which every query names
+/// `fenced`, `reversing` and `expiresAt`, whose indexes hold only the
+/// transfers that have them (`migrations/0014_partial_indexes.json`). MongoDB uses a
+/// partial index only for a query that implies its filter, and the filter written out is
+/// implied on its face. (SecantusDB read every transfer for `{fenced: true}` alone, 6 ms
+/// at 29,000, and the index with the filter written out, 0.4 ms.)
+fn present(mut condition: Document) -> Document {
+    condition.insert("$exists", true);
+    condition
+}
+
 fn finished_states() -> Vec<&'static str> {
     TransferState::ALL
         .into_iter()
@@ -452,8 +463,12 @@ impl Transfers<'_> {
     /// not finished: its instance crashed between the claim and the end of the
     /// compensation. The next page of `scan`.
     pub async fn unfinished_reversals(self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
-        self.stale(doc! { transfer::REVERSING: true }, scan, limit)
-            .await
+        self.stale(
+            doc! { transfer::REVERSING: present(doc! { "$eq": true }) },
+            scan,
+            limit,
+        )
+        .await
     }
 
     /// Marks an unfinished transfer `fenced` before anyone fences its accounts, so that
@@ -477,7 +492,10 @@ impl Transfers<'_> {
     /// Finished transfers whose account fences may still be in place, last modified
     /// before the scan's `stale_before`. The next page of `scan`.
     pub async fn fenced_finished(self, scan: &Scan, limit: u32) -> StoreResult<Vec<Transfer>> {
-        let filter = doc! { transfer::FENCED: true, transfer::STATE: { "$in": finished_states() } };
+        let filter = doc! {
+            transfer::FENCED: present(doc! { "$eq": true }),
+            transfer::STATE: { "$in": finished_states() },
+        };
         self.stale(filter, scan, limit).await
     }
 
@@ -486,7 +504,7 @@ impl Transfers<'_> {
     pub async fn expired_holds(self, now: Timestamp, limit: u32) -> StoreResult<Vec<Transfer>> {
         let filter = doc! {
             transfer::STATE: TransferState::Held.as_str(),
-            transfer::EXPIRES_AT: { "$lte": stored_time(now) },
+            transfer::EXPIRES_AT: present(doc! { "$lte": stored_time(now) }),
         };
         self.find_sorted(filter, doc! { transfer::EXPIRES_AT: 1 }, limit)
             .await
@@ -514,7 +532,7 @@ impl Transfers<'_> {
         let filter = doc! {
             "_id": { "$in": markers },
             transfer::STATE: { "$in": uncaptured_states() },
-            transfer::EXPIRES_AT: { "$lte": stored_time(now) },
+            transfer::EXPIRES_AT: present(doc! { "$lte": stored_time(now) }),
             "$or": [
                 { one_leg: account.as_str(), transfer::LEGS: { "$exists": false } },
                 // A multi-leg hold's party on that side (its first leg's source may
@@ -536,7 +554,7 @@ impl Transfers<'_> {
         let ids: Vec<&str> = accounts.iter().map(|a| a.as_str()).collect();
         let filter = doc! {
             transfer::STATE: { "$in": uncaptured_states() },
-            transfer::EXPIRES_AT: { "$lte": stored_time(now) },
+            transfer::EXPIRES_AT: present(doc! { "$lte": stored_time(now) }),
             "$or": [
                 { transfer::SOURCE: { "$in": &ids } },
                 { transfer::DESTINATION: { "$in": &ids } },
@@ -605,7 +623,7 @@ impl Transfers<'_> {
         }
         if filter.unexpired {
             let now = self.clock.stamp_time().await?;
-            query.insert(transfer::EXPIRES_AT, doc! { "$gt": now });
+            query.insert(transfer::EXPIRES_AT, present(doc! { "$gt": now }));
         }
         if let Some(account) = filter.account.as_ref().map(|a| a.as_str()) {
             // A multi-leg transfer's accounts are its parties (`parties_account_id`).
