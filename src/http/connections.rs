@@ -145,7 +145,7 @@ pub async fn serve(
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok((stream, _peer)) => with_send_buffer_capped(stream),
                 Err(e) => {
                     accept_failed(e).await;
                     continue;
@@ -153,9 +153,6 @@ pub async fn serve(
             },
             () = shutdown.cancelled() => break,
         };
-        if let Err(e) = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER) {
-            tracing::debug!(error = %e, "setting a connection's send buffer failed");
-        }
         match places.clone().try_acquire_owned() {
             Ok(place) => {
                 let app = MapRequest::new(app.clone(), detached::<Incoming>);
@@ -199,6 +196,14 @@ pub async fn serve(
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+/// `stream`, with a send buffer of [`SEND_BUFFER`] asked of the kernel.
+fn with_send_buffer_capped(stream: TcpStream) -> TcpStream {
+    if let Err(e) = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER) {
+        tracing::debug!(error = %e, "setting a connection's send buffer failed");
+    }
+    stream
 }
 
 /// Answers the connection's first request 503 `overloaded` and closes it.
