@@ -122,25 +122,10 @@ async fn stream_that_cannot_resume(saved: Bson) {
         .database()
         .collection::<Document>("eventRecorder");
     drop(first);
-    crate::events::recorder_lease_given_up(&lease, WITHIN).await;
     // A feed an older version recorded from the change stream, which this version
     // reads up to its own first start.
-    let paused = doc! { "$set": {
-        "owner": "paused-instance",
-        "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
-        "resumeToken": saved,
-    }, "$unset": { "streamDone": "" } };
-    let taken = lease
-        .update_one(
-            doc! { "_id": "recorder", "leaseUntil": { "$exists": false } },
-            paused,
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        taken.matched_count, 1,
-        "no one else took the lease meanwhile"
-    );
+    let older = doc! { "$set": { "resumeToken": saved }, "$unset": { "streamDone": "" } };
+    crate::events::pause_recording_with(&lease, older).await;
     let app = spawn_app_with(|s| s.database = database).await;
     let lost_before = gaps(&app, "history_lost").await;
     open(&app, "carol").await;

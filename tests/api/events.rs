@@ -1317,11 +1317,21 @@ pub(crate) async fn every_due_event_recorded(app: &TestApp) {
 /// an instance that records nothing, as a recorder paused mid-way would: until
 /// [`resume_recording`], no instance records.
 pub(crate) async fn pause_recording(lease: &mongodb::Collection<Document>) {
+    pause_recording_with(lease, doc! {}).await;
+}
+
+/// [`pause_recording`], with the recorder's document changed by `change` too (an update
+/// whose `$set` gains the paused holder's fields).
+pub(crate) async fn pause_recording_with(lease: &mongodb::Collection<Document>, change: Document) {
     recorder_lease_given_up(lease, RECORDED_WITHIN).await;
-    let paused = doc! { "$set": {
-        "owner": "paused-instance",
-        "leaseUntil": mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
-    } };
+    let mut paused = change;
+    let mut set = paused.get_document("$set").cloned().unwrap_or_default();
+    set.insert("owner", "paused-instance");
+    set.insert(
+        "leaseUntil",
+        mongodb::bson::DateTime::from_chrono(chrono::Utc::now() + chrono::TimeDelta::minutes(10)),
+    );
+    paused.insert("$set", set);
     let taken = lease
         .update_one(
             doc! { "_id": "recorder", "leaseUntil": { "$exists": false } },
