@@ -177,7 +177,6 @@ impl Recorder {
 
 /// When the recorder next trims the front of the feed.
 struct Trim {
-    every: Duration,
     last: Option<Instant>,
     retention: Duration,
 }
@@ -185,7 +184,6 @@ struct Trim {
 impl Trim {
     fn new(retention: Duration) -> Trim {
         Trim {
-            every: trim_interval(retention),
             last: None,
             retention,
         }
@@ -193,7 +191,10 @@ impl Trim {
 
     /// Trims as `owner` if it is time to.
     async fn if_due(&mut self, store: &Store, owner: &str) -> StoreResult<()> {
-        if self.last.is_some_and(|t| t.elapsed() < self.every) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < trim_interval(self.retention))
+        {
             return Ok(());
         }
         let removed = store.events().trim_events(owner, self.retention).await?;

@@ -153,13 +153,15 @@ impl Subject {
     }
 }
 
-impl Rounds<'_> {
-    fn transactions(self) -> Collection<Document> {
-        self.events.db.collection("transactions")
-    }
+/// The collection of an account's (`account`) or a transfer's documents.
+fn collection_name(account: bool) -> &'static str {
+    if account { "accounts" } else { "transactions" }
+}
 
-    fn accounts(self) -> Collection<Document> {
-        self.events.db.collection("accounts")
+impl Rounds<'_> {
+    /// The collection of accounts (`account`) or of transfers.
+    fn collection(self, account: bool) -> Collection<Document> {
+        self.events.db.collection(collection_name(account))
     }
 
     /// What the recorder needs to go on from where the last holder of the lease left
@@ -263,8 +265,8 @@ impl Rounds<'_> {
     /// event's `at`), transfers' and accounts' together: after a long stop, an account's
     /// opening is recorded before the transfers out of it, a transfer before its reversal.
     async fn find_due(self, limit: usize) -> StoreResult<Vec<Subject>> {
-        let transfers = self.oldest_due(self.transactions(), false, limit).await?;
-        let accounts = self.oldest_due(self.accounts(), true, limit).await?;
+        let transfers = self.oldest_due(false, limit).await?;
+        let accounts = self.oldest_due(true, limit).await?;
         // Each list holds every due document of its collection up to its last; beyond
         // the last of a full one, the other's may not come before what it left out.
         let full_until = |list: &[Subject]| {
@@ -283,13 +285,8 @@ impl Rounds<'_> {
         Ok(found)
     }
 
-    /// Up to `limit` documents of `collection` with due events, the oldest first.
-    async fn oldest_due(
-        self,
-        collection: Collection<Document>,
-        account: bool,
-        limit: usize,
-    ) -> StoreResult<Vec<Subject>> {
+    /// Up to `limit` accounts (`account`) or transfers with due events, the oldest first.
+    async fn oldest_due(self, account: bool, limit: usize) -> StoreResult<Vec<Subject>> {
         // `$exists` is the partial index's filter, which MongoDB needs the query to
         // imply; SecantusDB reads an index only for a condition on its key (a sort, or
         // `$exists`, alone read every document: 12 ms at 20,000, against under 2 ms).
@@ -299,10 +296,11 @@ impl Rounds<'_> {
         };
         // One batch: what one read of the index found, none left for a later `getMore`.
         let batch = u32::try_from(limit + 1).unwrap_or(u32::MAX);
-        let docs: Vec<Document> = collection
+        let docs: Vec<Document> = self
+            .collection(account)
             .find(due)
             .sort(doc! { event_due::DUE_AT: 1 })
-            .projection(doc! { crate::store::fields::account::RECENT: 0 })
+            .projection(subject_fields())
             .limit(i64::try_from(limit).unwrap_or(i64::MAX))
             .batch_size(batch)
             .await?
@@ -362,23 +360,18 @@ impl Rounds<'_> {
     async fn subjects_of(self, ids: &[String]) -> StoreResult<Vec<Subject>> {
         let (transfers, accounts) = subjects_by_collection(ids);
         let mut found: Vec<Subject> = Vec::new();
-        if !transfers.is_empty() {
+        for (account, ids) in [(false, transfers), (true, accounts)] {
+            if ids.is_empty() {
+                continue;
+            }
             let docs: Vec<Document> = self
-                .transactions()
-                .find(doc! { "_id": { "$in": &transfers } })
+                .collection(account)
+                .find(doc! { "_id": { "$in": ids } })
+                .projection(subject_fields())
                 .await?
                 .try_collect()
                 .await?;
-            found.extend(docs.into_iter().filter_map(|t| Subject::read(false, t)));
-        }
-        if !accounts.is_empty() {
-            let docs: Vec<Document> = self
-                .accounts()
-                .find(doc! { "_id": { "$in": &accounts } })
-                .await?
-                .try_collect()
-                .await?;
-            found.extend(docs.into_iter().filter_map(|a| Subject::read(true, a)));
+            found.extend(docs.into_iter().filter_map(|d| Subject::read(account, d)));
         }
         Ok(found)
     }
@@ -398,12 +391,7 @@ impl Rounds<'_> {
             let field = crate::store::fields::transfer::EVENTS_DUE;
             let marks = subject.doc.get(field).cloned().unwrap_or(Bson::Null);
             let kept: Vec<Document> = subject.dues.iter().map(due_doc).collect();
-            let collection = if subject.account {
-                self.accounts()
-            } else {
-                self.transactions()
-            };
-            collection
+            self.collection(subject.account)
                 .update_one(
                     doc! { "_id": &subject.raw_id, field: marks },
                     doc! { "$set": { field: kept } },
@@ -437,7 +425,7 @@ impl Rounds<'_> {
                 // native transaction on them until it gets through (seen with 60 native
                 // transfers on three new accounts: 503s after 30 s).
                 for account in subjects {
-                    self.accounts()
+                    self.collection(true)
                         .update_one(doc! { "_id": account }, pull.clone())
                         .bypass_document_validation(true)
                         .await?;
@@ -449,7 +437,7 @@ impl Rounds<'_> {
                     .collect();
                 // Only the marks change: a document something else wrote, whose event
                 // could not be made, may not pass the validator.
-                self.transactions()
+                self.collection(false)
                     .update_many(doc! { "_id": { "$in": ids } }, pull)
                     .bypass_document_validation(true)
                     .await?;
@@ -513,15 +501,7 @@ fn make_all(
             let made =
                 event_of(subject, id.clone(), kind, due, deployment).map_err(|why| Unreadable {
                     time: None,
-                    what: format!(
-                        "{} {}",
-                        if subject.account {
-                            "accounts"
-                        } else {
-                            "transactions"
-                        },
-                        subject.id
-                    ),
+                    what: format!("{} {}", collection_name(subject.account), subject.id),
                     why: crate::error_chain::Chain(&why).to_string(),
                 });
             Some((id.clone(), made))
@@ -604,17 +584,23 @@ fn split_event_id(id: &str) -> Option<(EventType, &str)> {
     Some((EventType::parse(kind).ok()?, subject))
 }
 
-/// The subjects of the events `ids`: transfers' ids, accounts' ids.
-fn subjects_by_collection(ids: &[String]) -> (Vec<ObjectId>, Vec<&str>) {
+/// The subjects of the events `ids` as stored: transfers' `_id`s, accounts' `_id`s.
+fn subjects_by_collection(ids: &[String]) -> (Vec<Bson>, Vec<Bson>) {
     let (mut transfers, mut accounts) = (Vec::new(), Vec::new());
     for (kind, subject) in ids.iter().filter_map(|id| split_event_id(id)) {
         if kind == EventType::AccountOpened {
-            accounts.push(subject);
+            accounts.push(Bson::String(subject.to_owned()));
         } else if let Ok(id) = ObjectId::parse_str(subject) {
-            transfers.push(id);
+            transfers.push(Bson::ObjectId(id));
         }
     }
     (transfers, accounts)
+}
+
+/// What a round reads of a document with due events: all but an account's recent
+/// entries, which no event shows.
+fn subject_fields() -> Document {
+    doc! { crate::store::fields::account::RECENT: 0 }
 }
 
 /// A round as the recorder's document holds it.
